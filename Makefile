@@ -1,0 +1,33 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both create .venv when missing.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+MODEL_DIR ?= runs/demo
+MODEL ?= t5_1_1
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test install wheel-check clean-venv
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
+
+# Reinstall only when setup.py changes; the package itself is installed editable.
+$(STAMP): setup.py | $(PY)
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/remixer-t5 train --gin_file=runs/demo_$(MODEL).gin --gin.MODEL_DIR="'$(MODEL_DIR)'"
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+# Build a wheel, install it into a fresh venv and run the CLI from outside the repository.
+wheel-check: $(STAMP)
+	bash scripts/wheel_check.sh $(PY)
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,40 @@
+"""remixer_t5: T5.1.1, MLP-Mixer, Remixer and HyperMixer seq2seq pretraining in JAX/Flax."""
+import setuptools
+
+# Pinned stack, checked together (see README "Requirements").
+INSTALL_REQUIRES = [
+    "jax==0.10.2",
+    "jaxlib==0.10.2",
+    "flax==0.12.8",
+    "optax==0.2.8",
+    "orbax-checkpoint==0.12.8",
+    "seqio==0.0.20",
+    "tensorflow==2.21.0",
+    "tensorflow-text==2.21.1",
+    "tensorflow-datasets==4.9.10",
+    "gin-config==0.5.0",
+    "sentencepiece==0.2.3",
+    "gensim==4.4.0",
+    "safetensors==0.8.0",
+    "matplotlib==3.11.2",
+]
+
+setuptools.setup(
+    name="remixer_t5",
+    version="0.1.0",
+    description=__doc__,
+    python_requires=">=3.11,<3.12",
+    packages=setuptools.find_packages(include=["remixer_t5", "remixer_t5.*"])
+    + ["remixer_t5.tasks", "remixer_t5.gin"],
+    # tasks/ and gin/ are top-level folders in the repository but install inside the package.
+    package_dir={"remixer_t5.tasks": "tasks", "remixer_t5.gin": "gin"},
+    package_data={"remixer_t5.gin": ["*.gin", "**/*.gin"]},
+    include_package_data=False,
+    install_requires=INSTALL_REQUIRES,
+    extras_require={
+        "test": ["pytest==9.2.0"],
+        # Only for scripts/make_hf_fixture.py and reading pytorch_model.bin checkpoints.
+        "hf": ["torch==2.13.0", "transformers"],
+    },
+    entry_points={"console_scripts": ["remixer-t5=remixer_t5.cli:main"]},
+)
