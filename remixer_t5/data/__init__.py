@@ -1,0 +1,1 @@
+"""Data side: embedded corpus, vocabularies and span corruption (no model imports)."""

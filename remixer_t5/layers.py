@@ -1,0 +1,265 @@
+"""Building blocks of T5.1.1 (Raffel et al. 2020; the v1.1 changes of the T5 release notes).
+
+Parameter names and logical axis names follow t5x's `examples/t5/layers.py`, so parameter trees and t5x
+checkpoints line up. Every parameter is created with `param_with_axes`, which records its logical axes in the
+`params_axes` collection; `partitioning.py` maps them onto a mesh.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+from flax.linen import partitioning as nn_partitioning
+
+param_with_axes = nn_partitioning.param_with_axes
+with_sharding_constraint = nn_partitioning.with_sharding_constraint
+
+Array = jax.Array
+Initializer = Callable[..., Array]
+
+# T5's initializers (mesh TensorFlow defaults, as in t5x).
+default_kernel_init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
+embedding_init = nn.initializers.normal(stddev=1.0)
+relpos_init = nn.initializers.variance_scaling(1.0, "fan_avg", "uniform")
+
+NEG_INF = -1e10  # additive bias for masked attention logits (finite, so fully masked rows stay finite)
+
+
+def dtype_of(name) -> jnp.dtype:
+  return jnp.dtype(name)
+
+
+class RMSNorm(nn.Module):
+  """T5 layer norm: scale only, no bias, no mean subtraction; variance in float32."""
+  epsilon: float = 1e-6
+  dtype: str = "float32"
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    x32 = jnp.asarray(x, jnp.float32)
+    var = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+    y = x32 * jax.lax.rsqrt(var + self.epsilon)
+    scale = param_with_axes("scale", nn.initializers.ones, (x.shape[-1],), jnp.float32, axes=("embed",))
+    return (y * scale).astype(self.dtype)
+
+
+class Dense(nn.Module):
+  """Bias-free dense layer over the last axis with a 2-D float32 kernel and logical axes."""
+  features: int
+  kernel_axes: tuple[str, str]
+  kernel_init: Initializer = default_kernel_init
+  dtype: str = "float32"
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    kernel = param_with_axes("kernel", self.kernel_init, (x.shape[-1], self.features), jnp.float32,
+                             axes=self.kernel_axes)
+    return jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
+
+
+class Embed(nn.Module):
+  """Token embedding table (vocab, embed)."""
+  num_embeddings: int
+  features: int
+  dtype: str = "float32"
+
+  def setup(self):
+    self.embedding = param_with_axes("embedding", embedding_init, (self.num_embeddings, self.features),
+                                     jnp.float32, axes=("vocab", "embed"))
+
+  def __call__(self, ids: Array) -> Array:
+    # A gather, not a one-hot matmul: exact, and cheap on CPU/GPU.
+    return jnp.take(self.embedding, ids, axis=0).astype(self.dtype)
+
+
+def _activation(name: str) -> Callable[[Array], Array]:
+  if name == "linear":
+    return lambda x: x
+  if name == "gelu":  # T5.1.1's gated GELU uses the tanh approximation ("gelu_new" in HF).
+    return lambda x: jax.nn.gelu(x, approximate=True)
+  if name == "relu":
+    return jax.nn.relu
+  raise ValueError(f"unknown MLP activation {name!r}; expected one of 'gelu', 'relu', 'linear'")
+
+
+class MlpBlock(nn.Module):
+  """Gated feed-forward (Shazeer 2020, GEGLU): wo(act_0(x wi_0) * act_1(x wi_1)), T5.1.1's MLP."""
+  intermediate_dim: int
+  activations: Sequence[str] = ("gelu", "linear")
+  dropout_rate: float = 0.0
+  dtype: str = "float32"
+
+  @nn.compact
+  def __call__(self, x: Array, deterministic: bool = True) -> Array:
+    hidden = None
+    for i, act in enumerate(self.activations):
+      name = f"wi_{i}" if len(self.activations) > 1 else "wi"
+      h = _activation(act)(Dense(self.intermediate_dim, ("embed", "mlp"), dtype=self.dtype, name=name)(x))
+      hidden = h if hidden is None else hidden * h
+    hidden = nn.Dropout(self.dropout_rate, broadcast_dims=(-2,))(hidden, deterministic=deterministic)
+    hidden = with_sharding_constraint(hidden, ("batch", "length", "mlp"))
+    return Dense(x.shape[-1], ("mlp", "embed"), dtype=self.dtype, name="wo")(hidden)
+
+
+def relative_position_bucket(relative_position: Array, bidirectional: bool, num_buckets: int,
+                             max_distance: int) -> Array:
+  """T5's log-spaced buckets for `relative_position = key_pos - query_pos` (Raffel et al. §2.1).
+
+  Half the buckets (or all, unidirectionally) are exact offsets, the rest grow logarithmically up to
+  `max_distance`. Computed as HF's T5 does (float32 log, no epsilon), which agrees with mesh TF on every
+  integer distance.
+  """
+  ret = jnp.zeros_like(relative_position)
+  n = relative_position
+  if bidirectional:
+    num_buckets //= 2
+    ret += (n > 0).astype(jnp.int32) * num_buckets
+    n = jnp.abs(n)
+  else:
+    n = -jnp.minimum(n, 0)  # future keys all fall into bucket 0 (they are masked anyway)
+  max_exact = num_buckets // 2
+  is_small = n < max_exact
+  large = max_exact + (jnp.log(jnp.maximum(n, 1).astype(jnp.float32) / max_exact)
+                       / math.log(max_distance / max_exact) * (num_buckets - max_exact)).astype(jnp.int32)
+  large = jnp.minimum(large, num_buckets - 1)
+  return ret + jnp.where(is_small, n, large)
+
+
+class RelativePositionBiases(nn.Module):
+  """One learned scalar per (head, bucket), shared by all layers of a stack (T5.1.1)."""
+  num_buckets: int
+  max_distance: int
+  num_heads: int
+  dtype: str = "float32"
+
+  @nn.compact
+  def __call__(self, query_positions: Array, key_positions: Array, bidirectional: bool) -> Array:
+    """Positions are [batch or 1, len]; returns a [batch or 1, heads, q_len, k_len] bias."""
+    rel = key_positions[:, None, :] - query_positions[:, :, None]
+    buckets = relative_position_bucket(rel.astype(jnp.int32), bidirectional, self.num_buckets,
+                                       self.max_distance)
+    table = param_with_axes("rel_embedding", relpos_init, (self.num_heads, self.num_buckets), jnp.float32,
+                            axes=("heads", "relpos_buckets"))
+    bias = jnp.take(table, buckets, axis=1)  # [heads, b, q, k]
+    return jnp.transpose(bias, (1, 0, 2, 3)).astype(self.dtype)
+
+
+def make_attention_mask(query_input: Array, key_input: Array,
+                        pairwise_fn: Callable = jnp.multiply) -> Array:
+  """[batch, 1, q_len, k_len] mask from per-position query and key values."""
+  mask = pairwise_fn(query_input[..., :, None], key_input[..., None, :])
+  return mask[:, None].astype(jnp.float32)
+
+
+def make_causal_mask(length: int) -> Array:
+  idx = jnp.arange(length)
+  return (idx[None, :] <= idx[:, None]).astype(jnp.float32)[None, None]
+
+
+def combine_masks(*masks: Array | None) -> Array | None:
+  masks = [m for m in masks if m is not None]
+  if not masks:
+    return None
+  out = masks[0]
+  for m in masks[1:]:
+    out = jnp.logical_and(out, m)
+  return out.astype(jnp.float32)
+
+
+def combine_biases(*biases: Array | None) -> Array | None:
+  biases = [b for b in biases if b is not None]
+  if not biases:
+    return None
+  out = biases[0]
+  for b in biases[1:]:
+    out = out + b
+  return out
+
+
+def mask_to_bias(mask: Array | None, dtype) -> Array | None:
+  if mask is None:
+    return None
+  return jnp.where(mask > 0, 0.0, NEG_INF).astype(dtype)
+
+
+class MultiHeadDotProductAttention(nn.Module):
+  """Multi-head attention with T5's conventions (no biases, no 1/sqrt(d) on logits) and a decode cache.
+
+  The 1/sqrt(head_dim) scaling lives in the query initializer, as in mesh TF and t5x, so imported HF
+  checkpoints (which never scale) compute the same thing.
+  """
+  num_heads: int
+  head_dim: int
+  dropout_rate: float = 0.0
+  dtype: str = "float32"
+  float32_logits: bool = True
+
+  @nn.compact
+  def __call__(self, inputs_q: Array, inputs_kv: Array, bias: Array | None = None, *,
+               deterministic: bool = True, decode: bool = False) -> Array:
+    """`bias` is [batch or 1, heads or 1, q_len, k_len] (mask and position biases already added).
+
+    With `decode=True` inputs_q/inputs_kv are one new position and keys/values come from the cache; the
+    caller passes the bias row of the current position (or the full-length bias, sliced here).
+    """
+    inner = self.num_heads * self.head_dim
+    query_init = lambda *a: nn.initializers.variance_scaling(1.0, "fan_in", "normal")(*a) / math.sqrt(
+        self.head_dim)
+    kernel_init = nn.initializers.variance_scaling(1.0, "fan_in", "normal")
+    proj = lambda name, init: Dense(inner, ("embed", "joined_kv"), kernel_init=init, dtype=self.dtype,
+                                    name=name)
+    split = lambda x: x.reshape(x.shape[:-1] + (self.num_heads, self.head_dim))
+    query = split(proj("query", query_init)(inputs_q))
+    key = split(proj("key", kernel_init)(inputs_kv))
+    value = split(proj("value", kernel_init)(inputs_kv))
+    query = with_sharding_constraint(query, ("batch", "length", "heads", "kv"))
+    key = with_sharding_constraint(key, ("batch", "length", "heads", "kv"))
+    value = with_sharding_constraint(value, ("batch", "length", "heads", "kv"))
+
+    if decode:
+      key, value, bias = self._update_cache(key, value, bias)
+
+    logits = jnp.einsum("bqhd,bkhd->bhqk", query, key,
+                        preferred_element_type=jnp.float32 if self.float32_logits else None)
+    if bias is not None:
+      logits = logits + bias.astype(logits.dtype)
+    weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(self.dtype)
+    if not deterministic and self.dropout_rate > 0:
+      weights = nn.Dropout(self.dropout_rate)(weights, deterministic=False)
+    out = jnp.einsum("bhqk,bkhd->bqhd", weights, value).reshape(inputs_q.shape[:-1] + (inner,))
+    return Dense(inputs_q.shape[-1], ("joined_kv", "embed"), kernel_init=kernel_init, dtype=self.dtype,
+                 name="out")(out)
+
+  def _update_cache(self, key: Array, value: Array, bias: Array | None):
+    """Autoregressive cache: [batch, max_len, heads, head_dim] keys/values and the next index.
+
+    The first call (cache absent) only creates the cache with the full decode length and computes the
+    ordinary forward pass; later calls write one position and attend to all written positions.
+    """
+    initialized = self.has_variable("cache", "cached_key")
+    cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
+    cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
+    cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, dtype=jnp.int32))
+    if not initialized:
+      return key, value, bias
+    batch, length, heads, depth = cached_key.value.shape
+    if key.shape[1] != 1:
+      raise ValueError(f"decode step expects one position at a time, got length {key.shape[1]}")
+    i = cache_index.value
+    zero = jnp.array(0, dtype=jnp.int32)
+    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key.astype(cached_key.value.dtype),
+                                                    (zero, i, zero, zero))
+    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value,
+                                                      value.astype(cached_value.value.dtype),
+                                                      (zero, i, zero, zero))
+    cache_index.value = i + 1
+    # Only positions written so far are visible.
+    visible = mask_to_bias((jnp.arange(length) <= i)[None, None, None, :], jnp.float32)
+    if bias is not None and bias.shape[-2] != 1:
+      bias = jax.lax.dynamic_slice_in_dim(bias, i, 1, axis=-2)
+    bias = visible if bias is None else bias + visible
+    return cached_key.value, cached_value.value, bias

@@ -1,0 +1,1 @@
+"""seqio task registrations for remixer_t5."""
