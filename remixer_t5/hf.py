@@ -1,0 +1,451 @@
+"""Hugging Face T5 v1.1 interop: read/write `T5ForConditionalGeneration` checkpoints as `network.Transformer`.
+
+Only T5 v1.1-style models (`feed_forward_proj: "gated-gelu"`, e.g. google/t5-v1_1-*, mT5) map onto
+`network.Transformer`. Parameter names: see `_weight_map`; torch `Linear` weights are (out, in), our Dense
+kernels are (in, out), so every kernel is the transpose of its HF weight; relative position tables are
+(buckets, heads) in HF and (heads, buckets) here.
+
+Output layer conventions on import (`lm_head_convention`):
+
+* transformers 4.x writes T5 v1.1 configs with `tie_word_embeddings: false` (as in the published
+  google/t5-v1_1-* checkpoints) and a separate `lm_head.weight`: logits = decoder_output @ lm_head.weight.T.
+* transformers 5.x always ties in its config object and writes `tie_word_embeddings: true` together with
+  `scale_decoder_outputs: false`, again with a separate `lm_head.weight`; the logits are the same as above.
+* The original T5 (1.0) ties the output layer to the input embedding and scales the decoder output by
+  `d_model**-0.5`: config `tie_word_embeddings: true` without a `scale_decoder_outputs` key (4.x semantics),
+  or `scale_decoder_outputs: true`.
+
+Rule: the output weight is `lm_head.weight` when the checkpoint has it (used untied even if the config says
+tied, as transformers 5.x does when both tensors are present and differ), else `shared.weight` if the config
+ties embeddings (a missing-weight error otherwise). The output is scaled by `d_model**-0.5` when the config
+says `scale_decoder_outputs: true`, or when it has no `scale_decoder_outputs` key and `tie_word_embeddings`
+is not false. Since `network.Transformer` has an untied `logits_dense` without scaling, a scaled output is
+folded into the kernel: `logits_dense/kernel = W.T * d_model**-0.5`. Export always writes the v1.1 form
+(untied `lm_head.weight`, `tie_word_embeddings: false`, `scale_decoder_outputs: false`), which transformers
+4.x and 5.x both load as the same model.
+
+Import needs only numpy + safetensors (+ jax/flax for the module); torch is imported lazily, only to read
+`pytorch_model.bin` checkpoints (`pip install remixer_t5[hf]`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import struct
+import tempfile
+from typing import Any, Mapping
+
+import numpy as np
+
+from remixer_t5 import network
+
+SUPPORTED_FEED_FORWARD_PROJ = ("gated-gelu",)
+SUPPORTED_MODEL_TYPES = ("t5", "mt5")
+CONFIG_NAME = "config.json"
+SAFETENSORS_NAME = "model.safetensors"
+SAFETENSORS_INDEX_NAME = "model.safetensors.index.json"
+TORCH_NAME = "pytorch_model.bin"
+TORCH_INDEX_NAME = "pytorch_model.bin.index.json"
+WEIGHT_FILES = (SAFETENSORS_NAME, SAFETENSORS_INDEX_NAME, TORCH_NAME, TORCH_INDEX_NAME)
+
+# HF's own T5Config defaults, used for keys a config.json leaves out (so we read it as transformers does).
+_HF_DEFAULTS = dict(vocab_size=32128, d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_heads=8,
+                    relative_attention_num_buckets=32, relative_attention_max_distance=128,
+                    dropout_rate=0.1, layer_norm_epsilon=1e-6, feed_forward_proj="relu")
+# Present in some HF checkpoints, unused by HF itself (its `_keys_to_ignore_on_load_unexpected`).
+_IGNORED_KEYS = ("decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight",)
+# Copies of shared.weight that older checkpoints (pytorch_model.bin) store.
+_EMBED_COPIES = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
+
+Params = dict
+
+
+# --------------------------------------------------------------------------------------------- config
+
+
+def config_from_hf(hf_config: Mapping[str, Any]) -> network.T5Config:
+  """`network.T5Config` of an HF T5 v1.1 config.json dict. Anything but gated-GELU is a ValueError."""
+  get = lambda key: hf_config.get(key, _HF_DEFAULTS.get(key))
+  model_type = hf_config.get("model_type", "t5")
+  if model_type not in SUPPORTED_MODEL_TYPES:
+    raise ValueError(f"HF config model_type={model_type!r} is not supported; expected one of "
+                     f"{SUPPORTED_MODEL_TYPES} (T5 v1.1 architecture)")
+  ff = get("feed_forward_proj")
+  if ff not in SUPPORTED_FEED_FORWARD_PROJ:
+    raise ValueError(
+        f"HF config feed_forward_proj={ff!r} is not supported: only {SUPPORTED_FEED_FORWARD_PROJ} "
+        "(T5 v1.1, gated GELU) maps onto network.Transformer; original T5 ('relu') does not")
+  num_layers = get("num_layers")
+  num_decoder_layers = hf_config.get("num_decoder_layers")
+  values = dict(
+      vocab_size=get("vocab_size"), emb_dim=get("d_model"), num_heads=get("num_heads"),
+      num_encoder_layers=num_layers,
+      num_decoder_layers=num_layers if num_decoder_layers is None else num_decoder_layers,
+      head_dim=get("d_kv"), mlp_dim=get("d_ff"), mlp_activations=("gelu", "linear"),
+      dropout_rate=float(get("dropout_rate")), relpos_num_buckets=get("relative_attention_num_buckets"),
+      relpos_max_distance=get("relative_attention_max_distance"),
+      layer_norm_epsilon=float(get("layer_norm_epsilon")))
+  fields = {f.name for f in dataclasses.fields(network.T5Config)}
+  return network.T5Config(**{k: v for k, v in values.items() if k in fields})
+
+
+def config_to_hf(cfg: network.T5Config) -> dict:
+  """config.json dict that transformers 4.x and 5.x both load as this T5 v1.1 (untied, unscaled head)."""
+  if tuple(cfg.mlp_activations) != ("gelu", "linear"):
+    raise ValueError(f"T5Config.mlp_activations={tuple(cfg.mlp_activations)!r} has no HF T5 equivalent; "
+                     "only ('gelu', 'linear') (feed_forward_proj 'gated-gelu') can be exported")
+  return {
+      "architectures": ["T5ForConditionalGeneration"],
+      "model_type": "t5",
+      "vocab_size": cfg.vocab_size,
+      "d_model": cfg.emb_dim,
+      "d_kv": cfg.head_dim,
+      "d_ff": cfg.mlp_dim,
+      "num_layers": cfg.num_encoder_layers,
+      "num_decoder_layers": cfg.num_decoder_layers,
+      "num_heads": cfg.num_heads,
+      "relative_attention_num_buckets": cfg.relpos_num_buckets,
+      "relative_attention_max_distance": cfg.relpos_max_distance,
+      "dropout_rate": cfg.dropout_rate,
+      "layer_norm_epsilon": cfg.layer_norm_epsilon,
+      "initializer_factor": 1.0,
+      "feed_forward_proj": "gated-gelu",
+      "dense_act_fn": "gelu_new",
+      "is_gated_act": True,
+      "is_encoder_decoder": True,
+      "use_cache": True,
+      # 4.x: false = untied lm_head, no output scaling. 5.x forces tying in its config object but reads
+      # the scaling from this key (or from tie_word_embeddings: false) and unties a differing lm_head.
+      "tie_word_embeddings": False,
+      "scale_decoder_outputs": False,
+      "pad_token_id": 0,
+      "eos_token_id": 1,
+      "decoder_start_token_id": 0,
+  }
+
+
+def lm_head_convention(hf_config: Mapping[str, Any] | None, has_lm_head: bool) -> tuple[bool, bool]:
+  """(use shared.weight as output weight, scale by d_model**-0.5) for a checkpoint; see module docstring."""
+  if hf_config is None:  # plain T5 v1.1
+    return (not has_lm_head), False
+  tied = hf_config.get("tie_word_embeddings", True) is not False  # transformers' default is True
+  if "scale_decoder_outputs" in hf_config and hf_config["scale_decoder_outputs"] is not None:
+    scale = bool(hf_config["scale_decoder_outputs"])
+  else:
+    scale = tied
+  use_shared = not has_lm_head and tied
+  return use_shared, scale
+
+
+# ------------------------------------------------------------------------------------------ weights
+
+
+def _weight_map(cfg: network.T5Config) -> list[tuple[str, tuple[str, ...], bool]]:
+  """(HF name, our param path, transpose) for every weight of the model but shared.weight/lm_head.weight."""
+  out = []
+
+  def attn(hf, ours):
+    for a, b in (("q", "query"), ("k", "key"), ("v", "value"), ("o", "out")):
+      out.append((f"{hf}.{a}.weight", ours + (b, "kernel"), True))
+
+  def mlp(hf, ours):
+    for a in ("wi_0", "wi_1", "wo"):
+      out.append((f"{hf}.DenseReluDense.{a}.weight", ours + ("mlp", a, "kernel"), True))
+
+  out.append(("encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+              ("encoder", "relpos_bias", "rel_embedding"), True))
+  for i in range(cfg.num_encoder_layers):
+    hf, ours = f"encoder.block.{i}", ("encoder", f"layers_{i}")
+    out.append((f"{hf}.layer.0.layer_norm.weight", ours + ("pre_attention_layer_norm", "scale"), False))
+    attn(f"{hf}.layer.0.SelfAttention", ours + ("attention",))
+    out.append((f"{hf}.layer.1.layer_norm.weight", ours + ("pre_mlp_layer_norm", "scale"), False))
+    mlp(f"{hf}.layer.1", ours)
+  out.append(("encoder.final_layer_norm.weight", ("encoder", "encoder_norm", "scale"), False))
+
+  out.append(("decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+              ("decoder", "relpos_bias", "rel_embedding"), True))
+  for i in range(cfg.num_decoder_layers):
+    hf, ours = f"decoder.block.{i}", ("decoder", f"layers_{i}")
+    out.append((f"{hf}.layer.0.layer_norm.weight", ours + ("pre_self_attention_layer_norm", "scale"), False))
+    attn(f"{hf}.layer.0.SelfAttention", ours + ("self_attention",))
+    out.append((f"{hf}.layer.1.layer_norm.weight", ours + ("pre_cross_attention_layer_norm", "scale"), False))
+    attn(f"{hf}.layer.1.EncDecAttention", ours + ("encoder_decoder_attention",))
+    out.append((f"{hf}.layer.2.layer_norm.weight", ours + ("pre_mlp_layer_norm", "scale"), False))
+    mlp(f"{hf}.layer.2", ours)
+  out.append(("decoder.final_layer_norm.weight", ("decoder", "decoder_norm", "scale"), False))
+  return out
+
+
+def hf_weight_shapes(cfg: network.T5Config) -> dict[str, tuple[int, ...]]:
+  """Expected HF state_dict shapes (torch layout) of a T5 v1.1 with an untied lm_head."""
+  e, inner, m, v = cfg.emb_dim, cfg.num_heads * cfg.head_dim, cfg.mlp_dim, cfg.vocab_size
+  shapes = {"shared.weight": (v, e), "lm_head.weight": (v, e)}
+  for name, _, _ in _weight_map(cfg):
+    leaf = name.rsplit(".", 2)[-2]
+    if leaf == "relative_attention_bias":
+      shapes[name] = (cfg.relpos_num_buckets, cfg.num_heads)
+    elif name.endswith("layer_norm.weight"):
+      shapes[name] = (e,)
+    elif leaf in ("q", "k", "v"):
+      shapes[name] = (inner, e)
+    elif leaf == "o":
+      shapes[name] = (e, inner)
+    elif leaf in ("wi_0", "wi_1"):
+      shapes[name] = (m, e)
+    elif leaf == "wo":
+      shapes[name] = (e, m)
+    else:
+      raise AssertionError(name)
+  return shapes
+
+
+def _set(tree: dict, path: tuple[str, ...], value) -> None:
+  for key in path[:-1]:
+    tree = tree.setdefault(key, {})
+  tree[path[-1]] = value
+
+
+def _get(tree: Mapping, path: tuple[str, ...]):
+  for key in path:
+    tree = tree[key]
+  return tree
+
+
+def _float32(x) -> np.ndarray:
+  return np.asarray(x).astype(np.float32)  # also from bfloat16/float16 (ml_dtypes) arrays
+
+
+def hf_state_dict_to_params(state: Mapping[str, Any], cfg: network.T5Config, *,
+                            hf_config: Mapping[str, Any] | None = None) -> Params:
+  """Nested float32 numpy params of `network.Transformer(cfg)` from an HF T5 state dict.
+
+  `hf_config` (the config.json dict) decides the output-layer convention (module docstring); without it
+  the checkpoint must be a plain T5 v1.1 with `lm_head.weight`. Missing or unexpected weights and shape
+  mismatches raise one ValueError listing them all.
+  """
+  state = dict(state)
+  for key in _IGNORED_KEYS:
+    state.pop(key, None)
+  # shared.weight, or a tied copy of it under the stacks' names.
+  copies = {k: state.pop(k) for k in _EMBED_COPIES if k in state}
+  if "shared.weight" not in state and copies:
+    state["shared.weight"] = copies[next(iter(copies))]
+  has_lm_head = "lm_head.weight" in state
+  use_shared, scale = lm_head_convention(hf_config, has_lm_head)
+
+  expected = hf_weight_shapes(cfg)
+  if use_shared:
+    del expected["lm_head.weight"]
+  missing = sorted(k for k in expected if k not in state)
+  unexpected = sorted(k for k in state if k not in expected)
+  wrong = [f"{k}: expected {expected[k]}, got {tuple(np.shape(state[k]))}" for k in sorted(expected)
+           if k in state and tuple(np.shape(state[k])) != expected[k]]
+  wrong += [f"{k}: expected {expected['shared.weight']} equal to shared.weight, got a different "
+            f"{tuple(np.shape(v))} tensor (untied input embeddings are not supported)"
+            for k, v in copies.items() if "shared.weight" in state and not (
+                np.shape(v) == np.shape(state["shared.weight"]) and np.array_equal(v, state["shared.weight"]))]
+  if missing or unexpected or wrong:
+    lines = ["HF T5 checkpoint does not match the config "
+             f"(emb_dim={cfg.emb_dim}, heads={cfg.num_heads}x{cfg.head_dim}, mlp_dim={cfg.mlp_dim}, "
+             f"vocab={cfg.vocab_size}, layers={cfg.num_encoder_layers}+{cfg.num_decoder_layers}, "
+             f"relpos_buckets={cfg.relpos_num_buckets}):"]
+    if missing:
+      lines.append(f"missing weights ({len(missing)}): " + ", ".join(
+          f"{k} {expected[k]}" for k in missing))
+    if unexpected:
+      lines.append(f"unexpected weights ({len(unexpected)}): " + ", ".join(
+          f"{k} {tuple(np.shape(state[k]))}" for k in unexpected))
+    if wrong:
+      lines.append("shape mismatches: " + "; ".join(wrong))
+    raise ValueError("\n".join(lines))
+
+  params: Params = {}
+  _set(params, ("token_embedder", "embedding"), _float32(state["shared.weight"]))
+  for name, path, transpose in _weight_map(cfg):
+    w = _float32(state[name])
+    _set(params, path, np.ascontiguousarray(w.T) if transpose else w)
+  head = _float32(state["shared.weight"] if use_shared else state["lm_head.weight"]).T
+  if scale:
+    head = head * np.float32(cfg.emb_dim ** -0.5)
+  _set(params, ("decoder", "logits_dense", "kernel"), np.ascontiguousarray(head))
+  return params
+
+
+def params_to_hf_state_dict(params: Mapping, cfg: network.T5Config) -> dict[str, np.ndarray]:
+  """HF T5 v1.1 state dict (float32 numpy, torch layout) of `network.Transformer` params.
+
+  Writes what transformers' own `save_pretrained` writes for an untied T5 v1.1: `shared.weight`,
+  `lm_head.weight` and the blocks (the stacks' `embed_tokens.weight` are tied to `shared.weight` and left
+  out, as transformers does).
+  """
+  params = _unfreeze(params)
+  expected = hf_weight_shapes(cfg)
+  entries = [("shared.weight", ("token_embedder", "embedding"), False),
+             ("lm_head.weight", ("decoder", "logits_dense", "kernel"), True)] + _weight_map(cfg)
+  state, problems = {}, []
+  for name, path, transpose in entries:
+    try:
+      w = _float32(_get(params, path))
+    except (KeyError, TypeError):
+      problems.append(f"missing param {'/'.join(path)} (for {name})")
+      continue
+    w = np.ascontiguousarray(w.T) if transpose else np.ascontiguousarray(w)
+    if w.shape != expected[name]:
+      problems.append(f"param {'/'.join(path)}: expected "
+                      f"{expected[name][::-1] if transpose else expected[name]}, "
+                      f"got {w.shape[::-1] if transpose else w.shape}")
+      continue
+    state[name] = w
+  known = {"/".join(p) for _, p, _ in entries}
+  extra = sorted(p for p in _flat_paths(params) if p not in known)
+  if extra:
+    problems.append("unexpected params: " + ", ".join(extra))
+  if problems:
+    raise ValueError("params do not match the T5 v1.1 config:\n" + "\n".join(problems))
+  return state
+
+
+def _unfreeze(tree):
+  if isinstance(tree, Mapping):
+    return {k: _unfreeze(v) for k, v in tree.items()}
+  return tree
+
+
+def _flat_paths(tree, prefix=()):
+  for k, v in tree.items():
+    if isinstance(v, Mapping):
+      yield from _flat_paths(v, prefix + (k,))
+    else:
+      yield "/".join(prefix + (k,))
+
+
+# ------------------------------------------------------------------------------------- checkpoints
+
+_SAFETENSORS_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "bfloat16", "I64": "<i8",
+                       "I32": "<i4", "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
+
+
+def _read_safetensors(path: str) -> dict[str, np.ndarray]:
+  """All tensors of a .safetensors file as numpy (bfloat16 via ml_dtypes, which numpy alone lacks)."""
+  import safetensors.numpy
+  try:
+    return safetensors.numpy.load_file(path)
+  except TypeError:  # a dtype numpy does not know (bfloat16): parse the simple format ourselves
+    pass
+  import ml_dtypes  # a jax dependency
+  with open(path, "rb") as f:
+    (n,) = struct.unpack("<Q", f.read(8))
+    header = json.loads(f.read(n))
+    data = f.read()
+  out = {}
+  for name, info in header.items():
+    if name == "__metadata__":
+      continue
+    dtype = info["dtype"]
+    if dtype not in _SAFETENSORS_DTYPES:
+      raise ValueError(f"{path}: tensor {name} has unsupported dtype {dtype}")
+    np_dtype = ml_dtypes.bfloat16 if dtype == "BF16" else np.dtype(_SAFETENSORS_DTYPES[dtype])
+    start, end = info["data_offsets"]
+    out[name] = np.frombuffer(data[start:end], dtype=np_dtype).reshape(info["shape"])
+  return out
+
+
+def _read_torch(path: str) -> dict[str, np.ndarray]:
+  try:
+    import torch
+  except ImportError as e:
+    raise ImportError(f"reading {path} needs torch: pip install remixer_t5[hf] "
+                      "(or convert the checkpoint to model.safetensors)") from e
+  state = torch.load(path, map_location="cpu", weights_only=True)
+  return {k: v.detach().to(torch.float32).numpy() if v.is_floating_point() else v.detach().numpy()
+          for k, v in state.items()}
+
+
+def _read_sharded(directory: str, index_name: str, reader) -> dict[str, np.ndarray]:
+  with open(os.path.join(directory, index_name)) as f:
+    weight_map = json.load(f)["weight_map"]
+  state = {}
+  for shard in sorted(set(weight_map.values())):
+    shard_path = os.path.join(directory, shard)
+    if not os.path.isfile(shard_path):
+      raise FileNotFoundError(f"{index_name} in {directory} lists shard {shard}, which does not exist")
+    state.update(reader(shard_path))
+  return state
+
+
+def read_hf_checkpoint(path: str | os.PathLike) -> tuple[dict, dict[str, np.ndarray]]:
+  """(config.json dict, state dict of numpy arrays) of an HF checkpoint directory.
+
+  Weights from model.safetensors, model.safetensors.index.json (sharded), pytorch_model.bin or
+  pytorch_model.bin.index.json, in that order of preference (torch only for the .bin ones).
+  """
+  path = os.fspath(path)
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f"HF checkpoint directory {path} does not exist (expected a directory with "
+                            f"{CONFIG_NAME} and one of {', '.join(WEIGHT_FILES)})")
+  config_path = os.path.join(path, CONFIG_NAME)
+  if not os.path.isfile(config_path):
+    raise FileNotFoundError(f"no {CONFIG_NAME} in HF checkpoint directory {path}")
+  with open(config_path) as f:
+    hf_config = json.load(f)
+  exists = lambda name: os.path.isfile(os.path.join(path, name))
+  if exists(SAFETENSORS_NAME):
+    state = _read_safetensors(os.path.join(path, SAFETENSORS_NAME))
+  elif exists(SAFETENSORS_INDEX_NAME):
+    state = _read_sharded(path, SAFETENSORS_INDEX_NAME, _read_safetensors)
+  elif exists(TORCH_NAME):
+    state = _read_torch(os.path.join(path, TORCH_NAME))
+  elif exists(TORCH_INDEX_NAME):
+    state = _read_sharded(path, TORCH_INDEX_NAME, _read_torch)
+  else:
+    raise FileNotFoundError(f"no weights in HF checkpoint directory {path}: looked for "
+                            f"{', '.join(WEIGHT_FILES)}")
+  return hf_config, state
+
+
+def write_hf_checkpoint(path: str | os.PathLike, cfg: network.T5Config, params: Mapping, *,
+                        overwrite: bool = False) -> None:
+  """Write config.json + model.safetensors to directory `path`, atomically (temp dir, then rename).
+
+  An existing non-empty `path` is an error unless `overwrite`; then it is replaced only once the new
+  checkpoint is completely written.
+  """
+  import safetensors.numpy
+  path = os.path.abspath(os.fspath(path))
+  parent = os.path.dirname(path)
+  if os.path.exists(path) and not overwrite and (not os.path.isdir(path) or os.listdir(path)):
+    raise FileExistsError(f"{path} exists; pass overwrite=True to replace it")
+  hf_config = config_to_hf(cfg)
+  state = params_to_hf_state_dict(params, cfg)  # validates before anything is written
+  os.makedirs(parent, exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=parent)
+  try:
+    with open(os.path.join(tmp, CONFIG_NAME), "w") as f:
+      json.dump(hf_config, f, indent=2, sort_keys=True)
+      f.write("\n")
+    # transformers refuses safetensors files without {"format": "pt"} metadata.
+    safetensors.numpy.save_file(state, os.path.join(tmp, SAFETENSORS_NAME), metadata={"format": "pt"})
+    if os.path.exists(path):
+      old = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.old-", dir=parent)
+      os.rename(path, os.path.join(old, "ckpt"))
+      os.rename(tmp, path)
+      shutil.rmtree(old, ignore_errors=True)
+    else:
+      os.rename(tmp, path)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+
+
+def load_hf_t5(path: str | os.PathLike) -> tuple[network.Transformer, Params]:
+  """(`network.Transformer`, float32 params) of an HF T5 v1.1 checkpoint directory.
+
+  `module.apply({"params": params}, enc, dec_in, dec_tgt, enable_dropout=False)` gives HF's logits
+  (token id 0 = padding on both sides, decoder inputs = targets shifted right with start id 0).
+  """
+  hf_config, state = read_hf_checkpoint(path)
+  cfg = config_from_hf(hf_config)
+  params = hf_state_dict_to_params(state, cfg, hf_config=hf_config)
+  return network.Transformer(cfg), params

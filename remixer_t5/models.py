@@ -1,0 +1,125 @@
+"""The model wrapper: loss, metrics, scoring and prediction around a t5x-contract encoder-decoder module.
+
+Mirrors t5x's `EncoderDecoderModel`: batches are dicts of `encoder_input_tokens`, `decoder_input_tokens`,
+`decoder_target_tokens` (+ optional `*_segment_ids`, `*_positions`, `decoder_loss_weights`).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+
+from remixer_t5 import decoding
+
+Array = jax.Array
+Batch = Mapping[str, Array]
+
+_MODULE_KEYS = ("encoder_segment_ids", "decoder_segment_ids", "encoder_positions", "decoder_positions")
+
+
+def cross_entropy_with_z_loss(logits: Array, targets: Array, weights: Array, z_loss: float = 0.0,
+                              label_smoothing: float = 0.0) -> tuple[Array, Array, Array]:
+  """Summed token cross-entropy (+ z_loss * log(Z)^2, the PaLM/mesh-TF stabiliser) and its z part.
+
+  Returns (total_loss_sum, z_loss_sum, weight_sum); `total` includes the z term as in t5x.
+  """
+  logits = logits.astype(jnp.float32)
+  vocab = logits.shape[-1]
+  log_z = jax.nn.logsumexp(logits, axis=-1)
+  confidence = 1.0 - label_smoothing
+  low = label_smoothing / (vocab - 1) if vocab > 1 else 0.0
+  soft = jax.nn.one_hot(targets, vocab) * (confidence - low) + low
+  ce = log_z - jnp.sum(soft * logits, axis=-1)
+  if label_smoothing > 0:  # subtract the entropy of the smoothed target so the minimum is 0
+    ce -= -(confidence * np.log(confidence) + (vocab - 1) * low * np.log(low + 1e-20))
+  zl = z_loss * jnp.square(log_z)
+  w = weights.astype(jnp.float32)
+  return jnp.sum((ce + zl) * w), jnp.sum(zl * w), jnp.sum(w)
+
+
+class EncoderDecoderModel:
+  """Loss, evaluation and decoding for an encoder-decoder `module` (e.g. `network.Transformer`)."""
+
+  def __init__(self, module: nn.Module, vocabulary: Any = None, z_loss: float = 1e-4,
+               label_smoothing: float = 0.0, loss_normalizing_factor: float | None = None):
+    """`loss_normalizing_factor=None` divides by the number of real target tokens (a per-token mean)."""
+    self.module = module
+    self.vocabulary = vocabulary
+    self.z_loss = z_loss
+    self.label_smoothing = label_smoothing
+    self.loss_normalizing_factor = loss_normalizing_factor
+
+  # --- parameters -----------------------------------------------------------------------------------
+  def _dummy(self, input_shapes: Mapping[str, tuple[int, ...]]):
+    return {k: jnp.ones(v, jnp.int32) for k, v in input_shapes.items()}
+
+  def init_variables(self, rng: Array, input_shapes: Mapping[str, tuple[int, ...]]):
+    """{'params', 'params_axes'} for batches of the given shapes (use under jax.eval_shape for shapes)."""
+    b = self._dummy(input_shapes)
+    return self.module.init(rng, b["encoder_input_tokens"], b["decoder_input_tokens"],
+                            b["decoder_target_tokens"], enable_dropout=False)
+
+  # --- training and evaluation ---------------------------------------------------------------------
+  def logits(self, params, batch: Batch, dropout_rng: Array | None = None) -> Array:
+    rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
+    extra = {k: batch[k] for k in _MODULE_KEYS if k in batch}
+    return self.module.apply({"params": params}, batch["encoder_input_tokens"],
+                             batch["decoder_input_tokens"], batch["decoder_target_tokens"], **extra,
+                             enable_dropout=dropout_rng is not None, rngs=rngs)
+
+  def loss_fn(self, params, batch: Batch, dropout_rng: Array | None) -> tuple[Array, dict[str, Array]]:
+    """Normalised loss and summed metrics (`*_sum` are additive across batches and devices)."""
+    logits = self.logits(params, batch, dropout_rng)
+    targets = batch["decoder_target_tokens"]
+    weights = batch.get("decoder_loss_weights", (targets > 0).astype(jnp.float32))
+    total, z, weight_sum = cross_entropy_with_z_loss(logits, targets, weights, self.z_loss,
+                                                     self.label_smoothing)
+    norm = self.loss_normalizing_factor or jnp.maximum(weight_sum, 1.0)
+    correct = jnp.sum((jnp.argmax(logits, -1) == targets) * weights)
+    metrics = {"loss_sum": total, "z_loss_sum": z, "weight_sum": weight_sum, "correct_sum": correct}
+    return total / norm, metrics
+
+  def score_batch(self, params, batch: Batch) -> Array:
+    """Log-likelihood of each target sequence [batch] (no z-loss, no smoothing)."""
+    logits = self.logits(params, batch).astype(jnp.float32)
+    targets = batch["decoder_target_tokens"]
+    ll = jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1)[..., 0]
+    return jnp.sum(ll * (targets > 0), axis=-1)
+
+  # --- decoding ------------------------------------------------------------------------------------
+  def _init_cache(self, params, encoded, encoder_tokens, batch_size: int, max_length: int):
+    dec = jnp.ones((batch_size, max_length), jnp.int32)
+    _, variables = self.module.apply({"params": params}, encoded, encoder_tokens, dec, dec,
+                                     enable_dropout=False, decode=True, mutable=["cache"],
+                                     method=self.module.decode)
+    return variables["cache"]
+
+  def predict_batch(self, params, batch: Batch, max_decode_length: int | None = None, beam_size: int = 1,
+                    alpha: float = 0.6, eos_id: int = 1, return_scores: bool = False):
+    """Greedy (beam_size=1) or beam-search decoding; returns tokens [batch, max_decode_length] (best beam)."""
+    enc_tokens = batch["encoder_input_tokens"]
+    max_len = max_decode_length or batch["decoder_target_tokens"].shape[-1]
+    batch_size = enc_tokens.shape[0]
+    encoded = self.module.apply({"params": params}, enc_tokens, enable_dropout=False,
+                                method=self.module.encode)
+    if beam_size > 1:
+      enc_tokens = decoding.expand_to_beams(enc_tokens, beam_size)
+      encoded = decoding.expand_to_beams(encoded, beam_size)
+    cache = self._init_cache(params, encoded, enc_tokens, enc_tokens.shape[0], max_len)
+
+    def step(tokens, cache):
+      logits, variables = self.module.apply({"params": params, "cache": cache}, encoded, enc_tokens,
+                                            tokens, tokens, enable_dropout=False, decode=True,
+                                            max_decode_length=max_len, mutable=["cache"],
+                                            method=self.module.decode)
+      return logits[:, -1, :], variables["cache"]
+
+    if beam_size == 1:
+      tokens, scores = decoding.greedy_decode(step, cache, batch_size, max_len, eos_id)
+    else:
+      beams, beam_scores = decoding.beam_search(step, cache, batch_size, beam_size, max_len, eos_id, alpha)
+      tokens, scores = beams[:, 0], beam_scores[:, 0]
+    return (tokens, scores) if return_scores else tokens
