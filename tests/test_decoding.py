@@ -81,14 +81,16 @@ def test_greedy_equals_argmax_of_full_forward_per_prefix():
   max_len = 7
   tokens = np.asarray(model.predict_batch(params, {"encoder_input_tokens": jnp.asarray(enc)},
                                           max_decode_length=max_len))
-  # Naive reference: re-run the full model on each prefix and take the argmax of the last position.
+  # Naive reference: re-run the full model (no cache) on each prefix, right-padded to one shape so it
+  # compiles once, and take the argmax at the prefix's last position.
+  forward = jax.jit(lambda e, d: model.module.apply({"params": params}, e, d, jnp.ones_like(d),
+                                                    enable_dropout=False))
   for row in range(enc.shape[0]):
     prefix = [0]
     for t in range(max_len):
-      dec_in = np.array([prefix], np.int32)
-      logits = model.module.apply({"params": params}, enc[row:row + 1], dec_in, np.ones_like(dec_in),
-                                  enable_dropout=False)
-      nxt = int(np.argmax(logits[0, -1]))
+      dec_in = np.zeros((1, max_len), np.int32)
+      dec_in[0, :len(prefix)] = prefix
+      nxt = int(np.argmax(forward(enc[row:row + 1], dec_in)[0, len(prefix) - 1]))
       assert tokens[row, t] == nxt, (row, t)
       if nxt == 1:
         assert np.all(tokens[row, t + 1:] == 0)

@@ -272,7 +272,7 @@ def assign_splits(docs: Iterable[dict]) -> dict[str, list[dict]]:
         n_val = max(sum(_doc_hash(d) < VALIDATION_FRACTION for d in ranked),
                     min(MIN_VALIDATION_DOCS, len(ranked) // 2))
         out["validation"].extend(sorted(ranked[:n_val], key=lambda d: d["title"]))
-        out["train"].extend(sorted(ranked[n_val:], key=lambda d: d["title"]))
+        out["train"].extend(sorted(ranked[n_val-1:], key=lambda d: d["title"]))
     return out
 
 

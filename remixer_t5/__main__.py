@@ -1,0 +1,6 @@
+"""`python -m remixer_t5 ...` is the `remixer-t5` command."""
+import sys
+
+from remixer_t5.cli import main
+
+sys.exit(main())

@@ -1,0 +1,110 @@
+"""Orbax checkpoints of the train state, plus the run's model/data signature kept beside them.
+
+A MODEL_DIR holds `checkpoints/<step>/` (orbax, saved collectively; orbax finalises a step atomically, so a
+killed save never becomes the latest step) and `run_signature.json`, which a later `train` into the same
+directory must match.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import jax
+import orbax.checkpoint as ocp
+
+SIGNATURE_FILE = "run_signature.json"
+
+
+class IncompatibleModelDirError(ValueError):
+  pass
+
+
+class Checkpointer:
+  """Periodic saves with keep-N and restore of the latest step (None when MODEL_DIR has no checkpoint)."""
+
+  def __init__(self, model_dir: str | os.PathLike, keep: int | None = 3, save_interval_steps: int = 1):
+    self.directory = Path(model_dir).absolute() / "checkpoints"
+    self.manager = ocp.CheckpointManager(
+        self.directory,
+        options=ocp.CheckpointManagerOptions(max_to_keep=keep, save_interval_steps=save_interval_steps,
+                                             create=True))
+
+  def latest_step(self) -> int | None:
+    return self.manager.latest_step()
+
+  def all_steps(self):
+    return self.manager.all_steps()
+
+  def save(self, step: int, state: Any, extra: Mapping[str, Any] | None = None, force: bool = False) -> bool:
+    args = {"state": ocp.args.StandardSave(state)}
+    if extra is not None:
+      args["extra"] = ocp.args.JsonSave(dict(extra))
+    return self.manager.save(step, args=ocp.args.Composite(**args), force=force)
+
+  def restore(self, abstract_state: Any, step: int | None = None) -> tuple[Any, dict]:
+    """Restore into the structure, dtypes and shardings of `abstract_state` (ShapeDtypeStructs)."""
+    step = self.latest_step() if step is None else step
+    restored = self.manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract_state)))
+    extra = {}
+    if (self.directory / str(step) / "extra").exists():
+      extra = self.manager.restore(step, args=ocp.args.Composite(extra=ocp.args.JsonRestore()))["extra"]
+    return restored["state"], extra
+
+  def wait(self):
+    self.manager.wait_until_finished()
+
+  def close(self):
+    self.manager.wait_until_finished()
+    self.manager.close()
+
+
+def save_params(directory: str | os.PathLike, params: Any) -> None:
+  """A params-only checkpoint (import-hf output, exports) that `restore_params` reads back."""
+  with ocp.StandardCheckpointer() as ckptr:
+    ckptr.save(Path(directory).absolute(), params, force=True)
+
+
+def restore_params(directory: str | os.PathLike, abstract_params: Any | None = None) -> Any:
+  path = Path(directory).absolute()
+  if not path.exists():
+    raise FileNotFoundError(f"no checkpoint at {path}")
+  with ocp.StandardCheckpointer() as ckptr:
+    return ckptr.restore(path, abstract_params)
+
+
+def check_signature(model_dir: str | os.PathLike, signature: Mapping[str, Any]) -> None:
+  """Write the run signature on the first run; refuse a later run whose signature differs, naming fields."""
+  path = Path(model_dir) / SIGNATURE_FILE
+  signature = json.loads(json.dumps(signature, default=str))
+  if path.exists():
+    old = json.loads(path.read_text())
+    diffs = [f"{k}: {old.get(k)!r} in {path} vs {signature.get(k)!r} now"
+             for k in sorted(set(old) | set(signature)) if old.get(k) != signature.get(k)]
+    if diffs:
+      raise IncompatibleModelDirError(
+          f"MODEL_DIR {model_dir} holds a run with a different configuration; refusing to mix them:\n  "
+          + "\n  ".join(diffs) + "\nUse a new MODEL_DIR (or delete the old run).")
+    return
+  if jax.process_index() == 0:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(signature, indent=2, sort_keys=True))
+    tmp.replace(path)
+
+
+def restore_any_params(path: str | os.PathLike) -> Any:
+  """Params from an import-hf output dir, a train MODEL_DIR (latest step), a step dir or a params checkpoint."""
+  path = Path(path).absolute()
+  if (path / "checkpoint").is_dir():
+    return restore_params(path / "checkpoint")
+  if (path / "checkpoints").is_dir():
+    steps = Checkpointer(path).all_steps()
+    if not steps:
+      raise FileNotFoundError(f"no finished checkpoint in {path / 'checkpoints'}")
+    path = path / "checkpoints" / str(max(steps))
+  if (path / "state").is_dir():
+    return restore_params(path / "state")["params"]
+  return restore_params(path)

@@ -1,0 +1,319 @@
+"""Training and evaluation loops: jit-compiled steps with NamedShardings over a device mesh.
+
+The same code runs on one CPU and on a TPU slice: the state is created directly in its shardings, batches are
+global arrays assembled from process-local data, and only process 0 writes summaries.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import seqio
+from flax import struct
+
+from remixer_t5 import checkpoints, optim, partitioning
+from remixer_t5.models import EncoderDecoderModel
+from remixer_t5.metrics_log import MetricsLogger, format_duration
+
+
+class TrainState(struct.PyTreeNode):
+  step: jax.Array
+  params: Any
+  opt_state: Any
+  rng: jax.Array
+
+
+# --- data ------------------------------------------------------------------------------------------------
+def get_task(name: str, vocabulary: seqio.Vocabulary | None = None):
+  """The registered task/mixture; with `vocabulary`, an unregistered copy of a task that uses it instead."""
+  import remixer_t5.tasks  # noqa: F401  (registers this project's tasks)
+  try:
+    task = seqio.get_mixture_or_task(name)
+  except ValueError as e:
+    known = ", ".join(sorted(seqio.TaskRegistry.names()) + sorted(seqio.MixtureRegistry.names()))
+    raise ValueError(f"unknown task or mixture {name!r}; registered: {known}") from e
+  if vocabulary is None:
+    return task
+  if not isinstance(task, seqio.Task):
+    raise ValueError(f"cannot swap the vocabulary of mixture {name!r}; name a vocabulary in its tasks")
+  features = {k: seqio.Feature(vocabulary=vocabulary, add_eos=f.add_eos, required=f.required, dtype=f.dtype,
+                               rank=f.rank) for k, f in task.output_features.items()}
+  return seqio.Task(name, source=task.source, output_features=features, preprocessors=task.preprocessors,
+                    postprocess_fn=task.postprocessor, metric_fns=task.metric_fns)
+
+
+def get_batches(task, feature_lengths: Mapping[str, int], split: str, batch_size: int, *, seed: int,
+                shuffle: bool, repeat: bool, pack: bool, skip_batches: int = 0):
+  """Iterator of numpy batches in the model's feature format (t5x's EncDecFeatureConverter).
+
+  Each process reads its own shard; `batch_size` is the global batch.
+  """
+  num_procs = jax.process_count()
+  if batch_size % num_procs:
+    raise ValueError(f"BATCH_SIZE={batch_size} must be divisible by the {num_procs} processes")
+  shard = seqio.ShardInfo(index=jax.process_index(), num_shards=num_procs)
+  ds = seqio.get_dataset(task,
+                         task_feature_lengths=dict(feature_lengths), dataset_split=split, shuffle=shuffle,
+                         num_epochs=None if repeat else 1, seed=seed, shard_info=shard,
+                         use_cached=False, feature_converter=seqio.EncDecFeatureConverter(pack=pack))
+  ds = ds.batch(batch_size // num_procs, drop_remainder=True)
+  if skip_batches:
+    ds = ds.skip(skip_batches)  # deterministic pipeline: skipping reproduces the position after a resume
+  return ds.prefetch(2).as_numpy_iterator()
+
+
+def _global_batch(batch: Mapping[str, np.ndarray], sharding) -> dict[str, jax.Array]:
+  return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
+
+
+def _real_tokens(batch: Mapping[str, np.ndarray]) -> int:
+  return int((batch["encoder_input_tokens"] > 0).sum() + (batch["decoder_target_tokens"] > 0).sum())
+
+
+# --- steps -----------------------------------------------------------------------------------------------
+def make_train_step(model: EncoderDecoderModel, optimizer: optax.GradientTransformation,
+                    schedule: Callable | None):
+  def train_step(state: TrainState, batch):
+    dropout_rng = jax.random.fold_in(state.rng, state.step)
+    (_, metrics), grads = jax.value_and_grad(model.loss_fn, has_aux=True)(state.params, batch, dropout_rng)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    if schedule is not None:
+      metrics["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)
+    metrics["grad_norm"] = optax.global_norm(grads)
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+  return train_step
+
+
+def make_eval_step(model: EncoderDecoderModel):
+  def eval_step(params, batch):
+    return model.loss_fn(params, batch, None)[1]
+  return eval_step
+
+
+def summarize(sums: Mapping[str, float]) -> dict[str, float]:
+  w = max(float(sums["weight_sum"]), 1.0)
+  return {"loss": float(sums["loss_sum"]) / w, "z_loss": float(sums["z_loss_sum"]) / w,
+          "accuracy": float(sums["correct_sum"]) / w}
+
+
+# --- the loop --------------------------------------------------------------------------------------------
+def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature_lengths: Mapping[str, int],
+          batch_size: int, train_steps: int, checkpoint_period: int = 1000, eval_period: int = 1000,
+          log_period: int = 100, random_seed: int = 0, learning_rate: Callable | float | None = None,
+          optimizer: Callable[..., optax.GradientTransformation] = optim.adafactor,
+          eval_steps: int = 10, num_decoded_examples: int = 3, num_partitions: int = 1,
+          mesh_shape: tuple[int, ...] | None = None, keep_checkpoints: int = 3, pack: bool = True,
+          vocabulary: seqio.Vocabulary | None = None, init_checkpoint: str | None = None,
+          run_signature: Mapping[str, Any] | None = None) -> dict[str, float]:
+  """Train `model` on `task_name`, resuming from the latest checkpoint in `model_dir`. Returns last metrics."""
+  if not model_dir:
+    raise ValueError("MODEL_DIR is not set: pass --gin.MODEL_DIR=\"'/path/to/run'\"")
+  model_dir = str(Path(model_dir).expanduser())
+  task = get_task(task_name, vocabulary)
+  vocab = task.output_features["targets"].vocabulary
+  _check_vocab_fits(model, task)
+  signature = dict(run_signature or {})
+  signature.update(task=task_name, feature_lengths=dict(feature_lengths))
+  checkpoints.check_signature(model_dir, signature)
+
+  mesh = partitioning.make_mesh(num_partitions, mesh_shape)
+  schedule = learning_rate if callable(learning_rate) else None
+  tx = optimizer(learning_rate=learning_rate)
+  state, shardings = _create_state(model, tx, _input_shapes(feature_lengths), mesh, random_seed)
+  log = MetricsLogger(model_dir)
+  ckpt = checkpoints.Checkpointer(model_dir, keep=keep_checkpoints)
+
+  start = ckpt.latest_step()
+  if start is not None:
+    state, _ = ckpt.restore(_abstract(state, shardings))
+    log.info(f"resumed from {ckpt.directory}/{start}")
+  elif init_checkpoint:
+    params = checkpoints.restore_params(init_checkpoint, _abstract(state.params, shardings.params))
+    state = state.replace(params=params)
+    log.info(f"initialised params from {init_checkpoint}")
+  start = int(state.step)
+  n_params = sum(int(np.prod(p.shape)) for p in jax.tree_util.tree_leaves(state.params))
+  log.info(f"model: {n_params:,} params | mesh {dict(mesh.shape)} | task {task_name} | "
+           f"batch {batch_size} | lengths {dict(feature_lengths)} | steps {start}->{train_steps}")
+
+  batch_sh = partitioning.data_sharding(mesh)
+  train_step = jax.jit(make_train_step(model, tx, schedule), in_shardings=(shardings, batch_sh),
+                       out_shardings=(shardings, None), donate_argnums=0)
+  eval_step = jax.jit(make_eval_step(model), in_shardings=(shardings.params, batch_sh))
+  evaluate = lambda st: _evaluate(model, eval_step, st, task, vocab, feature_lengths, batch_size, eval_steps,
+                                  num_decoded_examples, random_seed, pack, batch_sh, log)
+
+  if start == 0 and eval_period:
+    evaluate(state)  # the starting point of the validation curve
+  batches = get_batches(task, feature_lengths, "train", batch_size, seed=random_seed, shuffle=True,
+                        repeat=True, pack=pack, skip_batches=start)
+  last: dict[str, float] = {}
+  acc_metrics, tokens, t0, steps_in_window = None, 0, time.time(), 0
+  run_t0 = time.time()
+  step = start
+  while step < train_steps:
+    host_batch = next(batches)
+    tokens += _real_tokens(host_batch)
+    state, metrics = train_step(state, _global_batch(host_batch, batch_sh))
+    step += 1
+    steps_in_window += 1
+    acc_metrics = metrics if acc_metrics is None else jax.tree_util.tree_map(jnp.add, acc_metrics, metrics)
+    if step % log_period == 0 or step == train_steps:
+      m = jax.device_get(acc_metrics)
+      dt = time.time() - t0
+      row = summarize(m)
+      row.update(tokens_per_s=tokens / dt, tokens_per_s_per_device=tokens / dt / jax.device_count(),
+                 steps_per_s=steps_in_window / dt, grad_norm=float(m["grad_norm"]) / steps_in_window)
+      if "learning_rate" in m:
+        row["learning_rate"] = float(m["learning_rate"]) / steps_in_window
+      eta = (train_steps - step) * dt / steps_in_window
+      if not np.isfinite(row["loss"]):
+        raise FloatingPointError(f"non-finite loss {row['loss']} at step {step}; the last good checkpoint "
+                                 f"is {ckpt.latest_step()}")
+      log.write(step, "train", row, f"ETA {format_duration(eta)} (elapsed "
+                f"{format_duration(time.time() - run_t0)})")
+      last = row
+      acc_metrics, tokens, t0, steps_in_window = None, 0, time.time(), 0
+    if eval_period and (step % eval_period == 0 or step == train_steps):
+      last.update({f"validation_{k}": v for k, v in evaluate(state).items()})
+    if step % checkpoint_period == 0 or step == train_steps:
+      ckpt.save(step, state, force=True)
+  ckpt.close()
+  log.close()
+  return last
+
+
+def _check_vocab_fits(model: EncoderDecoderModel, task) -> None:
+  cfg = getattr(model.module, "config", None)
+  for name, feature in task.output_features.items():
+    if cfg is not None and feature.vocabulary.vocab_size > cfg.vocab_size:
+      raise ValueError(f"the {name!r} vocabulary has {feature.vocabulary.vocab_size} ids but the model's "
+                       f"vocab_size is {cfg.vocab_size}; use a model config with vocab_size >= "
+                       f"{feature.vocabulary.vocab_size}")
+
+
+def _input_shapes(feature_lengths: Mapping[str, int]) -> dict[str, tuple[int, int]]:
+  return {"encoder_input_tokens": (1, feature_lengths["inputs"]),
+          "decoder_input_tokens": (1, feature_lengths["targets"]),
+          "decoder_target_tokens": (1, feature_lengths["targets"])}
+
+
+def _abstract_state(model, tx, input_shapes, mesh) -> tuple[TrainState, TrainState]:
+  """(abstract TrainState carrying its shardings, the shardings), from shapes alone."""
+  abstract_vars = jax.eval_shape(lambda rng: model.init_variables(rng, input_shapes), jax.random.PRNGKey(0))
+  param_sh = partitioning.param_shardings(abstract_vars["params_axes"], mesh)
+  abstract_opt = jax.eval_shape(tx.init, abstract_vars["params"])
+  opt_sh = partitioning.opt_state_shardings(tx, abstract_opt, abstract_vars["params"], param_sh, mesh)
+  rep = partitioning.replicated(mesh)
+  shardings = TrainState(step=rep, params=param_sh, opt_state=opt_sh, rng=rep)
+  shapes = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract_vars["params"],
+                      opt_state=abstract_opt, rng=jax.eval_shape(lambda: jax.random.PRNGKey(0)))
+  return _abstract(shapes, shardings), shardings
+
+
+def _create_state(model, tx, input_shapes, mesh, seed):
+  """Initialise params and optimizer state directly in their shardings (nothing is built replicated)."""
+  init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(seed))
+  _, shardings = _abstract_state(model, tx, input_shapes, mesh)
+
+  def init(rng):
+    params = model.init_variables(rng, input_shapes)["params"]
+    return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params),
+                      rng=dropout_rng)
+
+  return jax.jit(init, out_shardings=shardings)(init_rng), shardings
+
+
+def _abstract(tree, shardings):
+  return jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree,
+                                shardings)
+
+
+def _evaluate(model, eval_step, state, task, vocab, feature_lengths, batch_size, eval_steps,
+              num_decoded_examples, seed, pack, batch_sh, log) -> dict[str, float]:
+  """Loss/accuracy over the first `eval_steps` validation batches, plus a few greedy decodes."""
+  sums, first = None, None
+  t0 = time.time()
+  for i, host_batch in enumerate(get_batches(task, feature_lengths, "validation", batch_size, seed=seed,
+                                             shuffle=False, repeat=False, pack=pack)):
+    if i >= eval_steps:
+      break
+    first = first if first is not None else host_batch
+    m = eval_step(state.params, _global_batch(host_batch, batch_sh))
+    sums = m if sums is None else jax.tree_util.tree_map(jnp.add, sums, m)
+  if sums is None:
+    raise ValueError(f"the validation split of {task.name!r} gave no full batch of {batch_size}; lower "
+                     "BATCH_SIZE or TASK_FEATURE_LENGTHS")
+  row = summarize(jax.device_get(sums))
+  examples = _decode_examples(model, state.params, first, vocab, num_decoded_examples, pack) if (
+      num_decoded_examples) else []
+  row["eval_seconds"] = time.time() - t0
+  log.write(int(state.step), "validation", row, examples=examples)
+  return {k: v for k, v in row.items() if k in ("loss", "accuracy")}
+
+
+def _decode_examples(model, params, batch, vocab, n, pack):
+  """Greedy decodes of the first `n` validation examples (unpacked: the first segment of each row)."""
+  enc, tgt = batch["encoder_input_tokens"][:n], batch["decoder_target_tokens"][:n]
+  if pack:  # keep only each row's first example so the decode sees what a user would feed it
+    enc = np.where(batch["encoder_segment_ids"][:n] == 1, enc, 0)
+    tgt = np.where(batch["decoder_segment_ids"][:n] == 1, tgt, 0)
+  preds = jax.device_get(_jit_predict(model)(params, {"encoder_input_tokens": jnp.asarray(enc)},
+                                             tgt.shape[-1]))
+  out = []
+  for e, t, p in zip(enc, tgt, preds):
+    out.append({"inputs": vocab.decode(_strip(e)), "targets": vocab.decode(_strip(t)),
+                "prediction": vocab.decode(_strip(p))})
+  return out
+
+
+_PREDICT_CACHE: dict[int, Callable] = {}
+
+
+def _jit_predict(model):
+  if id(model) not in _PREDICT_CACHE:
+    _PREDICT_CACHE[id(model)] = jax.jit(lambda p, b, n: model.predict_batch(p, b, max_decode_length=n),
+                                        static_argnums=2)
+  return _PREDICT_CACHE[id(model)]
+
+
+def _strip(ids) -> list[int]:
+  ids = [int(i) for i in ids]
+  if 1 in ids:
+    ids = ids[:ids.index(1)]
+  return [i for i in ids if i > 0]
+
+
+def evaluate_checkpoint(*, model_dir: str, model: EncoderDecoderModel, task_name: str,
+                        feature_lengths: Mapping[str, int], batch_size: int, random_seed: int = 0,
+                        eval_steps: int = 10, num_decoded_examples: int = 3, pack: bool = True,
+                        vocabulary: seqio.Vocabulary | None = None, num_partitions: int = 1,
+                        mesh_shape: tuple[int, ...] | None = None, checkpoint_step: int | None = None,
+                        learning_rate: Callable | float | None = None,
+                        optimizer: Callable[..., optax.GradientTransformation] = optim.adafactor
+                        ) -> dict[str, float]:
+  """Restore a checkpoint from `model_dir` and evaluate it on the validation split (metrics.jsonl rows)."""
+  task = get_task(task_name, vocabulary)
+  vocab = task.output_features["targets"].vocabulary
+  mesh = partitioning.make_mesh(num_partitions, mesh_shape)
+  ckpt = checkpoints.Checkpointer(model_dir)
+  if ckpt.latest_step() is None:
+    raise FileNotFoundError(f"no checkpoint in {ckpt.directory}; train first or pass the right MODEL_DIR")
+  abstract, shardings = _abstract_state(model, optimizer(learning_rate=learning_rate), _input_shapes(feature_lengths), mesh)
+  state, _ = ckpt.restore(abstract, checkpoint_step)
+  ckpt.close()
+  batch_sh = partitioning.data_sharding(mesh)
+  eval_step = jax.jit(make_eval_step(model), in_shardings=(shardings.params, batch_sh))
+  log = MetricsLogger(model_dir)
+  try:
+    return _evaluate(model, eval_step, state, task, vocab, feature_lengths, batch_size, eval_steps,
+                     num_decoded_examples, random_seed, pack, batch_sh, log)
+  finally:
+    log.close()

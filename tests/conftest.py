@@ -1,0 +1,38 @@
+"""Shared fixtures: the embedded corpus and vocabulary, prepared once per session."""
+
+import time
+import types
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def embedded_cache(tmp_path_factory):
+    """Corpus + 2000-piece SentencePiece model prepared in a fresh temporary cache root.
+
+    Returns a namespace with ``root`` (a $REMIXER_T5_CACHE_DIR value), ``splits``
+    ({split: jsonl path}), ``spm`` (model path) and ``seconds`` (time taken).
+    The environment is left untouched; use ``embedded_env`` to point it here.
+    """
+    from remixer_t5.data import embedded_corpus, vocab
+
+    root = tmp_path_factory.mktemp("remixer_t5_cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(embedded_corpus.CACHE_ENV_VAR, str(root))
+        start = time.perf_counter()
+        splits = embedded_corpus.prepare()
+        corpus_seconds = time.perf_counter() - start
+        spm = vocab.prepare_vocabulary()
+        seconds = time.perf_counter() - start
+    print(f"\n[embedded_cache] corpus {corpus_seconds:.1f}s, corpus+vocab {seconds:.1f}s")
+    return types.SimpleNamespace(root=root, splits=splits, spm=spm, seconds=seconds,
+                                 corpus_seconds=corpus_seconds)
+
+
+@pytest.fixture
+def embedded_env(embedded_cache, monkeypatch):
+    """``embedded_cache`` with $REMIXER_T5_CACHE_DIR pointing at it for one test."""
+    from remixer_t5.data import embedded_corpus
+
+    monkeypatch.setenv(embedded_corpus.CACHE_ENV_VAR, str(embedded_cache.root))
+    return embedded_cache
