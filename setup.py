@@ -17,6 +17,7 @@ INSTALL_REQUIRES = [
     "gensim==4.4.0",
     "safetensors==0.8.0",
     "matplotlib==3.11.2",
+    "tensorboard==2.21.0",
 ]
 
 setuptools.setup(

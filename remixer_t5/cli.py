@@ -79,8 +79,12 @@ def _binding_value(value: str) -> str:
 
 def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Sequence[str] = ()) -> None:
   """Parse gin files then bindings; unknown configurables/parameters and unknown macros are errors."""
+  import logging
+
   import gin
   gin.clear_config()
+  # gin logs an ERROR for every search path an include is not found in before the one it is found in.
+  logging.getLogger().setLevel(logging.CRITICAL)
   search = [Path(p) for p in search_paths] + [gin_dir()]
   for p in search:
     gin.add_config_file_search_path(str(p))
@@ -103,6 +107,7 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Seque
     except (ValueError, KeyError, ImportError) as e:
       raise GinError(f"bad gin binding --gin.{b}: {e}") from e
   gin.finalize()
+  logging.getLogger().setLevel(logging.WARNING)
 
 
 def _query(name: str, default=None):

@@ -23,6 +23,7 @@ TASK_NAME = "embedded_span_corruption"
 # Span corruption of 568 raw tokens gives exactly these lengths (T5.1.1's).
 DEFAULT_SEQUENCE_LENGTH = {"inputs": 512, "targets": 114}
 
+
 class LazySplitFiles(Mapping):
     """``{split: tfrecord path}`` that prepares the corpus on first lookup.
 
@@ -65,10 +66,13 @@ def register_span_corruption_task(name: str, vocabulary=None, *, cache_dir=None)
     """Registers span corruption over the embedded corpus under ``name``; returns ``name``.
 
     ``vocabulary``: a seqio.Vocabulary, a SentencePiece model path, or None
-    (the embedded vocabulary). Registering the same name again with an equal
+    (the embedded vocabulary). ``cache_dir``: the corpus folder (default: see
+    ``embedded_corpus.corpus_dir``). Registering the same name again with an equal
     vocabulary is a no-op; with another vocabulary it raises ValueError.
     """
-    if vocabulary is None or isinstance(vocabulary, str):
+    if vocabulary is None:
+        vocabulary = get_vocabulary(cache_dir=cache_dir)
+    elif isinstance(vocabulary, str):
         vocabulary = get_vocabulary(vocabulary)
     if name in seqio.TaskRegistry.names():
         existing = seqio.TaskRegistry.get(name).output_features["targets"].vocabulary

@@ -3,7 +3,6 @@
 import bz2
 import importlib
 import json
-import os
 import re
 from pathlib import Path
 

@@ -11,7 +11,9 @@ downloaded:
 
 Documents are split into ``train`` / ``validation`` by a stable hash of
 ``source:title`` (about 5% validation, at least ``MIN_VALIDATION_DOCS`` per
-source). :func:`prepare` writes the result once into a cache directory:
+source). :func:`prepare` writes the result once into a cache directory
+(``cache_dir`` argument, else ``$REMIXER_T5_CACHE_DIR/embedded_corpus``, else
+``~/.cache/remixer_t5/embedded_corpus``):
 
 * ``<split>.jsonl``: one ``{"text", "title", "source"}`` object per line
   (human readable);
@@ -42,12 +44,13 @@ from typing import Iterable, Iterator
 CACHE_ENV_VAR = "REMIXER_T5_CACHE_DIR"
 CORPUS_SUBDIR = "embedded_corpus"
 # Bump when the extraction or split changes: existing caches are then rebuilt.
-CORPUS_VERSION = 1
+CORPUS_VERSION = 2
 
 SPLITS = ("train", "validation")
 VALIDATION_FRACTION = 0.05
 MIN_VALIDATION_DOCS = 3  # per source
-MIN_DOC_CHARS = 500  # shorter documents are "near-empty" and skipped
+MIN_DOC_CHARS = 500  # shorter wiki articles are "near-empty" and skipped
+MIN_NEWS_CHARS = 100  # news items are shorter but all real prose
 
 WIKI_FILE = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 LEE_FILE = "lee_background.cor"
@@ -143,12 +146,15 @@ def prepare(cache_dir=None, *, wiki_path=None, lee_path=None) -> dict[str, Path]
             )
 
     start = time.perf_counter()
-    print(f"remixer_t5: preparing the embedded corpus into {out_dir} (once) ...",
-          file=sys.stderr, flush=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     _remove_stale_temp_files(out_dir)
+    # A stale (older version) cache: drop its manifest first, then the
+    # vocabularies trained on it, so that a killed rebuild is never "complete".
+    manifest_path(out_dir).unlink(missing_ok=True)
+    for model in out_dir.glob("spm_unigram_*.model"):
+        model.unlink(missing_ok=True)
 
-    docs = list(iter_wiki_documents(wiki_path)) + list(iter_lee_documents(lee_path))
+    docs = _deduplicate([*iter_wiki_documents(wiki_path), *iter_lee_documents(lee_path)])
     splits = assign_splits(docs)
 
     jsonl = split_paths(out_dir, "jsonl")
@@ -173,8 +179,9 @@ def prepare(cache_dir=None, *, wiki_path=None, lee_path=None) -> dict[str, Path]
     }
     # The manifest goes last: its presence marks a complete cache.
     atomic_write_bytes(manifest_path(out_dir), json.dumps(manifest, indent=2, sort_keys=True).encode())
-    print(f"remixer_t5: embedded corpus ready ({manifest['num_documents']} documents, "
-          f"{time.perf_counter() - start:.1f}s)", file=sys.stderr, flush=True)
+    print(f"remixer_t5: prepared the embedded corpus in {out_dir} ({len(splits['train'])} train / "
+          f"{len(splits['validation'])} validation documents, {time.perf_counter() - start:.1f}s)",
+          file=sys.stderr, flush=True)
     return split_paths(out_dir)
 
 
@@ -247,21 +254,32 @@ def iter_lee_documents(path) -> Iterator[dict]:
     with open(path, encoding="utf-8", errors="replace") as f:
         for i, line in enumerate(f):
             text = _SPACES.sub(" ", line).strip()
-            if len(text) >= MIN_DOC_CHARS // 5:  # news items are short but real
+            if len(text) >= MIN_NEWS_CHARS:
                 yield {"text": text, "title": f"lee_background/{i:04d}", "source": "lee"}
 
 
-def _doc_hash(doc: dict) -> float:
-    digest = hashlib.sha256(f"{doc['source']}:{doc['title']}".encode()).digest()
+def _deduplicate(docs: list[dict]) -> list[dict]:
+    """Drops repeated texts (lee_background.cor repeats 7 items), keeping the first."""
+    seen, out = set(), []
+    for doc in docs:
+        if doc["text"] not in seen:
+            seen.add(doc["text"])
+            out.append(doc)
+    return out
+
+
+def _doc_hash(doc: dict, salt: str = "split") -> float:
+    """A stable number in [0, 1) for a document (its source and title)."""
+    digest = hashlib.sha256(f"{salt}:{doc['source']}:{doc['title']}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2.0**64
 
 
 def assign_splits(docs: Iterable[dict]) -> dict[str, list[dict]]:
     """Deterministic document-level split, stable under reordering of ``docs``.
 
-    A document goes to validation when its hash is below VALIDATION_FRACTION;
-    each source additionally sends its lowest-hash documents there until it has
-    MIN_VALIDATION_DOCS. Output order: by source, then by title.
+    Per source, the ``VALIDATION_FRACTION`` of documents with the lowest hash
+    (at least MIN_VALIDATION_DOCS) go to validation. Within a split, documents are ordered by a second hash,
+    which mixes the sources (seqio concatenates consecutive documents).
     """
     by_source: dict[str, list[dict]] = {}
     for doc in docs:
@@ -269,11 +287,12 @@ def assign_splits(docs: Iterable[dict]) -> dict[str, list[dict]]:
     out = {split: [] for split in SPLITS}
     for source in sorted(by_source):
         ranked = sorted(by_source[source], key=lambda d: (_doc_hash(d), d["title"]))
-        n_val = max(sum(_doc_hash(d) < VALIDATION_FRACTION for d in ranked),
+        n_val = max(round(VALIDATION_FRACTION * len(ranked)),
                     min(MIN_VALIDATION_DOCS, len(ranked) // 2))
-        out["validation"].extend(sorted(ranked[:n_val], key=lambda d: d["title"]))
-        out["train"].extend(sorted(ranked[n_val-1:], key=lambda d: d["title"]))
-    return out
+        out["validation"].extend(ranked[:n_val])
+        out["train"].extend(ranked[n_val:])
+    return {split: sorted(split_docs, key=lambda d: (_doc_hash(d, "order"), d["source"], d["title"]))
+            for split, split_docs in out.items()}
 
 
 # ----------------------------------------------------------------------------

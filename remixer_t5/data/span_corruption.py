@@ -254,6 +254,9 @@ def span_corruption(dataset: tf.data.Dataset, sequence_length: Mapping[str, int]
     have exactly ``sequence_length["inputs"]`` inputs and the helper's targets
     length (e.g. 512 and 114), EOS included.
     """
+    if not sequence_length or input_feature_key not in sequence_length or "targets" not in sequence_length:
+        raise ValueError(f"span_corruption needs sequence_length with {input_feature_key!r} and "
+                         f"'targets' lengths, got {sequence_length!r}.")
     inputs_length = sequence_length[input_feature_key]
     if reserved_for_packing:
         inputs_length -= reserved_for_packing

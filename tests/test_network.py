@@ -1,0 +1,150 @@
+"""T5.1.1 module properties: names and axes, causality, padding, packing, cache decoding, dtypes, dropout."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import traverse_util
+
+from remixer_t5 import models, network, partitioning
+
+CFG = network.T5Config(vocab_size=40, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=24, num_encoder_layers=2,
+                       num_decoder_layers=2)
+
+
+@pytest.fixture(scope="module")
+def model_params():
+  module = network.Transformer(CFG)
+  variables = module.init(jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32), jnp.ones((1, 6), jnp.int32),
+                          jnp.ones((1, 6), jnp.int32), enable_dropout=False)
+  return module, variables
+
+
+def _tokens(seed, shape, low=2):
+  return np.random.RandomState(seed).randint(low, CFG.vocab_size, shape).astype(np.int32)
+
+
+def _shift(targets):
+  return np.concatenate([np.zeros_like(targets[:, :1]), targets[:, :-1]], 1)
+
+
+def test_parameter_paths_follow_t5x_and_carry_logical_axes(model_params):
+  _, variables = model_params
+  flat = traverse_util.flatten_dict(variables["params"], sep="/")
+  for path in ["token_embedder/embedding", "encoder/relpos_bias/rel_embedding",
+               "encoder/layers_0/attention/query/kernel", "encoder/layers_1/mlp/wi_0/kernel",
+               "encoder/layers_1/mlp/wo/kernel", "encoder/encoder_norm/scale",
+               "decoder/layers_1/encoder_decoder_attention/out/kernel",
+               "decoder/layers_0/pre_cross_attention_layer_norm/scale", "decoder/relpos_bias/rel_embedding",
+               "decoder/decoder_norm/scale", "decoder/logits_dense/kernel"]:
+    assert path in flat, path
+  assert all(v.dtype == jnp.float32 for v in flat.values())
+  mesh = partitioning.make_mesh(1)
+  shardings = traverse_util.flatten_dict(partitioning.param_shardings(variables["params_axes"], mesh), sep="/")
+  assert set(shardings) == set(flat)
+  axes = traverse_util.flatten_dict(jax.tree_util.tree_map(
+      lambda a: a.names, variables["params_axes"], is_leaf=lambda x: hasattr(x, "names")), sep="/")
+  assert axes["token_embedder/embedding_axes"] == ("vocab", "embed")
+  assert axes["encoder/layers_0/attention/query/kernel_axes"] == ("embed", "joined_kv")
+  assert axes["decoder/logits_dense/kernel_axes"] == ("embed", "vocab")
+  assert axes["encoder/relpos_bias/rel_embedding_axes"] == ("heads", "relpos_buckets")
+  used = {a for names in axes.values() for a in names}
+  assert used == {"vocab", "embed", "joined_kv", "mlp", "heads", "relpos_buckets"}
+
+
+def test_future_decoder_tokens_do_not_change_earlier_logits(model_params):
+  module, v = model_params
+  enc, tgt = _tokens(1, (2, 8)), _tokens(2, (2, 6))
+  tgt2 = tgt.copy()
+  tgt2[:, 4:] = _tokens(3, (2, 2))
+  f = lambda t: module.apply(v, enc, _shift(t), t, enable_dropout=False)
+  a, b = f(tgt), f(tgt2)
+  np.testing.assert_allclose(a[:, :5], b[:, :5], atol=1e-6)  # position 4's input is still tgt[:, 3]
+  assert np.abs(a[:, 5] - b[:, 5]).max() > 1e-4
+
+
+def test_appended_encoder_padding_changes_nothing(model_params):
+  module, v = model_params
+  enc, tgt = _tokens(4, (2, 8)), _tokens(5, (2, 6))
+  padded = np.concatenate([enc, np.zeros((2, 5), np.int32)], 1)
+  enc_a = module.apply(v, enc, enable_dropout=False, method=module.encode)
+  enc_b = module.apply(v, padded, enable_dropout=False, method=module.encode)
+  np.testing.assert_allclose(enc_a, enc_b[:, :8], atol=1e-5)
+  np.testing.assert_allclose(module.apply(v, enc, _shift(tgt), tgt, enable_dropout=False),
+                             module.apply(v, padded, _shift(tgt), tgt, enable_dropout=False), atol=1e-5)
+
+
+def test_packed_examples_equal_each_alone(model_params):
+  module, v = model_params
+  e1, e2, t1, t2 = _tokens(6, (1, 5)), _tokens(7, (1, 4)), _tokens(8, (1, 3)), _tokens(9, (1, 4))
+  alone = [module.apply(v, e, _shift(t), t, enable_dropout=False) for e, t in ((e1, t1), (e2, t2))]
+  enc = np.concatenate([e1, e2, np.zeros((1, 2), np.int32)], 1)
+  tgt = np.concatenate([t1, t2, np.zeros((1, 1), np.int32)], 1)
+  dec_in = np.concatenate([_shift(t1), _shift(t2), np.zeros((1, 1), np.int32)], 1)
+  seg = lambda *ns: np.concatenate([np.full((1, n), i + 1) for i, n in enumerate(ns)] + [np.zeros((1, 0))], 1)
+  pos = lambda *ns: np.concatenate([np.arange(n)[None] for n in ns], 1)
+  enc_seg, dec_seg = np.pad(seg(5, 4), ((0, 0), (0, 2))), np.pad(seg(3, 4), ((0, 0), (0, 1)))
+  packed = module.apply(v, enc, dec_in, tgt, enc_seg.astype(np.int32), dec_seg.astype(np.int32),
+                        np.pad(pos(5, 4), ((0, 0), (0, 2))), np.pad(pos(3, 4), ((0, 0), (0, 1))),
+                        enable_dropout=False)
+  np.testing.assert_allclose(packed[:, :3], alone[0], atol=1e-5)
+  np.testing.assert_allclose(packed[:, 3:7], alone[1], atol=1e-5)
+
+
+def test_cached_decoding_equals_full_forward(model_params):
+  module, v = model_params
+  enc, tgt = _tokens(10, (2, 8)), _tokens(11, (2, 20))
+  enc[1, 5:] = 0
+  full = module.apply(v, enc, _shift(tgt), tgt, enable_dropout=False)
+  encoded = module.apply(v, enc, enable_dropout=False, method=module.encode)
+  ones = jnp.ones((2, 20), jnp.int32)
+  _, cache = module.apply(v, encoded, enc, ones, ones, enable_dropout=False, decode=True, mutable=["cache"],
+                          method=module.decode)
+  step = jax.jit(lambda c, tok: module.apply({"params": v["params"], "cache": c}, encoded, enc, tok, tok,
+                                             enable_dropout=False, decode=True, max_decode_length=20,
+                                             mutable=["cache"], method=module.decode))
+  cache, dec_in, outs = cache["cache"], _shift(tgt), []
+  for i in range(20):  # longer than 16 steps, where decoder buckets become logarithmic
+    logits, mut = step(cache, dec_in[:, i:i + 1])
+    cache = mut["cache"]
+    outs.append(logits)
+  np.testing.assert_allclose(np.concatenate(outs, 1), full, atol=1e-5)
+
+
+def test_bfloat16_activations_keep_float32_params_and_track_float32(model_params):
+  _, v = model_params
+  module16 = network.Transformer(network.T5Config(**{**CFG.__dict__, "dtype": "bfloat16"}))
+  enc, tgt = _tokens(12, (2, 8)), _tokens(13, (2, 6))
+  out16 = module16.apply(v, enc, _shift(tgt), tgt, enable_dropout=False)
+  out32 = network.Transformer(CFG).apply(v, enc, _shift(tgt), tgt, enable_dropout=False)
+  assert out16.dtype == jnp.float32  # logits are always float32
+  assert np.abs(out16 - out32).max() < 0.1 * np.abs(out32).max()
+  assert np.abs(out16 - out32).max() > 0  # really computed in bf16
+
+
+def test_dropout_only_when_enabled():
+  module = network.Transformer(network.T5Config(**{**CFG.__dict__, "dropout_rate": 0.3}))
+  enc, tgt = _tokens(14, (2, 8)), _tokens(15, (2, 6))
+  v = module.init(jax.random.PRNGKey(0), enc, _shift(tgt), tgt, enable_dropout=False)
+  det = [module.apply(v, enc, _shift(tgt), tgt, enable_dropout=False) for _ in range(2)]
+  np.testing.assert_array_equal(det[0], det[1])
+  drop = [module.apply(v, enc, _shift(tgt), tgt, enable_dropout=True, rngs={"dropout": jax.random.PRNGKey(i)})
+          for i in range(2)]
+  assert np.abs(drop[0] - drop[1]).max() > 1e-3
+
+
+def test_loss_matches_numpy_cross_entropy_with_z_loss(model_params):
+  module, v = model_params
+  enc, tgt = _tokens(16, (2, 8)), _tokens(17, (2, 6))
+  tgt[1, 4:] = 0
+  batch = {"encoder_input_tokens": enc, "decoder_input_tokens": _shift(tgt), "decoder_target_tokens": tgt}
+  model = models.EncoderDecoderModel(module, z_loss=1e-4)
+  loss, m = model.loss_fn(v["params"], batch, None)
+  logits = np.asarray(module.apply(v, enc, _shift(tgt), tgt, enable_dropout=False), np.float64)
+  log_z = np.log(np.exp(logits).sum(-1))
+  ce = log_z - np.take_along_axis(logits, tgt[..., None], -1)[..., 0]
+  w = tgt > 0
+  expected = ((ce + 1e-4 * log_z ** 2) * w).sum() / w.sum()
+  np.testing.assert_allclose(float(loss), expected, rtol=1e-5)
+  assert float(m["weight_sum"]) == w.sum()
+  acc = ((logits.argmax(-1) == tgt) * w).sum()
+  assert float(m["correct_sum"]) == acc
