@@ -68,12 +68,15 @@ def _resolve(path: str, search: Sequence[Path]) -> str:
 
 
 def _binding_value(value: str) -> str:
-  """Gin literal as given; a bare word that is no gin literal (a path) is taken as a string."""
-  import gin
+  """The gin value as given; a bare word that is no Python literal or gin reference (a path) becomes a string."""
+  import ast
+  v = value.strip()
+  if v.startswith(("@", "%")) or v in ("None", "True", "False"):
+    return v
   try:
-    gin.config.ConfigParser(f"X = {value}", gin.config.ParserDelegate(skip_unknown=True)).parse_statement()
-    return value
-  except Exception:  # noqa: BLE001 - gin raises various parse errors
+    ast.literal_eval(v)
+    return v
+  except (ValueError, SyntaxError):
     return repr(value)
 
 
@@ -106,7 +109,10 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Seque
       gin.parse_config(f"{name} = {_binding_value(value)}")
     except (ValueError, KeyError, ImportError) as e:
       raise GinError(f"bad gin binding --gin.{b}: {e}") from e
-  gin.finalize()
+  try:
+    gin.finalize()
+  except ValueError as e:
+    raise GinError(f"incomplete gin config: {e}") from e
   logging.getLogger().setLevel(logging.WARNING)
 
 

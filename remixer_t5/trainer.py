@@ -5,7 +5,7 @@ global arrays assembled from process-local data, and only process 0 writes summa
 """
 from __future__ import annotations
 
-import json
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -20,6 +20,10 @@ from flax import struct
 from remixer_t5 import checkpoints, optim, partitioning
 from remixer_t5.models import EncoderDecoderModel
 from remixer_t5.metrics_log import MetricsLogger, format_duration
+
+
+# Config fields that may change between runs in one MODEL_DIR (they do not change the parameters).
+_RESUMABLE_FIELDS = ("dropout_rate", "dtype")
 
 
 class TrainState(struct.PyTreeNode):
@@ -120,7 +124,11 @@ def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature
   vocab = task.output_features["targets"].vocabulary
   _check_vocab_fits(model, task)
   signature = dict(run_signature or {})
-  signature.update(task=task_name, feature_lengths=dict(feature_lengths))
+  signature.update(task=task_name, feature_lengths=dict(feature_lengths), vocab_size=vocab.vocab_size,
+                   model=type(model.module).__name__)
+  if dataclasses.is_dataclass(getattr(model.module, "config", None)):
+    signature.update({f"config.{k}": v for k, v in dataclasses.asdict(model.module.config).items()
+                      if k not in _RESUMABLE_FIELDS})
   checkpoints.check_signature(model_dir, signature)
 
   mesh = partitioning.make_mesh(num_partitions, mesh_shape)

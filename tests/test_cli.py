@@ -1,0 +1,94 @@
+"""The CLI's info numbers, t5x-style flags, and clear errors for bad input."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from remixer_t5 import cli
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _info(capsys, config):
+  assert cli.main(["info", f"--gin_file=models/t5_1_1/{config}.gin", "--json"]) == 0
+  return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("config,params", [("small", 76_961_152), ("base", 247_577_856)])
+def test_info_reports_exact_t5_1_1_parameter_counts(capsys, config, params):
+  report = _info(capsys, config)
+  assert report["params"] == params
+  assert sum(report["modules"].values()) == params
+  # Training FLOPs per token are at least 6 x the parameters used per token, minus the embedding gather.
+  assert report["flops_per_token"] > 2 * (params - 32128 * {"small": 512, "base": 768}[config])
+
+
+@pytest.mark.parametrize("config,approx", [("large", 783.2e6), ("xl", 2.85e9)])
+def test_info_large_and_xl_sizes(capsys, config, approx):
+  assert _info(capsys, config)["params"] == pytest.approx(approx, rel=2e-3)
+
+
+def test_gin_bindings_override_files(capsys):
+  report_a = _info(capsys, "small")
+  assert cli.main(["info", "--gin_file", "models/t5_1_1/small.gin", "--gin.network.T5Config.num_decoder_layers=4",
+                   "--json"]) == 0
+  report_b = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert report_b["params"] < report_a["params"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--gin.network.T5Config.emb_dimm=3"], "emb_dimm"),
+    (["--gin.TRAIN_STEPZ=3"], "TRAIN_STEPZ"),
+    (["--gin.nosuchmodule.Thing.x=3"], "nosuchmodule"),
+])
+def test_unknown_gin_binding_is_one_clear_error(capsys, args, needle):
+  assert cli.main(["info", "--gin_file=models/t5_1_1/tiny.gin", *args]) == 2
+  err = capsys.readouterr().err
+  assert needle in err and "Traceback" not in err
+
+
+def test_missing_gin_file_names_it_and_where_it_looked(capsys):
+  assert cli.main(["info", "--gin_file=models/t5_1_1/nope.gin"]) == 2
+  err = capsys.readouterr().err
+  assert "models/t5_1_1/nope.gin" in err and "looked in" in err
+
+
+def test_missing_vocabulary_says_where_it_looked(tmp_path, capsys):
+  missing = tmp_path / "no_such.model"
+  code = cli.main(["train", "--gin_file=models/t5_1_1/small.gin", "--gin_file=runs/pretrain.gin",
+                   f"--gin.vocab.get_vocabulary.path='{missing}'", f"--gin.MODEL_DIR='{tmp_path / 'run'}'"])
+  assert code == 2
+  assert str(missing) in capsys.readouterr().err
+
+
+def test_missing_hf_checkpoint_is_a_clear_error(tmp_path, capsys):
+  assert cli.main(["import-hf", str(tmp_path / "absent"), str(tmp_path / "out")]) == 2
+  assert str(tmp_path / "absent") in capsys.readouterr().err
+  assert not (tmp_path / "out").exists()
+
+
+def test_python_dash_m_entry_point():
+  out = subprocess.run([sys.executable, "-m", "remixer_t5", "info", "--gin_file=models/t5_1_1/tiny.gin", "--json"],
+                       capture_output=True, text=True, cwd=REPO, check=True).stdout
+  assert json.loads(out.strip().splitlines()[-1])["params"] > 0
+
+
+def test_every_gin_file_parses():
+  files = sorted(p.relative_to(cli.gin_dir()) for p in cli.gin_dir().rglob("*.gin"))
+  assert len(files) >= 8
+  for f in files:
+    if str(f).startswith("runs/"):  # run files pair with a model file
+      cli.parse_gin(["models/t5_1_1/tiny.gin", str(f)], ["MODEL_DIR='/tmp/unused'"])
+      assert cli._macro("TRAIN_STEPS") > 0
+    else:
+      cli.parse_gin([str(f)], [])
+    assert cli._macro("MODEL") is not None
+
+
+def test_wheel_installs_and_runs_outside_the_repo():
+  out = subprocess.run(["bash", str(REPO / "scripts" / "wheel_check.sh"), sys.executable], capture_output=True,
+                       text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert json.loads(out.stdout.strip().splitlines()[-1])["params"] == 76_961_152

@@ -1,0 +1,88 @@
+"""End to end through the CLI: train, resume, refuse an incompatible MODEL_DIR, eval, export/import HF."""
+import json
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from remixer_t5 import checkpoints, cli
+
+SMALL_RUN = ["--gin_file=runs/demo_t5_1_1.gin", "--gin.BATCH_SIZE=4",
+             "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}", "--gin.LOG_PERIOD=2",
+             "--gin.EVAL_PERIOD=3", "--gin.CHECKPOINT_PERIOD=3", "--gin.EVAL_STEPS=1",
+             "--gin.network.T5Config.emb_dim=32", "--gin.network.T5Config.mlp_dim=48"]
+
+
+def _train(model_dir, steps, *extra):
+  return cli.main(["train", *SMALL_RUN, f"--gin.MODEL_DIR={model_dir}", f"--gin.TRAIN_STEPS={steps}", *extra])
+
+
+def _rows(model_dir):
+  return [json.loads(line) for line in (Path(model_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, embedded_cache):
+  mp = pytest.MonkeyPatch()
+  mp.setenv("REMIXER_T5_CACHE_DIR", str(embedded_cache.root))
+  root = tmp_path_factory.mktemp("runs")
+  assert _train(root / "a", 6) == 0
+  yield root
+  mp.undo()
+
+
+def test_train_logs_evaluates_and_checkpoints(trained):
+  rows = _rows(trained / "a")
+  train = [r for r in rows if r["split"] == "train"]
+  val = [r for r in rows if r["split"] == "validation"]
+  assert [r["step"] for r in train] == [2, 4, 6]
+  assert [r["step"] for r in val] == [0, 3, 6]
+  for r in train:
+    assert np.isfinite(r["loss"]) and 0 <= r["accuracy"] <= 1 and r["tokens_per_s"] > 0
+  assert val[0]["examples"] and {"inputs", "targets", "prediction"} <= set(val[0]["examples"][0])
+  assert checkpoints.Checkpointer(trained / "a").all_steps() == [3, 6]
+  assert (trained / "a" / "config.gin").is_file()
+  assert any((trained / "a" / "tensorboard" / "train").iterdir())
+
+
+def test_resume_reaches_the_same_parameters_as_an_uninterrupted_run(trained, monkeypatch, embedded_cache):
+  monkeypatch.setenv("REMIXER_T5_CACHE_DIR", str(embedded_cache.root))
+  assert _train(trained / "a", 8) == 0  # resumes from step 6
+  assert _train(trained / "b", 8) == 0  # never interrupted
+  a = checkpoints.restore_any_params(trained / "a")
+  b = checkpoints.restore_any_params(trained / "b")
+  jax.tree_util.tree_map(np.testing.assert_array_equal, a, b)
+  assert [r["step"] for r in _rows(trained / "a") if r["split"] == "train"] == [2, 4, 6, 8]
+
+
+def test_incompatible_config_in_same_model_dir_is_refused(trained, capsys, monkeypatch, embedded_cache):
+  monkeypatch.setenv("REMIXER_T5_CACHE_DIR", str(embedded_cache.root))
+  before = checkpoints.Checkpointer(trained / "a").all_steps()
+  assert _train(trained / "a", 12, "--gin.network.T5Config.num_heads=2") == 2
+  err = capsys.readouterr().err
+  assert "config.num_heads" in err and "4" in err and "2" in err
+  assert checkpoints.Checkpointer(trained / "a").all_steps() == before
+
+
+def test_eval_command_writes_validation_metrics(trained, capsys, monkeypatch, embedded_cache):
+  monkeypatch.setenv("REMIXER_T5_CACHE_DIR", str(embedded_cache.root))
+  n = len(_rows(trained / "b"))
+  assert cli.main(["eval", *SMALL_RUN, f"--gin.MODEL_DIR={trained / 'b'}"]) == 0
+  metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  rows = _rows(trained / "b")
+  assert len(rows) == n + 1 and rows[-1]["split"] == "validation" and rows[-1]["step"] == 8
+  assert metrics["loss"] == pytest.approx(rows[-1]["loss"])
+
+
+def test_export_then_import_hf_round_trips_params(trained, tmp_path):
+  hf_dir, back = tmp_path / "hf", tmp_path / "imported"
+  assert cli.main(["export-hf", str(trained / "b"), str(hf_dir)]) == 0
+  assert (hf_dir / "config.json").is_file() and (hf_dir / "model.safetensors").is_file()
+  assert cli.main(["import-hf", str(hf_dir), str(back)]) == 0
+  original = checkpoints.restore_any_params(trained / "b")
+  imported = checkpoints.restore_any_params(back)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, original, imported)
+  # The written model.gin describes the same model.
+  cli.parse_gin([str(back / "model.gin")], [])
+  assert cli._macro("MODEL").module.config.emb_dim == 32
