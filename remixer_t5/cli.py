@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-COMMANDS = ("train", "eval", "info", "import-hf", "export-hf")
+from remixer_t5.checkpoints import IncompatibleModelDirError
 
 
 def gin_dir() -> Path:
@@ -257,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = {"train": cmd_train, "eval": cmd_eval, "info": cmd_info, "import-hf": cmd_import_hf,
                "export-hf": cmd_export_hf}[args.command]
     return handler(args)
-  except (GinError, FileNotFoundError, FileExistsError) as e:
+  except (GinError, FileNotFoundError, FileExistsError, IncompatibleModelDirError) as e:
     print(f"remixer-t5: error: {e}", file=sys.stderr)
     return 2
 

@@ -90,7 +90,7 @@ def make_train_step(model: EncoderDecoderModel, optimizer: optax.GradientTransfo
     params = optax.apply_updates(state.params, updates)
     if schedule is not None:
       metrics["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)
-    metrics["grad_norm"] = optax.global_norm(grads)
+    metrics["grad_norm"] = optax.tree.norm(grads)
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
   return train_step
 
