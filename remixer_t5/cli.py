@@ -80,6 +80,30 @@ def _binding_value(value: str) -> str:
     return repr(value)
 
 
+def _set_gin_search_path(search: Sequence[Path]) -> None:
+  """Includes resolve in --gin_search_paths, then the package's gin/, then the working directory.
+
+  gin also asks a package-resource reader, which crashes (TypeError) when the first path component names a
+  namespace package, e.g. a `runs/` folder in the working directory; make its existence check safe.
+  """
+  import gin
+  gin.config._LOCATION_PREFIXES[:] = [str(p) for p in search] + [""]  # noqa: SLF001
+
+  def safe(check):
+    if getattr(check, "_remixer_safe", False):
+      return check
+
+    def exists(path):
+      try:
+        return bool(check(path))
+      except Exception:  # noqa: BLE001 - any failure means "not readable by this reader"
+        return False
+    exists._remixer_safe = True
+    return exists
+
+  gin.config._FILE_READERS[:] = [(r, safe(c)) for r, c in gin.config._FILE_READERS]  # noqa: SLF001
+
+
 def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Sequence[str] = ()) -> None:
   """Parse gin files then bindings; unknown configurables/parameters and unknown macros are errors."""
   import logging
@@ -89,8 +113,7 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Seque
   # gin logs an ERROR for every search path an include is not found in before the one it is found in.
   logging.getLogger().setLevel(logging.CRITICAL)
   search = [Path(p) for p in search_paths] + [gin_dir()]
-  for p in search:
-    gin.add_config_file_search_path(str(p))
+  _set_gin_search_path(search)
   for f in files:
     try:
       gin.parse_config_file(_resolve(f, search))

@@ -17,7 +17,7 @@ import optax
 import seqio
 from flax import struct
 
-from remixer_t5 import checkpoints, optim, partitioning
+from remixer_t5 import checkpoints, optim, partitioning, plots
 from remixer_t5.models import EncoderDecoderModel
 from remixer_t5.metrics_log import MetricsLogger, format_duration
 
@@ -195,6 +195,8 @@ def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature
       ckpt.save(step, state, force=True)
   ckpt.close()
   log.close()
+  if jax.process_index() == 0:
+    log.info(f"curves drawn in {plots.plot_metrics(model_dir)}")
   return last
 
 

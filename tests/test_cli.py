@@ -92,3 +92,19 @@ def test_wheel_installs_and_runs_outside_the_repo():
                        text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
   assert json.loads(out.stdout.strip().splitlines()[-1])["params"] == 76_961_152
+
+
+def test_gin_search_paths_find_user_configs(tmp_path, capsys):
+  (tmp_path / "mine").mkdir()
+  (tmp_path / "mine" / "model.gin").write_text(
+      "include 'models/t5_1_1/tiny.gin'\nfrom __gin__ import dynamic_registration\n"
+      "from remixer_t5 import network\nnetwork.T5Config.num_encoder_layers = 1\n")
+  assert cli.main(["info", "--gin_file=mine/model.gin", f"--gin_search_paths={tmp_path}", "--json"]) == 0
+  one = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["params"]
+  assert one < _info(capsys, "tiny")["params"]
+
+
+def test_local_launcher_dry_run_prints_the_command():
+  out = subprocess.run(["bash", str(REPO / "launch" / "local.sh"), "--dry-run", "train",
+                        "--gin_file=runs/demo_t5_1_1.gin"], capture_output=True, text=True, check=True).stdout
+  assert "remixer-t5 train --gin_file=runs/demo_t5_1_1.gin" in out

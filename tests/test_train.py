@@ -43,6 +43,7 @@ def test_train_logs_evaluates_and_checkpoints(trained):
   assert val[0]["examples"] and {"inputs", "targets", "prediction"} <= set(val[0]["examples"][0])
   assert checkpoints.Checkpointer(trained / "a").all_steps() == [3, 6]
   assert (trained / "a" / "config.gin").is_file()
+  assert (trained / "a" / "metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   assert any((trained / "a" / "tensorboard" / "train").iterdir())
 
 
