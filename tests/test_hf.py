@@ -354,3 +354,20 @@ def test_export_loads_in_transformers(fx, loaded, tmp_path):
   state["encoder.embed_tokens.weight"] = state["decoder.embed_tokens.weight"] = state["shared.weight"]
   torch.save(state, bin_dir / "pytorch_model.bin")
   assert_trees_equal(hf.load_hf_t5(bin_dir)[1], params)
+
+
+def test_cli_import_hf_checkpoint_and_gin_reproduce_hf_logits(fx, tmp_path, capsys):
+  """`remixer-t5 import-hf` -> orbax checkpoint + model.gin -> the same logits as Hugging Face."""
+  from remixer_t5 import checkpoints, cli
+  hf_dir = write_hf_dir(tmp_path / "hf", fx)
+  out = tmp_path / "imported"
+  assert cli.main(["import-hf", hf_dir, str(out)]) == 0
+  cli.parse_gin([str(out / "model.gin")], [])
+  model = cli._macro("MODEL")
+  params = checkpoints.restore_any_params(out)
+  logits, _ = forward(model.module, params, fx)
+  real = fx["decoder_target_tokens"] > 0
+  np.testing.assert_allclose(logits[real], fx["logits"][real], atol=LOGITS_ATOL)
+  # A second import into the same, now non-empty, directory is refused and changes nothing.
+  assert cli.main(["import-hf", hf_dir, str(out)]) == 2
+  assert "not empty" in capsys.readouterr().err
