@@ -89,10 +89,14 @@ def check_signature(model_dir: str | os.PathLike, signature: Mapping[str, Any]) 
           + "\n  ".join(diffs) + "\nUse a new MODEL_DIR (or delete the old run).")
     return
   if jax.process_index() == 0:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(signature, indent=2, sort_keys=True))
-    tmp.replace(path)
+    atomic_write_text(path, json.dumps(signature, indent=2, sort_keys=True))
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_name(path.name + ".tmp")
+  tmp.write_text(text)
+  tmp.replace(path)
 
 
 def restore_any_params(path: str | os.PathLike) -> Any:

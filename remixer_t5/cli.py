@@ -160,8 +160,7 @@ def _macro(name: str, default=None):
 def cmd_train(_: argparse.Namespace) -> int:
   import gin
   from remixer_t5 import trainer
-  _write_config(_macro("MODEL_DIR"))
-  gin.get_configurable(trainer.train)()
+  gin.get_configurable(trainer.train)(config_text=gin.config_str())
   return 0
 
 
@@ -171,16 +170,6 @@ def cmd_eval(_: argparse.Namespace) -> int:
   metrics = gin.get_configurable(trainer.evaluate_checkpoint)()
   print(json.dumps(metrics))
   return 0
-
-
-def _write_config(model_dir):
-  import gin
-  import jax
-  if model_dir and jax.process_index() == 0:
-    Path(model_dir).mkdir(parents=True, exist_ok=True)
-    tmp = Path(model_dir) / "config.gin.tmp"
-    tmp.write_text(gin.config_str())
-    tmp.replace(Path(model_dir) / "config.gin")
 
 
 def cmd_info(args: argparse.Namespace) -> int:

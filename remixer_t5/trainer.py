@@ -115,8 +115,12 @@ def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature
           eval_steps: int = 10, num_decoded_examples: int = 3, num_partitions: int = 1,
           mesh_shape: tuple[int, ...] | None = None, keep_checkpoints: int = 3, pack: bool = True,
           vocabulary: seqio.Vocabulary | None = None, init_checkpoint: str | None = None,
-          run_signature: Mapping[str, Any] | None = None) -> dict[str, float]:
-  """Train `model` on `task_name`, resuming from the latest checkpoint in `model_dir`. Returns last metrics."""
+          run_signature: Mapping[str, Any] | None = None, config_text: str | None = None
+          ) -> dict[str, float]:
+  """Train `model` on `task_name`, resuming from the latest checkpoint in `model_dir`. Returns last metrics.
+
+  `config_text` (the launch's gin config) is saved as MODEL_DIR/config.gin once the run is accepted.
+  """
   if not model_dir:
     raise ValueError("MODEL_DIR is not set: pass --gin.MODEL_DIR=\"'/path/to/run'\"")
   model_dir = str(Path(model_dir).expanduser())
@@ -130,6 +134,8 @@ def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature
     signature.update({f"config.{k}": v for k, v in dataclasses.asdict(model.module.config).items()
                       if k not in _RESUMABLE_FIELDS})
   checkpoints.check_signature(model_dir, signature)
+  if config_text is not None and jax.process_index() == 0:
+    checkpoints.atomic_write_text(Path(model_dir) / "config.gin", config_text)
 
   mesh = partitioning.make_mesh(num_partitions, mesh_shape)
   schedule = learning_rate if callable(learning_rate) else None

@@ -108,3 +108,11 @@ def test_local_launcher_dry_run_prints_the_command():
   out = subprocess.run(["bash", str(REPO / "launch" / "local.sh"), "--dry-run", "train",
                         "--gin_file=runs/demo_t5_1_1.gin"], capture_output=True, text=True, check=True).stdout
   assert "remixer-t5 train --gin_file=runs/demo_t5_1_1.gin" in out
+
+
+def test_show_sharding_lists_each_parameter_with_its_partition_spec(capsys):
+  assert cli.main(["info", "--gin_file=models/t5_1_1/tiny.gin", "--show-sharding"]) == 0
+  out = capsys.readouterr().out
+  line = next(l for l in out.splitlines() if "['encoder']['layers_0']['attention']['query']['kernel']" in l)
+  assert "(128, 128)" in line and "'model'" in line
+  assert sum("['kernel']" in l for l in out.splitlines()) == 2 * 7 + 2 * 11 + 1

@@ -79,8 +79,8 @@ def _model_and_batch():
 def test_greedy_equals_argmax_of_full_forward_per_prefix():
   model, params, enc = _model_and_batch()
   max_len = 7
-  tokens = np.asarray(model.predict_batch(params, {"encoder_input_tokens": jnp.asarray(enc)},
-                                          max_decode_length=max_len))
+  predict = jax.jit(lambda p, e: model.predict_batch(p, {"encoder_input_tokens": e}, max_decode_length=max_len))
+  tokens = np.asarray(predict(params, jnp.asarray(enc)))
   # Naive reference: re-run the full model (no cache) on each prefix, right-padded to one shape so it
   # compiles once, and take the argmax at the prefix's last position.
   forward = jax.jit(lambda e, d: model.module.apply({"params": params}, e, d, jnp.ones_like(d),
@@ -101,17 +101,19 @@ def test_greedy_equals_argmax_of_full_forward_per_prefix():
 def test_beam_one_is_greedy_and_wider_beam_scores_at_least_as_well():
   model, params, enc = _model_and_batch()
   batch = {"encoder_input_tokens": jnp.asarray(enc)}
-  greedy, greedy_scores = model.predict_batch(params, batch, max_decode_length=6, return_scores=True)
-  beam, beam_scores = model.predict_batch(params, batch, max_decode_length=6, beam_size=4, alpha=0.0,
-                                          return_scores=True)
+  greedy, greedy_scores = jax.jit(lambda p, b: model.predict_batch(p, b, max_decode_length=6,
+                                                                   return_scores=True))(params, batch)
+  beam, beam_scores = jax.jit(lambda p, b: model.predict_batch(p, b, max_decode_length=6, beam_size=4, alpha=0.0,
+                                                               return_scores=True))(params, batch)
+  forward = jax.jit(lambda e, d: model.module.apply({"params": params}, e, d, jnp.ones_like(d),
+                                                    enable_dropout=False))
   # With alpha=0 the beam score is the sequence log-probability; beam search can only find better ones.
   assert np.all(np.asarray(beam_scores) >= np.asarray(greedy_scores) - 1e-5)
   # And its score is the true log-probability of the returned tokens under a full forward pass.
   for row in range(enc.shape[0]):
     seq = np.asarray(beam[row])
     dec_in = np.concatenate([[0], seq[:-1]])[None].astype(np.int32)
-    logp = jax.nn.log_softmax(model.module.apply({"params": params}, enc[row:row + 1], dec_in,
-                                                 np.ones_like(dec_in), enable_dropout=False)[0])
+    logp = jax.nn.log_softmax(forward(enc[row:row + 1], dec_in)[0])
     n = int(np.argmax(seq == 1)) + 1 if 1 in seq else len(seq)
     ref = sum(float(logp[t, seq[t]]) for t in range(n))
     np.testing.assert_allclose(float(beam_scores[row]), ref, rtol=1e-4, atol=1e-4)

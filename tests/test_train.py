@@ -60,10 +60,12 @@ def test_resume_reaches_the_same_parameters_as_an_uninterrupted_run(trained, mon
 def test_incompatible_config_in_same_model_dir_is_refused(trained, capsys, monkeypatch, embedded_cache):
   monkeypatch.setenv("REMIXER_T5_CACHE_DIR", str(embedded_cache.root))
   before = checkpoints.Checkpointer(trained / "a").all_steps()
+  config_before = (trained / "a" / "config.gin").read_text()
   assert _train(trained / "a", 12, "--gin.network.T5Config.num_heads=2") == 2
   err = capsys.readouterr().err
   assert "config.num_heads" in err and "4" in err and "2" in err
   assert checkpoints.Checkpointer(trained / "a").all_steps() == before
+  assert (trained / "a" / "config.gin").read_text() == config_before
 
 
 def test_eval_command_writes_validation_metrics(trained, capsys, monkeypatch, embedded_cache):
