@@ -80,6 +80,25 @@ def _binding_value(value: str) -> str:
     return repr(value)
 
 
+def _imports(parsed) -> list[str]:
+  """Module names imported by a parsed gin file and everything it includes."""
+  out = list(parsed.imports)
+  for inc in parsed.includes:
+    out += _imports(inc)
+  return out
+
+
+def _import_lines(modules: Sequence[str]) -> str:
+  dynamic = "__gin__.dynamic_registration" in modules
+  lines = ["from __gin__ import dynamic_registration"] if dynamic else []
+  for m in dict.fromkeys(modules):
+    if m == "__gin__.dynamic_registration":
+      continue
+    head, _, tail = m.rpartition(".")
+    lines.append(f"from {head} import {tail}" if (dynamic and head) else f"import {m}")
+  return "".join(line + "\n" for line in lines)
+
+
 def _set_gin_search_path(search: Sequence[Path]) -> None:
   """Includes resolve in --gin_search_paths, then the package's gin/, then the working directory.
 
@@ -114,13 +133,16 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Seque
   logging.getLogger().setLevel(logging.CRITICAL)
   search = [Path(p) for p in search_paths] + [gin_dir()]
   _set_gin_search_path(search)
+  imports: list[str] = []
   for f in files:
     try:
-      gin.parse_config_file(_resolve(f, search))
+      imports += _imports(gin.parse_config_file(_resolve(f, search)))
     except GinError:
       raise
-    except (ValueError, KeyError, ImportError) as e:
+    except (ValueError, KeyError, ImportError, IOError) as e:
       raise GinError(f"in gin file {f}: {e}") from e
+  # Bindings see the files' imports, so `--gin.VOCABULARY=@vocab.get_vocabulary()` resolves as in the files.
+  prelude = _import_lines(imports)
   macros = {name for (name, kind) in gin.config._CONFIG if kind == "gin.macro"}  # noqa: SLF001
   for b in bindings:
     name, _, value = b.partition("=")
@@ -129,7 +151,7 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Seque
       raise GinError(f"unknown gin macro {name!r} in --gin.{b}; the loaded files define: "
                      f"{', '.join(sorted(macros)) or 'none'}")
     try:
-      gin.parse_config(f"{name} = {_binding_value(value)}")
+      gin.parse_config(prelude + f"{name} = {_binding_value(value)}")
     except (ValueError, KeyError, ImportError) as e:
       raise GinError(f"bad gin binding --gin.{b}: {e}") from e
   try:
@@ -271,6 +293,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     return handler(args)
   except (GinError, FileNotFoundError, FileExistsError, IncompatibleModelDirError) as e:
     print(f"remixer-t5: error: {e}", file=sys.stderr)
+    return 2
+  except ValueError as e:  # bad values reach us from deep inside (configs, data rows, sizes)
+    if os.environ.get("REMIXER_T5_TRACEBACK"):
+      raise
+    print(f"remixer-t5: error: {e}\n(set REMIXER_T5_TRACEBACK=1 for the full traceback)", file=sys.stderr)
     return 2
 
 

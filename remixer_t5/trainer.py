@@ -6,6 +6,7 @@ global arrays assembled from process-local data, and only process 0 writes summa
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -290,14 +291,9 @@ def _decode_examples(model, params, batch, vocab, n, pack):
   return out
 
 
-_PREDICT_CACHE: dict[int, Callable] = {}
-
-
+@functools.lru_cache(maxsize=4)
 def _jit_predict(model):
-  if id(model) not in _PREDICT_CACHE:
-    _PREDICT_CACHE[id(model)] = jax.jit(lambda p, b, n: model.predict_batch(p, b, max_decode_length=n),
-                                        static_argnums=2)
-  return _PREDICT_CACHE[id(model)]
+  return jax.jit(lambda p, b, n: model.predict_batch(p, b, max_decode_length=n), static_argnums=2)
 
 
 def _strip(ids) -> list[int]:
