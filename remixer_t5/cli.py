@@ -139,7 +139,7 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Seque
       imports += _imports(gin.parse_config_file(_resolve(f, search)))
     except GinError:
       raise
-    except (ValueError, KeyError, ImportError, IOError) as e:
+    except (ValueError, KeyError, ImportError, NameError, IOError) as e:
       raise GinError(f"in gin file {f}: {e}") from e
   # Bindings see the files' imports, so `--gin.VOCABULARY=@vocab.get_vocabulary()` resolves as in the files.
   prelude = _import_lines(imports)
@@ -152,7 +152,7 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Seque
                      f"{', '.join(sorted(macros)) or 'none'}")
     try:
       gin.parse_config(prelude + f"{name} = {_binding_value(value)}")
-    except (ValueError, KeyError, ImportError) as e:
+    except (ValueError, KeyError, ImportError, NameError) as e:
       raise GinError(f"bad gin binding --gin.{b}: {e}") from e
   try:
     gin.finalize()
