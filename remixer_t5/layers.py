@@ -76,7 +76,7 @@ class Embed(nn.Module):
     return jnp.take(self.embedding, ids, axis=0).astype(self.dtype)
 
 
-def _activation(name: str) -> Callable[[Array], Array]:
+def activation(name: str) -> Callable[[Array], Array]:
   if name == "linear":
     return lambda x: x
   if name == "gelu":  # T5.1.1's gated GELU uses the tanh approximation ("gelu_new" in HF).
@@ -84,25 +84,6 @@ def _activation(name: str) -> Callable[[Array], Array]:
   if name == "relu":
     return jax.nn.relu
   raise ValueError(f"unknown MLP activation {name!r}; expected one of 'gelu', 'relu', 'linear'")
-
-
-class MlpBlock(nn.Module):
-  """Gated feed-forward (Shazeer 2020, GEGLU): wo(act_0(x wi_0) * act_1(x wi_1)), T5.1.1's MLP."""
-  intermediate_dim: int
-  activations: Sequence[str] = ("gelu", "linear")
-  dropout_rate: float = 0.0
-  dtype: str = "float32"
-
-  @nn.compact
-  def __call__(self, x: Array, deterministic: bool = True) -> Array:
-    hidden = None
-    for i, act in enumerate(self.activations):
-      name = f"wi_{i}" if len(self.activations) > 1 else "wi"
-      h = _activation(act)(Dense(self.intermediate_dim, ("embed", "mlp"), dtype=self.dtype, name=name)(x))
-      hidden = h if hidden is None else hidden * h
-    hidden = nn.Dropout(self.dropout_rate, broadcast_dims=(-2,))(hidden, deterministic=deterministic)
-    hidden = with_sharding_constraint(hidden, ("batch", "length", "mlp"))
-    return Dense(x.shape[-1], ("mlp", "embed"), dtype=self.dtype, name="wo")(hidden)
 
 
 def relative_position_bucket(relative_position: Array, bidirectional: bool, num_buckets: int,
@@ -184,82 +165,3 @@ def mask_to_bias(mask: Array | None, dtype) -> Array | None:
   if mask is None:
     return None
   return jnp.where(mask > 0, 0.0, NEG_INF).astype(dtype)
-
-
-class MultiHeadDotProductAttention(nn.Module):
-  """Multi-head attention with T5's conventions (no biases, no 1/sqrt(d) on logits) and a decode cache.
-
-  The 1/sqrt(head_dim) scaling lives in the query initializer, as in mesh TF and t5x, so imported HF
-  checkpoints (which never scale) compute the same thing.
-  """
-  num_heads: int
-  head_dim: int
-  dropout_rate: float = 0.0
-  dtype: str = "float32"
-  float32_logits: bool = True
-
-  @nn.compact
-  def __call__(self, inputs_q: Array, inputs_kv: Array, bias: Array | None = None, *,
-               deterministic: bool = True, decode: bool = False) -> Array:
-    """`bias` is [batch or 1, heads or 1, q_len, k_len] (mask and position biases already added).
-
-    With `decode=True` inputs_q/inputs_kv are one new position and keys/values come from the cache; the
-    caller passes the bias row of the current position (or the full-length bias, sliced here).
-    """
-    inner = self.num_heads * self.head_dim
-    query_init = lambda *a: nn.initializers.variance_scaling(1.0, "fan_in", "normal")(*a) / math.sqrt(
-        self.head_dim)
-    kernel_init = nn.initializers.variance_scaling(1.0, "fan_in", "normal")
-    proj = lambda name, init: Dense(inner, ("embed", "joined_kv"), kernel_init=init, dtype=self.dtype,
-                                    name=name)
-    split = lambda x: x.reshape(x.shape[:-1] + (self.num_heads, self.head_dim))
-    query = split(proj("query", query_init)(inputs_q))
-    key = split(proj("key", kernel_init)(inputs_kv))
-    value = split(proj("value", kernel_init)(inputs_kv))
-    query = with_sharding_constraint(query, ("batch", "length", "heads", "kv"))
-    key = with_sharding_constraint(key, ("batch", "length", "heads", "kv"))
-    value = with_sharding_constraint(value, ("batch", "length", "heads", "kv"))
-
-    if decode:
-      key, value, bias = self._update_cache(key, value, bias)
-
-    logits = jnp.einsum("bqhd,bkhd->bhqk", query, key,
-                        preferred_element_type=jnp.float32 if self.float32_logits else None)
-    if bias is not None:
-      logits = logits + bias.astype(logits.dtype)
-    weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(self.dtype)
-    if not deterministic and self.dropout_rate > 0:
-      weights = nn.Dropout(self.dropout_rate)(weights, deterministic=False)
-    out = jnp.einsum("bhqk,bkhd->bqhd", weights, value).reshape(inputs_q.shape[:-1] + (inner,))
-    return Dense(inputs_q.shape[-1], ("joined_kv", "embed"), kernel_init=kernel_init, dtype=self.dtype,
-                 name="out")(out)
-
-  def _update_cache(self, key: Array, value: Array, bias: Array | None):
-    """Autoregressive cache: [batch, max_len, heads, head_dim] keys/values and the next index.
-
-    The first call (cache absent) only creates the cache with the full decode length and computes the
-    ordinary forward pass; later calls write one position and attend to all written positions.
-    """
-    initialized = self.has_variable("cache", "cached_key")
-    cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
-    cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
-    cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, dtype=jnp.int32))
-    if not initialized:
-      return key, value, bias
-    batch, length, heads, depth = cached_key.value.shape
-    if key.shape[1] != 1:
-      raise ValueError(f"decode step expects one position at a time, got length {key.shape[1]}")
-    i = cache_index.value
-    zero = jnp.array(0, dtype=jnp.int32)
-    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key.astype(cached_key.value.dtype),
-                                                    (zero, i, zero, zero))
-    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value,
-                                                      value.astype(cached_value.value.dtype),
-                                                      (zero, i, zero, zero))
-    cache_index.value = i + 1
-    # Only positions written so far are visible.
-    visible = mask_to_bias((jnp.arange(length) <= i)[None, None, None, :], jnp.float32)
-    if bias is not None and bias.shape[-2] != 1:
-      bias = jax.lax.dynamic_slice_in_dim(bias, i, 1, axis=-2)
-    bias = visible if bias is None else bias + visible
-    return cached_key.value, cached_value.value, bias

@@ -25,6 +25,9 @@ DEFAULT_RULES: tuple[tuple[str, str | None], ...] = (
     ("joined_kv", "model"),
     ("relpos_buckets", None),
     ("length", None),
+    ("mix_length", None),   # fixed-length position axes of token-mixing weights (MLP-Mixer, Remixer's H)
+    ("mix_hidden", None),   # hidden width of token-mixing MLPs (HyperMixer, MLP-Mixer)
+    ("projection", None),   # pNLP-Mixer projection features
 )
 
 

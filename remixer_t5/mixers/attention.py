@@ -1,0 +1,93 @@
+"""Multi-head dot-product attention as a token mixer (Vaswani et al. 2017, with T5's conventions).
+
+T5: no biases, no 1/sqrt(d) on the logits (it lives in the query initializer, as in mesh TF and t5x, so HF
+checkpoints, which never scale, compute the same thing), relative position biases shared per stack in
+self-attention only, softmax in float32.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from remixer_t5 import layers
+from remixer_t5.mixers import base
+
+Array = jax.Array
+
+
+class Attention(nn.Module):
+  """Self- or cross-attention; `relative_positions` adds the stack's T5 position bias (self-attention)."""
+  KIND = "attention"  # slot naming in network.py (t5x parameter names)
+  config: object
+  relative_positions: bool = True
+  num_heads: int = 0  # 0: config.num_heads
+  head_dim: int = 0   # 0: config.head_dim
+
+  @nn.compact
+  def __call__(self, inputs_q: Array, inputs_kv: Array, ctx: base.MixerContext, *,
+               deterministic: bool = True) -> Array:
+    cfg = self.config
+    heads, depth = self.num_heads or cfg.num_heads, self.head_dim or cfg.head_dim
+    inner = heads * depth
+    kernel_init = nn.initializers.variance_scaling(1.0, "fan_in", "normal")
+    query_init = lambda *a: kernel_init(*a) / math.sqrt(depth)
+    proj = lambda name, init: layers.Dense(inner, ("embed", "joined_kv"), kernel_init=init, dtype=cfg.dtype,
+                                           name=name)
+    split = lambda x: x.reshape(x.shape[:-1] + (heads, depth))
+    query = split(proj("query", query_init)(inputs_q))
+    key = split(proj("key", kernel_init)(inputs_kv))
+    value = split(proj("value", kernel_init)(inputs_kv))
+    query, key, value = (layers.with_sharding_constraint(t, ("batch", "length", "heads", "kv"))
+                         for t in (query, key, value))
+
+    use_relpos = self.relative_positions and ctx.relpos is not None
+    if ctx.decode and inputs_kv is inputs_q:
+      key, value, bias = self._decode_step(key, value, ctx, use_relpos)
+    else:
+      bias = layers.mask_to_bias(base.pairwise_mask(ctx), jnp.float32)
+      if use_relpos:
+        bias = bias + ctx.relpos(ctx.q_positions, ctx.kv_positions, bidirectional=not ctx.causal)
+
+    logits = jnp.einsum("bqhd,bkhd->bhqk", query, key,
+                        preferred_element_type=jnp.float32 if cfg.float32_attention_logits else None)
+    logits = logits + bias.astype(logits.dtype)
+    weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(cfg.dtype)
+    if not deterministic and cfg.dropout_rate > 0:
+      weights = nn.Dropout(cfg.dropout_rate)(weights, deterministic=False)
+    out = jnp.einsum("bhqk,bkhd->bqhd", weights, value).reshape(inputs_q.shape[:-1] + (inner,))
+    return layers.Dense(inputs_q.shape[-1], ("joined_kv", "embed"), kernel_init=kernel_init, dtype=cfg.dtype,
+                        name="out")(out)
+
+  def _decode_step(self, key: Array, value: Array, ctx: base.MixerContext, use_relpos: bool):
+    """Autoregressive cache of [batch, max_len, heads, head_dim] keys/values.
+
+    The first call (cache absent) has all max_decode_length positions: it creates the cache and computes an
+    ordinary causal pass (discarded). Later calls write one position and attend to all written ones.
+    """
+    initialized = self.has_variable("cache", "cached_key")
+    cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
+    cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
+    index = base.cache_index(self)
+    length = cached_key.value.shape[1]
+    if not initialized:
+      bias = layers.mask_to_bias(base.pairwise_mask(ctx), jnp.float32)
+      return key, value, bias
+    if key.shape[1] != 1:
+      raise ValueError(f"decode step expects one position at a time, got length {key.shape[1]}")
+    i = index.value
+    zero = jnp.array(0, dtype=jnp.int32)
+    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key.astype(cached_key.value.dtype),
+                                                    (zero, i, zero, zero))
+    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value,
+                                                      value.astype(cached_value.value.dtype),
+                                                      (zero, i, zero, zero))
+    index.value = i + 1
+    # Only positions written so far are visible.
+    bias = layers.mask_to_bias((jnp.arange(length) <= i)[None, None, None, :], jnp.float32)
+    if use_relpos:
+      positions = jnp.arange(length, dtype=jnp.int32)[None, :]
+      bias = bias + ctx.relpos(jnp.reshape(i, (1, 1)), positions, bidirectional=False)
+    return cached_key.value, cached_value.value, bias
