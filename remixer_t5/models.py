@@ -123,3 +123,16 @@ class EncoderDecoderModel:
       beams, beam_scores = decoding.beam_search(step, cache, batch_size, beam_size, max_len, eos_id, alpha)
       tokens, scores = beams[:, 0], beam_scores[:, 0]
     return (tokens, scores) if return_scores else tokens
+
+
+def from_gin(gin_file: str, *bindings: str) -> nn.Module:
+  """The Flax module a model config describes, e.g. `from_gin('models/remixer/tiny.gin')`.
+
+  `bindings` are 'NAME=VALUE' strings as on the command line (`'network.T5Config.emb_dim=64'`).
+  """
+  from remixer_t5 import gin_utils
+  gin_utils.parse_gin([gin_file], list(bindings))
+  model = gin_utils.macro("MODEL")
+  if model is None:
+    raise gin_utils.GinError(f"{gin_file} defines no MODEL")
+  return model.module

@@ -23,10 +23,10 @@ else
 fi
 cd "$work"  # outside the repository: only the installed wheel can provide the package, tasks and gin files
 "$work/venv/bin/python" - <<'PY'
-import pathlib, remixer_t5, remixer_t5.tasks, remixer_t5.cli
+import pathlib, remixer_t5, remixer_t5.tasks, remixer_t5.gin_utils
 where = pathlib.Path(remixer_t5.__file__).resolve()
 assert "site-packages" in str(where), f"imported {where}, not the installed wheel"
-assert (remixer_t5.cli.gin_dir() / "models/t5_1_1/small.gin").is_file(), remixer_t5.cli.gin_dir()
+assert (remixer_t5.gin_utils.gin_dir() / "models/t5_1_1/small.gin").is_file(), remixer_t5.gin_utils.gin_dir()
 print("installed package:", where.parent)
 PY
 "$work/venv/bin/remixer-t5" info --gin_file=models/t5_1_1/small.gin --json | tail -n 1

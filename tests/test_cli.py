@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from remixer_t5 import cli
+from remixer_t5 import cli, gin_utils
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -76,15 +76,15 @@ def test_python_dash_m_entry_point():
 
 
 def test_every_gin_file_parses():
-  files = sorted(p.relative_to(cli.gin_dir()) for p in cli.gin_dir().rglob("*.gin"))
+  files = sorted(p.relative_to(gin_utils.gin_dir()) for p in gin_utils.gin_dir().rglob("*.gin"))
   assert len(files) >= 8
   for f in files:
     if str(f).startswith("runs/"):  # run files pair with a model file
-      cli.parse_gin(["models/t5_1_1/tiny.gin", str(f)], ["MODEL_DIR='/tmp/unused'"])
-      assert cli._macro("TRAIN_STEPS") > 0
+      gin_utils.parse_gin(["models/t5_1_1/tiny.gin", str(f)], ["MODEL_DIR='/tmp/unused'"])
+      assert gin_utils.macro("TRAIN_STEPS") > 0
     else:
-      cli.parse_gin([str(f)], [])
-    assert cli._macro("MODEL") is not None
+      gin_utils.parse_gin([str(f)], [])
+    assert gin_utils.macro("MODEL") is not None
 
 
 def test_wheel_installs_and_runs_outside_the_repo():

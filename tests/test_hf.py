@@ -358,12 +358,12 @@ def test_export_loads_in_transformers(fx, loaded, tmp_path):
 
 def test_cli_import_hf_checkpoint_and_gin_reproduce_hf_logits(fx, tmp_path, capsys):
   """`remixer-t5 import-hf` -> orbax checkpoint + model.gin -> the same logits as Hugging Face."""
-  from remixer_t5 import checkpoints, cli
+  from remixer_t5 import checkpoints, cli, gin_utils
   hf_dir = write_hf_dir(tmp_path / "hf", fx)
   out = tmp_path / "imported"
   assert cli.main(["import-hf", hf_dir, str(out)]) == 0
-  cli.parse_gin([str(out / "model.gin")], [])
-  model = cli._macro("MODEL")
+  gin_utils.parse_gin([str(out / "model.gin")], [])
+  model = gin_utils.macro("MODEL")
   params = checkpoints.restore_any_params(out)
   logits, _ = forward(model.module, params, fx)
   real = fx["decoder_target_tokens"] > 0

@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from remixer_t5 import checkpoints, cli
+from remixer_t5 import checkpoints, cli, gin_utils
 
 SMALL_RUN = ["--gin_file=runs/demo_t5_1_1.gin", "--gin.BATCH_SIZE=4",
              "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}", "--gin.LOG_PERIOD=2",
@@ -87,8 +87,8 @@ def test_export_then_import_hf_round_trips_params(trained, tmp_path):
   imported = checkpoints.restore_any_params(back)
   jax.tree_util.tree_map(np.testing.assert_array_equal, original, imported)
   # The written model.gin describes the same model.
-  cli.parse_gin([str(back / "model.gin")], [])
-  assert cli._macro("MODEL").module.config.emb_dim == 32
+  gin_utils.parse_gin([str(back / "model.gin")], [])
+  assert gin_utils.macro("MODEL").module.config.emb_dim == 32
 
 
 T5_VOCAB = Path(__file__).resolve().parents[2] / "shared" / "vocab" / "t5_cc_all_32000" / "sentencepiece.model"

@@ -1,17 +1,18 @@
-"""gMLP and aMLP (Liu et al. 2021, "Pay Attention to MLPs", §2 and §4.2) as a TOKEN mixer.
+"""gMLP and aMLP (Liu et al. 2021, "Pay Attention to MLPs", §2 and §4.3) as a TOKEN mixer.
 
-One gMLP block (§2, Eq. 1-5; the stack adds the pre-norm and the residual):
+One gMLP block (§2 Eq. 1 and §2.1; the stack adds the pre-norm and the residual):
 
-    Z = gelu(X U)                         U ∈ R^{d×h}          (channel projection, Eq. 1)
-    (Z1, Z2) = split(Z)                   along channels, h/2 each (Eq. 5)
-    s(Z) = Z1 ⊙ (W norm(Z2) + b)          W ∈ R^{L×L}, b ∈ R^L (spatial gating unit, Eq. 2-5)
+    Z = gelu(X U)                         U ∈ R^{d×h}          (channel projections, Eq. 1)
+    (Z1, Z2) = split(Z)                   along channels, h/2 each (§2.1)
+    s(Z) = Z1 ⊙ (W norm(Z2) + b)          W ∈ R^{L×L}, b ∈ R^L (spatial gating unit, §2.1)
     Y = s(Z) V                            V ∈ R^{h/2×d}
 
 W starts near zero and b at one, so the block starts as a plain FFN (§2.1). The block replaces BOTH
 attention and the FFN of a Transformer layer, so a gMLP stack has this token mixer and NO feature mixer.
 
-aMLP (§4.2, Fig. 6) adds a tiny single-head attention computed from the block input X whose output (h/2
-wide) is added to the spatial projection before the gating product: s(Z) = Z1 ⊙ (W norm(Z2) + b + TA(X)).
+aMLP (§4.3, "tiny attention") adds a single-head attention computed from the block input X whose output
+(h/2 wide) is added to the spatial projection before the gating product:
+s(Z) = Z1 ⊙ (W norm(Z2) + b + TinyAttn(X)).
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ class LayerNorm(nn.Module):
 
 
 class GatedMlpBlock(nn.Module):
-  """The gMLP block (§2), or aMLP with `tiny_attention_dim > 0` (§4.2); a self-mixing token mixer.
+  """The gMLP block (§2), or aMLP with `tiny_attention_dim > 0` (§4.3); a self-mixing token mixer.
 
   Fields:
     max_length: L, the size of the spatial projection W; longer sequences are refused (base.check_length).
@@ -94,38 +95,35 @@ class GatedMlpBlock(nn.Module):
     z2 = LayerNorm(cfg.layer_norm_epsilon, cfg.dtype, "mlp", name="sgu_norm")(z2)
 
     limit = self.spatial_init_scale / self.max_length
-    w = layers.param_with_axes("spatial_kernel", nn.initializers.uniform(2 * limit),
-                               (self.max_length, self.max_length), jnp.float32,
-                               axes=("mix_length", "mix_length")) - limit
+    near_zero = lambda key, shape, dtype: jax.random.uniform(key, shape, dtype, -limit, limit)
+    w = layers.param_with_axes("spatial_kernel", near_zero, (self.max_length, self.max_length), jnp.float32,
+                               axes=("mix_length", "mix_length"))
     b = layers.param_with_axes("spatial_bias", nn.initializers.ones, (self.max_length,), jnp.float32,
                                axes=("mix_length",))
     attn = self.tiny_attention_dim > 0
+    k = v = None
     if attn:
       qkv = layers.Dense(3 * self.tiny_attention_dim, ("embed", "kv"), dtype=cfg.dtype,
                          name="tiny_attn_qkv")(x)
       q, k, v = jnp.split(qkv, 3, axis=-1)
 
     if ctx.decode and self.has_variable("cache", "cached_norm_z2"):
-      weights, values, bias, visible = self._decode_step(w, b, z2, (k, v) if attn else None)
+      weights, bias, visible, z2, k, v = self._decode_step(w, b, z2, k, v)
     else:
       base.check_length(x.shape[1], self.max_length, "GatedMlpBlock")
       if ctx.decode:  # the first decode call only creates the cache
-        self.variable("cache", "cached_norm_z2", jnp.zeros, z2.shape, z2.dtype)
-        if attn:
-          self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
-          self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
+        for name, value in (("cached_norm_z2", z2), ("cached_key", k), ("cached_value", v)):
+          if value is not None:
+            self.variable("cache", name, jnp.zeros, value.shape, value.dtype)
         base.cache_index(self)
-      visible = base.pairwise_mask(ctx)[:, 0] > 0  # [b, q, k]
       pos = ctx.q_positions
       weights, bias = w[pos[:, :, None], pos[:, None, :]], b[pos]
-      values = z2 * ctx.q_mask[..., None].astype(z2.dtype)  # padded rows carry nothing into W
-      if attn:
-        values = (values, k, v)
+      visible = base.pairwise_mask(ctx)[:, 0] > 0                           # [batch, q, k]
+      z2 = z2 * ctx.q_mask[..., None].astype(z2.dtype)  # padded rows carry nothing into W
 
-    if attn:
-      values, k, v = values
     weights = jnp.where(visible, weights, 0.0).astype(cfg.dtype)
-    gate = jnp.einsum("bqk,bkc->bqc", weights, values.astype(cfg.dtype)) + bias[..., None].astype(cfg.dtype)
+    weights = jnp.broadcast_to(weights, (z2.shape[0],) + weights.shape[1:])
+    gate = jnp.einsum("bqk,bkc->bqc", weights, z2.astype(cfg.dtype)) + bias[..., None].astype(cfg.dtype)
     if attn:
       gate = gate + self._tiny_attention(q, k, v, visible, half)
     y = z1 * gate
@@ -134,33 +132,36 @@ class GatedMlpBlock(nn.Module):
     return layers.Dense(x.shape[-1], ("mlp", "embed"), dtype=cfg.dtype, name="proj_out")(y)
 
   def _tiny_attention(self, q: Array, k: Array, v: Array, visible: Array, out_dim: int) -> Array:
-    """§4.2's single-head attention, softmax(q kᵀ / sqrt(a)) v, projected to h/2; softmax in float32."""
+    """§4.3's single-head attention, softmax(q kᵀ / sqrt(a)) v, projected to h/2; softmax in float32."""
     logits = jnp.einsum("bqa,bka->bqk", q, k, preferred_element_type=jnp.float32)
     logits = jnp.where(visible, logits / math.sqrt(self.tiny_attention_dim), layers.NEG_INF)
     probs = jax.nn.softmax(logits, axis=-1).astype(self.config.dtype)
     out = jnp.einsum("bqk,bka->bqa", probs, v.astype(self.config.dtype))
     return layers.Dense(out_dim, ("kv", "mlp"), dtype=self.config.dtype, name="tiny_attn_out")(out)
 
-  def _decode_step(self, w: Array, b: Array, z2: Array, kv: tuple[Array, Array] | None):
-    """Writes the new position's norm(Z2) (and aMLP key/value) into the cache; returns W's causal row."""
+  def _decode_step(self, w: Array, b: Array, z2: Array, k: Array | None, v: Array | None):
+    """Writes the new position's norm(Z2) (and aMLP key/value) into the cache.
+
+    Returns W's row and b's entry for the position, the visible cache slots (j <= i) and the cached rows.
+    """
     if z2.shape[1] != 1:
       raise ValueError(f"GatedMlpBlock decode step expects one position at a time, got length {z2.shape[1]}")
     index = base.cache_index(self)
     i = index.value
     zero = jnp.array(0, dtype=jnp.int32)
 
-    def write(name: str, new: Array) -> Array:
+    def write(name: str, new: Array | None) -> Array | None:
+      if new is None:
+        return None
       cached = self.variable("cache", name, jnp.zeros, new.shape, new.dtype)
       cached.value = jax.lax.dynamic_update_slice(cached.value, new.astype(cached.value.dtype),
                                                   (zero, i, zero))
       return cached.value
 
-    values = write("cached_norm_z2", z2)
-    if kv is not None:
-      values = (values, write("cached_key", kv[0]), write("cached_value", kv[1]))
+    z2, k, v = write("cached_norm_z2", z2), write("cached_key", k), write("cached_value", v)
     index.value = i + 1
-    length = self.get_variable("cache", "cached_norm_z2").shape[1]
+    length = z2.shape[1]
     row = jax.lax.dynamic_slice(w, (i, zero), (1, length))[None]             # [1, 1, cache_len]
     bias = jax.lax.dynamic_slice(b, (i,), (1,))[None]                       # [1, 1]
     visible = (jnp.arange(length) <= i)[None, None, :]
-    return row, values, bias, visible
+    return row, bias, visible, z2, k, v

@@ -29,7 +29,7 @@ def _masked_softmax(logits: Array, mask: Array) -> Array:
   Rows with no visible entry (padding queries) come out all-zero instead of NaN or a uniform average.
   """
   logits = jnp.where(mask, logits.astype(jnp.float32), layers.NEG_INF)
-  return jax.nn.softmax(logits, axis=-1) * mask
+  return jax.nn.softmax(logits, axis=-2) * mask
 
 
 class RemixerBlock(nn.Module):
@@ -118,7 +118,7 @@ class RemixerBlock(nn.Module):
     Built from the query side only (this block mixes a sequence with itself, so kv == q).
     """
     pos = ctx.q_positions
-    L = pos.shape[1]; logits = h[:L, :L][None]
+    logits = h[pos[:, :, None], pos[:, None, :]]
     mask = (ctx.q_mask[:, :, None] > 0) & (ctx.q_mask[:, None, :] > 0)
     if ctx.q_segment_ids is not None:
       mask &= ctx.q_segment_ids[:, :, None] == ctx.q_segment_ids[:, None, :]

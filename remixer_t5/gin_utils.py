@@ -1,0 +1,169 @@
+"""Gin at the boundary: config files, t5x-style bindings, search paths and clear errors.
+
+Used by the CLI and by `models.from_gin`; the library itself never reads gin.
+"""
+from __future__ import annotations
+
+import ast
+import logging
+from pathlib import Path
+from typing import Sequence
+
+
+def gin_dir() -> Path:
+  """The gin configs: the repository's top-level gin/ in a checkout, remixer_t5/gin in an installed wheel."""
+  here = Path(__file__).resolve().parent
+  for candidate in (here / "gin", here.parent / "gin"):
+    if candidate.is_dir():
+      return candidate
+  raise FileNotFoundError(f"gin configs not found next to {here}")
+
+
+class GinError(ValueError):
+  pass
+
+
+def split_flags(argv: Sequence[str]) -> tuple[list[str], list[str], list[str], list[str]]:
+  """(gin files, bindings 'NAME=VALUE', search paths, remaining args)."""
+  files, bindings, paths, rest = [], [], [], []
+  args = list(argv)
+  i = 0
+  while i < len(args):
+    a = args[i]
+    key, eq, val = a.partition("=")
+    if key in ("--gin_file", "--gin_search_paths") and not eq:
+      if i + 1 >= len(args):
+        raise GinError(f"{key} needs a value")
+      i += 1
+      val, eq = args[i], "="
+    if key == "--gin_file":
+      files.append(val)
+    elif key == "--gin_search_paths":
+      paths.extend(p for p in val.split(",") if p)
+    elif a.startswith("--gin.") and eq:
+      bindings.append(f"{key[len('--gin.'):]}={val}")
+    elif a.startswith("--gin.") or a == "--gin_bindings":
+      raise GinError(f"malformed gin flag {a!r}; expected --gin.NAME=VALUE")
+    else:
+      rest.append(a)
+    i += 1
+  return files, bindings, paths, rest
+
+
+def _resolve(path: str, search: Sequence[Path]) -> str:
+  p = Path(path).expanduser()
+  if p.is_file():
+    return str(p)
+  for root in search:
+    if (root / path).is_file():
+      return str(root / path)
+  looked = [str(p.absolute())] + [str(r / path) for r in search]
+  raise GinError(f"gin file {path!r} not found; looked in:\n  " + "\n  ".join(looked))
+
+
+def _binding_value(value: str) -> str:
+  """The gin value as given; a bare word that is no Python literal or gin reference (a path) becomes a string."""
+  v = value.strip()
+  if v.startswith(("@", "%")) or v in ("None", "True", "False"):
+    return v
+  try:
+    ast.literal_eval(v)
+    return v
+  except (ValueError, SyntaxError):
+    return repr(value)
+
+
+def _imports(parsed) -> list[str]:
+  """Module names imported by a parsed gin file and everything it includes."""
+  out = list(parsed.imports)
+  for inc in parsed.includes:
+    out += _imports(inc)
+  return out
+
+
+def _import_lines(modules: Sequence[str]) -> str:
+  dynamic = "__gin__.dynamic_registration" in modules
+  lines = ["from __gin__ import dynamic_registration"] if dynamic else []
+  for m in dict.fromkeys(modules):
+    if m == "__gin__.dynamic_registration":
+      continue
+    head, _, tail = m.rpartition(".")
+    lines.append(f"from {head} import {tail}" if (dynamic and head) else f"import {m}")
+  return "".join(line + "\n" for line in lines)
+
+
+def _set_gin_search_path(search: Sequence[Path]) -> None:
+  """Includes resolve in --gin_search_paths, then the package's gin/, then the working directory.
+
+  gin also asks a package-resource reader, which crashes (TypeError) when the first path component names a
+  namespace package, e.g. a `runs/` folder in the working directory; make its existence check safe.
+  """
+  import gin
+  gin.config._LOCATION_PREFIXES[:] = [str(p) for p in search] + [""]  # noqa: SLF001
+
+  def safe(check):
+    if getattr(check, "_remixer_safe", False):
+      return check
+
+    def exists(path):
+      try:
+        return bool(check(path))
+      except Exception:  # noqa: BLE001 - any failure means "not readable by this reader"
+        return False
+    exists._remixer_safe = True
+    return exists
+
+  gin.config._FILE_READERS[:] = [(r, safe(c)) for r, c in gin.config._FILE_READERS]  # noqa: SLF001
+
+
+def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Sequence[str] = ()) -> None:
+  """Parse gin files then bindings; unknown configurables/parameters and unknown macros are errors."""
+  import gin
+  gin.clear_config()
+  # gin logs an ERROR for every search path an include is not found in before the one it is found in.
+  logging.getLogger().setLevel(logging.CRITICAL)
+  search = [Path(p) for p in search_paths] + [gin_dir()]
+  _set_gin_search_path(search)
+  imports: list[str] = []
+  for f in files:
+    try:
+      imports += _imports(gin.parse_config_file(_resolve(f, search)))
+    except GinError:
+      raise
+    except (ValueError, KeyError, ImportError, NameError, IOError) as e:
+      raise GinError(f"in gin file {f}: {e}") from e
+  # Bindings see the files' imports, so `--gin.VOCABULARY=@vocab.get_vocabulary()` resolves as in the files.
+  prelude = _import_lines(imports)
+  macros = {name for (name, kind) in gin.config._CONFIG if kind == "gin.macro"}  # noqa: SLF001
+  for b in bindings:
+    name, _, value = b.partition("=")
+    name = name.strip()
+    if "." not in name and "/" not in name and name not in macros:
+      raise GinError(f"unknown gin macro {name!r} in --gin.{b}; the loaded files define: "
+                     f"{', '.join(sorted(macros)) or 'none'}")
+    try:
+      gin.parse_config(prelude + f"{name} = {_binding_value(value)}")
+    except (ValueError, KeyError, ImportError, NameError) as e:
+      raise GinError(f"bad gin binding --gin.{b}: {e}") from e
+  try:
+    gin.finalize()
+  except ValueError as e:
+    raise GinError(f"incomplete gin config: {e}") from e
+  logging.getLogger().setLevel(logging.WARNING)
+
+
+def _query(name: str, default=None):
+  import gin
+  try:
+    return gin.query_parameter(name)
+  except ValueError:
+    return default
+
+
+def macro(name: str, default=None):
+  """Evaluate a macro (resolving configurable references such as MODEL = @models.EncoderDecoderModel())."""
+  import gin
+  value = _query(f"%{name}", default)
+  if isinstance(value, gin.config.ConfigurableReference):
+    return value.scoped_configurable_fn()
+  return value

@@ -1,0 +1,132 @@
+"""MLP-Mixer token mixing for language: the "Mixer" baselines of the Remixer paper (§3.1.2).
+
+The token-mixing MLP of MLP-Mixer (Tolstikhin et al. 2021, eq. 1; HyperMixer paper §2.2, eq. 1) is applied
+to each feature channel independently, as an MLP over the positions of a fixed maximum length L:
+
+    Y[:, c] = W2 gelu(W1 X[:, c] + b1) + b2,      W1 in R^{hidden x L},  W2 in R^{L x hidden}.
+
+Mixer_Enc uses it in the encoder. For Mixer_EncDec the Remixer paper "simply adapt[s] the token mixing to a
+fixed window size w" in the decoder; we read that as the same token-mixing MLP applied to the causal window of
+the last w tokens, slid over the sequence (shared by all positions and channels) and read at the current
+token:
+
+    out_i[c] = w2 . gelu(W1 (x_i[c], x_{i-1}[c], ..., x_{i-w+1}[c]) + b1),    W1 in R^{hidden x w}.
+
+That keeps the MLP-over-positions form, is causal by construction, needs only the last w inputs to decode,
+and (being position-relative) works for any length and for packed rows.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from remixer_t5 import layers
+from remixer_t5.mixers import base
+
+if TYPE_CHECKING:  # network.py builds the stacks from mixers; no import cycle at runtime
+  from remixer_t5.network import T5Config
+
+Array = jax.Array
+
+_kernel_init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
+
+
+def _gelu(x: Array) -> Array:
+  return jax.nn.gelu(x, approximate=True)
+
+
+class TokenMixingMlp(nn.Module):
+  """MLP-Mixer token-mixing MLP (Tolstikhin et al. 2021, eq. 1); token slot, self-mixing only.
+
+  `window=None`: the encoder form (Mixer_Enc), an MLP over up to `max_length` positions. A sequence of length
+  n uses the first n rows of W1 and columns of W2, and padded inputs are zeroed first, so appended padding
+  leaves real outputs unchanged. Packed rows are refused: the hidden units pool a whole segment through a
+  nonlinearity, so every packed segment would need its own [hidden, emb] activations (there is no exact form
+  that stays within the unpacked memory); train these models with pack=False.
+
+  `window=w`: the decoder form of Mixer_EncDec (Remixer paper §3.1.2), an MLP over the causal window of the
+  last w tokens; w1[o] weights the token o steps back. Tokens before the start, padding and other packed
+  segments enter the window as zeros. Memory is [batch, len, hidden_dim, emb], so keep hidden_dim small here.
+  Decoding keeps the last w inputs in the cache.
+  """
+  config: T5Config
+  max_length: int = 512
+  hidden_dim: int = 512
+  window: int | None = None
+
+  @nn.compact
+  def __call__(self, inputs_q: Array, inputs_kv: Array, ctx: base.MixerContext, *,
+               deterministic: bool = True) -> Array:
+    del inputs_kv  # a self-mixer: MLP-Mixer has no cross form
+    if self.window is None:
+      if ctx.causal or ctx.decode:
+        raise ValueError("TokenMixingMlp without `window` mixes all positions and has no causal form; set "
+                         "TokenMixingMlp.window for decoder self-mixing (Mixer_EncDec)")
+      return self._global(inputs_q, ctx, deterministic)
+    if self.window < 1:
+      raise ValueError(f"TokenMixingMlp.window must be positive, got {self.window}")
+    if ctx.decode:
+      return self._decode(inputs_q, deterministic)
+    return self._windowed(inputs_q, ctx.q_mask, ctx.q_segment_ids, deterministic)
+
+  def _global(self, x: Array, ctx: base.MixerContext, deterministic: bool) -> Array:
+    cfg, n = self.config, x.shape[1]
+    base.check_length(n, self.max_length, "TokenMixingMlp")
+    if ctx.packed:
+      raise ValueError("TokenMixingMlp (MLP-Mixer encoder token mixing) cannot mix packed sequences exactly: "
+                       "its hidden units pool each segment through a nonlinearity; train with pack=False")
+    L, hid = self.max_length, self.hidden_dim
+    w1 = layers.param_with_axes("w1", _kernel_init, (L, hid), jnp.float32, axes=("mix_length", "mix_hidden"))
+    b1 = layers.param_with_axes("b1", nn.initializers.zeros, (hid,), jnp.float32, axes=("mix_hidden",))
+    w2 = layers.param_with_axes("w2", _kernel_init, (hid, L), jnp.float32, axes=("mix_hidden", "mix_length"))
+    b2 = layers.param_with_axes("b2", nn.initializers.zeros, (L,), jnp.float32, axes=("mix_length",))
+    dt = cfg.dtype
+    # Zeroed padding meets the first n rows of W1 only, so it adds nothing to the hidden units.
+    x = x.astype(dt) * ctx.q_mask[:, :, None].astype(dt)
+    h = jnp.einsum("bnd,nk->bkd", x, w1[:n].astype(dt)) + b1.astype(dt)[:, None]
+    h = nn.Dropout(cfg.dropout_rate)(_gelu(h), deterministic=deterministic)
+    return jnp.einsum("bkd,kn->bnd", h, w2[:, :n].astype(dt)) + b2[:n].astype(dt)[:, None]
+
+  def _window_params(self):
+    w, hid = self.window, self.hidden_dim
+    w1 = layers.param_with_axes("w1", _kernel_init, (w, hid), jnp.float32, axes=("mix_length", "mix_hidden"))
+    b1 = layers.param_with_axes("b1", nn.initializers.zeros, (hid,), jnp.float32, axes=("mix_hidden",))
+    # Only the current token's output row of W2 is ever read, so only that row exists. Its bias would be one
+    # constant added to every channel, which the residual stream does not need.
+    w2 = layers.param_with_axes("w2", nn.initializers.normal(hid ** -0.5), (hid,), jnp.float32,
+                                axes=("mix_hidden",))
+    return w1, b1, w2
+
+  def _window_mlp(self, windows: Array, deterministic: bool) -> Array:
+    """windows [batch, len, w, emb] (offset o = o steps back) -> [batch, len, emb]."""
+    dt = self.config.dtype
+    w1, b1, w2 = self._window_params()
+    h = jnp.einsum("bnod,ok->bnkd", windows.astype(dt), w1.astype(dt)) + b1.astype(dt)[:, None]
+    h = nn.Dropout(self.config.dropout_rate)(_gelu(h), deterministic=deterministic)
+    return jnp.einsum("bnkd,k->bnd", h, w2.astype(dt))
+
+  def _windowed(self, x: Array, mask: Array, segment_ids: Array | None, deterministic: bool) -> Array:
+    w, n = self.window, x.shape[1]
+    x = x * mask[:, :, None].astype(x.dtype)
+    # windows[:, i, o] = x[:, i - o], read from a copy with w - 1 zeros in front (the positions before 0).
+    idx = jnp.arange(n)[:, None] + (w - 1) - jnp.arange(w)[None, :]
+    windows = jnp.take(jnp.pad(x, ((0, 0), (w - 1, 0), (0, 0))), idx, axis=1)
+    if segment_ids is not None:
+      seg = jnp.take(jnp.pad(segment_ids, ((0, 0), (w - 1, 0)), constant_values=-1), idx, axis=1)
+      windows = windows * (seg == segment_ids[:, :, None])[..., None].astype(x.dtype)
+    return self._window_mlp(windows, deterministic)
+
+  def _decode(self, x: Array, deterministic: bool) -> Array:
+    initialized = self.has_variable("cache", "window")
+    cached = self.variable("cache", "window", jnp.zeros, (x.shape[0], self.window, x.shape[2]),
+                           jnp.dtype(self.config.dtype))
+    if not initialized:  # the first call only creates the cache; its output is discarded
+      return self._windowed(x, jnp.ones(x.shape[:2], x.dtype), None, deterministic)
+    if x.shape[1] != 1:
+      raise ValueError(f"decode step expects one position at a time, got length {x.shape[1]}")
+    # Slot o holds the token o steps back; the zeros the cache starts with are the positions before 0.
+    cached.value = jnp.concatenate([x.astype(cached.value.dtype), cached.value[:, :-1]], axis=1)
+    return self._window_mlp(cached.value[:, None], deterministic)

@@ -1,0 +1,325 @@
+"""MLP-Mixer token MLP (global and windowed), FNet and linear attention: equations, masks, packing, decode."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import traverse_util
+
+from remixer_t5.mixers import base
+from remixer_t5.mixers.fnet import FourierMixing
+from remixer_t5.mixers.linear_attention import LinearAttention
+from remixer_t5.mixers.mlp_mixer import TokenMixingMlp
+from remixer_t5.network import T5Config
+
+CFG = T5Config(vocab_size=32, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=24, num_encoder_layers=1,
+               num_decoder_layers=1)
+D = CFG.emb_dim
+TOL = dict(rtol=1e-4, atol=1e-5)
+
+
+def _x(seed, b, n, d=D):
+  return np.random.RandomState(seed).randn(b, n, d).astype(np.float32)
+
+
+def _ctx(mask, kv_mask=None, seg=None, kv_seg=None, pos=None, **kw):
+  mask = jnp.asarray(mask, jnp.float32)
+  kv_mask = mask if kv_mask is None else jnp.asarray(kv_mask, jnp.float32)
+  pos = jnp.arange(mask.shape[1], dtype=jnp.int32)[None] if pos is None else jnp.asarray(pos, jnp.int32)
+  kv_pos = pos if kv_mask.shape == mask.shape else jnp.arange(kv_mask.shape[1], dtype=jnp.int32)[None]
+  seg = None if seg is None else jnp.asarray(seg, jnp.int32)
+  kv_seg = seg if kv_seg is None else jnp.asarray(kv_seg, jnp.int32)
+  return base.MixerContext(mask, kv_mask, pos, kv_pos, seg, kv_seg, **kw)
+
+
+def _ones(b, n):
+  return np.ones((b, n), np.float32)
+
+
+def _init(module, x, ctx, kv=None):
+  return module.init(jax.random.PRNGKey(0), x, x if kv is None else kv, ctx)
+
+
+def _perturbed(variables, seed=7):
+  """Random non-zero biases as well, so the equations' bias terms are checked too."""
+  rng = np.random.RandomState(seed)
+  params = jax.tree_util.tree_map(lambda p: p + 0.3 * rng.randn(*p.shape).astype(np.float32),
+                                  variables["params"])
+  return {**variables, "params": params}
+
+
+def _apply(module, v, x, ctx, kv=None):
+  return np.asarray(module.apply(v, x, x if kv is None else kv, ctx))
+
+
+def _gelu(x):
+  return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def _axes(v):
+  return traverse_util.flatten_dict(jax.tree_util.tree_map(
+      lambda a: a.names, v["params_axes"], is_leaf=lambda x: hasattr(x, "names")), sep="/")
+
+
+def _params(v):
+  return {k: np.asarray(p) for k, p in traverse_util.flatten_dict(v["params"], sep="/").items()}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# MLP-Mixer token-mixing MLP, encoder form
+
+def test_global_token_mlp_matches_numpy_and_ignores_appended_padding():
+  mod = TokenMixingMlp(CFG, max_length=12, hidden_dim=6)
+  mask = np.array([[1] * 7 + [0] * 2, [1] * 9], np.float32)
+  x = _x(0, 2, 9)
+  v = _perturbed(_init(mod, x, _ctx(mask)))
+  p = _params(v)
+  assert {k: a.shape for k, a in p.items()} == {"w1": (12, 6), "b1": (6,), "w2": (6, 12), "b2": (12,)}
+  assert _axes(v) == {"w1_axes": ("mix_length", "mix_hidden"), "b1_axes": ("mix_hidden",),
+                      "w2_axes": ("mix_hidden", "mix_length"), "b2_axes": ("mix_length",)}
+  y = _apply(mod, v, x, _ctx(mask))
+  for b, n in enumerate([7, 9]):  # Y[:, c] = W2 gelu(W1 X[:, c] + b1) + b2 over the n real tokens only
+    h = _gelu(p["w1"][:n].T @ x[b, :n] + p["b1"][:, None])
+    np.testing.assert_allclose(y[b, :n], p["w2"][:, :n].T @ h + p["b2"][:n, None], **TOL)
+  # Three more pads (and garbage under the pads) change no real output.
+  x2 = np.concatenate([x, _x(1, 2, 3)], 1)
+  x2[0, 7:9] = 5.0
+  y2 = _apply(mod, v, x2, _ctx(np.concatenate([mask, np.zeros((2, 3), np.float32)], 1)))
+  np.testing.assert_allclose(y2[0, :7], y[0, :7], **TOL)
+  np.testing.assert_allclose(y2[1], y[1], **TOL)
+
+
+def test_global_token_mlp_refusals():
+  mod = TokenMixingMlp(CFG, max_length=8, hidden_dim=4)
+  x = _x(0, 1, 8)
+  v = _init(mod, x, _ctx(_ones(1, 8)))
+  with pytest.raises(ValueError, match=r"at most 8 positions.*length 9"):
+    _apply(mod, v, _x(0, 1, 9), _ctx(_ones(1, 9)))
+  with pytest.raises(ValueError, match="TokenMixingMlp.*packed"):
+    _apply(mod, v, x, _ctx(_ones(1, 8), seg=[[1] * 4 + [2] * 4], pos=[[0, 1, 2, 3] * 2]))
+  with pytest.raises(ValueError, match="TokenMixingMlp.*window"):
+    _apply(mod, v, x, _ctx(_ones(1, 8), causal=True))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# MLP-Mixer token-mixing MLP, windowed decoder form
+
+WIN = TokenMixingMlp(CFG, hidden_dim=5, window=4)
+
+
+def _window_numpy(p, x, seg=None):
+  """out_i = w2 . gelu(W1^T (x_i, x_{i-1}, .., x_{i-w+1}) + b1), out-of-window/segment entries zero."""
+  b, n, d = x.shape
+  w = p["w1"].shape[0]
+  out = np.zeros_like(x)
+  for bb in range(b):
+    for i in range(n):
+      u = np.zeros((w, d), np.float32)
+      for o in range(w):
+        j = i - o
+        if j >= 0 and (seg is None or seg[bb, j] == seg[bb, i]):
+          u[o] = x[bb, j]
+      out[bb, i] = p["w2"] @ _gelu(p["w1"].T @ u + p["b1"][:, None])
+  return out
+
+
+def test_windowed_token_mlp_matches_numpy_and_is_causal():
+  x = _x(2, 2, 11)
+  ctx = _ctx(_ones(2, 11), causal=True)
+  v = _perturbed(_init(WIN, x, ctx))
+  p = _params(v)
+  assert {k: a.shape for k, a in p.items()} == {"w1": (4, 5), "b1": (5,), "w2": (5,)}
+  assert _axes(v) == {"w1_axes": ("mix_length", "mix_hidden"), "b1_axes": ("mix_hidden",),
+                      "w2_axes": ("mix_hidden",)}
+  y = _apply(WIN, v, x, ctx)
+  np.testing.assert_allclose(y, _window_numpy(p, x), **TOL)
+  x2 = x.copy()
+  x2[:, 6:] += _x(3, 2, 5)
+  y2 = _apply(WIN, v, x2, ctx)
+  np.testing.assert_allclose(y2[:, :6], y[:, :6], **TOL)
+  assert not np.allclose(y2[:, 6], y[:, 6])
+  # Any length works (the window is relative) and padding inside the window contributes nothing.
+  mask = _ones(2, 11)
+  mask[0, 3] = 0
+  x3 = x.copy()
+  x3[0, 3] = 0
+  np.testing.assert_allclose(_apply(WIN, v, x, _ctx(mask, causal=True))[0, 4:],
+                             _window_numpy(p, x3)[0, 4:], **TOL)
+
+
+def test_windowed_token_mlp_packing_equals_alone():
+  a, b = _x(4, 1, 6), _x(5, 1, 5)
+  v = _perturbed(_init(WIN, a, _ctx(_ones(1, 6), causal=True)))
+  row = np.concatenate([a, b, np.zeros((1, 2, D), np.float32)], 1)
+  seg = np.array([[1] * 6 + [2] * 5 + [0] * 2])
+  ctx = _ctx((seg > 0).astype(np.float32), seg=seg, pos=[list(range(6)) + list(range(5)) + [0, 0]],
+             causal=True)
+  y = _apply(WIN, v, row, ctx)
+  np.testing.assert_allclose(y[:, :6], _apply(WIN, v, a, _ctx(_ones(1, 6), causal=True)), **TOL)
+  np.testing.assert_allclose(y[:, 6:11], _apply(WIN, v, b, _ctx(_ones(1, 5), causal=True)), **TOL)
+
+
+def _decode_all(module, v, x):
+  """Step-by-step decoding of x [b, n, d] with a jitted step; returns [b, n, d]."""
+  n = x.shape[1]
+  ctx_full = _ctx(_ones(x.shape[0], n), causal=True, decode=True, max_decode_length=n)
+  _, mut = module.apply(v, x, x, ctx_full, mutable=["cache"])
+  ctx_step = _ctx(_ones(x.shape[0], 1), causal=True, decode=True, max_decode_length=n)
+
+  @jax.jit
+  def step(cache, xi):
+    y, mut = module.apply({**v, "cache": cache}, xi, xi, ctx_step, mutable=["cache"])
+    return mut["cache"], y
+
+  cache, outs = mut["cache"], []
+  for i in range(n):
+    cache, y = step(cache, x[:, i:i + 1])
+    outs.append(np.asarray(y))
+  return np.concatenate(outs, 1)
+
+
+def test_windowed_token_mlp_decode_equals_full_causal_forward():
+  x = _x(6, 2, 19)
+  ctx = _ctx(_ones(2, 19), causal=True)
+  v = _perturbed(_init(WIN, x, ctx))
+  np.testing.assert_allclose(_decode_all(WIN, v, x), _apply(WIN, v, x, ctx), **TOL)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# FNet
+
+FNET = FourierMixing(CFG)
+
+
+def test_fnet_is_the_real_part_of_the_2d_dft_over_real_tokens_only():
+  x = _x(8, 2, 10)
+  mask = np.array([[1] * 7 + [0] * 3, [1] * 10], np.float32)
+  v = _init(FNET, x, _ctx(mask))
+  assert "params" not in v or not v["params"]
+  y = _apply(FNET, v, x, _ctx(mask))
+  for b, n in enumerate([7, 10]):
+    np.testing.assert_allclose(y[b, :n], np.fft.fft2(x[b, :n]).real, rtol=1e-4, atol=1e-4)
+  x2 = np.concatenate([x, _x(9, 2, 4)], 1)
+  y2 = _apply(FNET, v, x2, _ctx(np.concatenate([mask, np.zeros((2, 4), np.float32)], 1)))
+  np.testing.assert_allclose(y2[0, :7], y[0, :7], rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(y2[1, :10], y[1, :10], rtol=1e-4, atol=1e-4)
+
+
+def test_fnet_packing_equals_alone_and_causal_is_refused():
+  a, b = _x(10, 1, 5), _x(11, 1, 6)
+  v = _init(FNET, a, _ctx(_ones(1, 5)))
+  row = np.concatenate([a, b, np.zeros((1, 1, D), np.float32)], 1)
+  seg = np.array([[1] * 5 + [2] * 6 + [0]])
+  y = _apply(FNET, v, row, _ctx((seg > 0).astype(np.float32), seg=seg,
+                                pos=[list(range(5)) + list(range(6)) + [0]]))
+  np.testing.assert_allclose(y[:, :5], np.fft.fft2(a[0]).real[None], rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(y[:, 5:11], np.fft.fft2(b[0]).real[None], rtol=1e-4, atol=1e-4)
+  with pytest.raises(ValueError, match="FNet.*causal"):
+    _apply(FNET, v, a, _ctx(_ones(1, 5), causal=True))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Linear attention
+
+LIN = LinearAttention(CFG, chunk_size=4)
+
+
+def _phi(x):
+  return np.where(x > 0, x + 1, np.exp(np.minimum(x, 0)))
+
+
+def _linear_numpy(p, xq, xkv, allowed):
+  """out_i = sum_j allowed_ij phi(q_i).phi(k_j) v_j / sum_j allowed_ij phi(q_i).phi(k_j), then `out`."""
+  h, dh = CFG.num_heads, CFG.head_dim
+  q = _phi(xq @ p["query/kernel"]).reshape(xq.shape[0], xq.shape[1], h, dh)
+  k = _phi(xkv @ p["key/kernel"]).reshape(xkv.shape[0], xkv.shape[1], h, dh)
+  val = (xkv @ p["value/kernel"]).reshape(xkv.shape[0], xkv.shape[1], h, dh)
+  out = np.zeros_like(q)
+  for b in range(q.shape[0]):
+    for i in range(q.shape[1]):
+      for hh in range(h):
+        w = np.array([q[b, i, hh] @ k[b, j, hh] if allowed[b, i, j] else 0.0 for j in range(k.shape[1])])
+        out[b, i, hh] = w @ val[b, :, hh] / (w.sum() + 1e-6)
+  return out.reshape(q.shape[0], q.shape[1], h * dh) @ p["out/kernel"]
+
+
+def test_linear_attention_matches_numpy_noncausal_causal_and_cross():
+  x = _x(12, 2, 18)
+  mask = np.array([[1] * 14 + [0] * 4, [1] * 18], np.float32)
+  v = _init(LIN, x, _ctx(mask))
+  p = _params(v)
+  inner = CFG.num_heads * CFG.head_dim
+  assert {k: a.shape for k, a in p.items()} == {"query/kernel": (D, inner), "key/kernel": (D, inner),
+                                                "value/kernel": (D, inner), "out/kernel": (inner, D)}
+  assert _axes(v) == {"query/kernel_axes": ("embed", "joined_kv"), "key/kernel_axes": ("embed", "joined_kv"),
+                      "value/kernel_axes": ("embed", "joined_kv"), "out/kernel_axes": ("joined_kv", "embed")}
+  keys = np.broadcast_to(mask[:, None, :] > 0, (2, 18, 18))
+  np.testing.assert_allclose(_apply(LIN, v, x, _ctx(mask))[0, :14],
+                             _linear_numpy(p, x, x, keys)[0, :14], **TOL)
+  np.testing.assert_allclose(_apply(LIN, v, x, _ctx(mask))[1], _linear_numpy(p, x, x, keys)[1], **TOL)
+  causal = keys & np.tril(np.ones((18, 18), bool))[None]
+  y = _apply(LIN, v, x, _ctx(mask, causal=True))  # 18 = 4 full chunks of 4 and a partial one
+  np.testing.assert_allclose(y[0, :14], _linear_numpy(p, x, x, causal)[0, :14], **TOL)
+  np.testing.assert_allclose(y[1], _linear_numpy(p, x, x, causal)[1], **TOL)
+  # Cross-mixing: 5 queries over a padded 18-long encoder output.
+  xq = _x(13, 2, 5)
+  y = _apply(LIN, v, xq, _ctx(_ones(2, 5), kv_mask=mask), kv=x)
+  np.testing.assert_allclose(y, _linear_numpy(p, xq, x, np.broadcast_to(mask[:, None] > 0, (2, 5, 18))), **TOL)
+
+
+def test_linear_attention_causality_padding_and_decode():
+  x = _x(14, 2, 19)
+  ctx = _ctx(_ones(2, 19), causal=True)
+  v = _init(LIN, x, ctx)
+  y = _apply(LIN, v, x, ctx)
+  x2 = x.copy()
+  x2[:, 9:] = _x(15, 2, 10)
+  y2 = _apply(LIN, v, x2, ctx)
+  np.testing.assert_allclose(y2[:, :9], y[:, :9], **TOL)
+  assert not np.allclose(y2[:, 9], y[:, 9])
+  np.testing.assert_allclose(_decode_all(LIN, v, x), y, **TOL)
+  # Appended padding leaves real outputs unchanged, causal and not.
+  xp = np.concatenate([x, 3 * _x(16, 2, 6)], 1)
+  mp = np.concatenate([_ones(2, 19), np.zeros((2, 6), np.float32)], 1)
+  for causal in (False, True):
+    np.testing.assert_allclose(_apply(LIN, v, xp, _ctx(mp, causal=causal))[:, :19],
+                               _apply(LIN, v, x, _ctx(_ones(2, 19), causal=causal)), **TOL)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_linear_attention_packing_equals_alone(causal):
+  # Segment boundaries inside and at the edge of the chunks of 4; padding at the end.
+  lens = [3, 6, 4, 2]
+  parts = [_x(20 + i, 1, n) for i, n in enumerate(lens)]
+  v = _init(LIN, parts[0], _ctx(_ones(1, 3)))
+  row = np.concatenate(parts + [np.ones((1, 2, D), np.float32)], 1)
+  seg = np.array([sum(([i + 1] * n for i, n in enumerate(lens)), []) + [0, 0]])
+  pos = [sum((list(range(n)) for n in lens), []) + [0, 0]]
+  y = _apply(LIN, v, row, _ctx((seg > 0).astype(np.float32), seg=seg, pos=pos, causal=causal))
+  start = 0
+  for part, n in zip(parts, lens):
+    np.testing.assert_allclose(y[:, start:start + n], _apply(LIN, v, part, _ctx(_ones(1, n), causal=causal)),
+                               **TOL)
+    start += n
+
+
+# ---------------------------------------------------------------------------------------------------------
+# All of them
+
+@pytest.mark.parametrize("name", ["global", "window", "fnet", "linear", "linear_causal"])
+def test_gradients_are_finite(name):
+  module, causal = {"global": (TokenMixingMlp(CFG, max_length=12, hidden_dim=6), False),
+                    "window": (WIN, True), "fnet": (FNET, False), "linear": (LIN, False),
+                    "linear_causal": (LIN, True)}[name]
+  x = _x(30, 2, 9)
+  mask = np.array([[1] * 6 + [0] * 3, [1] * 9], np.float32)
+  ctx = _ctx(mask, causal=causal)
+  v = _init(module, x, ctx)
+
+  def loss(params, x):
+    return jnp.sum(module.apply({**v, "params": params}, x, x, ctx) * mask[:, :, None])
+
+  gp, gx = jax.grad(loss, argnums=(0, 1))(v.get("params", {}), jnp.asarray(x))
+  leaves = jax.tree_util.tree_leaves(gp) + [gx]
+  assert all(np.isfinite(np.asarray(g)).all() for g in leaves)
+  assert np.abs(np.asarray(gx)[0, :6]).sum() > 0
+  np.testing.assert_array_equal(np.asarray(gx)[0, 6:], 0.0)  # padded inputs have no influence

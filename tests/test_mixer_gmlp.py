@@ -1,0 +1,243 @@
+"""gMLP / aMLP token mixer (Liu et al. 2021): the paper's equations, masks, packing, decoding, errors."""
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax.core import meta
+
+from remixer_t5.mixers import base
+from remixer_t5.mixers.gmlp import GatedMlpBlock
+from remixer_t5.network import T5Config
+
+CFG = T5Config(vocab_size=32, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=24, num_encoder_layers=1,
+               num_decoder_layers=1)
+MAX_LEN = 24
+ATTN = 8  # aMLP's tiny attention size in these tests
+
+
+def ctx_for(mask, segment_ids=None, causal=False, positions=None, decode=False):
+  mask = jnp.asarray(mask, jnp.float32)
+  if positions is None:
+    positions = jnp.broadcast_to(jnp.arange(mask.shape[1], dtype=jnp.int32)[None], mask.shape)
+  seg = None if segment_ids is None else jnp.asarray(segment_ids, jnp.int32)
+  return base.MixerContext(q_mask=mask, kv_mask=mask, q_positions=jnp.asarray(positions, jnp.int32),
+                           kv_positions=jnp.asarray(positions, jnp.int32), q_segment_ids=seg,
+                           kv_segment_ids=seg, causal=causal, decode=decode,
+                           max_decode_length=mask.shape[1] if decode else None)
+
+
+def make(attn=0, **kw):
+  return GatedMlpBlock(config=CFG, max_length=MAX_LEN, tiny_attention_dim=attn, **kw)
+
+
+def init(module, x, ctx):
+  variables = module.init(jax.random.PRNGKey(0), x, x, ctx)
+  # Training moves W away from its near-zero start; test with a W that matters.
+  params = jax.tree_util.tree_map(lambda p: p, variables["params"])
+  params["spatial_kernel"] = jax.random.normal(jax.random.PRNGKey(7), params["spatial_kernel"].shape) * 0.3
+  params["spatial_bias"] = 1.0 + 0.1 * jax.random.normal(jax.random.PRNGKey(8), (MAX_LEN,))
+  params["sgu_norm"]["bias"] = 0.1 * jax.random.normal(jax.random.PRNGKey(9), params["sgu_norm"]["bias"].shape)
+  return {"params": params}
+
+
+def apply(module, variables, x, ctx):
+  return module.apply(variables, x, x, ctx)
+
+
+def inputs(batch, length, seed=1):
+  return jax.random.normal(jax.random.PRNGKey(seed), (batch, length, CFG.emb_dim))
+
+
+def reference(p, x, mask, causal, attn):
+  """The paper's block written out per example in numpy (one unpacked example, positions 0..L-1)."""
+  x = np.asarray(x, np.float64)
+  length = x.shape[0]
+  erf = np.vectorize(math.erf)
+  z = x @ np.asarray(p["proj_in"]["kernel"])
+  z = 0.5 * z * (1 + erf(z / math.sqrt(2)))  # exact GELU
+  half = z.shape[1] // 2
+  z1, z2 = z[:, :half], z[:, half:]
+  mu, var = z2.mean(-1, keepdims=True), z2.var(-1, keepdims=True)
+  n2 = (z2 - mu) / np.sqrt(var + CFG.layer_norm_epsilon) * np.asarray(p["sgu_norm"]["scale"]) + np.asarray(
+      p["sgu_norm"]["bias"])
+  w = np.asarray(p["spatial_kernel"], np.float64)[:length, :length].copy()
+  allowed = np.outer(mask, mask) > 0
+  if causal:
+    allowed &= np.tril(np.ones((length, length), bool))
+  w[~allowed] = 0.0
+  gate = w @ n2 + np.asarray(p["spatial_bias"])[:length, None]
+  if attn:
+    qkv = x @ np.asarray(p["tiny_attn_qkv"]["kernel"])
+    q, k, v = qkv[:, :attn], qkv[:, attn:2 * attn], qkv[:, 2 * attn:]
+    out = np.zeros((length, attn))
+    for i in range(length):
+      js = [j for j in range(length) if allowed[i, j]] or list(range(length))
+      s = np.array([q[i] @ k[j] for j in js]) / math.sqrt(attn)
+      a = np.exp(s - s.max())
+      a /= a.sum()
+      out[i] = sum(a_j * v[j] for a_j, j in zip(a, js))
+    gate = gate + out @ np.asarray(p["tiny_attn_out"]["kernel"])
+  return (z1 * gate) @ np.asarray(p["proj_out"]["kernel"])
+
+
+@pytest.mark.parametrize("attn", [0, ATTN])
+@pytest.mark.parametrize("causal", [False, True])
+def test_matches_numpy_reference(attn, causal):
+  length = 9
+  x = inputs(2, length)
+  mask = np.ones((2, length), np.float32)
+  mask[1, 6:] = 0
+  module = make(attn)
+  variables = init(module, x, ctx_for(mask))
+  got = np.asarray(apply(module, variables, x, ctx_for(mask, causal=causal)))
+  for b in range(2):
+    want = reference(variables["params"], x[b], mask[b], causal, attn)
+    real = mask[b] > 0
+    np.testing.assert_allclose(got[b][real], want[real], rtol=1e-4, atol=1e-5)
+
+
+def test_starts_as_an_ffn():
+  """W near zero and b = 1 (§2.1): at initialisation s(Z) ≈ Z1, so Y ≈ Z1 V, a plain (GELU) FFN."""
+  x = inputs(2, 10)
+  module = make()
+  variables = module.init(jax.random.PRNGKey(0), x, x, ctx_for(np.ones((2, 10))))
+  p = variables["params"]
+  assert float(jnp.max(jnp.abs(p["spatial_kernel"]))) <= 1e-3 / MAX_LEN
+  np.testing.assert_array_equal(np.asarray(p["spatial_bias"]), 1.0)
+  z = jax.nn.gelu(x @ p["proj_in"]["kernel"], approximate=False)
+  ffn = z[..., :CFG.mlp_dim // 2] @ p["proj_out"]["kernel"]
+  got = apply(module, variables, x, ctx_for(np.ones((2, 10))))
+  np.testing.assert_allclose(np.asarray(got), np.asarray(ffn), rtol=0, atol=2e-3)
+  # ...but positions do mix: changing one position moves another through W.
+  x2 = x.at[:, 0].add(1.0)
+  assert not np.allclose(np.asarray(apply(module, variables, x2, ctx_for(np.ones((2, 10)))))[:, 5],
+                         np.asarray(got)[:, 5], rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("attn", [0, ATTN])
+def test_causal(attn):
+  x = inputs(2, 12)
+  ctx = ctx_for(np.ones((2, 12)), causal=True)
+  module = make(attn)
+  variables = init(module, x, ctx)
+  y = apply(module, variables, x, ctx)
+  x2 = x.at[:, 7:].set(inputs(2, 5, seed=3))
+  y2 = apply(module, variables, x2, ctx)
+  np.testing.assert_allclose(np.asarray(y2[:, :7]), np.asarray(y[:, :7]), rtol=1e-5, atol=1e-6)
+  assert not np.allclose(np.asarray(y2[:, 7:]), np.asarray(y[:, 7:]))
+  # Not causal: the future leaks (the test above can fail).
+  bidi = ctx_for(np.ones((2, 12)))
+  assert not np.allclose(np.asarray(apply(module, variables, x2, bidi)[:, :7]),
+                         np.asarray(apply(module, variables, x, bidi)[:, :7]))
+
+
+@pytest.mark.parametrize("attn", [0, ATTN])
+def test_decode_matches_full_causal_forward(attn):
+  length, batch = 18, 2
+  x = inputs(batch, length)
+  module = make(attn)
+  variables = init(module, x, ctx_for(np.ones((batch, length))))
+  full = apply(module, variables, x, ctx_for(np.ones((batch, length)), causal=True))
+
+  dctx = ctx_for(np.ones((batch, length)), causal=True, decode=True)
+  _, state = module.apply(variables, x, x, dctx, mutable=["cache"])
+  cache = state["cache"]
+  assert set(cache) == ({"cached_norm_z2", "cache_index"} | ({"cached_key", "cached_value"} if attn else set()))
+  step_ctx = ctx_for(np.ones((batch, 1)), causal=True, decode=True)
+  step_ctx = step_ctx.replace(max_decode_length=length)
+
+  @jax.jit
+  def step(cache, xi):
+    y, new = module.apply({**variables, "cache": cache}, xi, xi, step_ctx, mutable=["cache"])
+    return y, new["cache"]
+
+  outs = []
+  for i in range(length):
+    y, cache = step(cache, x[:, i:i + 1])
+    outs.append(y)
+  np.testing.assert_allclose(np.asarray(jnp.concatenate(outs, 1)), np.asarray(full), rtol=1e-4, atol=1e-5)
+  assert int(cache["cache_index"]) == length
+
+
+@pytest.mark.parametrize("attn", [0, ATTN])
+@pytest.mark.parametrize("causal", [False, True])
+def test_appended_padding_changes_nothing(attn, causal):
+  x = inputs(2, 8)
+  module = make(attn)
+  variables = init(module, x, ctx_for(np.ones((2, 8))))
+  y = apply(module, variables, x, ctx_for(np.ones((2, 8)), causal=causal))
+  padded = jnp.concatenate([x, 5.0 * inputs(2, 6, seed=4)], axis=1)  # garbage in the padding
+  mask = np.concatenate([np.ones((2, 8)), np.zeros((2, 6))], axis=1)
+  y2 = apply(module, variables, padded, ctx_for(mask, causal=causal))
+  np.testing.assert_allclose(np.asarray(y2[:, :8]), np.asarray(y), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("attn", [0, ATTN])
+@pytest.mark.parametrize("causal", [False, True])
+def test_packing_equals_each_alone(attn, causal):
+  a, b = inputs(1, 5, seed=5), inputs(1, 7, seed=6)
+  module = make(attn)
+  variables = init(module, a, ctx_for(np.ones((1, 5))))
+  alone_a = apply(module, variables, a, ctx_for(np.ones((1, 5)), causal=causal))
+  alone_b = apply(module, variables, b, ctx_for(np.ones((1, 7)), causal=causal))
+  packed = jnp.concatenate([a, b, inputs(1, 3, seed=7)], axis=1)
+  seg = np.array([[1] * 5 + [2] * 7 + [0] * 3])
+  pos = np.array([list(range(5)) + list(range(7)) + [0] * 3])
+  y = apply(module, variables, packed, ctx_for(seg > 0, segment_ids=seg, causal=causal, positions=pos))
+  np.testing.assert_allclose(np.asarray(y[:, :5]), np.asarray(alone_a), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(y[:, 5:12]), np.asarray(alone_b), rtol=1e-5, atol=1e-6)
+
+
+def test_too_long_and_cross_mixing_are_refused():
+  module = make()
+  x = inputs(1, MAX_LEN + 1)
+  with pytest.raises(ValueError, match=rf"{MAX_LEN}.*{MAX_LEN + 1}"):
+    module.init(jax.random.PRNGKey(0), x, x, ctx_for(np.ones((1, MAX_LEN + 1))))
+  y = inputs(1, 4)
+  with pytest.raises(ValueError, match="cross"):
+    module.init(jax.random.PRNGKey(0), y, y + 0.0, ctx_for(np.ones((1, 4))))
+  with pytest.raises(ValueError, match="even"):
+    GatedMlpBlock(config=CFG, hidden_dim=7).init(jax.random.PRNGKey(0), y, y, ctx_for(np.ones((1, 4))))
+
+
+@pytest.mark.parametrize("attn", [0, ATTN])
+def test_param_axes_shapes_and_finite_gradients(attn):
+  x = inputs(2, 10)
+  ctx = ctx_for(np.ones((2, 10)), causal=True)
+  module = make(attn)
+  variables = module.init(jax.random.PRNGKey(0), x, x, ctx)
+  params = variables["params"]
+  d, h, L = CFG.emb_dim, CFG.mlp_dim, MAX_LEN
+  shapes = {"/".join(k.key for k in path): v.shape
+            for path, v in jax.tree_util.tree_leaves_with_path(params)}
+  want = {"proj_in/kernel": (d, h), "sgu_norm/scale": (h // 2,), "sgu_norm/bias": (h // 2,),
+          "spatial_kernel": (L, L), "spatial_bias": (L,), "proj_out/kernel": (h // 2, d)}
+  if attn:
+    want |= {"tiny_attn_qkv/kernel": (d, 3 * attn), "tiny_attn_out/kernel": (attn, h // 2)}
+  assert shapes == want
+  count = sum(int(np.prod(s)) for s in shapes.values())
+  assert count == 1.5 * d * h + h + L * L + L + (3 * d * attn + attn * h // 2 if attn else 0)
+  axes = {"/".join(k.key for k in path): v.names for path, v in jax.tree_util.tree_leaves_with_path(
+      variables["params_axes"], is_leaf=lambda v: isinstance(v, meta.AxisMetadata))}
+  assert {k.removesuffix("_axes") for k in axes} == set(want)
+  assert axes["spatial_kernel_axes"] == ("mix_length", "mix_length")
+  assert axes["sgu_norm/scale_axes"] == ("mlp",)
+
+  grads = jax.grad(lambda p: jnp.sum(module.apply({"params": p}, x, x, ctx)))(params)
+  for g in jax.tree_util.tree_leaves(grads):
+    assert np.all(np.isfinite(np.asarray(g)))
+  assert float(jnp.sum(jnp.abs(grads["spatial_kernel"]))) > 0
+  # Causal: the gradient never reaches W's upper triangle.
+  assert float(jnp.sum(jnp.abs(jnp.triu(grads["spatial_kernel"], 1)))) == 0.0
+
+
+def test_bfloat16_activations_run():
+  cfg = T5Config(vocab_size=32, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=24, dtype="bfloat16")
+  module = GatedMlpBlock(config=cfg, max_length=MAX_LEN, tiny_attention_dim=ATTN)
+  x = inputs(2, 6).astype(jnp.bfloat16)
+  variables = module.init(jax.random.PRNGKey(0), x, x, ctx_for(np.ones((2, 6))))
+  y = module.apply(variables, x, x, ctx_for(np.ones((2, 6))))
+  assert y.dtype == jnp.bfloat16 and y.shape == x.shape
+  assert all(p.dtype == jnp.float32 for p in jax.tree_util.tree_leaves(variables["params"]))
