@@ -39,7 +39,11 @@ def cmd_info(args: argparse.Namespace) -> int:
   model = _macro("MODEL")
   if model is None:
     raise GinError("the gin files define no MODEL; pass a model config, e.g. --gin_file=models/t5_1_1/small.gin")
-  lengths = _macro("TASK_FEATURE_LENGTHS") or {"inputs": 512, "targets": 114}
+  if args.lengths:
+    inputs, _, targets = args.lengths.partition(",")
+    lengths = {"inputs": int(inputs), "targets": int(targets or inputs)}
+  else:
+    lengths = _macro("TASK_FEATURE_LENGTHS") or {"inputs": 512, "targets": 114}
   report = info.model_info(model, lengths)
   print(info.format_report(report))
   if args.show_sharding:
@@ -110,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
   i = sub.add_parser("info", help="parameter count, per-module breakdown, FLOPs per token")
   i.add_argument("--json", action="store_true", help="end with one JSON line")
   i.add_argument("--show-sharding", action="store_true", help="each parameter's shape and partition spec")
+  i.add_argument("--lengths", help="INPUTS,TARGETS lengths for FLOPs (default: TASK_FEATURE_LENGTHS or 512,114)")
   imp = sub.add_parser("import-hf", help="Hugging Face T5 v1.1 dir -> orbax checkpoint + model.gin")
   imp.add_argument("hf_dir")
   imp.add_argument("out_dir")
