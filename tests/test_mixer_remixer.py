@@ -1,6 +1,4 @@
 """RemixerBlock (Remixers paper §2.1) against an independent numpy reference, and the mixer contract."""
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,6 +22,11 @@ def make_ctx(mask, positions=None, segments=None, causal=False, decode=False, ma
   return base.MixerContext(q_mask=mask, kv_mask=mask, q_positions=positions, kv_positions=positions,
                            q_segment_ids=segments, kv_segment_ids=segments, causal=causal, decode=decode,
                            max_decode_length=max_decode_length)
+
+
+def run(block, variables, x, ctx, **kwargs):
+  # Eager on purpose: at these sizes compiling whole programs costs more than op-by-op dispatch.
+  return block.apply(variables, x, ctx, **kwargs)
 
 
 def randomized(block, x, ctx, seed=0):
@@ -87,7 +90,7 @@ def inputs(batch=2, length=9, seed=1):
   return jnp.asarray(np.random.default_rng(seed).normal(size=(batch, length, D)), jnp.float32)
 
 
-# ---- The equations ------------------------------------------------------------------------------------------
+# ---- The equations ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("width", ["mlp", "model"])
 @pytest.mark.parametrize("alpha", [0.3, "learned_scalar", "learned_vector", "gated"])
@@ -98,7 +101,7 @@ def test_matches_numpy_reference(width, alpha):
   mask[1, 6:] = 0  # padding: masked keys drop out of the softmax
   ctx = make_ctx(mask)
   variables = randomized(block, x, ctx)
-  got = block.apply(variables, x, ctx)
+  got = run(block, variables, x, ctx)
   want = reference(variables["params"], x, mask, ctx.q_positions, None, False, width, alpha, True)
   np.testing.assert_allclose(np.asarray(got), want, rtol=2e-4, atol=2e-4)
 
@@ -111,8 +114,8 @@ def test_param_shapes_axes_and_count():
       ("model", "learned_vector"): ({"alpha": (D,)}, D), ("model", "gated"): ({"alpha_gate": (D, D)}, D * D),
   }
   for (width, alpha), (extra, extra_count) in expected.items():
-    variables = RemixerBlock(config=CFG, width=width, alpha=alpha, max_length=7).init(
-        jax.random.PRNGKey(0), x, ctx)
+    block = RemixerBlock(config=CFG, width=width, alpha=alpha, max_length=7)
+    variables = jax.eval_shape(block.init, jax.random.PRNGKey(0), x, ctx)
     params, axes = variables["params"], variables["params_axes"]
     w = F if width == "mlp" else D
     assert params["wi_0"]["kernel"].shape == params["wi_1"]["kernel"].shape == (D, w)
@@ -121,7 +124,7 @@ def test_param_shapes_axes_and_count():
     for name, shape in extra.items():
       leaf = params[name]["kernel"] if name == "alpha_gate" else params[name]
       assert leaf.shape == shape
-    count = sum(p.size for p in jax.tree_util.tree_leaves(params))
+    count = sum(int(np.prod(p.shape)) for p in jax.tree_util.tree_leaves(params))
     assert count == 3 * D * w + 7 * 7 + extra_count, (width, alpha)
     # every parameter has its logical axes recorded
     flat_params = {"/".join(str(k.key) for k in path) for path, _ in
@@ -140,7 +143,7 @@ def test_not_compositional_is_plain_remixing():
   ctx = make_ctx(mask)
   variables = randomized(block, x, ctx)
   assert "alpha" not in variables["params"]
-  got = block.apply(variables, x, ctx)
+  got = run(block, variables, x, ctx)
   want = reference(variables["params"], x, mask, ctx.q_positions, None, False, "mlp", None, False)
   np.testing.assert_allclose(np.asarray(got), want, rtol=2e-4, atol=2e-4)
 
@@ -150,15 +153,15 @@ def test_causal_matches_reference_and_ignores_future():
   x, mask = inputs(), np.ones((2, 9))
   ctx = make_ctx(mask, causal=True)
   variables = randomized(block, x, ctx)
-  got = np.asarray(block.apply(variables, x, ctx))
+  got = np.asarray(run(block, variables, x, ctx))
   want = reference(variables["params"], x, mask, ctx.q_positions, None, True, "mlp", "learned_vector", True)
   np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
-  changed = np.asarray(block.apply(variables, x.at[:, 5:].add(1.0), ctx))
+  changed = np.asarray(run(block, variables, x.at[:, 5:].add(1.0), ctx))
   np.testing.assert_allclose(changed[:, :5], got[:, :5], atol=1e-6)
   assert np.abs(changed[:, 5:] - got[:, 5:]).max() > 1e-3
 
 
-# ---- Contract: decode, padding, packing, length, gradients, dropout ------------------------------------------
+# ---- Contract: decode, padding, packing, length, gradients, dropout ------------------------------
 
 def test_decode_steps_equal_full_causal_pass():
   length, batch = 20, 2
@@ -166,10 +169,10 @@ def test_decode_steps_equal_full_causal_pass():
   x = inputs(batch, length, seed=3)
   full_ctx = make_ctx(np.ones((batch, length)), causal=True)
   variables = randomized(block, x, full_ctx, seed=2)
-  full = np.asarray(block.apply(variables, x, full_ctx))
+  full = np.asarray(run(block, variables, x, full_ctx))
 
   init_ctx = make_ctx(np.ones((batch, length)), causal=True, decode=True, max_decode_length=length)
-  _, state = block.apply(variables, jnp.zeros_like(x), init_ctx, mutable=["cache"])
+  _, state = run(block, variables, jnp.zeros_like(x), init_ctx, mutable=["cache"])
   cache = state["cache"]
   assert cache["cached_glu"].shape == (batch, length, F)
 
@@ -201,11 +204,12 @@ def test_appended_padding_changes_nothing_and_padding_rows_are_finite(causal):
   x = inputs(2, 10)
   ctx = make_ctx(np.ones((2, 10)), causal=causal)
   variables = randomized(block, x, ctx)
-  short = np.asarray(block.apply(variables, x, ctx))
+  short = np.asarray(run(block, variables, x, ctx))
   junk = jnp.asarray(np.random.default_rng(5).normal(size=(2, 5, D)) * 10, jnp.float32)
   mask = np.concatenate([np.ones((2, 10)), np.zeros((2, 5))], axis=1)
   mask[1] = 0  # a fully padded row: every query has no visible key
-  long = np.asarray(block.apply(variables, jnp.concatenate([x, junk], axis=1), make_ctx(mask, causal=causal)))
+  padded = jnp.concatenate([x, junk], axis=1)
+  long = np.asarray(run(block, variables, padded, make_ctx(mask, causal=causal)))
   np.testing.assert_allclose(long[0, :10], short[0], rtol=1e-5, atol=1e-5)
   assert np.isfinite(long).all()
 
@@ -216,20 +220,22 @@ def test_packed_examples_equal_each_alone(causal):
   a, b = inputs(1, 5, seed=7), inputs(1, 7, seed=8)
   pad = inputs(1, 2, seed=9)
   variables = randomized(block, a, make_ctx(np.ones((1, 5))))
-  alone_a = np.asarray(block.apply(variables, a, make_ctx(np.ones((1, 5)), causal=causal)))
-  alone_b = np.asarray(block.apply(variables, b, make_ctx(np.ones((1, 7)), causal=causal)))
+  alone_a = np.asarray(run(block, variables, a, make_ctx(np.ones((1, 5)), causal=causal)))
+  alone_b = np.asarray(run(block, variables, b, make_ctx(np.ones((1, 7)), causal=causal)))
   packed_x = jnp.concatenate([a, b, pad], axis=1)
   mask = np.array([[1] * 12 + [0] * 2])
   segments = np.array([[1] * 5 + [2] * 7 + [0] * 2])
   positions = np.array([list(range(5)) + list(range(7)) + [0, 0]])
-  packed = np.asarray(block.apply(variables, packed_x, make_ctx(mask, positions, segments, causal=causal)))
+  packed_ctx = make_ctx(mask, positions, segments, causal=causal)
+  packed = np.asarray(run(block, variables, packed_x, packed_ctx))
   np.testing.assert_allclose(packed[:, :5], alone_a, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(packed[:, 5:12], alone_b, rtol=1e-5, atol=1e-5)
 
 
 def test_too_long_is_a_clear_error():
   block = RemixerBlock(config=CFG, max_length=8)
-  with pytest.raises(ValueError, match="RemixerBlock mixes at most 8 positions but got a sequence of length 10"):
+  with pytest.raises(ValueError,
+                     match="RemixerBlock mixes at most 8 positions but got a sequence of length 10"):
     block.init(jax.random.PRNGKey(0), inputs(1, 10), make_ctx(np.ones((1, 10))))
 
 
@@ -254,7 +260,8 @@ def test_gradients_finite(width, alpha):
   variables = randomized(block, x, ctx)
 
   def loss(params, x):
-    y = block.apply({"params": params}, x, ctx, deterministic=False, rngs={"dropout": jax.random.PRNGKey(1)})
+    y = block.apply({"params": params}, x, ctx, deterministic=False,
+                    rngs={"dropout": jax.random.PRNGKey(1)})
     return jnp.sum(y)
 
   g_params, g_x = jax.grad(loss, argnums=(0, 1))(variables["params"], x)
@@ -270,11 +277,11 @@ def test_remix_dropout_only_when_not_deterministic():
   dropped = RemixerBlock(config=CFG, max_length=9, remix_dropout=0.5)
   variables = randomized(plain, x, ctx)
   rngs = {"dropout": jax.random.PRNGKey(3)}
-  reference_out = np.asarray(plain.apply(variables, x, ctx))
+  reference_out = np.asarray(run(plain, variables, x, ctx))
   # cfg.dropout_rate is 0, so without remix dropout a stochastic pass is the deterministic one
-  np.testing.assert_allclose(np.asarray(plain.apply(variables, x, ctx, deterministic=False, rngs=rngs)),
+  np.testing.assert_allclose(np.asarray(run(plain, variables, x, ctx, deterministic=False, rngs=rngs)),
                              reference_out, atol=1e-6)
-  np.testing.assert_allclose(np.asarray(dropped.apply(variables, x, ctx, deterministic=True)),
+  np.testing.assert_allclose(np.asarray(run(dropped, variables, x, ctx, deterministic=True)),
                              reference_out, atol=1e-6)
-  noisy = np.asarray(dropped.apply(variables, x, ctx, deterministic=False, rngs=rngs))
+  noisy = np.asarray(run(dropped, variables, x, ctx, deterministic=False, rngs=rngs))
   assert np.abs(noisy - reference_out).max() > 1e-2

@@ -29,7 +29,7 @@ def _masked_softmax(logits: Array, mask: Array) -> Array:
   Rows with no visible entry (padding queries) come out all-zero instead of NaN or a uniform average.
   """
   logits = jnp.where(mask, logits.astype(jnp.float32), layers.NEG_INF)
-  return jax.nn.softmax(logits, axis=-2) * mask
+  return jax.nn.softmax(logits, axis=-1) * mask
 
 
 class RemixerBlock(nn.Module):
@@ -39,8 +39,8 @@ class RemixerBlock(nn.Module):
     width: the block's inner width. The paper's equations type-check only with width d_model
       ('model': W1, W2, W3 ∈ R^{d×d}, Y = X_C W3 + X'), but its parameter budget follows T5.1.1's d_ff
       (footnote 2: W1, W2 shrunk by 1/3 as in T5.1.1). 'mlp' (the default) uses width = cfg.mlp_dim:
-      W1, W2 ∈ R^{d×d_ff}, W3 ∈ R^{d_ff×d}, and since X' is then d_ff wide the residual is taken before W3:
-      Y = (X_C + X') W3. 'mlp' is the default because it is T5.1.1's MLP plus H, i.e. the budget the footnote
+      W1, W2 ∈ R^{d×d_ff}, W3 ∈ R^{d_ff×d}, and since X' is then d_ff wide the residual is taken before
+      W3: Y = (X_C + X') W3. 'mlp' is the default because it is T5.1.1's MLP plus H, the budget the footnote
       describes; with it Remixer_Base has 254M parameters against T5.1.1_Base's 248M (the 'model' reading
       gives 183M; the paper's Table 1 says 324M, which neither reading reproduces).
     alpha: α ∈ [0, 1] weighing multiplicative against subtractive composition (§2.1.2). A float is a fixed
