@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-MODEL_DIR ?= runs/demo
+MODEL_DIR ?= runs/demo_$(MODEL)
 MODEL ?= t5_1_1
 STAMP := $(VENV)/.installed
 
@@ -20,7 +20,8 @@ $(STAMP): setup.py | $(PY)
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/remixer-t5 train --gin_file=runs/demo_$(MODEL).gin --gin.MODEL_DIR="'$(MODEL_DIR)'"
+	$(VENV)/bin/remixer-t5 train --gin_file=models/$(MODEL)/tiny.gin --gin_file=runs/demo.gin \
+	    --gin.MODEL_DIR="'$(MODEL_DIR)'"
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

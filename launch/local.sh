@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run a remixer-t5 command on this machine with the repository's .venv.
-#   launch/local.sh [--dry-run] train --gin_file=runs/demo_t5_1_1.gin --gin.MODEL_DIR="'runs/x'"
+#   launch/local.sh [--dry-run] train --gin_file=runs/demo.gin --gin.MODEL_DIR="'runs/x'"
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 dry=0

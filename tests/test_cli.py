@@ -106,8 +106,8 @@ def test_gin_search_paths_find_user_configs(tmp_path, capsys):
 
 def test_local_launcher_dry_run_prints_the_command():
   out = subprocess.run(["bash", str(REPO / "launch" / "local.sh"), "--dry-run", "train",
-                        "--gin_file=runs/demo_t5_1_1.gin"], capture_output=True, text=True, check=True).stdout
-  assert "remixer-t5 train --gin_file=runs/demo_t5_1_1.gin" in out
+                        "--gin_file=runs/demo.gin"], capture_output=True, text=True, check=True).stdout
+  assert "remixer-t5 train --gin_file=runs/demo.gin" in out
 
 
 def test_show_sharding_lists_each_parameter_with_its_partition_spec(capsys):

@@ -8,7 +8,7 @@ import pytest
 
 from remixer_t5 import checkpoints, cli, gin_utils
 
-SMALL_RUN = ["--gin_file=runs/demo_t5_1_1.gin", "--gin.BATCH_SIZE=4",
+SMALL_RUN = ["--gin_file=models/t5_1_1/tiny.gin", "--gin_file=runs/demo.gin", "--gin.BATCH_SIZE=4",
              "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}", "--gin.LOG_PERIOD=2",
              "--gin.EVAL_PERIOD=3", "--gin.CHECKPOINT_PERIOD=3", "--gin.EVAL_STEPS=1",
              "--gin.network.T5Config.emb_dim=32", "--gin.network.T5Config.mlp_dim=48"]
