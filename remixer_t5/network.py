@@ -210,6 +210,13 @@ class Transformer(nn.Module):
     self.decoder = Decoder(cfg, self.token_embedder, self.decoder_token_mixer, self.decoder_cross_mixer,
                            self.decoder_feature_mixer)
 
+  @property
+  def packable(self) -> bool:
+    """False when a mixer cannot mix packed examples exactly (it then refuses packed batches)."""
+    factories = (self.encoder_token_mixer, self.encoder_feature_mixer, self.decoder_token_mixer,
+                 self.decoder_cross_mixer, self.decoder_feature_mixer, self.encoder_input_layer)
+    return all(getattr(f(config=self.config), "packable", True) for f in factories if f is not None)
+
   def encode(self, encoder_input_tokens, encoder_segment_ids=None, encoder_positions=None, *,
              enable_dropout=True):
     return self.encoder(encoder_input_tokens, encoder_segment_ids, encoder_positions,

@@ -128,6 +128,7 @@ def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature
   task = get_task(task_name, vocabulary)
   vocab = task.output_features["targets"].vocabulary
   _check_vocab_fits(model, task)
+  pack = _packing(model, pack)
   signature = dict(run_signature or {})
   signature.update(task=task_name, feature_lengths=dict(feature_lengths), vocab_size=vocab.vocab_size,
                    model=type(model.module).__name__)
@@ -205,6 +206,13 @@ def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature
   if jax.process_index() == 0:
     log.info(f"curves drawn in {plots.plot_metrics(model_dir)}")
   return last
+
+
+def _packing(model: EncoderDecoderModel, pack: bool) -> bool:
+  if pack and not getattr(model.module, "packable", True):
+    print("packing off: a mixer of this model cannot mix packed examples exactly", flush=True)
+    return False
+  return pack
 
 
 def _check_vocab_fits(model: EncoderDecoderModel, task) -> None:
@@ -314,6 +322,7 @@ def evaluate_checkpoint(*, model_dir: str, model: EncoderDecoderModel, task_name
   """Restore a checkpoint from `model_dir` and evaluate it on the validation split (metrics.jsonl rows)."""
   task = get_task(task_name, vocabulary)
   vocab = task.output_features["targets"].vocabulary
+  pack = _packing(model, pack)
   mesh = partitioning.make_mesh(num_partitions, mesh_shape)
   ckpt = checkpoints.Checkpointer(model_dir)
   if ckpt.latest_step() is None:

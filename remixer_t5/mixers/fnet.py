@@ -1,4 +1,4 @@
-"""FNet token mixing (Lee-Thorp et al. 2021, §3.2): Y = Re(FFT_seq(FFT_hidden(X))); a HyperMixer-paper baseline.
+"""FNet token mixing (Lee-Thorp et al. 2021, §3.2): Y = Re(FFT_seq(FFT_hidden(X))); a HyperMixer baseline.
 
 A plain FFT over the padded length would make every output depend on how much padding follows. We take the
 DFT over the real tokens of each sequence only: with n real tokens at ranks r = 0..n-1 (in order), the
@@ -46,8 +46,8 @@ class FourierMixing(nn.Module):
                deterministic: bool = True) -> Array:
     del inputs_kv, deterministic  # a self-mixer without dropout
     if ctx.causal or ctx.decode:
-      raise ValueError("FourierMixing (FNet) has no causal form: a DFT over the sequence mixes every position "
-                       "with every other; use it for encoder self-mixing only")
+      raise ValueError("FourierMixing (FNet) has no causal form: a DFT over the sequence mixes every "
+                       "position with every other; use it for encoder self-mixing only")
     x = inputs_q.astype(jnp.float32)
     d = x.shape[-1]
     hid = jnp.arange(d)
@@ -59,9 +59,9 @@ class FourierMixing(nn.Module):
     if ctx.q_segment_ids is not None:
       group &= ctx.q_segment_ids[:, :, None] == ctx.q_segment_ids[:, None, :]
     n = x.shape[1]
-    size = jnp.maximum(group.sum(-1), 1)                                        # [b, len]: tokens in k's group
+    size = jnp.maximum(group.sum(-1), 1)                               # [b, len]: tokens in k's group
     before = group & (jnp.arange(n)[None, :] < jnp.arange(n)[:, None])[None]
-    rank = before.sum(-1)                                                       # [b, len]: k's index in it
+    rank = before.sum(-1)                                              # [b, len]: k's index in it
     cos_s, sin_s = _dft_parts(rank[:, :, None] * rank[:, None, :], size[:, :, None])
     cos_s, sin_s = cos_s * group, sin_s * group
 

@@ -4,10 +4,10 @@ With the feature map phi(x) = elu(x) + 1 (§3.2.1), each head computes
 
     out_i = phi(q_i)^T S / (phi(q_i)^T z),    S = sum_j phi(k_j) v_j^T,   z = sum_j phi(k_j),
 
-over all real keys j (non-causal, §3.2) or over j <= i (causal masking, §3.3; S and z are the state of the
-RNN of §3.4). The causal form runs a lax.scan over chunks of `chunk_size` positions that carries (S, z): inside a
-chunk the quadratic masked form, across chunks the state, so memory stays bounded by the chunk size; decoding
-carries (S, z) in the cache one position at a time.
+over all real keys j (non-causal, §3.2) or over j <= i (causal masking, §3.3; S and z are the state of
+the RNN of §3.4). The causal form runs a lax.scan over chunks of `chunk_size` positions that carries (S, z):
+inside a chunk the quadratic masked form, across chunks the state, so memory stays bounded by the chunk
+size; decoding carries (S, z) in the cache one position at a time.
 
 Packing: the non-causal form over packed rows (or packed cross-mixing) uses the quadratic form with the
 same-segment mask, which is exact for any segment layout at the cost of ordinary attention. The causal scan

@@ -49,13 +49,20 @@ class TokenMixingMlp(nn.Module):
 
   `window=w`: the decoder form of Mixer_EncDec (Remixer paper §3.1.2), an MLP over the causal window of the
   last w tokens; w1[o] weights the token o steps back. Tokens before the start, padding and other packed
-  segments enter the window as zeros. Memory is [batch, len, hidden_dim, emb], so keep hidden_dim small here.
-  Decoding keeps the last w inputs in the cache.
+  segments enter the window as zeros. Its activations are [batch, len, hidden, emb], so the hidden width is
+  small by default. Decoding keeps the last w inputs in the cache.
+
+  Both forms drop out hidden units with cfg.dropout_rate, as T5's MlpBlock does (MLP-Mixer itself has none).
   """
   config: T5Config
-  max_length: int = 512
-  hidden_dim: int = 512
-  window: int | None = None
+  max_length: int = 512               # L (encoder form only; the windowed form works for any length)
+  hidden_dim: int | None = None       # None: 512 in the encoder form, 2 * window in the windowed form
+  window: int | None = None           # w: None for the encoder form, else the causal window of the decoder
+
+  @property
+  def packable(self) -> bool:
+    """Whether packed rows can be mixed exactly (the trainer turns packing off otherwise)."""
+    return self.window is not None
 
   @nn.compact
   def __call__(self, inputs_q: Array, inputs_kv: Array, ctx: base.MixerContext, *,
@@ -78,7 +85,7 @@ class TokenMixingMlp(nn.Module):
     if ctx.packed:
       raise ValueError("TokenMixingMlp (MLP-Mixer encoder token mixing) cannot mix packed sequences exactly: "
                        "its hidden units pool each segment through a nonlinearity; train with pack=False")
-    L, hid = self.max_length, self.hidden_dim
+    L, hid = self.max_length, self.hidden_dim or 512
     w1 = layers.param_with_axes("w1", _kernel_init, (L, hid), jnp.float32, axes=("mix_length", "mix_hidden"))
     b1 = layers.param_with_axes("b1", nn.initializers.zeros, (hid,), jnp.float32, axes=("mix_hidden",))
     w2 = layers.param_with_axes("w2", _kernel_init, (hid, L), jnp.float32, axes=("mix_hidden", "mix_length"))
@@ -91,7 +98,8 @@ class TokenMixingMlp(nn.Module):
     return jnp.einsum("bkd,kn->bnd", h, w2[:, :n].astype(dt)) + b2[:n].astype(dt)[:, None]
 
   def _window_params(self):
-    w, hid = self.window, self.hidden_dim
+    w = self.window
+    hid = self.hidden_dim or 2 * w
     w1 = layers.param_with_axes("w1", _kernel_init, (w, hid), jnp.float32, axes=("mix_length", "mix_hidden"))
     b1 = layers.param_with_axes("b1", nn.initializers.zeros, (hid,), jnp.float32, axes=("mix_hidden",))
     # Only the current token's output row of W2 is ever read, so only that row exists. Its bias would be one
