@@ -1,11 +1,11 @@
 """gMLP / aMLP token mixer (Liu et al. 2021): the paper's equations, masks, packing, decoding, errors."""
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax.core import meta
 
 from remixer_t5.mixers import base
 from remixer_t5.mixers.gmlp import GatedMlpBlock
@@ -15,6 +15,7 @@ CFG = T5Config(vocab_size=32, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=24, n
                num_decoder_layers=1)
 MAX_LEN = 24
 ATTN = 8  # aMLP's tiny attention size in these tests
+B, LEN = 2, 18  # one shape for most tests, so compiled calls are reused across tests
 
 
 def ctx_for(mask, segment_ids=None, causal=False, positions=None, decode=False):
@@ -32,8 +33,10 @@ def make(attn=0, **kw):
   return GatedMlpBlock(config=CFG, max_length=MAX_LEN, tiny_attention_dim=attn, **kw)
 
 
-def init(module, x, ctx):
-  variables = module.init(jax.random.PRNGKey(0), x, x, ctx)
+def init(module):
+  """Parameters do not depend on the length (W is max_length square): initialise on a fixed dummy."""
+  x = jnp.zeros((1, 4, CFG.emb_dim))
+  variables = init_variables(module, x, ctx_for(np.ones((1, 4))))
   # Training moves W away from its near-zero start; test with a W that matters.
   params = jax.tree_util.tree_map(lambda p: p, variables["params"])
   params["spatial_kernel"] = jax.random.normal(jax.random.PRNGKey(7), params["spatial_kernel"].shape) * 0.3
@@ -42,8 +45,26 @@ def init(module, x, ctx):
   return {"params": params}
 
 
+def ones(batch=B, length=LEN):
+  return np.ones((batch, length), np.float32)
+
+
+# Compiled calls: much faster than op-by-op dispatch on a loaded machine.
+@functools.partial(jax.jit, static_argnums=0)
 def apply(module, variables, x, ctx):
   return module.apply(variables, x, x, ctx)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def init_variables(module, x, ctx):
+  return module.init(jax.random.PRNGKey(0), x, x, ctx)
+
+
+def flat(tree, prefix=""):
+  out = {}
+  for k, v in tree.items():
+    out.update(flat(v, f"{prefix}{k}/") if isinstance(v, dict) else {f"{prefix}{k}": v})
+  return out
 
 
 def inputs(batch, length, seed=1):
@@ -85,14 +106,13 @@ def reference(p, x, mask, causal, attn):
 @pytest.mark.parametrize("attn", [0, ATTN])
 @pytest.mark.parametrize("causal", [False, True])
 def test_matches_numpy_reference(attn, causal):
-  length = 9
-  x = inputs(2, length)
-  mask = np.ones((2, length), np.float32)
-  mask[1, 6:] = 0
+  x = inputs(B, LEN)
+  mask = ones()
+  mask[1, 11:] = 0
   module = make(attn)
-  variables = init(module, x, ctx_for(mask))
+  variables = init(module)
   got = np.asarray(apply(module, variables, x, ctx_for(mask, causal=causal)))
-  for b in range(2):
+  for b in range(B):
     want = reference(variables["params"], x[b], mask[b], causal, attn)
     real = mask[b] > 0
     np.testing.assert_allclose(got[b][real], want[real], rtol=1e-4, atol=1e-5)
@@ -100,53 +120,49 @@ def test_matches_numpy_reference(attn, causal):
 
 def test_starts_as_an_ffn():
   """W near zero and b = 1 (§2.1): at initialisation s(Z) ≈ Z1, so Y ≈ Z1 V, a plain (GELU) FFN."""
-  x = inputs(2, 10)
+  x = inputs(B, LEN)
   module = make()
-  variables = module.init(jax.random.PRNGKey(0), x, x, ctx_for(np.ones((2, 10))))
+  variables = init_variables(module, jnp.zeros((1, 4, CFG.emb_dim)), ctx_for(np.ones((1, 4))))
   p = variables["params"]
   assert float(jnp.max(jnp.abs(p["spatial_kernel"]))) <= 1e-3 / MAX_LEN
   np.testing.assert_array_equal(np.asarray(p["spatial_bias"]), 1.0)
   z = jax.nn.gelu(x @ p["proj_in"]["kernel"], approximate=False)
   ffn = z[..., :CFG.mlp_dim // 2] @ p["proj_out"]["kernel"]
-  got = apply(module, variables, x, ctx_for(np.ones((2, 10))))
+  got = apply(module, variables, x, ctx_for(ones()))
   np.testing.assert_allclose(np.asarray(got), np.asarray(ffn), rtol=0, atol=2e-3)
   # ...but positions do mix: changing one position moves another through W.
   x2 = x.at[:, 0].add(1.0)
-  assert not np.allclose(np.asarray(apply(module, variables, x2, ctx_for(np.ones((2, 10)))))[:, 5],
+  assert not np.allclose(np.asarray(apply(module, variables, x2, ctx_for(ones())))[:, 5],
                          np.asarray(got)[:, 5], rtol=0, atol=1e-9)
 
 
 @pytest.mark.parametrize("attn", [0, ATTN])
 def test_causal(attn):
-  x = inputs(2, 12)
-  ctx = ctx_for(np.ones((2, 12)), causal=True)
+  x = inputs(B, LEN)
   module = make(attn)
-  variables = init(module, x, ctx)
-  y = apply(module, variables, x, ctx)
-  x2 = x.at[:, 7:].set(inputs(2, 5, seed=3))
-  y2 = apply(module, variables, x2, ctx)
+  variables = init(module)
+  y = apply(module, variables, x, ctx_for(ones(), causal=True))
+  x2 = x.at[:, 7:].set(inputs(B, LEN - 7, seed=3))
+  y2 = apply(module, variables, x2, ctx_for(ones(), causal=True))
   np.testing.assert_allclose(np.asarray(y2[:, :7]), np.asarray(y[:, :7]), rtol=1e-5, atol=1e-6)
   assert not np.allclose(np.asarray(y2[:, 7:]), np.asarray(y[:, 7:]))
-  # Not causal: the future leaks (the test above can fail).
-  bidi = ctx_for(np.ones((2, 12)))
-  assert not np.allclose(np.asarray(apply(module, variables, x2, bidi)[:, :7]),
-                         np.asarray(apply(module, variables, x, bidi)[:, :7]))
+  # Not causal: the future leaks (the check above can fail).
+  assert not np.allclose(np.asarray(apply(module, variables, x2, ctx_for(ones()))[:, :7]),
+                         np.asarray(apply(module, variables, x, ctx_for(ones()))[:, :7]))
 
 
 @pytest.mark.parametrize("attn", [0, ATTN])
 def test_decode_matches_full_causal_forward(attn):
-  length, batch = 18, 2
-  x = inputs(batch, length)
+  x = inputs(B, LEN)
   module = make(attn)
-  variables = init(module, x, ctx_for(np.ones((batch, length))))
-  full = apply(module, variables, x, ctx_for(np.ones((batch, length)), causal=True))
+  variables = init(module)
+  full = apply(module, variables, x, ctx_for(ones(), causal=True))
 
-  dctx = ctx_for(np.ones((batch, length)), causal=True, decode=True)
-  _, state = module.apply(variables, x, x, dctx, mutable=["cache"])
+  dctx = ctx_for(ones(), causal=True, decode=True)
+  _, state = jax.jit(lambda v, x: module.apply(v, x, x, dctx, mutable=["cache"]))(variables, x)
   cache = state["cache"]
   assert set(cache) == ({"cached_norm_z2", "cache_index"} | ({"cached_key", "cached_value"} if attn else set()))
-  step_ctx = ctx_for(np.ones((batch, 1)), causal=True, decode=True)
-  step_ctx = step_ctx.replace(max_decode_length=length)
+  step_ctx = ctx_for(ones(B, 1), causal=True, decode=True).replace(max_decode_length=LEN)
 
   @jax.jit
   def step(cache, xi):
@@ -154,40 +170,45 @@ def test_decode_matches_full_causal_forward(attn):
     return y, new["cache"]
 
   outs = []
-  for i in range(length):
+  for i in range(LEN):
     y, cache = step(cache, x[:, i:i + 1])
     outs.append(y)
   np.testing.assert_allclose(np.asarray(jnp.concatenate(outs, 1)), np.asarray(full), rtol=1e-4, atol=1e-5)
-  assert int(cache["cache_index"]) == length
+  assert int(cache["cache_index"]) == LEN
 
 
 @pytest.mark.parametrize("attn", [0, ATTN])
 @pytest.mark.parametrize("causal", [False, True])
 def test_appended_padding_changes_nothing(attn, causal):
-  x = inputs(2, 8)
+  x = inputs(B, LEN)
   module = make(attn)
-  variables = init(module, x, ctx_for(np.ones((2, 8))))
-  y = apply(module, variables, x, ctx_for(np.ones((2, 8)), causal=causal))
-  padded = jnp.concatenate([x, 5.0 * inputs(2, 6, seed=4)], axis=1)  # garbage in the padding
-  mask = np.concatenate([np.ones((2, 8)), np.zeros((2, 6))], axis=1)
+  variables = init(module)
+  y = apply(module, variables, x, ctx_for(ones(), causal=causal))
+  padded = jnp.concatenate([x, 5.0 * inputs(B, 4, seed=4)], axis=1)  # garbage in the padding
+  mask = np.concatenate([ones(), np.zeros((B, 4))], axis=1)
   y2 = apply(module, variables, padded, ctx_for(mask, causal=causal))
-  np.testing.assert_allclose(np.asarray(y2[:, :8]), np.asarray(y), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(y2[:, :LEN]), np.asarray(y), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("attn", [0, ATTN])
 @pytest.mark.parametrize("causal", [False, True])
 def test_packing_equals_each_alone(attn, causal):
-  a, b = inputs(1, 5, seed=5), inputs(1, 7, seed=6)
+  """Row 0 packs a|b, row 1 packs b|a; each example alone is a padded row of its own."""
+  a, b, junk = inputs(1, 5, seed=5)[0], inputs(1, 7, seed=6)[0], inputs(1, LEN, seed=7)[0]
   module = make(attn)
-  variables = init(module, a, ctx_for(np.ones((1, 5))))
-  alone_a = apply(module, variables, a, ctx_for(np.ones((1, 5)), causal=causal))
-  alone_b = apply(module, variables, b, ctx_for(np.ones((1, 7)), causal=causal))
-  packed = jnp.concatenate([a, b, inputs(1, 3, seed=7)], axis=1)
-  seg = np.array([[1] * 5 + [2] * 7 + [0] * 3])
-  pos = np.array([list(range(5)) + list(range(7)) + [0] * 3])
+  variables = init(module)
+  alone = jnp.stack([jnp.concatenate([a, junk[5:]]), jnp.concatenate([b, junk[7:]])])
+  alone_mask = np.array([[1] * 5 + [0] * (LEN - 5), [1] * 7 + [0] * (LEN - 7)], np.float32)
+  y_alone = apply(module, variables, alone, ctx_for(alone_mask, causal=causal))
+  packed = jnp.stack([jnp.concatenate([a, b, junk[12:]]), jnp.concatenate([b, a, junk[12:]])])
+  seg = np.array([[1] * 5 + [2] * 7 + [0] * 6, [1] * 7 + [2] * 5 + [0] * 6])
+  pos = np.array([list(range(5)) + list(range(7)) + [0] * 6, list(range(7)) + list(range(5)) + [0] * 6])
   y = apply(module, variables, packed, ctx_for(seg > 0, segment_ids=seg, causal=causal, positions=pos))
-  np.testing.assert_allclose(np.asarray(y[:, :5]), np.asarray(alone_a), rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(np.asarray(y[:, 5:12]), np.asarray(alone_b), rtol=1e-5, atol=1e-6)
+  close = lambda u, v: np.testing.assert_allclose(np.asarray(u), np.asarray(v), rtol=1e-5, atol=1e-6)
+  close(y[0, :5], y_alone[0, :5])
+  close(y[0, 5:12], y_alone[1, :7])
+  close(y[1, :7], y_alone[1, :7])
+  close(y[1, 7:12], y_alone[0, :5])
 
 
 def test_too_long_and_cross_mixing_are_refused():
@@ -204,14 +225,13 @@ def test_too_long_and_cross_mixing_are_refused():
 
 @pytest.mark.parametrize("attn", [0, ATTN])
 def test_param_axes_shapes_and_finite_gradients(attn):
-  x = inputs(2, 10)
-  ctx = ctx_for(np.ones((2, 10)), causal=True)
+  x = inputs(B, LEN)
+  ctx = ctx_for(ones(), causal=True)
   module = make(attn)
-  variables = module.init(jax.random.PRNGKey(0), x, x, ctx)
+  variables = init_variables(module, jnp.zeros((1, 4, CFG.emb_dim)), ctx_for(np.ones((1, 4))))
   params = variables["params"]
   d, h, L = CFG.emb_dim, CFG.mlp_dim, MAX_LEN
-  shapes = {"/".join(k.key for k in path): v.shape
-            for path, v in jax.tree_util.tree_leaves_with_path(params)}
+  shapes = {k: v.shape for k, v in flat(params).items()}
   want = {"proj_in/kernel": (d, h), "sgu_norm/scale": (h // 2,), "sgu_norm/bias": (h // 2,),
           "spatial_kernel": (L, L), "spatial_bias": (L,), "proj_out/kernel": (h // 2, d)}
   if attn:
@@ -219,13 +239,12 @@ def test_param_axes_shapes_and_finite_gradients(attn):
   assert shapes == want
   count = sum(int(np.prod(s)) for s in shapes.values())
   assert count == 1.5 * d * h + h + L * L + L + (3 * d * attn + attn * h // 2 if attn else 0)
-  axes = {"/".join(k.key for k in path): v.names for path, v in jax.tree_util.tree_leaves_with_path(
-      variables["params_axes"], is_leaf=lambda v: isinstance(v, meta.AxisMetadata))}
+  axes = {k: v.names for k, v in flat(variables["params_axes"]).items()}
   assert {k.removesuffix("_axes") for k in axes} == set(want)
   assert axes["spatial_kernel_axes"] == ("mix_length", "mix_length")
   assert axes["sgu_norm/scale_axes"] == ("mlp",)
 
-  grads = jax.grad(lambda p: jnp.sum(module.apply({"params": p}, x, x, ctx)))(params)
+  grads = jax.jit(jax.grad(lambda p: jnp.sum(module.apply({"params": p}, x, x, ctx))))(params)
   for g in jax.tree_util.tree_leaves(grads):
     assert np.all(np.isfinite(np.asarray(g)))
   assert float(jnp.sum(jnp.abs(grads["spatial_kernel"]))) > 0
@@ -236,8 +255,9 @@ def test_param_axes_shapes_and_finite_gradients(attn):
 def test_bfloat16_activations_run():
   cfg = T5Config(vocab_size=32, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=24, dtype="bfloat16")
   module = GatedMlpBlock(config=cfg, max_length=MAX_LEN, tiny_attention_dim=ATTN)
-  x = inputs(2, 6).astype(jnp.bfloat16)
-  variables = module.init(jax.random.PRNGKey(0), x, x, ctx_for(np.ones((2, 6))))
-  y = module.apply(variables, x, x, ctx_for(np.ones((2, 6))))
+  x = inputs(B, LEN).astype(jnp.bfloat16)
+  variables = init_variables(module, x, ctx_for(ones()))
+  y = apply(module, variables, x, ctx_for(ones(), causal=True))
   assert y.dtype == jnp.bfloat16 and y.shape == x.shape
   assert all(p.dtype == jnp.float32 for p in jax.tree_util.tree_leaves(variables["params"]))
+  assert np.all(np.isfinite(np.asarray(y, np.float32)))

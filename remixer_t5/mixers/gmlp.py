@@ -52,9 +52,10 @@ class GatedMlpBlock(nn.Module):
 
   Fields:
     max_length: L, the size of the spatial projection W; longer sequences are refused (base.check_length).
-    hidden_dim: h = d_ffn, the width of Z (0: cfg.mlp_dim). The paper uses d_ffn = 6 d_model (Table 1) with
-      twice as many layers as a Transformer of similar cost; here the default follows the config's FFN width
-      so the block slots into a T5 stack without new knobs. Must be even (Z is split in halves).
+    hidden_dim: h = d_ffn, the width of Z (0: cfg.mlp_dim). The paper uses d_ffn = 6 d_model, and more
+      layers than a Transformer of similar cost since each block replaces attention + FFN; here the default
+      follows the config's FFN width so the block slots into a T5 stack without new knobs (set 6·emb_dim to
+      follow the paper). Must be even (Z is split in halves).
     tiny_attention_dim: 0 for gMLP; > 0 (the paper uses 64) for aMLP's single-head attention of that size.
     spatial_init_scale: W starts uniform in ±spatial_init_scale / L, "near-zero" (§2.1), so W norm(Z2)
       starts negligible against b = 1 whatever L is.
@@ -68,7 +69,8 @@ class GatedMlpBlock(nn.Module):
   sgu_norm scale, bias [h/2] ('mlp',); spatial_kernel (W) [L, L] ('mix_length','mix_length');
   spatial_bias (b) [L] ('mix_length',); proj_out (V) [h/2, d] ('mlp','embed'); aMLP adds tiny_attn_qkv
   [d, 3a] ('embed','kv') and tiny_attn_out [a, h/2] ('kv','mlp').
-  Per layer: 1.5·d·h + h + L² + L, plus 3·d·a + a·h/2 for aMLP. U and V are bias-free as in Eq. 1.
+  Per layer: 1.5·d·h + h + L² + L, plus 3·d·a + a·h/2 for aMLP. U and V are bias-free as in Eq. 1; the
+  activation is the exact (erf) GELU; dropout (cfg.dropout_rate) acts on s(Z), like T5's MLP hidden dropout.
   """
   config: Any  # remixer_t5.network.T5Config
   max_length: int = 512
@@ -88,6 +90,7 @@ class GatedMlpBlock(nn.Module):
       raise ValueError(f"GatedMlpBlock.hidden_dim must be even (Z is split in halves), got {hidden}")
     half = hidden // 2
     x = inputs_q
+    base.check_length(x.shape[1], self.max_length, "GatedMlpBlock")
     z = nn.gelu(layers.Dense(hidden, ("embed", "mlp"), dtype=cfg.dtype, name="proj_in")(x),
                 approximate=False)
     z = layers.with_sharding_constraint(z, ("batch", "length", "mlp"))
@@ -110,7 +113,6 @@ class GatedMlpBlock(nn.Module):
     if ctx.decode and self.has_variable("cache", "cached_norm_z2"):
       weights, bias, visible, z2, k, v = self._decode_step(w, b, z2, k, v)
     else:
-      base.check_length(x.shape[1], self.max_length, "GatedMlpBlock")
       if ctx.decode:  # the first decode call only creates the cache
         for name, value in (("cached_norm_z2", z2), ("cached_key", k), ("cached_value", v)):
           if value is not None:
