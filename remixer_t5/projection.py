@@ -155,6 +155,15 @@ def build_feature_table(pieces: Sequence[str], m: int, num_hashes: int, seed: in
   return counting_bloom_filter(minhash_fingerprints(pieces, num_hashes, seed), m)
 
 
+def _read_bytes(path: str) -> bytes:
+  if path.startswith("gs://"):  # cloud paths (the T5 vocabulary) need TF's file system; local ones do not
+    from tensorflow.io import gfile
+    with gfile.GFile(path, "rb") as f:
+      return f.read()
+  with open(path, "rb") as f:
+    return f.read()
+
+
 def pieces_from_sentencepiece(path: str, vocab_size: int | None = None, extra_ids: int = 100) -> list[str]:
   """The pieces of a SentencePiece model by id, then seqio-style sentinels, then unused fillers.
 
@@ -163,8 +172,7 @@ def pieces_from_sentencepiece(path: str, vocab_size: int | None = None, extra_id
   """
   import sentencepiece as spm  # host-side only; the model code does not need it otherwise
 
-  with open(path, "rb") as f:
-    sp = spm.SentencePieceProcessor(model_proto=f.read())
+  sp = spm.SentencePieceProcessor(model_proto=_read_bytes(str(path)))
   pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
   pieces += [f"<extra_id_{extra_ids - 1 - k}>" for k in range(extra_ids)]
   if vocab_size is not None:
