@@ -1,0 +1,351 @@
+"""HyperMixing (Mai et al. 2023, §2.3, Algorithm 1): the paper's equation, masks, packing, causal form, decoding.
+
+Compilation dominates the run time, so the tests share a few module variants and shapes (jit caches them).
+"""
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from remixer_t5.mixers import base
+from remixer_t5.mixers.hypermixer import HyperMixing
+from remixer_t5.network import T5Config
+
+CFG = T5Config(vocab_size=32, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=24, num_encoder_layers=1,
+               num_decoder_layers=1)
+D, H = CFG.emb_dim, CFG.mlp_dim  # d and d' (hidden_dim = 0 means mlp_dim)
+CHUNK = 8
+
+# Between them the variants take every option both ways.
+VARIANTS = {
+    "tied_ln": dict(tied=True, layer_norm=True, length_normalize=False, position_features="sinusoidal"),
+    "untied_lennorm": dict(tied=False, layer_norm=False, length_normalize=True, position_features="sinusoidal"),
+    "untied_ln_lennorm_nopos": dict(tied=False, layer_norm=True, length_normalize=True, position_features="none"),
+}
+
+
+@functools.cache
+def module(name, **kw):
+  return HyperMixing(config=CFG, chunk_size=CHUNK, segment_block=2, **VARIANTS[name], **kw)
+
+
+@functools.cache
+def params(name):
+  """Every entry random (biases and LayerNorm too, which start at 0 and 1), so each of them is exercised."""
+  x = np.zeros((1, 3, D), np.float32)
+  shapes = jax.eval_shape(module(name).init, jax.random.PRNGKey(0), x, x, ctx_for(np.ones((1, 3))))["params"]
+  rng = np.random.default_rng(3)
+
+  def rand(path, s):
+    z = rng.normal(size=s.shape).astype(np.float32)
+    if len(s.shape) == 2:  # kernels, fan-in scaled
+      return z / math.sqrt(s.shape[0])
+    return 0.3 * z + (path[-1].key == "scale")
+  return {"params": jax.tree_util.tree_map_with_path(rand, shapes)}
+
+
+@functools.cache
+def _jitted_apply(mod):
+  return jax.jit(mod.apply)
+
+
+def apply(name, q, kv, ctx, **kw):
+  return np.asarray(_jitted_apply(module(name, **kw))(params(name), q, kv, ctx))
+
+
+def positions_of(seg):
+  """Positions restarting at 0 in each segment (unpacked rows: one segment)."""
+  seg = np.asarray(seg)
+  pos = np.zeros(seg.shape, np.int32)
+  for i in range(1, seg.shape[1]):
+    pos[:, i] = np.where(seg[:, i] == seg[:, i - 1], pos[:, i - 1] + 1, 0)
+  return pos
+
+
+def ctx_for(q_mask, kv_mask=None, q_seg=None, kv_seg=None, causal=False, decode=False):
+  self_mixing = kv_mask is None and kv_seg is None
+  q_mask = np.asarray(q_mask, np.float32)
+  kv_mask = q_mask if kv_mask is None else np.asarray(kv_mask, np.float32)
+  kv_seg = q_seg if kv_seg is None else kv_seg
+  as_ids = lambda s: None if s is None else np.asarray(s, np.int32)
+  q_pos = positions_of(np.ones(q_mask.shape) if q_seg is None else q_seg)
+  # Self-mixing shares one positions array, as the stacks do.
+  kv_pos = q_pos if self_mixing else positions_of(np.ones(kv_mask.shape) if kv_seg is None else kv_seg)
+  return base.MixerContext(
+      q_mask=q_mask, kv_mask=kv_mask, q_positions=q_pos, kv_positions=kv_pos,
+      q_segment_ids=as_ids(q_seg), kv_segment_ids=as_ids(kv_seg), causal=causal, decode=decode,
+      max_decode_length=q_mask.shape[1] if decode else None)
+
+
+def inputs(batch, length, seed=1):
+  return np.random.default_rng(seed).normal(size=(batch, length, D)).astype(np.float32)
+
+
+# ----- an independent numpy reference: Algorithm 1 for one unpacked example -----
+
+_erf = np.vectorize(math.erf)
+
+
+def np_gelu(z):
+  return 0.5 * z * (1.0 + _erf(z / math.sqrt(2.0)))
+
+
+def np_sinusoid(length, d):
+  """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)) (Vaswani et al. §3.5)."""
+  k = np.arange(d)
+  angle = np.arange(length)[:, None] / 10000.0 ** (2 * (k // 2) / d)[None, :]
+  return np.where(k % 2 == 0, np.sin(angle), np.cos(angle))
+
+
+def np_mlp(p, z):
+  return np_gelu(z @ p["wi"]["kernel"] + p["wi_bias"]) @ p["wo"]["kernel"] + p["wo_bias"]
+
+
+def reference(name, queries, keys, query_positions=True):
+  """LN(W2 GELU(W1^T X)), W1 = MLP_in(keys + p), W2 = MLP_out(queries + p), over the real keys given."""
+  v = VARIANTS[name]
+  p = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), params(name)["params"])
+  q, k = np.asarray(queries, np.float64), np.asarray(keys, np.float64)
+  add = (lambda z: z + np_sinusoid(len(z), D)) if v["position_features"] == "sinusoidal" else (lambda z: z)
+  w1 = np_mlp(p["hypernetwork_in"], add(k))
+  w2 = np_mlp(p["hypernetwork_in" if v["tied"] else "hypernetwork_out"], add(q) if query_positions else q)
+  if v["length_normalize"]:
+    w1 = w1 / len(k)
+  out = w2 @ np_gelu(w1.T @ k)
+  if v["layer_norm"]:
+    mu, var = out.mean(-1, keepdims=True), out.var(-1, keepdims=True)
+    out = (out - mu) / np.sqrt(var + CFG.layer_norm_epsilon) * p["layer_norm"]["scale"] + p["layer_norm"]["bias"]
+  return out
+
+
+def close(a, b, tol=1e-5):
+  np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=tol, atol=tol)
+
+
+# ----- tests -----
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_matches_numpy_reference(name):
+  x = inputs(2, 7)
+  mask = np.ones((2, 7))
+  mask[1, 5:] = 0  # row 1 has two padded tokens
+  y = apply(name, x, x, ctx_for(mask))
+  for r, n in ((0, 7), (1, 5)):
+    close(y[r, :n], reference(name, x[r, :n], x[r, :n]), 1e-4)
+
+
+def test_permutation_equivariant_without_position_information():
+  x = inputs(2, 7)
+  perm = np.random.default_rng(0).permutation(7)
+  ctx = ctx_for(np.ones((2, 7)))
+  for name, equivariant in (("untied_ln_lennorm_nopos", True), ("untied_lennorm", False)):
+    y, y_perm = apply(name, x, x, ctx), apply(name, x[:, perm], x[:, perm], ctx)
+    assert np.allclose(y_perm, y[:, perm], rtol=1e-5, atol=1e-5) == equivariant, name
+
+
+def _eqns_in(jaxpr):
+  """Every equation of a jaxpr, nested jaxprs (scan, cond, remat, pjit) included."""
+  for eqn in jaxpr.eqns:
+    yield eqn
+    for p in eqn.params.values():
+      for sub in p if isinstance(p, (tuple, list)) else (p,):
+        sub = getattr(sub, "jaxpr", sub)
+        if hasattr(sub, "eqns"):
+          yield from _eqns_in(sub)
+
+
+def test_cost_is_linear_in_length_and_causal_memory_is_bounded_by_the_chunk():
+  batch, length = 2, 64
+  x = inputs(batch, length)
+  mod = module("tied_ln")
+  for causal in (False, True):
+    fn = lambda v, x: mod.apply(v, x, x, ctx_for(np.ones((batch, length)), causal=causal))
+    eqns = list(_eqns_in(jax.make_jaxpr(fn)(params("tied_ln"), x).jaxpr))
+    shapes = [tuple(getattr(v.aval, "shape", ())) for e in eqns for v in e.outvars]
+    if not causal:  # tied self-mixing runs its hypernetwork (2 matmuls) once, then W1^T X and W2 act
+      assert sum(e.primitive.name == "dot_general" for e in eqns) == 4
+    assert not [s for s in shapes if s.count(length) >= 2], "a length x length intermediate"
+    # The biggest intermediate is one chunk of d'×d hidden states, not the whole length's.
+    assert max(int(np.prod(s)) for s in shapes) <= batch * CHUNK * H * D
+    assert ((batch, CHUNK, H, D) in shapes) == causal
+
+
+@pytest.mark.parametrize("name,length", [("untied_lennorm", 40), ("tied_ln", 37)])
+def test_causal_equals_the_formula_on_every_prefix(name, length):
+  # Chunks of 8: several are crossed, and 37 leaves a ragged last one.
+  x = inputs(2, length)
+  mask = np.ones((2, length))
+  mask[1, length - 3:] = 0
+  y = apply(name, x, x, ctx_for(mask, causal=True))
+  for r in range(2):
+    want = [reference(name, x[r, :i + 1], x[r, :i + 1])[-1] for i in range(int(mask[r].sum()))]
+    close(y[r, :len(want)], np.stack(want), 1e-4)
+
+
+def test_causal_outputs_ignore_the_future():
+  x = inputs(2, 40)
+  ctx = ctx_for(np.ones((2, 40)), causal=True)
+  y = apply("untied_lennorm", x, x, ctx)
+  x2 = x.copy()
+  x2[:, 11:] = inputs(2, 29, seed=5)
+  y2 = apply("untied_lennorm", x2, x2, ctx)
+  close(y2[:, :11], y[:, :11])
+  assert not np.allclose(y2[:, 11:], y[:, 11:], atol=1e-3)
+
+
+def test_decode_matches_full_causal_forward():
+  batch, length, name = 2, 40, "untied_lennorm"
+  x = inputs(batch, length)
+  full = apply(name, x, x, ctx_for(np.ones((batch, length)), causal=True))
+  mod, variables = module(name), params(name)
+  _, state = mod.apply(variables, x, x, ctx_for(np.ones((batch, length)), causal=True, decode=True),
+                       mutable=["cache"])
+  cache = state["cache"]
+  assert set(cache) == {"hidden_sum", "cache_index"} and cache["hidden_sum"].shape == (batch, H, D)
+  step_ctx = ctx_for(np.ones((batch, 1)), causal=True, decode=True).replace(max_decode_length=length)
+
+  @jax.jit
+  def step(cache, xi):
+    y, new = mod.apply({**variables, "cache": cache}, xi, xi, step_ctx, mutable=["cache"])
+    return y, new["cache"]
+
+  outs = []
+  for i in range(length):
+    y, cache = step(cache, x[:, i:i + 1])
+    outs.append(y)
+  close(jnp.concatenate(outs, 1), full, 1e-4)
+  assert int(cache["cache_index"]) == length
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_appended_padding_changes_nothing(causal):
+  x = inputs(2, 7)
+  y = apply("untied_lennorm", x, x, ctx_for(np.ones((2, 7)), causal=causal))
+  padded = np.concatenate([x, 5.0 * inputs(2, 33, seed=4)], axis=1)  # garbage in the padding
+  mask = np.concatenate([np.ones((2, 7)), np.zeros((2, 33))], axis=1)
+  y2 = apply("untied_lennorm", padded, padded, ctx_for(mask, causal=causal))
+  close(y2[:, :7], y)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_packing_equals_each_alone(causal):
+  # segment_block 2: id 3 lies in the second block; chunks of 8 split segments 2 and 3.
+  lengths = (5, 7, 4)
+  x = inputs(3, 7, seed=5)
+  alone = apply("untied_lennorm", x, x, ctx_for(np.arange(7)[None] < np.array(lengths)[:, None], causal=causal))
+  packed = np.concatenate([x[i:i + 1, :n] for i, n in enumerate(lengths)] + [inputs(1, 3, seed=9)], axis=1)
+  seg = np.array([[1] * 5 + [2] * 7 + [3] * 4 + [0] * 3])
+  y = apply("untied_lennorm", packed, packed, ctx_for(seg > 0, q_seg=seg, causal=causal))
+  start = 0
+  for i, n in enumerate(lengths):
+    close(y[0, start:start + n], alone[i, :n])
+    start += n
+
+
+def test_cross_mixing_reads_the_real_encoder_tokens_only():
+  name = "untied_lennorm"
+  dec, enc = inputs(2, 5, seed=2), inputs(2, 9, seed=3)
+  enc_mask = np.ones((2, 9))
+  enc_mask[1, 6:] = 0
+  y = apply(name, dec, enc, ctx_for(np.ones((2, 5)), kv_mask=enc_mask))
+  for r, n in ((0, 9), (1, 6)):
+    close(y[r], reference(name, dec[r], enc[r, :n]), 1e-4)
+  # More (garbage) encoder padding changes nothing.
+  enc2 = np.concatenate([enc, 3.0 * inputs(2, 4, seed=8)], axis=1)
+  y2 = apply(name, dec, enc2, ctx_for(np.ones((2, 5)), kv_mask=np.pad(enc_mask, ((0, 0), (0, 4)))))
+  close(y2, y)
+  # The cross slot's setting: positions on the encoder keys only.
+  y3 = apply(name, dec, enc, ctx_for(np.ones((2, 5)), kv_mask=enc_mask), query_positions=False)
+  for r, n in ((0, 9), (1, 6)):
+    close(y3[r], reference(name, dec[r], enc[r, :n], query_positions=False), 1e-4)
+  # A decode step in the cross slot sees positions for max_decode_length queries: refused unless disabled.
+  step_ctx = ctx_for(np.ones((2, 5)), kv_mask=enc_mask).replace(q_mask=np.ones((2, 1), np.float32))
+  with pytest.raises(ValueError, match="query_positions=False"):
+    jax.eval_shape(module(name).apply, params(name), dec[:, :1], enc, step_ctx)
+  assert jax.eval_shape(module(name, query_positions=False).apply, params(name), dec[:, :1], enc,
+                        step_ctx).shape == (2, 1, D)
+
+
+def test_packed_cross_mixing_equals_each_alone():
+  name = "untied_lennorm"
+  dec, enc = inputs(2, 5, seed=11), inputs(2, 9, seed=12)
+  dec_len, enc_len = (3, 2), (2, 4)
+  alone = apply(name, dec, enc, ctx_for(np.ones((2, 5)), kv_mask=np.arange(9)[None] < np.array(enc_len)[:, None]))
+  dec_p = np.concatenate([dec[0, :3], dec[1, :2], dec[0, 3:4]])[None]
+  enc_p = np.concatenate([enc[0, :2], enc[1, :4], enc[0, 5:8]])[None]
+  q_seg, kv_seg = np.array([[1, 1, 1, 2, 2, 0]]), np.array([[1, 1, 2, 2, 2, 2, 0, 0, 0]])
+  y = apply(name, dec_p, enc_p, ctx_for(q_seg > 0, kv_seg > 0, q_seg=q_seg, kv_seg=kv_seg))
+  close(y[0, :3], alone[0, :3])
+  close(y[0, 3:5], alone[1, :2])
+
+
+def _axes_of(tree, prefix=""):
+  for key, v in tree.items():
+    if hasattr(v, "names"):  # flax.linen.partitioning.AxisMetadata
+      yield prefix + key.removesuffix("_axes"), v.names
+    else:
+      yield from _axes_of(v, f"{prefix}{key}/")
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_param_axes_and_count(tied):
+  x = inputs(2, 6)
+  variables = jax.eval_shape(HyperMixing(config=CFG, tied=tied).init, jax.random.PRNGKey(0), x, x,
+                             ctx_for(np.ones((2, 6))))
+  shapes = {"/".join(k.key for k in path): v.shape
+            for path, v in jax.tree_util.tree_leaves_with_path(variables["params"])}
+  nets = ["hypernetwork_in"] + ([] if tied else ["hypernetwork_out"])
+  want = {"layer_norm/scale": (D,), "layer_norm/bias": (D,)}
+  for n in nets:
+    want |= {f"{n}/wi/kernel": (D, D), f"{n}/wi_bias": (D,), f"{n}/wo/kernel": (D, H), f"{n}/wo_bias": (H,)}
+  assert shapes == want
+  assert sum(int(np.prod(s)) for s in shapes.values()) == len(nets) * (D * D + D * H + D + H) + 2 * D
+  axes = dict(_axes_of(variables["params_axes"]))
+  assert set(axes) == set(want)
+  assert axes["hypernetwork_in/wi/kernel"] == ("embed", "mlp")
+  assert axes["hypernetwork_in/wi_bias"] == ("mlp",)
+  assert axes["hypernetwork_in/wo/kernel"] == ("mlp", "mix_hidden")
+  assert axes["hypernetwork_in/wo_bias"] == ("mix_hidden",)
+  assert axes["layer_norm/scale"] == axes["layer_norm/bias"] == ("embed",)
+
+
+@pytest.mark.parametrize("mode", ["plain", "causal_packed", "packed"])
+def test_gradients_are_finite(mode):
+  name = "untied_ln_lennorm_nopos"
+  x = inputs(2, 11)
+  seg = np.array([[1] * 6 + [2] * 5, [1] * 9 + [0] * 2])
+  packed = mode != "plain"
+  ctx = ctx_for(seg > 0 if packed else np.ones((2, 11)), q_seg=seg if packed else None,
+                causal=mode == "causal_packed")
+  loss = lambda p, x: jnp.sum(jnp.sin(module(name).apply({"params": p}, x, x, ctx)))
+  grads, gx = jax.jit(jax.grad(loss, argnums=(0, 1)))(params(name)["params"], x)
+  for path, g in jax.tree_util.tree_leaves_with_path(grads):
+    assert np.all(np.isfinite(np.asarray(g))) and float(jnp.abs(g).sum()) > 0, path
+  assert np.all(np.isfinite(np.asarray(gx))) and float(jnp.abs(gx).sum()) > 0
+
+
+def test_bad_settings_are_refused():
+  x = inputs(1, 4)
+  ctx = ctx_for(np.ones((1, 4)))
+  init = lambda mod, ctx: jax.eval_shape(mod.init, jax.random.PRNGKey(0), x, x, ctx)
+  with pytest.raises(ValueError, match="position_features"):
+    init(HyperMixing(config=CFG, position_features="learned"), ctx)
+  with pytest.raises(ValueError, match="segment ids"):
+    init(HyperMixing(config=CFG), ctx.replace(q_segment_ids=np.ones((1, 4), np.int32)))
+  with pytest.raises(ValueError, match="query length 4 and key length 3"):
+    jax.eval_shape(HyperMixing(config=CFG).init, jax.random.PRNGKey(0), x, x[:, :3], ctx_for(
+        np.ones((1, 4)), kv_mask=np.ones((1, 3)), causal=True))
+
+
+def test_bfloat16_activations_run():
+  cfg = T5Config(vocab_size=32, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=24, dtype="bfloat16")
+  x = jnp.asarray(inputs(2, 6), jnp.bfloat16)
+  seg = np.array([[1] * 3 + [2] * 3, [1] * 6])
+  for causal in (False, True):
+    mod = HyperMixing(config=cfg, chunk_size=4)
+    ctx = ctx_for(np.ones((2, 6)), q_seg=seg, causal=causal)
+    y = jax.jit(mod.apply)(params("tied_ln"), x, x, ctx)
+    assert y.dtype == jnp.bfloat16 and y.shape == x.shape and bool(jnp.all(jnp.isfinite(y)))
