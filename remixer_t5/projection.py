@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import os
 from typing import Any, Sequence
 
 import jax
@@ -157,9 +158,15 @@ def build_feature_table(pieces: Sequence[str], m: int, num_hashes: int, seed: in
 
 def _read_bytes(path: str) -> bytes:
   if path.startswith("gs://"):  # cloud paths (the T5 vocabulary) need TF's file system; local ones do not
-    from tensorflow.io import gfile
-    with gfile.GFile(path, "rb") as f:
-      return f.read()
+    import tensorflow as tf
+    try:
+      with tf.io.gfile.GFile(path, "rb") as f:
+        return f.read()
+    except tf.errors.OpError as e:
+      raise FileNotFoundError(f"cannot read the SentencePiece model {path} ({e.message.splitlines()[0]}); "
+                              "set projection.ProjectionEmbed.vocab_model to a local copy") from e
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"SentencePiece model {path} not found; set projection.ProjectionEmbed.vocab_model")
   with open(path, "rb") as f:
     return f.read()
 
