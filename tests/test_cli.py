@@ -116,3 +116,14 @@ def test_show_sharding_lists_each_parameter_with_its_partition_spec(capsys):
   line = next(l for l in out.splitlines() if "['encoder']['layers_0']['attention']['query']['kernel']" in l)
   assert "(128, 128)" in line and "'model'" in line
   assert sum("['kernel']" in l for l in out.splitlines()) == 2 * 7 + 2 * 11 + 1
+
+
+def test_remixer_counts_are_t5_plus_h_per_layer(capsys):
+  """Remixer_Base/SBase = the T5.1.1 of the same depth + an L x L H (and a scalar alpha) per layer."""
+  def params(*args):
+    assert cli.main(["info", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])["params"]
+  assert params("--gin_file=models/remixer/base.gin") == 247_577_856 + 12 * (512 ** 2 + 1) + 12 * (114 ** 2 + 1)
+  t5_18_3 = params("--gin_file=models/t5_1_1/base.gin", "--gin.network.T5Config.num_encoder_layers=18",
+                   "--gin.network.T5Config.num_decoder_layers=3")
+  assert params("--gin_file=models/remixer/sbase.gin") == t5_18_3 + 18 * (512 ** 2 + 1) + 3 * (114 ** 2 + 1)
