@@ -1,4 +1,4 @@
-"""`remixer-t5 <command>`: train, eval, info, import-hf, export-hf, with t5x-style gin flags.
+"""`remixer-t5 <command>`: train, eval, info, import-hf, export-hf, plot, bench, with t5x-style gin flags.
 
   --gin_file=F          repeatable; looked up as given, then in --gin_search_paths, then in the package's gin/
   --gin.NAME=VALUE      a binding applied after the files (`--gin.MODEL_DIR="'/tmp/run'"`, `--gin.BATCH_SIZE=8`)
@@ -91,6 +91,77 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
   return 0
 
 
+def _model_for_checkpoint(ckpt: Path):
+  """MODEL from the gin flags, else from the checkpoint's model.gin (import-hf) or config.gin (MODEL_DIR)."""
+  model = _macro("MODEL")
+  if model is None:
+    gin_file = ckpt / "model.gin" if (ckpt / "model.gin").exists() else ckpt / "config.gin"
+    if not gin_file.exists():
+      raise GinError(f"no model config: pass --gin_file=... or a directory holding model.gin "
+                     f"(import-hf output) or config.gin (a train MODEL_DIR); looked for {gin_file}")
+    parse_gin([str(gin_file)], ["MODEL_DIR=None"] if gin_file.name == "config.gin" else [])
+    model = _macro("MODEL")
+  return model
+
+
+def _plot_tokens(args: argparse.Namespace, vocab_size: int):
+  """(ids, labels): --text through a vocabulary if one is available, else --input_ids, else seeded random ids."""
+  import numpy as np
+  if args.text is not None:
+    try:
+      from remixer_t5.data import vocab as vocab_lib
+      vocab = (vocab_lib.get_vocabulary(args.vocabulary) if args.vocabulary
+               else _macro("VOCABULARY") or vocab_lib.get_vocabulary())
+      ids = list(vocab.encode(args.text)) + [1]  # EOS, as encoder inputs end
+      piece = getattr(getattr(vocab, "tokenizer", None), "id_to_piece", None)
+      labels = [piece(i) if piece and i < vocab.tokenizer.get_piece_size() else str(i) for i in ids]
+    except Exception as e:  # noqa: BLE001 - no usable vocabulary: say so and fall back
+      print(f"remixer-t5 plot: no vocabulary for --text ({type(e).__name__}: {e}); using "
+            f"{'--input_ids' if args.input_ids else f'{args.length} random ids (seed {args.seed})'}",
+            file=sys.stderr)
+    else:
+      return ids, labels
+  if args.input_ids:
+    ids = [int(t) for t in args.input_ids.replace(" ", ",").split(",") if t]
+  else:
+    ids = np.random.default_rng(args.seed).integers(3, vocab_size, args.length).tolist()
+  return ids, [str(i) for i in ids]
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+  from remixer_t5 import checkpoints, plots
+  ckpt = Path(args.checkpoint)
+  module = _model_for_checkpoint(ckpt).module
+  params = checkpoints.restore_any_params(ckpt)
+  ids, labels = _plot_tokens(args, module.config.vocab_size)
+  if not ids or min(ids) < 0 or max(ids) >= module.config.vocab_size:
+    raise ValueError(f"input ids must lie in [0, {module.config.vocab_size}) for this model; got {ids}")
+  log = lambda msg: print(f"remixer-t5 plot: {msg}", file=sys.stderr)
+  log(f"{len(ids)} input tokens: {ids}")
+  for path in plots.plot_mixing(module, params, [ids], args.out, labels, args.pseudo_samples, log=log):
+    print(path)
+  return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+  from remixer_t5 import bench
+  mixers = [m for m in args.mixers.split(",") if m]
+  unknown = [m for m in mixers if m not in bench.MIXERS]
+  if unknown:
+    raise ValueError(f"unknown mixer(s) {', '.join(unknown)}; choose from {', '.join(bench.MIXERS)}")
+  config = bench.default_config(args.d_model, args.hidden, args.num_heads, args.head_dim)
+  rows = bench.bench_mixing(bench.parse_lengths(args.lengths), mixers, config=config, batch=args.batch,
+                            repeats=args.repeats, log=bench.stderr_log)
+  if args.json:
+    for row in rows:
+      print(json.dumps(row), flush=True)
+  else:
+    print(bench.format_table(rows))
+  path = bench.plot_bench(rows, Path(args.out) / "mixing_bench.png")
+  print(f"wrote {path}", file=sys.stderr if args.json else sys.stdout)
+  return 0
+
+
 def model_gin(cfg, source: str = "") -> str:
   """A standalone model gin file for a T5Config (written by import-hf)."""
   lines = [f"# T5.1.1 model imported from {source}" if source else "# T5.1.1 model",
@@ -121,6 +192,30 @@ def build_parser() -> argparse.ArgumentParser:
   exp = sub.add_parser("export-hf", help="checkpoint (import-hf output or MODEL_DIR) -> Hugging Face dir")
   exp.add_argument("checkpoint")
   exp.add_argument("out_dir")
+  plo = sub.add_parser("plot", help="PNG maps of softmax(H), self-attention and HyperMixing pseudo-attention")
+  plo.add_argument("checkpoint", help="MODEL_DIR, import-hf output or params checkpoint")
+  plo.add_argument("--out", default=".", help="directory for the PNG files (default: current)")
+  plo.add_argument("--text", help="input text, tokenised with the vocabulary (ends with EOS)")
+  plo.add_argument("--vocabulary", help="SentencePiece model for --text (default: gin VOCABULARY or embedded)")
+  plo.add_argument("--input_ids", "--input-ids", help="comma-separated token ids instead of --text")
+  plo.add_argument("--length", type=int, default=32, help="random input length without --text/--input_ids")
+  plo.add_argument("--seed", type=int, default=0, help="seed of the random input ids")
+  plo.add_argument("--pseudo_samples", "--pseudo-samples", type=int, default=0,
+                   help="0: exact pseudo-attention (n*d gradients); S: estimate from S random probes per token")
+  ben = sub.add_parser("bench", help="fwd+bwd time and FLOPs of one token-mixing layer against length")
+  ben.add_argument("what", choices=["mixing"])
+  ben.add_argument("--lengths", default="128,256,...,4096", help="e.g. 128,256,...,4096 or 256,1024")
+  ben.add_argument("--mixers", default="attention,hypermixer,linear_attention,fnet,mlp_mixer,gmlp,remixer",
+                   help="comma-separated, from: attention, attention_norelpos, hypermixer, linear_attention, "
+                        "fnet, mlp_mixer, gmlp, amlp, remixer")
+  ben.add_argument("--json", action="store_true", help="one JSON object per measurement on stdout")
+  ben.add_argument("--out", default=".", help="directory for mixing_bench.png (default: current)")
+  ben.add_argument("--repeats", type=int, default=5, help="timed calls per measurement (median reported)")
+  ben.add_argument("--batch", type=int, default=1)
+  ben.add_argument("--d_model", "--d-model", type=int, default=256)
+  ben.add_argument("--hidden", type=int, default=512, help="d' (HyperMixing) and the MLP widths")
+  ben.add_argument("--num_heads", "--num-heads", type=int, default=4)
+  ben.add_argument("--head_dim", "--head-dim", type=int, default=64)
   return p
 
 
@@ -134,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.command in ("train", "eval", "info"):
       raise GinError(f"`{args.command}` needs a config: --gin_file=... (see gin/ for models and runs)")
     handler = {"train": cmd_train, "eval": cmd_eval, "info": cmd_info, "import-hf": cmd_import_hf,
-               "export-hf": cmd_export_hf}[args.command]
+               "export-hf": cmd_export_hf, "plot": cmd_plot, "bench": cmd_bench}[args.command]
     return handler(args)
   except (GinError, FileNotFoundError, FileExistsError, IncompatibleModelDirError) as e:
     print(f"remixer-t5: error: {e}", file=sys.stderr)

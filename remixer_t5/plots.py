@@ -1,4 +1,4 @@
-"""PNG plots of what people look at: the training and validation curves of a run."""
+"""PNG plots of what people look at: the training and validation curves of a run, and what a model mixes."""
 from __future__ import annotations
 
 import json
@@ -32,3 +32,240 @@ def plot_metrics(model_dir: str, out: str | None = None) -> Path:
   plt.close(fig)
   tmp.replace(path)
   return path
+
+
+# --- what a model mixes: Remixer paper Fig. 2, HyperMixer paper Fig. 5c/d ----------------------------------
+# Matrices are [query/output position i, key/source position j]; rows are what position i reads.
+
+def _layer_names(tree) -> list[str]:
+  return sorted((k for k in tree if k.startswith("layers_")), key=lambda k: int(k.split("_")[-1]))
+
+
+def remix_matrices(params) -> list[tuple[str, "np.ndarray"]]:
+  """softmax(H) of every Remixer block, encoder layers then decoder layers: [(name, [L, L] float32)].
+
+  As the block applies H to a full-length sequence (mixers/remixer.py): each row i is a softmax over the source
+  positions j, over all L in the encoder and over j <= i in the (causal) decoder, so every row sums to 1.
+  Blocks are found by their `remix` parameter, whatever their slot is called.
+  """
+  import jax.numpy as jnp
+  import numpy as np
+  from remixer_t5.mixers.remixer import _masked_softmax
+
+  out = []
+  for stack in ("encoder", "decoder"):
+    tree = params.get(stack, {})
+    for layer in _layer_names(tree):
+      for slot, sub in tree[layer].items():
+        if hasattr(sub, "keys") and "remix" in sub:
+          h = jnp.asarray(sub["remix"], jnp.float32)
+          visible = jnp.ones(h.shape, bool)
+          if stack == "decoder":
+            visible = jnp.tril(visible)
+          out.append((f"{stack}_{layer}", np.asarray(_masked_softmax(h, visible))))
+  return out
+
+
+def _record(module, params, tokens, wanted) -> dict:
+  """Encode `tokens` and keep {module path: [(args, kwargs, output, module), ...]} for the `__call__`s whose
+  path `wanted(path)` accepts (flax method interception: no mixer code is changed)."""
+  from flax import linen as nn
+
+  calls: dict = {}
+
+  def interceptor(next_fun, args, kwargs, context):
+    out = next_fun(*args, **kwargs)
+    path = tuple(context.module.path)
+    if context.method_name == "__call__" and wanted(path):
+      calls.setdefault(path, []).append((args, kwargs, out, context.module))
+    return out
+
+  with nn.intercept_methods(interceptor):
+    module.apply({"params": params}, tokens, method=module.encode, enable_dropout=False)
+  return calls
+
+
+def _encoder_slots(params, has: str) -> list[tuple[str, str]]:
+  """(layer, slot) of the encoder layers whose slot holds a parameter (or submodule) named `has`."""
+  tree = params.get("encoder", {})
+  return [(layer, slot) for layer in _layer_names(tree) for slot, sub in tree[layer].items()
+          if hasattr(sub, "keys") and has in sub]
+
+
+def attention_maps(module, params, tokens) -> list[tuple[str, "np.ndarray"]]:
+  """Self-attention weights of every encoder attention layer for `tokens` [1, n], mean over heads: [(name, [n, n])].
+
+  Recomputed from what the layer computes on the way (its query and key projections and the stack's relative
+  position bias, captured by method interception) exactly as mixers/attention.py combines them:
+  softmax(q·k + mask bias + relative position bias). Rows sum to 1 over the real keys.
+  """
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from remixer_t5 import layers
+  from remixer_t5.mixers import base
+
+  slots = [(layer, slot) for layer, slot in _encoder_slots(params, "query")
+           if "key" in params["encoder"][layer][slot]]
+  if not slots:
+    return []
+  paths = {("encoder", layer, slot) for layer, slot in slots}
+  calls = _record(module, params, tokens,
+                  lambda p: p in paths or p[:-1] in paths or p == ("encoder", "relpos_bias"))
+  cfg = module.config
+  out = []
+  for layer, slot in slots:
+    path = ("encoder", layer, slot)
+    args, _, _, mixer = calls[path][0]
+    ctx = args[2]
+    heads = getattr(mixer, "num_heads", 0) or cfg.num_heads
+    depth = getattr(mixer, "head_dim", 0) or cfg.head_dim
+    split = lambda a: a.reshape(a.shape[:-1] + (heads, depth))
+    q, k = split(calls[path + ("query",)][0][2]), split(calls[path + ("key",)][0][2])
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+    bias = layers.mask_to_bias(base.pairwise_mask(ctx), jnp.float32)
+    if getattr(mixer, "relative_positions", False) and ctx.relpos is not None:
+      bias = bias + calls[("encoder", "relpos_bias")][0][2].astype(jnp.float32)
+    weights = jax.nn.softmax(logits + bias, axis=-1)
+    out.append((f"encoder_{layer}", np.asarray(weights[0].mean(0))))
+  return out
+
+
+def pseudo_attention(module, params, tokens, path: tuple[str, ...], samples: int = 0, seed: int = 0,
+                     max_floats: int = 1 << 24) -> "np.ndarray":
+  """Input-gradient pseudo-attention of the token mixer at `path` (e.g. ('encoder', 'layers_0', 'token_mixer')).
+
+  HyperMixer paper §4.7 and App. B.5 (Fig. 5c/d, 6): the gradient of each output token with respect to each
+  input token (Simonyan et al. 2014's input gradients). With vector tokens, entry [i, j] is the Frobenius norm
+  ||d out_i / d x_j|| of the d×d Jacobian block, where x is the mixer's input in the model (after the layer's
+  pre-norm, for `tokens` [1, n]) and out its output. `samples=0` computes it exactly (n·d vector-Jacobian
+  products); `samples=S` estimates the squared norm from S Gaussian probes per output token (Hutchinson,
+  unbiased for ||·||², n·S products).
+  """
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from flax import linen as nn
+
+  path = tuple(path)
+  calls = _record(module, params, tokens, lambda p: p == path)
+  if path not in calls:
+    raise ValueError(f"no module at {'/'.join(path)} is called when encoding")
+  x0 = jnp.asarray(calls[path][0][0][0])
+  n, d = x0.shape[1], x0.shape[2]
+
+  def mixer_output(p, x):
+    box = {}
+
+    def interceptor(next_fun, args, kwargs, context):
+      if context.method_name == "__call__" and tuple(context.module.path) == path:
+        box["y"] = next_fun(x, x, *args[2:], **kwargs)  # the mixer's self-mixing input, replaced by x
+        return box["y"]
+      return next_fun(*args, **kwargs)
+
+    with nn.intercept_methods(interceptor):
+      module.apply({"params": p}, tokens, method=module.encode, enable_dropout=False)
+    return box["y"].astype(jnp.float32)
+
+  probes = d if samples <= 0 else samples
+  chunk = int(max(1, min(n, max_floats // max(1, probes * n * d))))
+
+  @jax.jit
+  def block(p, x, rows, key):
+    _, vjp = jax.vjp(lambda x_: mixer_output(p, x_), x)
+    if samples <= 0:
+      dirs = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), (rows.shape[0], d, d))
+    else:
+      dirs = jax.random.normal(key, (rows.shape[0], probes, d), jnp.float32)
+    onehot = jax.nn.one_hot(rows, n, dtype=jnp.float32)                      # [c, n]
+    cts = onehot[:, None, :, None] * dirs[:, :, None, :]                    # [c, probes, n, d]
+    flat = cts.reshape((-1, 1, n, d))
+    grads = jax.vmap(lambda c: vjp(c)[0])(flat).reshape(rows.shape[0], probes, n, d)
+    sq = jnp.sum(jnp.square(grads), axis=-1)                                # [c, probes, n]
+    return jnp.sum(sq, 1) if samples <= 0 else jnp.mean(sq, 1)
+
+  key = jax.random.PRNGKey(seed)
+  rows_out = []
+  for start in range(0, n, chunk):
+    rows = np.arange(start, start + chunk)
+    valid = rows < n
+    key, sub = jax.random.split(key)
+    res = np.asarray(block(params, x0, jnp.asarray(np.minimum(rows, n - 1)), sub))
+    rows_out.append(res[valid])
+  return np.sqrt(np.concatenate(rows_out, 0))
+
+
+def pseudo_attention_maps(module, params, tokens, samples: int = 0) -> list[tuple[str, "np.ndarray"]]:
+  """pseudo_attention of every encoder HyperMixing layer (found by its `hypernetwork_in`): [(name, [n, n])]."""
+  return [(f"encoder_{layer}", pseudo_attention(module, params, tokens, ("encoder", layer, slot), samples))
+          for layer, slot in _encoder_slots(params, "hypernetwork_in")]
+
+
+def draw_matrix(matrix, path, title: str, labels=None, xlabel: str = "source / key position j",
+                ylabel: str = "output / query position i", colorbar: str = "") -> Path:
+  """One heatmap PNG of a [rows, cols] matrix; `labels` (tokens) label both axes when there are few."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  import numpy as np
+
+  m = np.asarray(matrix, dtype=np.float32)
+  fig, ax = plt.subplots(figsize=(6.4, 5.6))
+  im = ax.imshow(m, cmap="viridis", interpolation="nearest", aspect="equal")
+  cb = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+  if colorbar:
+    cb.set_label(colorbar)
+  if labels is not None and len(labels) == m.shape[0] == m.shape[1] and len(labels) <= 48:
+    ticks = range(len(labels))
+    ax.set_xticks(ticks, labels, rotation=90, fontsize=7)
+    ax.set_yticks(ticks, labels, fontsize=7)
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel(ylabel)
+  ax.set_title(title, fontsize=10)
+  fig.tight_layout()
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_name(path.stem + ".tmp.png")
+  fig.savefig(tmp, dpi=100)
+  plt.close(fig)
+  tmp.replace(path)
+  return path
+
+
+def plot_mixing(module, params, tokens, out_dir, labels=None, pseudo_samples: int = 0, log=print) -> list[Path]:
+  """PNG files in out_dir for a model's checkpoint and one input `tokens` [1, n]:
+
+    remix_<stack>_layers_<i>.png             softmax(H) of each Remixer block (Remixer paper Fig. 2, bottom)
+    attention_encoder_layers_<i>.png         mean-over-heads self-attention of each encoder layer (Fig. 2, top)
+    pseudo_attention_encoder_layers_<i>.png  HyperMixing input-gradient maps (HyperMixer paper Fig. 5c/d)
+
+  Kinds the model does not have are skipped with a message through `log`.
+  """
+  import jax.numpy as jnp
+
+  out_dir = Path(out_dir)
+  tokens = jnp.asarray(tokens, jnp.int32).reshape(1, -1)
+  written = []
+  remix = remix_matrices(params)
+  if not remix:
+    log("no Remixer blocks (no `remix` parameter H): skipping softmax(H) maps")
+  for name, m in remix:
+    written.append(draw_matrix(m, out_dir / f"remix_{name}.png", f"softmax(H), {name.replace('_', ' ', 1)}",
+                               colorbar="mixing weight"))
+  attn = attention_maps(module, params, tokens)
+  if not attn:
+    log("no encoder self-attention layers: skipping attention maps")
+  for name, m in attn:
+    written.append(draw_matrix(m, out_dir / f"attention_{name}.png",
+                               f"self-attention (mean over heads), {name.replace('_', ' ', 1)}", labels,
+                               colorbar="attention weight"))
+  pseudo = pseudo_attention_maps(module, params, tokens, pseudo_samples)
+  if not pseudo:
+    log("no encoder HyperMixing layers: skipping pseudo-attention maps")
+  how = "exact" if pseudo_samples <= 0 else f"{pseudo_samples}-probe estimate"
+  for name, m in pseudo:
+    written.append(draw_matrix(m, out_dir / f"pseudo_attention_{name}.png",
+                               f"HyperMixing pseudo-attention ||d out_i / d x_j|| ({how}), "
+                               f"{name.replace('_', ' ', 1)}", labels, xlabel="input token j",
+                               ylabel="output token i", colorbar="gradient norm"))
+  return written
