@@ -26,6 +26,7 @@ DEFAULT_RULES: tuple[tuple[str, str | None], ...] = (
     ("relpos_buckets", None),
     ("length", None),
     ("mix_length", None),   # fixed-length position axes of token-mixing weights (MLP-Mixer, Remixer's H)
+    ("mix_source", None),   # the source-position axis of an L x L mixing matrix (H, gMLP's W)
     ("mix_hidden", None),   # hidden width of token-mixing MLPs (HyperMixer, MLP-Mixer)
     ("projection", None),   # pNLP-Mixer projection features
 )

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from remixer_t5 import gin_utils, models
+from remixer_t5 import gin_utils, models, partitioning
 
 ARCHS = sorted(p.parent.name for p in gin_utils.gin_dir().glob("models/*/tiny.gin"))
 SHRINK = ["network.T5Config.vocab_size=40", "network.T5Config.emb_dim=16", "network.T5Config.num_heads=2",
@@ -29,8 +29,12 @@ def arch(request, embedded_cache):
 
 
 def _prepared(name, module):
-  params = module.init(jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32), jnp.ones((1, 6), jnp.int32),
-                       jnp.ones((1, 6), jnp.int32), enable_dropout=False)["params"]
+  variables = module.init(jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32), jnp.ones((1, 6), jnp.int32),
+                          jnp.ones((1, 6), jnp.int32), enable_dropout=False)
+  params = variables["params"]
+  # Every parameter has logical axes that the mesh rules can place (as the trainer will).
+  shardings = partitioning.param_shardings(variables["params_axes"], partitioning.make_mesh(1))
+  assert jax.tree_util.tree_structure(shardings) == jax.tree_util.tree_structure(params), name
   # Perturb every parameter so no mixer sits at a special initial point (e.g. gMLP's near-zero W).
   leaves, tree = jax.tree_util.tree_flatten(params)
   keys = jax.random.split(jax.random.PRNGKey(1), len(leaves))

@@ -241,7 +241,7 @@ def test_param_axes_shapes_and_finite_gradients(attn):
   assert count == 1.5 * d * h + h + L * L + L + (3 * d * attn + attn * h // 2 if attn else 0)
   axes = {k: v.names for k, v in flat(variables["params_axes"]).items()}
   assert {k.removesuffix("_axes") for k in axes} == set(want)
-  assert axes["spatial_kernel_axes"] == ("mix_length", "mix_length")
+  assert axes["spatial_kernel_axes"] == ("mix_length", "mix_source")
   assert axes["sgu_norm/scale_axes"] == ("mlp",)
 
   grads = jax.jit(jax.grad(lambda p: jnp.sum(module.apply({"params": p}, x, x, ctx))))(params)

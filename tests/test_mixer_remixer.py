@@ -132,7 +132,7 @@ def test_param_shapes_axes_and_count():
     flat_axes = {"/".join(str(k.key) for k in path)[:-len("_axes")] for path, _ in
                  jax.tree_util.tree_flatten_with_path(axes, is_leaf=lambda a: hasattr(a, "names"))[0]}
     assert flat_params == flat_axes
-  assert axes["remix_axes"].names == ("mix_length", "mix_length")
+  assert axes["remix_axes"].names == ("mix_length", "mix_source")
   assert axes["wi_0"]["kernel_axes"].names == ("embed", "mlp")
   assert axes["wo"]["kernel_axes"].names == ("mlp", "embed")
 

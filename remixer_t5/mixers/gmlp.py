@@ -66,7 +66,7 @@ class GatedMlpBlock(nn.Module):
   (and aMLP's keys and values) and reads row `cache_index` of W.
 
   Parameters (d = emb_dim, h = hidden_dim, a = tiny_attention_dim): proj_in (U) [d, h] ('embed','mlp');
-  sgu_norm scale, bias [h/2] ('mlp',); spatial_kernel (W) [L, L] ('mix_length','mix_length');
+  sgu_norm scale, bias [h/2] ('mlp',); spatial_kernel (W) [L, L] ('mix_length','mix_source');
   spatial_bias (b) [L] ('mix_length',); proj_out (V) [h/2, d] ('mlp','embed'); aMLP adds tiny_attn_qkv
   [d, 3a] ('embed','kv') and tiny_attn_out [a, h/2] ('kv','mlp').
   Per layer: 1.5·d·h + h + L² + L, plus 3·d·a + a·h/2 for aMLP. U and V are bias-free as in Eq. 1; the
@@ -100,7 +100,7 @@ class GatedMlpBlock(nn.Module):
     limit = self.spatial_init_scale / self.max_length
     near_zero = lambda key, shape, dtype: jax.random.uniform(key, shape, dtype, -limit, limit)
     w = layers.param_with_axes("spatial_kernel", near_zero, (self.max_length, self.max_length), jnp.float32,
-                               axes=("mix_length", "mix_length"))
+                               axes=("mix_length", "mix_source"))
     b = layers.param_with_axes("spatial_bias", nn.initializers.ones, (self.max_length,), jnp.float32,
                                axes=("mix_length",))
     attn = self.tiny_attention_dim > 0

@@ -63,7 +63,7 @@ class RemixerBlock(nn.Module):
   cached and the current position reads row `cache_index` of H.
 
   Parameters: wi_0 (W1, gelu branch) and wi_1 (W2) [d, w] ('embed','mlp'); wo (W3) [w, d] ('mlp','embed');
-  remix (H) [L, L] ('mix_length','mix_length'); alpha: () for 'learned_scalar', [w] ('mlp',) for
+  remix (H) [L, L] ('mix_length','mix_source'); alpha: () for 'learned_scalar', [w] ('mlp',) for
   'learned_vector', alpha_gate kernel [d, w] ('embed','mlp') for 'gated', nothing for a fixed float or when
   not compositional. Per layer: 3·d·w + L² + {1, w, d·w, 0}, with w = d_ff ('mlp') or d ('model').
   """
@@ -89,7 +89,7 @@ class RemixerBlock(nn.Module):
     xp = layers.with_sharding_constraint(xp, ("batch", "length", "mlp"))
     h = layers.param_with_axes("remix", nn.initializers.normal(self.remix_init_stddev),
                                (self.max_length, self.max_length), jnp.float32,
-                               axes=("mix_length", "mix_length"))
+                               axes=("mix_length", "mix_source"))
 
     if ctx.decode and self.has_variable("cache", "cached_glu"):
       weights, values = self._decode_step(h, xp)
