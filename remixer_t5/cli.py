@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from remixer_t5.checkpoints import IncompatibleModelDirError
-from remixer_t5.gin_utils import GinError, gin_dir, parse_gin, split_flags
+from remixer_t5.gin_utils import GinError, parse_gin, split_flags
 from remixer_t5.gin_utils import macro as _macro
 
 

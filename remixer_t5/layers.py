@@ -7,11 +7,10 @@ checkpoints line up. Every parameter is created with `param_with_axes`, which re
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import linen as nn
 from flax.linen import partitioning as nn_partitioning
 
@@ -27,10 +26,6 @@ embedding_init = nn.initializers.normal(stddev=1.0)
 relpos_init = nn.initializers.variance_scaling(1.0, "fan_avg", "uniform")
 
 NEG_INF = -1e10  # additive bias for masked attention logits (finite, so fully masked rows stay finite)
-
-
-def dtype_of(name) -> jnp.dtype:
-  return jnp.dtype(name)
 
 
 class RMSNorm(nn.Module):
@@ -127,38 +122,6 @@ class RelativePositionBiases(nn.Module):
                             axes=("heads", "relpos_buckets"))
     bias = jnp.take(table, buckets, axis=1)  # [heads, b, q, k]
     return jnp.transpose(bias, (1, 0, 2, 3)).astype(self.dtype)
-
-
-def make_attention_mask(query_input: Array, key_input: Array,
-                        pairwise_fn: Callable = jnp.multiply) -> Array:
-  """[batch, 1, q_len, k_len] mask from per-position query and key values."""
-  mask = pairwise_fn(query_input[..., :, None], key_input[..., None, :])
-  return mask[:, None].astype(jnp.float32)
-
-
-def make_causal_mask(length: int) -> Array:
-  idx = jnp.arange(length)
-  return (idx[None, :] <= idx[:, None]).astype(jnp.float32)[None, None]
-
-
-def combine_masks(*masks: Array | None) -> Array | None:
-  masks = [m for m in masks if m is not None]
-  if not masks:
-    return None
-  out = masks[0]
-  for m in masks[1:]:
-    out = jnp.logical_and(out, m)
-  return out.astype(jnp.float32)
-
-
-def combine_biases(*biases: Array | None) -> Array | None:
-  biases = [b for b in biases if b is not None]
-  if not biases:
-    return None
-  out = biases[0]
-  for b in biases[1:]:
-    out = out + b
-  return out
 
 
 def mask_to_bias(mask: Array | None, dtype) -> Array | None:

@@ -30,7 +30,6 @@ With `--save-pretrained DIR` the model is also written as an HF checkpoint direc
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
