@@ -77,14 +77,7 @@ def cmd_import_hf(args: argparse.Namespace) -> int:
 def cmd_export_hf(args: argparse.Namespace) -> int:
   from remixer_t5 import checkpoints, hf
   ckpt = Path(args.checkpoint)
-  model = _macro("MODEL")
-  if model is None:
-    gin_file = ckpt / "model.gin" if (ckpt / "model.gin").exists() else ckpt / "config.gin"
-    if not gin_file.exists():
-      raise GinError(f"no model config: pass --gin_file=... or export a directory holding model.gin "
-                     f"(import-hf output) or config.gin (a train MODEL_DIR); looked for {gin_file}")
-    parse_gin([str(gin_file)], ["MODEL_DIR=None"] if gin_file.name == "config.gin" else [])
-    model = _macro("MODEL")
+  model = _model_for_checkpoint(ckpt)
   params = checkpoints.restore_any_params(ckpt)
   hf.write_hf_checkpoint(args.out_dir, model.module.config, params)
   print(f"wrote Hugging Face T5 v1.1 checkpoint to {args.out_dir}")
