@@ -6,3 +6,4 @@ second import or a module reload) is a no-op.
 
 from remixer_t5.tasks import embedded  # noqa: F401  (registers the tasks)
 from remixer_t5.tasks.embedded import TASK_NAME, register_span_corruption_task  # noqa: F401
+from remixer_t5.tasks import cogs  # noqa: F401  (registers the COGS task)
