@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 
 def plot_metrics(model_dir: str, out: str | None = None) -> Path:
   """Loss and accuracy against step for the train and validation rows of MODEL_DIR/metrics.jsonl."""
