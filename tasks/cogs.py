@@ -27,6 +27,7 @@ from pathlib import Path
 import seqio
 
 from remixer_t5.data.vocab import T5_VOCAB_PATH, get_vocabulary
+from remixer_t5.tasks.common import already_registered
 from remixer_t5.tasks.metrics import cogs_accuracy, cogs_postprocess
 
 TASK_NAME = "cogs"
@@ -127,11 +128,7 @@ def register_cogs_task(name: str = TASK_NAME, vocabulary=None, *, data_dir=None)
         vocabulary = get_vocabulary(T5_VOCAB_PATH)
     elif isinstance(vocabulary, (str, os.PathLike)):
         vocabulary = get_vocabulary(vocabulary)
-    if name in seqio.TaskRegistry.names():
-        existing = seqio.TaskRegistry.get(name).output_features["targets"].vocabulary
-        if existing != vocabulary:
-            raise ValueError(f"Task {name!r} is already registered with vocabulary {existing!r}, "
-                             f"not {vocabulary!r}.")
+    if already_registered(name, vocabulary):
         return name
     seqio.TaskRegistry.add(
         name,

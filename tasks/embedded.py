@@ -18,6 +18,7 @@ import seqio
 from remixer_t5.data import embedded_corpus
 from remixer_t5.data.span_corruption import span_corruption
 from remixer_t5.data.vocab import get_vocabulary
+from remixer_t5.tasks.common import already_registered
 
 TASK_NAME = "embedded_span_corruption"
 # Span corruption of 568 raw tokens gives exactly these lengths (T5.1.1's).
@@ -74,11 +75,7 @@ def register_span_corruption_task(name: str, vocabulary=None, *, cache_dir=None)
         vocabulary = get_vocabulary(cache_dir=cache_dir)
     elif isinstance(vocabulary, str):
         vocabulary = get_vocabulary(vocabulary)
-    if name in seqio.TaskRegistry.names():
-        existing = seqio.TaskRegistry.get(name).output_features["targets"].vocabulary
-        if existing != vocabulary:
-            raise ValueError(f"Task {name!r} is already registered with vocabulary {existing!r}, "
-                             f"not {vocabulary!r}.")
+    if already_registered(name, vocabulary):
         return name
     output_features = {
         "inputs": seqio.Feature(vocabulary=vocabulary, add_eos=True, required=False),
