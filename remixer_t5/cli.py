@@ -252,6 +252,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   try:
     files, bindings, paths, rest = split_flags(argv)
     args = build_parser().parse_args(rest)
+    if args.command in ("train", "eval", "plot", "bench"):
+      from remixer_t5 import host_memory  # before JAX starts its threads: see host_memory's docstring
+      host_memory.configure(log=lambda m: print(m, file=sys.stderr, flush=True))
     if args.command in ("train", "eval"):
       from remixer_t5 import distributed
       distributed.maybe_initialize(args.coordinator_address, args.num_processes, args.process_id,

@@ -1,0 +1,84 @@
+"""Host allocator policy for CPU runs: keep XLA's large scratch buffers on the heap between steps.
+
+XLA:CPU allocates a compiled function's scratch (activations and gradients) with malloc on every call. glibc
+serves a request above its mmap threshold (adaptive, at most 32 MiB) with a fresh mmap and unmaps it on free,
+so every step page-faults the whole buffer in again (a 40 MiB scratch is ~10,000 minor faults per step,
+each zeroing a 4 KiB page). That, not the cache, made HyperMixing's fwd+bwd grow 2.4-2.5x from 2048 to 4096
+tokens on CPU (docs/benchmarks.md). Raising the mmap and trim thresholds keeps freed scratch in the heap for the
+next step, and one arena lets buffers beyond a thread arena's 64 MiB heap limit live there too; databases with
+the same pattern (ClickHouse) raise the threshold the same way.
+
+`configure()` is called by the CLI before JAX starts its thread pools (an arena limit only binds threads that
+have not allocated yet). It acts only when JAX will run on CPU alone and the C library is glibc;
+`$REMIXER_T5_HOST_MALLOC` = `auto` (default), `on` or `off` overrides that. Python users who time CPU code
+outside the CLI can call it first themselves.
+"""
+from __future__ import annotations
+
+import ctypes
+import importlib.metadata
+import importlib.util
+import os
+from typing import Callable
+
+ENV = "REMIXER_T5_HOST_MALLOC"
+THRESHOLD_BYTES = 1 << 30  # requests up to 1 GiB come from the heap; free space beyond 1 GiB is returned
+# mallopt parameters from glibc's <malloc.h>.
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
+_ACCELERATOR_MODULES = ("libtpu",)  # TPU support is a plain module; GPU and others are jax_plugins
+applied = False  # set by configure(); benchmark rows record it
+
+
+def jax_runs_on_cpu_only() -> bool:
+  """Whether JAX will pick the CPU backend, decided without starting any backend.
+
+  JAX_PLATFORMS (or jax.config's jax_platforms) decides when set; otherwise JAX uses an accelerator when one's
+  support is installed (libtpu, or a `jax_plugins` package such as jax_cuda12_plugin), so none installed
+  means CPU.
+  """
+  import jax
+  platforms = (jax.config.jax_platforms or "").strip()
+  if platforms:
+    return {p.strip() for p in platforms.split(",") if p.strip()} == {"cpu"}
+  if any(importlib.util.find_spec(m) is not None for m in _ACCELERATOR_MODULES):
+    return False
+  if importlib.metadata.entry_points(group="jax_plugins"):
+    return False
+  try:
+    import jax_plugins  # a namespace package holding the accelerator plugins, when any are installed
+    return not list(getattr(jax_plugins, "__path__", []))
+  except ImportError:
+    return True
+
+
+def _glibc() -> ctypes.CDLL | None:
+  try:
+    libc = ctypes.CDLL(None)
+    libc.gnu_get_libc_version  # noqa: B018 - only glibc has it (musl and macOS's libc have no mallopt knobs)
+    libc.mallopt  # noqa: B018
+    return libc
+  except (OSError, AttributeError):
+    return None
+
+
+def configure(log: Callable[[str], None] | None = None) -> bool:
+  """Applies the policy when it is wanted (see the module docstring); returns whether it was applied."""
+  global applied
+  mode = os.environ.get(ENV, "auto").strip().lower() or "auto"
+  if mode not in ("auto", "on", "off"):
+    raise ValueError(f"${ENV}={os.environ[ENV]!r}: expected 'auto', 'on' or 'off'")
+  if mode == "off" or (mode == "auto" and not jax_runs_on_cpu_only()):
+    return False
+  libc = _glibc()
+  if libc is None:
+    if mode == "on" and log:
+      log(f"${ENV}=on: not applied, the C library is not glibc")
+    return False
+  libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+  ok = all(libc.mallopt(param, value) == 1 for param, value in (
+      (M_MMAP_THRESHOLD, THRESHOLD_BYTES), (M_TRIM_THRESHOLD, THRESHOLD_BYTES), (M_ARENA_MAX, 1)))
+  applied = applied or ok
+  if log:
+    log("host allocator: XLA scratch kept on the heap between steps (glibc mmap/trim thresholds 1 GiB, "
+        f"one arena){'' if ok else ' -- glibc refused a setting'}; ${ENV}=off to leave malloc alone")
+  return ok

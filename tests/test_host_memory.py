@@ -1,0 +1,142 @@
+"""host_memory: XLA:CPU's per-step scratch stays on the heap (no page faults per step) once configured."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import pytest
+
+from remixer_t5 import host_memory
+
+# A fwd+bwd whose scratch (48 MiB) is above glibc's largest adaptive mmap threshold (32 MiB).
+_PROBE = r"""
+import json, resource, jax, jax.numpy as jnp
+from remixer_t5 import host_memory
+applied = host_memory.configure()
+w = jnp.eye(64) * 0.5
+def loss(x):
+  for _ in range(3):
+    x = jnp.tanh(x @ w)
+  return jnp.sum(x)
+x = jnp.ones((65536, 64))
+step = jax.jit(jax.grad(loss)).lower(x).compile()
+for _ in range(2):
+  jax.block_until_ready(step(x))
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(4):
+  jax.block_until_ready(step(x))
+faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 4
+print(json.dumps({"applied": applied, "temp_bytes": step.memory_analysis().temp_size_in_bytes, "faults": faults}))
+"""
+
+
+def _probe(mode: str) -> dict:
+  env = dict(os.environ, REMIXER_T5_HOST_MALLOC=mode, JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)
+  out = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _huge_pages_always() -> bool:
+  path = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+  return path.exists() and "[always]" in path.read_text()
+
+
+@pytest.mark.skipif(host_memory._glibc() is None, reason="the allocator policy is for glibc (Linux) only")
+def test_scratch_is_not_page_faulted_in_every_step():
+  on, off = _probe("on"), _probe("off")
+  pages = on["temp_bytes"] / 4096
+  assert on["temp_bytes"] > 40 * 2 ** 20, on  # the probe really needs a buffer above the mmap threshold
+  assert on["applied"] and not off["applied"]
+  assert on["faults"] < 0.02 * pages, (on, pages)
+  if not _huge_pages_always():  # with 2 MiB pages the default would fault far fewer times
+    assert off["faults"] > 0.5 * pages, (off, pages)  # the default really does fault the scratch in
+
+
+class _FakeLibc:
+  """Records mallopt(param, value) calls; returns `result` (glibc: 1 accepted, 0 refused)."""
+
+  def __init__(self, result=1):
+    self.calls = []
+
+    def mallopt(param, value):
+      self.calls.append((param, value))
+      return result
+    self.mallopt = mallopt
+
+
+def _fake(monkeypatch, cpu_only=True, result=1):
+  libc = _FakeLibc(result)
+  monkeypatch.setattr(host_memory, "_glibc", lambda: libc)
+  monkeypatch.setattr(host_memory, "jax_runs_on_cpu_only", lambda: cpu_only)
+  monkeypatch.setattr(host_memory, "applied", False)
+  return libc
+
+
+def test_auto_applies_thresholds_and_one_arena_on_cpu(monkeypatch):
+  libc = _fake(monkeypatch, cpu_only=True)
+  monkeypatch.delenv(host_memory.ENV, raising=False)
+  lines = []
+  assert host_memory.configure(lines.append)
+  assert sorted(libc.calls) == sorted([(host_memory.M_MMAP_THRESHOLD, 1 << 30),
+                                       (host_memory.M_TRIM_THRESHOLD, 1 << 30), (host_memory.M_ARENA_MAX, 1)])
+  assert host_memory.applied and "heap" in lines[0] and host_memory.ENV in lines[0]
+
+
+def test_auto_leaves_accelerator_hosts_alone_and_off_wins(monkeypatch):
+  libc = _fake(monkeypatch, cpu_only=False)
+  monkeypatch.setenv(host_memory.ENV, "auto")
+  assert not host_memory.configure() and libc.calls == []
+  monkeypatch.setenv(host_memory.ENV, "on")  # forced on an accelerator host
+  assert host_memory.configure() and len(libc.calls) == 3
+  libc = _fake(monkeypatch, cpu_only=True)
+  monkeypatch.setenv(host_memory.ENV, "off")
+  assert not host_memory.configure() and libc.calls == []
+
+
+def test_refused_setting_is_reported(monkeypatch):
+  _fake(monkeypatch, result=0)
+  monkeypatch.setenv(host_memory.ENV, "on")
+  lines = []
+  assert not host_memory.configure(lines.append)
+  assert "refused" in lines[0] and not host_memory.applied
+
+
+def test_not_glibc_and_bad_values(monkeypatch):
+  monkeypatch.setattr(host_memory, "_glibc", lambda: None)
+  monkeypatch.setenv(host_memory.ENV, "on")
+  lines = []
+  assert not host_memory.configure(lines.append) and "not glibc" in lines[0]
+  monkeypatch.setenv(host_memory.ENV, "yes please")
+  with pytest.raises(ValueError, match=r"REMIXER_T5_HOST_MALLOC='yes please'.*'auto', 'on' or 'off'"):
+    host_memory.configure()
+
+
+@pytest.mark.parametrize("platforms,expected", [("cpu", True), ("cuda,cpu", False), ("tpu", False), (" cpu ", True)])
+def test_jax_platforms_decides(platforms, expected):
+  saved = jax.config.jax_platforms
+  try:
+    jax.config.update("jax_platforms", platforms)
+    assert host_memory.jax_runs_on_cpu_only() is expected
+  finally:
+    jax.config.update("jax_platforms", saved)
+
+
+def test_without_platforms_installed_accelerator_support_decides(monkeypatch):
+  saved = jax.config.jax_platforms
+  try:
+    jax.config.update("jax_platforms", None)
+    monkeypatch.setattr(host_memory.importlib.metadata, "entry_points", lambda group: [])
+    monkeypatch.setitem(sys.modules, "jax_plugins", None)  # import fails: no plugin namespace
+    monkeypatch.setattr(host_memory, "_ACCELERATOR_MODULES", ("no_such_module_remixer_t5",))
+    assert host_memory.jax_runs_on_cpu_only() is True
+    monkeypatch.setattr(host_memory, "_ACCELERATOR_MODULES", ("json",))  # stands in for an installed libtpu
+    assert host_memory.jax_runs_on_cpu_only() is False
+    monkeypatch.setattr(host_memory, "_ACCELERATOR_MODULES", ("no_such_module_remixer_t5",))
+    monkeypatch.setattr(host_memory.importlib.metadata, "entry_points", lambda group: ["jax_cuda12_plugin"])
+    assert host_memory.jax_runs_on_cpu_only() is False
+  finally:
+    jax.config.update("jax_platforms", saved)
