@@ -6,7 +6,8 @@ so every step page-faults the whole buffer in again (a 40 MiB scratch is ~10,000
 each zeroing a 4 KiB page). That, not the cache, made HyperMixing's fwd+bwd grow 2.4-2.5x from 2048 to 4096
 tokens on CPU (docs/benchmarks.md). Raising the mmap and trim thresholds keeps freed scratch in the heap for the
 next step, and one arena lets buffers beyond a thread arena's 64 MiB heap limit live there too; databases with
-the same pattern (ClickHouse) raise the threshold the same way.
+the same pattern (ClickHouse) raise the threshold the same way. The cost is resident memory: XLA frees a step's
+buffers asynchronously, so the heap settles at a few steps' scratch instead of one.
 
 `configure()` is called by the CLI before JAX starts its thread pools (an arena limit only binds threads that
 have not allocated yet). It acts only when JAX will run on CPU alone and the C library is glibc;

@@ -12,7 +12,7 @@ from remixer_t5 import host_memory
 
 # A fwd+bwd whose scratch (48 MiB) is above glibc's largest adaptive mmap threshold (32 MiB).
 _PROBE = r"""
-import json, resource, jax, jax.numpy as jnp
+import json, resource, statistics, jax, jax.numpy as jnp
 from remixer_t5 import host_memory
 applied = host_memory.configure()
 w = jnp.eye(64) * 0.5
@@ -22,13 +22,14 @@ def loss(x):
   return jnp.sum(x)
 x = jnp.ones((65536, 64))
 step = jax.jit(jax.grad(loss)).lower(x).compile()
-for _ in range(2):
+faults = []
+for i in range(40):
+  before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
   jax.block_until_ready(step(x))
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(4):
-  jax.block_until_ready(step(x))
-faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 4
-print(json.dumps({"applied": applied, "temp_bytes": step.memory_analysis().temp_size_in_bytes, "faults": faults}))
+  faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+# Buffers are freed asynchronously, so the heap first grows to hold a few steps' scratch, then stays.
+print(json.dumps({"applied": applied, "temp_bytes": step.memory_analysis().temp_size_in_bytes,
+                  "faults": statistics.median(faults[20:]), "warmup": faults[:20]}))
 """
 
 
@@ -51,7 +52,7 @@ def test_scratch_is_not_page_faulted_in_every_step():
   pages = on["temp_bytes"] / 4096
   assert on["temp_bytes"] > 40 * 2 ** 20, on  # the probe really needs a buffer above the mmap threshold
   assert on["applied"] and not off["applied"]
-  assert on["faults"] < 0.02 * pages, (on, pages)
+  assert on["faults"] < 0.02 * pages, (on, pages)  # median step after 20 warm-up steps
   if not _huge_pages_always():  # with 2 MiB pages the default would fault far fewer times
     assert off["faults"] > 0.5 * pages, (off, pages)  # the default really does fault the scratch in
 
