@@ -1,6 +1,9 @@
 """Adafactor and T5's learning-rate schedules (Raffel et al. 2020 §3.1.2; Shazeer & Stern 2018)."""
 from __future__ import annotations
 
+from typing import Callable
+
+import jax
 import jax.numpy as jnp
 import optax
 
@@ -28,3 +31,29 @@ def adafactor(learning_rate=None, clip_gradient_norm: float | None = None, decay
   if clip_gradient_norm:
     tx = optax.chain(optax.clip_by_global_norm(clip_gradient_norm), tx)
   return tx
+
+
+def is_scanned(path) -> bool:
+  """A parameter of a `scan_layers` stack: `<stack>/layers/...`, stacked on a leading layers axis."""
+  return any(getattr(k, "key", None) == "layers" for k in path)
+
+
+def layerwise(tx: optax.GradientTransformation, stacked: Callable[[tuple], bool] = is_scanned
+              ) -> optax.GradientTransformation:
+  """`tx` applied to each layer's slice of a stacked parameter as to a parameter of its own.
+
+  Adafactor's statistics are per parameter (Shazeer & Stern 2018: the RMS behind the parameter scale and the
+  update clipping, the factored row/column moments), so on a scanned stack's [layers, ...] arrays they would
+  mix layers; t5x treats 'layers' as a batch axis for the same reason. With this a scanned stack trains like
+  the unrolled one. Leaves where `stacked(path)` is false get `tx` unchanged.
+  """
+  def init(params):
+    if not any(hasattr(x, "shape") for x in jax.tree_util.tree_leaves(params)):
+      return tx.init(params)  # optax.tree_map_params's placeholder: only the state's structure is wanted
+    return jax.vmap(tx.init)(params)
+
+  per_layer = optax.GradientTransformation(init=init, update=jax.vmap(tx.update))
+
+  def labels(params):
+    return jax.tree_util.tree_map_with_path(lambda path, _: "layers" if stacked(path) else "rest", params)
+  return optax.multi_transform({"layers": per_layer, "rest": tx}, labels)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import re
@@ -312,40 +313,51 @@ def _without_axis(sh: NamedSharding, ndim: int, axis: int) -> NamedSharding:
 
 def opt_state_shardings(optimizer: optax.GradientTransformation, abstract_state, params, param_sh, mesh):
   """Optimizer-state shardings: leaves shaped like their parameter share its sharding, Adafactor's factored
-  statistics (optax FactoredState: v_row = the parameter's mean over its largest axis, v_col over the next)
-  take its spec without the reduced axis, and the rest (counts, placeholders) are replicated.
+  statistics (optax FactoredState: v_row = the parameter's mean over its largest axis, v_col over the next;
+  per layer slice under optim.layerwise) take its spec without the reduced axis, and the rest (counts,
+  placeholders) are replicated. Leaves another branch of optax.multi_transform owns (MaskedNode) stay masked.
   """
+  del optimizer  # the state's own structure says which subtrees mirror the parameters
   _check_divisible(param_sh, params, mesh)
   replicated = NamedSharding(mesh, P())
+  params_def = jax.tree_util.tree_structure(params)
+  masked = lambda x: isinstance(x, optax.MaskedNode)
+
+  def params_like(x) -> bool:
+    return (isinstance(x, (dict, Mapping)) and
+            jax.tree_util.tree_structure(x, is_leaf=masked) == params_def)
 
   def per_param(leaf, sh, param):
     return sh if getattr(leaf, "shape", None) == param.shape else replicated
 
-  base = optax.tree_map_params(optimizer, per_param, abstract_state, param_sh, params,
-                               transform_non_params=lambda _: replicated,
-                               is_leaf=lambda x: isinstance(x, NamedSharding))
-  params_def = jax.tree_util.tree_structure(params)
-
   def factored(stat: str, leaf, sh, param):
     shape = tuple(param.shape)
-    if len(shape) >= 2:
-      d1, d0 = _factored_axes(shape)
-      axis = d0 if stat == "v_row" else d1
-      if tuple(leaf.shape) == shape[:axis] + shape[axis + 1:]:
-        return _without_axis(sh, len(shape), axis)
+    # Factored over the whole parameter, or per layer slice of a stacked one (optim.layerwise: axes + 1).
+    for offset in (0, 1):
+      if len(shape) - offset >= 2:
+        d1, d0 = _factored_axes(shape[offset:])
+        axis = (d0 if stat == "v_row" else d1) + offset
+        if tuple(leaf.shape) == shape[:axis] + shape[axis + 1:]:
+          return _without_axis(sh, len(shape), axis)
     return replicated  # the (1,) placeholder of an unfactored parameter
 
-  def fix(node, sh_node):
-    if not isinstance(node, optax.FactoredState):
-      return sh_node
-    if any(jax.tree_util.tree_structure(t) != params_def for t in (node.v_row, node.v_col)):
-      return sh_node  # e.g. a masked optimizer: keep the generic shardings
-    return sh_node._replace(**{
-        stat: jax.tree_util.tree_map(lambda l, s, p, stat=stat: factored(stat, l, s, p), getattr(node, stat),
-                                     param_sh, params)
-        for stat in ("v_row", "v_col")})
+  def over_params(fn, tree):
+    return jax.tree_util.tree_map(lambda l, s, p: l if masked(l) else fn(l, s, p), tree, param_sh, params,
+                                  is_leaf=masked)
 
-  return jax.tree_util.tree_map(fix, abstract_state, base, is_leaf=lambda x: isinstance(x, optax.FactoredState))
+  def shard(node):
+    if masked(node):
+      return node
+    if isinstance(node, optax.FactoredState) and all(params_like(t) for t in (node.v_row, node.v_col, node.v)):
+      return optax.FactoredState(
+          count=replicated, v=over_params(per_param, node.v),
+          **{stat: over_params(functools.partial(factored, stat), getattr(node, stat)) for stat in ("v_row", "v_col")})
+    if params_like(node):
+      return over_params(per_param, node)
+    return replicated
+
+  stop = lambda x: masked(x) or isinstance(x, optax.FactoredState) or params_like(x)
+  return jax.tree_util.tree_map(shard, abstract_state, is_leaf=stop)
 
 
 def data_sharding(mesh, rules: str | Rules | None = None) -> NamedSharding:

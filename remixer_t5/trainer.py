@@ -161,7 +161,7 @@ def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature
 
   mesh = partitioning.make_mesh(num_partitions, mesh_shape)
   schedule = learning_rate if callable(learning_rate) else None
-  tx = optimizer(learning_rate=learning_rate)
+  tx = _optimizer(model, optimizer, learning_rate)
   state, shardings = _create_state(model, tx, _input_shapes(feature_lengths), mesh, random_seed)
   log = MetricsLogger(model_dir)
   ckpt = checkpoints.Checkpointer(model_dir, keep=keep_checkpoints)
@@ -438,7 +438,7 @@ def evaluate_checkpoint(*, model_dir: str, model: EncoderDecoderModel, task_name
   ckpt = checkpoints.Checkpointer(model_dir)
   if ckpt.latest_step() is None:
     raise FileNotFoundError(f"no checkpoint in {ckpt.directory}; train first or pass the right MODEL_DIR")
-  abstract, shardings = _abstract_state(model, optimizer(learning_rate=learning_rate),
+  abstract, shardings = _abstract_state(model, _optimizer(model, optimizer, learning_rate),
                                         _input_shapes(feature_lengths), mesh)
   state, _ = ckpt.restore(abstract, checkpoint_step)
   ckpt.close()
@@ -458,6 +458,12 @@ def evaluate_checkpoint(*, model_dir: str, model: EncoderDecoderModel, task_name
     return results
   finally:
     log.close()
+
+
+def _optimizer(model, optimizer, learning_rate) -> optax.GradientTransformation:
+  """The run's optimizer; a scanned model's stacked layers are optimised layer by layer (optim.layerwise)."""
+  tx = optimizer(learning_rate=learning_rate)
+  return optim.layerwise(tx) if getattr(getattr(model.module, "config", None), "scan_layers", False) else tx
 
 
 def _set_data_dir(data_dir: str | None) -> None:

@@ -13,10 +13,11 @@ import textwrap
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import traverse_util
 
-from remixer_t5 import accumulate, models, network, partitioning
+from remixer_t5 import accumulate, models, network, optim, partitioning
 from remixer_t5.mixers import linear_attention
 
 CFG = network.T5Config(vocab_size=40, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=24, num_encoder_layers=2,
@@ -264,6 +265,42 @@ def test_scan_equals_unrolled_outputs_and_gradients(t5, unrolled, policy):
       dataclasses.replace(SCAN_CFG, remat_policy=policy, dropout_rate=0.2))), has_aux=True))(
           network.stack_params(params), batch, jax.random.key(3, impl=CHEAP_RNG))
   assert all(bool(jnp.isfinite(g).all()) for g in jax.tree_util.tree_leaves(d_grads))
+
+
+def _adafactor_steps(module, params, tx, steps=3):
+  """`steps` Adafactor updates on different batches; the final parameters."""
+  grad = jax.jit(jax.grad(lambda p, b: _loss(module, p, b)[0]))
+  update = jax.jit(tx.update)
+  state = tx.init(params)
+  for i in range(steps):
+    updates, state = update(grad(params, _batch(seed=i)), state, params)
+    params = optax.apply_updates(params, updates)
+  return params
+
+
+@pytest.mark.parametrize("min_dim_size_to_factor", [8, 128])  # factored moments (16×24 kernels) or full ones
+def test_scanned_stack_trains_like_the_unrolled_one_with_layerwise_adafactor(t5, min_dim_size_to_factor):
+  module, params = t5
+  tx = lambda: optim.adafactor(optim.constant_schedule(0.05), min_dim_size_to_factor=min_dim_size_to_factor)
+  scanned, stacked = network.Transformer(SCAN_CFG), network.stack_params(params)
+  reference = _adafactor_steps(module, params, tx())
+  layerwise = network.unstack_scanned_params(_adafactor_steps(scanned, stacked, optim.layerwise(tx())))
+  assert _max_rel_err(layerwise, reference) < 1e-5
+  # Adafactor on the stacked arrays as they are mixes the layers' statistics (parameter scale, clipping).
+  whole = network.unstack_scanned_params(_adafactor_steps(scanned, stacked, tx()))
+  assert _max_rel_err(whole, reference) > 1e-3
+
+
+def test_training_a_scanned_model_uses_layerwise_adafactor():
+  from remixer_t5 import trainer
+  tx = trainer._optimizer(models.EncoderDecoderModel(network.Transformer(SCAN_CFG)), optim.adafactor, 1e-2)
+  state = jax.eval_shape(tx.init, _abstract_init(network.Transformer(SCAN_CFG))["params"])
+  assert set(state.inner_states) == {"layers", "rest"}
+  counts = [x.shape for x in jax.tree_util.tree_leaves(state.inner_states["layers"]) if x.dtype == jnp.int32]
+  assert counts and all(c == (2,) for c in counts)  # one step count per layer slice: vmapped over 'layers'
+  plain = trainer._optimizer(models.EncoderDecoderModel(network.Transformer(CFG)), optim.adafactor, 1e-2)
+  assert not hasattr(jax.eval_shape(plain.init, _abstract_init(network.Transformer(CFG))["params"]),
+                     "inner_states")
 
 
 def _step_decode(module, params, enc, dec_in, length):

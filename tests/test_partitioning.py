@@ -138,6 +138,28 @@ def test_adafactor_factored_statistics_shard_like_their_parameter():
   assert get(fsh.v_row, *scale).spec == P()
 
 
+def test_layerwise_adafactor_statistics_of_a_scanned_stack_shard_like_their_parameter():
+  v = abstract_variables(tiny(num_encoder_layers=2, num_decoder_layers=2, scan_layers=True))
+  mesh = partitioning.abstract_mesh(shape=(2, 4), rules="fsdp")
+  tx = optim.layerwise(optim.adafactor(optim.constant_schedule(1e-2), min_dim_size_to_factor=4))
+  sh = partitioning.param_shardings(v["params_axes"], mesh, params=v["params"])
+  state = jax.eval_shape(tx.init, v["params"])
+  opt = partitioning.opt_state_shardings(tx, state, v["params"], sh, mesh)
+  is_factored = lambda x: isinstance(x, FactoredState)
+  pick = lambda t: [x for x in jax.tree_util.tree_leaves(t["layers"], is_leaf=is_factored) if is_factored(x)][0]
+  fstate, fsh = pick(state.inner_states), pick(opt.inner_states)
+  get = lambda t, *path: functools.reduce(lambda a, k: a[k], path, t)
+  # Per layer slice (16, 32): v_row averages the 32 axis away, v_col the 16 one; 'layers' stays unsplit.
+  wi = ("encoder", "layers", "mlp", "wi_0", "kernel")
+  assert get(sh, *wi).spec == P(None, "data", "model")
+  assert get(fstate.v_row, *wi).shape == (2, 16) and get(fsh.v_row, *wi).spec == P(None, "data")
+  assert get(fstate.v_col, *wi).shape == (2, 32) and get(fsh.v_col, *wi).spec == P(None, "model")
+  # Leaves owned by the other branch stay masked in both trees.
+  assert isinstance(get(fsh.v_row, "token_embedder", "embedding"), type(get(fstate.v_row, "token_embedder",
+                                                                                "embedding")))
+  assert jax.tree_util.tree_structure(opt) == jax.tree_util.tree_structure(state)
+
+
 def test_show_sharding_for_tpu_v3_32_needs_no_devices():
   assert jax.device_count() == 1
   model = tiny(vocab_size=2176, emb_dim=128, num_heads=4, head_dim=32, mlp_dim=256)
