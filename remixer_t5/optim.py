@@ -57,3 +57,8 @@ def layerwise(tx: optax.GradientTransformation, stacked: Callable[[tuple], bool]
   def labels(params):
     return jax.tree_util.tree_map_with_path(lambda path, _: "layers" if stacked(path) else "rest", params)
   return optax.multi_transform({"layers": per_layer, "rest": tx}, labels)
+
+
+def for_model(tx: optax.GradientTransformation, module) -> optax.GradientTransformation:
+  """`tx` as a run of `module` uses it: layer by layer (`layerwise`) when its config scans the layers."""
+  return layerwise(tx) if getattr(getattr(module, "config", None), "scan_layers", False) else tx

@@ -462,8 +462,7 @@ def evaluate_checkpoint(*, model_dir: str, model: EncoderDecoderModel, task_name
 
 def _optimizer(model, optimizer, learning_rate) -> optax.GradientTransformation:
   """The run's optimizer; a scanned model's stacked layers are optimised layer by layer (optim.layerwise)."""
-  tx = optimizer(learning_rate=learning_rate)
-  return optim.layerwise(tx) if getattr(getattr(model.module, "config", None), "scan_layers", False) else tx
+  return optim.for_model(optimizer(learning_rate=learning_rate), model.module)
 
 
 def _set_data_dir(data_dir: str | None) -> None:
