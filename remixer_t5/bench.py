@@ -20,8 +20,7 @@ stays the token mixer of a Remixer layer); it is measured alone, as "remixer".
 A row: mixer, length, batch, d_model, ms (median; None with timing=False), ms_min, flops, params, temp_mb (XLA's
 scratch allocation of the compiled fwd+bwd, i.e. activations and gradients), compile_s and host_malloc (whether
 host_memory's allocator policy was applied: the CLI does, see host_memory.py; without it scratch above 32 MiB is
-page-faulted in on every call). Results and the
-command behind them: docs/benchmarks.md.
+page-faulted in on every call). Results and the command behind them: docs/benchmarks.md.
 """
 from __future__ import annotations
 

@@ -95,7 +95,7 @@ def format_sharding(model, lengths, num_partitions: int = 1, *, mesh=None, rules
     lines.append(f"  * replicated where the mesh does not divide the dimension ({len(fallbacks)} parameters)")
   tx = optim.for_model(optimizer if optimizer is not None else optim.adafactor(), model.module)
   abstract_opt = jax.eval_shape(tx.init, params)
-  opt_sh = partitioning.opt_state_shardings(tx, abstract_opt, params, param_sh, amesh)
+  opt_sh = partitioning.opt_state_shardings(abstract_opt, params, param_sh, amesh)
   for label, tree, shardings in (("params", params, param_sh), ("optimizer state", abstract_opt, opt_sh)):
     total, per_device = _bytes(tree, shardings)
     lines.append(f"{label}: {_mb(total)} in all, {_mb(per_device)} per device")

@@ -311,13 +311,12 @@ def _without_axis(sh: NamedSharding, ndim: int, axis: int) -> NamedSharding:
   return NamedSharding(sh.mesh, P(*(spec[:axis] + spec[axis + 1:])))
 
 
-def opt_state_shardings(optimizer: optax.GradientTransformation, abstract_state, params, param_sh, mesh):
+def opt_state_shardings(abstract_state, params, param_sh, mesh):
   """Optimizer-state shardings: leaves shaped like their parameter share its sharding, Adafactor's factored
   statistics (optax FactoredState: v_row = the parameter's mean over its largest axis, v_col over the next;
   per layer slice under optim.layerwise) take its spec without the reduced axis, and the rest (counts,
   placeholders) are replicated. Leaves another branch of optax.multi_transform owns (MaskedNode) stay masked.
   """
-  del optimizer  # the state's own structure says which subtrees mirror the parameters
   _check_divisible(param_sh, params, mesh)
   replicated = NamedSharding(mesh, P())
   params_def = jax.tree_util.tree_structure(params)

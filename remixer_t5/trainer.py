@@ -334,7 +334,7 @@ def _abstract_state(model, tx, input_shapes, mesh) -> tuple[TrainState, TrainSta
   abstract_vars = jax.eval_shape(lambda rng: model.init_variables(rng, input_shapes), jax.random.PRNGKey(0))
   param_sh = partitioning.param_shardings(abstract_vars["params_axes"], mesh, params=abstract_vars["params"])
   abstract_opt = jax.eval_shape(tx.init, abstract_vars["params"])
-  opt_sh = partitioning.opt_state_shardings(tx, abstract_opt, abstract_vars["params"], param_sh, mesh)
+  opt_sh = partitioning.opt_state_shardings(abstract_opt, abstract_vars["params"], param_sh, mesh)
   rep = partitioning.replicated(mesh)
   shardings = TrainState(step=rep, params=param_sh, opt_state=opt_sh, rng=rep)
   shapes = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract_vars["params"],

@@ -110,7 +110,7 @@ def test_indivisible_dimensions_fall_back_to_replicated_and_are_logged(caplog):
   raw = partitioning.param_shardings(v["params_axes"], mesh)
   tx = optim.adafactor(optim.constant_schedule(1e-2))
   with pytest.raises(ValueError, match="rel_embedding"):
-    partitioning.opt_state_shardings(tx, jax.eval_shape(tx.init, v["params"]), v["params"], raw, mesh)
+    partitioning.opt_state_shardings(jax.eval_shape(tx.init, v["params"]), v["params"], raw, mesh)
 
 
 def test_adafactor_factored_statistics_shard_like_their_parameter():
@@ -119,7 +119,7 @@ def test_adafactor_factored_statistics_shard_like_their_parameter():
   tx = optim.adafactor(optim.constant_schedule(1e-2), min_dim_size_to_factor=4)
   sh = partitioning.param_shardings(v["params_axes"], mesh, params=v["params"])
   state = jax.eval_shape(tx.init, v["params"])
-  opt = partitioning.opt_state_shardings(tx, state, v["params"], sh, mesh)
+  opt = partitioning.opt_state_shardings(state, v["params"], sh, mesh)
   factored = lambda t: [x for x in jax.tree_util.tree_leaves(t, is_leaf=lambda x: isinstance(x, FactoredState))
                         if isinstance(x, FactoredState)]
   (fstate,), (fsh,) = factored(state), factored(opt)
@@ -144,7 +144,7 @@ def test_layerwise_adafactor_statistics_of_a_scanned_stack_shard_like_their_para
   tx = optim.layerwise(optim.adafactor(optim.constant_schedule(1e-2), min_dim_size_to_factor=4))
   sh = partitioning.param_shardings(v["params_axes"], mesh, params=v["params"])
   state = jax.eval_shape(tx.init, v["params"])
-  opt = partitioning.opt_state_shardings(tx, state, v["params"], sh, mesh)
+  opt = partitioning.opt_state_shardings(state, v["params"], sh, mesh)
   is_factored = lambda x: isinstance(x, FactoredState)
   pick = lambda t: [x for x in jax.tree_util.tree_leaves(t["layers"], is_leaf=is_factored) if is_factored(x)][0]
   fstate, fsh = pick(state.inner_states), pick(opt.inner_states)
