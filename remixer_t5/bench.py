@@ -63,7 +63,7 @@ DEFAULT_MIXERS = ("attention", "hypermixer", "linear_attention", "fnet", "mlp_mi
 
 
 def default_config(d_model: int = 256, hidden: int = 512, num_heads: int = 4, head_dim: int = 64):
-  from remixer_t5.network import T5Config
+  from remixer_t5.config import T5Config
   return T5Config(vocab_size=128, emb_dim=d_model, num_heads=num_heads, head_dim=head_dim, mlp_dim=hidden,
                   num_encoder_layers=1, num_decoder_layers=1, dropout_rate=0.0, dtype="float32")
 

@@ -298,7 +298,7 @@ class ProjectionEmbed(nn.Module):
   Parameters: bottleneck kernel [m·k·(2w+1), d] ('projection','embed') with k = 2 for 'piece+word' else 1,
   bottleneck_bias [d] ('embed',), bottleneck_norm scale and bias [d] ('embed',). Count: m·k·(2w+1)·d + 3d.
   """
-  config: Any  # remixer_t5.network.T5Config
+  config: Any  # remixer_t5.config.T5Config
   vocab_model: str = ""
   extra_ids: int = 100
   table: FingerprintTable | None = None

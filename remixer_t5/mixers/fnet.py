@@ -13,16 +13,13 @@ so everything stays real. DFT-by-matmul is also how FNet runs on TPUs for short 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
-
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
 from remixer_t5.mixers import base
 
-if TYPE_CHECKING:
-  from remixer_t5.network import T5Config
+from remixer_t5.config import T5Config
 
 Array = jax.Array
 

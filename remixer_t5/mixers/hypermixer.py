@@ -24,8 +24,6 @@ number of packed examples per row, not with the length squared.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
@@ -33,8 +31,7 @@ from flax import linen as nn
 from remixer_t5 import layers
 from remixer_t5.mixers import base
 
-if TYPE_CHECKING:
-  from remixer_t5.network import T5Config
+from remixer_t5.config import T5Config
 
 Array = jax.Array
 f32 = jnp.float32

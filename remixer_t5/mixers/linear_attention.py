@@ -16,8 +16,6 @@ runs (as seqio's packing makes them).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
@@ -25,8 +23,7 @@ from flax import linen as nn
 from remixer_t5 import layers
 from remixer_t5.mixers import base
 
-if TYPE_CHECKING:
-  from remixer_t5.network import T5Config
+from remixer_t5.config import T5Config
 
 Array = jax.Array
 f32 = jnp.float32

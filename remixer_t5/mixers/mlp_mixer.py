@@ -17,8 +17,6 @@ and (being position-relative) works for any length and for packed rows.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
@@ -26,8 +24,7 @@ from flax import linen as nn
 from remixer_t5 import layers
 from remixer_t5.mixers import base
 
-if TYPE_CHECKING:  # network.py builds the stacks from mixers; no import cycle at runtime
-  from remixer_t5.network import T5Config
+from remixer_t5.config import T5Config
 
 Array = jax.Array
 

@@ -1,0 +1,53 @@
+"""`T5Config`: the sizes and options that layers, mixers and the network read; it imports nothing of ours.
+
+The network (`network.py`) builds stacks from mixers; mixers and layers read their sizes from this config, so
+dependencies run downward: network -> mixers/layers -> config. gin files name it `network.T5Config` (re-exported).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Sequence
+
+import jax
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Config:
+  """Sizes and options shared by all mixers; field names follow t5x's `T5Config`."""
+  vocab_size: int = 32128
+  emb_dim: int = 512
+  num_heads: int = 6
+  num_encoder_layers: int = 8
+  num_decoder_layers: int = 8
+  head_dim: int = 64
+  mlp_dim: int = 1024
+  mlp_activations: Sequence[str] = ("gelu", "linear")
+  dropout_rate: float = 0.0
+  dtype: str = "float32"  # activations; parameters are always float32
+  relpos_num_buckets: int = 32
+  relpos_max_distance: int = 128
+  layer_norm_epsilon: float = 1e-6
+  float32_attention_logits: bool = True
+  # Memory options (same numbers, different memory/compile time): per-layer rematerialisation of the stacks'
+  # layers (REMAT_POLICIES), and one `nn.scan` over each stack with parameters stacked on a leading 'layers'
+  # axis (`<stack>/layers/...`; `unstack_scanned_params` gives the unrolled `<stack>/layers_<i>/...` tree).
+  remat_policy: str = "none"
+  scan_layers: bool = False
+
+  def __post_init__(self):
+    object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
+    if self.remat_policy not in REMAT_POLICIES:
+      raise ValueError(f"T5Config.remat_policy must be one of {sorted(REMAT_POLICIES)}, got {self.remat_policy!r}")
+    for name in ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim"):
+      if getattr(self, name) <= 0:
+        raise ValueError(f"T5Config.{name} must be positive, got {getattr(self, name)}")
+
+
+# What each layer saves for the backward pass (the rest is recomputed); names as in MaxText's `remat_policy`.
+REMAT_POLICIES: dict[str, Callable[..., bool] | None] = {
+    "none": None,  # no rematerialisation: every intermediate is kept
+    "full": jax.checkpoint_policies.nothing_saveable,  # keep only each layer's inputs
+    "dots": jax.checkpoint_policies.checkpoint_dots,  # keep every matmul output
+    # keep the weight matmuls, recompute those with batch dimensions (attention scores and their mixing)
+    "minimal": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+}
