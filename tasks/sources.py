@@ -75,23 +75,32 @@ def _open_text(path: str) -> io.TextIOBase:
   return io.TextIOWrapper(raw, encoding="utf-8-sig", newline="")
 
 
+def parse_json_line(path: str, lineno: int, line: str, required: Sequence[str] = ()) -> dict | None:
+  """One JSON-lines line as an object (None for a blank line); ValueError naming file and line."""
+  if lineno == 1:
+    line = line.lstrip("\ufeff")
+  if not line.strip():
+    return None
+  try:
+    row = json.loads(line)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path}:{lineno}: malformed JSON line ({e.msg}): {line[:120]!r}") from None
+  if not isinstance(row, dict):
+    raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}: {line[:120]!r}")
+  missing = [k for k in required if k not in row]
+  if missing:
+    raise ValueError(f"{path}:{lineno}: row lacks field(s) {missing}; expected {list(required)}, "
+                     f"got {sorted(row)}")
+  return row
+
+
 def read_jsonl(path: str, required: Sequence[str] = ()) -> Iterator[tuple[int, dict]]:
   """(line number, object) for each non-blank line of a JSON-lines file (``.gz`` too)."""
   with _open_text(path) as f:
     for lineno, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      try:
-        row = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{lineno}: malformed JSON line ({e.msg}): {line[:120]!r}") from None
-      if not isinstance(row, dict):
-        raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}: {line[:120]!r}")
-      missing = [k for k in required if k not in row]
-      if missing:
-        raise ValueError(f"{path}:{lineno}: row lacks field(s) {missing}; expected {list(required)}, "
-                         f"got {sorted(row)}")
-      yield lineno, row
+      row = parse_json_line(path, lineno, line, required)
+      if row is not None:
+        yield lineno, row
 
 
 def read_tsv(path: str, columns: Sequence[str] | None = None, *, header: bool = True,
@@ -125,6 +134,22 @@ def read_lines(path: str) -> list[str]:
   """The non-blank lines of a text file (e.g. αNLI's ``-labels.lst``), stripped."""
   with _open_text(path) as f:
     return [line.strip() for line in f if line.strip()]
+
+
+def read_line_blocks(path: str) -> Iterator[tuple[int, list[str]]]:
+  """(line number of its first line, its lines stripped) for each block of non-blank lines separated by blank
+  lines (e.g. DPR's ``train.c.txt``: sentence, pronoun, candidates, answer, then a blank line)."""
+  with _open_text(path) as f:
+    block, start = [], 0
+    for lineno, line in enumerate(f, start=1):
+      if line.strip():
+        start = start or lineno
+        block.append(line.strip())
+      elif block:
+        yield start, block
+        block, start = [], 0
+    if block:
+      yield start, block
 
 
 # --- the source ---------------------------------------------------------------------------------------------
