@@ -247,6 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
   return p
 
 
+_NEEDS_MODEL_DIR = ("train", "eval")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   try:
@@ -260,7 +263,10 @@ def main(argv: Sequence[str] | None = None) -> int:
       distributed.maybe_initialize(args.coordinator_address, args.num_processes, args.process_id,
                                    args.distributed)
     if files or bindings:
-      parse_gin(files, bindings, paths)
+      # Only train and eval read or write MODEL_DIR; the others (info, tasks, ...) take a run's gin files as
+      # they are, with its `MODEL_DIR = %gin.REQUIRED` left unset.
+      parse_gin(files, bindings, paths,
+                macro_defaults=None if args.command in _NEEDS_MODEL_DIR else {"MODEL_DIR": "None"})
     elif args.command in ("train", "eval", "info"):
       raise GinError(f"`{args.command}` needs a config: --gin_file=... (see gin/ for models and runs)")
     handler = {"train": cmd_train, "eval": cmd_eval, "tasks": cmd_tasks, "info": cmd_info, "import-hf": cmd_import_hf,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 import logging
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 
 def gin_dir() -> Path:
@@ -116,8 +116,13 @@ def _set_gin_search_path(search: Sequence[Path]) -> None:
   gin.config._FILE_READERS[:] = [(r, safe(c)) for r, c in gin.config._FILE_READERS]  # noqa: SLF001
 
 
-def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Sequence[str] = ()) -> None:
-  """Parse gin files then bindings; unknown configurables/parameters and unknown macros are errors."""
+def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Sequence[str] = (),
+              macro_defaults: Mapping[str, str] | None = None) -> None:
+  """Parse gin files then bindings; unknown configurables/parameters and unknown macros are errors.
+
+  `macro_defaults` {NAME: gin value} binds those macros the files define (e.g. a run's `MODEL_DIR =
+  %gin.REQUIRED`) before the user's bindings, which still override them; names the files lack are ignored.
+  """
   import gin
   gin.clear_config()
   # gin logs an ERROR for every search path an include is not found in before the one it is found in.
@@ -135,7 +140,8 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Seque
   # Bindings see the files' imports, so `--gin.VOCABULARY=@vocab.get_vocabulary()` resolves as in the files.
   prelude = _import_lines(imports)
   macros = {name for (name, kind) in gin.config._CONFIG if kind == "gin.macro"}  # noqa: SLF001
-  for b in bindings:
+  defaults = [f"{k}={v}" for k, v in (macro_defaults or {}).items() if k in macros]
+  for b in defaults + list(bindings):
     name, _, value = b.partition("=")
     name = name.strip()
     if "." not in name and "/" not in name and name not in macros:
@@ -148,6 +154,12 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Seque
   try:
     gin.finalize()
   except ValueError as e:
+    import re
+    required = re.match(r"(\w+)/macro\.value set to `%gin\.REQUIRED`", str(e))
+    if required:
+      name = required.group(1)
+      example = "\"'/path/to/run'\"" if name == "MODEL_DIR" else "VALUE"
+      raise GinError(f"the gin files require {name}: pass --gin.{name}={example}") from e
     raise GinError(f"incomplete gin config: {e}") from e
   logging.getLogger().setLevel(logging.WARNING)
 
