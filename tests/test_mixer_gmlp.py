@@ -71,8 +71,10 @@ def inputs(batch, length, seed=1):
   return jax.random.normal(jax.random.PRNGKey(seed), (batch, length, CFG.emb_dim))
 
 
-def reference(p, x, mask, causal, attn):
-  """The paper's block written out per example in numpy (one unpacked example, positions 0..L-1)."""
+def reference(p, x, mask, causal, attn, w_full=None):
+  """The paper's block written out per example in numpy (one unpacked example, positions 0..L-1).
+
+  `w_full`: the L x L W to use (default: the 'full' parameter spatial_kernel)."""
   x = np.asarray(x, np.float64)
   length = x.shape[0]
   erf = np.vectorize(math.erf)
@@ -83,7 +85,7 @@ def reference(p, x, mask, causal, attn):
   mu, var = z2.mean(-1, keepdims=True), z2.var(-1, keepdims=True)
   n2 = (z2 - mu) / np.sqrt(var + CFG.layer_norm_epsilon) * np.asarray(p["sgu_norm"]["scale"]) + np.asarray(
       p["sgu_norm"]["bias"])
-  w = np.asarray(p["spatial_kernel"], np.float64)[:length, :length].copy()
+  w = np.asarray(p["spatial_kernel"] if w_full is None else w_full, np.float64)[:length, :length].copy()
   allowed = np.outer(mask, mask) > 0
   if causal:
     allowed &= np.tril(np.ones((length, length), bool))
@@ -261,3 +263,82 @@ def test_bfloat16_activations_run():
   assert y.dtype == jnp.bfloat16 and y.shape == x.shape
   assert all(p.dtype == jnp.float32 for p in jax.tree_util.tree_leaves(variables["params"]))
   assert np.all(np.isfinite(np.asarray(y, np.float32)))
+
+
+# --- the Toeplitz spatial matrix of the paper's language models (§4) ---
+
+def toeplitz_numpy(past, future, L):
+  """W[i, j] = w[i - j] written out entry by entry (future is None in a causal block: upper triangle 0)."""
+  w = np.zeros((L, L))
+  for i in range(L):
+    for j in range(L):
+      if i >= j:
+        w[i, j] = past[i - j]
+      elif future is not None:
+        w[i, j] = future[j - i - 1]
+  return w
+
+
+def init_toeplitz(module, causal, attn=0):
+  variables = init_variables(module, jnp.zeros((1, 4, CFG.emb_dim)), ctx_for(np.ones((1, 4)), causal=causal))
+  params = dict(variables["params"])
+  params["spatial_past"] = 0.3 * jax.random.normal(jax.random.PRNGKey(11), (MAX_LEN,))
+  if not causal:
+    params["spatial_future"] = 0.3 * jax.random.normal(jax.random.PRNGKey(12), (MAX_LEN - 1,))
+  params["spatial_bias"] = 1.0 + 0.1 * jax.random.normal(jax.random.PRNGKey(8), (MAX_LEN,))
+  return {"params": params}, variables["params_axes"]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_toeplitz_matches_numpy_reference_and_counts_2L_minus_1(causal):
+  module = make(ATTN, spatial="toeplitz")
+  variables, axes = init_toeplitz(module, causal, ATTN)
+  p = variables["params"]
+  shapes = {k: v.shape for k, v in flat(p).items() if k.startswith("spatial")}
+  assert shapes == ({"spatial_past": (MAX_LEN,), "spatial_bias": (MAX_LEN,)} if causal else
+                    {"spatial_past": (MAX_LEN,), "spatial_future": (MAX_LEN - 1,), "spatial_bias": (MAX_LEN,)})
+  assert flat(axes)["spatial_past_axes"].names == ("mix_length",)
+  w = toeplitz_numpy(np.asarray(p["spatial_past"]), None if causal else np.asarray(p["spatial_future"]), MAX_LEN)
+  x = inputs(B, LEN)
+  mask = ones()
+  mask[1, 11:] = 0
+  got = np.asarray(apply(module, variables, x, ctx_for(mask, causal=causal)))
+  for b in range(B):
+    want = reference(p, x[b], mask[b], causal, ATTN, w_full=w)
+    real = mask[b] > 0
+    np.testing.assert_allclose(got[b][real], want[real], rtol=1e-4, atol=1e-5)
+
+
+def test_toeplitz_decode_padding_and_packing():
+  module = make(spatial="toeplitz")
+  variables, _ = init_toeplitz(module, causal=True)
+  x = inputs(B, LEN)
+  full = apply(module, variables, x, ctx_for(ones(), causal=True))
+  dctx = ctx_for(ones(), causal=True, decode=True)
+  _, state = jax.jit(lambda v, x: module.apply(v, x, x, dctx, mutable=["cache"]))(variables, x)
+  cache = state["cache"]
+  step_ctx = ctx_for(ones(B, 1), causal=True, decode=True).replace(max_decode_length=LEN)
+  step = jax.jit(lambda c, xi: module.apply({**variables, "cache": c}, xi, xi, step_ctx, mutable=["cache"]))
+  outs = []
+  for i in range(LEN):
+    y, new = step(cache, x[:, i:i + 1])
+    cache = new["cache"]
+    outs.append(y)
+  np.testing.assert_allclose(np.asarray(jnp.concatenate(outs, 1)), np.asarray(full), rtol=1e-4, atol=1e-5)
+
+  enc = make(spatial="toeplitz")
+  evars, _ = init_toeplitz(enc, causal=False)
+  a, b, junk = inputs(1, 5, seed=5)[0], inputs(1, 7, seed=6)[0], inputs(1, LEN, seed=7)[0]
+  alone = jnp.stack([jnp.concatenate([a, junk[5:]]), jnp.concatenate([b, junk[7:]])])
+  alone_mask = np.array([[1] * 5 + [0] * (LEN - 5), [1] * 7 + [0] * (LEN - 7)], np.float32)
+  y_alone = apply(enc, evars, alone, ctx_for(alone_mask))
+  packed = jnp.stack([jnp.concatenate([a, b, junk[12:]]), jnp.concatenate([b, a, junk[12:]])])
+  seg = np.array([[1] * 5 + [2] * 7 + [0] * 6, [1] * 7 + [2] * 5 + [0] * 6])
+  pos = np.array([list(range(5)) + list(range(7)) + [0] * 6, list(range(7)) + list(range(5)) + [0] * 6])
+  y = apply(enc, evars, packed, ctx_for(seg > 0, segment_ids=seg, positions=pos))
+  close = lambda u, v: np.testing.assert_allclose(np.asarray(u), np.asarray(v), rtol=1e-5, atol=1e-6)
+  close(y[0, :5], y_alone[0, :5])
+  close(y[0, 5:12], y_alone[1, :7])
+  close(y[1, 7:12], y_alone[0, :5])
+  with pytest.raises(ValueError, match="spatial.*'full' or 'toeplitz'.*'banded'"):
+    make(spatial="banded").init(jax.random.PRNGKey(0), x, x, ctx_for(ones()))

@@ -13,6 +13,13 @@ attention and the FFN of a Transformer layer, so a gMLP stack has this token mix
 aMLP (§4.3, "tiny attention") adds a single-head attention computed from the block input X whose output
 (h/2 wide) is added to the spatial projection before the gating product:
 s(Z) = Z1 ⊙ (W norm(Z2) + b + TinyAttn(X)).
+
+W is either a free L×L matrix (`spatial='full'`, Eq. 2) or, as in the paper's language models, a Toeplitz
+matrix (`spatial='toeplitz'`; §4: "In the following MLM experiments, we restrict W to be a Toeplitz matrix to
+avoid redundant model parameterization ... this constraint is empirically quality-neutral"): W[i, j] = w[i - j],
+one weight per offset, 2L - 1 of them. The paper's experiments are all bidirectional (BERT's MLM); a causal
+decoder only ever reads W's lower triangle, so there the Toeplitz form keeps only the L offsets i - j >= 0
+(our reading; the paper has no decoder). `spatial_matrix` is the one place W is built from its parameters.
 """
 from __future__ import annotations
 
@@ -47,35 +54,68 @@ class LayerNorm(nn.Module):
     return (y * scale + bias).astype(self.dtype)
 
 
+def spatial_matrix(spatial: str, n: int, kernel: Array | None = None, past: Array | None = None,
+                   future: Array | None = None, causal: bool = False) -> Array:
+  """W of the spatial gating unit, [n, n] for n leading positions (gMLP paper §2.1 Eq. 2 and §4).
+
+  'full': W = kernel[:n, :n] (Eq. 2, W ∈ R^{L×L}). 'toeplitz' (§4, the MLM experiments): W[i, j] = past[i - j]
+  for i >= j and future[j - i - 1] for i < j, so `past` [L] holds offsets 0..L-1 and `future` [L-1] offsets
+  1..L-1 ahead (2L - 1 weights). `causal` zeroes the upper triangle (a decoder never reads it; a causal Toeplitz
+  block has no `future`).
+  """
+  d = jnp.arange(n)[:, None] - jnp.arange(n)[None, :]                      # i - j
+  if spatial == "full":
+    w = kernel[:n, :n]
+  elif spatial == "toeplitz":
+    w = past[jnp.clip(d, 0, n - 1)]
+    if future is not None and future.shape[0] and n > 1:
+      w = jnp.where(d >= 0, w, future[jnp.clip(-d - 1, 0, n - 2)])
+    elif not causal:
+      raise ValueError("a bidirectional Toeplitz W needs its `future` offsets")
+  else:
+    raise ValueError(f"GatedMlpBlock.spatial must be 'full' or 'toeplitz', got {spatial!r}")
+  return jnp.where(d >= 0, w, 0.0) if causal else w
+
+
 class GatedMlpBlock(nn.Module):
   """The gMLP block (§2), or aMLP with `tiny_attention_dim > 0` (§4.3); a self-mixing token mixer.
 
   Fields:
     max_length: L, the size of the spatial projection W; longer sequences are refused (base.check_length).
+      The model configs take it from the run's TASK_FEATURE_LENGTHS (inputs for the encoder, targets for the
+      decoder); `remixer_t5.resize` fits a checkpoint trained at another L.
     hidden_dim: h = d_ffn, the width of Z (0: cfg.mlp_dim). The paper uses d_ffn = 6 d_model, and more
       layers than a Transformer of similar cost since each block replaces attention + FFN; here the default
-      follows the config's FFN width so the block slots into a T5 stack without new knobs (set 6·emb_dim to
-      follow the paper). Must be even (Z is split in halves).
+      follows the config's FFN width so the block slots into a T5 stack without new knobs (the base configs
+      bind it and the depth to match T5.1.1-base's parameters). Must be even (Z is split in halves).
     tiny_attention_dim: 0 for gMLP; > 0 (the paper uses 64) for aMLP's single-head attention of that size.
+    spatial: 'full' (Eq. 2, an L×L matrix) or 'toeplitz' (§4's language models: one weight per offset i - j,
+      2L - 1 in an encoder, L in a causal decoder). See `spatial_matrix`.
     spatial_init_scale: W starts uniform in ±spatial_init_scale / L, "near-zero" (§2.1), so W norm(Z2)
       starts negligible against b = 1 whatever L is.
 
-  Rows of W are indexed by each token's position inside its own example (ctx.q_positions, restarting per
-  packed segment): (W norm(Z2))[i] = Σ_j W[pos_i, pos_j] norm(Z2)[j] over j that are real, in i's segment
-  and, in a decoder, j <= i (W masked to its lower triangle). Decoding caches norm(Z2) of past positions
-  (and aMLP's keys and values) and reads row `cache_index` of W.
+  Rows of W are indexed by each token's position inside its own example: (W norm(Z2))[i] = Σ_j W[pos_i, pos_j]
+  norm(Z2)[j] over j that are real, in i's segment and, in a decoder, j <= i. Unpacked rows (no segment ids)
+  hold one example at positions 0..n-1, so W[:n, :n] is built once per layer and applied as ONE matmul over the
+  batch ([n, n] × [batch, n, h/2]); padding is exact because padded norm(Z2) rows are zeroed (they add nothing)
+  and padded query rows get b only. Packed rows restart positions per segment, so they take a per-example
+  [batch, n, n] form: a gather of W at (pos_i, pos_j) for 'full', the shared Toeplitz W masked to each segment
+  for 'toeplitz' (positions are contiguous in a segment, so pos_i - pos_j = i - j). Decoding caches norm(Z2) of
+  past positions (and aMLP's keys and values) and reads row `cache_index` of W.
 
   Parameters (d = emb_dim, h = hidden_dim, a = tiny_attention_dim): proj_in (U) [d, h] ('embed','mlp');
-  sgu_norm scale, bias [h/2] ('mlp',); spatial_kernel (W) [L, L] ('mix_length','mix_source');
-  spatial_bias (b) [L] ('mix_length',); proj_out (V) [h/2, d] ('mlp','embed'); aMLP adds tiny_attn_qkv
-  [d, 3a] ('embed','kv') and tiny_attn_out [a, h/2] ('kv','mlp').
-  Per layer: 1.5·d·h + h + L² + L, plus 3·d·a + a·h/2 for aMLP. U and V are bias-free as in Eq. 1; the
-  activation is the exact (erf) GELU; dropout (cfg.dropout_rate) acts on s(Z), like T5's MLP hidden dropout.
+  sgu_norm scale, bias [h/2] ('mlp',); 'full': spatial_kernel (W) [L, L] ('mix_length','mix_source');
+  'toeplitz': spatial_past [L] and (encoder only) spatial_future [L-1] ('mix_length',); spatial_bias (b) [L]
+  ('mix_length',); proj_out (V) [h/2, d] ('mlp','embed'); aMLP adds tiny_attn_qkv [d, 3a] ('embed','kv') and
+  tiny_attn_out [a, h/2] ('kv','mlp').
+  Per layer: 1.5·d·h + h + L + (L² | 2L-1 | L), plus 3·d·a + a·h/2 for aMLP. U and V are bias-free as in Eq. 1;
+  the activation is the exact (erf) GELU; dropout (cfg.dropout_rate) acts on s(Z), like T5's MLP hidden dropout.
   """
   config: Any  # remixer_t5.config.T5Config
   max_length: int = 512
   hidden_dim: int = 0
   tiny_attention_dim: int = 0
+  spatial: str = "full"
   spatial_init_scale: float = 1e-3
 
   @nn.compact
@@ -85,6 +125,8 @@ class GatedMlpBlock(nn.Module):
     if inputs_kv is not inputs_q:
       raise ValueError("GatedMlpBlock (gMLP/aMLP) only mixes a sequence with itself; it cannot be a cross "
                        "mixer (use attention for the encoder-decoder slot)")
+    if self.spatial not in ("full", "toeplitz"):
+      raise ValueError(f"GatedMlpBlock.spatial must be 'full' or 'toeplitz', got {self.spatial!r}")
     hidden = self.hidden_dim or cfg.mlp_dim
     if hidden % 2:
       raise ValueError(f"GatedMlpBlock.hidden_dim must be even (Z is split in halves), got {hidden}")
@@ -97,10 +139,8 @@ class GatedMlpBlock(nn.Module):
     z1, z2 = z[..., :half], z[..., half:]
     z2 = LayerNorm(cfg.layer_norm_epsilon, cfg.dtype, "mlp", name="sgu_norm")(z2)
 
-    limit = self.spatial_init_scale / self.max_length
-    near_zero = lambda key, shape, dtype: jax.random.uniform(key, shape, dtype, -limit, limit)
-    w = layers.param_with_axes("spatial_kernel", near_zero, (self.max_length, self.max_length), jnp.float32,
-                               axes=("mix_length", "mix_source"))
+    causal = ctx.causal or ctx.decode
+    spatial = self._spatial_params(causal)
     b = layers.param_with_axes("spatial_bias", nn.initializers.ones, (self.max_length,), jnp.float32,
                                axes=("mix_length",))
     attn = self.tiny_attention_dim > 0
@@ -110,28 +150,63 @@ class GatedMlpBlock(nn.Module):
                          name="tiny_attn_qkv")(x)
       q, k, v = jnp.split(qkv, 3, axis=-1)
 
+    visible = None
     if ctx.decode and self.has_variable("cache", "cached_norm_z2"):
-      weights, bias, visible, z2, k, v = self._decode_step(w, b, z2, k, v)
+      weights, bias, visible, z2, k, v = self._decode_step(spatial, b, z2, k, v)
+      weights = jnp.where(visible, weights, 0.0).astype(cfg.dtype)
+      weights = jnp.broadcast_to(weights, (z2.shape[0],) + weights.shape[1:])
+      mixed = jnp.einsum("bqk,bkc->bqc", weights, z2.astype(cfg.dtype))
     else:
       if ctx.decode:  # the first decode call only creates the cache
         for name, value in (("cached_norm_z2", z2), ("cached_key", k), ("cached_value", v)):
           if value is not None:
             self.variable("cache", name, jnp.zeros, value.shape, value.dtype)
         base.cache_index(self)
-      pos = ctx.q_positions
-      weights, bias = w[pos[:, :, None], pos[:, None, :]], b[pos]
-      visible = base.pairwise_mask(ctx)[:, 0] > 0                           # [batch, q, k]
-      z2 = z2 * ctx.q_mask[..., None].astype(z2.dtype)  # padded rows carry nothing into W
+      n = x.shape[1]
+      z2 = (z2 * ctx.q_mask[..., None].astype(z2.dtype)).astype(cfg.dtype)  # padded rows carry nothing into W
+      if attn or ctx.packed:
+        visible = base.pairwise_mask(ctx)[:, 0] > 0                         # [batch, q, k]
+      if ctx.packed:
+        pos = ctx.q_positions
+        bias = b[pos]
+        if self.spatial == "full":
+          weights = spatial["kernel"][pos[:, :, None], pos[:, None, :]]     # [batch, q, k]
+        else:
+          weights = self._matrix(spatial, n, causal)[None]
+        weights = jnp.where(visible, weights, 0.0).astype(cfg.dtype)
+        weights = jnp.broadcast_to(weights, (z2.shape[0],) + weights.shape[1:])
+        mixed = jnp.einsum("bqk,bkc->bqc", weights, z2)
+      else:
+        # One [n, n] W for the whole batch; padded keys are zero rows of z2, padded queries get b only.
+        bias = b[:n][None]
+        mixed = jnp.einsum("qk,bkc->bqc", self._matrix(spatial, n, causal).astype(cfg.dtype), z2)
+        mixed = mixed * ctx.q_mask[..., None].astype(cfg.dtype)
 
-    weights = jnp.where(visible, weights, 0.0).astype(cfg.dtype)
-    weights = jnp.broadcast_to(weights, (z2.shape[0],) + weights.shape[1:])
-    gate = jnp.einsum("bqk,bkc->bqc", weights, z2.astype(cfg.dtype)) + bias[..., None].astype(cfg.dtype)
+    gate = mixed + bias[..., None].astype(cfg.dtype)
     if attn:
       gate = gate + self._tiny_attention(q, k, v, visible, half)
     y = z1 * gate
     y = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(y, deterministic=deterministic)
     y = layers.with_sharding_constraint(y, ("batch", "length", "mlp"))
     return layers.Dense(x.shape[-1], ("mlp", "embed"), dtype=cfg.dtype, name="proj_out")(y)
+
+  def _spatial_params(self, causal: bool) -> dict[str, Array]:
+    """W's parameters, near-zero uniform in ±spatial_init_scale / L (§2.1)."""
+    L = self.max_length
+    limit = self.spatial_init_scale / L
+    near_zero = lambda key, shape, dtype: jax.random.uniform(key, shape, dtype, -limit, limit)
+    if self.spatial == "full":
+      return {"kernel": layers.param_with_axes("spatial_kernel", near_zero, (L, L), jnp.float32,
+                                               axes=("mix_length", "mix_source"))}
+    out = {"past": layers.param_with_axes("spatial_past", near_zero, (L,), jnp.float32, axes=("mix_length",))}
+    if not causal:
+      out["future"] = layers.param_with_axes("spatial_future", near_zero, (L - 1,), jnp.float32,
+                                             axes=("mix_length",))
+    return out
+
+  def _matrix(self, spatial: dict[str, Array], n: int, causal: bool) -> Array:
+    return spatial_matrix(self.spatial, n, kernel=spatial.get("kernel"), past=spatial.get("past"),
+                          future=spatial.get("future"), causal=causal)
 
   def _tiny_attention(self, q: Array, k: Array, v: Array, visible: Array, out_dim: int) -> Array:
     """§4.3's single-head attention, softmax(q kᵀ / sqrt(a)) v, projected to h/2; softmax in float32."""
@@ -141,7 +216,7 @@ class GatedMlpBlock(nn.Module):
     out = jnp.einsum("bqk,bka->bqa", probs, v.astype(self.config.dtype))
     return layers.Dense(out_dim, ("kv", "mlp"), dtype=self.config.dtype, name="tiny_attn_out")(out)
 
-  def _decode_step(self, w: Array, b: Array, z2: Array, k: Array | None, v: Array | None):
+  def _decode_step(self, spatial: dict[str, Array], b: Array, z2: Array, k: Array | None, v: Array | None):
     """Writes the new position's norm(Z2) (and aMLP key/value) into the cache.
 
     Returns W's row and b's entry for the position, the visible cache slots (j <= i) and the cached rows.
@@ -163,7 +238,10 @@ class GatedMlpBlock(nn.Module):
     z2, k, v = write("cached_norm_z2", z2), write("cached_key", k), write("cached_value", v)
     index.value = i + 1
     length = z2.shape[1]
-    row = jax.lax.dynamic_slice(w, (i, zero), (1, length))[None]             # [1, 1, cache_len]
+    if self.spatial == "full":
+      row = jax.lax.dynamic_slice(spatial["kernel"], (i, zero), (1, length))[None]   # [1, 1, cache_len]
+    else:  # W[i, j] = past[i - j]; slots j > i are masked below
+      row = spatial["past"][jnp.clip(i - jnp.arange(length), 0, self.max_length - 1)][None, None]
     bias = jax.lax.dynamic_slice(b, (i,), (1,))[None]                       # [1, 1]
     visible = (jnp.arange(length) <= i)[None, None, :]
     return row, bias, visible, z2, k, v
