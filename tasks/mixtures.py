@@ -1,36 +1,35 @@
 """Co-training mixtures across task families (each family's own mixture lives beside its tasks).
 
 ``mt_cotrain``: the Remixer paper's "MT" setup (§3.2, after Raffel et al. 2019 §3.7): C4 span corruption
-co-trained with GLUE, SuperGLUE and SQuAD, examples-proportional with T5's artificial dataset-size limit
-K = 2^19: a task's rate is min(#train examples, K); C4 (365M documents) gets K. Like T5's ``en_mix`` but
-with the limit applied to every task. Rates are computed when the mixture is first read (no I/O here).
+co-trained with GLUE, SuperGLUE (with DPR, as T5's SuperGLUE mixture) and SQuAD, examples-proportional with
+T5's artificial dataset-size limit K = 2^19: a task's rate is min(#train examples, K); C4 (365M documents) gets
+K. Like T5's ``en_mix`` but with the limit applied to every task. The example counts are fixed numbers, as T5's
+(GLUE and SuperGLUE: t5/data/glue_utils.py's weight mappings, ``glue.MIXTURE_RATES`` and
+``super_glue.MIXTURE_RATES``; SQuAD: ``SQUAD_TRAIN_EXAMPLES``), so the rates need no data on disk.
 """
 from __future__ import annotations
-
-import functools
 
 import seqio
 from remixer_t5.tasks import c4, glue, squad, super_glue
 
 MT_COTRAIN = "mt_cotrain"
 EXAMPLES_LIMIT = 2 ** 19  # T5 §3.7: examples-proportional mixing with K = 2^19
+# SQuAD v1.1's training questions (TFDS squad/v1.1 train split): what T5's rate_num_examples reads for
+# squad_v010_allanswers in en_mix (t5/data/glue_utils.py has no fixed count for SQuAD).
+SQUAD_TRAIN_EXAMPLES = 87_599.
 
 
-def capped_num_examples(task: seqio.Task, maximum: float = EXAMPLES_LIMIT) -> float:
-  """min(task's train examples, maximum): examples-proportional mixing with a limit."""
-  n = task.num_input_examples("train")
-  if n is None:
-    raise ValueError(f"task {task.name!r} cannot count its train examples; give it a fixed rate")
-  return float(min(n, maximum))
+def example_counts() -> dict[str, float]:
+  """Training examples of each supervised task of mt_cotrain: T5's fixed counts (no data read)."""
+  counts = {f"glue_{b}": r for b, r in glue.MIXTURE_RATES.items() if r > 0}
+  counts.update(super_glue.mixture_rates())
+  counts[squad.TASK_NAME] = SQUAD_TRAIN_EXAMPLES
+  return counts
 
 
-def mt_cotrain_tasks(maximum: float = EXAMPLES_LIMIT) -> list[tuple[str, object]]:
-  """(task, rate) pairs of mt_cotrain: C4 at the limit, the supervised training tasks capped at it."""
-  rate = functools.partial(capped_num_examples, maximum=maximum)
-  supervised = [f"glue_{b}" for b, r in glue.MIXTURE_RATES.items() if r > 0]
-  supervised += [f"{super_glue.PREFIX}{t}" for t in super_glue.TRAIN_TASKS]
-  supervised.append(squad.TASK_NAME)
-  return [(c4.TASK_NAME, float(maximum))] + [(name, rate) for name in supervised]
+def mt_cotrain_tasks(maximum: float = EXAMPLES_LIMIT) -> list[tuple[str, float]]:
+  """(task, rate) pairs of mt_cotrain: C4 at the limit, the supervised tasks' counts capped at it."""
+  return [(c4.TASK_NAME, float(maximum))] + [(name, float(min(n, maximum))) for name, n in example_counts().items()]
 
 
 def register_mt_cotrain(name: str = MT_COTRAIN, maximum: float = EXAMPLES_LIMIT) -> str:

@@ -4,7 +4,8 @@ Tasks (``register_super_glue_tasks``, names ``<prefix><task>``, prefix ``super_g
 
   boolq cb copa multirc record rte wic wsc   splits train / validation / test
   axb axg                                    split test only (the diagnostics: eval only)
-  mixture ``<prefix>proportional``           the 8 training tasks, examples-proportional
+  dpr                                        splits train / test: T5's dpr_v001_simple, WSC-format data
+  mixture ``<prefix>proportional``           the 8 training tasks and DPR at T5's fixed rates
 
 Formats (T5: t5/data/glue_utils.py get_glue_text_preprocessor -> t5/data/preprocessors.py glue / record /
 wsc_simple; postprocessors from t5/data/postprocessors.py):
@@ -21,6 +22,12 @@ wsc_simple; postprocessors from t5/data/postprocessors.py):
   rows whose candidate is the referent only (the source filters the train split); eval on all rows: the
   prediction counts as True when it names the candidate (T5's postprocessors.wsc_simple rule).
 
+* DPR (T5's ``definite_pronoun_resolution_simple``): ``wsc: <sentence with the pronoun as *he*>`` -> the
+  correct candidate, scored by accuracy on the decoded string (T5 has no postprocessor for it).
+
+The mixture ``<prefix>proportional`` is T5's ``super_glue_v102_proportional``: rates are T5's fixed training
+example counts (t5/data/glue_utils.py SUPER_GLUE_WEIGHT_MAPPING; ``MIXTURE_RATES``), so they need no data.
+
 Metrics (percent; tasks/metrics.py): accuracy (BoolQ, COPA, RTE, WiC, WSC); CB f1_macro over the 3 classes +
 accuracy; MultiRC f1a over all answer options + exact_match per question; ReCoRD em / f1; AX-b mcc; AX-g
 accuracy + gender_parity. A decoded string naming no class becomes -1, which always counts as wrong.
@@ -28,6 +35,8 @@ accuracy + gender_parity. A decoded string naming no class becomes -1, which alw
 Data: TFDS ``super_glue/<config>:1.0.2`` (the version in tensorflow_datasets 4.9.10; WSC from ``wsc.fixed``
 as T5), or the official release files under ``<data dir>/super_glue/``: ``{BoolQ,CB,COPA,MultiRC,ReCoRD,RTE,
 WiC,WSC}/{train,val,test}.jsonl`` and ``AX-b/AX-b.jsonl``, ``AX-g/AX-g.jsonl`` (TFDS's test split of axb/axg).
+DPR: TFDS ``definite_pronoun_resolution:1.1.0`` or its release files ``<data dir>/definite_pronoun_resolution/
+{train,test}.c.txt`` (4 lines per example: sentence, pronoun, ``candidate,candidate``, answer; blank line).
 The readers turn release rows into TFDS's features (MultiRC: one row per answer option; ReCoRD: one per
 query with the sorted distinct entity / answer strings; WSC with TFDS's ``wsc.fixed`` span repairs).
 """
@@ -41,13 +50,26 @@ from typing import Any
 import seqio
 from remixer_t5.tasks import metrics
 from remixer_t5.tasks.common import already_registered, as_vocabulary
-from remixer_t5.tasks.sources import LocalOrTfdsSource, read_jsonl
+from remixer_t5.tasks.sources import LocalOrTfdsSource, read_jsonl, read_line_blocks
 
 TFDS_VERSION = "1.0.2"  # tensorflow_datasets 4.9.10's super_glue (1.0.2: deterministic ReCoRD)
 PREFIX = "super_glue_"
 TRAIN_TASKS = ("boolq", "cb", "copa", "multirc", "record", "rte", "wic", "wsc")
 DIAGNOSTIC_TASKS = ("axb", "axg")
 SPLIT_FILES = {"train": "train.jsonl", "validation": "val.jsonl", "test": "test.jsonl"}
+
+# DPR (T5's dpr_v001_simple): TFDS definite_pronoun_resolution, or its release files (the ones TFDS downloads).
+DPR = "dpr"  # the task's name (``<prefix>dpr`` when registered under another prefix)
+DPR_TFDS_NAME = "definite_pronoun_resolution:1.1.0"  # the version T5 pins, tensorflow_datasets 4.9.10's
+DPR_LOCAL_DIR = "definite_pronoun_resolution"
+DPR_SPLIT_FILES = {"train": "train.c.txt", "test": "test.c.txt"}  # DPR has no validation split
+
+# T5's fixed mixing rates, t5/data/glue_utils.py SUPER_GLUE_WEIGHT_MAPPING (get_super_glue_weight_mapping):
+# training examples after T5's preprocessing (ReCoRD one per answer, MultiRC one per answer option, WSC the
+# referent rows), so super_glue_proportional's rates need no data and equal super_glue_v102_proportional's.
+# T5's rate-0 entries (wsc eval, axb, axg: evaluation only) are not in the mixture here.
+MIXTURE_RATES = {"boolq": 9_427., "cb": 250., "copa": 400., "multirc": 27_243., "record": 138_854.,
+                 "rte": 2_490., "wic": 5_428., "wsc": 259., DPR: 1_322.}
 
 # Label names (class id = position), as TFDS's super_glue configs define them.
 BOOL_LABELS = ("False", "True")
@@ -249,6 +271,28 @@ def _reader(convert: Callable, required: Sequence[str] = ()) -> Callable[[str], 
   return read
 
 
+def read_dpr(path: str) -> Iterable[dict]:
+  """A DPR release file (Rahman & Ng 2012; ``train.c.txt`` / ``test.c.txt``) as TFDS's
+  ``definite_pronoun_resolution`` examples. Each example is four lines (the sentence, the pronoun, the two
+  candidate antecedents separated by a comma, the correct one) and a blank line; TFDS strips each line and
+  each candidate, and the label is the correct candidate's position. A bad example raises ValueError naming
+  file and line."""
+  for lineno, lines in read_line_blocks(path):
+    where = f"{path}:{lineno}"
+    if len(lines) != 4:
+      raise ValueError(f"{where}: a DPR example is 4 lines (sentence, pronoun, 'candidate 1,candidate 2', "
+                       f"correct candidate) then a blank line; got {len(lines)} line(s): {lines[:6]!r}")
+    sentence, pronoun, candidates_line, correct = lines
+    candidates = [c.strip() for c in candidates_line.split(",")]
+    if len(candidates) != 2 or not all(candidates):
+      raise ValueError(f"{where}: DPR candidates line {candidates_line!r} must name 2 candidates separated by "
+                       f"one comma, got {candidates}")
+    if correct not in candidates:
+      raise ValueError(f"{where}: DPR correct antecedent {correct!r} is not one of the candidates {candidates}")
+    yield {"sentence": sentence, "pronoun": pronoun, "candidates": candidates,
+           "label": candidates.index(correct)}
+
+
 # --- text-to-text preprocessors (TensorFlow, as T5's) ---------------------------------------------------------
 def _tf():
   import tensorflow as tf
@@ -337,6 +381,20 @@ def wsc_simple_format(x):
   marked = tf.strings.regex_replace(blanked, " X ", tf.strings.join([" *", x["span2_text"], "* "]))
   return {"inputs": tf.strings.join(["wsc:", marked], separator=" "),
           "targets": tf.reshape(x["span1_text"], []), "label": x["label"], "idx": x["idx"]}
+
+
+@seqio.map_over_dataset
+def dpr_simple_format(x):
+  """T5's ``definite_pronoun_resolution_simple`` (dpr_v001_simple): ``"wsc: " + sentence`` with the first
+  occurrence of the pronoun that follows a space and precedes a space, "." or "," marked ``*pronoun*``
+  (case-sensitive; a pronoun that opens the sentence stays unmarked, as in T5); target the correct candidate.
+  WSC's format, so DPR's examples teach the WSC task (T5 trains both in super_glue_v102_proportional)."""
+  tf = _tf()
+  pronoun = tf.strings.regex_replace(x["pronoun"], r"([\\.^$|?*+()\[\]{}])", r"\\\1")  # as a literal
+  pattern = tf.strings.join([" (", pronoun, r")( |\.|,)"])
+  marked = tf.strings.regex_replace(x["sentence"], pattern, r" *\1*\2", replace_global=False)
+  return {"inputs": tf.strings.join(["wsc:", marked], separator=" "),
+          "targets": tf.gather(x["candidates"], x["label"])}
 
 
 class WscSource(LocalOrTfdsSource):
@@ -488,6 +546,12 @@ def _specs() -> dict[str, dict]:
                     "idx": idx, "label": label},
           preprocessor=wsc_simple_format, postprocess_fn=wsc_postprocess, metric_fns=[metrics.accuracy],
           source_cls=WscSource),
+      # T5's dpr_v001_simple: no postprocessor, accuracy of the decoded string against the candidate.
+      # candidates: TFDS's Sequence(length=2) is [2]; the reader gives exactly 2 ([None]: rows_dataset's form).
+      DPR: dict(
+          tfds_name=DPR_TFDS_NAME, local_dir=DPR_LOCAL_DIR, local_files=DPR_SPLIT_FILES, reader=read_dpr,
+          features={**text("sentence", "pronoun"), "candidates": strings, "label": label},
+          preprocessor=dpr_simple_format, postprocess_fn=None, metric_fns=[metrics.accuracy]),
   }
   specs["axb"]["local_files"] = {"test": "AX-b.jsonl"}
   specs["axg"]["local_files"] = {"test": "AX-g.jsonl"}
@@ -498,28 +562,42 @@ def _specs() -> dict[str, dict]:
 def _source(spec: Mapping) -> LocalOrTfdsSource:
   return spec.get("source_cls", LocalOrTfdsSource)(
       local_dir=spec["local_dir"], local_files=spec["local_files"], reader=spec["reader"],
-      features=spec["features"], tfds_name=f"super_glue/{spec['tfds_config']}:{TFDS_VERSION}")
+      features=spec["features"],
+      tfds_name=spec.get("tfds_name") or f"super_glue/{spec['tfds_config']}:{TFDS_VERSION}")
 
+
+
+def dpr_task_name(prefix: str = PREFIX) -> str:
+  """DPR's task name: ``dpr`` beside the ``super_glue_`` tasks, ``<prefix>dpr`` beside another prefix's."""
+  return DPR if prefix == PREFIX else f"{prefix}{DPR}"
+
+
+def mixture_rates(prefix: str = PREFIX, maximum: float | None = None) -> dict[str, float]:
+  """Task name -> rate of ``<prefix>proportional``: T5's fixed counts (``MIXTURE_RATES``), each capped at
+  ``maximum`` when given. No data is read."""
+  if maximum is not None and not maximum > 0:
+    raise ValueError(f"maximum must be a positive number of examples or None, got {maximum!r}")
+  cap = float("inf") if maximum is None else float(maximum)
+  return {(dpr_task_name(prefix) if task == DPR else f"{prefix}{task}"): min(rate, cap)
+          for task, rate in MIXTURE_RATES.items()}
 
 
 def register_super_glue_tasks(vocabulary=None, prefix: str = PREFIX, *, maximum: float | None = None) -> list[str]:
-  """Registers the 10 SuperGLUE tasks ``<prefix><task>`` and the mixture ``<prefix>proportional``; returns
-  their names (tasks, then the mixture). Idempotent with an equal vocabulary (ValueError with another).
+  """Registers the 10 SuperGLUE tasks ``<prefix><task>``, DPR (``dpr_task_name(prefix)``) and the mixture
+  ``<prefix>proportional``; returns their names (SuperGLUE tasks, DPR, the mixture). Idempotent with an equal
+  vocabulary (ValueError with another).
 
   ``vocabulary``: a seqio.Vocabulary, a SentencePiece model path, or None (T5's, lazy).
-  ``maximum``: cap on a task's mixing rate (``seqio.mixing_rate_num_examples(maximum=...)``). T5's
-  super_glue_v102_proportional (t5/data/mixtures.py) has no cap: its rates are the fixed, uncapped training
-  sizes of t5/data/glue_utils.py SUPER_GLUE_WEIGHT_MAPPING, hence None. Those count T5's preprocessed
-  examples (ReCoRD 138,854 = one per answer; WSC 259 = referent rows) and add DPR (1,322); here a rate is
-  the task's input examples, computed when the mixture is first used, not here: ReCoRD counts queries
-  (100,730 in TFDS's train), WSC its referent rows (the source filters them), MultiRC answer options.
+  The mixture is T5's super_glue_v102_proportional (t5/data/mixtures.py): the 8 training tasks and DPR at T5's
+  fixed rates (``MIXTURE_RATES``, t5/data/glue_utils.py), known without data. ``maximum``: cap each rate (T5's
+  mixture has none, hence None).
   """
   vocabulary = as_vocabulary(vocabulary)
   names = []
   specs = _specs()
-  for task in TRAIN_TASKS + DIAGNOSTIC_TASKS:
+  for task in TRAIN_TASKS + DIAGNOSTIC_TASKS + (DPR,):
     spec = specs[task]
-    name = f"{prefix}{task}"
+    name = dpr_task_name(prefix) if task == DPR else f"{prefix}{task}"
     names.append(name)
     if already_registered(name, vocabulary):
       continue
@@ -533,16 +611,14 @@ def register_super_glue_tasks(vocabulary=None, prefix: str = PREFIX, *, maximum:
         postprocess_fn=spec["postprocess_fn"],
         metric_fns=spec["metric_fns"])
   mixture = f"{prefix}proportional"
-  rate = functools.partial(seqio.mixing_rate_num_examples, maximum=maximum)
+  rates = mixture_rates(prefix, maximum)
   if mixture in seqio.MixtureRegistry.names():
-    existing = seqio.MixtureRegistry.get(mixture).rate_per_task_name
-    same = sorted(existing) == sorted(f"{prefix}{t}" for t in TRAIN_TASKS) and all(
-        getattr(r, "func", None) is rate.func and r.keywords == rate.keywords for r in existing.values())
-    if not same:
+    existing = dict(seqio.MixtureRegistry.get(mixture).rate_per_task_name)
+    if existing != rates:
       raise ValueError(f"Mixture {mixture!r} is already registered with other tasks or rates "
-                       f"({existing}), not examples-proportional with maximum={maximum!r}.")
+                       f"({existing}), not {rates} (T5's counts, maximum={maximum!r}).")
   else:
-    seqio.MixtureRegistry.add(mixture, [(f"{prefix}{t}", rate) for t in TRAIN_TASKS])
+    seqio.MixtureRegistry.add(mixture, list(rates.items()))
   return names + [mixture]
 
 

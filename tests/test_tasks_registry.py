@@ -1,7 +1,5 @@
 """The registry as users meet it: every task and mixture the spec names, `remixer-t5 tasks`, mixtures'
 composition and rates, and vocabulary-swapped copies (remixer_t5.data.task_lookup)."""
-import types
-
 import pytest
 import seqio
 
@@ -12,7 +10,8 @@ from remixer_t5.tasks import mixtures
 
 SPEC_TASKS = ["c4_span_corruption", "cogs", "mnli_matched", "mnli_mismatched", "anli_r1", "anli_r2", "anli_r3",
               "conjnli", "abductive_nli", "qnli", "squad"] + [
-    f"super_glue_{t}" for t in ("boolq", "cb", "copa", "multirc", "record", "rte", "wic", "wsc", "axb", "axg")]
+    f"super_glue_{t}" for t in ("boolq", "cb", "copa", "multirc", "record", "rte", "wic", "wsc", "axb", "axg")] + [
+    "dpr"]
 SPEC_MIXTURES = ["super_glue_proportional", "mt_cotrain", "mnli"]
 
 
@@ -49,18 +48,46 @@ def test_tasks_command_names_an_unknown_task(capsys):
   assert "no_such_task" in err and "cogs" in err
 
 
-def test_mt_cotrain_mixes_c4_glue_super_glue_and_squad_with_the_limit():
+# The reference: T5's fixed example counts, copied from t5/data/glue_utils.py (google-research/
+# text-to-text-transfer-transformer) GLUE_WEIGHT_MAPPING and SUPER_GLUE_WEIGHT_MAPPING (rate-0 eval-only entries
+# left out); SQuAD v1.1's 87,599 training questions (TFDS squad/v1.1, what T5's rate_num_examples reads for it).
+T5_COUNTS = {
+    "glue_cola_v002": 8_551., "glue_sst2_v002": 67_349., "glue_mrpc_v002": 3_668., "glue_qqp_v002": 363_849.,
+    "glue_stsb_v002": 5_749., "glue_mnli_v002": 392_702., "glue_qnli_v002": 104_743., "glue_rte_v002": 2_490.,
+    "dpr_v001_simple": 1_322., "super_glue_wsc_v102_simple_train": 259., "super_glue_boolq_v102": 9_427.,
+    "super_glue_cb_v102": 250., "super_glue_copa_v102": 400., "super_glue_multirc_v102": 27_243.,
+    "super_glue_record_v102": 138_854., "super_glue_rte_v102": 2_490., "super_glue_wic_v102": 5_428.,
+    "squad_v010_allanswers": 87_599.,
+}
+
+
+def _our_name(t5_name):
+  if t5_name == "dpr_v001_simple":
+    return "dpr"
+  if t5_name == "squad_v010_allanswers":
+    return "squad"
+  if t5_name == "super_glue_wsc_v102_simple_train":
+    return "super_glue_wsc"
+  return t5_name.rsplit("_v", 1)[0]  # glue_cola_v002 -> glue_cola, super_glue_boolq_v102 -> super_glue_boolq
+
+
+def test_mt_cotrain_rates_are_t5s_counts_with_the_limit(tmp_path, monkeypatch):
+  from remixer_t5.tasks import sources
+
+  monkeypatch.setattr(sources, "_data_dir_override", None)
+  monkeypatch.setenv("REMIXER_T5_DATA_DIR", str(tmp_path / "nothing_here"))  # the rates need no data
   mix = seqio.get_mixture_or_task("mt_cotrain")
-  names = {t.name for t in mix.tasks}
-  assert "c4_span_corruption" in names and "squad" in names
-  assert {"glue_mnli", "glue_qqp", "glue_cola"} <= names and "glue_mnli_matched" not in names
-  assert {f"super_glue_{t}" for t in ("boolq", "record", "wsc")} <= names and "super_glue_axb" not in names
-  assert mix.get_rate(seqio.get_mixture_or_task("c4_span_corruption")) == mixtures.EXAMPLES_LIMIT
-  big = types.SimpleNamespace(name="big", num_input_examples=lambda split: 10 ** 7)
-  small = types.SimpleNamespace(name="small", num_input_examples=lambda split: 250)
-  assert mixtures.capped_num_examples(big) == 2 ** 19 and mixtures.capped_num_examples(small) == 250
-  with pytest.raises(ValueError, match="uncountable"):
-    mixtures.capped_num_examples(types.SimpleNamespace(name="uncountable", num_input_examples=lambda s: None))
+  rates = {t.name: mix.get_rate(t) for t in mix.tasks}
+  expected = {_our_name(k): min(v, 2 ** 19) for k, v in T5_COUNTS.items()}
+  expected["c4_span_corruption"] = 2 ** 19  # T5 §3.7's K
+  assert rates == expected
+  assert mixtures.EXAMPLES_LIMIT == 2 ** 19
+  assert "glue_mnli_matched" not in rates and "super_glue_axb" not in rates  # eval-only tasks are not mixed
+  # C4's share: K over K + the supervised examples (ReCoRD counted per answer, as T5, not per query).
+  share = rates["c4_span_corruption"] / sum(rates.values())
+  assert share == pytest.approx(2 ** 19 / (2 ** 19 + sum(T5_COUNTS.values())))
+  capped = dict(mixtures.mt_cotrain_tasks(maximum=100_000))
+  assert capped["glue_mnli"] == capped["c4_span_corruption"] == 100_000 and capped["glue_rte"] == 2_490
   assert mix.output_features["targets"].vocabulary == seqio.get_mixture_or_task("squad").output_features[
       "targets"].vocabulary
 

@@ -172,6 +172,33 @@ EXPECTED = {
 }
 
 
+# DPR release files (train.c.txt / test.c.txt): sentence, pronoun, "candidate,candidate", answer, blank line.
+DPR_FILES = {
+    "train.c.txt": "Bob asked Tom if he can lend some money.\nhe\nBob,Tom\nTom\n\n"
+                   # the pronoun twice: T5 marks the first occurrence only; "," after it also ends the match
+                   "Ann told Sue she was late, and she apologised.\nshe\nAnn , Sue\nSue\n\n",
+    # CRLF line ends and a trailing space (TFDS strips lines); "it." ends the sentence; "He" opens one: T5's
+    # pattern needs a space before the pronoun and is case-sensitive, so the opening "He" stays unmarked.
+    "test.c.txt": "The cup fell off the table because Tim pushed it. \r\nit\r\nThe cup,the table\r\nThe cup\r\n\r\n"
+                  "He said that Jim would come.\nHe\nJim,a man\nJim\n",
+}
+# By hand from T5's definite_pronoun_resolution_simple: "wsc: " + sentence with " *pronoun*"; target the answer.
+DPR_EXPECTED = {
+    "train": [("wsc: Bob asked Tom if *he* can lend some money.", "Tom"),
+              ("wsc: Ann told Sue *she* was late, and she apologised.", "Sue")],
+    "test": [("wsc: The cup fell off the table because Tim pushed *it*.", "The cup"),
+             ("wsc: He said that Jim would come.", "Jim")],
+}
+
+
+def _write_dpr(root: Path, files=DPR_FILES) -> Path:
+  folder = root / "definite_pronoun_resolution"
+  folder.mkdir(parents=True, exist_ok=True)
+  for name, text in files.items():
+    (folder / name).write_bytes(text.encode("utf-8"))
+  return root
+
+
 def _write(root: Path, rows=ROWS) -> Path:
   for task, files in rows.items():
     folder = root / "super_glue" / DIRS[task]
@@ -187,7 +214,7 @@ def data_dir(tmp_path, monkeypatch):
   from remixer_t5.tasks import sources
 
   monkeypatch.setattr(sources, "_data_dir_override", None)
-  monkeypatch.setenv("REMIXER_T5_DATA_DIR", str(_write(tmp_path)))
+  monkeypatch.setenv("REMIXER_T5_DATA_DIR", str(_write_dpr(_write(tmp_path))))
   return tmp_path
 
 
@@ -281,6 +308,48 @@ def test_malformed_row_names_file_and_line(tmp_path, monkeypatch, task, file, li
   assert str(tmp_path / "super_glue" / DIRS[task] / file) in str(err.value)
 
 
+# --- DPR (T5's dpr_v001_simple) ---------------------------------------------------------------------------------
+def test_dpr_local_release_files_in_t5_format(data_dir):
+  from remixer_t5.tasks import super_glue
+
+  _register()
+  task = seqio.get_mixture_or_task(PREFIX + "dpr")
+  assert sorted(task.splits) == ["test", "train"]
+  assert task.source.tfds_name == "definite_pronoun_resolution:1.1.0"  # the version T5 pins
+  for split, expected in DPR_EXPECTED.items():
+    examples = _examples(PREFIX + "dpr", split)
+    got = [(ex["inputs_pretokenized"].decode(), ex["targets_pretokenized"].decode()) for ex in examples]
+    assert got == expected, split
+    for ex in examples:
+      assert BYTES.decode(ex["targets"][:-1].tolist()) == ex["targets_pretokenized"].decode()
+  rows = list(super_glue.read_dpr(str(data_dir / "definite_pronoun_resolution" / "train.c.txt")))
+  assert rows[1] == {"sentence": "Ann told Sue she was late, and she apologised.", "pronoun": "she",
+                     "candidates": ["Ann", "Sue"], "label": 1}
+  assert task.source.num_input_examples("train") == 2
+  # T5 scores DPR by accuracy on the decoded strings, with no postprocessor.
+  assert task.metric_fns[0](["Tom", "Sue"], ["Tom", "Ann"]) == {"accuracy": 50.0}
+  assert task.postprocess_fn("Tom") == "Tom"
+
+
+@pytest.mark.parametrize("text,line,match", [
+    ("A saw B and he left.\nhe\nA,B\n\n", 1, r"a DPR example is 4 lines .* got 3"),
+    ("A saw B and he left.\nhe\nA,B,C\nA\n", 1, r"candidates line 'A,B,C' must name 2 candidates"),
+    ("Ok then he went.\nhe\nX,Y\nX\n\nA saw B and he left.\nhe\nA,B\nC\n", 6,
+     r"correct antecedent 'C' is not one of the candidates \['A', 'B'\]"),
+])
+def test_dpr_malformed_example_names_file_and_line(tmp_path, monkeypatch, text, line, match):
+  from remixer_t5.tasks import sources
+
+  _write_dpr(tmp_path, {"train.c.txt": text, "test.c.txt": DPR_FILES["test.c.txt"]})
+  monkeypatch.setattr(sources, "_data_dir_override", None)
+  monkeypatch.setenv("REMIXER_T5_DATA_DIR", str(tmp_path))
+  _register()
+  path = tmp_path / "definite_pronoun_resolution" / "train.c.txt"
+  with pytest.raises(ValueError, match=match) as err:
+    _examples(PREFIX + "dpr", "train")
+  assert f"{path}:{line}:" in str(err.value)
+
+
 # --- TFDS (mocked: random examples from the builder's own features) ----------------------------------------------
 def _no_local_data(monkeypatch):
   from remixer_t5.tasks import sources
@@ -332,6 +401,30 @@ def test_tfds_mock_wsc_filters_train(monkeypatch):
   assert [ex["label"] for ex in validation] == [1, 0]
 
 
+def test_tfds_mock_dpr(monkeypatch):
+  import tensorflow as tf
+  import tensorflow_datasets as tfds
+
+  def as_dataset(self, split, **unused):  # rows in the builder's features (candidates: Sequence of length 2)
+    assert self.name == "definite_pronoun_resolution" and str(self.version) == "1.1.0"
+    del split
+    return tf.data.Dataset.from_tensor_slices({
+        "sentence": ["Bob asked Tom if he can lend some money.", "The cup fell because Tim pushed it."],
+        "pronoun": ["he", "it"], "candidates": [["Bob", "Tom"], ["The cup", "Tim"]],
+        "label": tf.constant([1, 0], tf.int64)})
+
+  _no_local_data(monkeypatch)
+  _register()
+  with tfds.testing.mock_data(as_dataset_fn=as_dataset, policy=tfds.testing.MockPolicy.USE_CODE):
+    train = _examples(PREFIX + "dpr", "train", try_in_mem_cache=False)
+  assert [(ex["inputs_pretokenized"].decode(), ex["targets_pretokenized"].decode()) for ex in train] == [
+      ("wsc: Bob asked Tom if *he* can lend some money.", "Tom"),
+      ("wsc: The cup fell because Tim pushed *it*.", "The cup")]
+  with tfds.testing.mock_data(num_examples=3, policy=tfds.testing.MockPolicy.USE_CODE):
+    test = _examples(PREFIX + "dpr", "test", try_in_mem_cache=False)  # random rows of the builder's features
+  assert len(test) == 3 and all(ex["inputs_pretokenized"].startswith(b"wsc: ") for ex in test)
+
+
 # --- postprocessors and metrics -------------------------------------------------------------------------------------
 def test_postprocessors_map_strings_back():
   from remixer_t5.tasks import super_glue as sg
@@ -370,6 +463,8 @@ def test_metric_wiring():
   assert fns["cb"] == [metrics.super_glue_cb] and fns["multirc"] == [metrics.super_glue_multirc]
   assert fns["record"] == [metrics.super_glue_record] and fns["axb"] == [metrics.matthews_corrcoef]
   assert fns["axg"] == [metrics.super_glue_axg]
+  dpr = seqio.get_mixture_or_task(PREFIX + "dpr")
+  assert dpr.metric_fns == [metrics.accuracy] and dpr.postprocess_fn("Tom") == "Tom"  # as T5: no postprocessor
 
 
 def test_cb_metric():
@@ -440,39 +535,60 @@ def test_registered_at_import_and_idempotent(monkeypatch):
   importlib.reload(super_glue)  # registering again: a no-op without data
   names = super_glue.register_super_glue_tasks()
   assert names == [f"super_glue_{t}" for t in ("boolq", "cb", "copa", "multirc", "record", "rte", "wic", "wsc",
-                                               "axb", "axg")] + ["super_glue_proportional"]
+                                               "axb", "axg")] + ["dpr", "super_glue_proportional"]
   task = seqio.get_mixture_or_task("super_glue_boolq")
   assert task.output_features["targets"].vocabulary == t5_vocabulary()  # T5's, not loaded yet
   assert list(seqio.get_mixture_or_task("super_glue_axg").splits) == ["test"]
   assert sorted(t.name for t in seqio.get_mixture_or_task("super_glue_proportional").tasks) == sorted(
-      f"super_glue_{t}" for t in super_glue.TRAIN_TASKS)
+      [f"super_glue_{t}" for t in super_glue.TRAIN_TASKS] + ["dpr"])
   assert _register() == _register()
+  assert _register()[-2:] == [PREFIX + "dpr", PREFIX + "proportional"]
   with pytest.raises(ValueError, match="already registered"):
     _register(vocabulary=seqio.ByteVocabulary(extra_ids=3))
   with pytest.raises(ValueError, match="already registered with other tasks or rates"):
     _register(maximum=5)
+  with pytest.raises(ValueError, match="maximum must be a positive number"):
+    _register("test_sg_badcap_", maximum=0)
 
 
-def test_mixture_rates_lazy_on_local_rows(tmp_path, monkeypatch):
+# The reference: T5's super_glue_v102_proportional rates, copied from t5/data/glue_utils.py
+# SUPER_GLUE_WEIGHT_MAPPING (google-research/text-to-text-transfer-transformer; rate-0 eval-only entries left out).
+T5_SUPER_GLUE_RATES = {"dpr_v001_simple": 1_322., "super_glue_wsc_v102_simple_train": 259.,
+                       "super_glue_boolq_v102": 9_427., "super_glue_cb_v102": 250., "super_glue_copa_v102": 400.,
+                       "super_glue_multirc_v102": 27_243., "super_glue_record_v102": 138_854.,
+                       "super_glue_rte_v102": 2_490., "super_glue_wic_v102": 5_428.}
+T5_NAMES = {"dpr_v001_simple": "dpr", "super_glue_wsc_v102_simple_train": "super_glue_wsc",
+            **{f"super_glue_{t}_v102": f"super_glue_{t}" for t in ("boolq", "cb", "copa", "multirc", "record",
+                                                                    "rte", "wic")}}
+
+
+def test_mixture_rates_are_t5s_and_need_no_data(tmp_path, monkeypatch):
   from remixer_t5.tasks import sources
 
   monkeypatch.setattr(sources, "_data_dir_override", None)
-  monkeypatch.setenv("REMIXER_T5_DATA_DIR", str(tmp_path / "not_yet"))  # nothing to read at registration
-  uncapped = _register("test_sg_mix_")[-1]
-  capped = _register("test_sg_mixcap_", maximum=2)[-1]
-  _write(tmp_path / "not_yet")
-  # Training examples per task: rows; MultiRC answer options; ReCoRD queries; WSC referent rows only.
-  sizes = {"boolq": 2, "cb": 2, "copa": 1, "multirc": 3, "record": 2, "rte": 1, "wic": 1, "wsc": 2}
-  for name, prefix in ((uncapped, "test_sg_mix_"), (capped, "test_sg_mixcap_")):
-    mixture = seqio.get_mixture_or_task(name)
-    rates = {t.name[len(prefix):]: mixture.get_rate(t) for t in mixture.tasks}
-    cap = 2 if prefix == "test_sg_mixcap_" else float("inf")
-    assert rates == {t: min(n, cap) for t, n in sizes.items()}
-  ds = seqio.get_mixture_or_task(uncapped).get_dataset(
+  monkeypatch.setenv("REMIXER_T5_DATA_DIR", str(tmp_path / "nothing_here"))  # no data, no TFDS: rates anyway
+  mixture = seqio.get_mixture_or_task("super_glue_proportional")
+  rates = {t.name: mixture.get_rate(t) for t in mixture.tasks}
+  assert rates == {T5_NAMES[k]: v for k, v in T5_SUPER_GLUE_RATES.items()}
+  # ReCoRD's share is T5's: 138,854 of 185,673 examples (raw rows would have given it 100,730).
+  assert rates["super_glue_record"] / sum(rates.values()) == pytest.approx(138_854 / 185_673)
+  capped = seqio.get_mixture_or_task(_register("test_sg_mixcap_", maximum=1_000)[-1])
+  assert {t.name: capped.get_rate(t) for t in capped.tasks} == {
+      "test_sg_mixcap_" + T5_NAMES[k][len("super_glue_"):] if k != "dpr_v001_simple" else "test_sg_mixcap_dpr":
+      min(v, 1_000.) for k, v in T5_SUPER_GLUE_RATES.items()}
+
+
+def test_mixture_samples_tasks_from_local_rows(data_dir):
+  name = _register("test_sg_mix_")[-1]
+  ds = seqio.get_mixture_or_task(name).get_dataset(
       sequence_length={"inputs": 256, "targets": 16}, split="train", shuffle=True, seed=0, use_cached=False,
       num_epochs=None)
-  starts = {BYTES.decode(ex["inputs"].tolist()).split(" ")[0] for ex in ds.take(60).as_numpy_iterator()}
-  assert starts <= {"boolq", "cb", "copa", "multirc", "record", "rte", "wic", "wsc:"} and len(starts) >= 5
+  starts = {BYTES.decode(ex["inputs"].tolist()).split(" ")[0] for ex in ds.take(200).as_numpy_iterator()}
+  # ReCoRD 75%, MultiRC 15%, BoolQ 5% of the draws, ...; DPR's 0.7% is too rare to rely on, so read it.
+  assert starts <= {"boolq", "cb", "copa", "multirc", "record", "rte", "wic", "wsc:"} and len(starts) >= 3
+  dpr = seqio.get_mixture_or_task("test_sg_mix_dpr")
+  assert [ex["targets_pretokenized"] for ex in dpr.get_dataset(
+      sequence_length=None, split="train", shuffle=False, use_cached=False).as_numpy_iterator()] == [b"Tom", b"Sue"]
 
 
 # --- FewGLUE release files with the real T5 vocabulary ---------------------------------------------------------
