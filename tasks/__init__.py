@@ -5,11 +5,12 @@ dataset is built); registering again (a second import or a module reload) is a n
 
     embedded_span_corruption                 the embedded corpus (smoke tests, `make demo`)
     c4_span_corruption                       C4 (TFDS c4/en:3.1.0 or local shards)
-    super_glue_* / super_glue_proportional   SuperGLUE
+    super_glue_* / super_glue_proportional   SuperGLUE (the mixture with DPR, as T5's)
+    dpr                                      DPR (T5's dpr_v001_simple, WSC-format training data)
     glue_* / glue_proportional, squad        GLUE and SQuAD (for the MT co-training mixture)
     mnli, anli_r1..3, conjnli, abductive_nli, qnli   entailment
     cogs                                     COGS
-    mt_cotrain                               C4 + GLUE + SuperGLUE + SQuAD (the Remixer paper's "MT")
+    mt_cotrain                               C4 + GLUE + SuperGLUE + DPR + SQuAD (the Remixer paper's "MT")
 
 Where the data comes from: tasks/sources.py (local release files under $REMIXER_T5_DATA_DIR, else TFDS).
 """
