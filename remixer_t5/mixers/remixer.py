@@ -32,6 +32,31 @@ def _masked_softmax(logits: Array, mask: Array) -> Array:
   return jax.nn.softmax(logits, axis=-1) * mask
 
 
+def _row_exp(logits: Array, allowed: Array | None = None) -> Array:
+  """P = exp(logits - rowmax) in float32, exactly 0 where not `allowed`; rowmax over the allowed entries.
+
+  softmax over any subset S of a row is then P[i, j] / sum_{k in S} P[i, k]: the shift cancels. This holds
+  while the subset's logits lie within ~87 of the row maximum (float32 exp underflows below e^-87; bfloat16
+  shares float32's exponent range); a row whose every visible entry underflows mixes nothing (zero).
+  """
+  logits = logits.astype(jnp.float32)
+  if allowed is not None:
+    logits = jnp.where(allowed, logits, -jnp.inf)
+  top = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))  # the shift cancels: no gradient
+  return jnp.exp(logits - top)
+
+
+def _slice_gather(table: Array, pos: Array) -> Array:
+  """table[pos[b, i], pos[b, j]] -> [batch, len, len], as a row gather then a column gather per example.
+
+  Two gathers of whole rows / columns (and their scatter-add transposes) instead of one gather of single
+  elements, which TPUs serialise.
+  """
+  rows = jnp.take(table, pos, axis=0, mode="clip")                               # [b, len, L]
+  columns = lambda r, p: jnp.take(r, p, axis=1, mode="clip")
+  return jax.vmap(columns)(rows, jnp.broadcast_to(pos, rows.shape[:2]))
+
+
 class RemixerBlock(nn.Module):
   """The Remixer block (§2.1), a feature mixer: `RemixerBlock(config=cfg)(x, ctx, deterministic=...)`.
 
@@ -93,14 +118,14 @@ class RemixerBlock(nn.Module):
 
     if ctx.decode and self.has_variable("cache", "cached_glu"):
       weights, values = self._decode_step(h, xp)
+      weights = nn.Dropout(self.remix_dropout)(weights, deterministic=deterministic)
+      xs = jnp.einsum("bqk,bkw->bqw", weights.astype(cfg.dtype), values.astype(cfg.dtype))
     else:
       base.check_length(x.shape[1], self.max_length, "RemixerBlock")
       if ctx.decode:  # the first decode call only creates the cache
         self.variable("cache", "cached_glu", jnp.zeros, xp.shape, xp.dtype)
         base.cache_index(self)
-      weights, values = self._full_weights(h, ctx), xp
-    weights = nn.Dropout(self.remix_dropout)(weights, deterministic=deterministic)
-    xs = jnp.einsum("bqk,bkw->bqw", weights.astype(cfg.dtype), values.astype(cfg.dtype))
+      xs = self._remix(h, xp, ctx, deterministic)
 
     if self.compositional:
       a = self._alpha(x, width).astype(cfg.dtype)
@@ -112,20 +137,44 @@ class RemixerBlock(nn.Module):
       return dense(x.shape[-1], ("mlp", "embed"), "wo")(drop(xc)) + xp
     return dense(x.shape[-1], ("mlp", "embed"), "wo")(drop(xc + xp))
 
-  def _full_weights(self, h: Array, ctx: base.MixerContext) -> Array:
-    """[batch, len, len] softmax(H) rows gathered at each example's own positions, masked.
+  def _remix(self, h: Array, xp: Array, ctx: base.MixerContext, deterministic: bool) -> Array:
+    """X_S = softmax(H) X' (§2.1.1) over a whole sequence, row i normalised over its visible sources.
 
-    Built from the query side only (this block mixes a sequence with itself, so kv == q).
+    Visible: j real, in i's packed segment, and j <= i in the decoder; H is indexed by each example's own
+    positions. Padding queries get X_S = 0. With P = exp(H - rowmax(H)) (`_row_exp`) and m the key mask,
+    softmax over the visible keys is (P ⊙ m) / (P m), so when every example shares the positions
+    (unpacked rows; `q_positions` of batch 1) and the mixing weights are not dropped out per example:
+
+        X_S = (P (m ⊙ X')) / (P m)
+
+    one [L, L] softmax numerator per layer and one matmul over the batch, no [batch, L, L] tensor. Packed
+    rows (each segment indexes H from 0; its block of the mixing matrix sits at a per-example offset),
+    per-example positions, and remix dropout (drawn per example) use the per-example matrix
+    P[pos_i, pos_j] ⊙ mask / rowsum: exact too, at [batch, L, L] cost.
     """
+    cfg = self.config
+    length = xp.shape[1]
+    key_mask = ctx.q_mask > 0
     pos = ctx.q_positions
-    logits = h[pos[:, :, None], pos[:, None, :]]
-    mask = (ctx.q_mask[:, :, None] > 0) & (ctx.q_mask[:, None, :] > 0)
+    causal = jnp.tril(jnp.ones((length, length), bool)) if ctx.causal else None
+    dropping = self.remix_dropout > 0 and not deterministic
+    if ctx.q_segment_ids is None and pos.shape[0] == 1 and not dropping:
+      p = _row_exp(_slice_gather(h, pos)[0], causal).astype(cfg.dtype)                # [L, L]
+      m = key_mask.astype(cfg.dtype)
+      numer = jnp.einsum("qk,bkw->bqw", p, xp.astype(cfg.dtype) * m[:, :, None])
+      denom = jnp.einsum("qk,bk->bq", p.astype(jnp.float32), m.astype(jnp.float32))
+      scale = jnp.where(key_mask & (denom > 0), 1.0 / jnp.where(denom > 0, denom, 1.0), 0.0)
+      return numer * scale[:, :, None].astype(cfg.dtype)
+    mask = key_mask[:, :, None] & key_mask[:, None, :]
     if ctx.q_segment_ids is not None:
       mask &= ctx.q_segment_ids[:, :, None] == ctx.q_segment_ids[:, None, :]
-    if ctx.causal:
-      length = mask.shape[-1]
-      mask &= jnp.arange(length)[None, :] <= jnp.arange(length)[:, None]
-    return _masked_softmax(logits, mask)
+    if causal is not None:
+      mask &= causal
+    p = jnp.where(mask, _slice_gather(_row_exp(h), pos), 0.0)                        # [b, L, L]
+    denom = jnp.sum(p, axis=-1, keepdims=True)
+    weights = p / jnp.where(denom > 0, denom, 1.0)
+    weights = nn.Dropout(self.remix_dropout)(weights, deterministic=deterministic)
+    return jnp.einsum("bqk,bkw->bqw", weights.astype(cfg.dtype), xp.astype(cfg.dtype))
 
   def _decode_step(self, h: Array, xp: Array) -> tuple[Array, Array]:
     """Writes X' of the new position into the cache; returns H's row for it and all cached X' rows."""
