@@ -96,9 +96,39 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
   ckpt = Path(args.checkpoint)
   model = _model_for_checkpoint(ckpt)
   params = checkpoints.restore_any_params(ckpt)
-  hf.write_hf_checkpoint(args.out_dir, model.module.config, params)
+  vocabulary, source = _run_vocabulary(args.vocabulary)
+  tokenizer = None
+  if vocabulary is not None:
+    if vocabulary.vocab_size > model.module.config.vocab_size:
+      raise ValueError(f"the vocabulary ({source}) has {vocabulary.vocab_size} ids but the model's vocab_size "
+                       f"is {model.module.config.vocab_size}; pass the run's own --vocabulary")
+    tokenizer = hf.vocabulary_tokenizer_files(vocabulary)
+  hf.write_hf_checkpoint(args.out_dir, model.module.config, params, tokenizer=tokenizer)
   print(f"wrote Hugging Face T5 v1.1 checkpoint to {args.out_dir}")
+  if tokenizer:
+    print(f"with its tokenizer ({', '.join(tokenizer)}; {vocabulary.vocab_size} ids, {vocabulary.extra_ids} "
+          f"sentinels) from {source}")
+  else:
+    print("no tokenizer written: no vocabulary is known for this checkpoint (no VOCABULARY or "
+          "MIXTURE_OR_TASK_NAME in its gin); pass --vocabulary=PATH/TO/sentencepiece.model", file=sys.stderr)
   return 0
+
+
+def _run_vocabulary(path: str | None):
+  """(the run's seqio vocabulary, where it came from): --vocabulary, else the gin VOCABULARY, else the
+  vocabulary of the gin's MIXTURE_OR_TASK_NAME; (None, None) when none of them is there."""
+  from remixer_t5.data import vocab as vocab_lib
+  if path:
+    return vocab_lib.get_vocabulary(path), path
+  vocabulary = _macro("VOCABULARY")
+  if vocabulary is not None:
+    return vocabulary, "the gin VOCABULARY"
+  task = _macro("MIXTURE_OR_TASK_NAME")
+  if task:
+    from remixer_t5.data import task_lookup
+    provider = task_lookup.get_mixture_or_task(task)
+    return provider.output_features["targets"].vocabulary, f"task {task}"
+  return None, None
 
 
 def _model_for_checkpoint(ckpt: Path):
@@ -220,6 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
   exp = sub.add_parser("export-hf", help="checkpoint (import-hf output or MODEL_DIR) -> Hugging Face dir")
   exp.add_argument("checkpoint")
   exp.add_argument("out_dir")
+  exp.add_argument("--vocabulary", help="SentencePiece model written as the tokenizer (default: the run's gin "
+                   "VOCABULARY, else its task's vocabulary)")
   plo = sub.add_parser("plot", help="PNG maps of softmax(H), self-attention and HyperMixing pseudo-attention")
   plo.add_argument("checkpoint", help="MODEL_DIR, import-hf output or params checkpoint")
   plo.add_argument("--out", default=".", help="directory for the PNG files (default: current)")
@@ -269,6 +301,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 macro_defaults=None if args.command in _NEEDS_MODEL_DIR else {"MODEL_DIR": "None"})
     elif args.command in ("train", "eval", "info"):
       raise GinError(f"`{args.command}` needs a config: --gin_file=... (see gin/ for models and runs)")
+    else:  # export-hf/plot then read the checkpoint's own gin, never a config left by an earlier main() call
+      import gin
+      gin.clear_config()
     handler = {"train": cmd_train, "eval": cmd_eval, "tasks": cmd_tasks, "info": cmd_info, "import-hf": cmd_import_hf,
                "export-hf": cmd_export_hf, "plot": cmd_plot, "bench": cmd_bench}[args.command]
     return handler(args)

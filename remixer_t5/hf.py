@@ -405,10 +405,75 @@ def read_hf_checkpoint(path: str | os.PathLike) -> tuple[dict, dict[str, np.ndar
   return hf_config, state
 
 
+# --------------------------------------------------------------------------------------- tokenizer
+
+SPIECE_NAME = "spiece.model"
+TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
+SPECIAL_TOKENS_MAP_NAME = "special_tokens_map.json"
+TOKENIZER_FILES = (SPIECE_NAME, TOKENIZER_CONFIG_NAME, SPECIAL_TOKENS_MAP_NAME)
+_T5_SPECIAL_PIECES = ("<pad>", "</s>", "<unk>")  # ids 0, 1, 2 in T5's SentencePiece models (and ours)
+
+
+def hf_tokenizer_files(spiece_model: bytes, extra_ids: int = 100, model_max_length: int = 512
+                       ) -> dict[str, bytes]:
+  """{file name: bytes} of a T5 tokenizer as transformers' `T5Tokenizer`/`T5TokenizerFast` read it.
+
+  As in the published google/t5-v1_1-* repositories: `spiece.model` is the plain SentencePiece model
+  (pad=0, eos=1, unk=2, no sentinels inside it) and the tokenizer adds `extra_ids` sentinels after its pieces
+  in reverse order, `<extra_id_0>` = the last id; seqio's `SentencePieceVocabulary(extra_ids=...)` numbers them
+  the same way, so ids agree. `tokenizer_config.json` carries `extra_ids` and the sentinels as
+  `additional_special_tokens` (also in `special_tokens_map.json`); `model_max_length` 512 is T5's value
+  (transformers only warns beyond it; relative positions have no hard limit).
+  """
+  import sentencepiece as spm
+  try:
+    sp = spm.SentencePieceProcessor(model_proto=spiece_model)
+  except Exception as e:  # noqa: BLE001 - sentencepiece raises RuntimeError/OSError for bad protos
+    raise ValueError(f"not a SentencePiece model ({len(spiece_model)} bytes): {e}") from e
+  n = sp.get_piece_size()
+  special = tuple(sp.id_to_piece(i) for i in range(min(3, n)))
+  if special != _T5_SPECIAL_PIECES:
+    raise ValueError(f"the SentencePiece model's ids 0, 1, 2 are {special}; T5's tokenizer needs "
+                     f"{_T5_SPECIAL_PIECES} (pad, eos, unk)")
+  inside = [sp.id_to_piece(i) for i in range(n) if "<extra_id_" in sp.id_to_piece(i)]
+  if inside:
+    raise ValueError(f"the SentencePiece model already holds {len(inside)} sentinel pieces (e.g. {inside[0]!r}); "
+                     "write the plain model, without seqio's extra ids")
+  if extra_ids < 0:
+    raise ValueError(f"extra_ids must be >= 0, got {extra_ids}")
+  sentinels = [f"<extra_id_{i}>" for i in range(extra_ids)]
+  tokens = {"eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>",
+            "additional_special_tokens": sentinels}
+  config = {**tokens, "extra_ids": extra_ids, "model_max_length": model_max_length,
+            "tokenizer_class": "T5Tokenizer", "clean_up_tokenization_spaces": False}
+  dump = lambda d: (json.dumps(d, indent=2, sort_keys=True) + "\n").encode()
+  return {SPIECE_NAME: bytes(spiece_model), TOKENIZER_CONFIG_NAME: dump(config),
+          SPECIAL_TOKENS_MAP_NAME: dump(tokens)}
+
+
+def vocabulary_tokenizer_files(vocabulary) -> dict[str, bytes]:
+  """`hf_tokenizer_files` of a seqio `SentencePieceVocabulary` (the run's vocabulary): its model file's bytes
+  (read with tf.io.gfile, so gs:// works) and its extra ids. Vocabularies HF's T5 tokenizer cannot reproduce
+  (not SentencePiece, normalizer overrides, sentinels numbered upwards) are refused with the reason."""
+  model_file = getattr(vocabulary, "sentencepiece_model_file", None)
+  if not model_file:
+    raise ValueError(f"{vocabulary!r} is not a SentencePiece vocabulary; HF's T5 tokenizer needs one")
+  if getattr(vocabulary, "_normalizer_spec_overrides", None):
+    raise ValueError(f"{vocabulary!r} overrides the SentencePiece normalizer, which spiece.model would not carry")
+  if vocabulary.extra_ids and not getattr(vocabulary, "_reverse_extra_ids", True):
+    raise ValueError(f"{vocabulary!r} numbers its extra ids upwards; HF's T5 tokenizer numbers them downwards "
+                     "(<extra_id_0> = the last id)")
+  import tensorflow as tf
+  with tf.io.gfile.GFile(model_file, "rb") as f:
+    return hf_tokenizer_files(f.read(), vocabulary.extra_ids)
+
+
 def write_hf_checkpoint(path: str | os.PathLike, cfg: network.T5Config, params: Mapping, *,
-                        overwrite: bool = False) -> None:
+                        overwrite: bool = False, tokenizer: Mapping[str, bytes] | None = None) -> None:
   """Write config.json + model.safetensors to directory `path`, atomically (temp dir, then rename).
 
+  `tokenizer`: files to write beside them ({name: bytes}, from `hf_tokenizer_files`), so that
+  `AutoTokenizer.from_pretrained(path)` works too.
   An existing non-empty `path` is an error unless `overwrite`; then it is replaced only once the new
   checkpoint is completely written.
   """
@@ -427,6 +492,9 @@ def write_hf_checkpoint(path: str | os.PathLike, cfg: network.T5Config, params: 
       f.write("\n")
     # transformers refuses safetensors files without {"format": "pt"} metadata.
     safetensors.numpy.save_file(state, os.path.join(tmp, SAFETENSORS_NAME), metadata={"format": "pt"})
+    for name, data in (tokenizer or {}).items():
+      with open(os.path.join(tmp, name), "wb") as f:
+        f.write(data)
     if os.path.exists(path):
       old = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.old-", dir=parent)
       os.rename(path, os.path.join(old, "ckpt"))
