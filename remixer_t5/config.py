@@ -33,15 +33,27 @@ class T5Config:
   # axis (`<stack>/layers/...`; `unstack_scanned_params` gives the unrolled `<stack>/layers_<i>/...` tree).
   remat_policy: str = "none"
   scan_layers: bool = False
+  # How each layer wires norms and residuals around its slots (LAYER_LAYOUTS; HyperMixer paper App. F).
+  layer_layout: str = "pre_norm"
 
   def __post_init__(self):
     object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
     if self.remat_policy not in REMAT_POLICIES:
       raise ValueError(f"T5Config.remat_policy must be one of {sorted(REMAT_POLICIES)}, got {self.remat_policy!r}")
+    if self.layer_layout not in LAYER_LAYOUTS:
+      raise ValueError(f"T5Config.layer_layout must be one of {LAYER_LAYOUTS}, got {self.layer_layout!r}")
     for name in ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim"):
       if getattr(self, name) <= 0:
         raise ValueError(f"T5Config.{name} must be positive, got {getattr(self, name)}")
 
+
+# Layer layouts, as the HyperMixer paper's App. F writes them (TM = token mixing, FM = feature mixing, N = the
+# stack's norm; decoder layers chain their self and cross slots as token-mixing slots):
+#   'pre_norm' (Wang et al. 2019; T5):       x1 = x + TM(N(x));   out = x1 + FM(N(x1))
+#   'post_norm' (Vaswani et al. 2017):       x1 = N(x + TM(x));   out = N(x1 + FM(x1))
+#   'serialized' (Chowdhery et al. 2022's "standard serialized"; every HyperMixer experiment, App. F and Fig. 1):
+#                                            x1 = x + TM(N(x));   out = x + FM(N(x1))
+LAYER_LAYOUTS = ("pre_norm", "post_norm", "serialized")
 
 # What each layer saves for the backward pass (the rest is recomputed); names as in MaxText's `remat_policy`.
 REMAT_POLICIES: dict[str, Callable[..., bool] | None] = {

@@ -71,6 +71,54 @@ class Embed(nn.Module):
     return jnp.take(self.embedding, ids, axis=0).astype(self.dtype)
 
 
+def sinusoidal_features(positions: Array, dim: int) -> Array:
+  """Vaswani et al. (2017) §3.5: p[2k] = sin(pos / 10000^{2k/d}), p[2k+1] = cos(...); float32 [..., dim].
+
+  The one definition of the sinusoidal encoding: HyperMixing adds it to its hypernetworks' inputs, and
+  `AbsolutePositionEmbedding('sinusoidal')` to a stack's token embeddings.
+  """
+  half = (dim + 1) // 2
+  inv_freq = 10000.0 ** (-2.0 * jnp.arange(half, dtype=jnp.float32) / dim)
+  angle = positions.astype(jnp.float32)[..., None] * inv_freq
+  feats = jnp.stack([jnp.sin(angle), jnp.cos(angle)], axis=-1)
+  return feats.reshape(angle.shape[:-1] + (2 * half,))[..., :dim]
+
+
+POSITION_EMBEDDINGS = ("none", "sinusoidal", "learned")
+
+
+class AbsolutePositionEmbedding(nn.Module):
+  """Absolute position embeddings, added to a stack's token embeddings (`network.Encoder`/`Decoder`).
+
+  kind:
+    'sinusoidal': the fixed encoding of Vaswani et al. (2017) §3.5 (`sinusoidal_features`), no parameters
+      and no maximum length. The linear transformer's experiments (Katharopoulos et al. 2020, code released
+      with the paper) use this encoding.
+    'learned': a trained table [max_length, d] with logical axes ('abspos_buckets', 'embed'), initialised
+      like the token embedding (normal, stddev 1, so both terms start at T5's embedding scale): the
+      BERT-style absolute position embeddings FNet adds to its token embeddings (Lee-Thorp et al. 2021).
+  Called with positions [batch or 1, len] (int; restarting in each packed segment, or the decode step),
+  returns [batch or 1, len, features] in `dtype`.
+  """
+  kind: str
+  features: int
+  max_length: int = 512
+  dtype: str = "float32"
+
+  @nn.compact
+  def __call__(self, positions: Array) -> Array:
+    if self.kind == "sinusoidal":
+      return sinusoidal_features(positions, self.features).astype(self.dtype)
+    if self.kind == "learned":
+      if positions.shape[-1] > self.max_length:
+        raise ValueError(f"learned position embeddings cover {self.max_length} positions but got a sequence of "
+                         f"length {positions.shape[-1]}; raise max_position_embeddings")
+      table = param_with_axes("embedding", embedding_init, (self.max_length, self.features), jnp.float32,
+                              axes=("abspos_buckets", "embed"))
+      return jnp.take(table, positions.astype(jnp.int32), axis=0).astype(self.dtype)
+    raise ValueError(f"unknown position embedding kind {self.kind!r}; expected one of {POSITION_EMBEDDINGS}")
+
+
 def activation(name: str) -> Callable[[Array], Array]:
   if name == "linear":
     return lambda x: x

@@ -3,7 +3,11 @@
 With the defaults this is T5.1.1 (Raffel et al. 2020 + the T5.1.1 changes: gated-GELU feed-forward, untied
 embedding and output layer, RMS norms without bias, relative position biases shared per stack) with t5x's
 parameter names. The mixers of each stack come from gin (`remixer_t5/mixers/`, one file per paper); a layer is
-pre-norm + mixer + dropout + residual for each slot (HyperMixer paper, Fig. 1).
+"token mixing + feature mixing" (HyperMixer paper, Fig. 1), each slot norm + mixer + dropout + residual. The
+wiring is `T5Config.layer_layout` (HyperMixer paper App. F): 'pre_norm' (T5's, the default; Wang et al. 2019),
+'post_norm' (Vaswani et al. 2017) or 'serialized' (the layout of Fig. 1 and every HyperMixer experiment).
+Absolute position embeddings (`Transformer.encoder_position_embeddings` / `decoder_position_embeddings`) can be
+added to the token embeddings, for mixers that carry no position information of their own.
 """
 from __future__ import annotations
 
@@ -38,17 +42,32 @@ def slot_name(factory: Factory, role: str) -> str:
   return (_ATTENTION_SLOTS if kind == "attention" else _OTHER_SLOTS)[role]
 
 
-def _apply_slot(layer: nn.Module, x, factory: Factory, role: str, kv, ctx, deterministic: bool):
-  """x + dropout(mixer(norm(x), ...)): the pre-norm residual wrapper of every slot (ψ in the papers)."""
+def _apply_slot(layer: nn.Module, x, factory: Factory, role: str, kv, ctx, deterministic: bool, residual=None):
+  """The residual wrapper of every slot, as `T5Config.layer_layout` says (HyperMixer paper App. F):
+
+  pre_norm and serialized: residual + dropout(mixer(norm(x))), where the residual is x except for the
+  serialized layout's feature slot, whose residual is the layer's input (`residual`); post_norm:
+  norm(x + dropout(mixer(x))). The norm is the project's RMSNorm (T5.1.1) in every layout.
+  """
   cfg = layer.config
   name = slot_name(factory, role)
-  y = layers.RMSNorm(cfg.layer_norm_epsilon, cfg.dtype, name=_NORM_NAMES.get(name, f"pre_{name}_layer_norm"))(x)
+  post = cfg.layer_layout == "post_norm"
   mixer = factory(config=cfg, name=name)
+  y = x if post else layers.RMSNorm(cfg.layer_norm_epsilon, cfg.dtype,
+                                    name=_NORM_NAMES.get(name, f"pre_{name}_layer_norm"))(x)
   if role == "feature":
     y = mixer(y, ctx, deterministic=deterministic)
   else:
     y = mixer(y, y if kv is None else kv, ctx, deterministic=deterministic)
-  return x + nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(y, deterministic=deterministic)
+  y = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(y, deterministic=deterministic)
+  if post:
+    return layers.RMSNorm(cfg.layer_norm_epsilon, cfg.dtype, name=f"post_{name}_layer_norm")(x + y)
+  return (x if residual is None else residual) + y
+
+
+def _feature_residual(cfg: T5Config, layer_input: Array):
+  """The feature slot's residual: the layer's input in the serialized layout, else the slot's own input."""
+  return layer_input if cfg.layer_layout == "serialized" else None
 
 
 def _relpos_from_table(cfg: T5Config, table: Array) -> Callable[..., Array]:
@@ -77,9 +96,11 @@ class EncoderLayer(nn.Module):
   @nn.compact
   def __call__(self, x, ctx: base.MixerContext, deterministic: bool, relpos_table: Array | None = None):
     ctx = _with_table(ctx, self.config, relpos_table)
+    layer_input = x
     x = _apply_slot(self, x, self.token_mixer, "encoder", None, ctx, deterministic)
     if self.feature_mixer is not None:
-      x = _apply_slot(self, x, self.feature_mixer, "feature", None, ctx, deterministic)
+      x = _apply_slot(self, x, self.feature_mixer, "feature", None, ctx, deterministic,
+                      _feature_residual(self.config, layer_input))
     x = layers.with_sharding_constraint(x, ("batch", "length", "embed"))
     return (x, None) if self.scanned else x
 
@@ -96,10 +117,12 @@ class DecoderLayer(nn.Module):
   def __call__(self, x, encoded, self_ctx: base.MixerContext, cross_ctx: base.MixerContext,
                deterministic: bool, relpos_table: Array | None = None):
     self_ctx = _with_table(self_ctx, self.config, relpos_table)
+    layer_input = x
     x = _apply_slot(self, x, self.token_mixer, "self", None, self_ctx, deterministic)
     x = _apply_slot(self, x, self.cross_mixer, "cross", encoded, cross_ctx, deterministic)
     if self.feature_mixer is not None:
-      x = _apply_slot(self, x, self.feature_mixer, "feature", None, self_ctx, deterministic)
+      x = _apply_slot(self, x, self.feature_mixer, "feature", None, self_ctx, deterministic,
+                      _feature_residual(self.config, layer_input))
     x = layers.with_sharding_constraint(x, ("batch", "length", "embed"))
     return (x, None) if self.scanned else x
 
@@ -201,12 +224,24 @@ def _positions(tokens: Array, positions: Array | None, segment_ids: Array | None
   return idx - jax.lax.cummax(jnp.where(starts, idx, 0), axis=1)
 
 
+def _add_position_embeddings(stack: nn.Module, x: Array, positions: Array) -> Array:
+  """x + the stack's absolute position embeddings at `positions` (none when `position_embeddings='none'`)."""
+  if stack.position_embeddings == "none":
+    return x
+  cfg = stack.config
+  emb = layers.AbsolutePositionEmbedding(stack.position_embeddings, cfg.emb_dim, stack.max_position_embeddings,
+                                         cfg.dtype, name="position_embedder")(positions)
+  return x + emb
+
+
 class Encoder(nn.Module):
   config: T5Config
   shared_embedding: nn.Module
   token_mixer: Factory = Attention
   feature_mixer: Factory | None = GatedMlp
   input_layer: Factory | None = None  # e.g. the pNLP-Mixer projection instead of the token embedding
+  position_embeddings: str = "none"  # layers.POSITION_EMBEDDINGS
+  max_position_embeddings: int = 512
 
   @nn.compact
   def __call__(self, tokens, segment_ids=None, positions=None, *, deterministic=True):
@@ -223,6 +258,7 @@ class Encoder(nn.Module):
                                                                deterministic=deterministic)
     else:
       x = self.shared_embedding(tokens.astype(jnp.int32))
+    x = _add_position_embeddings(self, x, pos)
     x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
     x = layers.with_sharding_constraint(x, ("batch", "length", "embed"))
     x = _run_layers(self, EncoderLayer, dict(token_mixer=self.token_mixer, feature_mixer=self.feature_mixer),
@@ -237,6 +273,8 @@ class Decoder(nn.Module):
   token_mixer: Factory = Attention
   cross_mixer: Factory = Attention
   feature_mixer: Factory | None = GatedMlp
+  position_embeddings: str = "none"  # layers.POSITION_EMBEDDINGS
+  max_position_embeddings: int = 512
 
   @nn.compact
   def __call__(self, encoded, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens,
@@ -263,6 +301,20 @@ class Decoder(nn.Module):
                                   q_segment_ids=decoder_segment_ids, kv_segment_ids=encoder_segment_ids)
 
     y = self.shared_embedding(decoder_input_tokens.astype(jnp.int32))
+    if decode and self.position_embeddings != "none":
+      # A decode step is not told its position: the stack counts its steps in the cache (the first call,
+      # which only creates the cache, carries every position).
+      stepping = self.has_variable("cache", "position_index")
+      index = base.cache_index(self, "position_index")
+      if stepping:
+        if y.shape[1] != 1:
+          raise ValueError(f"decode step expects one position at a time, got length {y.shape[1]}")
+        y = _add_position_embeddings(self, y, jnp.broadcast_to(index.value, (1, 1)))
+        index.value = index.value + 1
+      else:
+        y = _add_position_embeddings(self, y, pos[:, :y.shape[1]])
+    else:
+      y = _add_position_embeddings(self, y, pos)
     y = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(y, deterministic=deterministic)
     y = layers.with_sharding_constraint(y, ("batch", "length", "embed"))
     y = _run_layers(self, DecoderLayer, dict(token_mixer=self.token_mixer, cross_mixer=self.cross_mixer,
@@ -287,14 +339,26 @@ class Transformer(nn.Module):
   decoder_cross_mixer: Factory = Attention
   decoder_feature_mixer: Factory | None = GatedMlp
   encoder_input_layer: Factory | None = None
+  # Absolute position embeddings added to each stack's token embeddings (layers.AbsolutePositionEmbedding):
+  # 'none' (T5: relative biases inside attention), 'sinusoidal' or 'learned' (a max_position_embeddings table).
+  encoder_position_embeddings: str = "none"
+  decoder_position_embeddings: str = "none"
+  max_position_embeddings: int = 512
 
   def setup(self):
     cfg = self.config
+    for which in ("encoder", "decoder"):
+      kind = getattr(self, f"{which}_position_embeddings")
+      if kind not in layers.POSITION_EMBEDDINGS:
+        raise ValueError(f"Transformer.{which}_position_embeddings must be one of {layers.POSITION_EMBEDDINGS}, "
+                         f"got {kind!r}")
     self.token_embedder = layers.Embed(cfg.vocab_size, cfg.emb_dim, cfg.dtype)
     self.encoder = Encoder(cfg, self.token_embedder, self.encoder_token_mixer, self.encoder_feature_mixer,
-                           self.encoder_input_layer)
+                           self.encoder_input_layer, self.encoder_position_embeddings,
+                           self.max_position_embeddings)
     self.decoder = Decoder(cfg, self.token_embedder, self.decoder_token_mixer, self.decoder_cross_mixer,
-                           self.decoder_feature_mixer)
+                           self.decoder_feature_mixer, self.decoder_position_embeddings,
+                           self.max_position_embeddings)
 
   @property
   def packable(self) -> bool:

@@ -51,6 +51,7 @@ Rules = tuple[tuple[str, Any], ...]
 _REPLICATED: Rules = (
     ("kv", None),
     ("relpos_buckets", None),
+    ("abspos_buckets", None),  # learned absolute position embeddings (t5x's name; FNet)
     ("length", None),
     ("layers", None),       # the stacked-layers axis of scanned stacks (T5Config.scan_layers)
     ("mix_length", None),   # fixed-length position axes of token-mixing weights (MLP-Mixer, Remixer's H)

@@ -280,8 +280,10 @@ class ProjectionEmbed(nn.Module):
       unused fillers). Ignored when `table` is given.
     extra_ids: seqio sentinels appended after the SentencePiece pieces.
     table: a ready FingerprintTable (programmatic use, tests).
-    features: m, the size of the counting Bloom filter.
-    num_hashes: n, the MinHash fingerprint length (each token's filter sums to n).
+    features: m, the size of the counting Bloom filter (per feature kind: 'piece+word' gives 2m inputs).
+    num_hashes: n, the MinHash fingerprint length (each token's filter sums to n). The defaults are the
+      paper's experiments (§4, Training Details: "a feature vector of dimension 512 filled with 256
+      hashes"); §3.1's "e.g., 64 hashes" is only an example of the cache's memory cost.
     seed: selects the hash functions.
     mode: 'word' is the paper's token feature (every piece of a word gets its word's filter); 'piece' is
       the piece's own filter; 'piece+word' (default) concatenates both, since our sequences are pieces and
@@ -293,7 +295,7 @@ class ProjectionEmbed(nn.Module):
 
   The fingerprint table is a host constant (numpy, not a parameter: it is not trainable and is shared by
   every model with the same vocabulary), so it needs no variable collection and no checkpointing; inside
-  jit it is a device constant of vocab·n int32 (8 MiB for 32128 x 64).
+  jit it is a device constant of vocab·n int32 (31 MiB for 32128 x 256).
 
   Parameters: bottleneck kernel [m·k·(2w+1), d] ('projection','embed') with k = 2 for 'piece+word' else 1,
   bottleneck_bias [d] ('embed',), bottleneck_norm scale and bias [d] ('embed',). Count: m·k·(2w+1)·d + 3d.
@@ -302,8 +304,8 @@ class ProjectionEmbed(nn.Module):
   vocab_model: str = ""
   extra_ids: int = 100
   table: FingerprintTable | None = None
-  features: int = 1024
-  num_hashes: int = 64
+  features: int = 512
+  num_hashes: int = 256
   seed: int = 0
   mode: str = "piece+word"
   window: int = 0

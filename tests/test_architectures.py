@@ -1,7 +1,8 @@
 """Every architecture config through the full encoder-decoder: the properties each mixer must have.
 
 Decoder: changing future tokens leaves earlier logits unchanged; step-by-step decoding with the cache equals
-the full forward pass. Encoder: appended padding changes nothing. Packing: two examples in one row equal
+the full forward pass. Encoder: appended padding changes nothing; permuting its real tokens changes the logits
+(the model knows their order). Packing: two examples in one row equal
 each alone, or a clear refusal. Gradients are finite.
 """
 import jax
@@ -111,6 +112,20 @@ def test_packed_examples_equal_each_alone_or_are_refused(arch):
     return
   np.testing.assert_allclose(packed[:, :3], alone[0], atol=2e-5, rtol=1e-4)
   np.testing.assert_allclose(packed[:, 3:7], alone[1], atol=2e-5, rtol=1e-4)
+
+
+def test_permuting_encoder_tokens_changes_the_logits(arch):
+  # An encoder that cannot see token order (no position information anywhere) gives the same logits for any
+  # order of its real tokens (linear attention without position embeddings: max |diff| ~ 2e-6).
+  name, _, params, forward = arch
+  enc, tgt = _tokens(14, (2, 9)), _tokens(15, (2, 6))
+  enc[1, 6:] = 0
+  permuted = enc.copy()
+  permuted[0] = enc[0, ::-1]
+  permuted[1, :6] = enc[1, [3, 0, 5, 1, 4, 2]]
+  assert (permuted != enc).any(axis=1).all()
+  diff = np.abs(forward(params, enc, _shift(tgt), tgt) - forward(params, permuted, _shift(tgt), tgt))
+  assert diff.reshape(2, -1).max(axis=1).min() > 1e-3, f"{name}: logits ignore the encoder's token order"
 
 
 def test_gradients_are_finite(arch):

@@ -330,3 +330,114 @@ def test_gradients_are_finite(name):
   assert all(np.isfinite(np.asarray(g)).all() for g in leaves)
   assert np.abs(np.asarray(gx)[0, :6]).sum() > 0
   np.testing.assert_array_equal(np.asarray(gx)[0, 6:], 0.0)  # padded inputs have no influence
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Absolute position embeddings (linear attention: sinusoidal, Katharopoulos et al.; FNet: learned, as BERT)
+
+def _vaswani(positions, d):
+  """Vaswani et al. (2017) §3.5 written out: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...)."""
+  pe = np.zeros(positions.shape + (d,))
+  for i in range(0, d, 2):
+    pe[..., i] = np.sin(positions / 10000 ** (i / d))
+    if i + 1 < d:
+      pe[..., i + 1] = np.cos(positions / 10000 ** (i / d))
+  return pe
+
+
+def test_sinusoidal_features_are_vaswanis():
+  from remixer_t5 import layers
+  pos = np.array([[0, 1, 2, 7, 100, 511]])
+  for d in (16, 7):
+    np.testing.assert_allclose(layers.sinusoidal_features(jnp.asarray(pos), d), _vaswani(pos, d), atol=1e-5)
+
+
+def _pos_model(enc="none", dec="none", layers_=(0, 0), **kw):
+  from remixer_t5 import network
+  cfg = T5Config(vocab_size=32, emb_dim=D, num_heads=2, head_dim=8, mlp_dim=24, num_encoder_layers=layers_[0],
+                 num_decoder_layers=layers_[1])
+  return network.Transformer(cfg, encoder_position_embeddings=enc, decoder_position_embeddings=dec,
+                             max_position_embeddings=12, **kw)
+
+
+def _rms(x, scale):
+  return x / np.sqrt(np.mean(x ** 2, -1, keepdims=True) + 1e-6) * scale
+
+
+@pytest.mark.parametrize("kind", ["sinusoidal", "learned"])
+def test_position_embeddings_are_added_to_the_token_embeddings_per_packed_segment(kind):
+  # No layers: the encoder's output is its final norm of (token embedding + position embedding).
+  model = _pos_model(enc=kind)
+  tokens = np.array([[5, 6, 7, 8, 9, 3, 4, 0], [9, 8, 7, 0, 0, 0, 0, 0]], np.int32)
+  v = jax.jit(model.init)(jax.random.PRNGKey(0), tokens, tokens[:, :3], tokens[:, :3])
+  p = jax.tree_util.tree_map(np.asarray, v["params"])
+  table = (p["encoder"]["position_embedder"]["embedding"] if kind == "learned"
+           else _vaswani(np.arange(12)[:, None], D)[:, 0])
+  if kind == "learned":
+    assert table.shape == (12, D)
+    assert v["params_axes"]["encoder"]["position_embedder"]["embedding_axes"].names == ("abspos_buckets", "embed")
+  else:
+    assert "position_embedder" not in p["encoder"]  # no parameters
+  encode = jax.jit(lambda t, s=None: model.apply(v, t, s, enable_dropout=False, method=model.encode))
+  emb, scale = p["token_embedder"]["embedding"], p["encoder"]["encoder_norm"]["scale"]
+  want = _rms(emb[tokens] + table[np.arange(8)][None], scale)
+  np.testing.assert_allclose(encode(tokens), want, rtol=1e-4, atol=1e-5)
+  # Packed: positions restart in each segment (0..4, then 0..2), so a packed row equals its examples alone.
+  seg = np.array([[1, 1, 1, 1, 1, 2, 2, 0], [1, 1, 1, 0, 0, 0, 0, 0]], np.int32)
+  want = _rms(emb[tokens] + table[np.array([0, 1, 2, 3, 4, 0, 1, 7])][None], scale)
+  np.testing.assert_allclose(encode(tokens, seg)[0, :7], want[0, :7], rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(encode(tokens, seg)[1, :3], want[1, :3], rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(encode(tokens, seg)[0, 5:7], encode(tokens[:1, 5:7])[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["sinusoidal", "learned"])
+def test_decoder_position_embeddings_step_with_the_cache(kind):
+  # One attention layer per stack: cached decoding, one position per call, equals the full forward pass only
+  # if each step adds the embedding of its own position (the decoder counts steps in its cache).
+  model = _pos_model(enc=kind, dec=kind, layers_=(1, 1))
+  rng = np.random.RandomState(0)
+  enc, tgt = rng.randint(2, 32, (2, 7)).astype(np.int32), rng.randint(2, 32, (2, 9)).astype(np.int32)
+  dec_in = np.concatenate([np.zeros_like(tgt[:, :1]), tgt[:, :-1]], 1)
+  v = jax.jit(model.init)(jax.random.PRNGKey(0), enc, dec_in, tgt)
+  full = model.apply(v, enc, dec_in, tgt, enable_dropout=False)
+  nopos = _pos_model(enc=kind, layers_=(1, 1))
+  pv = {"params": {k: x for k, x in v["params"].items()}}
+  pv["params"]["decoder"] = {k: x for k, x in v["params"]["decoder"].items() if k != "position_embedder"}
+  assert np.abs(full - nopos.apply(pv, enc, dec_in, tgt, enable_dropout=False)).max() > 1e-3
+  encoded = model.apply(v, enc, enable_dropout=False, method=model.encode)
+  ones = jnp.ones((2, 9), jnp.int32)
+  _, cache = model.apply(v, encoded, enc, ones, ones, enable_dropout=False, decode=True, mutable=["cache"],
+                         method=model.decode)
+  step = jax.jit(lambda c, tok: model.apply({**v, "cache": c}, encoded, enc, tok, tok, enable_dropout=False,
+                                            decode=True, max_decode_length=9, mutable=["cache"],
+                                            method=model.decode))
+  cache, outs = cache["cache"], []
+  for i in range(9):
+    logits, mut = step(cache, dec_in[:, i:i + 1])
+    cache = mut["cache"]
+    outs.append(np.asarray(logits))
+  np.testing.assert_allclose(np.concatenate(outs, 1), full, rtol=1e-4, atol=2e-5)
+
+
+def test_linear_attention_needs_position_embeddings_to_see_token_order():
+  # The failure the option fixes: without positions, a linear-attention model's logits do not depend on the
+  # order of the encoder's tokens; with sinusoidal embeddings they do.
+  rng = np.random.RandomState(1)
+  enc, tgt = rng.randint(2, 32, (1, 8)).astype(np.int32), rng.randint(2, 32, (1, 5)).astype(np.int32)
+  perm = enc[:, ::-1]
+  diffs = {}
+  for kind in ("none", "sinusoidal"):
+    model = _pos_model(enc=kind, dec=kind, layers_=(1, 1), encoder_token_mixer=LinearAttention,
+                       decoder_token_mixer=LinearAttention, decoder_cross_mixer=LinearAttention)
+    v = jax.jit(model.init)(jax.random.PRNGKey(0), enc, tgt, tgt)
+    run = jax.jit(lambda e: model.apply(v, e, tgt, tgt, enable_dropout=False))
+    diffs[kind] = float(np.abs(run(enc) - run(perm)).max())
+  assert diffs["none"] < 1e-4 < 1e-2 < diffs["sinusoidal"], diffs
+
+
+def test_position_embedding_settings_are_checked():
+  tokens = jnp.ones((1, 13), jnp.int32)
+  with pytest.raises(ValueError, match="encoder_position_embeddings.*'rotary'"):
+    _pos_model(enc="rotary").init(jax.random.PRNGKey(0), tokens, tokens, tokens)
+  with pytest.raises(ValueError, match="cover 12 positions.*length 13.*max_position_embeddings"):
+    _pos_model(enc="learned").init(jax.random.PRNGKey(0), tokens, tokens[:, :3], tokens[:, :3])

@@ -41,13 +41,7 @@ def gelu(x: Array) -> Array:
   return jax.nn.gelu(x, approximate=False)  # the exact GELU (PyTorch's nn.GELU, which the paper's code uses)
 
 
-def sinusoidal_features(positions: Array, dim: int) -> Array:
-  """Vaswani et al. (2017) §3.5: p[2k] = sin(pos / 10000^{2k/d}), p[2k+1] = cos(...); float32 [..., dim]."""
-  half = (dim + 1) // 2
-  inv_freq = 10000.0 ** (-2.0 * jnp.arange(half, dtype=f32) / dim)
-  angle = positions.astype(f32)[..., None] * inv_freq
-  feats = jnp.stack([jnp.sin(angle), jnp.cos(angle)], axis=-1)
-  return feats.reshape(angle.shape[:-1] + (2 * half,))[..., :dim]
+sinusoidal_features = layers.sinusoidal_features  # Vaswani et al. (2017) §3.5; defined once, in layers.py
 
 
 class HyperNetwork(nn.Module):
@@ -113,7 +107,13 @@ class HyperMixing(nn.Module):
     query_positions: add p_i to the queries too (Algorithm 1). Set it False in the cross slot: there the
       decoder's own layers already know its positions, and at decode steps the cross slot is not told the
       step (ctx.q_positions spans max_decode_length), so it refuses to run with it on.
-    use_bias: biases in the hypernetwork MLPs (the paper's MLPs are PyTorch Linear layers, with biases).
+    use_bias: biases in the hypernetwork MLPs (the paper's MLPs are PyTorch Linear layers, with biases;
+      the official implementation, github.com/idiap/hypermixing, defaults to `hypernetwork_bias=False`).
+    scale_inputs: multiply the token vectors by sqrt(d) before the position features are added, as the
+      official implementation's positional encoding does (`x * sqrt(d_model) + pe`); the paper's text adds
+      p_j to x_j unscaled (§2.3). Only the hypernetworks' inputs are scaled, never the values X. (That code
+      also indexes its sinusoids from position 1 and with different frequencies; those are not replicated:
+      `position_features='sinusoidal'` is Vaswani et al.'s encoding, as the paper cites.)
     chunk_size: positions per step of the causal scan; memory O(batch × chunk × d' × d).
     segment_block: segment ids handled per step of the packed non-causal form (a step costs about
       segment_block times an unpacked pass; steps above the batch's largest segment id are skipped).
@@ -132,6 +132,7 @@ class HyperMixing(nn.Module):
   position_features: str = "sinusoidal"
   query_positions: bool = True
   use_bias: bool = True
+  scale_inputs: bool = False
   chunk_size: int = 64
   segment_block: int = 4
 
@@ -179,17 +180,22 @@ class HyperMixing(nn.Module):
     if self.tied and self.query_positions and inputs_q is inputs_kv and q_positions is kv_positions:
       return w1, w1
     if not self.query_positions:
-      return w1, h_out(inputs_q)
+      return w1, h_out(self._add_positions(inputs_q, None))
     if self.position_features != "none" and q_positions.shape[-1] != inputs_q.shape[1]:
       raise ValueError(f"HyperMixing got {q_positions.shape[-1]} query positions for {inputs_q.shape[1]} "
                        "queries (a decode step in the cross slot?); set HyperMixing.query_positions=False "
                        "for cross-mixing")
     return w1, h_out(self._add_positions(inputs_q, q_positions))
 
-  def _add_positions(self, x: Array, positions: Array) -> Array:
-    """x_j + p_j, the hypernetworks' input (§2.3)."""
-    if self.position_features == "none":
-      return x
+  def _add_positions(self, x: Array, positions: Array | None) -> Array:
+    """x_j + p_j, the hypernetworks' input (§2.3); sqrt(d) x_j + p_j with `scale_inputs` (official code).
+
+    `positions=None` (queries with `query_positions=False`) adds no p_j.
+    """
+    if self.scale_inputs:
+      x = x.astype(f32) * jnp.sqrt(jnp.float32(x.shape[-1]))
+    if self.position_features == "none" or positions is None:
+      return x.astype(self.config.dtype)
     return (x.astype(f32) + sinusoidal_features(positions, x.shape[-1])).astype(self.config.dtype)
 
   def _causal(self, w1: Array, x: Array, w2: Array, mask: Array, segment_ids: Array | None) -> Array:
