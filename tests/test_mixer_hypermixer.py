@@ -1,7 +1,9 @@
-"""HyperMixing (Mai et al. 2023, §2.3, Algorithm 1): the paper's equation, masks, packing, causal form, decoding.
+"""HyperMixing (Mai et al. 2023, §2.3, Algorithm 1): the paper's equation, masks, packing, causal form, decoding;
+the official code's options; the layer layouts of App. F (T5Config.layer_layout).
 
 Compilation dominates the run time, so the tests share a few module variants and shapes (jit caches them).
 """
+import dataclasses
 import functools
 import math
 
@@ -9,7 +11,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import linen as nn
 
+from remixer_t5 import network
+from remixer_t5.config import LAYER_LAYOUTS
 from remixer_t5.mixers import base
 from remixer_t5.mixers.hypermixer import HyperMixing
 from remixer_t5.network import T5Config
@@ -349,3 +354,103 @@ def test_bfloat16_activations_run():
     ctx = ctx_for(np.ones((2, 6)), q_seg=seg, causal=causal)
     y = jax.jit(mod.apply)(params("tied_ln"), x, x, ctx)
     assert y.dtype == jnp.bfloat16 and y.shape == x.shape and bool(jnp.all(jnp.isfinite(y)))
+
+
+def test_official_code_options_no_bias_and_scaled_inputs_match_numpy():
+  # github.com/idiap/hypermixing: hypernetworks without biases, and sqrt(d) * x_j + p_j as their input.
+  mod = HyperMixing(config=CFG, use_bias=False, scale_inputs=True)
+  x = inputs(1, 7, seed=5)
+  ctx = ctx_for(np.ones((1, 7)))
+  shapes = jax.eval_shape(mod.init, jax.random.PRNGKey(0), x, x, ctx)["params"]
+  assert set(shapes["hypernetwork_in"]) == {"wi", "wo"}  # no wi_bias / wo_bias
+  rng = np.random.default_rng(4)
+  p = jax.tree_util.tree_map(lambda s: (rng.normal(size=s.shape) / math.sqrt(s.shape[0])).astype(np.float32)
+                             if len(s.shape) == 2 else (1 + 0.3 * rng.normal(size=s.shape)).astype(np.float32),
+                             shapes)
+  got = jax.jit(mod.apply)({"params": p}, x, x, ctx)
+  q = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), p)
+  xs = np.asarray(x[0], np.float64)
+  w = np_gelu((math.sqrt(D) * xs + np_sinusoid(7, D)) @ q["hypernetwork_in"]["wi"]["kernel"])
+  w = w @ q["hypernetwork_in"]["wo"]["kernel"]
+  out = w @ np_gelu(w.T @ xs)
+  out = (out - out.mean(-1, keepdims=True)) / np.sqrt(out.var(-1, keepdims=True) + CFG.layer_norm_epsilon)
+  out = out * q["layer_norm"]["scale"] + q["layer_norm"]["bias"]
+  close(got[0], out, tol=1e-4)
+  # The scaling changes the result (the test can fail).
+  plain = jax.jit(HyperMixing(config=CFG, use_bias=False).apply)({"params": p}, x, x, ctx)
+  assert np.abs(np.asarray(plain) - np.asarray(got)).max() > 1e-2
+
+
+# ----- layer layouts (T5Config.layer_layout; HyperMixer paper App. F) -----
+
+class _StubTokenMixer(nn.Module):
+  """tanh(q W) + mean_j(kv_j) V: mixes tokens (and reads the cross slot's encoder output) with two weights."""
+  config: T5Config
+
+  @nn.compact
+  def __call__(self, q, kv, ctx, *, deterministic=True):
+    w = self.param("w", nn.initializers.normal(0.5), (q.shape[-1], q.shape[-1]))
+    v = self.param("v", nn.initializers.normal(0.5), (q.shape[-1], q.shape[-1]))
+    return jnp.tanh(q @ w) + jnp.mean(kv, axis=1, keepdims=True) @ v
+
+
+class _StubFeatureMixer(nn.Module):
+  config: T5Config
+
+  @nn.compact
+  def __call__(self, x, ctx, *, deterministic=True):
+    return jnp.sin(x @ self.param("w", nn.initializers.normal(0.5), (x.shape[-1], x.shape[-1])))
+
+
+def _np_layer(layout, p, x, slots):
+  """App. F's equations with the stack's RMSNorm: `slots` are (name, fn) in order, the last the feature slot."""
+  def norm(z, name):
+    return z / np.sqrt(np.mean(z ** 2, -1, keepdims=True) + CFG.layer_norm_epsilon) * p[name]["scale"]
+  layer_input = x
+  for i, (name, fn) in enumerate(slots):
+    last = i == len(slots) - 1
+    if layout == "post_norm":
+      x = norm(x + fn(x), f"post_{name}_layer_norm")
+    else:
+      y = fn(norm(x, f"pre_{name}_layer_norm"))
+      x = (layer_input if layout == "serialized" and last else x) + y
+  return x
+
+
+@pytest.mark.parametrize("stack", ["encoder", "decoder"])
+def test_layer_layouts_match_app_f(stack):
+  x = inputs(2, 5, seed=7)
+  enc = inputs(2, 4, seed=8)
+  ctx = ctx_for(np.ones((2, 5)))
+  outs = {}
+  for layout in LAYER_LAYOUTS:
+    cfg = dataclasses.replace(CFG, layer_layout=layout)
+    if stack == "encoder":
+      layer = network.EncoderLayer(cfg, token_mixer=_StubTokenMixer, feature_mixer=_StubFeatureMixer)
+      args = (x, ctx, True)
+    else:
+      layer = network.DecoderLayer(cfg, token_mixer=_StubTokenMixer, cross_mixer=_StubTokenMixer,
+                                   feature_mixer=_StubFeatureMixer)
+      args = (x, enc, ctx, ctx_for(np.ones((2, 5)), kv_mask=np.ones((2, 4))), True)
+    shapes = jax.eval_shape(layer.init, jax.random.PRNGKey(0), *args)["params"]
+    rng = np.random.default_rng(9)
+    p = jax.tree_util.tree_map(lambda s: (rng.normal(size=s.shape) * (0.5 if len(s.shape) == 2 else 0.2)
+                                          + (len(s.shape) == 1)).astype(np.float32), shapes)
+    got = np.asarray(jax.jit(layer.apply)({"params": p}, *args))
+    q = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), p)
+    mix = lambda name, kv=None: (lambda z: np.tanh(z @ q[name]["w"])
+                                 + np.mean(z if kv is None else kv, axis=1, keepdims=True) @ q[name]["v"])
+    feature = ("feature_mixer", lambda z: np.sin(z @ q["feature_mixer"]["w"]))
+    slots = ([("token_mixer", mix("token_mixer"))] if stack == "encoder" else
+             [("token_mixer", mix("token_mixer")), ("cross_mixer", mix("cross_mixer", enc.astype(np.float64)))])
+    want = _np_layer(layout, q, x.astype(np.float64), slots + [feature])
+    close(got, want, tol=1e-4)
+    outs[layout] = got
+  # The three layouts are different functions of the same parameters.
+  assert min(np.abs(outs[a] - outs[b]).max() for a, b in
+             [("pre_norm", "post_norm"), ("pre_norm", "serialized"), ("post_norm", "serialized")]) > 1e-2
+
+
+def test_unknown_layer_layout_is_refused():
+  with pytest.raises(ValueError, match="layer_layout must be one of .*'pre_norm'.*got 'sandwich'"):
+    T5Config(layer_layout="sandwich")

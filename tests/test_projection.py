@@ -250,3 +250,23 @@ def test_real_t5_vocabulary(tmp_path):
   ids = jnp.array([[8, 1000, 32099, 1, 0]])
   variables = init(module, ids, ctx_for(ids > 0))
   assert apply(module, variables, ids, ctx_for(ids > 0)).shape == (1, 5, 16)
+
+
+def test_defaults_are_the_papers_and_base_configs_resolve_the_vocabulary_locally(monkeypatch):
+  # §4 Training Details: "the projection of each token is a feature vector of dimension 512 filled with 256
+  # hashes"; 'piece+word' concatenates two such filters, so the bottleneck reads 2 x 512 counts.
+  module = pj.ProjectionEmbed(config=CFG, table=pj.FingerprintTable.from_pieces(PIECES, 256))
+  assert (module.features, module.num_hashes) == (512, 256)
+  ids = jnp.array([[4, 5, 6, 1, 0]])
+  variables = jax.eval_shape(module.init, jax.random.PRNGKey(0), ids, ctx_for(ids > 0))
+  assert variables["params"]["bottleneck"]["kernel"].shape == (2 * 512, CFG.emb_dim)
+  feats = pj.projection_features(ids, module.fingerprint_table(), 512, "piece")
+  np.testing.assert_array_equal(np.asarray(feats).sum(-1)[0, :4], 256)  # each filter holds the 256 hashes
+  # small/base read T5's vocabulary the way every other config does ($REMIXER_T5_VOCAB, else GCS), not a
+  # hard-coded gs:// path.
+  from remixer_t5 import models
+  monkeypatch.setenv("REMIXER_T5_VOCAB", "/somewhere/local/t5.model")
+  for size in ("small", "base"):
+    model = models.from_gin(f"models/pnlp_mixer/{size}.gin")
+    layer = model.encoder_input_layer(config=model.config)
+    assert (layer.vocab_model, layer.features, layer.num_hashes) == ("/somewhere/local/t5.model", 512, 256)
