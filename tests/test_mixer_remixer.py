@@ -1,4 +1,6 @@
 """RemixerBlock (Remixers paper §2.1) against an independent numpy reference, and the mixer contract."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -285,3 +287,146 @@ def test_remix_dropout_only_when_not_deterministic():
                              reference_out, atol=1e-6)
   noisy = np.asarray(run(dropped, variables, x, ctx, deterministic=False, rngs=rngs))
   assert np.abs(noisy - reference_out).max() > 1e-2
+
+
+# ---- The exact fast forms (issue 10 item 4) ---------------------------------------------------------------
+# Unpacked rows share one [L, L] P = exp(H - rowmax) applied as X_S = P(m ⊙ X') / (P m); packed rows and
+# per-example positions take the per-example matrix from row/column slice gathers of P. Both against the numpy
+# reference (softmax over each query's visible keys, written independently of either form).
+
+def _holes_mask(batch, length):
+  mask = np.ones((batch, length))
+  mask[0, [2, 5]] = 0           # holes inside the row, not only trailing padding
+  mask[1, length - 3:] = 0
+  return mask
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("layout", ["shared_positions", "packed", "per_example_positions"])
+def test_every_path_matches_reference(layout, causal):
+  length = 11
+  block = RemixerBlock(config=CFG, alpha="learned_vector", max_length=13)
+  x = inputs(2, length, seed=11)
+  mask, positions, segments = _holes_mask(2, length), None, None
+  if layout == "packed":  # three segments in row 0 (the last one short), two and padding in row 1
+    segments = np.array([[1] * 4 + [2] * 5 + [3] * 2, [1] * 3 + [2] * 5 + [0] * 3])
+    positions = np.array([list(range(4)) + list(range(5)) + list(range(2)),
+                          list(range(3)) + list(range(5)) + [0] * 3])
+    mask = (segments > 0).astype(float)
+    mask[0, 6] = 0
+  elif layout == "per_example_positions":
+    positions = np.stack([np.arange(length), np.arange(length) + 2])
+  ctx = make_ctx(mask, positions, segments, causal=causal)
+  variables = randomized(block, x, ctx, seed=4)
+  got = np.asarray(run(block, variables, x, ctx))
+  want = reference(variables["params"], x, mask, ctx.q_positions, segments, causal, "mlp", "learned_vector", True)
+  np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
+
+
+def _shapes_in_jaxpr(fn, *args):
+  shapes = set()
+
+  def walk(jaxpr):
+    for eqn in jaxpr.eqns:
+      shapes.update(tuple(v.aval.shape) for v in eqn.outvars if hasattr(v.aval, "shape"))
+      for param in eqn.params.values():
+        for sub in (param if isinstance(param, (list, tuple)) else [param]):
+          if isinstance(sub, jax.extend.core.ClosedJaxpr):
+            walk(sub.jaxpr)
+          elif isinstance(sub, jax.extend.core.Jaxpr):
+            walk(sub)
+  walk(jax.make_jaxpr(fn)(*args).jaxpr)
+  return shapes
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_unpacked_rows_build_no_batch_by_length_squared_tensor(causal):
+  batch, length = 3, 7
+  block = RemixerBlock(config=CFG, max_length=length)
+  x = inputs(batch, length)
+  mask = np.ones((batch, length))
+  mask[1, 5:] = 0
+  unpacked = make_ctx(mask, causal=causal)
+  variables = randomized(block, x, unpacked)
+
+  def grads(ctx):
+    return lambda params, x: jax.grad(lambda p, x: jnp.sum(block.apply({"params": p}, x, ctx)),
+                                      argnums=(0, 1))(params, x)
+  shapes = _shapes_in_jaxpr(grads(unpacked), variables["params"], x)
+  assert (length, length) in shapes                                    # softmax(H) once per layer
+  assert not any(s[-2:] == (length, length) and np.prod(s[:-2]) > 1 for s in shapes), sorted(shapes)
+  # the check can fail: packed rows do build the per-example [batch, L, L] matrix
+  segments = np.ones((batch, length), np.int32)
+  packed = make_ctx(mask, np.broadcast_to(np.arange(length), (batch, length)), segments, causal=causal)
+  assert (batch, length, length) in _shapes_in_jaxpr(grads(packed), variables["params"], x)
+
+
+def _old_block_output(params, x, ctx):
+  """The block as it was before the fast forms: a [batch, L, L] gather of H and a masked softmax per example
+  (width 'mlp', α a learned scalar). For gradients, which the numpy reference does not give."""
+  xp = jax.nn.gelu(x @ params["wi_0"]["kernel"], approximate=True) * (x @ params["wi_1"]["kernel"])
+  pos = jnp.broadcast_to(ctx.q_positions, ctx.q_mask.shape)
+  logits = params["remix"][pos[:, :, None], pos[:, None, :]]
+  mask = (ctx.q_mask[:, :, None] > 0) & (ctx.q_mask[:, None, :] > 0)
+  if ctx.q_segment_ids is not None:
+    mask &= ctx.q_segment_ids[:, :, None] == ctx.q_segment_ids[:, None, :]
+  if ctx.causal:
+    mask &= jnp.tril(jnp.ones(mask.shape[-2:], bool))
+  weights = jax.nn.softmax(jnp.where(mask, logits, -1e10), axis=-1) * mask
+  xs = weights @ xp
+  a = jax.nn.sigmoid(params["alpha"])
+  return (a * (xs * xp) + (1 - a) * (xp - xs) + xp) @ params["wo"]["kernel"]
+
+
+@pytest.mark.parametrize("packed,causal", [(False, False), (False, True), (True, False), (True, True)])
+def test_gradients_equal_the_old_formula(packed, causal):
+  block = RemixerBlock(config=CFG, max_length=10)
+  x = inputs(2, 9, seed=6)
+  mask = _holes_mask(2, 9)
+  positions = segments = None
+  if packed:
+    segments = np.array([[1] * 4 + [2] * 5, [1] * 6 + [0] * 3])
+    positions = np.array([list(range(4)) + list(range(5)), list(range(6)) + [0] * 3])
+    mask = (segments > 0).astype(float)
+  ctx = make_ctx(mask, positions, segments, causal=causal)
+  variables = randomized(block, x, ctx, seed=8)
+  weights = jnp.cos(jnp.arange(9 * D, dtype=jnp.float32)).reshape(9, D)  # a loss that weighs every output
+  new = jax.grad(lambda p, x: jnp.sum(block.apply({"params": p}, x, ctx) * weights), argnums=(0, 1))
+  old = jax.grad(lambda p, x: jnp.sum(_old_block_output(p, x, ctx) * weights), argnums=(0, 1))
+  got, want = new(variables["params"], x), old(variables["params"], x)
+  for path, g in jax.tree_util.tree_flatten_with_path(got)[0]:
+    w = dict(jax.tree_util.tree_flatten_with_path(want)[0])[path]
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-4, atol=2e-5, err_msg=str(path))
+  assert np.abs(np.asarray(got[0]["remix"])).max() > 1e-3
+
+
+def test_bfloat16_activations_stay_close_to_the_float32_reference():
+  cfg = dataclasses.replace(CFG, dtype="bfloat16")
+  x, mask = inputs(2, 9), _holes_mask(2, 9)
+  for causal in (False, True):
+    ctx = make_ctx(mask, causal=causal)
+    variables = randomized(RemixerBlock(config=CFG, max_length=9), x, ctx)
+    got = np.asarray(run(RemixerBlock(config=cfg, max_length=9), variables, x, ctx), np.float32)
+    want = reference(variables["params"], x, mask, ctx.q_positions, None, causal, "mlp", "learned_scalar", True)
+    np.testing.assert_allclose(got, want, rtol=0.05, atol=0.05 * np.abs(want).max())
+
+
+def test_huge_logits_on_hidden_keys_give_finite_rows():
+  """P = exp(H - rowmax) takes the max over the row, hidden keys included: a visible row lying > ~87 below it
+  underflows and mixes nothing (X_S = 0) instead of NaN; within that range the result is exact."""
+  block = RemixerBlock(config=CFG, compositional=False, max_length=6)
+  x, mask = inputs(1, 6), np.array([[1, 1, 1, 1, 0, 0]], float)
+  ctx = make_ctx(mask)
+  variables = randomized(block, x, ctx)
+  for spread, exact in ((60.0, True), (200.0, False)):
+    h = np.asarray(variables["params"]["remix"]).copy()
+    h[:, 4:] += spread  # hidden (padding) keys far above the visible ones
+    params = {**variables["params"], "remix": jnp.asarray(h)}
+    got = np.asarray(run(block, {"params": params}, x, ctx))
+    assert np.isfinite(got).all()
+    want = reference(params, x, mask, ctx.q_positions, None, False, "mlp", None, False)
+    if exact:
+      np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
+    else:  # X_S underflowed to 0 for the real rows: Y = X' W3 (the 'mlp' residual)
+      xp = jax.nn.gelu(x @ params["wi_0"]["kernel"], approximate=True) * (x @ params["wi_1"]["kernel"])
+      np.testing.assert_allclose(got[0, :4], np.asarray(xp @ params["wo"]["kernel"])[0, :4], rtol=1e-4, atol=1e-4)
