@@ -152,11 +152,15 @@ def restore_any_params(path: str | os.PathLike) -> Any:
   return restore_params(path)
 
 
-def restore_init_params(path: str | os.PathLike, abstract_params: Any) -> Any:
+def restore_init_params(path: str | os.PathLike, abstract_params: Any, fit=None) -> Any:
   """Params to start a finetune from: an import-hf output, a train MODEL_DIR (its latest step: params only,
   the optimizer state and step are left behind) or a params checkpoint, placed as ``abstract_params`` says
-  (shapes, dtypes, shardings). A tree that does not match the model raises ValueError naming the paths."""
+  (shapes, dtypes, shardings). `fit(params) -> params` first adapts the restored tree (the trainer passes
+  `fixed_length.fit_params`: fixed-length mixers' matrices to this run's lengths). A tree that does not match
+  the model raises ValueError naming the paths."""
   params = restore_any_params(path)
+  if fit is not None:
+    params = fit(params)
   want = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(abstract_params)}
   got = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(params)}
   problems = [f"missing {k}" for k in want if k not in got] + [f"unexpected {k}" for k in got if k not in want]

@@ -18,7 +18,7 @@ import optax
 import seqio
 from flax import struct
 
-from remixer_t5 import accumulate, checkpoints, optim, partitioning, plots
+from remixer_t5 import accumulate, checkpoints, fixed_length, optim, partitioning, plots
 from remixer_t5 import mfu as mfu_lib
 from remixer_t5.data.task_lookup import get_task, with_vocabulary
 from remixer_t5.models import EncoderDecoderModel
@@ -173,7 +173,8 @@ def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature
     position = int(extra.get("data_position", {}).get("batches", int(state.step)))
     log.info(f"resumed from {ckpt.directory}/{at} (input position: {position} batches)")
   elif init_checkpoint:
-    params = checkpoints.restore_init_params(init_checkpoint, _abstract(state.params, shardings.params))
+    fit = lambda p: _fit_lengths(model, feature_lengths, state.params, p, log)
+    params = checkpoints.restore_init_params(init_checkpoint, _abstract(state.params, shardings.params), fit)
     state = state.replace(params=params)
     log.info(f"initialised params from {init_checkpoint} (fresh optimizer state and step)")
   start = int(state.step)
@@ -353,6 +354,16 @@ def _create_state(model, tx, input_shapes, mesh, seed):
                       rng=dropout_rng)
 
   return jax.jit(init, out_shardings=shardings)(init_rng), shardings
+
+
+def _fit_lengths(model, feature_lengths, fresh, params, log):
+  """INIT_CHECKPOINT's fixed-length mixer matrices fitted to this run's lengths (see `fixed_length`)."""
+  variables = jax.eval_shape(lambda rng: model.init_variables(rng, _input_shapes(feature_lengths)),
+                             jax.random.PRNGKey(0))
+  params, resized = fixed_length.fit_params(params, fresh, partitioning.logical_axes(variables["params_axes"]))
+  for line in resized:
+    log.info(f"INIT_CHECKPOINT resized to this run's lengths: {line}")
+  return params
 
 
 def _abstract(tree, shardings):
