@@ -124,7 +124,8 @@ def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature
           shuffle: bool = True, vocabulary: seqio.Vocabulary | None = None, init_checkpoint: str | None = None,
           run_signature: Mapping[str, Any] | None = None, config_text: str | None = None,
           data_dir: str | None = None, infer_eval_period: int = 0, infer_examples: int | None = None,
-          peak_flops_per_device: float | None = None, num_microbatches: int | None = None
+          infer_eval_task: str | None = None, peak_flops_per_device: float | None = None,
+          num_microbatches: int | None = None
           ) -> dict[str, float]:
   """Train `model` on `task_name`, resuming from the latest good checkpoint in `model_dir`. Returns last metrics.
 
@@ -132,6 +133,8 @@ def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature
   `data_dir`: local dataset release files (see remixer_t5.tasks.sources; default $REMIXER_T5_DATA_DIR).
   `infer_eval_period`: every so many steps, also decode the validation split (first `infer_examples` of each
   task) with the seqio Evaluator and log the tasks' metrics (0: never; `remixer-t5 eval` does it on demand).
+  `infer_eval_task`: the task or mixture decoded there (None: `task_name`; e.g. SuperGLUE while co-training
+  on mt_cotrain), in the vocabulary of the task trained on.
   `num_microbatches`: gradient accumulation (memory), same gradient as the whole batch.
   Faults: SIGTERM saves a checkpoint and returns; an unreadable latest checkpoint is reported and the previous
   one restored; a non-finite loss or update stops the run (FloatingPointError) before it is checkpointed.
@@ -144,6 +147,8 @@ def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature
   task = get_task(task_name)
   vocab = task.output_features["targets"].vocabulary
   _check_vocab_fits(model, task)
+  infer_task_name = with_vocabulary(infer_eval_task, vocab) if infer_eval_task else task_name
+  get_task(infer_task_name)  # an unknown name fails here, not at the first evaluation
   pack = _packing(model, pack)
   signature = dict(run_signature or {})
   signature.update(task=task_name, feature_lengths=dict(feature_lengths), vocab_size=vocab.vocab_size,
@@ -255,8 +260,8 @@ def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature
       if eval_period and (step % eval_period == 0 or step == train_steps):
         last.update({f"validation_{k}": v for k, v in evaluate(state).items()})
       if infer_eval_period and (step % infer_eval_period == 0 or step == train_steps):
-        _infer_eval(model, state.params, task_name, feature_lengths, batch_size, infer_examples, model_dir, step,
-                    random_seed, batch_sh, log)
+        _infer_eval(model, state.params, infer_task_name, feature_lengths, batch_size, infer_examples, model_dir,
+                    step, random_seed, batch_sh, log)
       if due_save:
         save(step, state)
   ckpt.close()
@@ -433,12 +438,13 @@ def evaluate_checkpoint(*, model_dir: str, model: EncoderDecoderModel, task_name
                         learning_rate: Callable | float | None = None,
                         optimizer: Callable[..., optax.GradientTransformation] = optim.adafactor,
                         infer: bool | None = None, infer_split: str = "validation",
-                        infer_examples: int | None = None, beam_size: int = 1, data_dir: str | None = None
-                        ) -> dict[str, Any]:
+                        infer_examples: int | None = None, beam_size: int = 1, data_dir: str | None = None,
+                        infer_task: str | None = None) -> dict[str, Any]:
   """Restore a checkpoint from `model_dir`; evaluate loss/accuracy on the validation split (metrics.jsonl rows)
   and, with `infer` (default: when the task has metrics), decode `infer_split` with the seqio Evaluator and
   score it with each task's metrics (MODEL_DIR/inference_eval/: JSON and TensorBoard; metrics.jsonl rows
-  `infer/<task>`). Returns {"validation": {...}, "<task>": {metric: value}, ...}.
+  `infer/<task>`). Returns {"validation": {...}, "<task>": {metric: value}, ...}. `infer_task`: the task or
+  mixture decoded (None: `task_name`), in `task_name`'s vocabulary.
   """
   _set_data_dir(data_dir)
   task_name = with_vocabulary(task_name, vocabulary)
@@ -460,10 +466,12 @@ def evaluate_checkpoint(*, model_dir: str, model: EncoderDecoderModel, task_name
     results: dict[str, Any] = {"validation": _evaluate(
         model, eval_step, state, task, vocab, feature_lengths, batch_size, eval_steps, num_decoded_examples,
         random_seed, pack, batch_sh, log)}
+    infer_name = with_vocabulary(infer_task, vocab) if infer_task else task_name
+    infer_of = get_task(infer_name)
     if infer is None:
-      infer = any(t.metric_fns for t in (task.tasks if isinstance(task, seqio.Mixture) else [task]))
+      infer = any(t.metric_fns for t in (infer_of.tasks if isinstance(infer_of, seqio.Mixture) else [infer_of]))
     if infer:
-      results.update(_infer_eval(model, state.params, task_name, feature_lengths, batch_size, infer_examples,
+      results.update(_infer_eval(model, state.params, infer_name, feature_lengths, batch_size, infer_examples,
                                  model_dir, int(state.step), random_seed, batch_sh, log, infer_split, beam_size,
                                  log.info))
     return results

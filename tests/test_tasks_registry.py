@@ -105,3 +105,27 @@ def test_a_mixture_with_another_vocabulary_is_a_registered_copy_with_the_same_ra
     assert copy.get_rate(task) == original.get_rate(seqio.get_mixture_or_task(task.name.split("#")[0]))
   assert task_lookup.with_vocabulary("mnli", v) == name  # asking again reuses the copy
   assert task_lookup.with_vocabulary("mnli", None) == "mnli"
+
+
+def test_mt_cotrain_gin_uses_dropout_and_decodes_super_glue_like_the_finetune_runs():
+  import gin
+
+  from remixer_t5 import gin_utils
+
+  def bound(name):  # a binding's value, its macro resolved
+    value = gin.query_parameter(name)
+    if isinstance(value, gin.config.ConfigurableReference) and value.selector == "gin.macro":
+      return gin_utils.macro(value.config_key[0])
+    return value
+
+  gin_utils.parse_gin(["models/t5_1_1/base.gin", "runs/mt_cotrain.gin"], ["MODEL_DIR='/tmp/unused'"])
+  assert bound("remixer_t5.trainer.train.task_name") == "mt_cotrain"
+  assert bound("remixer_t5.network.T5Config.dropout_rate") == 0.1  # Remixer paper §3.2; pretraining's is 0.0
+  assert bound("remixer_t5.trainer.train.infer_eval_task") == "super_glue_proportional"
+  assert bound("remixer_t5.trainer.evaluate_checkpoint.infer_task") == "super_glue_proportional"
+  assert bound("remixer_t5.trainer.train.infer_eval_period") == bound("remixer_t5.trainer.train.eval_period") > 0
+  assert bound("remixer_t5.trainer.train.infer_examples") is None  # every validation example, as finetune.gin
+  assert bound("remixer_t5.trainer.train.train_steps") == 1_000_000
+  gin_utils.parse_gin(["models/t5_1_1/base.gin", "runs/pretrain.gin"], ["MODEL_DIR='/tmp/unused'"])
+  assert bound("remixer_t5.network.T5Config.dropout_rate") == 0.0  # what mt_cotrain.gin used to inherit
+  gin.clear_config()

@@ -636,3 +636,26 @@ def test_fewglue_release_files_with_t5_vocabulary(tmp_path, monkeypatch):
         continue
       for metric in t.metric_fns:  # gold predictions score perfectly
         assert all(v == pytest.approx(100.0) for v in metric(targets, predictions).values()), (task, split)
+
+
+# --- decoding SuperGLUE while training on another task (runs/mt_cotrain.gin's infer_eval_task) -------------------
+def test_a_run_decodes_and_scores_super_glue_while_training_on_another_task(data_dir, tmp_path, embedded_env):
+  from remixer_t5 import cli
+
+  model_dir = tmp_path / "run"
+  args = ["train", "--gin_file=models/t5_1_1/tiny.gin", "--gin.network.T5Config.emb_dim=32",
+          "--gin.network.T5Config.mlp_dim=48", "--gin.network.T5Config.num_encoder_layers=1",
+          "--gin.network.T5Config.num_decoder_layers=1", "--gin_file=runs/demo.gin", "--gin.BATCH_SIZE=2",
+          "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}", "--gin.EVAL_PERIOD=0",
+          "--gin.CHECKPOINT_PERIOD=2", "--gin.TRAIN_STEPS=2", "--gin.trainer.train.infer_eval_period=2",
+          "--gin.trainer.train.infer_eval_task='super_glue_proportional'", "--gin.trainer.train.infer_examples=2",
+          f"--gin.MODEL_DIR='{model_dir}'"]
+  assert cli.main(args) == 0
+  rows = [json.loads(line) for line in (model_dir / "metrics.jsonl").read_text().splitlines()]
+  infer = {r["split"].split("/", 1)[1].split("#")[0]: r for r in rows if r["split"].startswith("infer/")}
+  # The 8 tasks with a validation split, scored with their own metrics (DPR has none: train and test only).
+  assert sorted(infer) == sorted(f"super_glue_{t}" for t in ("boolq", "cb", "copa", "multirc", "record", "rte",
+                                                               "wic", "wsc"))
+  assert {r["step"] for r in infer.values()} == {2}
+  assert "f1_macro" in infer["super_glue_cb"] and "f1a" in infer["super_glue_multirc"]
+  assert 0 <= infer["super_glue_record"]["em"] <= 100 and 0 <= infer["super_glue_boolq"]["accuracy"] <= 100
