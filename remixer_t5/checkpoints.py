@@ -1,8 +1,9 @@
 """Orbax checkpoints of the train state, plus the run's model/data signature kept beside them.
 
 A MODEL_DIR holds `checkpoints/<step>/` (orbax, saved collectively; orbax finalises a step atomically, so a
-killed save never becomes the latest step) and `run_signature.json`, which a later `train` into the same
-directory must match.
+killed save never becomes the latest step), `input_state/<step>/process-<i>-of-<n>/` (each process's tf.data
+iterator state at that step, written before the orbax step) and `run_signature.json`, which a later `train`
+into the same directory must match.
 """
 from __future__ import annotations
 
@@ -90,6 +91,66 @@ class Checkpointer:
   def close(self):
     self.manager.wait_until_finished()
     self.manager.close()
+
+
+# --- input position: one tf.data iterator checkpoint per process and step, beside the orbax steps -----------
+INPUT_STATE_DIR = "input_state"
+
+
+def _input_state_dir(model_dir, step: int, process_index: int, process_count: int) -> Path:
+  return (Path(model_dir).absolute() / INPUT_STATE_DIR / str(step)
+          / f"process-{process_index:05d}-of-{process_count:05d}")
+
+
+def save_input_state(model_dir, step: int, write, process_index: int | None = None,
+                     process_count: int | None = None) -> Path:
+  """This process's input-iterator state for `step`: `write(prefix)` (Batches.save) into a temporary folder,
+  then renamed into `MODEL_DIR/input_state/<step>/process-<i>-of-<n>/` (whole or absent after a kill -9).
+
+  Call it BEFORE the orbax save of `step`: a finalised orbax step then always has its input states.
+  """
+  import shutil
+  i = jax.process_index() if process_index is None else process_index
+  n = jax.process_count() if process_count is None else process_count
+  final = _input_state_dir(model_dir, step, i, n)
+  tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+  if tmp.exists():
+    shutil.rmtree(tmp)
+  tmp.mkdir(parents=True)
+  write(str(tmp / "iterator"))
+  if final.exists():  # a save of this step by a run that was killed before orbax finalised it
+    shutil.rmtree(final)
+  tmp.rename(final)
+  return final
+
+
+def input_state_prefix(model_dir, step: int, process_index: int | None = None,
+                       process_count: int | None = None) -> str | None:
+  """The prefix to restore this process's input state of `step` from, or None when there is none (a run
+  from before iterator checkpoints, a pipeline that cannot be checkpointed, another number of processes)."""
+  i = jax.process_index() if process_index is None else process_index
+  n = jax.process_count() if process_count is None else process_count
+  folder = _input_state_dir(model_dir, step, i, n)
+  return str(folder / "iterator") if (folder / "iterator.index").exists() else None
+
+
+def prune_input_states(model_dir, keep_from: int, process_index: int | None = None) -> None:
+  """Deletes this process's input states of steps before `keep_from` (the oldest checkpoint kept) and the
+  temporary folders of saves that were killed."""
+  import shutil
+  root = Path(model_dir).absolute() / INPUT_STATE_DIR
+  if not root.is_dir():
+    return
+  i = jax.process_index() if process_index is None else process_index
+  for step_dir in root.iterdir():
+    if not step_dir.name.isdigit() or int(step_dir.name) >= keep_from:
+      continue
+    for folder in step_dir.glob(f"*process-{i:05d}-of-*"):
+      shutil.rmtree(folder, ignore_errors=True)
+    try:
+      step_dir.rmdir()  # the last process out removes the step's folder
+    except OSError:
+      pass
 
 
 def save_params(directory: str | os.PathLike, params: Any) -> None:

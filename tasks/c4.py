@@ -5,7 +5,8 @@ Data (Raffel et al. 2020, §2.2 "The Colossal Clean Crawled Corpus"), from eithe
 * a local copy in the allenai/c4 release layout, ``<data dir>/c4/en/c4-train.00000-of-01024.json.gz`` ...
   and ``c4-validation.00000-of-00008.json.gz`` ...; uncompressed ``.jsonl`` / ``.json`` shards of the same
   names are read too. Rows are JSON objects with ``text``, ``timestamp`` and ``url`` (``text`` required).
-  Shards are streamed one file at a time, and each input shard (process) reads its own files.
+  Shards are streamed one file at a time by tf.data (``TextLineDataset``; JSON parsed in a batched map), so
+  the input position is checkpointable; each input shard (process) reads its own files.
 * else TFDS ``c4/en:3.1.0`` (features text/url/timestamp/content-type/content-length), read-only: building
   C4 is a Beam job over Common Crawl that a training run should never start on its own.
 
@@ -25,7 +26,7 @@ from collections.abc import Iterator
 
 import seqio
 from remixer_t5.tasks.common import add_span_corruption_task, already_registered, as_vocabulary
-from remixer_t5.tasks.sources import LocalOrTfdsSource, read_jsonl
+from remixer_t5.tasks.sources import LocalOrTfdsSource, parse_json_line, read_jsonl
 
 
 TASK_NAME = "c4_span_corruption"
@@ -40,18 +41,28 @@ DEFAULT_SEQUENCE_LENGTH = {"inputs": 512, "targets": 114}
 OPTIONAL_FIELDS = ("timestamp", "url")
 
 
+def _c4_row(path: str, lineno: int, row: dict) -> dict:
+  if not isinstance(row["text"], str):
+    raise ValueError(f"{path}:{lineno}: 'text' must be a string, got {type(row['text']).__name__}")
+  out = {"text": row["text"]}
+  for key in OPTIONAL_FIELDS:
+    value = row.get(key)
+    if value is not None and not isinstance(value, str):
+      raise ValueError(f"{path}:{lineno}: {key!r} must be a string, got {type(value).__name__}")
+    out[key] = value or ""
+  return out
+
+
 def read_c4_jsonl(path: str) -> Iterator[dict]:
   """Rows ``{text, timestamp, url}`` (strings) of one release shard; ValueError naming file:line."""
   for lineno, row in read_jsonl(path, required=["text"]):
-    if not isinstance(row["text"], str):
-      raise ValueError(f"{path}:{lineno}: 'text' must be a string, got {type(row['text']).__name__}")
-    out = {"text": row["text"]}
-    for key in OPTIONAL_FIELDS:
-      value = row.get(key)
-      if value is not None and not isinstance(value, str):
-        raise ValueError(f"{path}:{lineno}: {key!r} must be a string, got {type(value).__name__}")
-      out[key] = value or ""
-    yield out
+    yield _c4_row(path, lineno, row)
+
+
+def parse_c4_line(path: str, lineno: int, line: str) -> dict | None:
+  """One release-shard line as ``{text, timestamp, url}`` (None if blank): what tf.data's reader parses."""
+  row = parse_json_line(path, lineno, line, required=["text"])
+  return None if row is None else _c4_row(path, lineno, row)
 
 
 def _features():
@@ -97,7 +108,7 @@ def _shard_stem(path: str) -> str:
 def c4_source() -> C4Source:
   """C4 English as a seqio source: local release shards (streamed) or TFDS ``c4/en:3.1.0``; no I/O here."""
   return C4Source(local_dir=LOCAL_DIR, local_files=LOCAL_FILES, reader=read_c4_jsonl, features=_features(),
-                  tfds_name=TFDS_NAME, streaming=True)
+                  tfds_name=TFDS_NAME, streaming=True, line_parser=parse_c4_line)
 
 
 def register_c4_task(name: str = TASK_NAME, vocabulary=None) -> str:

@@ -154,6 +154,8 @@ def read_line_blocks(path: str) -> Iterator[tuple[int, list[str]]]:
 
 # --- the source ---------------------------------------------------------------------------------------------
 RowReader = Callable[[str], Iterable[Mapping[str, Any]]]
+# (path, line number, line) -> row, or None for a line that holds no row (blank).
+LineParser = Callable[[str, int, str], Mapping[str, Any] | None]
 
 
 class LocalOrTfdsSource(seqio.DataSource):
@@ -168,11 +170,18 @@ class LocalOrTfdsSource(seqio.DataSource):
     tfds_splits: split -> TFDS split name, where they differ (default: the same names).
     streaming: read files lazily, one at a time (for corpora too large to hold: C4); small datasets are read
       whole when the dataset is built, so a malformed row fails there with a plain ValueError.
+    line_parser: for a streaming source of line-per-row files, (path, line number, line) -> row or None; the
+      files are then read by tf.data itself (``lines_dataset``), so the input position can be checkpointed.
+
+  Both local forms are tf.data-native (``rows_dataset``: tensors sliced by index; ``lines_dataset``:
+  ``TextLineDataset`` with the parsing in a batched map), so a training run's ``tf.train.Checkpoint`` of its
+  input iterator holds the position and restores it in constant time (docs/architecture.md, "Input position").
   """
 
   def __init__(self, *, local_dir: str, local_files: Mapping[str, str | Sequence[str]], reader: RowReader,
                features: Mapping[str, Any], tfds_name: str | None = None,
-               tfds_splits: Mapping[str, str] | None = None, streaming: bool = False):
+               tfds_splits: Mapping[str, str] | None = None, streaming: bool = False,
+               line_parser: LineParser | None = None):
     super().__init__(splits=list(local_files))
     self.local_dir = local_dir
     self.local_files = {k: [v] if isinstance(v, str) else list(v) for k, v in local_files.items()}
@@ -181,6 +190,7 @@ class LocalOrTfdsSource(seqio.DataSource):
     self.tfds_name = tfds_name
     self.tfds_splits = {s: (tfds_splits or {}).get(s, s) for s in local_files}
     self.streaming = streaming
+    self.line_parser = line_parser
     self._tfds: seqio.TfdsDataSource | None = None
     self._counts: dict[tuple[str, str], int] = {}
 
@@ -259,13 +269,15 @@ class LocalOrTfdsSource(seqio.DataSource):
         files = files[shard_info.index::shard_info.num_shards]
       if shuffle:
         files = [files[i] for i in _permutation(len(files), seed)]
-      reader = self.reader
+      if self.line_parser is not None:
+        return lines_dataset(files, self.line_parser, signature)
+      reader = self.reader  # a Python generator: works, but tf.data cannot checkpoint its position
       gen = lambda: (dict(row) for path in files for row in reader(path))
       return tf.data.Dataset.from_generator(gen, output_signature=signature)
     rows = [dict(row) for path in files for row in self.reader(path)]
     if shard_info and shard_info.num_shards > 1:
       rows = rows[shard_info.index::shard_info.num_shards]
-    return tf.data.Dataset.from_generator(lambda: iter(rows), output_signature=signature)
+    return rows_dataset(rows, signature)
 
   def _tfds_dataset(self, split, shuffle, seed, shard_info):
     try:
@@ -282,6 +294,82 @@ class LocalOrTfdsSource(seqio.DataSource):
   def __repr__(self):
     return (f"{type(self).__name__}(local_dir={self.local_dir!r}, tfds_name={self.tfds_name!r}, "
             f"splits={list(self.splits)})")
+
+
+# --- tf.data-native local datasets (checkpointable: their iterator state is an index) -----------------------
+def rows_dataset(rows: Sequence[Mapping[str, Any]], signature: Mapping[str, Any]):
+  """A ``tf.data.Dataset`` of ``rows`` (dicts, nested as ``signature``) sliced from column tensors.
+
+  Leaves of ``signature`` are ``tf.TensorSpec`` of shape ``[]`` or ``[None]`` (variable-length lists, e.g.
+  ReCoRD's entities). Unlike ``Dataset.from_generator``, the iterator's state is a row index, so
+  ``tf.train.Checkpoint(iterator=...)`` saves and restores it in constant time.
+  """
+  import tensorflow as tf
+
+  def column(values, spec, where):
+    if spec.shape.rank == 0:
+      return tf.constant(values, dtype=spec.dtype, shape=[len(values)])
+    if spec.shape.rank == 1 and spec.shape[0] is None:
+      lengths = [len(v) for v in values]
+      flat = tf.constant([x for v in values for x in v], dtype=spec.dtype, shape=[sum(lengths)])
+      return tf.RaggedTensor.from_row_lengths(flat, tf.constant(lengths, tf.int64))
+    raise ValueError(f"rows_dataset: feature {where} has spec {spec}; expected shape [] or [None]")
+
+  def columns(rows, spec, where):
+    if isinstance(spec, Mapping):
+      return {k: columns([r[k] for r in rows], v, f"{where}/{k}") for k, v in spec.items()}
+    return column(rows, spec, where)
+
+  ds = tf.data.Dataset.from_tensor_slices(columns(list(rows), signature, ""))
+  # Ragged columns slice to rank-1 RaggedTensorSpecs; give the rows the plain TensorSpecs TFDS gives.
+  return ds.map(lambda row: tf.nest.map_structure(
+      lambda x: x.to_tensor() if isinstance(x, tf.RaggedTensor) else tf.identity(x), row))
+
+
+def lines_dataset(files: Sequence[str], parse: LineParser, signature: Mapping[str, Any],
+                  lines_per_call: int = 128):
+  """Rows of line-per-row files (``.gz`` too), read by ``tf.data.TextLineDataset`` in file order.
+
+  ``parse(path, line number, line)`` runs in a ``tf.py_function`` over ``lines_per_call`` lines at a time,
+  in parallel maps (order kept); it returns a row (flat dict of scalars as ``signature``) or None to drop
+  the line. Its ValueError (naming file and line) surfaces as a tf.errors.OpError carrying the message. The
+  parse is a pure function of the line, so the pipeline is checkpointable (the dataset's external-state
+  policy is IGNORE: the py_function holds no state).
+  """
+  import tensorflow as tf
+  names = list(signature)
+  specs = [signature[k] for k in names]
+  if any(isinstance(s, Mapping) or s.shape.rank != 0 for s in specs):
+    raise ValueError(f"lines_dataset: rows must be flat dicts of scalars, got {signature}")
+  compression = ["GZIP" if f.endswith(".gz") else "" for f in files]
+
+  def read(path, comp):
+    lines = tf.data.TextLineDataset(path, compression_type=comp).enumerate(start=1)
+    return lines.map(lambda i, line: (path, i, line))
+
+  def parse_many(paths, linenos, lines):
+    keep, out = [], [[] for _ in names]
+    for p, i, line in zip(paths.numpy(), linenos.numpy(), lines.numpy()):
+      row = parse(p.decode(), int(i), line.decode("utf-8"))
+      keep.append(row is not None)
+      for col, name, spec in zip(out, names, specs):
+        col.append(row[name] if row is not None else ("" if spec.dtype == tf.string else 0))
+    return [tf.constant(keep, tf.bool)] + [tf.constant(c, s.dtype, shape=[len(c)]) for c, s in zip(out, specs)]
+
+  def parse_batch(paths, linenos, lines):
+    outs = tf.py_function(parse_many, [paths, linenos, lines], [tf.bool] + [s.dtype for s in specs])
+    for o in outs:
+      o.set_shape([None])
+    return tuple(outs)
+
+  ds = tf.data.Dataset.from_tensor_slices((tf.constant(list(files), tf.string),
+                                           tf.constant(compression, tf.string))).flat_map(read)
+  ds = ds.batch(lines_per_call).map(parse_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  ds = ds.unbatch().filter(lambda keep, *values: keep)
+  ds = ds.map(lambda keep, *values: dict(zip(names, values)))
+  options = tf.data.Options()
+  options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
+  return ds.with_options(options)
 
 
 def _spec(value):

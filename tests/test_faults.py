@@ -1,7 +1,8 @@
 """Surviving faults: kill -9 at any moment (also mid-save), SIGTERM, a corrupt latest checkpoint and a NaN loss.
 
 Each restarted run must reach the same parameters, bitwise, as a run that was never interrupted: the checkpoint
-holds step, params, optimizer state, RNG and the input position, and the input pipeline is deterministic.
+holds step, params, optimizer state, RNG and the input position (each process's tf.data iterator state, restored
+in constant time; a checkpoint without one is replayed with skip), and the input pipeline is deterministic.
 """
 import json
 import os
@@ -99,8 +100,14 @@ def test_kill_9_mid_save_then_restart_matches_uninterrupted(tmp_path, env, refer
   monkeypatch.setenv("REMIXER_T5_CACHE_DIR", str(embedded_cache.root))
   capsys.readouterr()
   assert cli.main(_args(run)) == 0
-  assert "resumed from" in capsys.readouterr().out
+  out = capsys.readouterr().out
+  assert "resumed from" in out and "input position restored from" in out  # the iterator state, not a replay
   assert not [p for p in ckpt_dir.iterdir() if "tmp" in p.name]  # the unfinished save was cleaned up
+  # Every kept checkpoint has its input state; older ones are pruned (one save behind orbax's own deletions).
+  kept = checkpoints.Checkpointer(run).all_steps()
+  states = sorted(int(p.name) for p in (run / checkpoints.INPUT_STATE_DIR).iterdir())
+  assert set(kept) <= set(states) and len(states) <= len(kept) + 1, (kept, states)
+  assert not list((run / checkpoints.INPUT_STATE_DIR).rglob(".*tmp*"))
   _assert_same(_params(run), reference)
 
 
@@ -120,7 +127,26 @@ def test_sigterm_saves_exits_0_and_the_rerun_resumes_exactly(tmp_path, env, refe
   monkeypatch.setenv("REMIXER_T5_CACHE_DIR", str(embedded_cache.root))
   capsys.readouterr()
   assert cli.main(_args(run, period=100)) == 0
-  assert f"resumed from {run / 'checkpoints'}/{saved}" in capsys.readouterr().out
+  out = capsys.readouterr().out
+  assert f"resumed from {run / 'checkpoints'}/{saved}" in out
+  assert f"input position restored from {run / checkpoints.INPUT_STATE_DIR / str(saved)}" in out
+  _assert_same(_params(run), reference)
+
+
+def test_checkpoint_without_input_state_resumes_by_replay(tmp_path, monkeypatch, embedded_cache, reference_dir,
+                                                         reference, capsys):
+  """A checkpoint of a run from before iterator checkpoints (position only) still resumes exactly: skip."""
+  import shutil
+  monkeypatch.setenv("REMIXER_T5_CACHE_DIR", str(embedded_cache.root))
+  run = tmp_path / "run"
+  shutil.copytree(reference_dir, run)
+  shutil.rmtree(run / "checkpoints" / "12")
+  shutil.rmtree(run / checkpoints.INPUT_STATE_DIR)
+  capsys.readouterr()
+  assert cli.main(_args(run, period=4)) == 0
+  out = capsys.readouterr().out
+  assert f"resumed from {run / 'checkpoints'}/8" in out
+  assert "no input-iterator state for this checkpoint" in out and "replaying 8 batches with skip" in out
   _assert_same(_params(run), reference)
 
 
