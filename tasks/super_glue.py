@@ -387,7 +387,8 @@ def wsc_simple_format(x):
 def dpr_simple_format(x):
   """T5's ``definite_pronoun_resolution_simple`` (dpr_v001_simple): ``"wsc: " + sentence`` with the first
   occurrence of the pronoun that follows a space and precedes a space, "." or "," marked ``*pronoun*``
-  (case-sensitive; a pronoun that opens the sentence stays unmarked, as in T5); target the correct candidate.
+  (case-sensitive; a pronoun that opens the sentence stays unmarked, as in T5; the pronoun is matched as
+  literal text, where T5 puts it into the pattern unescaped); target the correct candidate.
   WSC's format, so DPR's examples teach the WSC task (T5 trains both in super_glue_v102_proportional)."""
   tf = _tf()
   pronoun = tf.strings.regex_replace(x["pronoun"], r"([\\.^$|?*+()\[\]{}])", r"\\\1")  # as a literal
