@@ -331,6 +331,18 @@ def test_dpr_local_release_files_in_t5_format(data_dir):
   assert task.postprocess_fn("Tom") == "Tom"
 
 
+def test_dpr_format_matches_the_pronoun_as_literal_text():
+  import tensorflow as tf
+
+  from remixer_t5.tasks import super_glue
+
+  # As a regular expression "h.s" would match " his " first; the pronoun is matched as text.
+  ds = tf.data.Dataset.from_tensors({"sentence": "Tom saw his dog and h.s cat.", "pronoun": "h.s",
+                                     "candidates": ["Tom", "dog"], "label": tf.constant(0, tf.int64)})
+  (ex,) = list(super_glue.dpr_simple_format(ds).as_numpy_iterator())
+  assert ex == {"inputs": b"wsc: Tom saw his dog and *h.s* cat.", "targets": b"Tom"}
+
+
 @pytest.mark.parametrize("text,line,match", [
     ("A saw B and he left.\nhe\nA,B\n\n", 1, r"a DPR example is 4 lines .* got 3"),
     ("A saw B and he left.\nhe\nA,B,C\nA\n", 1, r"candidates line 'A,B,C' must name 2 candidates"),
