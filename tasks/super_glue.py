@@ -567,7 +567,6 @@ def _source(spec: Mapping) -> LocalOrTfdsSource:
       tfds_name=spec.get("tfds_name") or f"super_glue/{spec['tfds_config']}:{TFDS_VERSION}")
 
 
-
 def dpr_task_name(prefix: str = PREFIX) -> str:
   """DPR's task name: ``dpr`` beside the ``super_glue_`` tasks, ``<prefix>dpr`` beside another prefix's."""
   return DPR if prefix == PREFIX else f"{prefix}{DPR}"
