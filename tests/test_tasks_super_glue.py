@@ -272,6 +272,7 @@ def test_readers_give_tfds_features(data_dir):
   assert wic[0]["start1"] == 14 and wic[0]["end2"] == 8 and wic[0]["label"] == 0
   wsc = list(tasks["wsc"].source.reader(str(folder / "WSC" / "val.jsonl")))
   assert wsc[0]["span1_text"] == "the dishwasher" and wsc[0]["label"] == 0
+  assert tasks["wsc"].source.num_input_examples("train") == 2  # the referent rows of 3, as the split gives
   assert list(tasks["axb"].splits) == ["test"] and list(tasks["axg"].splits) == ["test"]
   assert set(tasks["boolq"].splits) == {"train", "validation", "test"}
   assert tasks["wsc"].source.tfds_name == f"super_glue/wsc.fixed:{super_glue.TFDS_VERSION}"
