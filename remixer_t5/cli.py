@@ -183,6 +183,11 @@ def cmd_plot(args: argparse.Namespace) -> int:
   return 0
 
 
+def cmd_repro(args: argparse.Namespace) -> int:
+  from remixer_t5.repro import hypermixer_synthetic
+  return hypermixer_synthetic.main(args)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
   from remixer_t5 import bench
   mixers = [m for m in args.mixers.split(",") if m]
@@ -276,6 +281,12 @@ def build_parser() -> argparse.ArgumentParser:
   ben.add_argument("--hidden", type=int, default=512, help="d' (HyperMixing) and the MLP widths")
   ben.add_argument("--num_heads", "--num-heads", type=int, default=4)
   ben.add_argument("--head_dim", "--head-dim", type=int, default=64)
+  rep = sub.add_parser("repro", help="reproduce a paper experiment on a CPU (hypermixer-synthetic: HyperMixer "
+                       "§4.7, Fig. 5)")
+  rep_sub = rep.add_subparsers(dest="experiment", required=True)
+  from remixer_t5.repro import hypermixer_synthetic
+  hypermixer_synthetic.add_arguments(rep_sub.add_parser(
+      "hypermixer-synthetic", help="test MSE against training-set size and pseudo-attention maps"))
   return p
 
 
@@ -287,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   try:
     files, bindings, paths, rest = split_flags(argv)
     args = build_parser().parse_args(rest)
-    if args.command in ("train", "eval", "plot", "bench"):
+    if args.command in ("train", "eval", "plot", "bench", "repro"):
       from remixer_t5 import host_memory  # before JAX starts its threads: see host_memory's docstring
       host_memory.configure(log=lambda m: print(m, file=sys.stderr, flush=True))
     if args.command in ("train", "eval"):
@@ -305,7 +316,8 @@ def main(argv: Sequence[str] | None = None) -> int:
       import gin
       gin.clear_config()
     handler = {"train": cmd_train, "eval": cmd_eval, "tasks": cmd_tasks, "info": cmd_info, "import-hf": cmd_import_hf,
-               "export-hf": cmd_export_hf, "plot": cmd_plot, "bench": cmd_bench}[args.command]
+               "export-hf": cmd_export_hf, "plot": cmd_plot, "bench": cmd_bench,
+               "repro": cmd_repro}[args.command]
     return handler(args)
   except (GinError, FileNotFoundError, FileExistsError, IncompatibleModelDirError) as e:
     print(f"remixer-t5: error: {e}", file=sys.stderr)
