@@ -65,7 +65,9 @@ def check_length(length: int, max_length: int, what: str) -> None:
   """Fixed-length mixers refuse longer sequences with an error that names both numbers."""
   if length > max_length:
     raise ValueError(f"{what} mixes at most {max_length} positions but got a sequence of length {length}; "
-                     f"raise its max_length (and retrain) or shorten TASK_FEATURE_LENGTHS")
+                     f"the model configs take max_length from TASK_FEATURE_LENGTHS (load the run's gin file after "
+                     f"the model's, or pass --gin.TASK_FEATURE_LENGTHS), and an INIT_CHECKPOINT made at other "
+                     f"lengths is fitted on load (remixer_t5/fixed_length.py)")
 
 
 def cache_index(module, name: str = "cache_index") -> Any:
