@@ -22,12 +22,14 @@ one weight (or row, or column) per position up to a maximum length L. Two things
    refused with an error naming the parameter and both shapes. Along a position axis, index p means position p
    (or offset p for gMLP's Toeplitz weights), so the rule for every such parameter is the same:
 
-   | parameter (logical axes) | pretrained L -> larger L' | pretrained L -> smaller L' |
-   |---|---|---|
-   | Remixer `remix` H [L, L] ('mix_length','mix_source') | H'[:L, :L] = H; new rows/columns as the model initialises them (N(0, remix_init_stddev²)) | H'= H[:L', :L'] |
-   | gMLP `spatial_kernel` W [L, L], `spatial_bias` b [L] | W'[:L, :L] = W, b'[:L] = b; new entries near zero (W) and 1 (b), the block's own start (§2.1) | leading block |
-   | gMLP Toeplitz `spatial_past` [L], `spatial_future` [L-1] ('mix_length') | offsets < L kept, new offsets near zero | offsets < L' kept |
-   | MLP-Mixer `w1` [L, hidden], `w2` [hidden, L], `b2` [L] | rows/columns of positions < L kept, new ones as initialised | leading ones |
+   - Remixer `remix`, H [L, L] ('mix_length', 'mix_source'): grown, H'[:L, :L] = H and the new rows and
+     columns as the model initialises them (N(0, remix_init_stddev²)); shrunk, H' = H[:L', :L'].
+   - gMLP `spatial_kernel`, W [L, L], and `spatial_bias`, b [L]: the leading block is kept; new entries start
+     near zero (W) and at 1 (b), the block's own start (§2.1).
+   - gMLP Toeplitz `spatial_past` [L] and `spatial_future` [L-1] ('mix_length'): offsets below min(L, L') kept,
+     new offsets near zero.
+   - MLP-Mixer `w1` [L, hidden], `w2` [hidden, L], `b2` [L]: the rows/columns of positions below min(L, L')
+     kept, new ones as initialised.
 
    Every sequence of at most min(L, L') tokens gives exactly the pretrained outputs: each of these mixers reads
    only W[:n, :n] (or offsets < n, or the first n rows) for a sequence of n tokens, and masks or zeroes the
