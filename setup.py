@@ -20,6 +20,8 @@ INSTALL_REQUIRES = [
     "tensorboard==2.21.0",
 ]
 
+TPU_REQUIRES = ["jax[tpu]==0.10.2", "libtpu==0.0.42.1"]
+
 setuptools.setup(
     name="remixer_t5",
     version="0.1.0",
@@ -33,7 +35,10 @@ setuptools.setup(
     include_package_data=False,
     install_requires=INSTALL_REQUIRES,
     extras_require={
-        "test": ["pytest==9.2.0", "pytest-xdist==3.8.0"],
+        # `remixer-t5 compile`: XLA's TPU compiler (libtpu), pinned to what jax[tpu]==0.10.2 requires; no TPU needed.
+        "tpu": TPU_REQUIRES,
+        # The test suite compiles for a TPU topology (tests/test_compile.py), so CI installs libtpu too.
+        "test": ["pytest==9.2.0", "pytest-xdist==3.8.0"] + TPU_REQUIRES,
         # Only for scripts/make_hf_fixture.py and reading pytorch_model.bin checkpoints.
         "hf": ["torch==2.13.0", "transformers"],
     },

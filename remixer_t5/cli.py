@@ -1,4 +1,5 @@
-"""`remixer-t5 <command>`: train, eval, tasks, info, import-hf, export-hf, plot, bench, with t5x-style gin flags.
+"""`remixer-t5 <command>`: train, eval, compile, tasks, info, import-hf, export-hf, plot, bench,
+with t5x-style gin flags.
 
   --gin_file=F          repeatable; looked up as given, then in --gin_search_paths, then in the package's gin/
   --gin.NAME=VALUE      a binding applied after the files (`--gin.MODEL_DIR="'/tmp/run'"`, `--gin.BATCH_SIZE=8`)
@@ -183,11 +184,6 @@ def cmd_plot(args: argparse.Namespace) -> int:
   return 0
 
 
-def cmd_repro(args: argparse.Namespace) -> int:
-  from remixer_t5.repro import hypermixer_synthetic
-  return hypermixer_synthetic.main(args)
-
-
 def cmd_bench(args: argparse.Namespace) -> int:
   from remixer_t5 import bench
   mixers = [m for m in args.mixers.split(",") if m]
@@ -205,6 +201,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
   path = bench.plot_bench(rows, Path(args.out) / "mixing_bench.png")
   print(f"wrote {path}", file=sys.stderr if args.json else sys.stdout)
   return 0
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+  from remixer_t5 import aot_compile
+  steps = ["train"] + (["eval", "decode"] if args.all_steps else [])
+  try:
+    return aot_compile.main(args.topology, num_slices=args.num_slices, mesh=args.mesh, rules=args.rules,
+                            steps=steps, as_json=args.json)
+  except aot_compile.LibtpuMissing as e:
+    print(f"remixer-t5 compile: {e}", file=sys.stderr)
+    return 2
 
 
 def model_gin(cfg, source: str = "") -> str:
@@ -281,12 +288,15 @@ def build_parser() -> argparse.ArgumentParser:
   ben.add_argument("--hidden", type=int, default=512, help="d' (HyperMixing) and the MLP widths")
   ben.add_argument("--num_heads", "--num-heads", type=int, default=4)
   ben.add_argument("--head_dim", "--head-dim", type=int, default=64)
-  rep = sub.add_parser("repro", help="reproduce a paper experiment on a CPU (hypermixer-synthetic: HyperMixer "
-                       "§4.7, Fig. 5)")
-  rep_sub = rep.add_subparsers(dest="experiment", required=True)
-  from remixer_t5.repro import hypermixer_synthetic
-  hypermixer_synthetic.add_arguments(rep_sub.add_parser(
-      "hypermixer-synthetic", help="test MSE against training-set size and pseudo-attention maps"))
+  com = sub.add_parser("compile", help="compile the train step (same gin flags as train) for a TPU slice on this "
+                       "machine, no TPU needed: memory per device against HBM, FLOPs, XLA's estimated step time")
+  com.add_argument("--topology", required=True, help="a Cloud TPU slice: v3-8, v3-32, v3-128, ..., v2-8.., "
+                   "v4-8.., v5p-8.., v5e-1.., v6e-1.. (v2/v3/v4/v5p count cores, v5e/v6e chips)")
+  com.add_argument("--num_slices", "--num-slices", type=int, default=1, help="slices joined over the data axis")
+  com.add_argument("--mesh", help="override the run's mesh: a preset (tpu_v3_32, ...) or DATAxMODEL")
+  com.add_argument("--rules", choices=["data", "data_model", "fsdp"], help="override the run's rule set")
+  com.add_argument("--all_steps", "--all-steps", action="store_true", help="also compile the eval and decode steps")
+  com.add_argument("--json", action="store_true", help="print the report as one JSON object")
   return p
 
 
@@ -298,7 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   try:
     files, bindings, paths, rest = split_flags(argv)
     args = build_parser().parse_args(rest)
-    if args.command in ("train", "eval", "plot", "bench", "repro"):
+    if args.command in ("train", "eval", "plot", "bench"):
       from remixer_t5 import host_memory  # before JAX starts its threads: see host_memory's docstring
       host_memory.configure(log=lambda m: print(m, file=sys.stderr, flush=True))
     if args.command in ("train", "eval"):
@@ -310,14 +320,14 @@ def main(argv: Sequence[str] | None = None) -> int:
       # they are, with its `MODEL_DIR = %gin.REQUIRED` left unset.
       parse_gin(files, bindings, paths,
                 macro_defaults=None if args.command in _NEEDS_MODEL_DIR else {"MODEL_DIR": "None"})
-    elif args.command in ("train", "eval", "info"):
+    elif args.command in ("train", "eval", "info", "compile"):
       raise GinError(f"`{args.command}` needs a config: --gin_file=... (see gin/ for models and runs)")
     else:  # export-hf/plot then read the checkpoint's own gin, never a config left by an earlier main() call
       import gin
       gin.clear_config()
     handler = {"train": cmd_train, "eval": cmd_eval, "tasks": cmd_tasks, "info": cmd_info, "import-hf": cmd_import_hf,
                "export-hf": cmd_export_hf, "plot": cmd_plot, "bench": cmd_bench,
-               "repro": cmd_repro}[args.command]
+               "compile": cmd_compile}[args.command]
     return handler(args)
   except (GinError, FileNotFoundError, FileExistsError, IncompatibleModelDirError) as e:
     print(f"remixer-t5: error: {e}", file=sys.stderr)

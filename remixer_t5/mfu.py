@@ -1,10 +1,21 @@
-"""Model FLOPs utilisation: FLOPs of a compiled train step against the device's peak dense bf16 FLOP/s.
+"""Model FLOPs utilisation: the model's FLOPs per train step against the device's peak dense bf16 FLOP/s.
+
+MFU (PaLM, Chowdhery et al. 2022, App. B) counts the FLOPs the model needs, not those the hardware ran:
+`model_flops_per_step` is XLA's cost analysis of the forward and backward pass of the loss, lowered (never
+compiled) for the same network unscanned and without rematerialisation, so it is the same number whether a run
+scans its stacks or recomputes activations. `compiled_flops` is the other count, XLA's of a compiled step: it
+includes recomputation (hardware FLOPs utilisation, HFU) and counts a loop's body once (a scanned stack, a
+microbatch loop), so it is only a whole step's count for a step without loops.
 
 Peak figures are the vendors' dense (no sparsity) bf16 numbers per JAX device. On TPU v2/v3 a JAX device is
 one TensorCore (half a chip); from v4 on, one chip. `peak_flops` can be overridden (gin:
 `trainer.train.peak_flops_per_device`), e.g. for an unlisted device or to report against fp32 peaks.
 """
 from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Mapping
 
 import jax
 
@@ -53,3 +64,34 @@ def mfu(flops_per_step_per_device: float | None, steps_per_s: float, peak: float
   if not flops_per_step_per_device or not peak:
     return None
   return flops_per_step_per_device * steps_per_s / peak
+
+
+def _unscanned_unrematerialised(model):
+  """`model` with its network's config set to scan_layers=False, remat_policy='none' (itself if already so)."""
+  cfg = getattr(model.module, "config", None)
+  if not dataclasses.is_dataclass(cfg) or (not getattr(cfg, "scan_layers", False)
+                                           and getattr(cfg, "remat_policy", "none") == "none"):
+    return model
+  plain = copy.copy(model)
+  plain.module = model.module.clone(config=dataclasses.replace(cfg, scan_layers=False, remat_policy="none"))
+  return plain
+
+
+def model_flops_per_step(model, batch: Mapping[str, jax.ShapeDtypeStruct]) -> float:
+  """Model FLOPs of one training step over the whole (global) `batch` of shapes: forward and backward of
+  `model.loss_fn` (no optimizer update, no dropout), from XLA's cost analysis of the lowered computation of the
+  same model unscanned and unrematerialised (see the module docstring). Divide by the device count for a
+  per-device figure. Lowering traces the model once from shapes (no weights are allocated, nothing compiles).
+  """
+  plain = _unscanned_unrematerialised(model)
+  input_shapes = {k: (1,) + tuple(v.shape[1:]) for k, v in batch.items()
+                  if k in ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens")}
+  params = jax.eval_shape(lambda rng: plain.init_variables(rng, input_shapes), jax.random.PRNGKey(0))["params"]
+  grad = jax.grad(lambda p, b: plain.loss_fn(p, b, None)[0])
+  cost = jax.jit(grad).lower(params, dict(batch)).cost_analysis()
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0] if cost else {}
+  flops = float((cost or {}).get("flops", 0.0))
+  if flops <= 0:
+    raise ValueError("XLA's cost analysis of the lowered train step gave no FLOP count")
+  return flops

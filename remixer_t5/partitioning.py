@@ -186,9 +186,21 @@ def make_mesh(num_partitions: int = 1, shape=None, devices: Sequence[jax.Device]
   plan, planned_rules = mesh_plan(num_partitions, shape, len(devices))
   if math.prod(plan) != len(devices):
     raise ValueError(f"mesh shape {plan} needs {math.prod(plan)} devices, have {len(devices)}")
-  mesh = Mesh(mesh_utils.create_device_mesh(plan, devices), AXES, axis_types=(AxisType.Auto,) * 2)
+  mesh = Mesh(_device_grid(plan, devices), AXES, axis_types=(AxisType.Auto,) * 2)
   _MESH_RULES[mesh] = _as_rules(rules) or planned_rules
   return mesh
+
+
+def _device_grid(plan: tuple[int, int], devices: Sequence[jax.Device]) -> np.ndarray:
+  """Devices laid out as `plan`; across several TPU slices (multislice: devices carry `slice_index`) the 'data'
+  axis spans the slices, so only the data-parallel gradient reduction crosses the slower data-centre network."""
+  slices = sorted({getattr(d, "slice_index", None) or 0 for d in devices})
+  if len(slices) > 1:
+    n = len(slices)
+    if plan[0] % n:
+      raise ValueError(f"mesh (data, model) = {plan} over {n} slices: the data axis must be a multiple of {n}")
+    return mesh_utils.create_hybrid_device_mesh((plan[0] // n, plan[1]), (n, 1), devices)
+  return mesh_utils.create_device_mesh(plan, devices)
 
 
 def abstract_mesh(num_partitions: int = 1, shape=None, *, rules: str | Rules | None = None,

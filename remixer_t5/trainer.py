@@ -9,19 +9,30 @@ import dataclasses
 import functools
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import seqio
 from flax import struct
 
 from remixer_t5 import accumulate, checkpoints, fixed_length, optim, partitioning, plots
 from remixer_t5 import mfu as mfu_lib
-from remixer_t5.data.task_lookup import get_task, with_vocabulary
 from remixer_t5.models import EncoderDecoderModel
+
+if TYPE_CHECKING:
+  import seqio
+
+# The data side (seqio, TensorFlow) is imported where it is used, so that compiling a step
+# (`remixer-t5 compile`, remixer_t5/aot_compile.py) never loads TensorFlow.
+
+
+def __getattr__(name: str):
+  if name in ("get_task", "with_vocabulary"):  # trainer.get_task(...), as before the imports became lazy
+    from remixer_t5.data import task_lookup
+    return getattr(task_lookup, name)
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 from remixer_t5.metrics_log import MetricsLogger, format_duration
 
 
@@ -39,12 +50,23 @@ class TrainState(struct.PyTreeNode):
 # --- data ------------------------------------------------------------------------------------------------
 def get_batches(task, feature_lengths: Mapping[str, int], split: str, batch_size: int, *, seed: int,
                 shuffle: bool, repeat: bool, pack: bool, skip_batches: int = 0):
-  """Iterator of numpy batches in the model's feature format (t5x's EncDecFeatureConverter): this process's
-  shard of the global `batch_size`; its position can be saved and restored in constant time
-  (remixer_t5/data/input_pipeline.py)."""
-  from remixer_t5.data import input_pipeline
-  return input_pipeline.get_batches(task, feature_lengths, split, batch_size, seed=seed, shuffle=shuffle,
-                                    repeat=repeat, pack=pack, skip_batches=skip_batches)
+  """Iterator of numpy batches in the model's feature format (t5x's EncDecFeatureConverter).
+
+  Each process reads its own shard; `batch_size` is the global batch.
+  """
+  import seqio
+  num_procs = jax.process_count()
+  if batch_size % num_procs:
+    raise ValueError(f"BATCH_SIZE={batch_size} must be divisible by the {num_procs} processes")
+  shard = seqio.ShardInfo(index=jax.process_index(), num_shards=num_procs)
+  ds = seqio.get_dataset(task,
+                         task_feature_lengths=dict(feature_lengths), dataset_split=split, shuffle=shuffle,
+                         num_epochs=None if repeat else 1, seed=seed, shard_info=shard,
+                         use_cached=False, feature_converter=seqio.EncDecFeatureConverter(pack=pack))
+  ds = ds.batch(batch_size // num_procs, drop_remainder=True)
+  if skip_batches:
+    ds = ds.skip(skip_batches)  # deterministic pipeline: skipping reproduces the position after a resume
+  return ds.prefetch(2).as_numpy_iterator()
 
 
 def global_from_host(x: np.ndarray, sharding) -> jax.Array:
@@ -98,6 +120,49 @@ def make_eval_step(model: EncoderDecoderModel):
   return eval_step
 
 
+# --- the program: one place for what `train` compiles and what `remixer-t5 compile` compiles ahead of time -
+def batch_shapes(feature_lengths: Mapping[str, int], batch_size: int, pack: bool
+                 ) -> dict[str, jax.ShapeDtypeStruct]:
+  """The global batch the steps take, as shapes: seqio.EncDecFeatureConverter's int32 features."""
+  enc, dec = feature_lengths["inputs"], feature_lengths["targets"]
+  lengths = {"encoder_input_tokens": enc, "decoder_target_tokens": dec, "decoder_input_tokens": dec,
+             "decoder_loss_weights": dec}
+  if pack:
+    lengths.update(encoder_segment_ids=enc, encoder_positions=enc, decoder_segment_ids=dec,
+                   decoder_positions=dec)
+  return {k: jax.ShapeDtypeStruct((batch_size, n), jnp.int32) for k, n in lengths.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+  """The jitted steps of a run and the abstract state and shardings they take.
+
+  `train`, `evaluate_checkpoint` and `remixer-t5 compile` (aot_compile.py) all build it with `program`, so the
+  ahead-of-time compile is of exactly the step `train` runs.
+  """
+  mesh: Any
+  state: TrainState  # abstract: ShapeDtypeStructs carrying their shardings
+  shardings: TrainState
+  batch_sharding: Any
+  train_step: Any  # jitted make_train_step, state donated
+  eval_step: Any  # jitted make_eval_step (params, batch)
+
+  def compile(self, step, *args):
+    """`step` lowered and compiled under the mesh's activation rules (constraints placed as t5x does)."""
+    with partitioning.activation_sharding(self.mesh):
+      return step.lower(*args).compile()
+
+
+def program(model: EncoderDecoderModel, tx: optax.GradientTransformation, schedule: Callable | None,
+            feature_lengths: Mapping[str, int], mesh, num_microbatches: int | None = None) -> Program:
+  abstract, shardings = _abstract_state(model, tx, _input_shapes(feature_lengths), mesh)
+  batch_sh = partitioning.data_sharding(mesh)
+  train_step = jax.jit(make_train_step(model, tx, schedule, num_microbatches),
+                       in_shardings=(shardings, batch_sh), out_shardings=(shardings, None), donate_argnums=0)
+  eval_step = jax.jit(make_eval_step(model), in_shardings=(shardings.params, batch_sh))
+  return Program(mesh, abstract, shardings, batch_sh, train_step, eval_step)
+
+
 def summarize(sums: Mapping[str, float]) -> dict[str, float]:
   w = max(float(sums["weight_sum"]), 1.0)
   return {"loss": float(sums["loss_sum"]) / w, "z_loss": float(sums["z_loss_sum"]) / w,
@@ -133,6 +198,7 @@ def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature
     raise ValueError("MODEL_DIR is not set: pass --gin.MODEL_DIR=\"'/path/to/run'\"")
   model_dir = str(Path(model_dir).expanduser())
   _set_data_dir(data_dir)
+  from remixer_t5.data.task_lookup import get_task, with_vocabulary
   task_name = with_vocabulary(task_name, vocabulary)
   task = get_task(task_name)
   vocab = task.output_features["targets"].vocabulary
@@ -157,17 +223,17 @@ def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature
   mesh = partitioning.make_mesh(num_partitions, mesh_shape)
   schedule = learning_rate if callable(learning_rate) else None
   tx = _optimizer(model, optimizer, learning_rate)
-  state, shardings = _create_state(model, tx, _input_shapes(feature_lengths), mesh, random_seed)
+  prog = program(model, tx, schedule, feature_lengths, mesh, num_microbatches)
+  shardings = prog.shardings
+  state = _init_state(model, tx, _input_shapes(feature_lengths), shardings, random_seed)
   log = MetricsLogger(model_dir)
   ckpt = checkpoints.Checkpointer(model_dir, keep=keep_checkpoints)
 
   position = 0  # input batches consumed so far (the pipeline is deterministic given the seed)
-  input_state = None  # this process's saved tf.data iterator state at the restored step
   restored = ckpt.restore_latest_good(_abstract(state, shardings), log=log.info)
   if restored is not None:
     state, extra, at = restored
     position = int(extra.get("data_position", {}).get("batches", int(state.step)))
-    input_state = checkpoints.input_state_prefix(model_dir, at)
     log.info(f"resumed from {ckpt.directory}/{at} (input position: {position} batches)")
   elif init_checkpoint:
     fit = lambda p: _fit_lengths(model, feature_lengths, state.params, p, log)
@@ -179,35 +245,25 @@ def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature
   log.info(f"model: {n_params:,} params | mesh {dict(mesh.shape)} | task {task_name} | "
            f"batch {batch_size} | lengths {dict(feature_lengths)} | steps {start}->{train_steps}")
 
-  batch_sh = partitioning.data_sharding(mesh)
-  train_step = jax.jit(make_train_step(model, tx, schedule, num_microbatches),
-                       in_shardings=(shardings, batch_sh), out_shardings=(shardings, None), donate_argnums=0)
-  eval_step = jax.jit(make_eval_step(model), in_shardings=(shardings.params, batch_sh))
+  batch_sh, eval_step = prog.batch_sharding, prog.eval_step
   evaluate = lambda st: _evaluate(model, eval_step, st, task, vocab, feature_lengths, batch_size, eval_steps,
                                   num_decoded_examples, random_seed, pack, batch_sh, log)
 
   if start == 0 and eval_period:
     evaluate(state)  # the starting point of the validation curve
-  batches = _restore_batches(task, feature_lengths, batch_size, random_seed, shuffle, pack, position,
-                             input_state, log)
-  input_checkpointable = [True]
+  batches = get_batches(task, feature_lengths, "train", batch_size, seed=random_seed, shuffle=shuffle,
+                        repeat=True, pack=pack, skip_batches=position)
 
   def save(step, state):
-    # The input state first: a finalised orbax step then always has it (kill -9 between the two leaves an
-    # input state without its step, which is never read).
-    if input_checkpointable[0]:
-      from remixer_t5.data.input_pipeline import InputNotCheckpointableError
-      try:
-        checkpoints.save_input_state(model_dir, step, batches.save)
-      except InputNotCheckpointableError as e:  # keep training; a resume replays the position with skip
-        input_checkpointable[0] = False
-        log.info(str(e))
-    ckpt.save(step, state, extra={"data_position": {"batches": position, "seed": random_seed, "task": task_name,
-                                                    "iterator": input_checkpointable[0]}}, force=True)
-    steps = ckpt.all_steps()
-    checkpoints.prune_input_states(model_dir, min([*steps, step]))
+    ckpt.save(step, state, extra={"data_position": {"batches": position, "seed": random_seed,
+                                                    "task": task_name}}, force=True)
 
   peak = mfu_lib.peak_flops_per_device(override=peak_flops_per_device)
+  # MFU counts the model's FLOPs (the same whether the stack is scanned or rematerialised); HFU counts what XLA
+  # compiled (recomputation included), where its count is whole (no loop: not scanned, no microbatches).
+  model_flops = (mfu_lib.model_flops_per_step(model, batch_shapes(feature_lengths, batch_size, pack))
+                 / jax.device_count() if peak else None)
+  counts_whole = not _config_flag(model, "scan_layers") and (num_microbatches or 1) <= 1
   step_flops, compiled = None, None
   last: dict[str, float] = {}
   acc_metrics, tokens, t0, steps_in_window, checked_through = None, 0, time.time(), 0, start
@@ -220,9 +276,8 @@ def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature
       tokens += _real_tokens(host_batch)
       batch = _global_batch(host_batch, batch_sh)
       if compiled is None:
-        with partitioning.activation_sharding(mesh):  # activation constraints as t5x places them
-          compiled = train_step.lower(state, batch).compile()
-        step_flops = mfu_lib.compiled_flops(compiled)
+        compiled = prog.compile(prog.train_step, state, batch)
+        step_flops = mfu_lib.compiled_flops(compiled) if counts_whole else None
       state, metrics = compiled(state, batch)
       step += 1
       steps_in_window += 1
@@ -245,9 +300,10 @@ def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature
         row = summarize(m)
         row.update(tokens_per_s=tokens / dt, tokens_per_s_per_device=tokens / dt / jax.device_count(),
                    steps_per_s=steps_in_window / dt, grad_norm=float(m["grad_norm"]) / steps_in_window)
-        utilisation = mfu_lib.mfu(step_flops, steps_in_window / dt, peak)
-        if utilisation is not None:
-          row["mfu"] = utilisation
+        for name, flops in (("mfu", model_flops), ("hfu", step_flops)):
+          utilisation = mfu_lib.mfu(flops, steps_in_window / dt, peak)
+          if utilisation is not None:
+            row[name] = utilisation
         if "learning_rate" in m:
           row["learning_rate"] = float(m["learning_rate"]) / steps_in_window
         eta = (train_steps - step) * dt / steps_in_window
@@ -304,28 +360,6 @@ class _PreemptionWatch:
     return False
 
 
-def _restore_batches(task, feature_lengths, batch_size, seed, shuffle, pack, position, input_state, log):
-  """The training batches at `position`: the saved iterator state restored (constant time), else replayed
-  with skip (a checkpoint from before iterator checkpoints, or a pipeline that cannot be checkpointed)."""
-  from remixer_t5.data import input_pipeline
-  if input_state is not None:
-    batches = get_batches(task, feature_lengths, "train", batch_size, seed=seed, shuffle=shuffle, repeat=True,
-                          pack=pack)
-    try:
-      seconds = batches.restore(input_state, position)
-      log.info(f"input position restored from {input_state} ({position} batches) in {seconds:.2f}s")
-      return batches
-    except Exception as e:  # noqa: BLE001 - e.g. the task's pipeline changed since: say so, then replay
-      log.info(f"input state {input_state} does not fit this pipeline ({type(e).__name__}: "
-               f"{str(e).splitlines()[0][:200] if str(e) else ''}); replaying {position} batches with skip")
-  elif position:
-    log.info(f"no input-iterator state for this checkpoint (a run from before iterator checkpoints, a pipeline "
-             f"that cannot be checkpointed, or another number of processes): replaying {position} batches with "
-             f"skip, which takes time proportional to the position")
-  return input_pipeline.get_batches(task, feature_lengths, "train", batch_size, seed=seed, shuffle=shuffle,
-                                    repeat=True, pack=pack, skip_batches=position)
-
-
 def _infer_eval(model, params, task_name, feature_lengths, batch_size, num_examples, model_dir, step, seed,
                 batch_sh, log, split="validation", beam_size=1, progress=None) -> dict[str, dict[str, float]]:
   """Decode-and-score evaluation (remixer_t5.evaluation) logged as metrics.jsonl rows `infer/<task>`."""
@@ -376,15 +410,23 @@ def _abstract_state(model, tx, input_shapes, mesh) -> tuple[TrainState, TrainSta
 
 def _create_state(model, tx, input_shapes, mesh, seed):
   """Initialise params and optimizer state directly in their shardings (nothing is built replicated)."""
-  init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(seed))
   _, shardings = _abstract_state(model, tx, input_shapes, mesh)
+  return _init_state(model, tx, input_shapes, shardings, seed), shardings
+
+
+def _init_state(model, tx, input_shapes, shardings, seed):
+  init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(seed))
 
   def init(rng):
     params = model.init_variables(rng, input_shapes)["params"]
     return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params),
                       rng=dropout_rng)
 
-  return jax.jit(init, out_shardings=shardings)(init_rng), shardings
+  return jax.jit(init, out_shardings=shardings)(init_rng)
+
+
+def _config_flag(model, name: str):
+  return getattr(getattr(model.module, "config", None), name, None)
 
 
 def _fit_lengths(model, feature_lengths, fresh, params, log):
@@ -473,6 +515,8 @@ def evaluate_checkpoint(*, model_dir: str, model: EncoderDecoderModel, task_name
   mixture decoded (None: `task_name`), in `task_name`'s vocabulary.
   """
   _set_data_dir(data_dir)
+  import seqio
+  from remixer_t5.data.task_lookup import get_task, with_vocabulary
   task_name = with_vocabulary(task_name, vocabulary)
   task = get_task(task_name)
   vocab = task.output_features["targets"].vocabulary
@@ -481,12 +525,10 @@ def evaluate_checkpoint(*, model_dir: str, model: EncoderDecoderModel, task_name
   ckpt = checkpoints.Checkpointer(model_dir)
   if ckpt.latest_step() is None:
     raise FileNotFoundError(f"no checkpoint in {ckpt.directory}; train first or pass the right MODEL_DIR")
-  abstract, shardings = _abstract_state(model, _optimizer(model, optimizer, learning_rate),
-                                        _input_shapes(feature_lengths), mesh)
-  state, _ = ckpt.restore(abstract, checkpoint_step)
+  prog = program(model, _optimizer(model, optimizer, learning_rate), None, feature_lengths, mesh)
+  state, _ = ckpt.restore(prog.state, checkpoint_step)
   ckpt.close()
-  batch_sh = partitioning.data_sharding(mesh)
-  eval_step = jax.jit(make_eval_step(model), in_shardings=(shardings.params, batch_sh))
+  batch_sh, eval_step = prog.batch_sharding, prog.eval_step
   log = MetricsLogger(model_dir)
   try:
     results: dict[str, Any] = {"validation": _evaluate(

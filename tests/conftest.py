@@ -1,9 +1,16 @@
 """Shared fixtures: the embedded corpus and vocabulary, prepared once per session."""
 
+import os
 import time
 import types
 
 import pytest
+
+# With libtpu installed (the `test` extra: tests/test_compile.py compiles for TPU topologies) JAX would try to
+# start a TPU runtime in every test process; the tests run on the CPU, and the workers of pytest-xdist may each
+# load libtpu (it allows one process at a time unless told otherwise).
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 
 @pytest.fixture(scope="session")

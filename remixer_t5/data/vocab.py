@@ -15,14 +15,19 @@ import os
 import sys
 import time
 from pathlib import Path
-
-import seqio
+from typing import TYPE_CHECKING
 
 from remixer_t5.data import embedded_corpus
 
+if TYPE_CHECKING:
+    import seqio
+
+# seqio (and with it TensorFlow) is imported only when a vocabulary is built: gin model files import this module,
+# and `remixer-t5 compile` must not pull TensorFlow in (tests/test_compile.py checks).
+
 # T5's public vocabulary (32k pieces, cc_all); needs GCS access at use time. seqio
 # 0.0.20 no longer exports DEFAULT_SPM_PATH (t5.data did), so it is spelled out.
-T5_VOCAB_PATH = getattr(seqio, "DEFAULT_SPM_PATH", "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model")
+T5_VOCAB_PATH = "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model"
 T5_VOCAB_ENV_VAR = "REMIXER_T5_VOCAB"  # a local copy of T5's vocabulary, for machines without GCS
 DEFAULT_VOCAB_SIZE = 2000
 DEFAULT_EXTRA_IDS = 100
@@ -95,56 +100,77 @@ def prepare_vocabulary(vocab_size: int = DEFAULT_VOCAB_SIZE, cache_dir=None) -> 
     return path
 
 
-class EmbeddedSentencePieceVocabulary(seqio.SentencePieceVocabulary):
-    """``seqio.SentencePieceVocabulary`` over the embedded model, prepared lazily.
+def _embedded_class():
+    """``EmbeddedSentencePieceVocabulary``, defined on first use (it subclasses a seqio class)."""
+    global _EMBEDDED_CLASS
+    if _EMBEDDED_CLASS is not None:
+        return _EMBEDDED_CLASS
+    import seqio
 
-    The model path is resolved (from ``cache_dir`` or ``$REMIXER_T5_CACHE_DIR``)
-    and the model trained if missing only when the model is first needed.
-    """
+    class EmbeddedSentencePieceVocabulary(seqio.SentencePieceVocabulary):
+        """``seqio.SentencePieceVocabulary`` over the embedded model, prepared lazily.
 
-    def __init__(self, vocab_size: int = DEFAULT_VOCAB_SIZE, extra_ids: int = DEFAULT_EXTRA_IDS,
-                 cache_dir: str | os.PathLike | None = None):
-        self._spm_vocab_size = vocab_size
-        self._cache_dir = None if cache_dir is None else str(cache_dir)
-        self._resolved_file: str | None = None
-        super().__init__(sentencepiece_model_file=None, extra_ids=extra_ids)
+        The model path is resolved (from ``cache_dir`` or ``$REMIXER_T5_CACHE_DIR``)
+        and the model trained if missing only when the model is first needed.
+        """
 
-    def _resolve(self) -> str:
-        path = vocab_model_path(self._spm_vocab_size, self._cache_dir)
-        if str(path) != self._resolved_file:
-            prepare_vocabulary(self._spm_vocab_size, self._cache_dir)
-            self._resolved_file = str(path)
-            self._model = None
-        return self._resolved_file
+        def __init__(self, vocab_size: int = DEFAULT_VOCAB_SIZE, extra_ids: int = DEFAULT_EXTRA_IDS,
+                     cache_dir: str | os.PathLike | None = None):
+            self._spm_vocab_size = vocab_size
+            self._cache_dir = None if cache_dir is None else str(cache_dir)
+            self._resolved_file: str | None = None
+            super().__init__(sentencepiece_model_file=None, extra_ids=extra_ids)
 
-    def _model_context(self):
-        self._sentencepiece_model_file = self._resolve()
-        return super()._model_context()
+        def _resolve(self) -> str:
+            path = vocab_model_path(self._spm_vocab_size, self._cache_dir)
+            if str(path) != self._resolved_file:
+                prepare_vocabulary(self._spm_vocab_size, self._cache_dir)
+                self._resolved_file = str(path)
+                self._model = None
+            return self._resolved_file
 
-    @property
-    def sentencepiece_model_file(self) -> str:
-        return self._resolve()
+        def _model_context(self):
+            self._sentencepiece_model_file = self._resolve()
+            return super()._model_context()
 
-    def __getstate__(self):
-        state = super().__getstate__()
-        state["_sentencepiece_model_file"] = None
-        state["_resolved_file"] = None
-        return state
+        @property
+        def sentencepiece_model_file(self) -> str:
+            return self._resolve()
 
-    def __eq__(self, other):
-        if not isinstance(other, EmbeddedSentencePieceVocabulary):
-            return False
-        return (self._spm_vocab_size, self._extra_ids, self._cache_dir) == (
-            other._spm_vocab_size, other._extra_ids, other._cache_dir)
+        def __getstate__(self):
+            state = super().__getstate__()
+            state["_sentencepiece_model_file"] = None
+            state["_resolved_file"] = None
+            return state
 
-    def __hash__(self):
-        return hash((type(self).__name__, self._spm_vocab_size, self._extra_ids, self._cache_dir))
+        def __eq__(self, other):
+            if not isinstance(other, EmbeddedSentencePieceVocabulary):
+                return False
+            return (self._spm_vocab_size, self._extra_ids, self._cache_dir) == (
+                other._spm_vocab_size, other._extra_ids, other._cache_dir)
 
-    def __repr__(self):
-        return (f"{type(self).__name__}(vocab_size={self._spm_vocab_size}, "
-                f"extra_ids={self._extra_ids}, cache_dir={self._cache_dir!r})")
+        def __hash__(self):
+            return hash((type(self).__name__, self._spm_vocab_size, self._extra_ids, self._cache_dir))
 
-    __str__ = __repr__
+        def __repr__(self):
+            return (f"{type(self).__name__}(vocab_size={self._spm_vocab_size}, "
+                    f"extra_ids={self._extra_ids}, cache_dir={self._cache_dir!r})")
+
+        __str__ = __repr__
+
+    EmbeddedSentencePieceVocabulary.__qualname__ = "EmbeddedSentencePieceVocabulary"
+    EmbeddedSentencePieceVocabulary.__module__ = __name__
+    _EMBEDDED_CLASS = EmbeddedSentencePieceVocabulary
+    return _EMBEDDED_CLASS
+
+
+_EMBEDDED_CLASS = None
+
+
+def __getattr__(name: str):
+    if name == "EmbeddedSentencePieceVocabulary":  # pickling and isinstance checks find it here
+        return _embedded_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def get_vocabulary(path: str | None = None, extra_ids: int = DEFAULT_EXTRA_IDS, *,
@@ -157,7 +183,7 @@ def get_vocabulary(path: str | None = None, extra_ids: int = DEFAULT_EXTRA_IDS, 
     does not exist raises FileNotFoundError.
     """
     if path is None:
-        return EmbeddedSentencePieceVocabulary(vocab_size, extra_ids, cache_dir)
+        return _embedded_class()(vocab_size, extra_ids, cache_dir)
     path = os.fspath(path)
     if "://" not in path:
         local = Path(path).expanduser()
@@ -170,6 +196,7 @@ def get_vocabulary(path: str | None = None, extra_ids: int = DEFAULT_EXTRA_IDS, 
                 "embedded vocabulary."
             )
         path = str(local)
+    import seqio
     return seqio.SentencePieceVocabulary(path, extra_ids=extra_ids)
 
 

@@ -1,0 +1,384 @@
+"""`remixer-t5 compile`: compile a run's steps for a TPU slice on a machine without one (no TPU needed).
+
+In the spirit of MaxText's `train_compile.py`: libtpu describes a slice's topology
+(`jax.experimental.topologies.get_topology_desc`), a mesh is built from its devices with the run's own
+partitioning (partitioning.make_mesh: the mesh preset and rule set that `train` would use), and the step that
+`train` runs (`trainer.program`: the same jitted function, state shapes and shardings) is lowered from shapes
+and compiled by XLA's TPU compiler. Nothing runs; nothing is allocated but the compiler's own memory.
+
+Per device (a JAX device: one TensorCore on v2/v3, one chip from v4 on) it reports XLA's buffer assignment
+(`memory_analysis`: arguments, outputs, temporaries, code; total = arguments + outputs - aliased (the donated
+state) + temporaries + code) against the device's usable HBM, FLOPs per step and per token, and XLA's cost model
+(`cost_analysis`: `optimal_seconds`, a roofline-style estimate of the step time from FLOPs and bytes accessed;
+an estimate, not a measured step), with the steps/s and MFU it implies. MFU counts model FLOPs
+(mfu.model_flops_per_step: the same whether the stack is scanned or rematerialised); HFU counts XLA's compiled
+FLOPs (only given when the step has no loop: XLA counts a loop body once).
+
+The compile path imports no TensorFlow or seqio (tests/test_compile.py checks); libtpu is the optional extra
+`pip install -e '.[tpu]'`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import inspect
+import os
+import re
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+GIB = 2 ** 30
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+  """A TPU generation as libtpu's topology names it.
+
+  `count`: what N in the accelerator name 'vX-N' counts ('cores': N/2 chips on v2, v3, v4, v5p; 'chips' on
+  v5e, v6e). `devices_per_chip`: JAX devices per chip (2 on v2/v3: one per TensorCore; 1 with megacore).
+  `hbm_gib`: usable HBM per JAX device as XLA's TPU compiler states it ("exceeds available HBM (15.48G)"),
+  measured with libtpu 0.0.42.1 by compiling a program too big for each generation. `layouts`: chips -> libtpu
+  topology ('4x4' = 16 chips).
+  """
+  name: str
+  count: str
+  devices_per_chip: int
+  chip_config: str
+  hbm_gib: float
+  layouts: Mapping[int, str]
+
+
+_2D = {4: "2x2", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16", 512: "16x32", 1024: "32x32"}
+_3D = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8", 256: "4x8x8",
+       512: "8x8x8", 1024: "8x8x16", 2048: "8x16x16"}
+_LITE = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"}
+
+GENERATIONS: dict[str, Generation] = {
+    "v2": Generation("v2", "cores", 2, "default", 7.48, {k: v for k, v in _2D.items() if k <= 256}),
+    "v3": Generation("v3", "cores", 2, "default", 15.48, _2D),
+    "v4": Generation("v4", "cores", 1, "megacore", 30.75, _3D),
+    "v5p": Generation("v5p", "cores", 1, "megacore", 95.74, _3D),
+    "v5e": Generation("v5e", "chips", 1, "default", 15.75, _LITE),
+    "v6e": Generation("v6e", "chips", 1, "default", 31.25, _LITE),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Accelerator:
+  """A slice as Cloud TPU names it ('v3-32') and the libtpu topology that describes it ('v3:4x4')."""
+  name: str
+  generation: Generation
+  chips: int
+  topology: str
+
+  @property
+  def num_devices(self) -> int:
+    return self.chips * self.generation.devices_per_chip
+
+  @property
+  def hbm_bytes(self) -> int:
+    return int(self.generation.hbm_gib * GIB)
+
+  @property
+  def host_bounds(self) -> tuple[int, int, int]:
+    """Chips per host: 4 (2x2) on every multi-host slice; single-host v5e/v6e slices hold up to 8."""
+    if self.generation.count == "chips" and self.chips <= 8:
+      return {1: (1, 1, 1), 4: (2, 2, 1), 8: (2, 4, 1)}[self.chips]
+    return (2, 2, 1)
+
+
+def accelerator_names() -> list[str]:
+  """Every accelerator name `accelerator` knows, e.g. 'v3-8', ..., 'v3-2048', 'v4-8', ..., 'v5e-256'."""
+  out = []
+  for gen in GENERATIONS.values():
+    per_chip = 2 if gen.count == "cores" else 1
+    out += [f"{gen.name}-{chips * per_chip}" for chips in gen.layouts]
+  return out
+
+
+def accelerator(name: str) -> Accelerator:
+  """'v3-32' -> the v3:4x4 topology (16 chips, 32 cores). v2/v3/v4/v5p names count cores, v5e/v6e chips."""
+  m = re.fullmatch(r"\s*(v\d+[a-z]*)-(\d+)\s*", name.lower())
+  gen = GENERATIONS.get(m.group(1)) if m else None
+  if gen is None:
+    raise ValueError(f"unknown TPU accelerator {name!r}; expected a name such as v3-32: one of "
+                     f"{', '.join(accelerator_names())}")
+  n = int(m.group(2))
+  chips = n // 2 if gen.count == "cores" else n
+  if chips not in gen.layouts or (gen.count == "cores" and n % 2):
+    known = [x for x in accelerator_names() if x.startswith(gen.name + "-")]
+    raise ValueError(f"no {gen.name} slice named {name!r}; {gen.name} slices known here: {', '.join(known)}")
+  return Accelerator(f"{gen.name}-{n}", gen, chips, f"{gen.name}:{gen.layouts[chips]}")
+
+
+class LibtpuMissing(RuntimeError):
+  pass
+
+
+def _check_libtpu() -> None:
+  if importlib.util.find_spec("libtpu") is None:
+    raise LibtpuMissing("compiling for a TPU needs libtpu (XLA's TPU compiler), which is not installed: "
+                        "pip install -e '.[tpu]' (jax[tpu]==0.10.2 with libtpu==0.0.42.1); no TPU is needed")
+
+
+def topology_devices(acc: Accelerator, num_slices: int = 1) -> list:
+  """The devices of `num_slices` slices of `acc`, from libtpu's topology description (no hardware)."""
+  _check_libtpu()
+  if num_slices < 1:
+    raise ValueError(f"--num_slices must be >= 1, got {num_slices}")
+  # libtpu reads these at start-up; set, it neither warns nor looks for a TPU's metadata server.
+  os.environ.setdefault("TPU_ACCELERATOR_TYPE", acc.name)
+  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+  os.environ.setdefault("TPU_WORKER_ID", "0")
+  # Nothing runs on a TPU here, so other processes that loaded libtpu (tests in parallel) are no conflict.
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  from jax.experimental import topologies
+  topo = topologies.get_topology_desc(platform="tpu", topology_name=acc.topology,
+                                      chip_config_name=acc.generation.chip_config,
+                                      chips_per_host_bounds=acc.host_bounds, num_slices=num_slices)
+  devices = list(topo.devices)
+  if len(devices) != acc.num_devices * num_slices:
+    raise RuntimeError(f"libtpu described {len(devices)} devices for {num_slices} x {acc.name} "
+                       f"({acc.topology}); expected {acc.num_devices * num_slices}")
+  return devices
+
+
+# --- the run's settings, read from the gin bindings of trainer.train -------------------------------------
+def train_settings() -> dict[str, Any]:
+  """The arguments `remixer-t5 train` would pass trainer.train that shape the step: the model, lengths, batch,
+  optimizer, schedule, mesh and microbatches (bound in gin; else trainer.train's defaults)."""
+  import gin
+
+  from remixer_t5 import trainer
+  defaults = {k: p.default for k, p in inspect.signature(trainer.train).parameters.items()}
+
+  def value(name):
+    try:
+      bound = gin.query_parameter(f"trainer.train.{name}")
+    except ValueError:
+      return defaults.get(name)
+    if isinstance(bound, gin.config.ConfigurableReference):
+      return bound.scoped_configurable_fn() if bound.evaluate else bound.scoped_configurable_fn
+    return bound
+
+  names = ("model", "feature_lengths", "batch_size", "optimizer", "learning_rate", "num_partitions",
+           "mesh_shape", "num_microbatches", "pack", "peak_flops_per_device")
+  out = {n: value(n) for n in names}
+  missing = [n for n in ("model", "feature_lengths", "batch_size") if out[n] is inspect.Parameter.empty
+             or out[n] is None]
+  if missing:
+    raise ValueError(f"the gin config binds no trainer.train.{'/'.join(missing)}: add a run config, e.g. "
+                     "--gin_file=runs/pretrain.gin beside the model config")
+  return out
+
+
+# --- compiling ------------------------------------------------------------------------------------------
+def _memory(compiled) -> dict[str, int]:
+  m = compiled.memory_analysis()
+  fields = {"argument_bytes": m.argument_size_in_bytes, "output_bytes": m.output_size_in_bytes,
+            "alias_bytes": m.alias_size_in_bytes, "temp_bytes": m.temp_size_in_bytes,
+            "code_bytes": m.generated_code_size_in_bytes}
+  fields = {k: int(v) for k, v in fields.items()}
+  fields["total_bytes"] = (fields["argument_bytes"] + fields["output_bytes"] - fields["alias_bytes"]
+                           + fields["temp_bytes"] + fields["code_bytes"])
+  peak = getattr(m, "peak_memory_in_bytes", None)
+  if peak:
+    fields["peak_bytes"] = int(peak)
+  return fields
+
+
+def _cost(compiled) -> dict[str, float]:
+  cost = compiled.cost_analysis()
+  cost = (cost[0] if cost else {}) if isinstance(cost, (list, tuple)) else (cost or {})
+  return {"xla_flops_per_device": float(cost.get("flops", 0.0)),
+          "bytes_accessed_per_device": float(cost.get("bytes accessed", 0.0)),
+          "optimal_seconds": float(cost.get("optimal_seconds", 0.0))}
+
+
+_SIZE = r"([\d.]+)\s*([KMGT]?)i?B?"
+_UNITS = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
+
+
+def _oom_numbers(message: str) -> tuple[float, float] | None:
+  """(needed, available) bytes from XLA's RESOURCE_EXHAUSTED message, or None if it names neither."""
+  for pattern in (rf"\({_SIZE}\) exceeds available HBM \({_SIZE}\)", rf"Used {_SIZE} of {_SIZE} hbm"):
+    m = re.search(pattern, message)
+    if m:
+      a, ua, b, ub = m.groups()
+      return float(a) * _UNITS[ua], float(b) * _UNITS[ub]
+  return None
+
+
+def _hint(acc: Accelerator, rules: str, settings: Mapping[str, Any]) -> str:
+  cfg = getattr(settings["model"].module, "config", None)
+  tips = []
+  if rules != "fsdp":
+    tips.append("fsdp rules (--gin_file=partitioning/fsdp.gin: parameters and optimizer state split over 'data')")
+  if cfg is not None and getattr(cfg, "remat_policy", "none") != "full":
+    tips.append("rematerialisation (--gin.network.T5Config.remat_policy=\"'full'\")")
+  tips.append("gradient accumulation (--gin.trainer.train.num_microbatches=4)")
+  per_chip = 2 if acc.generation.count == "cores" else 1
+  bigger = [c for c in sorted(acc.generation.layouts) if c > acc.chips]
+  if bigger:
+    tips.append(f"a bigger slice (--topology {acc.generation.name}-{bigger[0] * per_chip}; "
+                "a mesh preset fixes the device count, so pick one for that slice)")
+  return "try " + "; ".join(tips)
+
+
+def compile_run(settings: Mapping[str, Any], topology: str, *, num_slices: int = 1, mesh: Any = None,
+                rules: str | None = None, steps: Sequence[str] = ("train",),
+                log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+  """Compile `steps` ('train', 'eval', 'decode') of the run `settings` (train_settings()) for `topology`.
+
+  `mesh`/`rules` override the run's mesh_shape (a preset or 'DxM') and rule set. Returns the report (see the
+  module docstring): {'topology', 'devices', 'mesh', 'rules', 'fits', 'steps': {name: {...}}, ...}; a step
+  that does not fit has 'fits': False and 'needs_bytes' (from XLA's RESOURCE_EXHAUSTED message).
+  """
+  import jax
+
+  from remixer_t5 import mfu, partitioning, trainer
+  acc = accelerator(topology)
+  if jax.config.jax_platforms is None:
+    jax.config.update("jax_platforms", "cpu")  # the host compiles; never look for a TPU runtime
+  devices = topology_devices(acc, num_slices)
+  model = settings["model"]
+  mesh_arg = mesh if mesh is not None else settings.get("mesh_shape")
+  jmesh = partitioning.make_mesh(settings.get("num_partitions") or 1, mesh_arg, devices, rules=rules)
+  used_rules = partitioning.rules_kind(partitioning.rules_for(jmesh))
+  lengths = dict(settings["feature_lengths"])
+  batch_size = int(settings["batch_size"])
+  pack = trainer._packing(model, settings.get("pack", True) is not False)
+  tx = trainer._optimizer(model, settings.get("optimizer") or _default_optimizer(), settings.get("learning_rate"))
+  schedule = settings.get("learning_rate") if callable(settings.get("learning_rate")) else None
+  microbatches = settings.get("num_microbatches")
+  prog = trainer.program(model, tx, schedule, lengths, jmesh, microbatches)
+  batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=prog.batch_sharding)
+           for k, v in trainer.batch_shapes(lengths, batch_size, pack).items()}
+  peak = mfu.peak_flops_per_device(devices[0], override=settings.get("peak_flops_per_device"))
+  cfg = getattr(model.module, "config", None)
+  report: dict[str, Any] = {
+      "topology": acc.name, "libtpu_topology": acc.topology, "num_slices": num_slices,
+      "devices": len(devices), "device_kind": devices[0].device_kind, "mesh": dict(jmesh.shape),
+      "rules": used_rules, "hbm_bytes_per_device": acc.hbm_bytes, "peak_flops_per_device": peak,
+      "batch_size": batch_size, "feature_lengths": lengths, "pack": pack, "num_microbatches": microbatches,
+      "model": type(model.module).__name__,
+      "dtype": getattr(cfg, "dtype", None), "remat_policy": getattr(cfg, "remat_policy", None),
+      "scan_layers": getattr(cfg, "scan_layers", None), "steps": {}}
+  tokens = batch_size * (lengths["inputs"] + lengths["targets"])
+
+  def one(name: str, fn, *args):
+    log(f"compiling the {name} step for {acc.name} x{num_slices} ({len(devices)} devices, mesh "
+        f"{dict(jmesh.shape)}, rules {used_rules}) ...")
+    t0 = time.time()
+    try:
+      compiled = prog.compile(fn, *args)
+    except Exception as e:  # noqa: BLE001 - XLA raises its own error types
+      message = str(e)
+      if "RESOURCE_EXHAUSTED" not in message:
+        raise
+      numbers = _oom_numbers(message)
+      row = {"fits": False, "compile_seconds": time.time() - t0, "xla_error": message.strip().splitlines()[0][:500]}
+      if numbers:
+        row["needs_bytes"], row["available_bytes"] = numbers
+      return row
+    row = {"fits": True, "compile_seconds": time.time() - t0, "memory": _memory(compiled)}
+    row.update(_cost(compiled))
+    row["needs_bytes"], row["available_bytes"] = row["memory"]["total_bytes"], acc.hbm_bytes
+    row["fits"] = row["needs_bytes"] <= acc.hbm_bytes
+    if row["optimal_seconds"] > 0:
+      row["est_steps_per_s"] = 1.0 / row["optimal_seconds"]
+    return row
+
+  for name in steps:
+    if name == "train":
+      row = one("train", prog.train_step, prog.state, batch)
+      t0 = time.time()
+      model_flops = mfu.model_flops_per_step(model, trainer.batch_shapes(lengths, batch_size, pack))
+      row.update(model_flops_per_step=model_flops, model_flops_per_device=model_flops / len(devices),
+                 model_flops_per_token=model_flops / tokens, model_flops_seconds=time.time() - t0)
+      if row.get("est_steps_per_s") and peak:
+        row["est_mfu"] = mfu.mfu(row["model_flops_per_device"], row["est_steps_per_s"], peak)
+        whole = not getattr(cfg, "scan_layers", False) and (microbatches or 1) <= 1
+        if whole:
+          row["est_hfu"] = mfu.mfu(row["xla_flops_per_device"], row["est_steps_per_s"], peak)
+    elif name == "eval":
+      row = one("eval", prog.eval_step, prog.state.params, batch)
+    elif name == "decode":
+      enc = {"encoder_input_tokens": batch["encoder_input_tokens"]}
+      row = one("decode", trainer._jit_predict(model), prog.state.params, enc, lengths["targets"])
+    else:
+      raise ValueError(f"unknown step {name!r}; expected train, eval or decode")
+    report["steps"][name] = row
+  report["fits"] = all(r["fits"] for r in report["steps"].values())
+  if not report["fits"]:
+    report["hint"] = _hint(acc, used_rules, settings)
+  return report
+
+
+def _default_optimizer():
+  from remixer_t5 import optim
+  return optim.adafactor
+
+
+# --- output ---------------------------------------------------------------------------------------------
+def _gib(n: float) -> str:
+  return f"{n / GIB:.2f} GiB" if n >= GIB / 10 else f"{n / 2 ** 20:.1f} MiB"
+
+
+def format_report(report: Mapping[str, Any]) -> str:
+  lines = [f"{report['model']} on {report['num_slices']} x {report['topology']} ({report['libtpu_topology']}: "
+           f"{report['devices']} devices, {report['device_kind']}), mesh {report['mesh']}, rules "
+           f"{report['rules']}; batch {report['batch_size']}, lengths {report['feature_lengths']}, "
+           f"activations {report['dtype']}, remat {report['remat_policy']}, scan {report['scan_layers']}"]
+  for name, r in report["steps"].items():
+    lines.append(f"{name} step: compiled in {r['compile_seconds']:.1f} s")
+    if "memory" in r:
+      m = r["memory"]
+      lines.append(f"  per device: arguments {_gib(m['argument_bytes'])}, outputs {_gib(m['output_bytes'])} "
+                   f"(aliased with arguments {_gib(m['alias_bytes'])}), temporaries {_gib(m['temp_bytes'])}, "
+                   f"code {_gib(m['code_bytes'])}; total {_gib(m['total_bytes'])} of {_gib(r['available_bytes'])} "
+                   f"HBM ({100 * m['total_bytes'] / r['available_bytes']:.0f}%)")
+    if not r["fits"]:
+      if "needs_bytes" in r:
+        lines.append(f"  DOES NOT FIT: needs {_gib(r['needs_bytes'])} per device, {_gib(r['available_bytes'])} "
+                     "available")
+      else:
+        lines.append(f"  DOES NOT FIT: {r.get('xla_error', '')}")
+      continue
+    if "model_flops_per_step" in r:
+      lines.append(f"  model FLOPs: {r['model_flops_per_step']:.3e} per step, {r['model_flops_per_device']:.3e} "
+                   f"per device, {r['model_flops_per_token']:.3e} per token (fwd+bwd, unscanned, no remat)")
+    lines.append(f"  XLA: {r['xla_flops_per_device']:.3e} FLOPs and {r['bytes_accessed_per_device'] / 1e9:.1f} GB "
+                 "accessed per device (compiled; a loop body counts once)")
+    if r.get("est_steps_per_s"):
+      util = ""
+      if r.get("est_mfu") is not None:
+        util = f", MFU {100 * r['est_mfu']:.1f}%"
+        if r.get("est_hfu") is not None:
+          util += f" (HFU {100 * r['est_hfu']:.1f}%)"
+      lines.append(f"  XLA's estimated step time {r['optimal_seconds'] * 1e3:.1f} ms -> "
+                   f"{r['est_steps_per_s']:.2f} steps/s{util} (cost model, not a measurement)")
+  if not report["fits"]:
+    lines.append(f"does not fit: {report['hint']}")
+  return "\n".join(lines)
+
+
+def main(topology: str, *, num_slices: int = 1, mesh: str | None = None, rules: str | None = None,
+         steps: Sequence[str] = ("train",), as_json: bool = False) -> int:
+  """`remixer-t5 compile` after gin is parsed: 0 when every step fits, 1 when one does not."""
+  import json
+  import sys
+  report = compile_run(train_settings(), topology, num_slices=num_slices, mesh=mesh, rules=rules, steps=steps,
+                       log=lambda m: print(m, file=sys.stderr, flush=True))
+  if as_json:
+    print(json.dumps(report))
+  else:
+    print(format_report(report))
+  if not report["fits"]:
+    bad = next(r for r in report["steps"].values() if not r["fits"])
+    needs = (f"needs {_gib(bad['needs_bytes'])} per device, {_gib(bad['available_bytes'])} available"
+             if "needs_bytes" in bad else bad.get("xla_error", "out of memory"))
+    print(f"remixer-t5 compile: does not fit on {topology}: {needs}; {report['hint']}", file=sys.stderr)
+    return 1
+  return 0
+

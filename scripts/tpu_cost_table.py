@@ -1,0 +1,205 @@
+"""The TPU cost table of docs/benchmarks.md: every base model compiled ahead of time for v3 slices.
+
+Each cell is one `remixer-t5 compile ... --json` (remixer_t5/aot_compile.py) in its own process, run one at a
+time (a base-size compile takes minutes and 7-9 GiB of RAM on a CPU): pretraining settings (runs/pretrain.gin:
+batch 128, lengths 512/114, Adafactor) with bfloat16 activations, for each model, slice, rule set and memory
+variant. Results are appended as JSON lines to docs/tpu_cost_table.jsonl, so an interrupted run resumes where it
+stopped; `--render` writes the markdown table into docs/benchmarks.md between its markers. Every row records
+the git commit it was measured at and which model files had uncommitted changes then.
+
+  nice -n 19 python scripts/tpu_cost_table.py            # measure what is missing, v3-32 first, then render
+  python scripts/tpu_cost_table.py --render               # only re-render the markdown
+  python scripts/tpu_cost_table.py --redo remixer_base    # drop a model's rows and measure them again
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+JSONL = ROOT / "docs" / "tpu_cost_table.jsonl"
+DOC = ROOT / "docs" / "benchmarks.md"
+START, END = "<!-- tpu-cost-table:start -->", "<!-- tpu-cost-table:end -->"
+
+# name -> (gin file, label, the Remixer paper's Table 1 steps/s on 16 v3 chips, or None)
+MODELS = {
+    "t5_1_1_base": ("models/t5_1_1/base.gin", "T5.1.1-base", 9),
+    "mixer_enc_base": ("models/mixer_enc/base.gin", "Mixer_Enc-base", 11),
+    "mixer_encdec_base": ("models/mixer_encdec/base.gin", "Mixer_EncDec-base", 11),
+    "remixer_sbase": ("models/remixer/sbase.gin", "Remixer_SBase", 8),
+    "remixer_base": ("models/remixer/base.gin", "Remixer_Base", 6),
+    "hypermixer_base": ("models/hypermixer/base.gin", "HyperMixer-base", None),
+    "gmlp_base": ("models/gmlp/base.gin", "gMLP-base", None),
+    "amlp_base": ("models/amlp/base.gin", "aMLP-base", None),
+    "fnet_base": ("models/fnet/base.gin", "FNet-base", None),
+    "linear_attention_base": ("models/linear_attention/base.gin", "linear attention-base", None),
+    "pnlp_mixer_base": ("models/pnlp_mixer/base.gin", "pNLP-Mixer-base", None),
+    "t5_1_1_large": ("models/t5_1_1/large.gin", "T5.1.1-large", None),
+    "t5_1_1_xl": ("models/t5_1_1/xl.gin", "T5.1.1-xl", None),
+}
+VARIANTS = {"": [], "remat_full": ["--gin.network.T5Config.remat_policy='full'"],
+            "scan": ["--gin.network.T5Config.scan_layers=True"]}
+BASE = [m for m in MODELS if m not in ("t5_1_1_large", "t5_1_1_xl")]
+BIG = ["t5_1_1_large", "t5_1_1_xl"]
+
+
+# The mesh each rule set runs on: data and fsdp over every core (N, 1); data_model with a 4-way 'model' axis
+# (Megatron-style tensor parallelism; on (N, 1) data_model would compile the same program as data).
+MODEL_AXIS = {"data": 1, "fsdp": 1, "data_model": 4}
+
+
+def mesh_for(topology: str, rules: str) -> str:
+  cores = int(topology.split("-")[1])
+  return f"{cores // MODEL_AXIS[rules]}x{MODEL_AXIS[rules]}"
+
+
+def cells() -> list[tuple[str, str, str, str]]:
+  """(model, topology, rules, variant) in the order they are measured: the paper's v3-32 first."""
+  out = []
+  for rules in ("fsdp", "data_model"):
+    out += [(m, "v3-32", rules, "") for m in BASE + BIG]
+  for topo in ("v3-8", "v3-128"):
+    for rules in ("fsdp", "data_model"):
+      out += [(m, topo, rules, "") for m in BASE + BIG]
+  for topo in ("v3-8", "v3-32", "v3-128"):
+    out += [(m, topo, "data", "") for m in BASE]
+    for variant in ("remat_full", "scan"):
+      out += [(m, topo, "fsdp", variant) for m in ("t5_1_1_base", "t5_1_1_large", "t5_1_1_xl")]
+  return out
+
+
+def key(row) -> tuple:
+  return (row["name"], row["topology"], row["rules"], row["variant"])
+
+
+def load() -> list[dict]:
+  if not JSONL.exists():
+    return []
+  return [json.loads(line) for line in JSONL.read_text().splitlines() if line.strip()]
+
+
+def git_state() -> dict:
+  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True).stdout.strip()
+  dirty = subprocess.run(["git", "status", "--porcelain", "--", "remixer_t5", "gin"], cwd=ROOT,
+                         capture_output=True, text=True).stdout.split("\n")
+  return {"commit": commit, "uncommitted": sorted(line[3:] for line in dirty if line.strip())}
+
+
+def measure(name: str, topology: str, rules: str, variant: str, timeout: int) -> dict:
+  gin_file, _, _ = MODELS[name]
+  cmd = [sys.executable, "-m", "remixer_t5.cli", "compile", f"--gin_file={gin_file}",
+         "--gin_file=runs/pretrain.gin", "--gin.ACTIVATION_DTYPE='bfloat16'", *VARIANTS[variant],
+         f"--topology={topology}", f"--mesh={mesh_for(topology, rules)}", f"--rules={rules}", "--json"]
+  row = {"name": name, "topology": topology, "rules": rules, "variant": variant, **git_state(),
+         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+  t0 = time.time()
+  try:
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+  except subprocess.TimeoutExpired:
+    row["error"] = f"compile did not finish in {timeout} s"
+    return row
+  row["wall_seconds"] = round(time.time() - t0, 1)
+  lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+  if not lines:
+    row["error"] = (proc.stderr.strip().splitlines() or ["no output"])[-1][:400]
+    return row
+  report = json.loads(lines[-1])
+  row["report"] = report
+  return row
+
+
+def _fmt(x, spec):
+  return "" if x is None else format(x, spec)
+
+
+def render(rows: list[dict]) -> str:
+  latest = {key(r): r for r in rows}
+  base_step = {(r["topology"], r["rules"], r["variant"]): r["report"]["steps"]["train"].get("optimal_seconds")
+               for r in latest.values() if r["name"] == "t5_1_1_base" and "report" in r
+               and r["report"]["steps"]["train"]["fits"]}
+  head = ("| model | slice | rules (mesh) | variant | fits | GiB/core | est. step ms | est. steps/s | × T5.1.1-base step "
+          "| est. MFU | paper steps/s (16 v3 chips) | measured at |\n"
+          "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---|")
+  lines = [head]
+  measured = set()
+  for cell in cells():
+    name, topo, rules, variant = cell
+    label, paper = MODELS[name][1], (MODELS[name][2] if topo == "v3-32" else None)
+    r = latest.get(cell)
+    measured.add(cell)
+    if r is None:
+      lines.append(f"| {label} | {topo} | {rules} ({mesh_for(topo, rules)}) | {variant or '-'} | not yet measured | | | | | | "
+                   f"{paper or ''} | |")
+      continue
+    at = r["commit"] + (" (+ uncommitted: " + ", ".join(Path(p).name for p in r["uncommitted"]) + ")"
+                        if r.get("uncommitted") else "")
+    if "report" not in r:
+      lines.append(f"| {label} | {topo} | {rules} ({mesh_for(topo, rules)}) | {variant or '-'} | error: {r.get('error', '')[:80]} | | | | | | "
+                   f"{paper or ''} | {at} |")
+      continue
+    t = r["report"]["steps"]["train"]
+    if not t["fits"]:
+      need = t.get("needs_bytes")
+      lines.append(f"| {label} | {topo} | {rules} ({mesh_for(topo, rules)}) | {variant or '-'} | no | "
+                   f"{_fmt(need and need / 2 ** 30, '.2f')} | | | | | {paper or ''} | {at} |")
+      continue
+    step = t.get("optimal_seconds")
+    ref = base_step.get((topo, rules, variant))
+    ratio = f"{step / ref:.2f}" if step and ref else ""
+    lines.append(f"| {label} | {topo} | {rules} ({mesh_for(topo, rules)}) | {variant or '-'} | yes | {t['memory']['total_bytes'] / 2 ** 30:.2f} | "
+                 f"{step * 1e3:.1f} | {t.get('est_steps_per_s', 0):.2f} | {ratio} | "
+                 f"{_fmt(t.get('est_mfu') and 100 * t['est_mfu'], '.1f')}{'%' if t.get('est_mfu') else ''} | "
+                 f"{paper or ''} | {at} |")
+  return "\n".join(lines)
+
+
+def write_doc(rows: list[dict]) -> None:
+  table = render(rows)
+  text = DOC.read_text()
+  if START not in text:
+    raise SystemExit(f"{DOC} has no {START} marker: add the section first")
+  before, rest = text.split(START, 1)
+  _, after = rest.split(END, 1)
+  DOC.write_text(before + START + "\n" + table + "\n" + END + after)
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--render", action="store_true", help="only render docs/benchmarks.md from the JSON lines")
+  p.add_argument("--redo", nargs="*", default=[], help="model names whose rows are measured again")
+  p.add_argument("--only", help="comma-separated model names to measure (default: all)")
+  p.add_argument("--topologies", help="comma-separated slices to measure (default: all)")
+  p.add_argument("--limit", type=int, help="measure at most this many cells")
+  p.add_argument("--timeout", type=int, default=1800, help="seconds per compile")
+  args = p.parse_args(argv)
+  rows = load()
+  if args.redo:
+    rows = [r for r in rows if r["name"] not in args.redo]
+    JSONL.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  if not args.render:
+    done = {key(r) for r in rows}
+    todo = [c for c in cells() if c not in done
+            and (not args.only or c[0] in args.only.split(","))
+            and (not args.topologies or c[1] in args.topologies.split(","))]
+    for i, cell in enumerate(todo[:args.limit]):
+      print(f"[{i + 1}/{len(todo)}] {cell}", file=sys.stderr, flush=True)
+      row = measure(*cell, timeout=args.timeout)
+      with JSONL.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+      rows.append(row)
+      t = row.get("report", {}).get("steps", {}).get("train", {})
+      print(f"  -> {row.get('error') or ('fits' if t.get('fits') else 'does not fit')} "
+            f"{t.get('optimal_seconds', '')} ({row.get('wall_seconds')} s)", file=sys.stderr, flush=True)
+      write_doc(rows)
+  write_doc(rows)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
