@@ -184,7 +184,21 @@ def cmd_plot(args: argparse.Namespace) -> int:
   return 0
 
 
+def cmd_bench_input(args: argparse.Namespace) -> int:
+  from remixer_t5 import bench_input
+  hosts = args.hosts or bench_input.PAPER_HOSTS
+  kwargs = bench_input.from_gin()
+  report = bench_input.bench_input(
+      **kwargs, batches=args.batches, warmup=args.warmup, position=args.position,
+      process_index=args.process_index, process_count=args.process_count or hosts, hosts=hosts,
+      steps_per_s=args.steps_per_s or bench_input.PAPER_STEPS_PER_S, log=bench_input.stderr_log)
+  print(json.dumps(report) if args.json else bench_input.format_report(report), flush=True)
+  return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+  if args.what == "input":
+    return cmd_bench_input(args)
   from remixer_t5 import bench
   mixers = [m for m in args.mixers.split(",") if m]
   unknown = [m for m in mixers if m not in bench.MIXERS]
@@ -274,8 +288,11 @@ def build_parser() -> argparse.ArgumentParser:
   plo.add_argument("--seed", type=int, default=0, help="seed of the random input ids")
   plo.add_argument("--pseudo_samples", "--pseudo-samples", type=int, default=0,
                    help="0: exact pseudo-attention (n*d gradients); S: estimate from S random probes per token")
-  ben = sub.add_parser("bench", help="fwd+bwd time and FLOPs of one token-mixing layer against length")
-  ben.add_argument("what", choices=["mixing"])
+  ben = sub.add_parser("bench", help="bench mixing: fwd+bwd time and FLOPs of one token-mixing layer against "
+                       "length; bench input: the training input pipeline's throughput and restore time")
+  ben.add_argument("what", choices=["mixing", "input"],
+                   help="mixing: one token-mixing layer against length; input: the training input pipeline "
+                        "(same gin flags as train) per process, restore time, and whether a host keeps up")
   ben.add_argument("--lengths", default="128,256,...,4096", help="e.g. 128,256,...,4096 or 256,1024")
   ben.add_argument("--mixers", default="attention,hypermixer,linear_attention,fnet,mlp_mixer,gmlp,remixer",
                    help="comma-separated, from: attention, attention_norelpos, hypermixer, linear_attention, "
@@ -288,6 +305,15 @@ def build_parser() -> argparse.ArgumentParser:
   ben.add_argument("--hidden", type=int, default=512, help="d' (HyperMixing) and the MLP widths")
   ben.add_argument("--num_heads", "--num-heads", type=int, default=4)
   ben.add_argument("--head_dim", "--head-dim", type=int, default=64)
+  ben.add_argument("--batches", type=int, default=50, help="input: batches timed (after --warmup)")
+  ben.add_argument("--warmup", type=int, default=5, help="input: untimed batches first")
+  ben.add_argument("--position", type=int, default=0,
+                   help="input: also reach batch N once, save the iterator state and time a fresh restore to N")
+  ben.add_argument("--hosts", type=int, help="input: hosts sharing the batch (default 4: a v3-32)")
+  ben.add_argument("--steps_per_s", "--steps-per-s", type=float,
+                   help="input: the step rate to feed (default 9: T5.1.1-base, Remixer paper Table 1)")
+  ben.add_argument("--process_index", "--process-index", type=int, default=0, help="input: which shard to read")
+  ben.add_argument("--process_count", "--process-count", type=int, help="input: shards (default: --hosts)")
   com = sub.add_parser("compile", help="compile the train step (same gin flags as train) for a TPU slice on this "
                        "machine, no TPU needed: memory per device against HBM, FLOPs, XLA's estimated step time")
   com.add_argument("--topology", required=True, help="a Cloud TPU slice: v3-8, v3-32, v3-128, ..., v2-8.., "
