@@ -108,6 +108,9 @@ def test_tiny_run_prints_json_and_writes_pngs(tmp_path, capsys):
     data = (out / name).read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
   assert len((out / "hypermixer_synthetic.jsonl").read_text().splitlines()) == len(lines)
+  table = (out / "hypermixer_synthetic_table.md").read_text().splitlines()
+  assert table[0] == "| model | N = 60 | N = 120 |" and [l.split(" |")[0] for l in table[2:]] == [
+      "| HyperMixer", "| Self-attention"]
 
 
 @pytest.mark.parametrize("name,param", [("none", "kernel"), ("mlp_mixer", "w1"), ("hypermixer", "hypernetwork_in"),

@@ -327,6 +327,7 @@ def run_sweep(settings: SweepSettings, *, emit: Callable[[dict], None] = lambda 
       return
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "hypermixer_synthetic.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (out_dir / "hypermixer_synthetic_table.md").write_text(markdown_table(records))
     plot_errors(records, out_dir / "hypermixer_synthetic_mse.png")
     if maps:
       plot_maps(maps, test, settings, map_size, out_dir / "hypermixer_synthetic_maps.png")
@@ -376,13 +377,23 @@ def run_sweep(settings: SweepSettings, *, emit: Callable[[dict], None] = lambda 
 
 
 # --- figures ----------------------------------------------------------------------------------------------
-def summarize(records: Sequence[dict]) -> dict[str, dict[int, tuple[float, float, int]]]:
-  """model -> N -> (mean test MSE, std over seeds, seeds)."""
-  out: dict[str, dict[int, list[float]]] = {}
+def markdown_table(records: Sequence[dict]) -> str:
+  """Mean test MSE per model (rows) and training-set size (columns), with the seeds' range."""
+  by: dict[str, dict[int, list[float]]] = {}
   for r in records:
-    out.setdefault(r["model"], {}).setdefault(r["train_examples"], []).append(r["test_mse"])
-  return {m: {n: (float(np.mean(v)), float(np.std(v)), len(v)) for n, v in sorted(d.items())}
-          for m, d in out.items()}
+    by.setdefault(r["model"], {}).setdefault(r["train_examples"], []).append(r["test_mse"])
+  sizes = sorted({r["train_examples"] for r in records})
+  lines = ["| model | " + " | ".join(f"N = {n:,}" for n in sizes) + " |",
+           "|---|" + "---|" * len(sizes)]
+  for m in MODELS:
+    if m not in by:
+      continue
+    cells = []
+    for n in sizes:
+      v = by[m].get(n)
+      cells.append("-" if not v else f"{np.mean(v):.3f}" + (f" ({min(v):.3f}-{max(v):.3f})" if len(v) > 1 else ""))
+    lines.append(f"| {LABELS[m]} | " + " | ".join(cells) + " |")
+  return "\n".join(lines) + "\n"
 
 
 def plot_errors(records: Sequence[dict], path: Path) -> None:
@@ -489,7 +500,7 @@ def add_arguments(p) -> None:
   p.add_argument("--test_examples", "--test-examples", type=int, help="default 1000")
   p.add_argument("--json", action="store_true",
                  help="one JSON line per model, training-set size and seed on stdout")
-  p.add_argument("--out", help="directory for hypermixer_synthetic_{mse,maps}.png and .jsonl")
+  p.add_argument("--out", help="directory for hypermixer_synthetic_{mse,maps}.png, .jsonl and _table.md")
 
 
 def settings_from_args(args) -> SweepSettings:
@@ -515,8 +526,7 @@ def main(args) -> int:
   progress(f"hypermixer-synthetic: {json.dumps(dataclasses.asdict(settings))}")
   records = run_sweep(settings, emit=emit, progress=progress, out_dir=out)
   if not args.json:
-    for m, d in summarize(records).items():
-      print(f"{LABELS[m]:>15}: " + "  ".join(f"N={n}: {mean:.3f}±{sd:.3f}" for n, (mean, sd, _) in d.items()))
+    print(markdown_table(records), end="")
   if out is not None:
     progress(f"wrote {out}/hypermixer_synthetic_mse.png, hypermixer_synthetic_maps.png, hypermixer_synthetic.jsonl")
   return 0
