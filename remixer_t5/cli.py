@@ -1,4 +1,4 @@
-"""`remixer-t5 <command>`: train, eval, compile, tasks, info, import-hf, export-hf, plot, bench,
+"""`remixer-t5 <command>`: train, eval, compare, compile, tasks, info, import-hf, export-hf, plot, bench,
 with t5x-style gin flags.
 
   --gin_file=F          repeatable; looked up as given, then in --gin_search_paths, then in the package's gin/
@@ -228,6 +228,16 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return 2
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+  from remixer_t5 import compare
+  names = [n.strip() for n in args.names.split(",")] if args.names else None
+  runs, written = compare.compare(args.model_dirs, args.out, names)
+  print(compare.markdown_table(runs), end="")
+  for path in written.values():
+    print(f"wrote {path}", file=sys.stderr)
+  return 0
+
+
 def model_gin(cfg, source: str = "") -> str:
   """A standalone model gin file for a T5Config (written by import-hf)."""
   lines = [f"# T5.1.1 model imported from {source}" if source else "# T5.1.1 model",
@@ -288,6 +298,11 @@ def build_parser() -> argparse.ArgumentParser:
   plo.add_argument("--seed", type=int, default=0, help="seed of the random input ids")
   plo.add_argument("--pseudo_samples", "--pseudo-samples", type=int, default=0,
                    help="0: exact pseudo-attention (n*d gradients); S: estimate from S random probes per token")
+  cmp = sub.add_parser("compare", help="several runs side by side: loss against step and tokens seen, best "
+                       "validation loss, parameters, tokens/s, task metrics (compare.png, .md, .csv under --out)")
+  cmp.add_argument("model_dirs", nargs="+", metavar="MODEL_DIR", help="train MODEL_DIRs (each with metrics.jsonl)")
+  cmp.add_argument("--out", default=".", help="directory for compare.png, compare.md, compare.csv (default: current)")
+  cmp.add_argument("--names", help="comma-separated run names, one per MODEL_DIR (default: the directories' names)")
   ben = sub.add_parser("bench", help="bench mixing: fwd+bwd time and FLOPs of one token-mixing layer against "
                        "length; bench input: the training input pipeline's throughput and restore time")
   ben.add_argument("what", choices=["mixing", "input"],
@@ -352,7 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       import gin
       gin.clear_config()
     handler = {"train": cmd_train, "eval": cmd_eval, "tasks": cmd_tasks, "info": cmd_info, "import-hf": cmd_import_hf,
-               "export-hf": cmd_export_hf, "plot": cmd_plot, "bench": cmd_bench,
+               "export-hf": cmd_export_hf, "plot": cmd_plot, "bench": cmd_bench, "compare": cmd_compare,
                "compile": cmd_compile}[args.command]
     return handler(args)
   except (GinError, FileNotFoundError, FileExistsError, IncompatibleModelDirError) as e:
