@@ -117,3 +117,15 @@ def test_a_multislice_mesh_puts_the_slices_on_the_data_axis():
   assert all(s == [0, 0] for s in slices[:4]) and all(s == [1, 1] for s in slices[4:])
   with pytest.raises(ValueError, match="multiple of 2"):
     partitioning.make_mesh(1, (1, 16), devices)
+
+
+@pytest.mark.parametrize("pack", [True, False])
+def test_the_compiled_batch_is_the_one_the_input_pipeline_gives(pack, embedded_env):
+  # compile lowers the step for trainer.batch_shapes; train calls it with get_batches' arrays: same features.
+  from remixer_t5 import trainer
+  lengths = {"inputs": 32, "targets": 8}
+  task = trainer.get_task("embedded_span_corruption")
+  real = next(trainer.get_batches(task, lengths, "validation", 4, seed=0, shuffle=False, repeat=False, pack=pack))
+  shapes = trainer.batch_shapes(lengths, 4, pack)
+  assert {k: (v.shape, v.dtype.name) for k, v in real.items()} == \
+      {k: (v.shape, v.dtype.name) for k, v in shapes.items()}
