@@ -1,4 +1,5 @@
-"""MLP-Mixer token MLP (global and windowed), FNet and linear attention: equations, masks, packing, decode."""
+"""MLP-Mixer token MLP (global and windowed), FNet and linear attention: equations, masks, packing, decode; the
+absolute position embeddings their configs add (sinusoidal, learned), under packing and cached decoding."""
 import jax
 import jax.numpy as jnp
 import numpy as np
