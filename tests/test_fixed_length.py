@@ -126,8 +126,8 @@ ROWS = [("A cat smiled .", "cat ( x _ 1 ) AND smile . agent ( x _ 2 , x _ 1 )", 
 
 def _pretrained_at_512_114(arch, path):
   """A checkpoint of the tiny model made at pretraining's 512/114 (what `train` saves; its values are random)."""
-  module = models.from_gin(f"models/{arch}/tiny.gin", *SHRINK, "TASK_FEATURE_LENGTHS={'inputs': 512, "
-                           "'targets': 114}")
+  gin_utils.parse_gin([f"models/{arch}/tiny.gin", "runs/pretrain.gin"], [*SHRINK, "MODEL_DIR='/tmp/unused'"])
+  module = gin_utils.macro("MODEL").module
   params = jax.jit(lambda: _init(module, 8, 6)["params"])()
   checkpoints.save_params(path, params)
   return params
