@@ -189,23 +189,41 @@ def cmd_bench_input(args: argparse.Namespace) -> int:
   hosts = args.hosts or bench_input.PAPER_HOSTS
   kwargs = bench_input.from_gin()
   report = bench_input.bench_input(
-      **kwargs, batches=args.batches, warmup=args.warmup, position=args.position,
+      **kwargs, batches=args.batches,
+      warmup=5 if args.warmup is None else args.warmup, position=args.position,
       process_index=args.process_index, process_count=args.process_count or hosts, hosts=hosts,
       steps_per_s=args.steps_per_s or bench_input.PAPER_STEPS_PER_S, log=bench_input.stderr_log)
   print(json.dumps(report) if args.json else bench_input.format_report(report), flush=True)
   return 0
 
 
+def cmd_bench_train(args: argparse.Namespace) -> int:
+  from remixer_t5 import bench_train
+  reference = None if args.reference in (None, "none") else args.reference
+  if reference not in bench_train.REFERENCES:  # before the model is built
+    raise ValueError(f"unknown --reference {args.reference!r}; expected 'hf' or 'none'")
+  setup = bench_train.from_gin(args.batch_size, _parse_lengths(args.lengths))
+  row = bench_train.bench_train(**setup, steps=args.steps, warmup=5 if args.warmup is None else args.warmup,
+                                rounds=args.rounds, reference=reference, log=bench_train.stderr_log)
+  from remixer_t5 import host_memory
+  row["host_malloc_policy"] = host_memory.applied
+  bench_train.add_mfu(row, setup["model"], args.peak_flops)
+  print(json.dumps(row) if args.json else bench_train.format_row(row), flush=True)
+  return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
   if args.what == "input":
     return cmd_bench_input(args)
+  if args.what == "train":
+    return cmd_bench_train(args)
   from remixer_t5 import bench
   mixers = [m for m in args.mixers.split(",") if m]
   unknown = [m for m in mixers if m not in bench.MIXERS]
   if unknown:
     raise ValueError(f"unknown mixer(s) {', '.join(unknown)}; choose from {', '.join(bench.MIXERS)}")
   config = bench.default_config(args.d_model, args.hidden, args.num_heads, args.head_dim)
-  rows = bench.bench_mixing(bench.parse_lengths(args.lengths), mixers, config=config, batch=args.batch,
+  rows = bench.bench_mixing(bench.parse_lengths(args.lengths or "128,256,...,4096"), mixers, config=config, batch=args.batch,
                             repeats=args.repeats, log=bench.stderr_log)
   if args.json:
     for row in rows:
@@ -304,11 +322,14 @@ def build_parser() -> argparse.ArgumentParser:
   cmp.add_argument("--out", default=".", help="directory for compare.png, compare.md, compare.csv (default: current)")
   cmp.add_argument("--names", help="comma-separated run names, one per MODEL_DIR (default: the directories' names)")
   ben = sub.add_parser("bench", help="bench mixing: fwd+bwd time and FLOPs of one token-mixing layer against "
-                       "length; bench input: the training input pipeline's throughput and restore time")
-  ben.add_argument("what", choices=["mixing", "input"],
+                       "length; bench input: the training input pipeline's throughput and restore time; bench train: the "
+                       "train step's time (optionally beside HF transformers' PyTorch T5)")
+  ben.add_argument("what", choices=["mixing", "input", "train"],
                    help="mixing: one token-mixing layer against length; input: the training input pipeline "
-                        "(same gin flags as train) per process, restore time, and whether a host keeps up")
-  ben.add_argument("--lengths", default="128,256,...,4096", help="e.g. 128,256,...,4096 or 256,1024")
+                        "(same gin flags as train) per process, restore time, and whether a host keeps up; train: "
+                        "the jitted train step on random tokens (same gin flags as train)")
+  ben.add_argument("--lengths", help="mixing: e.g. 128,256,...,4096 (default) or 256,1024; train: INPUTS,TARGETS "
+                   "(default: TASK_FEATURE_LENGTHS)")
   ben.add_argument("--mixers", default="attention,hypermixer,linear_attention,fnet,mlp_mixer,gmlp,remixer",
                    help="comma-separated, from: attention, attention_norelpos, hypermixer, linear_attention, "
                         "fnet, mlp_mixer, gmlp, amlp, remixer")
@@ -321,7 +342,14 @@ def build_parser() -> argparse.ArgumentParser:
   ben.add_argument("--num_heads", "--num-heads", type=int, default=4)
   ben.add_argument("--head_dim", "--head-dim", type=int, default=64)
   ben.add_argument("--batches", type=int, default=50, help="input: batches timed (after --warmup)")
-  ben.add_argument("--warmup", type=int, default=5, help="input: untimed batches first")
+  ben.add_argument("--warmup", type=int, help="input/train: untimed batches/steps first (default 5)")
+  ben.add_argument("--steps", type=int, default=20, help="train: timed steps per round (median reported)")
+  ben.add_argument("--rounds", type=int, default=3, help="train: rounds, alternating with --reference")
+  ben.add_argument("--reference", help="train: 'hf' also times transformers' PyTorch T5 on the same shapes "
+                   "(pip install -e '.[hf]'); 'none' (default) times ours only")
+  ben.add_argument("--batch_size", "--batch-size", type=int, help="train: override BATCH_SIZE")
+  ben.add_argument("--peak_flops", "--peak-flops", type=float,
+                   help="train: peak FLOP/s per device for MFU (default: known accelerators only)")
   ben.add_argument("--position", type=int, default=0,
                    help="input: also reach batch N once, save the iterator state and time a fresh restore to N")
   ben.add_argument("--hosts", type=int, help="input: hosts sharing the batch (default 4: a v3-32)")

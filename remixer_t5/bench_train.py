@@ -1,0 +1,208 @@
+"""`remixer-t5 bench train`: the time of one training step of a gin-configured model, optionally beside
+Hugging Face transformers' PyTorch T5 on the same shapes.
+
+Our step is exactly the trainer's (`trainer.make_train_step`: loss + z-loss, gradient, the run's optimizer
+update, jitted with the state donated) on random tokens of the run's batch size and feature lengths, unpacked,
+every token real. Dropout is whatever the gin config binds (use `--gin.DROPOUT_RATE=0.0` for a like-for-like
+comparison).
+
+The reference (`--reference hf`, needs the `.[hf]` extra) is `T5ForConditionalGeneration` built from the same
+sizes (`hf.config_to_hf`; T5.1.1 models only) with transformers' Adafactor at T5's settings (no momentum,
+parameter scaling on, a fixed learning rate), float32, on the same random tokens: forward with labels, backward,
+optimizer step, zero_grad.
+
+Timing: `rounds` alternating rounds (ours, then the reference), each `warmup` untimed steps then the median of
+`steps` timed steps (`block_until_ready` on ours; PyTorch's CPU step is synchronous). The reported step time is
+the median over rounds of the per-round medians, and the ratio is ours / reference in the same run.
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+REFERENCES = (None, "hf")
+
+
+def random_batch(vocab_size: int, batch_size: int, lengths: Mapping[str, int], seed: int = 0
+                 ) -> dict[str, np.ndarray]:
+  """Random unpacked tokens (all real, ids 2..vocab-1) with the decoder input shifted right from the targets."""
+  rng = np.random.default_rng(seed)
+  inputs = rng.integers(2, vocab_size, size=(batch_size, lengths["inputs"]), dtype=np.int32)
+  targets = rng.integers(2, vocab_size, size=(batch_size, lengths["targets"]), dtype=np.int32)
+  decoder_inputs = np.concatenate([np.zeros((batch_size, 1), np.int32), targets[:, :-1]], axis=1)
+  return {"encoder_input_tokens": inputs, "decoder_input_tokens": decoder_inputs,
+          "decoder_target_tokens": targets}
+
+
+def _time_steps(step: Callable[[], Any], steps: int, warmup: int) -> list[float]:
+  for _ in range(warmup):
+    step()
+  times = []
+  for _ in range(steps):
+    t0 = time.perf_counter()
+    step()
+    times.append(time.perf_counter() - t0)
+  return times
+
+
+def ours(model, optimizer, batch: Mapping[str, np.ndarray], seed: int = 0) -> Callable[[], Any]:
+  """A zero-argument callable that runs (and waits for) one of the trainer's jitted train steps."""
+  from remixer_t5 import trainer
+  shapes = {k: (1, v.shape[1]) for k, v in batch.items()}
+  params = model.init_variables(jax.random.PRNGKey(seed), shapes)["params"]
+  state = trainer.TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=optimizer.init(params),
+                             rng=jax.random.PRNGKey(seed + 1))
+  step_fn = jax.jit(trainer.make_train_step(model, optimizer, None), donate_argnums=0)
+  device_batch = {k: jnp.asarray(v) for k, v in batch.items()}
+  holder = {"state": state}
+
+  def run():
+    holder["state"], metrics = step_fn(holder["state"], device_batch)
+    jax.block_until_ready(metrics["loss_sum"])
+  return run
+
+
+def hf_reference(config, batch: Mapping[str, np.ndarray], learning_rate: float = 1e-2, seed: int = 0
+                 ) -> Callable[[], Any]:
+  """transformers' T5ForConditionalGeneration train step on the same shapes (float32, dropout as `config`)."""
+  try:
+    import torch
+    import transformers
+    from transformers.optimization import Adafactor
+  except ImportError as e:  # pragma: no cover - depends on the optional extra
+    raise RuntimeError("--reference hf needs PyTorch and transformers: pip install -e '.[hf]'") from e
+  from remixer_t5 import hf
+  torch.manual_seed(seed)
+  hf_config = transformers.T5Config(**{k: v for k, v in hf.config_to_hf(config).items() if k != "architectures"})
+  model = transformers.T5ForConditionalGeneration(hf_config).train()
+  opt = Adafactor(model.parameters(), lr=learning_rate, scale_parameter=True, relative_step=False,
+                  warmup_init=False, beta1=None, decay_rate=-0.8, clip_threshold=1.0)
+  inputs = torch.from_numpy(batch["encoder_input_tokens"].astype(np.int64))
+  decoder_inputs = torch.from_numpy(batch["decoder_input_tokens"].astype(np.int64))
+  labels = torch.from_numpy(batch["decoder_target_tokens"].astype(np.int64))
+
+  def run():
+    out = model(input_ids=inputs, decoder_input_ids=decoder_inputs, labels=labels)
+    out.loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+  return run
+
+
+def bench_train(model, optimizer, *, batch_size: int, feature_lengths: Mapping[str, int], steps: int = 20,
+                warmup: int = 3, rounds: int = 3, reference: str | None = None, seed: int = 0,
+                log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+  """Median step times of our train step (and the reference's), alternated over `rounds` in one process."""
+  if reference not in REFERENCES:
+    raise ValueError(f"unknown --reference {reference!r}; expected one of {', '.join(map(str, REFERENCES))}")
+  if steps < 1 or rounds < 1 or warmup < 0:
+    raise ValueError(f"steps={steps}, rounds={rounds}, warmup={warmup}: expected steps, rounds >= 1, warmup >= 0")
+  cfg = model.module.config
+  batch = random_batch(cfg.vocab_size, batch_size, feature_lengths, seed)
+  runners = {"ours": ours(model, optimizer, batch, seed)}
+  if reference == "hf":
+    runners["hf"] = hf_reference(cfg, batch, seed=seed)
+  medians: dict[str, list[float]] = {name: [] for name in runners}
+  for r in range(rounds):
+    for name, run in runners.items():
+      times = _time_steps(run, steps, warmup if r == 0 else 1)
+      medians[name].append(statistics.median(times))
+      log(f"round {r + 1}/{rounds} {name}: median {medians[name][-1]:.3f} s/step "
+          f"(min {min(times):.3f}, max {max(times):.3f})")
+  tokens = batch_size * (feature_lengths["inputs"] + feature_lengths["targets"])
+  row: dict[str, Any] = {"batch_size": batch_size, "inputs_length": feature_lengths["inputs"],
+                         "targets_length": feature_lengths["targets"], "steps": steps, "rounds": rounds,
+                         "backend": jax.default_backend(), "devices": jax.device_count()}
+  for name, per_round in medians.items():
+    s = statistics.median(per_round)
+    row[f"{name}_s_per_step"] = s
+    row[f"{name}_tokens_per_s"] = tokens / s
+    row[f"{name}_round_medians"] = per_round
+  if "hf" in medians:
+    row["ratio_ours_to_hf"] = row["ours_s_per_step"] / row["hf_s_per_step"]
+  return row
+
+
+def from_gin(batch_size: int | None = None, feature_lengths: Mapping[str, int] | None = None
+             ) -> dict[str, Any]:
+  """bench_train's model, optimizer, batch size and feature lengths from the parsed gin config, as `train` reads
+  them: trainer.train's bindings when a run config binds them (model, feature_lengths, batch_size, optimizer,
+  learning_rate), else the MODEL, TASK_FEATURE_LENGTHS and BATCH_SIZE macros and Adafactor; the optimizer is
+  built as trainer.train builds it (trainer._optimizer). `batch_size`/`feature_lengths` override the config.
+  """
+  import inspect
+
+  import gin
+
+  from remixer_t5 import gin_utils, optim, trainer
+  defaults = {k: p.default for k, p in inspect.signature(trainer.train).parameters.items()}
+
+  def bound(name, macro=None):
+    try:
+      value = gin.query_parameter(f"trainer.train.{name}")
+    except ValueError:
+      return gin_utils.macro(macro) if macro else defaults.get(name)
+    if isinstance(value, gin.config.ConfigurableReference):
+      return value.scoped_configurable_fn() if value.evaluate else value.scoped_configurable_fn
+    return value
+
+  model = bound("model", "MODEL")
+  lengths = feature_lengths or bound("feature_lengths", "TASK_FEATURE_LENGTHS")
+  batch = batch_size or bound("batch_size", "BATCH_SIZE")
+  missing = [name for name, v in (("MODEL", model), ("TASK_FEATURE_LENGTHS (or --lengths)", lengths),
+                                  ("BATCH_SIZE (or --batch_size)", batch)) if v is None]
+  if missing:
+    raise ValueError(f"bench train needs {', '.join(missing)} from the gin config (e.g. "
+                     "--gin_file=models/t5_1_1/small.gin --gin_file=runs/pretrain.gin)")
+  lengths = dict(lengths)
+  if set(lengths) < {"inputs", "targets"} or any(int(v) < 2 for v in lengths.values()):
+    raise ValueError(f"feature lengths {lengths}: expected {{'inputs': N, 'targets': M}} with N, M >= 2")
+  if int(batch) < 1:
+    raise ValueError(f"batch size {batch}: expected a positive integer")
+  optimizer = bound("optimizer") or optim.adafactor
+  learning_rate = bound("learning_rate")
+  return {"model": model, "optimizer": trainer._optimizer(model, optimizer, learning_rate),
+          "batch_size": int(batch), "feature_lengths": {"inputs": int(lengths["inputs"]),
+                                                        "targets": int(lengths["targets"])}}
+
+
+def add_mfu(row: dict[str, Any], model, peak: float | None = None) -> dict[str, Any]:
+  """Adds model FLOPs per step (mfu.model_flops_per_step: forward + backward, no optimizer) and, where the
+  device's peak is known (never for a CPU unless `peak` is given), MFU of our step and the reference's."""
+  from remixer_t5 import mfu, trainer
+  shapes = trainer.batch_shapes({"inputs": row["inputs_length"], "targets": row["targets_length"]},
+                                row["batch_size"], pack=False)
+  flops = mfu.model_flops_per_step(model, shapes)
+  peak = mfu.peak_flops_per_device(override=peak)
+  row["model_flops_per_step"] = flops
+  row["peak_flops_per_device"] = peak
+  for name in ("ours", "hf"):
+    if f"{name}_s_per_step" in row:
+      row[f"{name}_model_flops_per_s"] = flops / row[f"{name}_s_per_step"]
+      row[f"{name}_mfu"] = mfu.mfu(flops / row["devices"], 1.0 / row[f"{name}_s_per_step"], peak)
+  return row
+
+
+def format_row(row: Mapping[str, Any]) -> str:
+  lines = [f"batch {row['batch_size']} x {row['inputs_length']}/{row['targets_length']} on "
+           f"{row['backend']} ({row['devices']} device(s)), median of {row['steps']} steps x {row['rounds']} rounds"]
+  for name, label in (("ours", "ours (jitted trainer step)"), ("hf", "HF transformers (PyTorch)")):
+    if f"{name}_s_per_step" in row:
+      m = row.get(f"{name}_mfu")
+      lines.append(f"  {label}: {row[f'{name}_s_per_step']:.4f} s/step, {row[f'{name}_tokens_per_s']:,.0f} "
+                   f"tokens/s, {row.get(f'{name}_model_flops_per_s', 0) / 1e9:,.1f} GFLOP/s"
+                   + (f", MFU {m:.1%}" if m is not None else ", MFU n/a (no peak known for this device)"))
+  if "ratio_ours_to_hf" in row:
+    lines.append(f"  ours / HF: {row['ratio_ours_to_hf']:.3f}")
+  return "\n".join(lines)
+
+
+def stderr_log(line: str) -> None:
+  print(line, file=sys.stderr, flush=True)

@@ -1,0 +1,64 @@
+"""`remixer-t5 bench train`: the trainer's jitted step timed on random tokens, optionally beside HF's T5."""
+import json
+
+import pytest
+
+from remixer_t5 import bench_train, cli
+
+ARGS = ["bench", "train", "--gin_file=models/t5_1_1/tiny.gin", "--gin_file=runs/demo.gin", "--gin.BATCH_SIZE=2",
+        "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}", "--steps=2", "--rounds=1", "--warmup=1",
+        "--json"]
+
+
+def _row(capsys) -> dict:
+  return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_json_fields_and_reference(capsys):
+  pytest.importorskip("torch", reason="the HF reference needs the optional .[hf] extra (PyTorch)")
+  pytest.importorskip("transformers", reason="the HF reference needs the optional .[hf] extra (transformers)")
+  assert cli.main([*ARGS, "--reference=hf", "--lengths=12,6", "--batch_size=3", "--peak_flops=1e12"]) == 0
+  r = _row(capsys)
+  assert (r["batch_size"], r["inputs_length"], r["targets_length"]) == (3, 12, 6)  # the overrides win
+  assert r["steps"] == 2 and r["rounds"] == 1 and r["backend"] == "cpu"
+  for name in ("ours", "hf"):
+    assert r[f"{name}_s_per_step"] > 0 and len(r[f"{name}_round_medians"]) == 1
+    assert r[f"{name}_tokens_per_s"] == pytest.approx(3 * (12 + 6) / r[f"{name}_s_per_step"])
+    assert r[f"{name}_mfu"] == pytest.approx(r["model_flops_per_step"] / r["devices"]
+                                              / r[f"{name}_s_per_step"] / 1e12)
+  assert r["ratio_ours_to_hf"] == pytest.approx(r["ours_s_per_step"] / r["hf_s_per_step"])
+  assert r["model_flops_per_step"] > 0 and r["peak_flops_per_device"] == 1e12
+
+
+def test_text_report_from_a_model_config_alone_has_no_cpu_mfu(capsys):
+  assert cli.main(["bench", "train", "--gin_file=models/t5_1_1/tiny.gin", "--batch_size=2", "--lengths=16,8",
+                   "--steps=2", "--rounds=1", "--warmup=0"]) == 0
+  out = capsys.readouterr().out
+  assert "batch 2 x 16/8" in out and "tokens/s" in out and "MFU n/a" in out and "HF" not in out
+
+
+def test_missing_sizes_are_a_clear_error(capsys):
+  assert cli.main(["bench", "train", "--gin_file=models/t5_1_1/tiny.gin", "--steps=1"]) == 2
+  err = capsys.readouterr().err
+  assert "TASK_FEATURE_LENGTHS (or --lengths)" in err and "BATCH_SIZE (or --batch_size)" in err
+
+
+def test_bad_reference_is_a_clear_error(capsys):
+  assert cli.main([*ARGS, "--reference=torch"]) == 2
+  err = capsys.readouterr().err
+  assert "--reference 'torch'" in err and "'hf'" in err
+
+
+def test_bad_sizes_are_clear_errors():
+  with pytest.raises(ValueError, match="steps=0"):
+    bench_train.bench_train(None, None, batch_size=1, feature_lengths={"inputs": 4, "targets": 4}, steps=0)
+  with pytest.raises(ValueError, match="unknown --reference 'tf'"):
+    bench_train.bench_train(None, None, batch_size=1, feature_lengths={"inputs": 4, "targets": 4}, reference="tf")
+
+
+def test_random_batch_shifts_targets_right():
+  b = bench_train.random_batch(100, 2, {"inputs": 5, "targets": 4})
+  assert b["encoder_input_tokens"].shape == (2, 5) and b["decoder_target_tokens"].shape == (2, 4)
+  assert (b["decoder_input_tokens"][:, 0] == 0).all()
+  assert (b["decoder_input_tokens"][:, 1:] == b["decoder_target_tokens"][:, :-1]).all()
+  assert b["encoder_input_tokens"].min() >= 2 and b["encoder_input_tokens"].max() < 100
