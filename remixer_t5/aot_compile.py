@@ -337,7 +337,8 @@ def format_report(report: Mapping[str, Any]) -> str:
       lines.append(f"  per device: arguments {_gib(m['argument_bytes'])}, outputs {_gib(m['output_bytes'])} "
                    f"(aliased with arguments {_gib(m['alias_bytes'])}), temporaries {_gib(m['temp_bytes'])}, "
                    f"code {_gib(m['code_bytes'])}; total {_gib(m['total_bytes'])} of {_gib(r['available_bytes'])} "
-                   f"HBM ({100 * m['total_bytes'] / r['available_bytes']:.0f}%)")
+                   f"HBM ({100 * m['total_bytes'] / r['available_bytes']:.0f}%)"
+                   + (f"; XLA's peak of live buffers {_gib(m['peak_bytes'])}" if m.get("peak_bytes") else ""))
     if not r["fits"]:
       if "needs_bytes" in r:
         lines.append(f"  DOES NOT FIT: needs {_gib(r['needs_bytes'])} per device, {_gib(r['available_bytes'])} "

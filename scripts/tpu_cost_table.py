@@ -125,9 +125,9 @@ def render(rows: list[dict]) -> str:
   base_step = {(r["topology"], r["rules"], r["variant"]): r["report"]["steps"]["train"].get("optimal_seconds")
                for r in latest.values() if r["name"] == "t5_1_1_base" and "report" in r
                and r["report"]["steps"]["train"]["fits"]}
-  head = ("| model | slice | rules (mesh) | variant | fits | GiB/core | est. step ms | est. steps/s | × T5.1.1-base step "
+  head = ("| model | slice | rules (mesh) | variant | fits | GiB/core | peak GiB | est. step ms | est. steps/s | × T5.1.1-base step "
           "| est. MFU | paper steps/s (16 v3 chips) | measured at |\n"
-          "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---|")
+          "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
   lines = [head]
   measured = set()
   for cell in cells():
@@ -136,25 +136,26 @@ def render(rows: list[dict]) -> str:
     r = latest.get(cell)
     measured.add(cell)
     if r is None:
-      lines.append(f"| {label} | {topo} | {rules} ({mesh_for(topo, rules)}) | {variant or '-'} | not yet measured | | | | | | "
+      lines.append(f"| {label} | {topo} | {rules} ({mesh_for(topo, rules)}) | {variant or '-'} | not yet measured | | | | | | | "
                    f"{paper or ''} | |")
       continue
     at = r["commit"] + (" (+ uncommitted: " + ", ".join(Path(p).name for p in r["uncommitted"]) + ")"
                         if r.get("uncommitted") else "")
     if "report" not in r:
-      lines.append(f"| {label} | {topo} | {rules} ({mesh_for(topo, rules)}) | {variant or '-'} | error: {r.get('error', '')[:80]} | | | | | | "
+      lines.append(f"| {label} | {topo} | {rules} ({mesh_for(topo, rules)}) | {variant or '-'} | error: {r.get('error', '')[:80]} | | | | | | | "
                    f"{paper or ''} | {at} |")
       continue
     t = r["report"]["steps"]["train"]
     if not t["fits"]:
       need = t.get("needs_bytes")
       lines.append(f"| {label} | {topo} | {rules} ({mesh_for(topo, rules)}) | {variant or '-'} | no | "
-                   f"{_fmt(need and need / 2 ** 30, '.2f')} | | | | | {paper or ''} | {at} |")
+                   f"{_fmt(need and need / 2 ** 30, '.2f')} | | | | | | {paper or ''} | {at} |")
       continue
     step = t.get("optimal_seconds")
     ref = base_step.get((topo, rules, variant))
     ratio = f"{step / ref:.2f}" if step and ref else ""
     lines.append(f"| {label} | {topo} | {rules} ({mesh_for(topo, rules)}) | {variant or '-'} | yes | {t['memory']['total_bytes'] / 2 ** 30:.2f} | "
+                 f"{_fmt(t['memory'].get('peak_bytes') and t['memory']['peak_bytes'] / 2 ** 30, '.2f')} | "
                  f"{step * 1e3:.1f} | {t.get('est_steps_per_s', 0):.2f} | {ratio} | "
                  f"{_fmt(t.get('est_mfu') and 100 * t['est_mfu'], '.1f')}{'%' if t.get('est_mfu') else ''} | "
                  f"{paper or ''} | {at} |")

@@ -68,7 +68,7 @@ def test_presets_give_documented_meshes_and_a_mismatch_names_both_counts():
   plan = lambda s, n=None: partitioning.mesh_plan(1, s, n)
   kind = lambda s, n=None: partitioning.rules_kind(plan(s, n)[1])
   assert plan("tpu_v3_8", 8)[0] == (8, 1) and kind("tpu_v3_8") == "data_model"
-  assert plan("tpu_v3_32", 32)[0] == (32, 1) and kind("tpu_v3_32") == "data_model"
+  assert plan("tpu_v3_32", 32)[0] == (32, 1) and kind("tpu_v3_32") == "fsdp"
   assert plan("tpu_v3_128", 128)[0] == (32, 4) and kind("tpu_v3_128") == "fsdp"
   assert plan("gpu_8", 8)[0] == (8, 1) and kind("gpu_8") == "fsdp"
   assert plan("cpu", 3)[0] == (3, 1) and kind("cpu") == "data"
@@ -164,9 +164,9 @@ def test_show_sharding_for_tpu_v3_32_needs_no_devices():
   assert jax.device_count() == 1
   model = tiny(vocab_size=2176, emb_dim=128, num_heads=4, head_dim=32, mlp_dim=256)
   lengths = {"inputs": 16, "targets": 8}
-  out = info.format_sharding(model, lengths, mesh="tpu_v3_32")
+  out = info.format_sharding(model, lengths, mesh="tpu_v3_32", rules="data_model")
   assert "'data': 32, 'model': 1" in out and "32 devices" in out and "rules data_model" in out
-  out = info.format_sharding(model, lengths, mesh="tpu_v3_32", rules="fsdp")
+  out = info.format_sharding(model, lengths, mesh="tpu_v3_32")  # the preset's rules: fsdp
   line = next(l for l in out.splitlines() if "['encoder']['layers_0']['mlp']['wi_0']['kernel']" in l)
   assert "(128, 256)" in line and "('embed', 'mlp')" in line and "P('data', 'model')" in line
   assert line.rstrip().endswith("(4, 256)")
@@ -196,7 +196,7 @@ def test_partitioning_gin_files_bind_the_trainer_mesh():
   import gin
   from remixer_t5 import gin_utils
   expect = {"data_parallel": (None, "data"), "data_model": (None, "data_model"), "fsdp": (None, "fsdp"),
-            "tpu_v3_8": ((8, 1), "data_model"), "tpu_v3_32": ((32, 1), "data_model"),
+            "tpu_v3_8": ((8, 1), "data_model"), "tpu_v3_32": ((32, 1), "fsdp"),
             "tpu_v3_128": ((32, 4), "fsdp"), "gpu_8": ((8, 1), "fsdp")}
   for name, (shape, kind) in expect.items():
     gin_utils.parse_gin(["models/t5_1_1/tiny.gin", "runs/pretrain.gin", f"partitioning/{name}.gin"],
