@@ -24,17 +24,20 @@ demo: $(STAMP)
 	$(VENV)/bin/remixer-t5 train --gin_file=models/$(MODEL)/tiny.gin --gin_file=runs/demo.gin \
 	    --gin.MODEL_DIR="'$(MODEL_DIR)'"
 
-# Train T5.1.1, Remixer and HyperMixer tiny on the same budget (embedded corpus, runs/demo.gin with fewer steps),
-# then put them side by side: $(COMPARE_DIR)/compare.png, compare.md, compare.csv. A rerun resumes/skips the runs.
+# Train T5.1.1, Remixer and HyperMixer tiny on the same budget (embedded corpus, runs/demo.gin with fewer steps
+# and a smaller batch), then put them side by side: $(COMPARE_DIR)/compare.png, compare.md, compare.csv.
+# A rerun resumes (or skips) the runs; a new budget needs a new COMPARE_DIR.
 COMPARE_DIR ?= runs/compare_demo
 COMPARE_MODELS ?= t5_1_1 remixer hypermixer
-COMPARE_STEPS ?= 150
+COMPARE_STEPS ?= 100
+COMPARE_BATCH ?= 16
 compare-demo: $(STAMP)
 	@mkdir -p $(COMPARE_DIR); for m in $(COMPARE_MODELS); do \
-	  echo "== training $$m tiny for $(COMPARE_STEPS) steps into $(COMPARE_DIR)/$$m"; \
+	  echo "== training $$m tiny for $(COMPARE_STEPS) steps of $(COMPARE_BATCH) into $(COMPARE_DIR)/$$m"; \
 	  $(VENV)/bin/remixer-t5 train --gin_file=models/$$m/tiny.gin --gin_file=runs/demo.gin \
-	      --gin.MODEL_DIR="'$(COMPARE_DIR)/$$m'" --gin.TRAIN_STEPS=$(COMPARE_STEPS) --gin.LOG_PERIOD=25 \
-	      --gin.EVAL_PERIOD=50 --gin.CHECKPOINT_PERIOD=$(COMPARE_STEPS) --gin.EVAL_STEPS=2 > $(COMPARE_DIR)/$$m.log 2>&1 \
+	      --gin.MODEL_DIR="'$(COMPARE_DIR)/$$m'" --gin.TRAIN_STEPS=$(COMPARE_STEPS) --gin.BATCH_SIZE=$(COMPARE_BATCH) \
+	      --gin.LOG_PERIOD=10 --gin.EVAL_PERIOD=25 --gin.CHECKPOINT_PERIOD=$(COMPARE_STEPS) --gin.EVAL_STEPS=2 \
+	      > $(COMPARE_DIR)/$$m.log 2>&1 \
 	    || { tail -n 20 $(COMPARE_DIR)/$$m.log; exit 1; }; \
 	  grep '^\[validation\]' $(COMPARE_DIR)/$$m.log | tail -n 1; \
 	done

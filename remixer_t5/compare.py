@@ -208,11 +208,12 @@ def load_run(model_dir: str | Path, name: str | None = None, params: bool = True
     raise ValueError(f"{model_dir / METRICS_FILE} has no train or validation rows (splits found: "
                      f"{sorted({str(r['split']) for r in rows}) or 'none'})")
   tokens = cumulative_tokens(train)
-  run.train = [(int(r["step"]), float(r["loss"]), t) for r, t in zip(train, tokens)]
-  run.validation = [(int(r["step"]), float(r["loss"]), _tokens_at(int(r["step"]), run.train)) for r in validation]
+  loss = lambda r: _finite(r.get("loss")) if _finite(r.get("loss")) is not None else float("nan")
+  run.train = [(int(r["step"]), loss(r), t) for r, t in zip(train, tokens)]
+  run.validation = [(int(r["step"]), loss(r), _tokens_at(int(r["step"]), run.train)) for r in validation]
   run.steps = max(s for s, _, _ in run.train + run.validation)
   if run.train:
-    run.final_train_loss = run.train[-1][1]
+    run.final_train_loss = _finite(run.train[-1][1])
     run.tokens_seen = run.train[-1][2]
     speeds = [_finite(r.get("tokens_per_s")) for r in train]
     first_in_file = next(int(r["step"]) for r in rows if r["split"] == "train")
@@ -379,7 +380,7 @@ def plot(runs: Sequence[Run], path: str | Path) -> Path:
 
   table_ax.axis("off")
   columns, rows = table_rows(runs)
-  shown = ["run", "params", "tokens_seen", "tokens_per_s", "final_train_loss", "best_validation_loss"]
+  shown = ["run", "params", "steps", "tokens_seen", "tokens_per_s", "final_train_loss", "best_validation_loss"]
   shown += [c for c in columns if c not in TABLE_COLUMNS][:4]
   cells = [[_fmt(c, row[c]) for c in shown] for row in rows]
   import textwrap
