@@ -167,7 +167,7 @@ def test_every_architecture_finetunes_at_cogs_lengths_from_a_512_114_checkpoint(
 
 @pytest.mark.skipif(not REAL_COGS.is_dir(), reason=f"real COGS data not found at {REAL_COGS}")
 def test_gmlp_finetunes_on_real_cogs_from_a_512_114_checkpoint(tmp_path, embedded_cache, monkeypatch):
-  """The real COGS train split (targets up to 257 T5 tokens, longer than the decoder's old 114)."""
+  """The real COGS train split (2,357 of its targets are longer than 114 T5 tokens, the decoder's old L)."""
   monkeypatch.setenv("REMIXER_T5_CACHE_DIR", str(embedded_cache.root))
   monkeypatch.delenv("REMIXER_T5_DATA_DIR", raising=False)
   params, _ = _finetune("gmlp", tmp_path, REAL_COGS.parent)
