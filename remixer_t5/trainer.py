@@ -50,23 +50,12 @@ class TrainState(struct.PyTreeNode):
 # --- data ------------------------------------------------------------------------------------------------
 def get_batches(task, feature_lengths: Mapping[str, int], split: str, batch_size: int, *, seed: int,
                 shuffle: bool, repeat: bool, pack: bool, skip_batches: int = 0):
-  """Iterator of numpy batches in the model's feature format (t5x's EncDecFeatureConverter).
-
-  Each process reads its own shard; `batch_size` is the global batch.
-  """
-  import seqio
-  num_procs = jax.process_count()
-  if batch_size % num_procs:
-    raise ValueError(f"BATCH_SIZE={batch_size} must be divisible by the {num_procs} processes")
-  shard = seqio.ShardInfo(index=jax.process_index(), num_shards=num_procs)
-  ds = seqio.get_dataset(task,
-                         task_feature_lengths=dict(feature_lengths), dataset_split=split, shuffle=shuffle,
-                         num_epochs=None if repeat else 1, seed=seed, shard_info=shard,
-                         use_cached=False, feature_converter=seqio.EncDecFeatureConverter(pack=pack))
-  ds = ds.batch(batch_size // num_procs, drop_remainder=True)
-  if skip_batches:
-    ds = ds.skip(skip_batches)  # deterministic pipeline: skipping reproduces the position after a resume
-  return ds.prefetch(2).as_numpy_iterator()
+  """Iterator of numpy batches in the model's feature format (t5x's EncDecFeatureConverter): this process's
+  shard of the global `batch_size`; its position can be saved and restored in constant time
+  (remixer_t5/data/input_pipeline.py)."""
+  from remixer_t5.data import input_pipeline
+  return input_pipeline.get_batches(task, feature_lengths, split, batch_size, seed=seed, shuffle=shuffle,
+                                    repeat=repeat, pack=pack, skip_batches=skip_batches)
 
 
 def global_from_host(x: np.ndarray, sharding) -> jax.Array:
@@ -230,10 +219,12 @@ def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature
   ckpt = checkpoints.Checkpointer(model_dir, keep=keep_checkpoints)
 
   position = 0  # input batches consumed so far (the pipeline is deterministic given the seed)
+  input_state = None  # this process's saved tf.data iterator state at the restored step
   restored = ckpt.restore_latest_good(_abstract(state, shardings), log=log.info)
   if restored is not None:
     state, extra, at = restored
     position = int(extra.get("data_position", {}).get("batches", int(state.step)))
+    input_state = checkpoints.input_state_prefix(model_dir, at)
     log.info(f"resumed from {ckpt.directory}/{at} (input position: {position} batches)")
   elif init_checkpoint:
     fit = lambda p: _fit_lengths(model, feature_lengths, state.params, p, log)
@@ -251,12 +242,24 @@ def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature
 
   if start == 0 and eval_period:
     evaluate(state)  # the starting point of the validation curve
-  batches = get_batches(task, feature_lengths, "train", batch_size, seed=random_seed, shuffle=shuffle,
-                        repeat=True, pack=pack, skip_batches=position)
+  batches = _restore_batches(task, feature_lengths, batch_size, random_seed, shuffle, pack, position,
+                             input_state, log)
+  input_checkpointable = [True]
 
   def save(step, state):
-    ckpt.save(step, state, extra={"data_position": {"batches": position, "seed": random_seed,
-                                                    "task": task_name}}, force=True)
+    # The input state first: a finalised orbax step then always has it (kill -9 between the two leaves an
+    # input state without its step, which is never read).
+    if input_checkpointable[0]:
+      from remixer_t5.data.input_pipeline import InputNotCheckpointableError
+      try:
+        checkpoints.save_input_state(model_dir, step, batches.save)
+      except InputNotCheckpointableError as e:  # keep training; a resume replays the position with skip
+        input_checkpointable[0] = False
+        log.info(str(e))
+    ckpt.save(step, state, extra={"data_position": {"batches": position, "seed": random_seed, "task": task_name,
+                                                    "iterator": input_checkpointable[0]}}, force=True)
+    steps = ckpt.all_steps()
+    checkpoints.prune_input_states(model_dir, min([*steps, step]))
 
   peak = mfu_lib.peak_flops_per_device(override=peak_flops_per_device)
   # MFU counts the model's FLOPs (the same whether the stack is scanned or rematerialised); HFU counts what XLA
@@ -358,6 +361,31 @@ class _PreemptionWatch:
       import signal
       signal.signal(signal.SIGTERM, self._previous)
     return False
+
+
+def _restore_batches(task, feature_lengths, batch_size, seed, shuffle, pack, position, input_state, log):
+  """The training batches at `position`: the saved iterator state restored (constant time), else replayed
+  with skip (a checkpoint from before iterator checkpoints, or a pipeline that cannot be checkpointed)."""
+  from remixer_t5.data import input_pipeline
+  say = log.info
+  if jax.process_count() > 1:  # each process restores its own shard's position: every one reports
+    say = lambda m: print(f"[process {jax.process_index()}] {m}", flush=True)
+  if input_state is not None:
+    batches = get_batches(task, feature_lengths, "train", batch_size, seed=seed, shuffle=shuffle, repeat=True,
+                          pack=pack)
+    try:
+      seconds = batches.restore(input_state, position)
+      say(f"input position restored from {input_state} ({position} batches) in {seconds:.2f}s")
+      return batches
+    except Exception as e:  # noqa: BLE001 - e.g. the task's pipeline changed since: say so, then replay
+      say(f"input state {input_state} does not fit this pipeline ({type(e).__name__}: "
+          f"{str(e).splitlines()[0][:200] if str(e) else ''}); replaying {position} batches with skip")
+  elif position:
+    say(f"no input-iterator state for this checkpoint (a run from before iterator checkpoints, a pipeline "
+        f"that cannot be checkpointed, or another number of processes): replaying {position} batches with "
+        f"skip, which takes time proportional to the position")
+  return input_pipeline.get_batches(task, feature_lengths, "train", batch_size, seed=seed, shuffle=shuffle,
+                                    repeat=True, pack=pack, skip_batches=position)
 
 
 def _infer_eval(model, params, task_name, feature_lengths, batch_size, num_examples, model_dir, step, seed,
