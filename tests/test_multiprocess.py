@@ -1,6 +1,7 @@
 """Two processes on 127.0.0.1 (gloo CPU collectives) train with the same losses as one process with the same
 global batch: each process reads its own input shard, the global batch is assembled from process-local data,
-only process 0 writes summaries, and orbax saves collectively."""
+only process 0 writes summaries, and orbax saves collectively; a resumed two-process run restores each process's
+own input position."""
 import json
 import os
 import socket
@@ -53,18 +54,30 @@ def setup(tmp_path_factory, embedded_cache):
   return root, env
 
 
-def test_two_processes_match_one_process_with_the_same_global_batch(setup):
-  root, env = setup
+def _two_processes(env, args):
   port = _free_port()
   procs = []
   for pid in range(2):
     penv = dict(env, REMIXER_T5_COORDINATOR=f"127.0.0.1:{port}", REMIXER_T5_NUM_PROCESSES="2",
                 REMIXER_T5_PROCESS_ID=str(pid))
-    procs.append(subprocess.Popen([sys.executable, "-m", "remixer_t5", *_args(root / "two", root / "data")],
+    procs.append(subprocess.Popen([sys.executable, "-m", "remixer_t5", *args],
                                   env=penv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
   outs = [p.communicate(timeout=400)[0] for p in procs]
   for p, out in zip(procs, outs):
     assert p.returncode == 0, out[-3000:]
+  return outs
+
+
+@pytest.fixture(scope="module")
+def two_run(setup):
+  """The uninterrupted two-process run (its outputs per process)."""
+  root, env = setup
+  return _two_processes(env, _args(root / "two", root / "data"))
+
+
+def test_two_processes_match_one_process_with_the_same_global_batch(setup, two_run):
+  root, env = setup
+  outs = two_run
   assert "process 0 of 2" in outs[0] and "process 1 of 2" in outs[1]
   assert "[train] step" in outs[0] and "[train] step" not in outs[1]  # only process 0 reports
 
@@ -86,6 +99,19 @@ def test_two_processes_match_one_process_with_the_same_global_batch(setup):
   infer = {n: [r for r in evals[n] if r["split"].startswith("infer/")] for n in ("one", "two")}
   assert len(infer["one"]) == len(infer["two"]) == 1
   assert infer["two"][0]["exact_match"] == infer["one"][0]["exact_match"]
+
+
+def test_two_processes_resume_each_its_own_input_position(setup, two_run):
+  """Stopped at step 3 and rerun to 5, each process restores its own shard's iterator state: the resumed steps
+  have exactly the losses of the uninterrupted two-process run."""
+  root, env = setup
+  quick = ["--gin.EVAL_PERIOD=0", "--gin.trainer.train.infer_eval_period=0"]
+  _two_processes(env, [*_args(root / "resumed", root / "data"), "--gin.TRAIN_STEPS=3", *quick])
+  outs = _two_processes(env, [*_args(root / "resumed", root / "data"), *quick])
+  for pid, out in enumerate(outs):
+    state = root / "resumed" / checkpoints.INPUT_STATE_DIR / "3" / f"process-{pid:05d}-of-00002"
+    assert f"input position restored from {state}" in out, out[-3000:]
+  assert _losses(root / "resumed") == _losses(root / "two")  # steps 1-3, then the resumed 4-5: bitwise
 
 
 def test_coordinator_without_process_count_is_a_clear_error(tmp_path):
