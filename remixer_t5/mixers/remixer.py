@@ -150,7 +150,8 @@ class RemixerBlock(nn.Module):
     one [L, L] softmax numerator per layer and one matmul over the batch, no [batch, L, L] tensor. Packed
     rows (each segment indexes H from 0; its block of the mixing matrix sits at a per-example offset),
     per-example positions, and remix dropout (drawn per example) use the per-example matrix
-    P[pos_i, pos_j] ⊙ mask / rowsum: exact too, at [batch, L, L] cost.
+    M = P[pos_i, pos_j] ⊙ mask (slice gathers of P), X_S = (M X') / rowsum(M): exact too, at [batch, L, L]
+    cost.
     """
     cfg = self.config
     length = xp.shape[1]
@@ -170,11 +171,13 @@ class RemixerBlock(nn.Module):
       mask &= ctx.q_segment_ids[:, :, None] == ctx.q_segment_ids[:, None, :]
     if causal is not None:
       mask &= causal
-    p = jnp.where(mask, _slice_gather(_row_exp(h), pos), 0.0)                        # [b, L, L]
-    denom = jnp.sum(p, axis=-1, keepdims=True)
-    weights = p / jnp.where(denom > 0, denom, 1.0)
-    weights = nn.Dropout(self.remix_dropout)(weights, deterministic=deterministic)
-    return jnp.einsum("bqk,bkw->bqw", weights.astype(cfg.dtype), xp.astype(cfg.dtype))
+    p = jnp.where(mask, _slice_gather(_row_exp(h).astype(cfg.dtype), pos), 0)             # [b, L, L]
+    denom = jnp.sum(p.astype(jnp.float32), axis=-1)
+    # Dropping entries before normalising equals dropping them after: the denominators stay undropped.
+    p = nn.Dropout(self.remix_dropout)(p, deterministic=deterministic)
+    numer = jnp.einsum("bqk,bkw->bqw", p, xp.astype(cfg.dtype))
+    scale = jnp.where(denom > 0, 1.0 / jnp.where(denom > 0, denom, 1.0), 0.0)
+    return numer * scale[:, :, None].astype(cfg.dtype)
 
   def _decode_step(self, h: Array, xp: Array) -> tuple[Array, Array]:
     """Writes X' of the new position into the cache; returns H's row for it and all cached X' rows."""
