@@ -207,6 +207,8 @@ def cmd_bench_train(args: argparse.Namespace) -> int:
                                 rounds=args.rounds, reference=reference, log=bench_train.stderr_log)
   from remixer_t5 import host_memory
   row["host_malloc_policy"] = host_memory.applied
+  from remixer_t5 import xla_cpu
+  row["xla_cpu_flags"] = xla_cpu.FLAG if xla_cpu.applied else None
   bench_train.add_mfu(row, setup["model"], args.peak_flops)
   print(json.dumps(row) if args.json else bench_train.format_row(row), flush=True)
   return 0
@@ -380,6 +382,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in ("train", "eval", "plot", "bench"):
       from remixer_t5 import host_memory  # before JAX starts its threads: see host_memory's docstring
       host_memory.configure(log=lambda m: print(m, file=sys.stderr, flush=True))
+      from remixer_t5 import xla_cpu  # before JAX starts its backend: XLA reads $XLA_FLAGS once
+      xla_cpu.configure(log=lambda m: print(m, file=sys.stderr, flush=True))
     if args.command in ("train", "eval"):
       from remixer_t5 import distributed
       distributed.maybe_initialize(args.coordinator_address, args.num_processes, args.process_id,

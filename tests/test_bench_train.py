@@ -62,3 +62,22 @@ def test_random_batch_shifts_targets_right():
   assert (b["decoder_input_tokens"][:, 0] == 0).all()
   assert (b["decoder_input_tokens"][:, 1:] == b["decoder_target_tokens"][:, :-1]).all()
   assert b["encoder_input_tokens"].min() >= 2 and b["encoder_input_tokens"].max() < 100
+
+
+def test_xla_cpu_flag_only_for_cpu_runs_on_a_known_jaxlib():
+  from remixer_t5 import xla_cpu
+  env = {"XLA_FLAGS": "--xla_dump_to=/x"}
+  assert xla_cpu.configure(environ=env, cpu_only=True, jaxlib_version="0.10.2")
+  assert env["XLA_FLAGS"] == f"--xla_dump_to=/x {xla_cpu.FLAG}"
+  assert not xla_cpu.configure(environ=env, cpu_only=True, jaxlib_version="0.10.2")  # never twice
+  for cpu_only, version in ((False, "0.10.2"), (True, "0.11.0"), (True, "")):  # accelerator; unknown jaxlib
+    env = {}
+    assert not xla_cpu.configure(environ=env, cpu_only=cpu_only, jaxlib_version=version) and env == {}
+  env = {xla_cpu.ENV: "off"}
+  assert not xla_cpu.configure(environ=env, cpu_only=True, jaxlib_version="0.10.2") and "XLA_FLAGS" not in env
+  env = {xla_cpu.ENV: "on"}
+  assert xla_cpu.configure(environ=env, cpu_only=False, jaxlib_version="0.11.0") and env["XLA_FLAGS"] == xla_cpu.FLAG
+  env = {"XLA_FLAGS": f"{xla_cpu.FLAG_NAME}=-dot"}  # the user's own choice wins
+  assert not xla_cpu.configure(environ=env, cpu_only=True, jaxlib_version="0.10.2")
+  with pytest.raises(ValueError, match="REMIXER_T5_XLA_CPU='yes'"):
+    xla_cpu.configure(environ={xla_cpu.ENV: "yes"})
