@@ -10,6 +10,7 @@ the git commit it was measured at and which model files had uncommitted changes 
   nice -n 19 python scripts/tpu_cost_table.py            # measure what is missing, v3-32 first, then render
   python scripts/tpu_cost_table.py --render               # only re-render the markdown
   python scripts/tpu_cost_table.py --redo remixer_base    # drop a model's rows and measure them again
+  python scripts/tpu_cost_table.py --again remixer_base   # measure a model's cells again first (after a change)
 """
 from __future__ import annotations
 
@@ -176,6 +177,8 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--render", action="store_true", help="only render docs/benchmarks.md from the JSON lines")
   p.add_argument("--redo", nargs="*", default=[], help="model names whose rows are measured again")
+  p.add_argument("--again", nargs="*", default=[], help="model names measured again first (their rows stay "
+                 "until the new ones land; the newest row of a cell is the one rendered)")
   p.add_argument("--only", help="comma-separated model names to measure (default: all)")
   p.add_argument("--topologies", help="comma-separated slices to measure (default: all)")
   p.add_argument("--limit", type=int, help="measure at most this many cells")
@@ -187,10 +190,11 @@ def main(argv=None) -> int:
     rows = [r for r in rows if r["name"] not in args.redo]
     JSONL.write_text("".join(json.dumps(r) + "\n" for r in rows))
   if not args.render:
-    done = {key(r) for r in rows if "report" in r}  # a cell that failed (a timeout) is tried again
+    done = {key(r) for r in rows if "report" in r and r["name"] not in args.again}  # failed cells: tried again
     todo = [c for c in cells() if c not in done
             and (not args.only or c[0] in args.only.split(","))
             and (not args.topologies or c[1] in args.topologies.split(","))]
+    todo.sort(key=lambda c: c[0] not in args.again)  # stable: the models asked for again come first
     for i, cell in enumerate(todo[:args.limit]):
       print(f"[{i + 1}/{len(todo)}] {cell}", file=sys.stderr, flush=True)
       row = measure(*cell, timeout=args.timeout)
