@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Reproduces docs/benchmarks.md's "CPU training step against PyTorch" table: our jitted T5.1.1 train step
+# against Hugging Face transformers' T5ForConditionalGeneration + Adafactor on the same shapes (float32,
+# dropout 0, random tokens), alternating rounds in one process, medians. Needs the .[hf] extra. Run it on a
+# quiet machine: other processes competing for the cores distort both sides, PyTorch's OpenMP threads most.
+#   scripts/bench_cpu_vs_hf.sh [A|B|all]      (STEPS=20 ROUNDS=3 WARMUP=3 by default; OUT=bench_cpu_vs_hf)
+# Each config prints its JSON row to $OUT/<config>.json and a summary line to stdout.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+export JAX_PLATFORMS=${JAX_PLATFORMS:-cpu}  # a CPU table, also where libtpu is installed (the .[tpu] extra)
+STEPS=${STEPS:-20}; ROUNDS=${ROUNDS:-3}; WARMUP=${WARMUP:-3}; OUT=${OUT:-bench_cpu_vs_hf}
+mkdir -p "$OUT"
+which=${1:-all}
+
+run() {  # name, then the model's gin flags
+  local name=$1; shift
+  "$PY" -m remixer_t5.cli bench train --gin_file=models/t5_1_1/small.gin --gin.DROPOUT_RATE=0.0 "$@" \
+    --steps="$STEPS" --rounds="$ROUNDS" --warmup="$WARMUP" --reference=hf --json > "$OUT/$name.json"
+  "$PY" - "$OUT/$name.json" "$name" <<'PYEOF'
+import json, sys
+r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+print(f"{sys.argv[2]}: ours {r['ours_s_per_step']:.3f} s/step ({r['ours_tokens_per_s']:,.0f} tok/s), "
+      f"HF {r['hf_s_per_step']:.3f} s/step, ours/HF {r['ratio_ours_to_hf']:.3f}; rounds ours "
+      f"{[round(x, 3) for x in r['ours_round_medians']]} HF {[round(x, 3) for x in r['hf_round_medians']]}; "
+      f"xla flags {r.get('xla_cpu_flags')}, host malloc {r.get('host_malloc_policy')}")
+PYEOF
+}
+
+if [[ $which == A || $which == all ]]; then  # d 256, 4+4 layers, d_ff 1024, 4 heads x 64, batch 16, 128/32
+  run A --gin.network.T5Config.emb_dim=256 --gin.network.T5Config.num_encoder_layers=4 \
+    --gin.network.T5Config.num_decoder_layers=4 --gin.network.T5Config.mlp_dim=1024 \
+    --gin.network.T5Config.num_heads=4 --gin.network.T5Config.head_dim=64 --batch_size=16 --lengths=128,32
+fi
+if [[ $which == B || $which == all ]]; then  # T5.1.1-small, batch 8, 512/114
+  run B --batch_size=8 --lengths=512,114
+fi
+echo "uptime: $(uptime)"
