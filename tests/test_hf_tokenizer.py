@@ -5,6 +5,7 @@ The transformers test runs only where transformers is importable (the optional h
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import jax
 import pytest
@@ -93,3 +94,21 @@ def test_autotokenizer_round_trips_our_encoding(model_dir, tmp_path, embedded_en
   # Sentinels: <extra_id_0> is the last id on both sides, <extra_id_99> the first after the pieces.
   assert tok.convert_tokens_to_ids(["<extra_id_0>", "<extra_id_99>"]) == [2099, 2000]
   assert list(ours.encode("<extra_id_0>")) == [2099]
+
+
+T5_VOCAB = Path(__file__).resolve().parents[2] / "shared" / "vocab" / "t5_cc_all_32000" / "sentencepiece.model"
+
+
+@pytest.mark.skipif(not T5_VOCAB.exists(), reason=f"real T5 vocabulary not found at {T5_VOCAB}")
+def test_real_t5_vocabulary_round_trips(tmp_path):
+  """T5's own 32k model (its normalizer folds accents and spaces): HF's tokenizer from our files = seqio's ids."""
+  transformers = pytest.importorskip("transformers", reason="needs the optional hf extra (transformers)")
+  from remixer_t5.data import vocab as vocab_lib
+  ours = vocab_lib.get_vocabulary(str(T5_VOCAB))
+  for name, data in hf.vocabulary_tokenizer_files(ours).items():
+    (tmp_path / name).write_bytes(data)
+  tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+  assert len(tok) == ours.vocab_size == 32100
+  for s in SENTENCES + ["Zürich's café — naïve résumé, 1,234.5 km!"]:
+    assert tok(s, add_special_tokens=False)["input_ids"] == list(ours.encode(s))
+  assert tok.convert_tokens_to_ids("<extra_id_0>") == 32099
