@@ -81,8 +81,8 @@ def test_fit_leaf_rules_and_refusals():
 
 
 def _init(module, enc, dec):
-  return module.init(jax.random.PRNGKey(0), jnp.ones((1, enc), jnp.int32), jnp.ones((1, dec), jnp.int32),
-                     jnp.ones((1, dec), jnp.int32), enable_dropout=False)
+  return jax.jit(lambda: module.init(jax.random.PRNGKey(0), jnp.ones((1, enc), jnp.int32), jnp.ones((1, dec), jnp.int32),
+                     jnp.ones((1, dec), jnp.int32), enable_dropout=False))()
 
 
 @pytest.mark.parametrize("arch", FIXED)
@@ -102,20 +102,22 @@ def test_fitted_checkpoint_gives_the_old_outputs_on_sequences_that_fit(arch, emb
   enc_tokens[1, 9:] = 0
   dec_out = rng.randint(2, 40, (2, 6)).astype(np.int32)
   dec_in = np.concatenate([np.zeros_like(dec_out[:, :1]), dec_out[:, :-1]], 1)
-  want = old_module.apply({"params": old}, enc_tokens, dec_in, dec_out, enable_dropout=False)
+  run = lambda m, p, d_in, d_out: jax.jit(lambda p: m.apply({"params": p}, enc_tokens, d_in, d_out,
+                                                              enable_dropout=False))(p)
+  want = run(old_module, old, dec_in, dec_out)
   for enc, dec in ((24, 12), (12, 6)):
     module = build(enc, dec)
     fv = _init(module, enc, dec)
     fitted, resized = fixed_length.fit_params(old, fv["params"], partitioning.logical_axes(fv["params_axes"]))
     assert resized, arch
     assert jax.tree_util.tree_structure(fitted) == jax.tree_util.tree_structure(fv["params"])
-    got = module.apply({"params": fitted}, enc_tokens, dec_in, dec_out, enable_dropout=False)
+    got = run(module, fitted, dec_in, dec_out)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
   long_dec = rng.randint(2, 40, (2, 12)).astype(np.int32)
-  out = module_grown = build(24, 12)
+  module_grown = build(24, 12)
   fv = _init(module_grown, 24, 12)
   fitted, _ = fixed_length.fit_params(old, fv["params"], partitioning.logical_axes(fv["params_axes"]))
-  out = module_grown.apply({"params": fitted}, enc_tokens, long_dec, long_dec, enable_dropout=False)
+  out = run(module_grown, fitted, long_dec, long_dec)
   assert np.all(np.isfinite(np.asarray(out)))
 
 
