@@ -17,6 +17,7 @@ outside the CLI can call it first themselves.
 from __future__ import annotations
 
 import ctypes
+import glob
 import importlib.metadata
 import importlib.util
 import os
@@ -27,6 +28,9 @@ THRESHOLD_BYTES = 1 << 30  # requests up to 1 GiB come from the heap; free space
 # mallopt parameters from glibc's <malloc.h>.
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
 _ACCELERATOR_MODULES = ("libtpu",)  # TPU support is a plain module; GPU and others are jax_plugins
+# TPU chips as a TPU VM exposes them (v2-v4: /dev/accel<N>; v5e and later: VFIO groups). libtpu installed on a
+# machine without them (`pip install -e '.[tpu]'` for `remixer-t5 compile`) leaves JAX on the CPU.
+_TPU_DEVICE_GLOBS = ("/dev/accel*", "/dev/vfio/[0-9]*")
 applied = False  # set by configure(); benchmark rows record it
 
 
@@ -34,14 +38,15 @@ def jax_runs_on_cpu_only() -> bool:
   """Whether JAX will pick the CPU backend, decided without starting any backend.
 
   JAX_PLATFORMS (or jax.config's jax_platforms) decides when set; otherwise JAX uses an accelerator when one's
-  support is installed (libtpu, or a `jax_plugins` package such as jax_cuda12_plugin), so none installed
-  means CPU.
+  support is installed (libtpu on a machine with TPU chips, or a `jax_plugins` package such as
+  jax_cuda12_plugin), so none installed means CPU. libtpu without TPU chips (installed only to compile for a
+  TPU topology, `remixer-t5 compile`) still means CPU.
   """
   import jax
   platforms = (jax.config.jax_platforms or "").strip()
   if platforms:
     return {p.strip() for p in platforms.split(",") if p.strip()} == {"cpu"}
-  if any(importlib.util.find_spec(m) is not None for m in _ACCELERATOR_MODULES):
+  if any(importlib.util.find_spec(m) is not None for m in _ACCELERATOR_MODULES) and tpu_chips_present():
     return False
   if importlib.metadata.entry_points(group="jax_plugins"):
     return False
@@ -50,6 +55,11 @@ def jax_runs_on_cpu_only() -> bool:
     return not list(getattr(jax_plugins, "__path__", []))
   except ImportError:
     return True
+
+
+def tpu_chips_present() -> bool:
+  """Whether this machine exposes TPU chips (device files only; no backend is started)."""
+  return any(glob.glob(pattern) for pattern in _TPU_DEVICE_GLOBS)
 
 
 def _glibc() -> ctypes.CDLL | None:

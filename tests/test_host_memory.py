@@ -135,9 +135,21 @@ def test_without_platforms_installed_accelerator_support_decides(monkeypatch):
     monkeypatch.setattr(host_memory, "_ACCELERATOR_MODULES", ("no_such_module_remixer_t5",))
     assert host_memory.jax_runs_on_cpu_only() is True
     monkeypatch.setattr(host_memory, "_ACCELERATOR_MODULES", ("json",))  # stands in for an installed libtpu
+    monkeypatch.setattr(host_memory, "tpu_chips_present", lambda: True)
     assert host_memory.jax_runs_on_cpu_only() is False
+    monkeypatch.setattr(host_memory, "tpu_chips_present", lambda: False)  # libtpu only to compile for TPUs
+    assert host_memory.jax_runs_on_cpu_only() is True
     monkeypatch.setattr(host_memory, "_ACCELERATOR_MODULES", ("no_such_module_remixer_t5",))
     monkeypatch.setattr(host_memory.importlib.metadata, "entry_points", lambda group: ["jax_cuda12_plugin"])
+    monkeypatch.setattr(host_memory, "tpu_chips_present", lambda: True)
     assert host_memory.jax_runs_on_cpu_only() is False
   finally:
     jax.config.update("jax_platforms", saved)
+
+
+def test_tpu_chips_are_found_by_their_device_files(monkeypatch, tmp_path):
+  (tmp_path / "accel0").touch()
+  monkeypatch.setattr(host_memory, "_TPU_DEVICE_GLOBS", (str(tmp_path / "accel*"),))
+  assert host_memory.tpu_chips_present()
+  monkeypatch.setattr(host_memory, "_TPU_DEVICE_GLOBS", (str(tmp_path / "vfio" / "[0-9]*"),))
+  assert not host_memory.tpu_chips_present()
