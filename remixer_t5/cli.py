@@ -214,6 +214,11 @@ def cmd_bench_train(args: argparse.Namespace) -> int:
   return 0
 
 
+def cmd_repro(args: argparse.Namespace) -> int:
+  from remixer_t5.repro import hypermixer_synthetic
+  return hypermixer_synthetic.main(args)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
   if args.what == "input":
     return cmd_bench_input(args)
@@ -368,6 +373,12 @@ def build_parser() -> argparse.ArgumentParser:
   com.add_argument("--rules", choices=["data", "data_model", "fsdp"], help="override the run's rule set")
   com.add_argument("--all_steps", "--all-steps", action="store_true", help="also compile the eval and decode steps")
   com.add_argument("--json", action="store_true", help="print the report as one JSON object")
+  rep = sub.add_parser("repro", help="reproduce a paper experiment on a CPU (hypermixer-synthetic: HyperMixer "
+                       "§4.7, Fig. 5)")
+  rep_sub = rep.add_subparsers(dest="experiment", required=True)
+  from remixer_t5.repro import hypermixer_synthetic
+  hypermixer_synthetic.add_arguments(rep_sub.add_parser(
+      "hypermixer-synthetic", help="test MSE against training-set size and pseudo-attention maps"))
   return p
 
 
@@ -379,7 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   try:
     files, bindings, paths, rest = split_flags(argv)
     args = build_parser().parse_args(rest)
-    if args.command in ("train", "eval", "plot", "bench"):
+    if args.command in ("train", "eval", "plot", "bench", "repro"):
       from remixer_t5 import host_memory  # before JAX starts its threads: see host_memory's docstring
       host_memory.configure(log=lambda m: print(m, file=sys.stderr, flush=True))
       from remixer_t5 import xla_cpu  # before JAX starts its backend: XLA reads $XLA_FLAGS once
@@ -400,7 +411,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       gin.clear_config()
     handler = {"train": cmd_train, "eval": cmd_eval, "tasks": cmd_tasks, "info": cmd_info, "import-hf": cmd_import_hf,
                "export-hf": cmd_export_hf, "plot": cmd_plot, "bench": cmd_bench, "compare": cmd_compare,
-               "compile": cmd_compile}[args.command]
+               "compile": cmd_compile, "repro": cmd_repro}[args.command]
     return handler(args)
   except (GinError, FileNotFoundError, FileExistsError, IncompatibleModelDirError) as e:
     print(f"remixer-t5: error: {e}", file=sys.stderr)
