@@ -22,9 +22,9 @@ Presets (`make_mesh(shape=NAME)`, `mesh_spec(preset=NAME)`, gin/partitioning/NAM
 How the TPU presets were chosen: the fastest setting that fits, by XLA's estimate of the compiled pretraining
 step (batch 128, 512/114, bf16 activations, Adafactor; `remixer-t5 compile`, table in docs/benchmarks.md made by
 scripts/tpu_cost_table.py). tpu_v3_32: fsdp, from the table's row "T5.1.1-base | v3-32 | fsdp (32x1)" (75.9 ms,
-3.36 GiB per core, commit 1efc09f) against data_model on the same (32, 1) mesh (88 ms, issue 10's compile of the
-same step); with one mesh axis data_model is pure data parallelism, and fsdp also shards the parameters and
-Adafactor statistics over 'data'. tpu_v3_8 and tpu_v3_128 are not yet decided by the table (their rows are not
+3.36 GiB per core, commit 1efc09f) against "T5.1.1-base | v3-32 | data_model (8x4)" (138.8 ms) and data_model
+on the same (32, 1) mesh (88 ms, issue 10's compile of the same step); with one mesh axis data_model is pure data
+parallelism, and fsdp also shards the parameters and Adafactor statistics over 'data'. tpu_v3_8 and tpu_v3_128 are not yet decided by the table (their rows are not
 measured); they keep data_model (8, 1) and fsdp (32, 4).
 
 A dimension that its mesh axes do not divide is replicated instead (logged per parameter): jit refuses
