@@ -35,6 +35,9 @@ def cmd_eval(_: argparse.Namespace) -> int:
   return 0
 
 
+BENCH_MIXING_LENGTHS = "128,256,...,4096"  # `bench mixing` without --lengths (bench.DEFAULT_LENGTHS)
+
+
 def _parse_lengths(text: str | None) -> dict[str, int] | None:
   """--lengths INPUTS[,TARGETS] -> feature lengths (TARGETS defaults to INPUTS); None when not given."""
   if not text:
@@ -184,6 +187,11 @@ def cmd_plot(args: argparse.Namespace) -> int:
   return 0
 
 
+def cmd_repro(args: argparse.Namespace) -> int:
+  from remixer_t5.repro import hypermixer_synthetic
+  return hypermixer_synthetic.main(args)
+
+
 def cmd_bench_input(args: argparse.Namespace) -> int:
   from remixer_t5 import bench_input
   hosts = args.hosts or bench_input.PAPER_HOSTS
@@ -214,11 +222,6 @@ def cmd_bench_train(args: argparse.Namespace) -> int:
   return 0
 
 
-def cmd_repro(args: argparse.Namespace) -> int:
-  from remixer_t5.repro import hypermixer_synthetic
-  return hypermixer_synthetic.main(args)
-
-
 def cmd_bench(args: argparse.Namespace) -> int:
   if args.what == "input":
     return cmd_bench_input(args)
@@ -230,8 +233,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
   if unknown:
     raise ValueError(f"unknown mixer(s) {', '.join(unknown)}; choose from {', '.join(bench.MIXERS)}")
   config = bench.default_config(args.d_model, args.hidden, args.num_heads, args.head_dim)
-  rows = bench.bench_mixing(bench.parse_lengths(args.lengths or "128,256,...,4096"), mixers, config=config, batch=args.batch,
-                            repeats=args.repeats, log=bench.stderr_log)
+  lengths = bench.parse_lengths(args.lengths or BENCH_MIXING_LENGTHS)
+  rows = bench.bench_mixing(lengths, mixers, config=config, batch=args.batch, repeats=args.repeats,
+                            log=bench.stderr_log)
   if args.json:
     for row in rows:
       print(json.dumps(row), flush=True)
@@ -390,6 +394,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   try:
     files, bindings, paths, rest = split_flags(argv)
     args = build_parser().parse_args(rest)
+    from remixer_t5 import host_memory
+    host_memory.pin_cpu_without_tpu_chips()  # libtpu without TPU chips (the .[tpu] extra): no TPU runtime start
     if args.command in ("train", "eval", "plot", "bench", "repro"):
       from remixer_t5 import host_memory  # before JAX starts its threads: see host_memory's docstring
       host_memory.configure(log=lambda m: print(m, file=sys.stderr, flush=True))

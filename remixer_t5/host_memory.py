@@ -62,6 +62,22 @@ def tpu_chips_present() -> bool:
   return any(glob.glob(pattern) for pattern in _TPU_DEVICE_GLOBS)
 
 
+def pin_cpu_without_tpu_chips() -> bool:
+  """On a machine with libtpu installed but no TPU chips and no other accelerator plugin (libtpu only to compile
+  for TPU topologies: `pip install -e '.[tpu]'`), set jax_platforms to 'cpu' so JAX does not try to start a TPU
+  runtime first (libtpu prints start-up errors, then JAX falls back to the CPU). Compiling for a TPU topology
+  works with the CPU platform. Does nothing when JAX_PLATFORMS is set; returns whether it pinned."""
+  import jax
+  if (jax.config.jax_platforms or "").strip():
+    return False
+  if not any(importlib.util.find_spec(m) is not None for m in _ACCELERATOR_MODULES) or tpu_chips_present():
+    return False
+  if not jax_runs_on_cpu_only():  # a GPU (or other) plugin is installed: leave JAX's choice alone
+    return False
+  jax.config.update("jax_platforms", "cpu")
+  return True
+
+
 def _glibc() -> ctypes.CDLL | None:
   try:
     libc = ctypes.CDLL(None)

@@ -153,3 +153,19 @@ def test_tpu_chips_are_found_by_their_device_files(monkeypatch, tmp_path):
   assert host_memory.tpu_chips_present()
   monkeypatch.setattr(host_memory, "_TPU_DEVICE_GLOBS", (str(tmp_path / "vfio" / "[0-9]*"),))
   assert not host_memory.tpu_chips_present()
+
+
+def test_libtpu_without_chips_pins_jax_to_the_cpu(monkeypatch):
+  saved = jax.config.jax_platforms
+  try:
+    monkeypatch.setattr(host_memory.importlib.metadata, "entry_points", lambda group: [])
+    monkeypatch.setitem(sys.modules, "jax_plugins", None)
+    monkeypatch.setattr(host_memory, "_ACCELERATOR_MODULES", ("json",))  # stands in for an installed libtpu
+    jax.config.update("jax_platforms", None)
+    monkeypatch.setattr(host_memory, "tpu_chips_present", lambda: True)  # a TPU VM: JAX picks the TPU itself
+    assert not host_memory.pin_cpu_without_tpu_chips() and not jax.config.jax_platforms
+    monkeypatch.setattr(host_memory, "tpu_chips_present", lambda: False)
+    assert host_memory.pin_cpu_without_tpu_chips() and jax.config.jax_platforms == "cpu"
+    assert not host_memory.pin_cpu_without_tpu_chips()  # already set: left alone
+  finally:
+    jax.config.update("jax_platforms", saved)
