@@ -245,12 +245,8 @@ def plot_bench(rows: Sequence[dict], path) -> str:
   fig.suptitle(f"one token-mixing layer, batch {r0.get('batch')}, d_model {r0.get('d_model')}, "
                f"{jax.default_backend()}")
   fig.tight_layout()
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(path.stem + ".tmp.png")
-  fig.savefig(tmp, dpi=100)
-  plt.close(fig)
-  tmp.replace(path)
-  return str(path)
+  from remixer_t5 import plots
+  return str(plots.save_png(fig, path))
 
 
 def stderr_log(msg: str) -> None:

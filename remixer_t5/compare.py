@@ -397,13 +397,8 @@ def plot(runs: Sequence[Run], path: str | Path) -> Path:
                 family="monospace")
   table_ax.set_title("final numbers (compare.md / compare.csv)")
   fig.tight_layout()
-  path = Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(path.stem + ".tmp.png")
-  fig.savefig(tmp, dpi=100)
-  plt.close(fig)
-  tmp.replace(path)
-  return path
+  from remixer_t5 import plots
+  return plots.save_png(fig, path)
 
 
 def _robust_top(losses: Sequence[float]) -> float | None:

@@ -7,6 +7,18 @@ from pathlib import Path
 import numpy as np
 
 
+def save_png(fig, path, dpi: int = 100) -> Path:
+  """Writes `fig` to `path` atomically (a temporary file renamed into place), creating its folder; closes it."""
+  import matplotlib.pyplot as plt
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_name(path.stem + ".tmp.png")
+  fig.savefig(tmp, dpi=dpi)
+  plt.close(fig)
+  tmp.replace(path)
+  return path
+
+
 def plot_metrics(model_dir: str, out: str | None = None) -> Path:
   """Loss and accuracy against step for the train and validation rows of MODEL_DIR/metrics.jsonl."""
   import matplotlib
@@ -28,12 +40,7 @@ def plot_metrics(model_dir: str, out: str | None = None) -> Path:
     ax.legend()
   fig.suptitle(str(Path(model_dir).name))
   fig.tight_layout()
-  path = Path(out) if out else Path(model_dir) / "metrics.png"
-  tmp = path.with_name(path.stem + ".tmp.png")
-  fig.savefig(tmp, dpi=100)
-  plt.close(fig)
-  tmp.replace(path)
-  return path
+  return save_png(fig, Path(out) if out else Path(model_dir) / "metrics.png")
 
 
 # --- what a model mixes: Remixer paper Fig. 2, HyperMixer paper Fig. 5c/d ----------------------------------
@@ -225,13 +232,7 @@ def draw_matrix(matrix, path, title: str, labels=None, xlabel: str = "source / k
   ax.set_ylabel(ylabel)
   ax.set_title(title, fontsize=10)
   fig.tight_layout()
-  path = Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(path.stem + ".tmp.png")
-  fig.savefig(tmp, dpi=100)
-  plt.close(fig)
-  tmp.replace(path)
-  return path
+  return save_png(fig, path)
 
 
 def plot_mixing(module, params, tokens, out_dir, labels=None, pseudo_samples: int = 0, log=print) -> list[Path]:
