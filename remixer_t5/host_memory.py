@@ -70,9 +70,9 @@ def pin_cpu_without_tpu_chips() -> bool:
   import jax
   if (jax.config.jax_platforms or "").strip():
     return False
-  if not any(importlib.util.find_spec(m) is not None for m in _ACCELERATOR_MODULES) or tpu_chips_present():
-    return False
-  if not jax_runs_on_cpu_only():  # a GPU (or other) plugin is installed: leave JAX's choice alone
+  if not any(importlib.util.find_spec(m) is not None for m in _ACCELERATOR_MODULES):
+    return False  # no libtpu: JAX never tries a TPU runtime
+  if not jax_runs_on_cpu_only():  # TPU chips, or a GPU (or other) plugin: leave JAX's choice alone
     return False
   jax.config.update("jax_platforms", "cpu")
   return True
