@@ -186,16 +186,10 @@ def model_label(config_text: str, signature: Mapping[str, Any] | None) -> str:
 
 def count_params(config_path: Path) -> int:
   """Parameters of the model config.gin describes, from shapes alone (jax.eval_shape; nothing allocated)."""
-  import jax
-  import numpy as np
-  from remixer_t5 import gin_utils
+  from remixer_t5 import gin_utils, info
   gin_utils.parse_gin([str(config_path)], [], macro_defaults={"MODEL_DIR": "None"})
-  model = gin_utils.macro("MODEL")
   lengths = gin_utils.macro("TASK_FEATURE_LENGTHS") or {"inputs": 8, "targets": 8}
-  shapes = {"encoder_input_tokens": (1, lengths["inputs"]), "decoder_input_tokens": (1, lengths["targets"]),
-            "decoder_target_tokens": (1, lengths["targets"])}
-  variables = jax.eval_shape(lambda rng: model.init_variables(rng, shapes), jax.random.PRNGKey(0))
-  return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(variables["params"])))
+  return info.param_count(gin_utils.macro("MODEL"), lengths)
 
 
 def load_run(model_dir: str | Path, name: str | None = None, params: bool = True) -> Run:

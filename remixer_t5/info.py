@@ -20,6 +20,11 @@ def _count(tree) -> int:
   return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(tree)))
 
 
+def param_count(model, lengths: Mapping[str, int]) -> int:
+  """Parameters of `model` built for batches of these feature lengths, from shapes alone (nothing allocated)."""
+  return _count(_shapes(model, lengths)[1]["params"])
+
+
 def model_info(model, lengths: Mapping[str, int]) -> dict[str, Any]:
   """{'params', 'modules' (name -> count), 'flops_per_token', 'forward_flops_per_example', ...}.
 
