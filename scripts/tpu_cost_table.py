@@ -49,31 +49,41 @@ BASE = [m for m in MODELS if m not in ("t5_1_1_large", "t5_1_1_xl")]
 BIG = ["t5_1_1_large", "t5_1_1_xl"]
 
 
-# The mesh each rule set runs on: data and fsdp over every core (N, 1); data_model with a 4-way 'model' axis
-# (Megatron-style tensor parallelism; on (N, 1) data_model would compile the same program as data).
-MODEL_AXIS = {"data": 1, "fsdp": 1, "data_model": 4}
+# Each cell's rule set and the size of its 'model' mesh axis: data and fsdp over every core (N, 1); data_model
+# with a 4-way 'model' axis (Megatron-style tensor parallelism; on (N, 1) data_model compiles the same program as
+# data); fsdp_model is fsdp on (N/4, 4), the mesh the tpu_v3_128 preset used before this table decided it.
+RULES = {"data": ("data", 1), "fsdp": ("fsdp", 1), "data_model": ("data_model", 4), "fsdp_model": ("fsdp", 4)}
+T5_SIZES = ("t5_1_1_base", "t5_1_1_large", "t5_1_1_xl")
 
 
 def mesh_for(topology: str, rules: str) -> str:
   cores = int(topology.split("-")[1])
-  return f"{cores // MODEL_AXIS[rules]}x{MODEL_AXIS[rules]}"
+  model = RULES[rules][1]
+  return f"{cores // model}x{model}"
+
+
+def rules_label(topology: str, rules: str) -> str:
+  return f"{RULES[rules][0]} ({mesh_for(topology, rules)})"
 
 
 def cells() -> list[tuple[str, str, str, str]]:
-  """(model, topology, rules, variant) in the order they are measured: the paper's v3-32 first."""
-  # The paper's comparison first (T5.1.1-base against the Remixers), then the other models, then the big ones.
+  """(model, topology, rules, variant) in the order they are measured: the paper's v3-32 comparison first, then
+  the cells that choose the tpu_v3_* presets (T5.1.1 base/large/xl on every slice, rule set and memory variant),
+  then every other architecture on the other rule sets and slices."""
   first = ["t5_1_1_base", "remixer_sbase", "remixer_base"]
   out = [(m, "v3-32", "fsdp", "") for m in first] + [("t5_1_1_base", "v3-32", "data_model", "")]
-  for rules in ("fsdp", "data_model"):
-    out += [(m, "v3-32", rules, "") for m in BASE + BIG if (m, "v3-32", rules, "") not in out]
-  for topo in ("v3-8", "v3-128"):
-    for rules in ("fsdp", "data_model"):
-      out += [(m, topo, rules, "") for m in BASE + BIG]
-  for topo in ("v3-8", "v3-32", "v3-128"):
-    out += [(m, topo, "data", "") for m in BASE]
-    for variant in ("remat_full", "scan"):
-      out += [(m, topo, "fsdp", variant) for m in ("t5_1_1_base", "t5_1_1_large", "t5_1_1_xl")]
-  return out
+  out += [(m, "v3-32", "fsdp", "") for m in BASE if m not in first]
+  for topo in ("v3-8", "v3-32", "v3-128"):   # the presets' cells
+    for m in T5_SIZES:
+      for rules in ("fsdp", "data_model", "data", "fsdp_model"):
+        out.append((m, topo, rules, ""))
+      for variant in ("remat_full", "scan"):
+        out.append((m, topo, "fsdp", variant))
+  for topo in ("v3-32", "v3-8", "v3-128"):   # every architecture
+    for rules in ("data_model", "fsdp", "data"):
+      out += [(m, topo, rules, "") for m in BASE]
+  seen: set = set()
+  return [c for c in out if not (c in seen or seen.add(c))]
 
 
 def key(row) -> tuple:
@@ -98,7 +108,7 @@ def measure(name: str, topology: str, rules: str, variant: str, timeout: int) ->
   gin_file, _, _ = MODELS[name]
   cmd = [sys.executable, "-m", "remixer_t5.cli", "compile", f"--gin_file={gin_file}",
          "--gin_file=runs/pretrain.gin", "--gin.ACTIVATION_DTYPE='bfloat16'", *VARIANTS[variant],
-         f"--topology={topology}", f"--mesh={mesh_for(topology, rules)}", f"--rules={rules}", "--json"]
+         f"--topology={topology}", f"--mesh={mesh_for(topology, rules)}", f"--rules={RULES[rules][0]}", "--json"]
   row = {"name": name, "topology": topology, "rules": rules, "variant": variant, **git_state(),
          "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
   t0 = time.time()
@@ -137,25 +147,25 @@ def render(rows: list[dict]) -> str:
     r = latest.get(cell)
     measured.add(cell)
     if r is None:
-      lines.append(f"| {label} | {topo} | {rules} ({mesh_for(topo, rules)}) | {variant or '-'} | not yet measured | | | | | | | "
+      lines.append(f"| {label} | {topo} | {rules_label(topo, rules)} | {variant or '-'} | not yet measured | | | | | | | "
                    f"{paper or ''} | |")
       continue
     at = r["commit"] + (" (+ uncommitted: " + ", ".join(Path(p).name for p in r["uncommitted"]) + ")"
                         if r.get("uncommitted") else "")
     if "report" not in r:
-      lines.append(f"| {label} | {topo} | {rules} ({mesh_for(topo, rules)}) | {variant or '-'} | error: {r.get('error', '')[:80]} | | | | | | | "
+      lines.append(f"| {label} | {topo} | {rules_label(topo, rules)} | {variant or '-'} | error: {r.get('error', '')[:80]} | | | | | | | "
                    f"{paper or ''} | {at} |")
       continue
     t = r["report"]["steps"]["train"]
     if not t["fits"]:
       need = t.get("needs_bytes")
-      lines.append(f"| {label} | {topo} | {rules} ({mesh_for(topo, rules)}) | {variant or '-'} | no | "
+      lines.append(f"| {label} | {topo} | {rules_label(topo, rules)} | {variant or '-'} | no | "
                    f"{_fmt(need and need / 2 ** 30, '.2f')} | | | | | | {paper or ''} | {at} |")
       continue
     step = t.get("optimal_seconds")
     ref = base_step.get((topo, rules, variant))
     ratio = f"{step / ref:.2f}" if step and ref else ""
-    lines.append(f"| {label} | {topo} | {rules} ({mesh_for(topo, rules)}) | {variant or '-'} | yes | {t['memory']['total_bytes'] / 2 ** 30:.2f} | "
+    lines.append(f"| {label} | {topo} | {rules_label(topo, rules)} | {variant or '-'} | yes | {t['memory']['total_bytes'] / 2 ** 30:.2f} | "
                  f"{_fmt(t['memory'].get('peak_bytes') and t['memory']['peak_bytes'] / 2 ** 30, '.2f')} | "
                  f"{step * 1e3:.1f} | {t.get('est_steps_per_s', 0):.2f} | {ratio} | "
                  f"{_fmt(t.get('est_mfu') and 100 * t['est_mfu'], '.1f')}{'%' if t.get('est_mfu') else ''} | "
