@@ -247,6 +247,7 @@ def compile_run(settings: Mapping[str, Any], topology: str, *, num_slices: int =
   used_rules = partitioning.rules_kind(partitioning.rules_for(jmesh))
   lengths = dict(settings["feature_lengths"])
   batch_size = int(settings["batch_size"])
+  partitioning.check_batch_size(batch_size, jmesh)
   pack = trainer._packing(model, settings.get("pack", True) is not False)
   tx = trainer._optimizer(model, settings.get("optimizer") or _default_optimizer(), settings.get("learning_rate"))
   schedule = settings.get("learning_rate") if callable(settings.get("learning_rate")) else None

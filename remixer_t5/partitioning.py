@@ -14,18 +14,31 @@ Presets (`make_mesh(shape=NAME)`, `mesh_spec(preset=NAME)`, gin/partitioning/NAM
 
   preset      devices     (data, model)  rules       for
   cpu         all local   (N, 1)         data        tests, demos
-  tpu_v3_8    8 cores     (8, 1)         data_model  v3-8 (4 chips x 2 cores); small and base models
-  tpu_v3_32   32 cores    (32, 1)        fsdp        the paper's 16 v3 chips; base-size models, batch 128
-  tpu_v3_128  128 cores   (32, 4)        fsdp        v3-128 (64 chips); large and xl models
+  tpu_v3_8    8 cores     (8, 1)         fsdp        v3-8 (4 chips x 2 cores); base (large: tpu_v3_8_large.gin)
+  tpu_v3_32   32 cores    (32, 1)        fsdp        the paper's 16 v3 chips; base and large, batch 128
+  tpu_v3_128  128 cores   (128, 1)       fsdp        v3-128 (64 chips); base and large
   gpu_8       8 GPUs      (8, 1)         fsdp        one 8-GPU host (ZeRO-3-like parameter sharding)
 
-How the TPU presets were chosen: the fastest setting that fits, by XLA's estimate of the compiled pretraining
-step (batch 128, 512/114, bf16 activations, Adafactor; `remixer-t5 compile`, table in docs/benchmarks.md made by
-scripts/tpu_cost_table.py). tpu_v3_32: fsdp, from the table's row "T5.1.1-base | v3-32 | fsdp (32x1)" (75.9 ms,
-3.36 GiB per core, commit 1efc09f) against "T5.1.1-base | v3-32 | data_model (8x4)" (138.8 ms) and data_model
-on the same (32, 1) mesh (88 ms, issue 10's compile of the same step); with one mesh axis data_model is pure data
-parallelism, and fsdp also shards the parameters and Adafactor statistics over 'data'. tpu_v3_8 and tpu_v3_128 are not yet decided by the table (their rows are not
-measured); they keep data_model (8, 1) and fsdp (32, 4).
+How the TPU presets were chosen: for each slice and model size, the fastest setting that fits, by XLA's
+estimate of the compiled pretraining step (batch 128, 512/114, bf16 activations, Adafactor; `remixer-t5
+compile`; the rows below are from the table in docs/benchmarks.md that scripts/tpu_cost_table.py makes, step
+time and GiB per core):
+
+  slice   T5.1.1   fsdp (N, 1)       data (N, 1)     data_model (N/4, 4)   fsdp (N/4, 4)   fsdp + remat 'full'
+  v3-8    base     287.1 ms 13.6     297.0 ms 9.4    541.3 ms 11.0         -               -
+  v3-8    large    needs 19.3 GiB    -               -                     -               1129.5 ms 12.9
+  v3-32   base     75.9 ms 3.4       -               138.8 ms 6.5          -               -
+  v3-32   large    211.2 ms 7.1      -               -                     -               -
+  v3-128  base     27.6 ms 1.6       -               38.5 ms 1.8           36.6 ms 1.7     -
+  v3-128  large    78.1 ms 4.2       -               -                     -               -
+
+fsdp over every core is the fastest wherever it fits: a 'model' axis only adds communication at these sizes.
+T5.1.1-large does not fit a v3-8 without rematerialisation, so gin/partitioning/tpu_v3_8_large.gin adds
+`T5Config.remat_policy='full'` to tpu_v3_8. T5.1.1-xl's rows, and the cells marked '-', are not measured yet
+(the table's script measures them next): check an xl run with `remixer-t5 compile --topology ...` before
+paying for a slice; when it does not fit, the command's hints name remat, microbatches and bigger slices. With one mesh axis data_model is pure data parallelism (the same program as
+data), and fsdp also shards the parameters and Adafactor statistics over 'data'. A slice's global batch must
+be a multiple of its data axis (128 on v3-128: `check_batch_size` says so by name).
 
 A dimension that its mesh axes do not divide is replicated instead (logged per parameter): jit refuses
 uneven parameter shardings. `make_mesh` remembers the rules it was asked for, and the functions below default
@@ -93,9 +106,9 @@ class Preset:
 
 PRESETS: dict[str, Preset] = {
     "cpu": Preset(None, "data", "all local devices, data parallel"),
-    "tpu_v3_8": Preset((8, 1), "data_model", "TPU v3-8: 4 chips x 2 cores"),
+    "tpu_v3_8": Preset((8, 1), "fsdp", "TPU v3-8: 4 chips x 2 cores"),
     "tpu_v3_32": Preset((32, 1), "fsdp", "TPU v3-32: the paper's 16 chips = 32 cores"),
-    "tpu_v3_128": Preset((32, 4), "fsdp", "TPU v3-128: 64 chips = 128 cores"),
+    "tpu_v3_128": Preset((128, 1), "fsdp", "TPU v3-128: 64 chips = 128 cores"),
     "gpu_8": Preset((8, 1), "fsdp", "one host with 8 GPUs"),
 }
 
@@ -383,6 +396,24 @@ def opt_state_shardings(abstract_state, params, param_sh, mesh):
 def data_sharding(mesh, rules: str | Rules | None = None) -> NamedSharding:
   """Batch-major arrays: split as the rules place 'batch' (over 'data', or every device for 'data' rules)."""
   return NamedSharding(mesh, nn.logical_to_mesh_axes(("batch",), rules_for(mesh, rules)))
+
+
+def batch_shards(mesh, rules: str | Rules | None = None) -> int:
+  """How many ways the rules split the batch on `mesh` (the product of the mesh axes 'batch' maps to)."""
+  axes = data_sharding(mesh, rules).spec[0]
+  axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+  return math.prod(dict(mesh.shape)[a] for a in axes)
+
+
+def check_batch_size(batch_size: int, mesh, rules: str | Rules | None = None) -> None:
+  """A global batch must split evenly over the batch's mesh axes; say so before jit does, in gin's words."""
+  n = batch_shards(mesh, rules)
+  if batch_size % n:
+    raise ValueError(
+        f"BATCH_SIZE={batch_size} does not split over the mesh {dict(mesh.shape)}: the "
+        f"{rules_kind(rules_for(mesh, rules))!r} rules place the batch on {n} devices, so the global batch must be "
+        f"a multiple of {n}; use --gin.BATCH_SIZE={max(n, batch_size // n * n)} (or {-(-batch_size // n) * n}), "
+        "or a mesh with fewer data shards (e.g. a 'model' axis: mesh_spec.shape='DxM')")
 
 
 def replicated(mesh) -> NamedSharding:

@@ -210,6 +210,7 @@ def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature
     checkpoints.atomic_write_text(Path(model_dir) / "config.gin", config_text)
 
   mesh = partitioning.make_mesh(num_partitions, mesh_shape)
+  partitioning.check_batch_size(batch_size, mesh)
   schedule = learning_rate if callable(learning_rate) else None
   tx = _optimizer(model, optimizer, learning_rate)
   prog = program(model, tx, schedule, feature_lengths, mesh, num_microbatches)
@@ -550,6 +551,7 @@ def evaluate_checkpoint(*, model_dir: str, model: EncoderDecoderModel, task_name
   vocab = task.output_features["targets"].vocabulary
   pack = _packing(model, pack)
   mesh = partitioning.make_mesh(num_partitions, mesh_shape)
+  partitioning.check_batch_size(batch_size, mesh)
   ckpt = checkpoints.Checkpointer(model_dir)
   if ckpt.latest_step() is None:
     raise FileNotFoundError(f"no checkpoint in {ckpt.directory}; train first or pass the right MODEL_DIR")

@@ -129,3 +129,12 @@ def test_the_compiled_batch_is_the_one_the_input_pipeline_gives(pack, embedded_e
   shapes = trainer.batch_shapes(lengths, 4, pack)
   assert {k: (v.shape, v.dtype.name) for k, v in real.items()} == \
       {k: (v.shape, v.dtype.name) for k, v in shapes.items()}
+
+
+def test_a_batch_that_does_not_split_over_the_slice_is_refused_by_name(capsys):
+  # v3-8's 8 cores take the batch 8 ways: a global batch of 12 cannot be split evenly.
+  code = cli.main(["compile", *TINY, "--gin.BATCH_SIZE=12", "--topology", "v3-8"])
+  err = capsys.readouterr().err
+  assert code != 0
+  assert "BATCH_SIZE=12 does not split over the mesh {'data': 8, 'model': 1}" in err
+  assert "multiple of 8" in err and "--gin.BATCH_SIZE=8 (or 16)" in err

@@ -67,9 +67,9 @@ def test_data_rules_replicate_parameters_and_split_the_batch_everywhere():
 def test_presets_give_documented_meshes_and_a_mismatch_names_both_counts():
   plan = lambda s, n=None: partitioning.mesh_plan(1, s, n)
   kind = lambda s, n=None: partitioning.rules_kind(plan(s, n)[1])
-  assert plan("tpu_v3_8", 8)[0] == (8, 1) and kind("tpu_v3_8") == "data_model"
+  assert plan("tpu_v3_8", 8)[0] == (8, 1) and kind("tpu_v3_8") == "fsdp"
   assert plan("tpu_v3_32", 32)[0] == (32, 1) and kind("tpu_v3_32") == "fsdp"
-  assert plan("tpu_v3_128", 128)[0] == (32, 4) and kind("tpu_v3_128") == "fsdp"
+  assert plan("tpu_v3_128", 128)[0] == (128, 1) and kind("tpu_v3_128") == "fsdp"
   assert plan("gpu_8", 8)[0] == (8, 1) and kind("gpu_8") == "fsdp"
   assert plan("cpu", 3)[0] == (3, 1) and kind("cpu") == "data"
   assert plan("4x2")[0] == (4, 2) and plan((2, 4))[0] == (2, 4)
@@ -196,8 +196,8 @@ def test_partitioning_gin_files_bind_the_trainer_mesh():
   import gin
   from remixer_t5 import gin_utils
   expect = {"data_parallel": (None, "data"), "data_model": (None, "data_model"), "fsdp": (None, "fsdp"),
-            "tpu_v3_8": ((8, 1), "data_model"), "tpu_v3_32": ((32, 1), "fsdp"),
-            "tpu_v3_128": ((32, 4), "fsdp"), "gpu_8": ((8, 1), "fsdp")}
+            "tpu_v3_8": ((8, 1), "fsdp"), "tpu_v3_8_large": ((8, 1), "fsdp"), "tpu_v3_32": ((32, 1), "fsdp"),
+            "tpu_v3_128": ((128, 1), "fsdp"), "gpu_8": ((8, 1), "fsdp")}
   for name, (shape, kind) in expect.items():
     gin_utils.parse_gin(["models/t5_1_1/tiny.gin", "runs/pretrain.gin", f"partitioning/{name}.gin"],
                         ["MODEL_DIR='/tmp/unused'"])
@@ -205,10 +205,13 @@ def test_partitioning_gin_files_bind_the_trainer_mesh():
       spec = gin.query_parameter(f"trainer.{fn}.mesh_shape").scoped_configurable_fn()
       plan, rules = partitioning.mesh_plan(1, spec, None)
       assert (shape is None or plan == shape) and partitioning.rules_kind(rules) == kind, (name, fn)
+    # Only the large-model file turns rematerialisation on (it does not fit a v3-8 core without it).
+    remat = gin.query_parameter("network.T5Config.remat_policy") if name == "tpu_v3_8_large" else None
+    assert remat == ("full" if name == "tpu_v3_8_large" else None), name
   gin_utils.parse_gin(["models/t5_1_1/tiny.gin", "runs/pretrain.gin", "partitioning/tpu_v3_128.gin",
                        "partitioning/data_parallel.gin"], ["MODEL_DIR='/tmp/unused'"])
   plan, rules = partitioning.mesh_plan(1, gin.query_parameter("trainer.train.mesh_shape").scoped_configurable_fn())
-  assert plan == (32, 4) and partitioning.rules_kind(rules) == "data"
+  assert plan == (128, 1) and partitioning.rules_kind(rules) == "data"
   gin.clear_config()
 
 
@@ -310,3 +313,16 @@ def test_meshes_rule_kinds_and_fsdp_training_on_8_devices():
   out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-4000:]
   assert "OK" in out.stdout, out.stdout
+
+
+def test_batch_shards_follow_the_rules_and_bad_batches_are_named():
+  from jax.sharding import AbstractMesh, AxisType
+  mesh = AbstractMesh((32, 4), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+  assert partitioning.batch_shards(mesh, "fsdp") == 32           # batch over 'data' only
+  assert partitioning.batch_shards(mesh, "data_model") == 32
+  assert partitioning.batch_shards(mesh, "data") == 128          # batch over every device
+  partitioning.check_batch_size(128, mesh, "data")
+  partitioning.check_batch_size(96, mesh, "fsdp")
+  with pytest.raises(ValueError, match=r"BATCH_SIZE=96 does not split .*'data' rules place the batch on 128 "
+                                       r"devices.*multiple of 128"):
+    partitioning.check_batch_size(96, mesh, "data")
