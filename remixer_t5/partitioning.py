@@ -15,8 +15,8 @@ Presets (`make_mesh(shape=NAME)`, `mesh_spec(preset=NAME)`, gin/partitioning/NAM
   preset      devices     (data, model)  rules       for
   cpu         all local   (N, 1)         data        tests, demos
   tpu_v3_8    8 cores     (8, 1)         fsdp        v3-8 (4 chips x 2 cores); base (large: tpu_v3_8_large.gin)
-  tpu_v3_32   32 cores    (32, 1)        fsdp        the paper's 16 v3 chips; base and large, batch 128
-  tpu_v3_128  128 cores   (128, 1)       fsdp        v3-128 (64 chips); base and large
+  tpu_v3_32   32 cores    (32, 1)        fsdp        the paper's 16 v3 chips; base to xl, batch 128
+  tpu_v3_128  128 cores   (128, 1)       fsdp        v3-128 (64 chips); base to xl
   gpu_8       8 GPUs      (8, 1)         fsdp        one 8-GPU host (ZeRO-3-like parameter sharding)
 
 How the TPU presets were chosen: for each slice and model size, the fastest setting that fits, by XLA's
@@ -29,13 +29,15 @@ time and GiB per core):
   v3-8    large    needs 19.3 GiB    -               -                     -               1129.5 ms 12.9
   v3-32   base     75.9 ms 3.4       -               138.8 ms 6.5          -               -
   v3-32   large    211.2 ms 7.1      -               -                     -               -
+  v3-32   xl       571.8 ms 12.3     -               -                     -               -
   v3-128  base     27.6 ms 1.6       -               38.5 ms 1.8           36.6 ms 1.7     -
   v3-128  large    78.1 ms 4.2       -               -                     -               -
+  v3-128  xl       207.8 ms 7.4      -               -                     -               -
 
 fsdp over every core is the fastest wherever it fits: a 'model' axis only adds communication at these sizes.
 T5.1.1-large does not fit a v3-8 without rematerialisation, so gin/partitioning/tpu_v3_8_large.gin adds
-`T5Config.remat_policy='full'` to tpu_v3_8. T5.1.1-xl's rows, and the cells marked '-', are not measured yet
-(the table's script measures them next): check an xl run with `remixer-t5 compile --topology ...` before
+`T5Config.remat_policy='full'` to tpu_v3_8. T5.1.1-xl on a v3-8, and the cells marked '-', are not measured
+yet (the table's script measures them next): check such a run with `remixer-t5 compile --topology ...` before
 paying for a slice; when it does not fit, the command's hints name remat, microbatches and bigger slices. With one mesh axis data_model is pure data parallelism (the same program as
 data), and fsdp also shards the parameters and Adafactor statistics over 'data'. A slice's global batch must
 be a multiple of its data axis (128 on v3-128: `check_batch_size` says so by name).
