@@ -34,7 +34,8 @@ time and GiB per core):
   v3-128  large    78.1 ms 4.2       -               -                     -               -
   v3-128  xl       207.8 ms 7.4      -               -                     -               -
 
-fsdp over every core is the fastest wherever it fits: a 'model' axis only adds communication at these sizes.
+For T5.1.1-base, fsdp over every core is the fastest on every slice (a 'model' axis only adds communication at
+this size); for large and xl only fsdp is measured yet, and it fits everywhere but large on a v3-8.
 T5.1.1-large does not fit a v3-8 without rematerialisation, so gin/partitioning/tpu_v3_8_large.gin adds
 `T5Config.remat_policy='full'` to tpu_v3_8. T5.1.1-xl on a v3-8, and the cells marked '-', are not measured
 yet (the table's script measures them next): check such a run with `remixer-t5 compile --topology ...` before
