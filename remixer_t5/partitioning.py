@@ -16,7 +16,8 @@ Presets (`make_mesh(shape=NAME)`, `mesh_spec(preset=NAME)`, gin/partitioning/NAM
   cpu         all local   (N, 1)         data        tests, demos
   tpu_v3_8    8 cores     (8, 1)         fsdp        v3-8 (4 chips x 2 cores); base (large: tpu_v3_8_large.gin)
   tpu_v3_32   32 cores    (32, 1)        fsdp        the paper's 16 v3 chips; base to xl, batch 128
-  tpu_v3_128  128 cores   (128, 1)       fsdp        v3-128 (64 chips); base to xl
+  tpu_v3_128  128 cores   (128, 1)       fsdp        v3-128 (64 chips); base and large
+  tpu_v3_128_xl 128 cores (32, 4)        fsdp        v3-128 for xl-sized models
   gpu_8       8 GPUs      (8, 1)         fsdp        one 8-GPU host (ZeRO-3-like parameter sharding)
 
 How the TPU presets were chosen: for each slice and model size, the fastest setting that fits, by XLA's
@@ -28,14 +29,15 @@ time and GiB per core):
   v3-8    base     287.1 ms 13.6     297.0 ms 9.4    541.3 ms 11.0         -               -
   v3-8    large    needs 19.3 GiB    -               -                     -               1129.5 ms 12.9
   v3-32   base     75.9 ms 3.4       -               138.8 ms 6.5          -               -
-  v3-32   large    211.2 ms 7.1      -               -                     -               -
-  v3-32   xl       571.8 ms 12.3     -               -                     -               -
+  v3-32   large    211.2 ms 7.1      -               339.3 ms 11.4         -               -
+  v3-32   xl       571.8 ms 12.3     -               737.0 ms 13.8         -               -
   v3-128  base     27.6 ms 1.6       -               38.5 ms 1.8           36.6 ms 1.7     -
-  v3-128  large    78.1 ms 4.2       -               -                     -               -
-  v3-128  xl       207.8 ms 7.4      -               -                     -               -
+  v3-128  large    78.1 ms 4.2       -               -                     86.7 ms 3.3     -
+  v3-128  xl       207.8 ms 7.4      -               -                     185.6 ms 5.3    -
 
-For T5.1.1-base, fsdp over every core is the fastest on every slice (a 'model' axis only adds communication at
-this size); for large and xl only fsdp is measured yet, and it fits everywhere but large on a v3-8.
+fsdp over every core is the fastest wherever it fits, with one exception: T5.1.1-xl on a v3-128 is faster with
+a 4-way 'model' axis (185.6 against 207.8 ms), hence the tpu_v3_128_xl preset. At base and large sizes a
+'model' axis only adds communication.
 T5.1.1-large does not fit a v3-8 without rematerialisation, so gin/partitioning/tpu_v3_8_large.gin adds
 `T5Config.remat_policy='full'` to tpu_v3_8. T5.1.1-xl on a v3-8, and the cells marked '-', are not measured
 yet (the table's script measures them next): check such a run with `remixer-t5 compile --topology ...` before
@@ -112,6 +114,7 @@ PRESETS: dict[str, Preset] = {
     "tpu_v3_8": Preset((8, 1), "fsdp", "TPU v3-8: 4 chips x 2 cores"),
     "tpu_v3_32": Preset((32, 1), "fsdp", "TPU v3-32: the paper's 16 chips = 32 cores"),
     "tpu_v3_128": Preset((128, 1), "fsdp", "TPU v3-128: 64 chips = 128 cores"),
+    "tpu_v3_128_xl": Preset((32, 4), "fsdp", "TPU v3-128 for xl-sized models: 64 chips = 128 cores"),
     "gpu_8": Preset((8, 1), "fsdp", "one host with 8 GPUs"),
 }
 

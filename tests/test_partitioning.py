@@ -70,6 +70,7 @@ def test_presets_give_documented_meshes_and_a_mismatch_names_both_counts():
   assert plan("tpu_v3_8", 8)[0] == (8, 1) and kind("tpu_v3_8") == "fsdp"
   assert plan("tpu_v3_32", 32)[0] == (32, 1) and kind("tpu_v3_32") == "fsdp"
   assert plan("tpu_v3_128", 128)[0] == (128, 1) and kind("tpu_v3_128") == "fsdp"
+  assert plan("tpu_v3_128_xl", 128)[0] == (32, 4) and kind("tpu_v3_128_xl") == "fsdp"
   assert plan("gpu_8", 8)[0] == (8, 1) and kind("gpu_8") == "fsdp"
   assert plan("cpu", 3)[0] == (3, 1) and kind("cpu") == "data"
   assert plan("4x2")[0] == (4, 2) and plan((2, 4))[0] == (2, 4)
@@ -197,7 +198,7 @@ def test_partitioning_gin_files_bind_the_trainer_mesh():
   from remixer_t5 import gin_utils
   expect = {"data_parallel": (None, "data"), "data_model": (None, "data_model"), "fsdp": (None, "fsdp"),
             "tpu_v3_8": ((8, 1), "fsdp"), "tpu_v3_8_large": ((8, 1), "fsdp"), "tpu_v3_32": ((32, 1), "fsdp"),
-            "tpu_v3_128": ((128, 1), "fsdp"), "gpu_8": ((8, 1), "fsdp")}
+            "tpu_v3_128": ((128, 1), "fsdp"), "tpu_v3_128_xl": ((32, 4), "fsdp"), "gpu_8": ((8, 1), "fsdp")}
   for name, (shape, kind) in expect.items():
     gin_utils.parse_gin(["models/t5_1_1/tiny.gin", "runs/pretrain.gin", f"partitioning/{name}.gin"],
                         ["MODEL_DIR='/tmp/unused'"])
