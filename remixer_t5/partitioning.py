@@ -27,7 +27,8 @@ time and GiB per core):
 
   slice   T5.1.1   fsdp (N, 1)       data (N, 1)     data_model (N/4, 4)   fsdp (N/4, 4)   fsdp + remat 'full'
   v3-8    base     287.1 ms 13.6     297.0 ms 9.4    541.3 ms 11.0         -               -
-  v3-8    large    needs 19.3 GiB    -               -                     -               1129.5 ms 12.9
+  v3-8    large    needs 19.3 GiB    -               needs 19.9 GiB        -               1129.5 ms 12.9
+  v3-8    xl       needs 42.6 GiB    -               -                     -               needs 18.6 GiB
   v3-32   base     75.9 ms 3.4       -               138.8 ms 6.5          -               -
   v3-32   large    211.2 ms 7.1      -               339.3 ms 11.4         -               -
   v3-32   xl       571.8 ms 12.3     -               737.0 ms 13.8         -               -
@@ -39,9 +40,10 @@ fsdp over every core is the fastest wherever it fits, with one exception: T5.1.1
 a 4-way 'model' axis (185.6 against 207.8 ms), hence the tpu_v3_128_xl preset. At base and large sizes a
 'model' axis only adds communication.
 T5.1.1-large does not fit a v3-8 without rematerialisation, so gin/partitioning/tpu_v3_8_large.gin adds
-`T5Config.remat_policy='full'` to tpu_v3_8. T5.1.1-xl on a v3-8, and the cells marked '-', are not measured
-yet (the table's script measures them next): check such a run with `remixer-t5 compile --topology ...` before
-paying for a slice; when it does not fit, the command's hints name remat, microbatches and bigger slices. With one mesh axis data_model is pure data parallelism (the same program as
+`T5Config.remat_policy='full'` to tpu_v3_8. T5.1.1-xl does not fit a v3-8 even rematerialised (18.6 GiB per core
+at batch 128; microbatches untried): use a bigger slice. The cells marked '-' are not measured yet (the table's
+script measures them next): check such a run with `remixer-t5 compile --topology ...` before paying for a
+slice; when it does not fit, the command's hints name remat, microbatches and bigger slices. With one mesh axis data_model is pure data parallelism (the same program as
 data), and fsdp also shards the parameters and Adafactor statistics over 'data'. A slice's global batch must
 be a multiple of its data axis (128 on v3-128: `check_batch_size` says so by name).
 

@@ -181,6 +181,11 @@ def render(rows: list[dict]) -> str:
                    f"{_fmt(need and need / 2 ** 30, '.2f')} | | | | | | {paper or ''} | {at} |")
       continue
     step = t.get("optimal_seconds")
+    if variant == "scan":  # XLA's cost model counts a while loop's body once: no step time to print
+      lines.append(f"| {label} | {topo} | {rules_label(topo, rules)} | scan | yes | {t['memory']['total_bytes'] / 2 ** 30:.2f} | "
+                   f"{_fmt(t['memory'].get('peak_bytes') and t['memory']['peak_bytes'] / 2 ** 30, '.2f')} | "
+                   f"n/a (XLA counts the scanned body once) | | | | {paper or ''} | {at} |")
+      continue
     ref = base_step.get((topo, rules, variant))
     ratio = f"{step / ref:.2f}" if step and ref else ""
     lines.append(f"| {label} | {topo} | {rules_label(topo, rules)} | {variant or '-'} | yes | {t['memory']['total_bytes'] / 2 ** 30:.2f} | "
