@@ -138,3 +138,16 @@ def test_a_batch_that_does_not_split_over_the_slice_is_refused_by_name(capsys):
   assert code != 0
   assert "BATCH_SIZE=12 does not split over the mesh {'data': 8, 'model': 1}" in err
   assert "multiple of 8" in err and "--gin.BATCH_SIZE=8 (or 16)" in err
+
+
+def test_a_scanned_stack_gets_no_step_time_from_a_loop_counted_once(capsys):
+  # XLA's cost model counts a scanned stack's body once (issue 10: 0.035 s "estimated" for a 0.076 s step), so
+  # the report must not turn it into steps/s or an MFU; memory and model FLOPs are still exact.
+  assert cli.main(["compile", *TINY, "--gin.network.T5Config.scan_layers=True", "--topology", "v3-8",
+                   "--json"]) == 0
+  train = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"]["train"]
+  assert "est_steps_per_s" not in train and "est_mfu" not in train
+  assert "loop body once" in train["estimate_note"]
+  assert train["memory"]["total_bytes"] > 0 and train["model_flops_per_step"] > 0
+  assert cli.main(["compile", *TINY, "--gin.network.T5Config.scan_layers=True", "--topology", "v3-8"]) == 0
+  assert "no estimated step time: the layers are scanned" in capsys.readouterr().out
