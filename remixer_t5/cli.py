@@ -397,7 +397,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from remixer_t5 import host_memory
     host_memory.pin_cpu_without_tpu_chips()  # libtpu without TPU chips (the .[tpu] extra): no TPU runtime start
     if args.command in ("train", "eval", "plot", "bench", "repro"):
-      from remixer_t5 import host_memory  # before JAX starts its threads: see host_memory's docstring
+      # before JAX starts its threads: see host_memory's docstring
       host_memory.configure(log=lambda m: print(m, file=sys.stderr, flush=True))
       from remixer_t5 import xla_cpu  # before JAX starts its backend: XLA reads $XLA_FLAGS once
       xla_cpu.configure(log=lambda m: print(m, file=sys.stderr, flush=True))

@@ -43,8 +43,9 @@ T5.1.1-large does not fit a v3-8 without rematerialisation, so gin/partitioning/
 `T5Config.remat_policy='full'` to tpu_v3_8. T5.1.1-xl does not fit a v3-8 even rematerialised (18.6 GiB per core
 at batch 128; microbatches untried): use a bigger slice. The cells marked '-' are not measured yet (the table's
 script measures them next): check such a run with `remixer-t5 compile --topology ...` before paying for a
-slice; when it does not fit, the command's hints name remat, microbatches and bigger slices. With one mesh axis data_model is pure data parallelism (the same program as
-data), and fsdp also shards the parameters and Adafactor statistics over 'data'. A slice's global batch must
+slice; when it does not fit, the command's hints name remat, microbatches and bigger slices. With one mesh axis
+data_model is pure data parallelism (the same program as data), and fsdp also shards the parameters and
+Adafactor statistics over 'data'. A slice's global batch must
 be a multiple of its data axis (128 on v3-128: `check_batch_size` says so by name).
 
 A dimension that its mesh axes do not divide is replicated instead (logged per parameter): jit refuses

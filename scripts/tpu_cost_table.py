@@ -158,13 +158,11 @@ def render(rows: list[dict]) -> str:
           "| est. MFU | paper steps/s (16 v3 chips) | measured at |\n"
           "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
   lines = [head]
-  measured = set()
   missing: list = []
   for cell in cells():
     name, topo, rules, variant = cell
     label, paper = MODELS[name][1], (MODELS[name][2] if topo == "v3-32" else None)
     r = latest.get(cell)
-    measured.add(cell)
     if r is None:
       missing.append(cell)
       continue
@@ -180,17 +178,16 @@ def render(rows: list[dict]) -> str:
       lines.append(f"| {label} | {topo} | {rules_label(topo, rules)} | {variant or '-'} | no | "
                    f"{_fmt(need and need / 2 ** 30, '.2f')} | | | | | | {paper or ''} | {at} |")
       continue
-    step = t.get("optimal_seconds")
-    if variant == "scan":  # XLA's cost model counts a while loop's body once: no step time to print
-      lines.append(f"| {label} | {topo} | {rules_label(topo, rules)} | scan | yes | {t['memory']['total_bytes'] / 2 ** 30:.2f} | "
-                   f"{_fmt(t['memory'].get('peak_bytes') and t['memory']['peak_bytes'] / 2 ** 30, '.2f')} | "
-                   f"n/a (XLA counts the scanned body once) | | | | {paper or ''} | {at} |")
+    row = f"| {label} | {topo} | {rules_label(topo, rules)} | {variant or '-'} | yes | " \
+          f"{t['memory']['total_bytes'] / 2 ** 30:.2f} | " \
+          f"{_fmt(t['memory'].get('peak_bytes') and t['memory']['peak_bytes'] / 2 ** 30, '.2f')} | "
+    if "est_steps_per_s" not in t:  # a loop XLA's cost model counts once (scanned layers): no step time
+      lines.append(row + f"n/a (XLA counts the scanned body once) | | | | {paper or ''} | {at} |")
       continue
+    step = t["optimal_seconds"]
     ref = base_step.get((topo, rules, variant))
     ratio = f"{step / ref:.2f}" if step and ref else ""
-    lines.append(f"| {label} | {topo} | {rules_label(topo, rules)} | {variant or '-'} | yes | {t['memory']['total_bytes'] / 2 ** 30:.2f} | "
-                 f"{_fmt(t['memory'].get('peak_bytes') and t['memory']['peak_bytes'] / 2 ** 30, '.2f')} | "
-                 f"{step * 1e3:.1f} | {t.get('est_steps_per_s', 0):.2f} | {ratio} | "
+    lines.append(row + f"{step * 1e3:.1f} | {t['est_steps_per_s']:.2f} | {ratio} | "
                  f"{_fmt(t.get('est_mfu') and 100 * t['est_mfu'], '.1f')}{'%' if t.get('est_mfu') else ''} | "
                  f"{paper or ''} | {at} |")
   if missing:

@@ -401,6 +401,8 @@ def plot_errors(records: Sequence[dict], path: Path) -> None:
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
+  from remixer_t5 import plots
   fig, ax = plt.subplots(figsize=(5.5, 4))
   by: dict[str, dict[int, list[float]]] = {}
   for r in records:
@@ -421,8 +423,7 @@ def plot_errors(records: Sequence[dict], path: Path) -> None:
   ax.legend()
   ax.grid(True, which="both", alpha=0.3)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  plots.save_png(fig, path, dpi=110)
 
 
 def plot_maps(maps: dict, test: dict, settings: SweepSettings, map_size: int, path: Path) -> None:
@@ -431,6 +432,8 @@ def plot_maps(maps: dict, test: dict, settings: SweepSettings, map_size: int, pa
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
+  from remixer_t5 import plots
   L = settings.spec.length
   panels = []
   if "attention" in maps:
@@ -471,8 +474,7 @@ def plot_maps(maps: dict, test: dict, settings: SweepSettings, map_size: int, pa
     a.set_ylim(L - 0.5, -0.5)
   fig.suptitle(f"after {map_size:,} training examples (seed {settings.seeds[0]})", fontsize=9)
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
+  plots.save_png(fig, path, dpi=100)
 
 
 # --- command line -----------------------------------------------------------------------------------------
