@@ -85,12 +85,15 @@ PRESET_CELLS = [
 
 def cells() -> list[tuple[str, str, str, str]]:
   """(model, topology, rules, variant) in the order they are measured: the paper's v3-32 comparison first, then
-  the cells that choose the tpu_v3_* presets (T5.1.1 base/large/xl on every slice, rule set and memory variant),
-  then every other architecture on the other rule sets and slices."""
+  the cells that choose the tpu_v3_* presets, then every architecture under those presets' rules (fsdp) on v3-8
+  and v3-128 and under data_model on v3-32, then T5.1.1's remaining settings, then every other cell."""
   first = ["t5_1_1_base", "remixer_sbase", "remixer_base"]
   out = [(m, "v3-32", "fsdp", "") for m in first] + [("t5_1_1_base", "v3-32", "data_model", "")]
   out += [(m, "v3-32", "fsdp", "") for m in BASE if m not in first]
   out += PRESET_CELLS
+  for topo in ("v3-8", "v3-128"):   # every architecture under each slice's preset rules
+    out += [(m, topo, "fsdp", "") for m in BASE]
+  out += [(m, "v3-32", "data_model", "") for m in BASE]
   for topo in ("v3-8", "v3-32", "v3-128"):   # the rest of T5.1.1's settings
     for m in T5_SIZES:
       for rules in ("fsdp", "data_model", "data", "fsdp_model"):
