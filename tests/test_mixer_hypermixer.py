@@ -178,6 +178,24 @@ def test_cost_is_linear_in_length_and_causal_memory_is_bounded_by_the_chunk():
     assert ((batch, CHUNK, H, D) in shapes) == causal
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradient_keeps_inputs_once_not_per_scan_step(causal):
+  """What the backward pass saves from the forward does not grow with the number of scan steps: the packed form
+  scans over segment ids (length / segment_block steps) and the causal form over chunks; a checkpoint inside the
+  packed form's cond once made the scan keep W1, W2 and X for every step (35x the inputs here)."""
+  batch, length = 2, 64
+  x = inputs(batch, length)
+  seg = np.repeat(np.arange(1, 5), length // 4)[None].repeat(batch, 0)  # 4 packed segments per row
+  ctx = ctx_for(np.ones((batch, length)), q_seg=seg, causal=causal)
+  mod, p = module("tied_ln"), params("tied_ln")
+  _, backward = jax.vjp(lambda v, x: mod.apply(v, x, x, ctx), p, x)  # its leaves are what the forward saved
+  saved_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree_util.tree_leaves(backward))
+  # What any implementation keeps: the hypernetwork's activations, W1 (= W2, tied), X and the output, a few
+  # [batch, length, d or d'] arrays; per-step copies would be length / 2 = 32 times W1 + W2 + X.
+  per_token = batch * length * (D + H) * 4
+  assert saved_bytes <= 8 * per_token, (saved_bytes, per_token)
+
+
 @pytest.mark.parametrize("name,length", [("untied_lennorm", 40), ("tied_ln", 37)])
 def test_causal_equals_the_formula_on_every_prefix(name, length):
   # Chunks of 8: several are crossed, and 37 leaves a ragged last one.
