@@ -12,7 +12,9 @@ state) + temporaries + code) against the device's usable HBM, FLOPs per step and
 (`cost_analysis`: `optimal_seconds`, a roofline-style estimate of the step time from FLOPs and bytes accessed;
 an estimate, not a measured step), with the steps/s and MFU it implies. MFU counts model FLOPs
 (mfu.model_flops_per_step: the same whether the stack is scanned or rematerialised); HFU counts XLA's compiled
-FLOPs (only given when the step has no loop: XLA counts a loop body once).
+FLOPs. XLA counts a while loop's body once, so a step with loops (scanned layers, microbatches, a mixer's
+chunked scan: `loops` in the report names them) gets no time estimate, MFU or HFU from it, and a model that
+loops in its own mixers gets model FLOPs marked as a lower bound (`model_flops_note`).
 
 The compile path imports no TensorFlow or seqio (tests/test_compile.py checks); libtpu is the optional extra
 `pip install -e '.[tpu]'`.
@@ -286,10 +288,16 @@ def compile_run(settings: Mapping[str, Any], topology: str, *, num_slices: int =
     row.update(_cost(compiled))
     row["needs_bytes"], row["available_bytes"] = row["memory"]["total_bytes"], acc.hbm_bytes
     row["fits"] = row["needs_bytes"] <= acc.hbm_bytes
-    # XLA's cost model counts a while loop's body once: a scanned stack's step time (and the decode loop's)
-    # would be a fraction of the real one (and its MFU above 100%), so no step time is implied from it.
+    # XLA's cost model counts a while loop's body once: a scanned stack's step time (the decode loop's, a
+    # microbatch loop's, a mixer's chunked scan's) would be a fraction of the real one (and its MFU could pass
+    # 100%), so no step time is implied from it.
+    loops = mfu.compiled_loops(compiled)
+    if loops:
+      row["loops"] = loops
     loop = ("the layers are scanned" if getattr(cfg, "scan_layers", False) else
-            "decoding is a loop over target positions" if name == "decode" else None)
+            "decoding is a loop over target positions" if name == "decode" else
+            f"the step runs {len(loops)} kind(s) of while loop ({'; '.join(loops[:3])}"
+            f"{'; ...' if len(loops) > 3 else ''})" if loops else None)
     if loop:
       row["estimate_note"] = f"{loop}: XLA's cost model counts the loop body once, so its time is not a step time"
     elif row["optimal_seconds"] > 0:
@@ -300,14 +308,15 @@ def compile_run(settings: Mapping[str, Any], topology: str, *, num_slices: int =
     if name == "train":
       row = one("train", prog.train_step, prog.state, batch)
       t0 = time.time()
-      model_flops = mfu.model_flops_per_step(model, trainer.batch_shapes(lengths, batch_size, pack))
+      model_flops, model_loops = mfu.model_flops_and_loops(model, trainer.batch_shapes(lengths, batch_size, pack))
       row.update(model_flops_per_step=model_flops, model_flops_per_device=model_flops / len(devices),
                  model_flops_per_token=model_flops / tokens, model_flops_seconds=time.time() - t0)
-      if row.get("est_steps_per_s") and peak:
+      if model_loops:
+        row["model_flops_note"] = (f"a lower bound: the model itself loops ({model_loops} while loops in the "
+                                   "lowered step, e.g. a mixer's chunked scan) and each loop body counts once")
+      if row.get("est_steps_per_s") and peak and not model_loops:
         row["est_mfu"] = mfu.mfu(row["model_flops_per_device"], row["est_steps_per_s"], peak)
-        whole = not getattr(cfg, "scan_layers", False) and (microbatches or 1) <= 1
-        if whole:
-          row["est_hfu"] = mfu.mfu(row["xla_flops_per_device"], row["est_steps_per_s"], peak)
+        row["est_hfu"] = mfu.mfu(row["xla_flops_per_device"], row["est_steps_per_s"], peak)
     elif name == "eval":
       row = one("eval", prog.eval_step, prog.state.params, batch)
     elif name == "decode":
@@ -355,7 +364,8 @@ def format_report(report: Mapping[str, Any]) -> str:
       continue
     if "model_flops_per_step" in r:
       lines.append(f"  model FLOPs: {r['model_flops_per_step']:.3e} per step, {r['model_flops_per_device']:.3e} "
-                   f"per device, {r['model_flops_per_token']:.3e} per token (fwd+bwd, unscanned, no remat)")
+                   f"per device, {r['model_flops_per_token']:.3e} per token (fwd+bwd, unscanned, no remat)"
+                   + (f"; {r['model_flops_note']}" if r.get("model_flops_note") else ""))
     lines.append(f"  XLA: {r['xla_flops_per_device']:.3e} FLOPs and {r['bytes_accessed_per_device'] / 1e9:.1f} GB "
                  "accessed per device (compiled; a loop body counts once)")
     if r.get("est_steps_per_s"):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 from typing import Mapping
 
 import jax
@@ -82,16 +83,52 @@ def model_flops_per_step(model, batch: Mapping[str, jax.ShapeDtypeStruct]) -> fl
   `model.loss_fn` (no optimizer update, no dropout), from XLA's cost analysis of the lowered computation of the
   same model unscanned and unrematerialised (see the module docstring). Divide by the device count for a
   per-device figure. Lowering traces the model once from shapes (no weights are allocated, nothing compiles).
+  A mixer that loops (HyperMixing's and causal linear attention's chunked scans) is counted one loop body per
+  loop: `model_flops_and_loops` says whether that happened.
   """
+  return model_flops_and_loops(model, batch)[0]
+
+
+def model_flops_and_loops(model, batch: Mapping[str, jax.ShapeDtypeStruct]) -> tuple[float, int]:
+  """(model_flops_per_step, the number of while loops in the lowered step). With loops the count is a lower
+  bound: XLA's cost analysis counts each loop's body once, however many times it runs."""
   plain = _unscanned_unrematerialised(model)
   input_shapes = {k: (1,) + tuple(v.shape[1:]) for k, v in batch.items()
                   if k in ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens")}
   params = jax.eval_shape(lambda rng: plain.init_variables(rng, input_shapes), jax.random.PRNGKey(0))["params"]
   grad = jax.grad(lambda p, b: plain.loss_fn(p, b, None)[0])
-  cost = jax.jit(grad).lower(params, dict(batch)).cost_analysis()
+  lowered = jax.jit(grad).lower(params, dict(batch))
+  cost = lowered.cost_analysis()
   if isinstance(cost, (list, tuple)):
     cost = cost[0] if cost else {}
   flops = float((cost or {}).get("flops", 0.0))
   if flops <= 0:
     raise ValueError("XLA's cost analysis of the lowered train step gave no FLOP count")
-  return flops
+  return flops, lowered.as_text().count("stablehlo.while")
+
+
+# Name-stack parts that say how a computation was transformed, not where it is in the model.
+_TRANSFORM = re.compile(r"^(jit|pjit|jvp|transpose|vmap|remat|checkpoint|cond|while|scan|shard_map)\(.*\)$")
+
+
+def compiled_loops(compiled) -> list[str]:
+  """Where the while loops of a compiled program come from: their op names without transformation wrappers,
+  with layer numbers as `layers_*`, each once ('train_step (its microbatch loop)' for a loop of the step itself).
+  Empty when the program has none. XLA's cost analysis counts a loop's body once, so a program with loops has
+  no whole-step FLOP count or time estimate from it."""
+  try:
+    text = compiled.as_text()
+  except Exception:  # noqa: BLE001 - not every compiled object prints its HLO
+    return []
+  found: list[str] = []
+  for line in text.splitlines():
+    if not re.search(r"\swhile\(", line):
+      continue
+    name = re.search(r'op_name="([^"]*)"', line)
+    parts = [p for p in (name.group(1).split("/") if name else []) if p and not _TRANSFORM.match(p)]
+    if parts and parts[-1] == "while":
+      parts = parts[:-1]
+    where = re.sub(r"layers_\d+", "layers_*", "/".join(parts)) or "train_step (its microbatch loop)"
+    if where not in found:
+      found.append(where)
+  return found

@@ -265,9 +265,13 @@ def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature
   peak = mfu_lib.peak_flops_per_device(override=peak_flops_per_device)
   # MFU counts the model's FLOPs (the same whether the stack is scanned or rematerialised); HFU counts what XLA
   # compiled (recomputation included), where its count is whole (no loop: not scanned, no microbatches).
-  model_flops = (mfu_lib.model_flops_per_step(model, batch_shapes(feature_lengths, batch_size, pack))
-                 / jax.device_count() if peak else None)
-  counts_whole = not _config_flag(model, "scan_layers") and (num_microbatches or 1) <= 1
+  model_flops = None
+  if peak:
+    model_flops, model_loops = mfu_lib.model_flops_and_loops(model, batch_shapes(feature_lengths, batch_size, pack))
+    model_flops /= jax.device_count()
+    if model_loops:
+      log.info(f"mfu is a lower bound: the model's mixers loop ({model_loops} while loops in the step) and "
+               "XLA's cost analysis counts each loop body once")
   step_flops, compiled = None, None
   last: dict[str, float] = {}
   acc_metrics, tokens, t0, steps_in_window, checked_through = None, 0, time.time(), 0, start
@@ -281,7 +285,8 @@ def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature
       batch = _global_batch(host_batch, batch_sh)
       if compiled is None:
         compiled = prog.compile(prog.train_step, state, batch)
-        step_flops = mfu_lib.compiled_flops(compiled) if counts_whole else None
+        # XLA's count is the step's only without loops (scanned layers, microbatches, a mixer's scans).
+        step_flops = None if mfu_lib.compiled_loops(compiled) else mfu_lib.compiled_flops(compiled)
       state, metrics = compiled(state, batch)
       step += 1
       steps_in_window += 1
@@ -452,10 +457,6 @@ def _init_state(model, tx, input_shapes, shardings, seed):
                       rng=dropout_rng)
 
   return jax.jit(init, out_shardings=shardings)(init_rng)
-
-
-def _config_flag(model, name: str):
-  return getattr(getattr(model.module, "config", None), name, None)
 
 
 def _fit_lengths(model, feature_lengths, fresh, params, log):

@@ -76,6 +76,7 @@ def test_a_tiny_config_compiles_for_v3_8_with_every_step(capsys):
   assert 1.0 < train["xla_flops_per_device"] / train["model_flops_per_device"] < 2.0
   assert train["optimal_seconds"] > 0 and train["est_steps_per_s"] == pytest.approx(1 / train["optimal_seconds"])
   assert train["est_mfu"] == pytest.approx(train["model_flops_per_device"] * train["est_steps_per_s"] / 61.5e12)
+  assert "loops" not in train and "estimate_note" not in train and "model_flops_note" not in train
   assert report["steps"]["eval"]["xla_flops_per_device"] < train["xla_flops_per_device"]
 
 
@@ -151,3 +152,20 @@ def test_a_scanned_stack_gets_no_step_time_from_a_loop_counted_once(capsys):
   assert train["memory"]["total_bytes"] > 0 and train["model_flops_per_step"] > 0
   assert cli.main(["compile", *TINY, "--gin.network.T5Config.scan_layers=True", "--topology", "v3-8"]) == 0
   assert "no estimated step time: the layers are scanned" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("gin_file,extra,where", [
+    ("models/hypermixer/tiny.gin", [], "token_mixer._segmented"),   # packed HyperMixing scans segment ids
+    ("models/t5_1_1/tiny.gin", ["--gin.trainer.train.num_microbatches=2"], "microbatch"),
+])
+def test_any_loop_in_the_step_withholds_the_estimate_and_is_named(capsys, gin_file, extra, where):
+  # Not only scanned stacks: a mixer's own scan or the microbatch loop is also counted once by XLA's cost model.
+  args = ["compile", f"--gin_file={gin_file}", *TINY[1:], *extra, "--topology", "v3-8", "--json"]
+  assert cli.main(args) == 0
+  train = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"]["train"]
+  assert any(where in loop for loop in train["loops"]), train["loops"]
+  assert "est_steps_per_s" not in train and "est_mfu" not in train and "est_hfu" not in train
+  assert "loop body once" in train["estimate_note"] and where in train["estimate_note"]
+  # The model's own loops make its FLOP count a lower bound; the microbatch loop is the trainer's, not the model's.
+  assert ("model_flops_note" in train) == (where != "microbatch")
+
