@@ -184,8 +184,9 @@ def render(rows: list[dict]) -> str:
     row = f"| {label} | {topo} | {rules_label(topo, rules)} | {variant or '-'} | yes | " \
           f"{t['memory']['total_bytes'] / 2 ** 30:.2f} | " \
           f"{_fmt(t['memory'].get('peak_bytes') and t['memory']['peak_bytes'] / 2 ** 30, '.2f')} | "
-    if "est_steps_per_s" not in t:  # a loop XLA's cost model counts once (scanned layers): no step time
-      lines.append(row + f"n/a (XLA counts the scanned body once) | | | | {paper or ''} | {at} |")
+    if "est_steps_per_s" not in t:  # a loop XLA's cost model counts once: no step time (aot_compile)
+      what = "the scanned layers" if variant == "scan" else "the mixers' scans"
+      lines.append(row + f"n/a (XLA counts a loop body once: {what}) | | | | {paper or ''} | {at} |")
       continue
     step = t["optimal_seconds"]
     ref = base_step.get((topo, rules, variant))
