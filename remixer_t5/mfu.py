@@ -20,6 +20,8 @@ from typing import Mapping
 
 import jax
 
+from remixer_t5.mixers import base as mixers_base
+
 # (substring of jax.Device.device_kind, lower case) -> peak bf16 FLOP/s per JAX device. Order matters: the
 # first match wins, so more specific names come first.
 PEAK_FLOPS_PER_DEVICE: tuple[tuple[str, float], ...] = (
@@ -83,21 +85,26 @@ def model_flops_per_step(model, batch: Mapping[str, jax.ShapeDtypeStruct]) -> fl
   `model.loss_fn` (no optimizer update, no dropout), from XLA's cost analysis of the lowered computation of the
   same model unscanned and unrematerialised (see the module docstring). Divide by the device count for a
   per-device figure. Lowering traces the model once from shapes (no weights are allocated, nothing compiles).
-  A mixer that loops (HyperMixing's and causal linear attention's chunked scans) is counted one loop body per
-  loop: `model_flops_and_loops` says whether that happened.
+  The batch is counted unpacked (segment ids and positions are dropped): the model's math, not a packing's
+  bookkeeping. Mixers' chunk scans are unrolled for the count (`mixers.base.counting_model_flops`), so each
+  chunk counts once; `model_flops_and_loops` says whether any other loop was left (its body counted once).
   """
   return model_flops_and_loops(model, batch)[0]
 
 
 def model_flops_and_loops(model, batch: Mapping[str, jax.ShapeDtypeStruct]) -> tuple[float, int]:
-  """(model_flops_per_step, the number of while loops in the lowered step). With loops the count is a lower
-  bound: XLA's cost analysis counts each loop's body once, however many times it runs."""
+  """(model_flops_per_step, the number of while loops left in the lowered step). With loops the count is a
+  lower bound: XLA's cost analysis counts each loop's body once, however many times it runs."""
   plain = _unscanned_unrematerialised(model)
+  # The model's math, not a packing's bookkeeping: without segment ids every mixer takes its unpacked form
+  # (packed HyperMixing scans segment ids a block at a time, several unpacked passes' worth of work).
+  batch = {k: v for k, v in batch.items() if not k.endswith(("_segment_ids", "_positions"))}
   input_shapes = {k: (1,) + tuple(v.shape[1:]) for k, v in batch.items()
                   if k in ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens")}
   params = jax.eval_shape(lambda rng: plain.init_variables(rng, input_shapes), jax.random.PRNGKey(0))["params"]
   grad = jax.grad(lambda p, b: plain.loss_fn(p, b, None)[0])
-  lowered = jax.jit(grad).lower(params, dict(batch))
+  with mixers_base.counting_model_flops():  # mixers' chunk scans unrolled, without their own checkpoints
+    lowered = jax.jit(grad).lower(params, dict(batch))
   cost = lowered.cost_analysis()
   if isinstance(cost, (list, tuple)):
     cost = cost[0] if cost else {}

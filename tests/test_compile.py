@@ -166,6 +166,6 @@ def test_any_loop_in_the_step_withholds_the_estimate_and_is_named(capsys, gin_fi
   assert any(where in loop for loop in train["loops"]), train["loops"]
   assert "est_steps_per_s" not in train and "est_mfu" not in train and "est_hfu" not in train
   assert "loop body once" in train["estimate_note"] and where in train["estimate_note"]
-  # The model's own loops make its FLOP count a lower bound; the microbatch loop is the trainer's, not the model's.
-  assert ("model_flops_note" in train) == (where != "microbatch")
+  # Model FLOPs count the mixers' chunks one by one (mfu.model_flops_per_step): no loop is left in that count.
+  assert "model_flops_note" not in train
 

@@ -73,3 +73,63 @@ def test_model_flops_match_a_hand_count_of_the_matmuls():
   expected = 6 * macs * n
   got = mfu.model_flops_per_step(_tiny(), trainer.batch_shapes({"inputs": L, "targets": T}, n, pack=False))
   assert expected < got < 1.08 * expected
+
+
+def _dot_flops(jaxpr) -> float:
+  """An independent count: 2 x the multiply-adds of every dot_general in a jaxpr, a scan's body times its
+  length, walking into every sub-jaxpr (pjit, custom derivatives, checkpoints)."""
+  import math
+  total = 0.0
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "dot_general":
+      (lhs_contract, _), _ = eqn.params["dimension_numbers"]
+      lhs = eqn.invars[0].aval.shape
+      total += 2.0 * math.prod(eqn.outvars[0].aval.shape) * math.prod(lhs[i] for i in lhs_contract)
+    times = eqn.params["length"] if eqn.primitive.name == "scan" else 1
+    for value in eqn.params.values():
+      for sub in (value if isinstance(value, (tuple, list)) else (value,)):
+        sub = getattr(sub, "jaxpr", sub)
+        if hasattr(sub, "eqns"):
+          total += times * _dot_flops(sub)
+  return total
+
+
+def _looping(mixer):
+  import functools
+  from remixer_t5 import models, network
+  cfg = network.T5Config(vocab_size=64, emb_dim=32, num_heads=2, head_dim=16, num_encoder_layers=1,
+                         num_decoder_layers=2, mlp_dim=64)
+  return models.EncoderDecoderModel(network.Transformer(
+      cfg, encoder_token_mixer=mixer, decoder_token_mixer=mixer, decoder_cross_mixer=mixer))
+
+
+def test_mixers_that_loop_are_counted_every_chunk():
+  # Causal linear attention scans its decoder in chunks (4 positions, 32 targets: 8 chunks). XLA's cost analysis
+  # counts a loop's body once, so the count unrolls the chunks; checked against a walk of the jaxpr's matmuls.
+  import functools
+  from remixer_t5 import trainer
+  from remixer_t5.mixers.linear_attention import LinearAttention
+  model = _looping(functools.partial(LinearAttention, chunk_size=4))
+  batch = trainer.batch_shapes({"inputs": 16, "targets": 32}, 2, pack=False)
+  flops, loops = mfu.model_flops_and_loops(model, batch)
+  assert loops == 0
+  params = jax.eval_shape(lambda r: model.init_variables(r, {k: (1,) + v.shape[1:] for k, v in batch.items()}),
+                          jax.random.PRNGKey(0))["params"]
+  grad = jax.grad(lambda p, b: model.loss_fn(p, b, None)[0])
+  matmuls = _dot_flops(jax.make_jaxpr(grad)(params, batch).jaxpr)
+  assert matmuls < flops < 1.25 * matmuls  # + elementwise work (feature maps, norms, softmax of the loss)
+  once = jax.jit(grad).lower(params, batch).cost_analysis()["flops"]  # what a loop's body counted once gives
+  assert once < 0.97 * flops
+
+
+def test_hypermixer_is_counted_unpacked_and_without_its_loops():
+  # Packed HyperMixing scans segment ids a block at a time (implementation work, not the model's math) and its
+  # causal form scans chunks: the count is the unpacked step's, with no loop left.
+  import functools
+  from remixer_t5 import trainer
+  from remixer_t5.mixers.hypermixer import HyperMixing
+  model = _looping(functools.partial(HyperMixing, chunk_size=4))
+  lengths = {"inputs": 16, "targets": 32}
+  packed, loops = mfu.model_flops_and_loops(model, trainer.batch_shapes(lengths, 2, pack=True))
+  assert loops == 0
+  assert packed == mfu.model_flops_per_step(model, trainer.batch_shapes(lengths, 2, pack=False))

@@ -13,6 +13,8 @@ only creates the cache (its output is discarded), like t5x's attention.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from typing import Any, Callable
 
 import jax
@@ -73,3 +75,30 @@ def check_length(length: int, max_length: int, what: str) -> None:
 def cache_index(module, name: str = "cache_index") -> Any:
   """The module's decode position counter in the 'cache' collection (created at 0)."""
   return module.variable("cache", name, lambda: jnp.array(0, dtype=jnp.int32))
+
+
+_COUNTING_FLOPS = contextvars.ContextVar("remixer_t5_counting_model_flops", default=False)
+
+
+@contextlib.contextmanager
+def counting_model_flops():
+  """Mixers traced inside this context loop the way a FLOP count needs: `scan` unrolls every chunk and drops
+  the body's checkpoint. XLA's cost analysis counts a while loop's body once and a recomputed forward twice, so
+  `mfu.model_flops_per_step` lowers the step inside it; nothing else does (a real step keeps its loops)."""
+  token = _COUNTING_FLOPS.set(True)
+  try:
+    yield
+  finally:
+    _COUNTING_FLOPS.reset(token)
+
+
+def scan(step: Callable, init: Any, xs: Any, *, remat: bool = False) -> tuple[Any, Any]:
+  """`jax.lax.scan` for a mixer's chunk loop, its body rematerialised for the gradient when `remat`; fully
+  unrolled and without the checkpoint inside `counting_model_flops()`."""
+  if _COUNTING_FLOPS.get():  # a Python loop: lax.scan(unroll=True) still emits a while loop for one chunk
+    carry, ys = init, []
+    for i in range(jax.tree_util.tree_leaves(xs)[0].shape[0]):
+      carry, y = step(carry, jax.tree_util.tree_map(lambda a: a[i], xs))
+      ys.append(y)
+    return carry, jax.tree_util.tree_map(lambda *a: jnp.stack(a), *ys)
+  return jax.lax.scan(jax.checkpoint(step) if remat else step, init, xs)

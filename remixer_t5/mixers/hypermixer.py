@@ -235,7 +235,7 @@ class HyperMixing(nn.Module):
 
     init = (jnp.zeros((b, h, d), f32), jnp.zeros((b,), f32), jnp.full((b,), -1, jnp.int32))
     # Rematerialise the chunk body for the gradient: otherwise the scan keeps every chunk's d'×d states.
-    _, out = jax.lax.scan(jax.checkpoint(step), init, tuple(map(chunks, (w1, x, w2, mask, seg))))
+    _, out = base.scan(step, init, tuple(map(chunks, (w1, x, w2, mask, seg))), remat=True)
     return jnp.moveaxis(out, 0, 1).reshape(b, m * c, d)[:, :n]
 
   def _segmented(self, w1: Array, x: Array, w2: Array, kv_mask: Array, q_seg: Array, kv_seg: Array) -> Array:

@@ -110,7 +110,7 @@ class LinearAttention(nn.Module):
       return (s, z, last), (num, den)
 
     init = (jnp.zeros((b, h, dk, v.shape[-1]), f32), jnp.zeros((b, h, dk), f32), seg[:, 0])
-    _, (num, den) = jax.lax.scan(step, init, (chunks(q), chunks(k), chunks(v), chunks(seg)))
+    _, (num, den) = base.scan(step, init, (chunks(q), chunks(k), chunks(v), chunks(seg)))
     unchunk = lambda x: jnp.moveaxis(x, 0, 1).reshape((b, m * c) + x.shape[3:])[:, :n]
     return unchunk(num) / (unchunk(den)[..., None] + self.eps)
 
