@@ -15,6 +15,7 @@ the git commit it was measured at and which model files had uncommitted changes 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import subprocess
@@ -220,6 +221,8 @@ def main(argv=None) -> int:
   p.add_argument("--only", help="comma-separated model names to measure (default: all)")
   p.add_argument("--topologies", help="comma-separated slices to measure (default: all)")
   p.add_argument("--limit", type=int, help="measure at most this many cells")
+  p.add_argument("--jobs", type=int, default=1, help="compiles at a time (XLA's TPU compiler uses about one core "
+                 "each, and 5-9 GiB of RAM at base size)")
   p.add_argument("--timeout", type=int, default=7200, help="seconds per compile (on a shared 2-core machine at "
                  "nice 19 a base model's compile has taken over 30 minutes)")
   args = p.parse_args(argv)
@@ -233,16 +236,22 @@ def main(argv=None) -> int:
             and (not args.only or c[0] in args.only.split(","))
             and (not args.topologies or c[1] in args.topologies.split(","))]
     todo.sort(key=lambda c: c[0] not in args.again)  # stable: the models asked for again come first
-    for i, cell in enumerate(todo[:args.limit]):
-      print(f"[{i + 1}/{len(todo)}] {cell}", file=sys.stderr, flush=True)
-      row = measure(*cell, timeout=args.timeout)
-      with JSONL.open("a") as f:
-        f.write(json.dumps(row) + "\n")
-      rows.append(row)
-      t = row.get("report", {}).get("steps", {}).get("train", {})
-      print(f"  -> {row.get('error') or ('fits' if t.get('fits') else 'does not fit')} "
-            f"{t.get('optimal_seconds', '')} ({row.get('wall_seconds')} s)", file=sys.stderr, flush=True)
-      write_doc(rows)
+    todo = todo[:args.limit]
+    # XLA's TPU compiler runs mostly on one core: --jobs 2 keeps two compiles going (each needs 5-9 GiB of RAM).
+    with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
+      futures = {}
+      for i, cell in enumerate(todo):
+        futures[pool.submit(measure, *cell, timeout=args.timeout)] = (i, cell)
+      for future in concurrent.futures.as_completed(futures):
+        i, cell = futures[future]
+        row = future.result()
+        with JSONL.open("a") as f:
+          f.write(json.dumps(row) + "\n")
+        rows.append(row)
+        t = row.get("report", {}).get("steps", {}).get("train", {})
+        print(f"[{i + 1}/{len(todo)}] {cell} -> {row.get('error') or ('fits' if t.get('fits') else 'does not fit')} "
+              f"{t.get('optimal_seconds', '')} ({row.get('wall_seconds')} s)", file=sys.stderr, flush=True)
+        write_doc(rows)
   write_doc(rows)
   return 0
 
