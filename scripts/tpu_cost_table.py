@@ -202,8 +202,42 @@ def render(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
+def summary(rows: list[dict]) -> str:
+  """Per model and slice, the fastest measured setting that fits (no remat or scan variant unless nothing else
+  fits) and its estimated step as a multiple of T5.1.1-base's fastest on that slice, beside the paper's ratio."""
+  latest = {key(r): r for r in rows if "report" in r}
+  best: dict = {}
+  for (name, topo, rules, variant), r in latest.items():
+    t = r["report"]["steps"]["train"]
+    if not t["fits"]:
+      continue
+    step = t.get("optimal_seconds") if "est_steps_per_s" in t else None
+    rank = (variant != "", step is None, step or 0.0)  # plain settings first, then any that fits
+    if (name, topo) not in best or rank < best[(name, topo)][0]:
+      best[(name, topo)] = (rank, step, rules_label(topo, rules) + (f" {variant}" if variant else ""))
+  topos = ("v3-8", "v3-32", "v3-128")
+  paper_base = MODELS["t5_1_1_base"][2]
+  lines = ["| model | " + " | ".join(f"{t}: fastest fitting setting, est. step × T5.1.1-base" for t in topos)
+           + " | paper: step × T5.1.1-base (v3, 16 chips) |", "|---|" + "---|" * len(topos) + "---:|"]
+  for name in MODELS:
+    label, paper = MODELS[name][1], MODELS[name][2]
+    cells = []
+    for topo in topos:
+      mine, ref = best.get((name, topo)), best.get(("t5_1_1_base", topo))
+      measured = any(k[0] == name and k[1] == topo for k in latest)
+      if mine is None:
+        cells.append("does not fit" if measured else "not measured")
+      elif mine[1] is None:
+        cells.append(f"{mine[2]}: no estimate (loops)")
+      else:
+        ratio = f"{mine[1] / ref[1]:.2f}x" if ref and ref[1] else ""
+        cells.append(f"{mine[2]}: {mine[1] * 1e3:.1f} ms, {ratio}")
+    lines.append(f"| {label} | " + " | ".join(cells) + f" | {f'{paper_base / paper:.2f}x' if paper else ''} |")
+  return "\n".join(lines)
+
+
 def write_doc(rows: list[dict]) -> None:
-  table = render(rows)
+  table = render(rows) + "\n\n" + summary(rows)
   text = DOC.read_text()
   if START not in text:
     raise SystemExit(f"{DOC} has no {START} marker: add the section first")

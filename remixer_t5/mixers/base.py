@@ -72,6 +72,18 @@ def check_length(length: int, max_length: int, what: str) -> None:
                      f"lengths is fitted on load (remixer_t5/fixed_length.py)")
 
 
+def slice_gather(table: Array, pos: Array) -> Array:
+  """table[pos[b, i], pos[b, j]] -> [batch, len, len] for a square per-position table (Remixer's H, gMLP's W)
+  read at each example's own positions: a row gather, then a column gather per example.
+
+  Two gathers of whole rows / columns (and their scatter-add transposes) instead of one gather of single
+  elements, which TPUs serialise.
+  """
+  rows = jnp.take(table, pos, axis=0, mode="clip")                               # [b, len, L]
+  columns = lambda r, p: jnp.take(r, p, axis=1, mode="clip")
+  return jax.vmap(columns)(rows, jnp.broadcast_to(pos, rows.shape[:2]))
+
+
 def cache_index(module, name: str = "cache_index") -> Any:
   """The module's decode position counter in the 'cache' collection (created at 0)."""
   return module.variable("cache", name, lambda: jnp.array(0, dtype=jnp.int32))

@@ -67,14 +67,28 @@ def spatial_matrix(spatial: str, n: int, kernel: Array | None = None, past: Arra
   if spatial == "full":
     w = kernel[:n, :n]
   elif spatial == "toeplitz":
-    w = past[jnp.clip(d, 0, n - 1)]
-    if future is not None and future.shape[0] and n > 1:
-      w = jnp.where(d >= 0, w, future[jnp.clip(-d - 1, 0, n - 2)])
-    elif not causal:
+    if future is None and not causal:
       raise ValueError("a bidirectional Toeplitz W needs its `future` offsets")
+    ahead = future[:n - 1] if future is not None else jnp.zeros((n - 1,), past.dtype)
+    w = _toeplitz(past[:n], ahead)
   else:
     raise ValueError(f"GatedMlpBlock.spatial must be 'full' or 'toeplitz', got {spatial!r}")
   return jnp.where(d >= 0, w, 0.0) if causal else w
+
+
+def _toeplitz(behind: Array, ahead: Array) -> Array:
+  """[n, n] with W[i, j] = behind[i - j] for i >= j and ahead[j - i - 1] for i < j, built by tiling one vector
+  and reshaping, without a gather: an element gather of n² entries (and the scatter-add of its gradient) is
+  serialised on TPUs, and cost gMLP-base a fixed ~30 GB of memory traffic per step on every core.
+
+  With v = [behind[0], ahead[0..n-2], behind[n-1..1]] (2n - 1 entries), v tiled n times and cut into rows of
+  2n - 2 puts v[(j - i) mod (2n - 1)] at [i, j]: row i starts i(2n - 2) ≡ -i (mod 2n - 1) into the tiling.
+  """
+  n = behind.shape[0]
+  if n == 1:
+    return behind.reshape(1, 1)
+  v = jnp.concatenate([behind[:1], ahead, behind[:0:-1]])
+  return jnp.tile(v, n)[:n * (2 * n - 2)].reshape(n, 2 * n - 2)[:, :n]
 
 
 class GatedMlpBlock(nn.Module):
@@ -99,9 +113,10 @@ class GatedMlpBlock(nn.Module):
   hold one example at positions 0..n-1, so W[:n, :n] is built once per layer and applied as ONE matmul over the
   batch ([n, n] × [batch, n, h/2]); padding is exact for every real token because padded norm(Z2) rows are
   zeroed (they add nothing); outputs at padded rows are left unmasked (nothing reads them). Packed rows
-  restart positions per segment, so they take a per-example [batch, n, n] form: a gather of W at
-  (pos_i, pos_j) for 'full', the shared Toeplitz W masked to each segment for 'toeplitz' (positions are
-  contiguous in a segment, so pos_i - pos_j = i - j). Decoding caches norm(Z2) of past positions (and aMLP's
+  restart positions per segment, so they take a per-example [batch, n, n] form: W at (pos_i, pos_j) for 'full'
+  (`base.slice_gather`: whole rows, then whole columns, not an element-wise gather, which TPUs serialise),
+  the shared Toeplitz W masked to each segment for 'toeplitz' (positions are contiguous in a segment, so
+  pos_i - pos_j = i - j). Decoding caches norm(Z2) of past positions (and aMLP's
   keys and values) and reads row `cache_index` of W.
 
   Parameters (d = emb_dim, h = hidden_dim, a = tiny_attention_dim): proj_in (U) [d, h] ('embed','mlp');
@@ -171,7 +186,7 @@ class GatedMlpBlock(nn.Module):
         pos = ctx.q_positions
         bias = b[pos]
         if self.spatial == "full":
-          weights = spatial["kernel"][pos[:, :, None], pos[:, None, :]]     # [batch, q, k]
+          weights = base.slice_gather(spatial["kernel"], pos)                # [batch, q, k]
         else:
           weights = self._matrix(spatial, n, causal)[None]
         weights = jnp.where(visible, weights, 0.0).astype(cfg.dtype)

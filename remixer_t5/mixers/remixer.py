@@ -46,17 +46,6 @@ def _row_exp(logits: Array, allowed: Array | None = None) -> Array:
   return jnp.exp(logits - top)
 
 
-def _slice_gather(table: Array, pos: Array) -> Array:
-  """table[pos[b, i], pos[b, j]] -> [batch, len, len], as a row gather then a column gather per example.
-
-  Two gathers of whole rows / columns (and their scatter-add transposes) instead of one gather of single
-  elements, which TPUs serialise.
-  """
-  rows = jnp.take(table, pos, axis=0, mode="clip")                               # [b, len, L]
-  columns = lambda r, p: jnp.take(r, p, axis=1, mode="clip")
-  return jax.vmap(columns)(rows, jnp.broadcast_to(pos, rows.shape[:2]))
-
-
 class RemixerBlock(nn.Module):
   """The Remixer block (§2.1), a feature mixer: `RemixerBlock(config=cfg)(x, ctx, deterministic=...)`.
 
@@ -160,7 +149,7 @@ class RemixerBlock(nn.Module):
     causal = jnp.tril(jnp.ones((length, length), bool)) if ctx.causal else None
     dropping = self.remix_dropout > 0 and not deterministic
     if ctx.q_segment_ids is None and pos.shape[0] == 1 and not dropping:
-      p = _row_exp(_slice_gather(h, pos)[0], causal).astype(cfg.dtype)                # [L, L]
+      p = _row_exp(base.slice_gather(h, pos)[0], causal).astype(cfg.dtype)                # [L, L]
       m = key_mask.astype(cfg.dtype)
       numer = jnp.einsum("qk,bkw->bqw", p, xp.astype(cfg.dtype) * m[:, :, None])
       denom = jnp.einsum("qk,bk->bq", p.astype(jnp.float32), m.astype(jnp.float32))
@@ -171,7 +160,7 @@ class RemixerBlock(nn.Module):
       mask &= ctx.q_segment_ids[:, :, None] == ctx.q_segment_ids[:, None, :]
     if causal is not None:
       mask &= causal
-    p = jnp.where(mask, _slice_gather(_row_exp(h).astype(cfg.dtype), pos), 0)             # [b, L, L]
+    p = jnp.where(mask, base.slice_gather(_row_exp(h).astype(cfg.dtype), pos), 0)             # [b, L, L]
     denom = jnp.sum(p.astype(jnp.float32), axis=-1)
     # Dropping entries before normalising equals dropping them after: the denominators stay undropped.
     p = nn.Dropout(self.remix_dropout)(p, deterministic=deterministic)
