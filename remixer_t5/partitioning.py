@@ -41,8 +41,8 @@ a 4-way 'model' axis (185.6 against 207.8 ms), hence the tpu_v3_128_xl preset. A
 'model' axis only adds communication.
 T5.1.1-large does not fit a v3-8 without rematerialisation, so gin/partitioning/tpu_v3_8_large.gin adds
 `T5Config.remat_policy='full'` to tpu_v3_8. T5.1.1-xl does not fit a v3-8 even rematerialised (18.6 GiB per core
-at batch 128; microbatches untried): use a bigger slice. The cells marked '-' are not measured yet (the table's
-script measures them next): check such a run with `remixer-t5 compile --topology ...` before paying for a
+at batch 128; microbatches untried): use a bigger slice. The cells marked '-' are in docs/benchmarks.md's table (every
+slice, rule set and variant); check a run with `remixer-t5 compile --topology ...` before paying for a
 slice; when it does not fit, the command's hints name remat, microbatches and bigger slices. With one mesh axis
 data_model is pure data parallelism (the same program as data), and fsdp also shards the parameters and
 Adafactor statistics over 'data'. A slice's global batch must

@@ -264,7 +264,7 @@ def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature
 
   peak = mfu_lib.peak_flops_per_device(override=peak_flops_per_device)
   # MFU counts the model's FLOPs (the same whether the stack is scanned or rematerialised); HFU counts what XLA
-  # compiled (recomputation included), where its count is whole (no loop: not scanned, no microbatches).
+  # compiled (recomputation included), where its count is whole (a step without while loops).
   model_flops = None
   if peak:
     model_flops, model_loops = mfu_lib.model_flops_and_loops(model, batch_shapes(feature_lengths, batch_size, pack))

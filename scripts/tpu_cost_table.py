@@ -221,18 +221,18 @@ def summary(rows: list[dict]) -> str:
            + " | paper: step × T5.1.1-base (v3, 16 chips) |", "|---|" + "---|" * len(topos) + "---:|"]
   for name in MODELS:
     label, paper = MODELS[name][1], MODELS[name][2]
-    cells = []
+    entries = []
     for topo in topos:
       mine, ref = best.get((name, topo)), best.get(("t5_1_1_base", topo))
       measured = any(k[0] == name and k[1] == topo for k in latest)
       if mine is None:
-        cells.append("does not fit" if measured else "not measured")
+        entries.append("does not fit" if measured else "not measured")
       elif mine[1] is None:
-        cells.append(f"{mine[2]}: no estimate (loops)")
+        entries.append(f"{mine[2]}: no estimate (loops)")
       else:
         ratio = f"{mine[1] / ref[1]:.2f}x" if ref and ref[1] else ""
-        cells.append(f"{mine[2]}: {mine[1] * 1e3:.1f} ms, {ratio}")
-    lines.append(f"| {label} | " + " | ".join(cells) + f" | {f'{paper_base / paper:.2f}x' if paper else ''} |")
+        entries.append(f"{mine[2]}: {mine[1] * 1e3:.1f} ms, {ratio}")
+    lines.append(f"| {label} | " + " | ".join(entries) + f" | {f'{paper_base / paper:.2f}x' if paper else ''} |")
   return "\n".join(lines)
 
 

@@ -95,7 +95,6 @@ def _dot_flops(jaxpr) -> float:
 
 
 def _looping(mixer):
-  import functools
   from remixer_t5 import models, network
   cfg = network.T5Config(vocab_size=64, emb_dim=32, num_heads=2, head_dim=16, num_encoder_layers=1,
                          num_decoder_layers=2, mlp_dim=64)

@@ -11,6 +11,8 @@ from remixer_t5.mixers import base
 from remixer_t5.mixers.gmlp import GatedMlpBlock
 from remixer_t5.network import T5Config
 
+from jaxpr_util import eqns_in
+
 CFG = T5Config(vocab_size=32, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=24, num_encoder_layers=1,
                num_decoder_layers=1)
 MAX_LEN = 24
@@ -360,7 +362,7 @@ def test_spatial_w_and_its_gradient_use_no_element_gathers(spatial, causal, pack
   ctx = ctx_for(ones(), causal=causal, segment_ids=seg, positions=pos)
   jaxpr = jax.make_jaxpr(jax.grad(lambda v: module.apply(v, x, x, ctx).sum()))(variables)
   element_wise = []
-  for e in _eqns(jaxpr.jaxpr):
+  for e in eqns_in(jaxpr.jaxpr):
     if e.primitive.name == "gather" and all(s == 1 for s in e.params["slice_sizes"]):
       element_wise.append(("gather", e.outvars[0].aval.shape))
     elif e.primitive.name.startswith("scatter") and not e.params["dimension_numbers"].update_window_dims:
@@ -368,12 +370,3 @@ def test_spatial_w_and_its_gradient_use_no_element_gathers(spatial, causal, pack
   # b[pos] (the spatial bias at each token's position) gathers batch x length scalars; nothing n x n.
   assert all(math.prod(shape) <= B * LEN for _, shape in element_wise), element_wise
 
-
-def _eqns(jaxpr):
-  for e in jaxpr.eqns:
-    yield e
-    for v in e.params.values():
-      for sub in (v if isinstance(v, (tuple, list)) else (v,)):
-        sub = getattr(sub, "jaxpr", sub)
-        if hasattr(sub, "eqns"):
-          yield from _eqns(sub)

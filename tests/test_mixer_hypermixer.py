@@ -19,6 +19,8 @@ from remixer_t5.mixers import base
 from remixer_t5.mixers.hypermixer import HyperMixing
 from remixer_t5.network import T5Config
 
+from jaxpr_util import eqns_in
+
 CFG = T5Config(vocab_size=32, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=24, num_encoder_layers=1,
                num_decoder_layers=1)
 D, H = CFG.emb_dim, CFG.mlp_dim  # d and d' (hidden_dim = 0 means mlp_dim)
@@ -151,24 +153,13 @@ def test_permutation_equivariant_without_position_information():
     assert np.allclose(y_perm, y[:, perm], rtol=1e-5, atol=1e-5) == equivariant, name
 
 
-def _eqns_in(jaxpr):
-  """Every equation of a jaxpr, nested jaxprs (scan, cond, remat, pjit) included."""
-  for eqn in jaxpr.eqns:
-    yield eqn
-    for p in eqn.params.values():
-      for sub in p if isinstance(p, (tuple, list)) else (p,):
-        sub = getattr(sub, "jaxpr", sub)
-        if hasattr(sub, "eqns"):
-          yield from _eqns_in(sub)
-
-
 def test_cost_is_linear_in_length_and_causal_memory_is_bounded_by_the_chunk():
   batch, length = 2, 64
   x = inputs(batch, length)
   mod = module("tied_ln")
   for causal in (False, True):
     fn = lambda v, x: mod.apply(v, x, x, ctx_for(np.ones((batch, length)), causal=causal))
-    eqns = list(_eqns_in(jax.make_jaxpr(fn)(params("tied_ln"), x).jaxpr))
+    eqns = list(eqns_in(jax.make_jaxpr(fn)(params("tied_ln"), x).jaxpr))
     shapes = [tuple(getattr(v.aval, "shape", ())) for e in eqns for v in e.outvars]
     if not causal:  # tied self-mixing runs its hypernetwork (2 matmuls) once, then W1^T X and W2 act
       assert sum(e.primitive.name == "dot_general" for e in eqns) == 4
