@@ -43,11 +43,14 @@ MODELS = {
     "pnlp_mixer_base": ("models/pnlp_mixer/base.gin", "pNLP-Mixer-base", None),
     "t5_1_1_large": ("models/t5_1_1/large.gin", "T5.1.1-large", None),
     "t5_1_1_xl": ("models/t5_1_1/xl.gin", "T5.1.1-xl", None),
+    # A control, not an architecture: T5.1.1's blocks at Remixer_SBase's 18 + 3 layers (preset rules only).
+    "t5_1_1_sbase_layout": ("models/t5_1_1/sbase_layout.gin", "T5.1.1-base at 18 + 3 layers", None),
 }
 VARIANTS = {"": [], "remat_full": ["--gin.network.T5Config.remat_policy='full'"],
             "scan": ["--gin.network.T5Config.scan_layers=True"]}
-BASE = [m for m in MODELS if m not in ("t5_1_1_large", "t5_1_1_xl")]
 BIG = ["t5_1_1_large", "t5_1_1_xl"]
+CONTROLS = ["t5_1_1_sbase_layout"]
+BASE = [m for m in MODELS if m not in BIG + CONTROLS]
 
 
 # Each cell's rule set and the size of its 'model' mesh axis: data and fsdp over every core (N, 1); data_model
@@ -87,7 +90,8 @@ PRESET_CELLS = [
 def cells() -> list[tuple[str, str, str, str]]:
   """(model, topology, rules, variant) in the order they are measured: the paper's v3-32 comparison first, then
   the cells that choose the tpu_v3_* presets, then every architecture under those presets' rules (fsdp) on v3-8
-  and v3-128 and under data_model on v3-32, then T5.1.1's remaining settings, then every other cell."""
+  and v3-128 and under data_model on v3-32, then T5.1.1's remaining settings, then every other cell, then the
+  controls (under the presets' rules)."""
   first = ["t5_1_1_base", "remixer_sbase", "remixer_base"]
   out = [(m, "v3-32", "fsdp", "") for m in first] + [("t5_1_1_base", "v3-32", "data_model", "")]
   out += [(m, "v3-32", "fsdp", "") for m in BASE if m not in first]
@@ -104,6 +108,7 @@ def cells() -> list[tuple[str, str, str, str]]:
   for topo in ("v3-32", "v3-8", "v3-128"):   # every architecture
     for rules in ("data_model", "fsdp", "data"):
       out += [(m, topo, rules, "") for m in BASE]
+  out += [(m, topo, "fsdp", "") for m in CONTROLS for topo in ("v3-32", "v3-8", "v3-128")]
   seen: set = set()
   return [c for c in out if not (c in seen or seen.add(c))]
 

@@ -75,6 +75,26 @@ def test_model_flops_match_a_hand_count_of_the_matmuls():
   assert expected < got < 1.08 * expected
 
 
+@pytest.mark.parametrize("config,encoder_layers,decoder_layers,remix", [
+    ("models/t5_1_1/base.gin", 12, 12, False), ("models/remixer/base.gin", 12, 12, True),
+    ("models/remixer/sbase.gin", 18, 3, True), ("models/t5_1_1/sbase_layout.gin", 18, 3, False)])
+def test_base_model_flops_match_a_hand_count(config, encoder_layers, decoder_layers, remix):
+  # The shipped base configs at the pretraining shapes (batch 128, 512/114), hand-counted as above. The Remixer
+  # block (§2.1, width d_ff) is T5.1.1's gated MLP plus X_S = softmax(H) X': L x L x d_ff multiply-adds per
+  # example and layer. These counts put Remixer_SBase (18 + 3 layers, §2) at 1.27x T5.1.1-base's model FLOPs
+  # per step, the floor under its step-time ratio, and T5.1.1's blocks at those depths at 1.13x
+  # (docs/architectures.md, "Remixer speed").
+  from remixer_t5 import models, trainer
+  d, hd, f, v, L, T, n = 768, 12 * 64, 2048, 32128, 512, 114, 128
+  enc_layer = 4 * d * hd * L + 3 * d * f * L + 2 * L * L * hd + remix * L * L * f
+  dec_layer = (4 * d * hd * T + 2 * T * T * hd + 2 * d * hd * T + 2 * d * hd * L + 2 * T * L * hd
+               + 3 * d * f * T + remix * T * T * f)
+  expected = 6 * n * (encoder_layers * enc_layer + decoder_layers * dec_layer + d * v * T)
+  model = models.EncoderDecoderModel(models.from_gin(config))
+  got = mfu.model_flops_per_step(model, trainer.batch_shapes({"inputs": L, "targets": T}, n, pack=True))
+  assert expected < got < 1.02 * expected
+
+
 def _dot_flops(jaxpr) -> float:
   """An independent count: 2 x the multiply-adds of every dot_general in a jaxpr, a scan's body times its
   length, walking into every sub-jaxpr (pjit, custom derivatives, checkpoints)."""
