@@ -60,17 +60,24 @@ def test_model_flops_are_the_same_whether_the_stack_is_scanned_or_rematerialised
   assert compiled(_tiny(scan_layers=True)) < 0.9 * unrolled
 
 
-def test_model_flops_match_a_hand_count_of_the_matmuls():
-  # Independent check: a T5 step's FLOPs are its matmuls' multiply-adds (MACs) x 2 (forward) x 3 (forward +
-  # backward), plus a little elementwise work (norms, softmax, loss). Hand count for the tiny config, per example:
-  from remixer_t5 import trainer
-  d, hd, f, v, L, T, n, layers = 32, 2 * 16, 64, 64, 16, 8, 4, 2
-  enc_layer = 4 * d * hd * L + 3 * d * f * L + 2 * L * L * hd  # q,k,v,o; gated MLP (wi_0, wi_1, wo); QK^T, AV
+def _hand_count(d, hd, f, v, L, T, n, encoder_layers, decoder_layers, remix_width=0):
+  """A T5 step's FLOPs by hand: its matmuls' multiply-adds (MACs) x 2 (forward) x 3 (forward + backward), for
+  n examples of L inputs and T targets; `remix_width` adds a Remixer block's X_S = softmax(H) X' (§2.1.1) of that
+  width to every layer: L x L (decoder T x T) x width MACs per example."""
+  enc_layer = (4 * d * hd * L + 3 * d * f * L + 2 * L * L * hd  # q,k,v,o; gated MLP (wi_0, wi_1, wo); QK^T, AV
+               + remix_width * L * L)
   dec_layer = (4 * d * hd * T + 2 * T * T * hd  # self-attention
                + 2 * d * hd * T + 2 * d * hd * L + 2 * T * L * hd  # cross: q,o on targets, k,v on inputs
-               + 3 * d * f * T)
-  macs = layers * (enc_layer + dec_layer) + d * v * T  # + the (untied) logits layer
-  expected = 6 * macs * n
+               + 3 * d * f * T + remix_width * T * T)
+  macs = encoder_layers * enc_layer + decoder_layers * dec_layer + d * v * T  # + the (untied) logits layer
+  return 6 * macs * n
+
+
+def test_model_flops_match_a_hand_count_of_the_matmuls():
+  # Independent check: the count is the hand count plus a little elementwise work (norms, softmax, loss).
+  from remixer_t5 import trainer
+  L, T, n = 16, 8, 4
+  expected = _hand_count(32, 2 * 16, 64, 64, L, T, n, 2, 2)
   got = mfu.model_flops_per_step(_tiny(), trainer.batch_shapes({"inputs": L, "targets": T}, n, pack=False))
   assert expected < got < 1.08 * expected
 
@@ -79,17 +86,13 @@ def test_model_flops_match_a_hand_count_of_the_matmuls():
     ("models/t5_1_1/base.gin", 12, 12, False), ("models/remixer/base.gin", 12, 12, True),
     ("models/remixer/sbase.gin", 18, 3, True), ("models/t5_1_1/sbase_layout.gin", 18, 3, False)])
 def test_base_model_flops_match_a_hand_count(config, encoder_layers, decoder_layers, remix):
-  # The shipped base configs at the pretraining shapes (batch 128, 512/114), hand-counted as above. The Remixer
-  # block (§2.1, width d_ff) is T5.1.1's gated MLP plus X_S = softmax(H) X': L x L x d_ff multiply-adds per
-  # example and layer. These counts put Remixer_SBase (18 + 3 layers, §2) at 1.27x T5.1.1-base's model FLOPs
-  # per step, the floor under its step-time ratio, and T5.1.1's blocks at those depths at 1.13x
-  # (docs/architectures.md, "Remixer speed").
+  # The shipped base configs at the pretraining shapes (batch 128, 512/114), hand-counted as above; the Remixer
+  # block (§2.1, width d_ff) is T5.1.1's gated MLP plus the remix. These counts put Remixer_SBase (18 + 3
+  # layers, §2) at 1.27x T5.1.1-base's model FLOPs per step, the floor under its step-time ratio, and T5.1.1's
+  # blocks at those depths at 1.13x (docs/architectures.md, "Remixer speed").
   from remixer_t5 import models, trainer
-  d, hd, f, v, L, T, n = 768, 12 * 64, 2048, 32128, 512, 114, 128
-  enc_layer = 4 * d * hd * L + 3 * d * f * L + 2 * L * L * hd + remix * L * L * f
-  dec_layer = (4 * d * hd * T + 2 * T * T * hd + 2 * d * hd * T + 2 * d * hd * L + 2 * T * L * hd
-               + 3 * d * f * T + remix * T * T * f)
-  expected = 6 * n * (encoder_layers * enc_layer + decoder_layers * dec_layer + d * v * T)
+  L, T, n, f = 512, 114, 128, 2048
+  expected = _hand_count(768, 12 * 64, f, 32128, L, T, n, encoder_layers, decoder_layers, f if remix else 0)
   model = models.EncoderDecoderModel(models.from_gin(config))
   got = mfu.model_flops_per_step(model, trainer.batch_shapes({"inputs": L, "targets": T}, n, pack=True))
   assert expected < got < 1.02 * expected
