@@ -188,8 +188,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_repro(args: argparse.Namespace) -> int:
-  from remixer_t5.repro import hypermixer_synthetic
-  return hypermixer_synthetic.main(args)
+  from remixer_t5.repro import cogs, hypermixer_synthetic
+  return {"hypermixer-synthetic": hypermixer_synthetic, "cogs": cogs}[args.experiment].main(args)
 
 
 def cmd_bench_input(args: argparse.Namespace) -> int:
@@ -378,11 +378,13 @@ def build_parser() -> argparse.ArgumentParser:
   com.add_argument("--all_steps", "--all-steps", action="store_true", help="also compile the eval and decode steps")
   com.add_argument("--json", action="store_true", help="print the report as one JSON object")
   rep = sub.add_parser("repro", help="reproduce a paper experiment on a CPU (hypermixer-synthetic: HyperMixer "
-                       "§4.7, Fig. 5)")
+                       "§4.7, Fig. 5; cogs: COGS from scratch, Remixer paper §3.4)")
   rep_sub = rep.add_subparsers(dest="experiment", required=True)
-  from remixer_t5.repro import hypermixer_synthetic
+  from remixer_t5.repro import cogs, hypermixer_synthetic
   hypermixer_synthetic.add_arguments(rep_sub.add_parser(
       "hypermixer-synthetic", help="test MSE against training-set size and pseudo-attention maps"))
+  cogs.add_arguments(rep_sub.add_parser(
+      "cogs", help="train each model from scratch on COGS, exact match on dev, test and every gen category"))
   return p
 
 

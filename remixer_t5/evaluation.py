@@ -6,6 +6,7 @@ Per task, under ``log_dir``: seqio's ``<task>-metrics.jsonl`` (one line per step
 """
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from typing import Any, Callable, Mapping
@@ -21,13 +22,14 @@ from remixer_t5.models import EncoderDecoderModel
 def make_predict_fn(model: EncoderDecoderModel, params, batch_size: int, *, beam_size: int = 1,
                     put: Callable[[np.ndarray], Any] = jnp.asarray,
                     fetch: Callable[[Any], np.ndarray] = jax.device_get,
-                    progress: Callable[[str], None] | None = None):
+                    progress: Callable[[str], None] | None = None, stats: dict | None = None):
   """seqio predict_fn: (index, features) dataset -> [(index, output ids)], decoded in fixed-shape batches of
   ``batch_size`` (the last one padded with empty rows whose outputs are dropped). The ids keep their full
   length (seqio stacks them; the vocabulary's decode stops at EOS). `put` makes a device array of a host
-  batch and `fetch` brings outputs back (multi-process runs pass global-array versions of both)."""
-  predict = jax.jit(lambda p, enc, n: model.predict_batch(p, {"encoder_input_tokens": enc}, max_decode_length=n,
-                                                          beam_size=beam_size), static_argnums=2)
+  batch and `fetch` brings outputs back (multi-process runs pass global-array versions of both).
+  `stats`, when given, receives `examples`, `tokens` (generated, up to and with EOS) and `seconds` (decoding
+  only, compilation included) of the calls."""
+  predict = _jit_predict(model, beam_size)
 
   def predict_fn(ds):
     rows = list(ds.as_numpy_iterator())
@@ -43,13 +45,32 @@ def make_predict_fn(model: EncoderDecoderModel, params, batch_size: int, *, beam
       tokens = np.asarray(fetch(predict(params, put(enc), length)))
       for (index, _), ids in zip(chunk, tokens):
         out.append((int(index), ids.tolist()))
+      if stats is not None:
+        stats["tokens"] = stats.get("tokens", 0) + int(_generated(tokens[:len(chunk)]).sum())
       if progress:
         done = min(start + batch_size, len(rows))
         rate = done / max(time.time() - t0, 1e-9)
         progress(f"decoded {done}/{len(rows)} examples ({rate:.1f}/s, ETA {(len(rows) - done) / rate:.0f}s)")
+    if stats is not None:
+      stats["examples"] = stats.get("examples", 0) + len(rows)
+      stats["seconds"] = stats.get("seconds", 0.0) + time.time() - t0
     return out
 
   return predict_fn
+
+
+@functools.lru_cache(maxsize=8)
+def _jit_predict(model: EncoderDecoderModel, beam_size: int):
+  """One jitted decode per (model, beam size), so evaluating several splits compiles each length once."""
+  return jax.jit(lambda p, enc, n: model.predict_batch(p, {"encoder_input_tokens": enc}, max_decode_length=n,
+                                                       beam_size=beam_size), static_argnums=2)
+
+
+def _generated(tokens: np.ndarray, eos_id: int = 1) -> np.ndarray:
+  """Tokens each row generated: up to and with its first EOS, or the whole row when it has none."""
+  is_eos = tokens == eos_id
+  first = np.where(is_eos.any(-1), is_eos.argmax(-1) + 1, tokens.shape[-1])
+  return first
 
 
 def infer_eval(model: EncoderDecoderModel, params, task_name: str, *, batch_size: int,
@@ -57,11 +78,12 @@ def infer_eval(model: EncoderDecoderModel, params, task_name: str, *, batch_size
                num_examples: int | None = None, log_dir: str | None = None, step: int | None = None,
                seed: int = 0, beam_size: int = 1, put: Callable[[np.ndarray], Any] = jnp.asarray,
                fetch: Callable[[Any], np.ndarray] = jax.device_get,
-               progress: Callable[[str], None] | None = None) -> dict[str, dict[str, float]]:
+               progress: Callable[[str], None] | None = None,
+               stats: dict | None = None) -> dict[str, dict[str, float]]:
   """Decode ``split`` of every task of ``task_name`` that has metrics; returns ``{task: {metric: value}}``.
 
   ``feature_lengths``: truncation lengths (None: the longest example of each feature, as seqio computes);
-  ``num_examples``: the first N examples of each task (None: all).
+  ``num_examples``: the first N examples of each task (None: all). ``stats``: see `make_predict_fn`.
   """
   logging.getLogger("absl").setLevel(logging.WARNING)  # seqio's per-dataset info lines drown the progress
   loggers = (seqio.JSONLogger, seqio.TensorBoardLogger) if log_dir and jax.process_index() == 0 else ()
@@ -77,7 +99,7 @@ def infer_eval(model: EncoderDecoderModel, params, task_name: str, *, batch_size
     raise ValueError(f"{task_name!r} has no task with metrics and a {split!r} split to evaluate "
                      "(span corruption tasks have none; use loss evaluation)")
   predict_fn = make_predict_fn(model, params, batch_size, beam_size=beam_size, put=put, fetch=fetch,
-                               progress=progress)
+                               progress=progress, stats=stats)
   metrics, _ = evaluator.evaluate(compute_metrics=True, step=step, predict_fn=predict_fn)
   result = metrics.result()
   return {task: {k: _scalar(v) for k, v in values.items()} for task, values in result.items()}

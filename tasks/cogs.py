@@ -12,10 +12,20 @@ model), ``targets`` = the logical form. seqio keeps the raw text as
 ``in_distribution`` or a generalization type in gen.tsv) is kept alongside.
 Both features get EOS.
 
-Vocabulary: T5's SentencePiece with 100 extra ids (``vocab.t5_vocabulary()``, read lazily on first
-use), as the Remixer paper's models use; ``register_cogs_task(name, vocabulary)`` registers the same data
-with another (e.g. a local copy of T5's). The project's embedded vocabulary is no substitute here: it has no
-piece for "_" or "*", which every COGS logical form uses.
+The generalization split reads ``gen.tsv`` (the release's 21 categories) when it is there, else
+``gen_sample.tsv`` (any subset of the categories in the same format), or the file given to
+``set_gen_file`` / ``$REMIXER_T5_COGS_GEN``; ``gen_path()`` says which.
+
+Vocabularies, two tasks over the same data:
+  ``cogs``        T5's SentencePiece with 100 extra ids (``vocab.t5_vocabulary()``, read lazily on first use),
+                  as the Remixer paper's pretrained models use (``gin/runs/cogs.gin``, finetuning);
+  ``cogs_words``  the word vocabulary of COGS's train split, both columns (``cogs_word_vocabulary()``,
+                  ``remixer_t5/data/word_vocab.py``): one piece per train word as Kim & Linzen's word tokens,
+                  digits and characters as fallback so every dev/test/gen string round-trips; built on first
+                  use and cached under ``$REMIXER_T5_CACHE_DIR/cogs/`` keyed on train.tsv's hash. Models trained
+                  from scratch use it (``remixer-t5 repro cogs``, ``gin/runs/cogs_scratch.gin``).
+``register_cogs_task(name, vocabulary)`` registers the data with any other vocabulary. The project's embedded
+vocabulary is no substitute: it has no piece for "_" or "*", which every COGS logical form uses.
 """
 
 from __future__ import annotations
@@ -30,9 +40,39 @@ from remixer_t5.tasks.common import already_registered, as_vocabulary
 from remixer_t5.tasks.metrics import cogs_accuracy, cogs_postprocess
 
 TASK_NAME = "cogs"
+WORDS_TASK_NAME = "cogs_words"
 DATA_ENV_VAR = sources.DATA_ENV_VAR
+GEN_ENV_VAR = "REMIXER_T5_COGS_GEN"
 SPLIT_FILES = {"train": "train.tsv", "validation": "dev.tsv", "test": "test.tsv", "gen": "gen.tsv"}
+GEN_FALLBACK = "gen_sample.tsv"  # a subset of gen.tsv's categories (the full file is 21 x 1,000 rows)
 NUM_FIELDS = 3
+_gen_file: str | None = None
+
+
+def set_gen_file(path: str | os.PathLike | None) -> None:
+    """Read the gen split from ``path`` (None: ``$REMIXER_T5_COGS_GEN``, else gen.tsv, else gen_sample.tsv)."""
+    global _gen_file
+    if path is not None and not Path(path).expanduser().is_file():
+        raise FileNotFoundError(f"COGS gen file not found: {path} (looked at {Path(path).expanduser().resolve()})")
+    _gen_file = None if path is None else str(Path(path).expanduser())
+
+
+def gen_path(data_dir: str | os.PathLike | None = None) -> Path:
+    """The file the gen split reads: set_gen_file's, $REMIXER_T5_COGS_GEN, cogs/gen.tsv, cogs/gen_sample.tsv."""
+    chosen = _gen_file or os.environ.get(GEN_ENV_VAR)
+    if chosen:
+        path = Path(chosen).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"COGS gen file not found: {chosen} (from "
+                                    f"{'set_gen_file' if _gen_file else '$' + GEN_ENV_VAR})")
+        return path
+    folder = cogs_dir(data_dir)
+    for name in (SPLIT_FILES["gen"], GEN_FALLBACK):
+        if (folder / name).is_file():
+            return folder / name
+    raise FileNotFoundError(
+        f"COGS 'gen' split not found: looked for {folder.resolve()}/{SPLIT_FILES['gen']} and {GEN_FALLBACK}. Put "
+        f"the release's gen.tsv there, or pass a gen file (set ${GEN_ENV_VAR}).")
 
 
 def cogs_dir(data_dir: str | os.PathLike | None = None) -> Path:
@@ -58,6 +98,8 @@ def split_path(split: str, data_dir: str | os.PathLike | None = None) -> Path:
     """The TSV file of ``split``; FileNotFoundError if missing, ValueError for an unknown split."""
     if split not in SPLIT_FILES:
         raise ValueError(f"unknown COGS split {split!r}; expected one of {list(SPLIT_FILES)}")
+    if split == "gen":
+        return gen_path(data_dir)
     path = cogs_dir(data_dir) / SPLIT_FILES[split]
     if not path.is_file():
         raise FileNotFoundError(
@@ -144,4 +186,20 @@ def register_cogs_task(name: str = TASK_NAME, vocabulary=None, *, data_dir=None)
     return name
 
 
+def _word_model_path(data_dir=None) -> Path:
+    from remixer_t5.data import embedded_corpus, word_vocab
+    train = split_path("train", data_dir)
+    cache = embedded_corpus.cache_root() / "cogs" / f"word_vocab_{word_vocab.file_digest(train)}.model"
+    return word_vocab.cached_model(
+        cache, lambda: [text for row in read_cogs_tsv(train) for text in row[:2]], f"COGS train ({train})")
+
+
+def cogs_word_vocabulary(data_dir=None) -> seqio.Vocabulary:
+    """The word vocabulary of COGS's train split (sentences and logical forms); lazy: built on first use."""
+    from remixer_t5.data import word_vocab
+    return word_vocab.lazy_vocabulary(f"cogs_words(data_dir={data_dir!r})",
+                                      functools.partial(_word_model_path, data_dir))
+
+
 register_cogs_task(TASK_NAME)
+register_cogs_task(WORDS_TASK_NAME, cogs_word_vocabulary())

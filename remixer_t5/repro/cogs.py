@@ -1,0 +1,411 @@
+"""COGS from scratch on a CPU (Kim & Linzen, "COGS", EMNLP 2020; the Remixer paper's §3.4 and Table 4).
+
+For each model (a folder of gin/models/ with a ``cogs.gin``) and seed, the project's own trainer trains the
+model from scratch on COGS's train split (``remixer-t5 train`` with ``models/<model>/cogs.gin`` and
+``runs/cogs_scratch.gin``, one subprocess per run, its log in ``<out>/runs/<model>-seed<seed>/train.log``);
+then the run's last checkpoint decodes dev, test and the generalization file greedily with the cache
+(``evaluation.infer_eval``: seqio's Evaluator, the task's postprocessor and ``cogs_accuracy``), and every split
+and gen category gets an exact-match score.
+
+Protocol (written down in docs/reproductions.md, "COGS", with the reasons):
+  - the word vocabulary of COGS's train split (task ``cogs_words``), not T5's 32k pieces;
+  - a fixed step budget and the LAST checkpoint: no early stopping or model selection on the in-distribution
+    dev set (Csordás et al. 2021, §3: dev accuracy saturates long before gen accuracy does);
+  - Adafactor, T5's inverse-square-root schedule (0.045 until `warmup` steps, then decaying), dropout 0.1, no
+    label smoothing (the loss is the project's cross-entropy with z-loss 1e-4);
+  - fixed-length mixers sized to the longest input and target of every split (``MODEL_LENGTHS``).
+
+Outputs (``--out DIR``, rewritten after every run; a rerun skips the finished runs):
+``cogs.jsonl`` (one row per model, seed and split or gen category), ``cogs_table.md`` (mean and range over
+seeds) and ``cogs.png`` (exact match per category and model).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+DEFAULT_MODELS = ("t5_1_1", "remixer", "mixer_encdec", "hypermixer")
+LABELS = {"t5_1_1": "T5.1.1", "remixer": "Remixer", "mixer_encdec": "MLP-Mixer enc-dec",
+          "hypermixer": "HyperMixer", "gmlp": "gMLP", "amlp": "aMLP", "fnet": "FNet",
+          "linear_attention": "Linear attention", "mixer_enc": "MLP-Mixer enc", "pnlp_mixer": "pNLP-Mixer"}
+TASK = "cogs_words"
+SPLITS = ("validation", "test", "gen")
+SPLIT_LABELS = {"validation": "dev", "test": "test", "gen": "gen"}
+MODEL_FILE = "cogs.gin"
+RUN_FILE = "runs/cogs_scratch.gin"
+
+# Published gen exact match (%) the runs are held against (see the module docstring and docs/reproductions.md).
+REFERENCES = (("Kim & Linzen 2020 Transformer (9.5M, from scratch)", 35.0),
+              ("Csordás et al. 2021 Transformer (relative positions, no early stopping)", 81.0))
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  models: tuple[str, ...] = DEFAULT_MODELS
+  seeds: tuple[int, ...] = (0, 1, 2)
+  steps: int = 600             # optimisation steps per run (batch rows of packed examples)
+  batch_size: int = 24         # packed rows per step (~7 examples each: ~170 examples per step)
+  warmup: int = 300            # rsqrt schedule: base / sqrt(max(step, warmup))
+  eval_batch_size: int = 250   # examples decoded at once
+  gen_file: str | None = None  # None: <data>/cogs/gen.tsv, else gen_sample.tsv
+  eval_examples: int | None = None  # first N examples of each split (None: all)
+
+  def __post_init__(self):
+    if not self.models:
+      raise ValueError("--models: name at least one model (a folder of gin/models/ with cogs.gin)")
+    for name in ("steps", "batch_size", "warmup", "eval_batch_size"):
+      if getattr(self, name) <= 0:
+        raise ValueError(f"--{name} must be positive, got {getattr(self, name)}")
+    if not self.seeds or len(set(self.seeds)) != len(self.seeds) or min(self.seeds) < 0:
+      raise ValueError(f"--seeds must be distinct non-negative integers, got {self.seeds}")
+    if self.eval_examples is not None and self.eval_examples <= 0:
+      raise ValueError(f"--eval_examples must be positive, got {self.eval_examples}")
+
+
+QUICK = dict(models=("t5_1_1", "remixer"), seeds=(0,), steps=350)
+
+
+def model_gin(model: str) -> str:
+  """``models/<model>/cogs.gin``; ValueError naming the models that have one when it is missing."""
+  from remixer_t5.gin_utils import gin_dir
+  if (gin_dir() / "models" / model / MODEL_FILE).is_file():
+    return f"models/{model}/{MODEL_FILE}"
+  have = sorted(p.parent.name for p in (gin_dir() / "models").glob(f"*/{MODEL_FILE}"))
+  raise ValueError(f"unknown COGS model {model!r}: gin/models/{model}/{MODEL_FILE} does not exist; models with "
+                   f"a COGS config: {', '.join(have)}")
+
+
+# --- data -------------------------------------------------------------------------------------------------
+def measure_splits(progress: Callable[[str], None] = print) -> dict:
+  """Per split: rows, examples that do not round-trip through the vocabulary, the longest input and target
+  (tokens with EOS); and the model lengths that hold every split (rounded up to a multiple of 16)."""
+  from remixer_t5.data import word_vocab
+  from remixer_t5.tasks import cogs
+  vocab = cogs.cogs_word_vocabulary()
+  out = {"gen_file": str(cogs.gen_path()), "vocab_size": int(vocab.vocab_size), "splits": {}}
+  for split in ("train",) + SPLITS:
+    rows = cogs.read_cogs_tsv(cogs.split_path(split))
+    texts = [t for r in rows for t in r[:2]]
+    bad = word_vocab.round_trip_failures(vocab, texts)
+    enc = vocab.tokenizer.encode([r[0] for r in rows]), vocab.tokenizer.encode([r[1] for r in rows])
+    info = {"rows": len(rows), "round_trip_failures": len(bad),
+            "max_input_tokens": max(len(e) for e in enc[0]) + 1, "max_target_tokens": max(len(e) for e in enc[1]) + 1,
+            "mean_target_tokens": round(float(np.mean([len(e) for e in enc[1]])) + 1, 1)}
+    if split == "gen":
+      info["categories"] = {c: sum(r[2] == c for r in rows) for c in sorted({r[2] for r in rows})}
+    out["splits"][split] = info
+    progress(f"cogs {SPLIT_LABELS.get(split, split)}: {len(rows)} rows, {len(bad)} do not round-trip, longest "
+             f"input {info['max_input_tokens']} and target {info['max_target_tokens']} tokens (with EOS)"
+             + (f" [{out['gen_file']}]" if split == "gen" else ""))
+  up = lambda n: int(math.ceil(n / 16) * 16)
+  out["model_lengths"] = {
+      "inputs": up(max(s["max_input_tokens"] for s in out["splits"].values())),
+      "targets": up(max(s["max_target_tokens"] for s in out["splits"].values()))}
+  return out
+
+
+# --- one run ----------------------------------------------------------------------------------------------
+def _gin_args(model: str, model_dir: Path, seed: int, settings: Settings, lengths: dict) -> list[str]:
+  return [f"--gin_file={model_gin(model)}", f"--gin_file={RUN_FILE}",
+          f"--gin.MODEL_DIR='{model_dir}'", f"--gin.RANDOM_SEED={seed}", f"--gin.TRAIN_STEPS={settings.steps}",
+          f"--gin.BATCH_SIZE={settings.batch_size}", f"--gin.CHECKPOINT_PERIOD={settings.steps}",
+          "--gin.EVAL_PERIOD=0", f"--gin.optim.rsqrt_schedule.warmup_steps={settings.warmup}",
+          f"--gin.MODEL_LENGTHS={json.dumps(lengths)}"]
+
+
+def train_run(model: str, seed: int, settings: Settings, lengths: dict, run_dir: Path,
+              progress: Callable[[str], None]) -> float:
+  """`remixer-t5 train` in a subprocess (resumes a started run); its output in run_dir/train.log, its
+  [train] lines passed to `progress`. Returns the seconds it took."""
+  run_dir.mkdir(parents=True, exist_ok=True)
+  cmd = [sys.executable, "-m", "remixer_t5", "train", *_gin_args(model, run_dir, seed, settings, lengths)]
+  t0 = time.time()
+  with open(run_dir / "train.log", "a") as log:
+    log.write("$ " + " ".join(cmd) + "\n")
+    log.flush()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ)
+    for line in proc.stdout:
+      log.write(line)
+      if line.startswith(("[train]", "[validation]", "model:")):
+        progress(f"{model} seed {seed}: {line.rstrip()}")
+    if proc.wait():
+      raise RuntimeError(f"training {model} seed {seed} failed (exit {proc.returncode}); see {run_dir}/train.log")
+  return time.time() - t0
+
+
+def evaluate_run(model: str, seed: int, settings: Settings, lengths: dict, run_dir: Path,
+                 progress: Callable[[str], None]) -> dict[str, dict]:
+  """Decode dev, test and gen with the run's last checkpoint; {split: {metrics..., stats...}}."""
+  from remixer_t5 import checkpoints, evaluation, gin_utils
+  flags = _gin_args(model, run_dir, seed, settings, lengths)
+  gin_utils.parse_gin([f[len("--gin_file="):] for f in flags if f.startswith("--gin_file=")],
+                      [f[len("--gin."):] for f in flags if f.startswith("--gin.")])
+  mdl = gin_utils.macro("MODEL")
+  params = checkpoints.restore_any_params(run_dir)
+  out = {}
+  for split in SPLITS:
+    stats: dict = {}
+    t0 = time.time()
+    per_task = evaluation.infer_eval(
+        mdl, params, TASK, batch_size=settings.eval_batch_size, feature_lengths=lengths, split=split,
+        num_examples=settings.eval_examples, log_dir=str(run_dir / "inference_eval"), step=settings.steps,
+        stats=stats, progress=lambda s, sp=split: progress(f"{model} seed {seed} {SPLIT_LABELS[sp]}: {s}"))
+    out[split] = {**per_task[TASK], **stats, "wall_seconds": time.time() - t0}
+  return out
+
+
+def _rows(model: str, seed: int, params: int, settings: Settings, results: dict, train_seconds: float,
+          categories: dict[str, int], gen_file: str) -> list[dict]:
+  rows = []
+  for split in SPLITS:
+    r = results[split]
+    base = {"model": model, "seed": seed, "split": SPLIT_LABELS[split], "params": params,
+            "train_steps": settings.steps, "train_seconds": round(train_seconds, 1),
+            "seconds": round(r["seconds"], 1), "decode_examples_per_s": round(r["examples"] / r["seconds"], 1),
+            "decode_tokens_per_s": round(r["tokens"] / r["seconds"], 1)}
+    if split != "gen":
+      rows.append({**base, "category": None, "exact_match": r["exact_match"] / 100.0, "n": r["examples"]})
+      continue
+    cats = {k[len("accuracy_"):]: v / 100.0 for k, v in r.items() if k.startswith("accuracy_")}
+    for cat, acc in sorted(cats.items()):
+      rows.append({**base, "category": cat, "exact_match": acc, "n": categories.get(cat), "gen_file": gen_file})
+    rows.append({**base, "category": "mean over categories", "exact_match": float(np.mean(list(cats.values()))),
+                 "n": r["examples"], "categories": len(cats), "gen_file": gen_file})
+  return rows
+
+
+# --- the sweep --------------------------------------------------------------------------------------------
+def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None] = lambda r: None,
+        progress: Callable[[str], None] = lambda s: None) -> list[dict]:
+  """Every model x seed: train (or resume), decode, score; outputs rewritten after every run."""
+  from remixer_t5.tasks import cogs
+  if settings.gen_file:
+    cogs.set_gen_file(settings.gen_file)
+    os.environ[cogs.GEN_ENV_VAR] = str(Path(settings.gen_file).expanduser().resolve())  # for the subprocesses
+  for m in settings.models:
+    model_gin(m)  # unknown names fail before anything runs
+  data = measure_splits(progress)
+  bad = {s: v["round_trip_failures"] for s, v in data["splits"].items() if v["round_trip_failures"]}
+  if bad:
+    raise ValueError(f"COGS examples that do not round-trip through the word vocabulary: {bad}")
+  lengths = data["model_lengths"]
+  progress(f"model lengths (longest of every split, rounded up to 16): {lengths}")
+  work = Path(out_dir) if out_dir is not None else Path(os.environ.get("TMPDIR", "/tmp")) / "remixer_t5_cogs"
+  work.mkdir(parents=True, exist_ok=True)
+  record = {"settings": dataclasses.asdict(settings) | {"models": None, "seeds": None},
+            "gen_file": data["gen_file"], "model_lengths": lengths}
+  settings_path = work / "settings.json"
+  if settings_path.exists():
+    old = json.loads(settings_path.read_text())
+    if old != json.loads(json.dumps(record)):
+      raise ValueError(f"{work} holds runs made with other settings ({settings_path}); use another --out "
+                       f"or remove it.\n  there: {json.dumps(old)}\n  now:   {json.dumps(record)}")
+  else:
+    settings_path.write_text(json.dumps(record, indent=2))
+  (work / "data.json").write_text(json.dumps(data, indent=2))
+  results_path = work / "cogs.jsonl"
+  records = [json.loads(line) for line in results_path.read_text().splitlines()] if results_path.exists() else []
+  done = {(r["model"], r["seed"]) for r in records}
+  categories = data["splits"]["gen"]["categories"]
+  total = len(settings.models) * len(settings.seeds)
+  t_start, finished = time.time(), 0
+  for seed in settings.seeds:
+    for model in settings.models:
+      i = settings.seeds.index(seed) * len(settings.models) + settings.models.index(model) + 1
+      if (model, seed) in done:
+        progress(f"[{i}/{total}] {model} seed {seed}: done before, kept")
+        for r in records:
+          if (r["model"], r["seed"]) == (model, seed):
+            emit(r)
+        continue
+      run_dir = work / "runs" / f"{model}-seed{seed}"
+      progress(f"[{i}/{total}] {model} seed {seed}: training {settings.steps} steps in {run_dir}")
+      train_seconds = train_run(model, seed, settings, lengths, run_dir, progress)
+      results = evaluate_run(model, seed, settings, lengths, run_dir, progress)
+      params = _param_count(run_dir)
+      new = _rows(model, seed, params, settings, results, train_seconds, categories, Path(data["gen_file"]).name)
+      records += new
+      for r in new:
+        emit(r)
+      finished += 1
+      left = sum(1 for s in settings.seeds for m in settings.models if (m, s) not in done) - finished
+      elapsed = time.time() - t_start
+      progress(f"[{i}/{total}] {model} seed {seed}: test {results['test']['exact_match']:.1f}%, gen mean "
+               f"{new[-1]['exact_match'] * 100:.1f}% (train {train_seconds:.0f}s, decode "
+               f"{sum(r['seconds'] for r in results.values()):.0f}s); ETA {elapsed / finished * left / 60:.0f} min")
+      _write_outputs(work, records)
+  if out_dir is None:
+    return records
+  _write_outputs(work, records)
+  return records
+
+
+def _param_count(run_dir: Path) -> int:
+  """Parameters of the run, from the trainer's log line ('model: 1,115,904 params | ...')."""
+  for line in (run_dir / "train.log").read_text().splitlines():
+    if line.startswith("model: ") and " params " in line:
+      return int(line.split()[1].replace(",", ""))
+  raise ValueError(f"no parameter count in {run_dir}/train.log")
+
+
+def _write_outputs(out_dir: Path, records: Sequence[dict]) -> None:
+  tmp = out_dir / "cogs.jsonl.tmp"
+  tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+  tmp.replace(out_dir / "cogs.jsonl")
+  (out_dir / "cogs_table.md").write_text(markdown_table(records))
+  plot(records, out_dir / "cogs.png")
+
+
+# --- tables and figures -----------------------------------------------------------------------------------
+def _columns(records: Sequence[dict]) -> list[tuple[str, str | None]]:
+  cats = sorted({r["category"] for r in records if r["split"] == "gen" and r["category"] != "mean over categories"})
+  return [("dev", None), ("test", None), ("gen", "mean over categories")] + [("gen", c) for c in cats]
+
+
+def _by_model(records: Sequence[dict]) -> dict[str, dict]:
+  by: dict[str, dict] = {}
+  for r in records:
+    by.setdefault(r["model"], {}).setdefault((r["split"], r["category"]), []).append(r)
+  return by
+
+
+def _cell(rows: list[dict] | None) -> str:
+  if not rows:
+    return "-"
+  v = [100 * r["exact_match"] for r in rows]
+  return f"{np.mean(v):.1f}" + (f" ({min(v):.1f}-{max(v):.1f})" if len(v) > 1 else "")
+
+
+def markdown_table(records: Sequence[dict]) -> str:
+  """Exact match (%) per model: mean over seeds (min-max), per split and gen category; decode speed."""
+  cols = _columns(records)
+  head = ["model", "params", "seeds", "steps"] + [
+      ("gen mean" if c == "mean over categories" else f"gen: {c}") if s == "gen" else s for s, c in cols] + [
+      "decode ex/s", "decode tok/s", "train s"]
+  lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+  by = _by_model(records)
+  for m in sorted(by, key=lambda m: (DEFAULT_MODELS + tuple(LABELS)).index(m) if m in LABELS else 99):
+    cells = by[m]
+    any_rows = [r for rows in cells.values() for r in rows]
+    seeds = sorted({r["seed"] for r in any_rows})
+    gen_rows = cells.get(("gen", "mean over categories"), [])
+    speed = lambda k: f"{np.mean([r[k] for r in gen_rows]):.0f}" if gen_rows else "-"
+    lines.append("| " + " | ".join(
+        [LABELS.get(m, m), f"{any_rows[0]['params']:,}", str(len(seeds)), str(any_rows[0]["train_steps"])]
+        + [_cell(cells.get(c)) for c in cols]
+        + [speed("decode_examples_per_s"), speed("decode_tokens_per_s"),
+           f"{np.mean([r['train_seconds'] for r in gen_rows]):.0f}" if gen_rows else "-"]) + " |")
+  gen_file = next((r.get("gen_file") for r in records if r.get("gen_file")), None)
+  notes = ["", "Exact match in %, mean over seeds (min-max). 'gen mean' is the mean over the gen categories "
+           f"present ({gen_file or 'no gen file'}); decode speeds are greedy decoding of gen with the cache.",
+           "Published gen exact match: " + "; ".join(f"{name}: {v:.0f}%" for name, v in REFERENCES) + "."]
+  return "\n".join(lines + notes) + "\n"
+
+
+def plot(records: Sequence[dict], path: Path) -> None:
+  """Bars: exact match per split / gen category (x) and model (colour), mean over seeds with min-max ticks."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  from remixer_t5 import plots
+  cols = _columns(records)
+  by = _by_model(records)
+  models = [m for m in (DEFAULT_MODELS + tuple(LABELS)) if m in by] + [m for m in by if m not in LABELS]
+  models = list(dict.fromkeys(models))
+  fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(cols) + 2), 4.2))
+  width = 0.8 / max(len(models), 1)
+  x = np.arange(len(cols))
+  for k, m in enumerate(models):
+    mean, lo, hi = [], [], []
+    for c in cols:
+      v = [100 * r["exact_match"] for r in by[m].get(c, [])] or [np.nan]
+      mean.append(np.mean(v))
+      lo.append(np.mean(v) - np.min(v))
+      hi.append(np.max(v) - np.mean(v))
+    ax.bar(x + (k - (len(models) - 1) / 2) * width, mean, width, yerr=[lo, hi], capsize=2,
+           label=LABELS.get(m, m))
+  for name, v in REFERENCES:
+    ax.axhline(v, ls="--", lw=0.8, color="grey")
+    ax.text(len(cols) - 0.5, v + 1, name.split(" (")[0] + " gen", fontsize=6, ha="right", color="grey")
+  ax.set_xticks(x)
+  ax.set_xticklabels([("gen mean" if c == "mean over categories" else c) if s == "gen" else s for s, c in cols],
+                     rotation=20, ha="right", fontsize=8)
+  ax.set_ylabel("exact match (%)")
+  ax.set_ylim(0, 105)
+  seeds = sorted({r["seed"] for r in records})
+  ax.set_title(f"COGS from scratch ({len(seeds)} seed{'s' * (len(seeds) > 1)}; bars: min-max)", fontsize=10)
+  ax.legend(fontsize=7, loc="lower left")
+  ax.grid(True, axis="y", alpha=0.3)
+  fig.tight_layout()
+  plots.save_png(fig, path, dpi=110)
+
+
+# --- command line -----------------------------------------------------------------------------------------
+def _ints(text: str, what: str) -> tuple[int, ...]:
+  try:
+    vals = tuple(int(v) for v in text.split(",") if v.strip())
+  except ValueError:
+    raise ValueError(f"--{what} expects comma-separated integers, got {text!r}") from None
+  if not vals:
+    raise ValueError(f"--{what} expects comma-separated integers, got {text!r}")
+  return vals
+
+
+def add_arguments(p) -> None:
+  p.add_argument("--quick", action="store_true",
+                 help=f"T5.1.1 and the Remixer, 1 seed, {QUICK['steps']} steps: ~15 minutes on 2 cores")
+  p.add_argument("--models", help=f"comma-separated folders of gin/models/ with {MODEL_FILE} "
+                 f"(default: {','.join(DEFAULT_MODELS)})")
+  p.add_argument("--seeds", help="a count N (seeds 0..N-1) or comma-separated seeds, e.g. 3,4 (default 3)")
+  p.add_argument("--steps", type=int, help=f"training steps per run (default {Settings.steps})")
+  p.add_argument("--batch_size", "--batch-size", type=int, help=f"packed rows per step (default {Settings.batch_size})")
+  p.add_argument("--warmup", type=int, help=f"rsqrt schedule warm-up steps (default {Settings.warmup})")
+  p.add_argument("--eval_batch_size", "--eval-batch-size", type=int,
+                 help=f"examples decoded at once (default {Settings.eval_batch_size})")
+  p.add_argument("--eval_examples", "--eval-examples", type=int, help="decode only the first N of each split")
+  p.add_argument("--gen", help="the gen file (default: <data>/cogs/gen.tsv, else gen_sample.tsv)")
+  p.add_argument("--data_dir", "--data-dir", help="folder holding cogs/ (default: $REMIXER_T5_DATA_DIR)")
+  p.add_argument("--json", action="store_true", help="one JSON line per model, seed and split or gen category")
+  p.add_argument("--out", help="directory for cogs.jsonl, cogs_table.md, cogs.png and the runs (resumable)")
+
+
+def settings_from_args(args) -> Settings:
+  kw: dict = dict(QUICK) if args.quick else {}
+  if args.models:
+    kw["models"] = tuple(m.strip() for m in args.models.split(",") if m.strip())
+  if args.seeds:
+    vals = _ints(args.seeds, "seeds")
+    kw["seeds"] = tuple(range(vals[0])) if len(vals) == 1 and "," not in args.seeds else vals
+  for arg in ("steps", "batch_size", "warmup", "eval_batch_size", "eval_examples"):
+    if getattr(args, arg) is not None:
+      kw[arg] = getattr(args, arg)
+  if args.gen:
+    kw["gen_file"] = args.gen
+  return Settings(**kw)
+
+
+def main(args) -> int:
+  settings = settings_from_args(args)
+  if args.data_dir:
+    from remixer_t5.tasks import sources
+    os.environ[sources.DATA_ENV_VAR] = str(Path(args.data_dir).expanduser().resolve())  # the runs read it too
+  out = Path(args.out) if args.out else None
+  emit = (lambda r: print(json.dumps(r), flush=True)) if args.json else (lambda r: None)
+  progress = lambda s: print(s, file=sys.stderr, flush=True)
+  progress(f"repro cogs: {json.dumps(dataclasses.asdict(settings))}")
+  records = run(settings, out, emit=emit, progress=progress)
+  if not args.json:
+    print(markdown_table(records), end="")
+  if out is not None:
+    progress(f"wrote {out}/cogs.jsonl, cogs_table.md, cogs.png")
+  return 0

@@ -1,0 +1,189 @@
+"""`remixer-t5 repro cogs` (COGS from scratch): the word vocabulary, the gen file choice, the table and plot,
+the decode statistics, and a tiny end-to-end run through the trainer and the seqio evaluation."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SHARED_COGS = Path(__file__).resolve().parents[2] / "shared" / "data" / "cogs"
+
+
+# --- the word vocabulary ----------------------------------------------------------------------------------
+def _vocab(tmp_path, texts):
+  from remixer_t5.data import word_vocab
+  path = tmp_path / "words.model"
+  path.write_bytes(word_vocab.build_word_model(texts))
+  import seqio
+  return seqio.SentencePieceVocabulary(str(path), extra_ids=0)
+
+
+def test_word_vocabulary_has_a_piece_per_train_word_and_spells_the_rest(tmp_path):
+  train = ["A rose was helped by a dog .", "rose ( x _ 1 ) AND help . theme ( x _ 3 , x _ 1 )",
+           "x _ 18 AND dog ( x _ 12 )"]
+  v = _vocab(tmp_path, train)
+  sp = v.tokenizer
+  for word in ("rose", "helped", "AND", "theme", "(", "."):  # one piece each, as Kim & Linzen's word tokens
+    assert len(v.encode(word)) == 1, (word, [sp.id_to_piece(i) for i in v.encode(word)])
+  # Numbers are spelled digit by digit: 44 never occurs in training, yet is made of pieces that do (x _ 14).
+  assert [sp.id_to_piece(i) for i in v.encode("x _ 44")] == ["\u2581x", "\u2581_", "\u25814", "4"]
+  # Unseen words (and characters never seen at all, through bytes) still decode back exactly.
+  for text in ("A gardner helped a monastery .", "x _ 44 AND x _ 107", "caf\u00e9 \u00fcber", "a  b"):
+    assert v.decode(v.encode(text)) == text
+  assert 2 not in v.encode("caf\u00e9 \u00fcber")  # no <unk>: bytes stand in
+  # The model is the same bytes for the same texts (its cache key is the train file's hash).
+  from remixer_t5.data import word_vocab
+  assert word_vocab.build_word_model(train) == word_vocab.build_word_model(list(train))
+  with pytest.raises(ValueError, match="no word"):
+    word_vocab.build_word_model(["", " "])
+
+
+@pytest.mark.skipif(not SHARED_COGS.is_dir(), reason="../shared/data/cogs (the COGS release files) is absent")
+def test_every_cogs_split_round_trips_through_the_train_word_vocabulary(tmp_path, monkeypatch):
+  from remixer_t5.data import word_vocab
+  from remixer_t5.tasks import cogs
+  monkeypatch.setenv("REMIXER_T5_DATA_DIR", str(SHARED_COGS.parent))
+  monkeypatch.setenv("REMIXER_T5_CACHE_DIR", str(tmp_path))
+  vocab = cogs.cogs_word_vocabulary()
+  train_words = {w for r in cogs.read_cogs_tsv(cogs.split_path("train")) for t in r[:2] for w in t.split(" ")}
+  unseen = set()
+  for split in ("train", "validation", "test", "gen"):
+    rows = cogs.read_cogs_tsv(cogs.split_path(split))
+    assert word_vocab.round_trip_failures(vocab, [t for r in rows for t in r[:2]]) == [], split
+    unseen |= {w for r in rows for t in r[:2] for w in t.split(" ")} - train_words
+  assert "gardner" in unseen and "44" in unseen  # what a train-only word list could not hold
+  assert list((tmp_path / "cogs").glob("word_vocab_*.model"))  # cached under $REMIXER_T5_CACHE_DIR/cogs
+
+
+# --- the gen file -----------------------------------------------------------------------------------------
+def _tsv(path: Path, rows):
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text("".join("\t".join(r) + "\n" for r in rows), encoding="utf-8")
+
+
+def test_gen_split_reads_gen_tsv_else_the_sample_else_the_given_file(tmp_path, monkeypatch):
+  from remixer_t5.tasks import cogs
+  monkeypatch.setenv("REMIXER_T5_DATA_DIR", str(tmp_path))
+  monkeypatch.delenv(cogs.GEN_ENV_VAR, raising=False)
+  with pytest.raises(FileNotFoundError, match="gen_sample.tsv"):
+    cogs.gen_path()
+  _tsv(tmp_path / "cogs" / "gen_sample.tsv", [("A b .", "b ( x _ 1 )", "pp_recursion")])
+  assert cogs.split_path("gen").name == "gen_sample.tsv"
+  _tsv(tmp_path / "cogs" / "gen.tsv", [("A b .", "b ( x _ 1 )", "pp_recursion")])
+  assert cogs.split_path("gen").name == "gen.tsv"
+  other = tmp_path / "elsewhere.tsv"
+  _tsv(other, [("A b .", "b ( x _ 1 )", "cp_recursion")])
+  try:
+    cogs.set_gen_file(other)
+    assert cogs.split_path("gen") == other
+  finally:
+    cogs.set_gen_file(None)
+  with pytest.raises(FileNotFoundError, match="missing.tsv"):
+    cogs.set_gen_file(tmp_path / "missing.tsv")
+
+
+# --- outputs ----------------------------------------------------------------------------------------------
+def _records():
+  rows = []
+  for model, seeds in (("t5_1_1", {0: (0.99, 0.5, 0.1), 1: (0.97, 0.7, 0.3)}), ("remixer", {0: (0.9, 0.2, 0.0)})):
+    for seed, (test, cat_a, cat_b) in seeds.items():
+      base = {"model": model, "seed": seed, "params": 1000, "train_steps": 10, "train_seconds": 5.0,
+              "seconds": 1.0, "decode_examples_per_s": 100.0, "decode_tokens_per_s": 4000.0}
+      rows += [{**base, "split": "dev", "category": None, "exact_match": test, "n": 3},
+               {**base, "split": "test", "category": None, "exact_match": test, "n": 3},
+               {**base, "split": "gen", "category": "obj_to_subj_common", "exact_match": cat_a, "n": 2},
+               {**base, "split": "gen", "category": "pp_recursion", "exact_match": cat_b, "n": 2},
+               {**base, "split": "gen", "category": "mean over categories", "exact_match": (cat_a + cat_b) / 2,
+                "n": 4, "categories": 2}]
+  return rows
+
+
+def test_table_gives_mean_and_range_over_seeds_per_category(tmp_path):
+  from remixer_t5.repro import cogs as repro
+  table = repro.markdown_table(_records())
+  t5 = next(line for line in table.splitlines() if line.startswith("| T5.1.1"))
+  cells = [c.strip() for c in t5.strip("|").split("|")]
+  head = [c.strip() for c in table.splitlines()[0].strip("|").split("|")]
+  col = dict(zip(head, cells))
+  assert col["seeds"] == "2" and col["test"] == "98.0 (97.0-99.0)"
+  assert col["gen: obj_to_subj_common"] == "60.0 (50.0-70.0)" and col["gen: pp_recursion"] == "20.0 (10.0-30.0)"
+  assert col["gen mean"] == "40.0 (30.0-50.0)"
+  remixer = dict(zip(head, [c.strip() for c in next(
+      line for line in table.splitlines() if line.startswith("| Remixer")).strip("|").split("|")]))
+  assert remixer["seeds"] == "1" and remixer["gen mean"] == "10.0"
+  repro.plot(_records(), tmp_path / "cogs.png")
+  assert (tmp_path / "cogs.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_decode_stats_count_tokens_up_to_eos():
+  from remixer_t5 import evaluation
+  tokens = np.array([[5, 6, 1, 0, 0], [5, 1, 0, 0, 0], [4, 4, 4, 4, 4]])
+  assert evaluation._generated(tokens).tolist() == [3, 2, 5]
+
+
+def test_settings_refuse_bad_values():
+  from remixer_t5.repro import cogs as repro
+  with pytest.raises(ValueError, match="--steps"):
+    repro.Settings(steps=0)
+  with pytest.raises(ValueError, match="--seeds"):
+    repro.Settings(seeds=(1, 1))
+  with pytest.raises(ValueError, match="gmlp_nope.*models with a COGS config: .*t5_1_1"):
+    repro.model_gin("gmlp_nope")
+
+
+# --- end to end -------------------------------------------------------------------------------------------
+def _toy_cogs(folder: Path) -> None:
+  """A COGS-shaped toy in the release's TSV format: 'The N V .' -> '* N ( x _ 1 ) ; V . agent ( x _ 2 , x _ 1 )'."""
+  nouns, verbs = ["cat", "dog", "girl", "boy", "bird"], [("smiled", "smile"), ("ran", "run"), ("slept", "sleep")]
+  rows = [(f"The {n} {v} .", f"* {n} ( x _ 1 ) ; {lemma} . agent ( x _ 2 , x _ 1 )", "in_distribution")
+          for n in nouns for v, lemma in verbs]
+  _tsv(folder / "cogs" / "train.tsv", rows * 4)
+  _tsv(folder / "cogs" / "dev.tsv", rows[:6])
+  _tsv(folder / "cogs" / "test.tsv", rows[6:12])
+  _tsv(folder / "cogs" / "gen_sample.tsv",
+       [("The hedgehog smiled .", "* hedgehog ( x _ 1 ) ; smile . agent ( x _ 2 , x _ 1 )", "new_noun"),
+        ("The cat ran .", "* cat ( x _ 1 ) ; run . agent ( x _ 2 , x _ 1 )", "seen"),
+        ("The dog slept .", "* dog ( x _ 1 ) ; sleep . agent ( x _ 2 , x _ 1 )", "seen")])
+
+
+def test_repro_cogs_end_to_end_through_the_trainer_and_resumes(tmp_path):
+  """Two models, 1 seed, a few steps on a toy in COGS's format: every row, the table and plot; a rerun keeps
+  the finished runs; other settings in the same folder are refused."""
+  _toy_cogs(tmp_path / "data")
+  out = tmp_path / "out"
+  env = {**__import__("os").environ, "REMIXER_T5_CACHE_DIR": str(tmp_path / "cache"), "JAX_PLATFORMS": "cpu"}
+  cmd = [sys.executable, "-m", "remixer_t5", "repro", "cogs", "--models", "t5_1_1,remixer", "--seeds", "1",
+         "--steps", "4", "--batch_size", "2", "--warmup", "2", "--eval_batch_size", "8",
+         "--data_dir", str(tmp_path / "data"), "--json", "--out", str(out)]
+  proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+  assert {(r["model"], r["split"], r["category"]) for r in rows} == {
+      (m, s, c) for m in ("t5_1_1", "remixer")
+      for s, c in (("dev", None), ("test", None), ("gen", "new_noun"), ("gen", "seen"),
+                   ("gen", "mean over categories"))}
+  for r in rows:
+    assert 0.0 <= r["exact_match"] <= 1.0 and r["train_steps"] == 4 and r["params"] > 0 and r["seed"] == 0
+    assert r["decode_examples_per_s"] > 0 and r["decode_tokens_per_s"] > 0
+  n = {(r["model"], r["split"], r["category"]): r["n"] for r in rows}
+  assert n[("t5_1_1", "dev", None)] == 6 and n[("t5_1_1", "gen", "seen")] == 2
+  assert n[("t5_1_1", "gen", "mean over categories")] == 3
+  assert "0 do not round-trip" in proc.stderr and "gen_sample.tsv" in proc.stderr
+  assert {p.name for p in out.iterdir()} >= {"cogs.jsonl", "cogs_table.md", "cogs.png", "settings.json"}
+  assert len((out / "cogs.jsonl").read_text().splitlines()) == len(rows)
+  assert "| T5.1.1 |" in (out / "cogs_table.md").read_text()
+  # The run went through the trainer (its checkpoint and metrics) and seqio's evaluator (its logs).
+  run = out / "runs" / "t5_1_1-seed0"
+  assert (run / "checkpoints" / "4").is_dir() and (run / "metrics.jsonl").is_file()
+  assert list((run / "inference_eval").glob("cogs_words-*.jsonl"))
+  again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert "done before, kept" in again.stderr and "training" not in again.stderr.split("done before")[0][-200:]
+  assert [json.loads(line) for line in again.stdout.splitlines() if line.startswith("{")] == rows
+  other = subprocess.run(cmd[:cmd.index("--steps") + 1] + ["5"] + cmd[cmd.index("--steps") + 2:],
+                         capture_output=True, text=True, env=env, timeout=600)
+  assert other.returncode == 2 and "other settings" in other.stderr
