@@ -69,6 +69,7 @@ def test_gen_split_reads_gen_tsv_else_the_sample_else_the_given_file(tmp_path, m
   from remixer_t5.tasks import cogs
   monkeypatch.setenv("REMIXER_T5_DATA_DIR", str(tmp_path))
   monkeypatch.delenv(cogs.GEN_ENV_VAR, raising=False)
+  (tmp_path / "cogs").mkdir()
   with pytest.raises(FileNotFoundError, match="gen_sample.tsv"):
     cogs.gen_path()
   _tsv(tmp_path / "cogs" / "gen_sample.tsv", [("A b .", "b ( x _ 1 )", "pp_recursion")])

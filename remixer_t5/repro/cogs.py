@@ -71,6 +71,8 @@ class Settings:
       raise ValueError(f"--eval_examples must be positive, got {self.eval_examples}")
 
 
+# Packed training rows (runs/cogs_scratch.gin's), never longer than the model lengths (fixed-length mixers).
+TRAIN_LENGTHS = {"inputs": 64, "targets": 320}
 QUICK = dict(models=("t5_1_1", "remixer"), seeds=(0,), steps=350)
 
 
@@ -119,7 +121,8 @@ def _gin_args(model: str, model_dir: Path, seed: int, settings: Settings, length
           f"--gin.MODEL_DIR='{model_dir}'", f"--gin.RANDOM_SEED={seed}", f"--gin.TRAIN_STEPS={settings.steps}",
           f"--gin.BATCH_SIZE={settings.batch_size}", f"--gin.CHECKPOINT_PERIOD={settings.steps}",
           "--gin.EVAL_PERIOD=0", f"--gin.optim.rsqrt_schedule.warmup_steps={settings.warmup}",
-          f"--gin.MODEL_LENGTHS={json.dumps(lengths)}"]
+          f"--gin.MODEL_LENGTHS={json.dumps(lengths)}",
+          f"--gin.TASK_FEATURE_LENGTHS={json.dumps({k: min(v, lengths[k]) for k, v in TRAIN_LENGTHS.items()})}"]
 
 
 def train_run(model: str, seed: int, settings: Settings, lengths: dict, run_dir: Path,
