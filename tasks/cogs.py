@@ -72,7 +72,8 @@ def gen_path(data_dir: str | os.PathLike | None = None) -> Path:
             return folder / name
     raise FileNotFoundError(
         f"COGS 'gen' split not found: looked for {folder.resolve()}/{SPLIT_FILES['gen']} and {GEN_FALLBACK}. Put "
-        f"the release's gen.tsv there, or pass a gen file (set ${GEN_ENV_VAR}).")
+        f"the release's gen.tsv there (the folder comes from {DATA_ENV_VAR}), or pass a gen file "
+        f"(set ${GEN_ENV_VAR}).")
 
 
 def cogs_dir(data_dir: str | os.PathLike | None = None) -> Path:
