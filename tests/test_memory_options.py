@@ -338,9 +338,10 @@ def test_scanned_decoder_decodes_with_its_cache(t5):
   scanned, s_params = network.Transformer(SCAN_CFG), network.stack_params(params)
   steps, cache = _step_decode(scanned, s_params, batch["encoder_input_tokens"], batch["decoder_input_tokens"], 6)
   np.testing.assert_allclose(steps, full, atol=1e-5)
-  # Batch-major cache with one shared position, as decoding's beam gathering expects.
+  # Batch-major cache ([batch, layers, heads, head_dim, length]) with one shared position, as decoding's beam
+  # gathering expects.
   kv = cache["decoder"]["layers"]["self_attention"]
-  assert kv["cached_key"].shape == (2, 2, 6, 2, 8) and kv["cache_index"].shape == ()
+  assert kv["cached_key"].shape == (2, 2, 2, 8, 6) and kv["cache_index"].shape == ()
   # Beam search reorders the cache rows (greedy decoding is the step loop above).
   beam = lambda m, p: jax.jit(functools.partial(models.EncoderDecoderModel(m).predict_batch, beam_size=2,
                                                   return_scores=True))(p, batch)

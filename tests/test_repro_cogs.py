@@ -188,3 +188,35 @@ def test_repro_cogs_end_to_end_through_the_trainer_and_resumes(tmp_path):
   other = subprocess.run(cmd[:cmd.index("--steps") + 1] + ["5"] + cmd[cmd.index("--steps") + 2:],
                          capture_output=True, text=True, env=env, timeout=600)
   assert other.returncode == 2 and "other settings" in other.stderr
+
+
+def test_decode_lengths_are_each_splits_longest_target():
+  from remixer_t5.repro import cogs as repro
+  data = {"model_lengths": {"inputs": 64, "targets": 400},
+          "splits": {"validation": {"max_target_tokens": 173}, "test": {"max_target_tokens": 138},
+                     "gen": {"max_target_tokens": 385}}}
+  assert repro.decode_lengths(data, "validation") == {"inputs": 64, "targets": 176}
+  assert repro.decode_lengths(data, "test") == {"inputs": 64, "targets": 144}
+  assert repro.decode_lengths(data, "gen") == {"inputs": 64, "targets": 400}
+
+
+@pytest.mark.parametrize("model", ["t5_1_1", "remixer"])
+def test_decoding_shorter_than_the_model_length_decodes_the_same_prefix(model):
+  """Dev and test decode with a cache shorter than the model length (decode_lengths): the fixed-length
+  Remixer (H sized 400) and T5 give the first tokens of the full-length decode, token for token."""
+  import jax
+  from remixer_t5 import gin_utils
+  from remixer_t5.repro import cogs as repro
+  gin_utils.parse_gin([repro.model_gin(model), repro.RUN_FILE], ["MODEL_DIR='/nonexistent'"])
+  mdl = gin_utils.macro("MODEL")
+  long, short = gin_utils.macro("MODEL_LENGTHS")["targets"], 24
+  params = mdl.init_variables(jax.random.PRNGKey(0), {"encoder_input_tokens": (1, 64),
+                                                      "decoder_input_tokens": (1, long),
+                                                      "decoder_target_tokens": (1, long)})["params"]
+  # Make the untrained decoder emit varied tokens (no EOS): scale the output layer's weights up.
+  params = jax.tree_util.tree_map(lambda x: x * 3.0, params)
+  enc = np.random.default_rng(0).integers(3, 1000, size=(3, 64)).astype(np.int32)
+  full = np.asarray(mdl.predict_batch(params, {"encoder_input_tokens": enc}, max_decode_length=long))
+  part = np.asarray(mdl.predict_batch(params, {"encoder_input_tokens": enc}, max_decode_length=short))
+  assert len(set(full[:, :short].ravel().tolist())) > 3  # a real sequence, not one repeated token
+  np.testing.assert_array_equal(part, full[:, :short])

@@ -108,11 +108,23 @@ def measure_splits(progress: Callable[[str], None] = print) -> dict:
     progress(f"cogs {SPLIT_LABELS.get(split, split)}: {len(rows)} rows, {len(bad)} do not round-trip, longest "
              f"input {info['max_input_tokens']} and target {info['max_target_tokens']} tokens (with EOS)"
              + (f" [{out['gen_file']}]" if split == "gen" else ""))
-  up = lambda n: int(math.ceil(n / 16) * 16)
   out["model_lengths"] = {
-      "inputs": up(max(s["max_input_tokens"] for s in out["splits"].values())),
-      "targets": up(max(s["max_target_tokens"] for s in out["splits"].values()))}
+      "inputs": _up16(max(s["max_input_tokens"] for s in out["splits"].values())),
+      "targets": _up16(max(s["max_target_tokens"] for s in out["splits"].values()))}
   return out
+
+
+def _up16(n: int) -> int:
+  return int(math.ceil(n / 16) * 16)
+
+
+def decode_lengths(data: dict, split: str) -> dict:
+  """Lengths one split is decoded at: the model's input length, and the split's longest target (with EOS)
+  rounded up to 16 as the most tokens decoded. A longer prediction cannot be an exact match (it differs from
+  every target at or before the target's EOS), so this changes no score and spares dev and test decoding the
+  cache length gen needs (a decode step's cost grows with it)."""
+  return {"inputs": data["model_lengths"]["inputs"],
+          "targets": min(data["model_lengths"]["targets"], _up16(data["splits"][split]["max_target_tokens"]))}
 
 
 # --- one run ----------------------------------------------------------------------------------------------
@@ -145,9 +157,11 @@ def train_run(model: str, seed: int, settings: Settings, lengths: dict, run_dir:
   return time.time() - t0
 
 
-def evaluate_run(model: str, seed: int, settings: Settings, lengths: dict, run_dir: Path,
+def evaluate_run(model: str, seed: int, settings: Settings, data: dict, run_dir: Path,
                  progress: Callable[[str], None]) -> dict[str, dict]:
-  """Decode dev, test and gen with the run's last checkpoint; {split: {metrics..., stats...}}."""
+  """Decode dev, test and gen with the run's last checkpoint (each at `decode_lengths`);
+  {split: {metrics..., stats...}}."""
+  lengths = data["model_lengths"]
   from remixer_t5 import checkpoints, evaluation, gin_utils
   flags = _gin_args(model, run_dir, seed, settings, lengths)
   gin_utils.parse_gin([f[len("--gin_file="):] for f in flags if f.startswith("--gin_file=")],
@@ -159,7 +173,8 @@ def evaluate_run(model: str, seed: int, settings: Settings, lengths: dict, run_d
     stats: dict = {}
     t0 = time.time()
     per_task = evaluation.infer_eval(
-        mdl, params, TASK, batch_size=settings.eval_batch_size, feature_lengths=lengths, split=split,
+        mdl, params, TASK, batch_size=settings.eval_batch_size, feature_lengths=decode_lengths(data, split),
+        split=split,
         num_examples=settings.eval_examples, log_dir=str(run_dir / "inference_eval"), step=settings.steps,
         stats=stats, progress=lambda s, sp=split: progress(f"{model} seed {seed} {SPLIT_LABELS[sp]}: {s}"))
     out[split] = {**per_task[TASK], **stats, "wall_seconds": time.time() - t0}
@@ -233,7 +248,7 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
       run_dir = work / "runs" / f"{model}-seed{seed}"
       progress(f"[{i}/{total}] {model} seed {seed}: training {settings.steps} steps in {run_dir}")
       train_seconds = train_run(model, seed, settings, lengths, run_dir, progress)
-      results = evaluate_run(model, seed, settings, lengths, run_dir, progress)
+      results = evaluate_run(model, seed, settings, data, run_dir, progress)
       params = _param_count(run_dir)
       new = _rows(model, seed, params, settings, results, train_seconds, categories, Path(data["gen_file"]).name)
       records += new
