@@ -87,9 +87,10 @@ def model_gin(model: str) -> str:
 
 
 # --- data -------------------------------------------------------------------------------------------------
-def measure_splits(progress: Callable[[str], None] = print) -> dict:
+def measure_splits(progress: Callable[[str], None] = print, eval_examples: int | None = None) -> dict:
   """Per split: rows, examples that do not round-trip through the vocabulary, the longest input and target
-  (tokens with EOS); and the model lengths that hold every split (rounded up to a multiple of 16)."""
+  (tokens with EOS); and the model lengths that hold every split (rounded up to a multiple of 16). For gen,
+  `categories` counts the rows of each category that are decoded (the first `eval_examples` of the file)."""
   from remixer_t5.data import word_vocab
   from remixer_t5.tasks import cogs
   vocab = cogs.cogs_word_vocabulary()
@@ -103,7 +104,8 @@ def measure_splits(progress: Callable[[str], None] = print) -> dict:
             "max_input_tokens": max(len(e) for e in enc[0]) + 1, "max_target_tokens": max(len(e) for e in enc[1]) + 1,
             "mean_target_tokens": round(float(np.mean([len(e) for e in enc[1]])) + 1, 1)}
     if split == "gen":
-      info["categories"] = {c: sum(r[2] == c for r in rows) for c in sorted({r[2] for r in rows})}
+      decoded = rows[:eval_examples] if eval_examples else rows
+      info["categories"] = {c: sum(r[2] == c for r in decoded) for c in sorted({r[2] for r in decoded})}
     out["splits"][split] = info
     progress(f"cogs {SPLIT_LABELS.get(split, split)}: {len(rows)} rows, {len(bad)} do not round-trip, longest "
              f"input {info['max_input_tokens']} and target {info['max_target_tokens']} tokens (with EOS)"
@@ -211,7 +213,7 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
     os.environ[cogs.GEN_ENV_VAR] = str(Path(settings.gen_file).expanduser().resolve())  # for the subprocesses
   for m in settings.models:
     model_gin(m)  # unknown names fail before anything runs
-  data = measure_splits(progress)
+  data = measure_splits(progress, settings.eval_examples)
   bad = {s: v["round_trip_failures"] for s, v in data["splits"].items() if v["round_trip_failures"]}
   if bad:
     raise ValueError(f"COGS examples that do not round-trip through the word vocabulary: {bad}")
