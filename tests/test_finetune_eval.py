@@ -108,3 +108,40 @@ def test_rerunning_a_finetune_resumes_it_instead_of_reinitialising(runs, capsys)
   out = capsys.readouterr().out
   assert f"resumed from {runs / 'ft' / 'checkpoints'}/4" in out and "initialised params" not in out
   assert [r["step"] for r in _rows(runs / "ft") if r["split"] == "train"] == [2, 4, 6]
+
+
+def test_predict_fn_groups_batches_by_length_and_keeps_each_output_with_its_example(monkeypatch):
+  """make_predict_fn decodes examples sorted by input length (batches of like lengths) but every output is
+  returned with its own example index, and the generated-token count covers exactly the real examples."""
+  import tensorflow as tf
+  from remixer_t5 import evaluation
+
+  class Echo:  # "decodes" its input: the output is the input tokens (EOS included), so pairing is checkable
+    pass
+
+  batches = []
+
+  def fake_jit(model, beam):
+    def predict(params, enc, length):
+      batches.append(np.count_nonzero(np.asarray(enc), axis=1))
+      return np.asarray(enc)[:, :length]
+    return predict
+
+  monkeypatch.setattr(evaluation, "_jit_predict", fake_jit)
+  rng = np.random.default_rng(0)
+  lengths = rng.integers(1, 12, size=23)
+  enc = np.zeros((23, 12), np.int32)
+  for i, n in enumerate(lengths):
+    enc[i, :n - 1] = rng.integers(3, 50, size=n - 1)
+    enc[i, n - 1] = 1
+  ds = tf.data.Dataset.from_tensor_slices((np.arange(23), {"encoder_input_tokens": enc,
+                                                           "decoder_target_tokens": np.zeros((23, 12), np.int32)}))
+  stats = {}
+  out = evaluation.make_predict_fn(Echo(), None, batch_size=5, put=np.asarray, fetch=np.asarray, stats=stats)(ds)
+  assert sorted(i for i, _ in out) == list(range(23))
+  for i, ids in out:
+    np.testing.assert_array_equal(ids, enc[i])
+  # Batches hold like lengths: each batch's shortest real row is no shorter than the previous batch's longest.
+  real = [b[b > 0] for b in batches]
+  assert all(a.max() <= b.min() for a, b in zip(real, real[1:]))
+  assert stats["examples"] == 23 and stats["tokens"] == int(lengths.sum())

@@ -52,8 +52,8 @@ REFERENCES = (("Kim & Linzen 2020 Transformer (9.5M, from scratch)", 35.0),
 class Settings:
   models: tuple[str, ...] = DEFAULT_MODELS
   seeds: tuple[int, ...] = (0, 1, 2)
-  steps: int = 600             # optimisation steps per run (batch rows of packed examples)
-  batch_size: int = 24         # packed rows per step (~7 examples each: ~170 examples per step)
+  steps: int = 3000            # optimisation steps per run (batch rows of packed examples)
+  batch_size: int = 4          # packed rows per step (~6.4 examples each: ~26 examples per step)
   warmup: int = 300            # rsqrt schedule: base / sqrt(max(step, warmup))
   eval_batch_size: int = 250   # examples decoded at once
   gen_file: str | None = None  # None: <data>/cogs/gen.tsv, else gen_sample.tsv
@@ -73,7 +73,7 @@ class Settings:
 
 # Packed training rows (runs/cogs_scratch.gin's), never longer than the model lengths (fixed-length mixers).
 TRAIN_LENGTHS = {"inputs": 64, "targets": 320}
-QUICK = dict(models=("t5_1_1", "remixer"), seeds=(0,), steps=350)
+QUICK = dict(models=("t5_1_1", "remixer"), seeds=(0,), steps=1800)
 
 
 def model_gin(model: str) -> str:
