@@ -352,8 +352,9 @@ def plot(records: Sequence[dict], path: Path) -> None:
       mean.append(np.mean(v))
       lo.append(np.mean(v) - np.min(v))
       hi.append(np.max(v) - np.mean(v))
-    ax.bar(x + (k - (len(models) - 1) / 2) * width, mean, width, yerr=[lo, hi], capsize=2,
-           label=LABELS.get(m, m))
+    bars = ax.bar(x + (k - (len(models) - 1) / 2) * width, mean, width, yerr=[lo, hi], capsize=2,
+                  label=LABELS.get(m, m))
+    ax.bar_label(bars, labels=["" if np.isnan(v) else f"{v:.0f}" for v in mean], fontsize=6, padding=1)
   for name, v in REFERENCES:
     ax.axhline(v, ls="--", lw=0.8, color="grey")
     ax.text(len(cols) - 0.5, v + 1, name.split(" (")[0] + " gen", fontsize=6, ha="right", color="grey")
