@@ -396,7 +396,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   try:
     files, bindings, paths, rest = split_flags(argv)
     args = build_parser().parse_args(rest)
-    from remixer_t5 import host_memory
+    from remixer_t5 import host_memory, quiet
+    quiet.configure()  # TensorFlow's native start-up lines hidden ($REMIXER_T5_VERBOSE=1 shows them)
     host_memory.pin_cpu_without_tpu_chips()  # libtpu without TPU chips (the .[tpu] extra): no TPU runtime start
     if args.command in ("train", "eval", "plot", "bench", "repro"):
       # before JAX starts its threads: see host_memory's docstring

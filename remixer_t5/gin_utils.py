@@ -5,7 +5,9 @@ Used by the CLI and by `models.from_gin`; the library itself never reads gin.
 from __future__ import annotations
 
 import ast
+import io
 import logging
+import tokenize
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -73,6 +75,57 @@ def _binding_value(value: str) -> str:
     return repr(value)
 
 
+def _unclosed(text: str) -> tuple[str, int] | None:
+  """The bracket (or string) left open at the end of `text` and its line: what Python's tokenizer (which gin
+  uses) reports only as 'EOF in multi-line statement' at the end of the file."""
+  stack: list[tuple[str, int]] = []
+  try:
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+      if tok.type == tokenize.OP and tok.string in "([{":
+        stack.append((tok.string, tok.start[0]))
+      elif tok.type == tokenize.OP and tok.string in ")]}" and stack:
+        stack.pop()
+  except (tokenize.TokenError, SyntaxError, IndentationError) as e:
+    if isinstance(e, SyntaxError) and e.lineno:  # an unterminated triple-quoted string
+      return ("string", e.lineno)
+  return stack[-1] if stack else None
+
+
+def _included(path: str, search: Sequence[Path], seen: set | None = None) -> list[str]:
+  """`path` and, depth first, the files its `include` lines name (resolved as gin resolves them)."""
+  import re
+  seen = set() if seen is None else seen
+  if path in seen or not Path(path).is_file():
+    return []
+  seen.add(path)
+  out = [path]
+  for name in re.findall(r"^\s*include\s+['\"]([^'\"]+)['\"]", Path(path).read_text(), flags=re.M):
+    try:
+      out += _included(_resolve(name, search), search, seen)
+    except GinError:
+      pass  # gin reports a missing include itself
+  return out
+
+
+def _syntax_error(e: BaseException, where: str, path: str | None = None,
+                  search: Sequence[Path] = ()) -> GinError:
+  """One line naming the file (or binding), the line and what is wrong, for gin's SyntaxError and the
+  tokenize.TokenError it lets through for an unclosed bracket (without a file name or, from an include, any
+  message)."""
+  if isinstance(e, SyntaxError):
+    place = f"{e.filename or where}, line {e.lineno}" if e.lineno else (e.filename or where)
+    text = (e.text or "").strip()
+    return GinError(f"gin syntax error in {place}: {(e.msg or 'invalid syntax').rstrip('.')}"
+                    + (f": {text}" if text else ""))
+  for name in _included(path, search) if path else []:
+    found = _unclosed(Path(name).read_text())
+    if found:
+      kind, line = found
+      what = "string" if kind == "string" else f"'{kind}'"
+      return GinError(f"gin syntax error in {name}, line {line}: unclosed {what} (the file ends inside it)")
+  return GinError(f"gin syntax error in {where}: an unclosed bracket or string")
+
+
 def _imports(parsed) -> list[str]:
   """Module names imported by a parsed gin file and everything it includes."""
   out = list(parsed.imports)
@@ -131,10 +184,13 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Seque
   _set_gin_search_path(search)
   imports: list[str] = []
   for f in files:
+    path = _resolve(f, search)
     try:
-      imports += _imports(gin.parse_config_file(_resolve(f, search)))
+      imports += _imports(gin.parse_config_file(path))
     except GinError:
       raise
+    except (SyntaxError, tokenize.TokenError) as e:
+      raise _syntax_error(e, f"{f} (or a file it includes)", path, search) from e
     except (ValueError, KeyError, ImportError, NameError, IOError) as e:
       raise GinError(f"in gin file {f}: {e}") from e
   # Bindings see the files' imports, so `--gin.VOCABULARY=@vocab.get_vocabulary()` resolves as in the files.
@@ -149,6 +205,9 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Seque
                      f"{', '.join(sorted(macros)) or 'none'}")
     try:
       gin.parse_config(prelude + f"{name} = {_binding_value(value)}")
+    except (SyntaxError, tokenize.TokenError) as e:
+      raise GinError(f"bad gin binding --gin.{b}: not a gin value (an unclosed bracket or string, or a "
+                     f"stray character)") from e
     except (ValueError, KeyError, ImportError, NameError) as e:
       raise GinError(f"bad gin binding --gin.{b}: {e}") from e
   try:

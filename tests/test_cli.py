@@ -55,6 +55,32 @@ def test_missing_gin_file_names_it_and_where_it_looked(capsys):
   assert "models/t5_1_1/nope.gin" in err and "looked in" in err
 
 
+@pytest.mark.parametrize("body,line,needle", [
+    ("network.T5Config.emb_dim = (128\n", 3, "unclosed '('"),
+    ("network.T5Config.emb_dim = [1,\n  2,\n", 3, "unclosed '['"),
+    ("network.T5Config.emb_dim = 128 +\n", 3, "Expected newline"),
+    ("network.T5Config.emb_dim = 'abc\n", 3, "Unable to parse value"),
+])
+@pytest.mark.parametrize("included", [False, True])
+def test_gin_syntax_error_is_one_line_naming_the_file_and_line(tmp_path, capsys, body, line, needle, included):
+  bad = tmp_path / "bad.gin"
+  bad.write_text("# a comment\ninclude 'models/t5_1_1/tiny.gin'\n" + body)
+  given = bad
+  if included:  # the error is in a file the given one includes
+    given = tmp_path / "outer.gin"
+    given.write_text(f"include '{bad}'\n")
+  assert cli.main(["info", f"--gin_file={given}"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.count("\n") == 0 and "Traceback" not in err, err
+  assert f"{bad}, line {line}" in err and needle in err, err
+
+
+def test_gin_binding_with_a_syntax_error_names_the_binding(capsys):
+  assert cli.main(["info", "--gin_file=models/t5_1_1/tiny.gin", "--gin.network.T5Config.emb_dim=@foo("]) == 2
+  err = capsys.readouterr().err
+  assert "--gin.network.T5Config.emb_dim=@foo(" in err and "Traceback" not in err
+
+
 def test_missing_vocabulary_says_where_it_looked(tmp_path, capsys):
   missing = tmp_path / "no_such.model"
   code = cli.main(["train", "--gin_file=models/t5_1_1/small.gin", "--gin_file=runs/pretrain.gin",

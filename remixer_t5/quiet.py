@@ -1,0 +1,107 @@
+"""What a user sees at start-up: the project's own lines, not TensorFlow's native start-up log.
+
+TensorFlow is only the input pipeline here (seqio, tf.data). Importing it prints, from C++ and before any
+logging is set up, a oneDNN notice, "Could not find cuda drivers", a CPU-feature notice and absl's "All log
+messages before absl::InitializeLog()" banner, twice; its first device enumeration on a machine without a GPU
+adds "failed call to cuInit: ... CUDA error". None of it can be turned off by a setting (TF_CPP_MIN_LOG_LEVEL=3
+keeps all but the last), so `configure()` installs an import hook: when anything first imports `tensorflow`,
+the process's stderr (file descriptor 2) goes to a temporary file for the import and is put back after it;
+what was written there is shown only if the import fails. Right after the import the hook hides GPUs from
+TensorFlow (as t5x does), so on a GPU host the input pipeline never claims GPU memory that JAX needs; that
+enumeration is where cuInit fails on CPU machines, so it runs hidden too. `configure()` also defaults
+$TF_CPP_MIN_LOG_LEVEL to 2 (TensorFlow's and XLA's INFO and WARNING lines, e.g. tf.data cache notices; errors
+still show).
+
+`REMIXER_T5_VERBOSE=1` turns all of this off: everything is printed, and TensorFlow sees GPUs.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.abc
+import importlib.util
+import os
+import sys
+import tempfile
+from typing import Iterator
+
+ENV = "REMIXER_T5_VERBOSE"
+installed = False
+
+
+def verbose() -> bool:
+  return os.environ.get(ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+@contextlib.contextmanager
+def native_stderr_hidden() -> Iterator[list[str]]:
+  """File descriptor 2 (C/C++ writes included) goes to a temporary file inside the block; yields a list that
+  receives what was written there once the block ends."""
+  captured: list[str] = []
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile(mode="w+b") as tmp:
+    os.dup2(tmp.fileno(), 2)
+    try:
+      yield captured
+    finally:
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+      tmp.seek(0)
+      captured.append(tmp.read().decode("utf-8", "replace"))
+
+
+def hide_gpus_from_tensorflow(tf) -> None:
+  """TensorFlow runs the input pipeline on the CPU; JAX owns the accelerators (t5x does the same)."""
+  try:
+    tf.config.set_visible_devices([], "GPU")
+  except (RuntimeError, ValueError):  # devices already initialised by someone else: leave them
+    pass
+
+
+class _QuietLoader(importlib.abc.Loader):
+  """Runs the real loader with stderr hidden, then hides GPUs; shows what was hidden if the import fails (a
+  broken install explains itself there)."""
+
+  def __init__(self, loader):
+    self._loader = loader
+
+  def create_module(self, spec):
+    return self._loader.create_module(spec)
+
+  def exec_module(self, module) -> None:
+    captured: list[str] = []
+    try:
+      with native_stderr_hidden() as captured:
+        self._loader.exec_module(module)
+        hide_gpus_from_tensorflow(module)
+    except BaseException:
+      sys.stderr.write("".join(captured))
+      raise
+
+
+class _QuietTensorFlowFinder(importlib.abc.MetaPathFinder):
+  """Finds `tensorflow` with the other finders and wraps its loader (once)."""
+
+  def find_spec(self, name, path, target=None):
+    if name != "tensorflow":
+      return None
+    sys.meta_path.remove(self)  # one import only; also keeps the lookup below from finding this finder
+    spec = importlib.util.find_spec(name)
+    if spec is not None and spec.loader is not None:
+      spec.loader = _QuietLoader(spec.loader)
+    return spec
+
+
+def configure(environ=None) -> bool:
+  """Installs the hook (module docstring) unless $REMIXER_T5_VERBOSE is set or TensorFlow is already
+  imported; returns whether it did."""
+  global installed
+  env = os.environ if environ is None else environ
+  if verbose() or "tensorflow" in sys.modules:
+    return False
+  env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  if not installed and importlib.util.find_spec("tensorflow") is not None:
+    sys.meta_path.insert(0, _QuietTensorFlowFinder())
+    installed = True
+  return installed
