@@ -225,7 +225,10 @@ class HyperMixing(nn.Module):
       vis = vis.astype(f32) * mc[:, None, :]  # [b, i, j]: j <= i, same segment, real
       # Only queries of the segment still running from the previous chunk read the carried sum.
       cont = (sc == run_seg[:, None]).astype(f32)
-      hsum = jnp.einsum("bij,bjh,bjd->bihd", vis.astype(dtype), w1c, xc, preferred_element_type=f32)
+      # The chunk's outer products W1[j]^T x_j, then one [c, c] x [c, d'·d] matmul sums the visible ones: on
+      # XLA:CPU ~1.7x faster (forward + backward) than the three-operand einsum it replaces.
+      outer = (w1c.astype(f32)[:, :, :, None] * xc.astype(f32)[:, :, None, :]).reshape(b, -1, h * d)
+      hsum = jnp.einsum("bij,bjk->bik", vis, outer).reshape(b, -1, h, d)
       hsum = hsum + cont[:, :, None, None] * run_sum[:, None]
       count = vis.sum(-1) + cont * run_count[:, None]
       act = _activate(hsum, count[:, :, None, None] if length_normalize else None, dtype)
@@ -255,11 +258,15 @@ class HyperMixing(nn.Module):
     def block(start):
       ids = start + 1 + jnp.arange(k)
       kv_hot = (kv_seg[:, :, None] == ids).astype(f32) * kv_mask[:, :, None]  # [b, j, s]
-      hsum = jnp.einsum("bjs,bjh,bjd->bshd", kv_hot.astype(dtype), w1, x, preferred_element_type=f32)
+      # Two-operand contractions (XLA:CPU runs the three-operand einsums as slow generic loops): the block's
+      # one-hot rows scale W1, one batched matmul over the keys; then one matmul over (segment, d') per query.
+      hot_w1 = kv_hot.astype(dtype)[:, :, :, None] * w1[:, :, None, :]  # [b, j, s, h]
+      hsum = jnp.einsum("bjsh,bjd->bshd", hot_w1, x, preferred_element_type=f32)
       count = kv_hot.sum(1)[:, :, None, None] if length_normalize else None
       q_hot = (q_seg[:, :, None] == ids).astype(dtype)
-      return jnp.einsum("bis,bih,bshd->bid", q_hot, w2, _activate(hsum, count, dtype),
-                        preferred_element_type=f32)
+      hot_w2 = (q_hot[:, :, :, None] * w2[:, :, None, :]).reshape(b, nq, k * h)  # [b, i, s·h]
+      act = _activate(hsum, count, dtype).reshape(b, k * h, d)
+      return jnp.einsum("bik,bkd->bid", hot_w2, act, preferred_element_type=f32)
 
     skip = lambda _: jnp.zeros((b, nq, d), f32)
     # The checkpoint wraps the cond, not the block inside it: a cond passes what its branches save out as
