@@ -7,7 +7,7 @@ MODEL ?= t5_1_1
 STAMP := $(VENV)/.installed
 TEST_WORKERS ?= 2  # pytest-xdist processes (CI has 2 cores); files stay whole so module fixtures run once
 
-.PHONY: demo compare-demo test install wheel-check clean-venv
+.PHONY: demo compare-demo test install wheel-check clean-venv gpu-compile-env test-gpu-compile
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -52,3 +52,21 @@ wheel-check: $(STAMP)
 
 clean-venv:
 	rm -rf $(VENV)
+
+# GPU programs compiled without a GPU (`remixer-t5 compile --topology h100x8`) need the CUDA compiler plugin
+# (setup.py's gpu-compile extra), kept in its own venv: .venv-gpu sees everything in .venv (a site dir added by
+# a .pth line) plus the plugin, so .venv's CPU runs never see CUDA. `make test` skips the GPU compile tests;
+# this target runs them.
+GPU_VENV ?= .venv-gpu
+GPU_STAMP := $(GPU_VENV)/.installed
+$(GPU_STAMP): setup.py $(STAMP)
+	$(PYTHON) -m venv $(GPU_VENV)
+	echo "import site; site.addsitedir('$(abspath $(VENV))/lib/python3.11/site-packages')" \
+	    > $(GPU_VENV)/lib/python3.11/site-packages/remixer_t5_main_venv.pth
+	$(GPU_VENV)/bin/python -m pip install --quiet -e '.[gpu-compile]'
+	touch $(GPU_STAMP)
+
+gpu-compile-env: $(GPU_STAMP)
+
+test-gpu-compile: $(GPU_STAMP)
+	JAX_PLATFORMS=cpu $(GPU_VENV)/bin/python -m pytest -q tests/test_compile_gpu.py

@@ -21,6 +21,10 @@ INSTALL_REQUIRES = [
 ]
 
 TPU_REQUIRES = ["jax[tpu]==0.10.2", "libtpu==0.0.42.1"]
+# `remixer-t5 compile --topology h100x8`: XLA's CUDA compiler as a PJRT plugin (no GPU, driver or CUDA runtime
+# needed) and ptxas/libdevice from the CUDA compiler wheel; ~220 MB. Keep it out of a CPU training venv: with
+# the plugin installed, JAX tries (and fails) to start CUDA unless JAX_PLATFORMS=cpu (`make gpu-compile-env`).
+GPU_COMPILE_REQUIRES = ["jax-cuda12-plugin==0.10.2", "jax-cuda12-pjrt==0.10.2", "nvidia-cuda-nvcc-cu12==12.9.86"]
 
 setuptools.setup(
     name="remixer_t5",
@@ -31,14 +35,16 @@ setuptools.setup(
     + ["remixer_t5.tasks", "remixer_t5.gin"],
     # tasks/ and gin/ are top-level folders in the repository but install inside the package.
     package_dir={"remixer_t5.tasks": "tasks", "remixer_t5.gin": "gin"},
-    package_data={"remixer_t5.gin": ["*.gin", "**/*.gin"]},
+    package_data={"remixer_t5.gin": ["*.gin", "**/*.gin"], "remixer_t5": ["gpu_targets/*.txtpb"]},
     include_package_data=False,
     install_requires=INSTALL_REQUIRES,
     extras_require={
         # `remixer-t5 compile`: XLA's TPU compiler (libtpu), pinned to what jax[tpu]==0.10.2 requires; no TPU needed.
         "tpu": TPU_REQUIRES,
-        # The test suite compiles for a TPU topology (tests/test_compile.py), so CI installs libtpu too.
-        "test": ["pytest==9.2.0", "pytest-xdist==3.8.0"] + TPU_REQUIRES,
+        "gpu-compile": GPU_COMPILE_REQUIRES,
+        # The test suite compiles for a TPU topology (tests/test_compile.py), so CI installs libtpu too;
+        # tokenizers reads the tokenizer.json that export-hf writes (tests/test_hf_tokenizer.py).
+        "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "tokenizers==0.23.3"] + TPU_REQUIRES,
         # Only for scripts/make_hf_fixture.py and reading pytorch_model.bin checkpoints.
         "hf": ["torch==2.13.0", "transformers"],
     },

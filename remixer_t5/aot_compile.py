@@ -1,4 +1,4 @@
-"""`remixer-t5 compile`: compile a run's steps for a TPU slice on a machine without one (no TPU needed).
+"""`remixer-t5 compile`: compile a run's steps for a TPU slice or a GPU host on a machine without one.
 
 In the spirit of MaxText's `train_compile.py`: libtpu describes a slice's topology
 (`jax.experimental.topologies.get_topology_desc`), a mesh is built from its devices with the run's own
@@ -15,6 +15,16 @@ an estimate, not a measured step), with the steps/s and MFU it implies. MFU coun
 FLOPs. XLA counts a while loop's body once, so a step with loops (scanned layers, microbatches, a mixer's
 chunked scan: `loops` in the report names them) gets no time estimate, MFU or HFU from it, and a model that
 loops in its own mixers gets model FLOPs marked as a lower bound (`model_flops_note`).
+
+GPUs (`--topology h100`, `h100x8`, `a100x8`, `h200`: one process's 1-8 GPUs) go the same way through XLA's
+CUDA compiler, the jax-cuda12 PJRT plugin (the optional extra `.[gpu-compile]`, in its own venv: `make
+gpu-compile-env`), with a GPU target config from remixer_t5/gpu_targets/ in place of libtpu's topology (openxla
+PR 16913: deviceless GPU compilation). Three differences from TPUs, all named in the report: XLA:GPU compiles a
+program that does not fit (it only logs), so `fits` compares XLA's buffer sizes with the memory a JAX process
+gets (device memory x $XLA_PYTHON_CLIENT_MEM_FRACTION, JAX's default 0.75); the compiled executable has no
+cost analysis, so FLOPs and bytes come from XLA's HLO cost analysis of the optimised per-device GPU module
+(cuBLAS calls, when XLA picks them over its own Triton GEMMs, count no FLOPs: the report says so); and there
+is no `optimal_seconds`, so the step time is a roofline, max(FLOPs / bf16 peak, bytes / memory bandwidth).
 
 The compile path imports no TensorFlow or seqio (tests/test_compile.py checks); libtpu is the optional extra
 `pip install -e '.[tpu]'`.
@@ -72,6 +82,7 @@ class Accelerator:
   generation: Generation
   chips: int
   topology: str
+  platform = "tpu"
 
   @property
   def num_devices(self) -> int:
@@ -98,13 +109,17 @@ def accelerator_names() -> list[str]:
   return out
 
 
-def accelerator(name: str) -> Accelerator:
-  """'v3-32' -> the v3:4x4 topology (16 chips, 32 cores). v2/v3/v4/v5p names count cores, v5e/v6e chips."""
+def accelerator(name: str) -> Accelerator | GpuAccelerator:
+  """'v3-32' -> the v3:4x4 topology (16 chips, 32 cores; v2/v3/v4/v5p names count cores, v5e/v6e chips);
+  'h100x8' -> 8 H100s of one process (GpuAccelerator)."""
+  gpu = _gpu_accelerator(name)
+  if gpu is not None:
+    return gpu
   m = re.fullmatch(r"\s*(v\d+[a-z]*)-(\d+)\s*", name.lower())
   gen = GENERATIONS.get(m.group(1)) if m else None
   if gen is None:
-    raise ValueError(f"unknown TPU accelerator {name!r}; expected a name such as v3-32: one of "
-                     f"{', '.join(accelerator_names())}")
+    raise ValueError(f"unknown accelerator {name!r}; expected a TPU slice such as v3-32 or GPUs such as h100x8: "
+                     f"one of {', '.join(accelerator_names() + gpu_names())}")
   n = int(m.group(2))
   chips = n // 2 if gen.count == "cores" else n
   if chips not in gen.layouts or (gen.count == "cores" and n % 2):
@@ -113,8 +128,144 @@ def accelerator(name: str) -> Accelerator:
   return Accelerator(f"{gen.name}-{n}", gen, chips, f"{gen.name}:{gen.layouts[chips]}")
 
 
-class LibtpuMissing(RuntimeError):
+# --- GPUs -----------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class GpuModel:
+  """A GPU as XLA's CUDA compiler sees it: a target config (remixer_t5/gpu_targets/) and its bf16 peak."""
+  name: str
+  config_file: str
+
+
+GPU_MODELS: dict[str, GpuModel] = {
+    "h100": GpuModel("h100", "h100_sxm.txtpb"),    # H100 SXM 80 GB
+    "h200": GpuModel("h200", "h200.txtpb"),        # H200 141 GB
+    "a100": GpuModel("a100", "a100_sxm_80.txtpb"),  # A100 SXM 80 GB
+}
+GPU_COUNTS = (1, 2, 4, 8)  # GPUs of one process (one host); more hosts are more processes
+JAX_MEM_FRACTION = 0.75    # JAX's default share of GPU memory for its allocator ($XLA_PYTHON_CLIENT_MEM_FRACTION)
+
+
+def _target_field(text: str, name: str) -> float:
+  m = re.search(rf"\b{name}:\s*([\d.e+]+)", text)
+  if not m:
+    raise ValueError(f"GPU target config has no {name}")
+  return float(m.group(1))
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuAccelerator:
+  """`gpus` GPUs of one kind in one process: XLA topology '1x1x<gpus>' (slices x hosts x devices per host)."""
+  name: str
+  model: GpuModel
+  gpus: int
+  platform = "cuda"
+
+  @property
+  def num_devices(self) -> int:
+    return self.gpus
+
+  @property
+  def topology(self) -> str:
+    return f"1x1x{self.gpus}"
+
+  @property
+  def target_config(self) -> str:
+    from importlib import resources
+    return (resources.files("remixer_t5") / "gpu_targets" / self.model.config_file).read_text()
+
+  @property
+  def device_memory_bytes(self) -> int:
+    return int(_target_field(self.target_config, "device_memory_size"))
+
+  @property
+  def memory_bandwidth(self) -> float:
+    return _target_field(self.target_config, "memory_bandwidth")
+
+  @staticmethod
+  def mem_fraction() -> float:
+    text = os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "").strip()
+    try:
+      return float(text) if text else JAX_MEM_FRACTION
+    except ValueError:
+      raise ValueError(f"$XLA_PYTHON_CLIENT_MEM_FRACTION={text!r} is not a number") from None
+
+  @property
+  def hbm_bytes(self) -> int:
+    """What JAX's allocator gets of each GPU: device memory x the memory fraction."""
+    return int(self.device_memory_bytes * self.mem_fraction())
+
+
+def gpu_names() -> list[str]:
+  return [f"{m}x{n}" if n > 1 else m for m in GPU_MODELS for n in GPU_COUNTS]
+
+
+def _gpu_accelerator(name: str) -> GpuAccelerator | None:
+  m = re.fullmatch(r"\s*([a-z]\d+)(?:\s*x\s*(\d+))?\s*", name.lower())
+  if not m or m.group(1) not in GPU_MODELS:
+    return None
+  n = int(m.group(2) or 1)
+  if n not in GPU_COUNTS:
+    raise ValueError(f"{name!r}: {n} GPUs; one process drives {', '.join(map(str, GPU_COUNTS))} GPUs here "
+                     f"(one host), e.g. {m.group(1)}x8")
+  return GpuAccelerator(f"{m.group(1)}x{n}" if n > 1 else m.group(1), GPU_MODELS[m.group(1)], n)
+
+
+class CompilerMissing(RuntimeError):
+  """The optional compiler for the requested topology (libtpu, or the CUDA plugin) is not installed."""
+
+
+class LibtpuMissing(CompilerMissing):
   pass
+
+
+def _check_cuda_plugin() -> None:
+  try:
+    found = importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+  except ModuleNotFoundError:  # no jax_plugins namespace at all
+    found = False
+  if not found:
+    raise CompilerMissing("compiling for a GPU needs XLA's CUDA compiler plugin, which is not installed: `make "
+                          "gpu-compile-env` (a venv beside .venv with pip install -e '.[gpu-compile]': "
+                          "jax-cuda12-plugin/pjrt 0.10.2 and nvidia-cuda-nvcc-cu12 for ptxas), then run "
+                          ".venv-gpu/bin/remixer-t5 compile ...; no GPU is needed")
+
+
+def gpu_topology_devices(acc: GpuAccelerator) -> list:
+  """The GPUs of `acc`, from XLA's CUDA compiler and the target config (no GPU, driver or CUDA runtime)."""
+  _check_cuda_plugin()
+  from jax.experimental import topologies
+
+  from remixer_t5 import quiet
+  try:
+    with quiet.hidden_unless_verbose():  # the plugin's start prints "Could not find cuda drivers" from C++
+      topo = topologies.get_topology_desc(platform="cuda", target_config=acc.target_config,
+                                          topology=acc.topology)
+  except NotImplementedError as e:  # the plugin did not register: JAX started CUDA (and failed) first
+    raise CompilerMissing(f"the CUDA plugin is installed but did not start ({e}); run with JAX_PLATFORMS=cpu "
+                          "(the host compiles; nothing runs on a GPU)") from e
+  devices = list(topo.devices)
+  if len(devices) != acc.num_devices:
+    raise RuntimeError(f"XLA described {len(devices)} GPUs for {acc.name} ({acc.topology}); expected "
+                       f"{acc.num_devices}")
+  return devices
+
+
+def _gpu_cost(compiled) -> dict[str, Any]:
+  """XLA's HLO cost analysis of the optimised per-device module (the GPU executable has none of its own)."""
+  import jax
+  from jax._src.lib import _jax
+  module = compiled.runtime_executable().hlo_modules()[0]
+  cost = _jax.hlo_module_cost_analysis(jax.devices("cpu")[0].client, module)
+  out = {"xla_flops_per_device": max(0.0, float(cost.get("flops", 0.0))),
+         "bytes_accessed_per_device": max(0.0, float(cost.get("bytes accessed", 0.0))), "optimal_seconds": 0.0}
+  library = sorted({t for t in re.findall(r'custom_call_target="([^"]+)"', compiled.as_text())
+                    if "cublas" in t.lower() or "cudnn" in t.lower()})
+  if library:
+    out["flops_note"] = (f"XLA's count misses the FLOPs of {len(library)} library call kind(s) ({', '.join(library)}):"
+                         " a lower bound")
+  return out
+
+
 
 
 def _check_libtpu() -> None:
@@ -211,7 +362,7 @@ def _oom_numbers(message: str) -> tuple[float, float] | None:
   return None
 
 
-def _hint(acc: Accelerator, rules: str, settings: Mapping[str, Any]) -> str:
+def _hint(acc: Accelerator | GpuAccelerator, rules: str, settings: Mapping[str, Any]) -> str:
   cfg = getattr(settings["model"].module, "config", None)
   tips = []
   if rules != "fsdp":
@@ -219,6 +370,13 @@ def _hint(acc: Accelerator, rules: str, settings: Mapping[str, Any]) -> str:
   if cfg is not None and getattr(cfg, "remat_policy", "none") != "full":
     tips.append("rematerialisation (--gin.network.T5Config.remat_policy=\"'full'\")")
   tips.append("gradient accumulation (--gin.trainer.train.num_microbatches=4)")
+  if isinstance(acc, GpuAccelerator):
+    more = [n for n in GPU_COUNTS if n > acc.gpus]
+    if more:
+      tips.append(f"more GPUs (--topology {acc.model.name}x{more[-1]})")
+    if acc.mem_fraction() < 0.9:
+      tips.append(f"a larger share of each GPU for JAX (XLA_PYTHON_CLIENT_MEM_FRACTION=.95; now {acc.mem_fraction()})")
+    return "try " + "; ".join(tips)
   per_chip = 2 if acc.generation.count == "cores" else 1
   bigger = [c for c in sorted(acc.generation.layouts) if c > acc.chips]
   if bigger:
@@ -241,8 +399,11 @@ def compile_run(settings: Mapping[str, Any], topology: str, *, num_slices: int =
   from remixer_t5 import mfu, partitioning, trainer
   acc = accelerator(topology)
   if jax.config.jax_platforms is None:
-    jax.config.update("jax_platforms", "cpu")  # the host compiles; never look for a TPU runtime
-  devices = topology_devices(acc, num_slices)
+    jax.config.update("jax_platforms", "cpu")  # the host compiles; never look for a TPU or GPU runtime
+  gpu = isinstance(acc, GpuAccelerator)
+  if gpu and num_slices != 1:
+    raise ValueError(f"--num_slices is for TPU slices; {acc.name} is one process's GPUs")
+  devices = gpu_topology_devices(acc) if gpu else topology_devices(acc, num_slices)
   model = settings["model"]
   mesh_arg = mesh if mesh is not None else settings.get("mesh_shape")
   jmesh = partitioning.make_mesh(settings.get("num_partitions") or 1, mesh_arg, devices, rules=rules)
@@ -260,13 +421,18 @@ def compile_run(settings: Mapping[str, Any], topology: str, *, num_slices: int =
   peak = mfu.peak_flops_per_device(devices[0], override=settings.get("peak_flops_per_device"))
   cfg = getattr(model.module, "config", None)
   report: dict[str, Any] = {
-      "topology": acc.name, "libtpu_topology": acc.topology, "num_slices": num_slices,
+      "topology": acc.name, "platform": acc.platform, "xla_topology": acc.topology, "num_slices": num_slices,
       "devices": len(devices), "device_kind": devices[0].device_kind, "mesh": dict(jmesh.shape),
       "rules": used_rules, "hbm_bytes_per_device": acc.hbm_bytes, "peak_flops_per_device": peak,
       "batch_size": batch_size, "feature_lengths": lengths, "pack": pack, "num_microbatches": microbatches,
       "model": type(model.module).__name__,
       "dtype": getattr(cfg, "dtype", None), "remat_policy": getattr(cfg, "remat_policy", None),
       "scan_layers": getattr(cfg, "scan_layers", None), "steps": {}}
+  if not gpu:
+    report["libtpu_topology"] = acc.topology
+  else:
+    report.update(device_memory_bytes=acc.device_memory_bytes, mem_fraction=acc.mem_fraction(),
+                  memory_bandwidth=acc.memory_bandwidth)
   tokens = batch_size * (lengths["inputs"] + lengths["targets"])
 
   def one(name: str, fn, *args):
@@ -277,6 +443,10 @@ def compile_run(settings: Mapping[str, Any], topology: str, *, num_slices: int =
       compiled = prog.compile(fn, *args)
     except Exception as e:  # noqa: BLE001 - XLA raises its own error types
       message = str(e)
+      if gpu and "libdevice not found" in message:
+        raise CompilerMissing("XLA's CUDA compiler found no CUDA toolkit (ptxas, libdevice): pip install "
+                              "nvidia-cuda-nvcc-cu12 (in the gpu-compile extra) or point "
+                              "--xla_gpu_cuda_data_dir in $XLA_FLAGS at a CUDA install") from e
       if "RESOURCE_EXHAUSTED" not in message:
         raise
       numbers = _oom_numbers(message)
@@ -285,7 +455,7 @@ def compile_run(settings: Mapping[str, Any], topology: str, *, num_slices: int =
         row["needs_bytes"], row["available_bytes"] = numbers
       return row
     row = {"fits": True, "compile_seconds": time.time() - t0, "memory": _memory(compiled)}
-    row.update(_cost(compiled))
+    row.update(_gpu_cost(compiled) if gpu else _cost(compiled))
     row["needs_bytes"], row["available_bytes"] = row["memory"]["total_bytes"], acc.hbm_bytes
     row["fits"] = row["needs_bytes"] <= acc.hbm_bytes
     # XLA's cost model counts a while loop's body once: a scanned stack's step time (the decode loop's, a
@@ -302,6 +472,11 @@ def compile_run(settings: Mapping[str, Any], topology: str, *, num_slices: int =
       row["estimate_note"] = f"{loop}: XLA's cost model counts the loop body once, so its time is not a step time"
     elif row["optimal_seconds"] > 0:
       row["est_steps_per_s"] = 1.0 / row["optimal_seconds"]
+    elif gpu and peak and row["xla_flops_per_device"] > 0:
+      # No cost-model time on GPUs: a roofline from XLA's FLOP and byte counts, bf16 peak and HBM bandwidth.
+      row["roofline_seconds"] = max(row["xla_flops_per_device"] / peak,
+                                    row["bytes_accessed_per_device"] / acc.memory_bandwidth)
+      row["est_steps_per_s"] = 1.0 / row["roofline_seconds"]
     return row
 
   for name in steps:
@@ -342,8 +517,12 @@ def _gib(n: float) -> str:
 
 
 def format_report(report: Mapping[str, Any]) -> str:
-  lines = [f"{report['model']} on {report['num_slices']} x {report['topology']} ({report['libtpu_topology']}: "
-           f"{report['devices']} devices, {report['device_kind']}), mesh {report['mesh']}, rules "
+  where = (f"{report['topology']} (XLA topology {report['xla_topology']}: {report['devices']} x "
+           f"{report['device_kind']}; JAX gets {report['mem_fraction']:.2f} of each GPU's "
+           f"{_gib(report['device_memory_bytes'])})" if report.get("platform") == "cuda" else
+           f"{report['num_slices']} x {report['topology']} ({report['libtpu_topology']}: {report['devices']} "
+           f"devices, {report['device_kind']})")
+  lines = [f"{report['model']} on {where}, mesh {report['mesh']}, rules "
            f"{report['rules']}; batch {report['batch_size']}, lengths {report['feature_lengths']}, "
            f"activations {report['dtype']}, remat {report['remat_policy']}, scan {report['scan_layers']}"]
   for name, r in report["steps"].items():
@@ -367,15 +546,20 @@ def format_report(report: Mapping[str, Any]) -> str:
                    f"per device, {r['model_flops_per_token']:.3e} per token (fwd+bwd, unscanned, no remat)"
                    + (f"; {r['model_flops_note']}" if r.get("model_flops_note") else ""))
     lines.append(f"  XLA: {r['xla_flops_per_device']:.3e} FLOPs and {r['bytes_accessed_per_device'] / 1e9:.1f} GB "
-                 "accessed per device (compiled; a loop body counts once)")
+                 "accessed per device (compiled; a loop body counts once)"
+                 + (f"; {r['flops_note']}" if r.get("flops_note") else ""))
     if r.get("est_steps_per_s"):
       util = ""
       if r.get("est_mfu") is not None:
         util = f", MFU {100 * r['est_mfu']:.1f}%"
         if r.get("est_hfu") is not None:
           util += f" (HFU {100 * r['est_hfu']:.1f}%)"
-      lines.append(f"  XLA's estimated step time {r['optimal_seconds'] * 1e3:.1f} ms -> "
-                   f"{r['est_steps_per_s']:.2f} steps/s{util} (cost model, not a measurement)")
+      if r.get("roofline_seconds"):
+        lines.append(f"  roofline step time {r['roofline_seconds'] * 1e3:.1f} ms (XLA's FLOPs / bf16 peak, bytes / "
+                     f"HBM bandwidth) -> {r['est_steps_per_s']:.2f} steps/s{util} (a bound, not a measurement)")
+      else:
+        lines.append(f"  XLA's estimated step time {r['optimal_seconds'] * 1e3:.1f} ms -> "
+                     f"{r['est_steps_per_s']:.2f} steps/s{util} (cost model, not a measurement)")
     elif r.get("estimate_note"):
       lines.append(f"  no estimated step time: {r['estimate_note']}")
   if not report["fits"]:

@@ -14,9 +14,13 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from remixer_t5.checkpoints import IncompatibleModelDirError
-from remixer_t5.gin_utils import GinError, parse_gin, split_flags
-from remixer_t5.gin_utils import macro as _macro
+from remixer_t5 import quiet
+
+quiet.configure()  # before anything imports JAX or TensorFlow: their native start-up lines hidden (quiet.py)
+
+from remixer_t5.checkpoints import IncompatibleModelDirError  # noqa: E402 - after quiet.configure()
+from remixer_t5.gin_utils import GinError, parse_gin, split_flags  # noqa: E402
+from remixer_t5.gin_utils import macro as _macro  # noqa: E402
 
 
 # --- commands ------------------------------------------------------------------------------------------
@@ -252,7 +256,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
   try:
     return aot_compile.main(args.topology, num_slices=args.num_slices, mesh=args.mesh, rules=args.rules,
                             steps=steps, as_json=args.json)
-  except aot_compile.LibtpuMissing as e:
+  except aot_compile.CompilerMissing as e:
     print(f"remixer-t5 compile: {e}", file=sys.stderr)
     return 2
 
@@ -368,10 +372,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="input: the step rate to feed (default 9: T5.1.1-base, Remixer paper Table 1)")
   ben.add_argument("--process_index", "--process-index", type=int, default=0, help="input: which shard to read")
   ben.add_argument("--process_count", "--process-count", type=int, help="input: shards (default: --hosts)")
-  com = sub.add_parser("compile", help="compile the train step (same gin flags as train) for a TPU slice on this "
-                       "machine, no TPU needed: memory per device against HBM, FLOPs, XLA's estimated step time")
+  com = sub.add_parser("compile", help="compile the train step (same gin flags as train) for a TPU slice or GPUs "
+                       "on this machine, no TPU or GPU needed: memory per device against HBM, FLOPs, estimated "
+                       "step time")
   com.add_argument("--topology", required=True, help="a Cloud TPU slice: v3-8, v3-32, v3-128, ..., v2-8.., "
-                   "v4-8.., v5p-8.., v5e-1.., v6e-1.. (v2/v3/v4/v5p count cores, v5e/v6e chips)")
+                   "v4-8.., v5p-8.., v5e-1.., v6e-1.. (v2/v3/v4/v5p count cores, v5e/v6e chips); or one "
+                   "process's GPUs: h100, h100x8, h200, a100x8, ... (needs `make gpu-compile-env`)")
   com.add_argument("--num_slices", "--num-slices", type=int, default=1, help="slices joined over the data axis")
   com.add_argument("--mesh", help="override the run's mesh: a preset (tpu_v3_32, ...) or DATAxMODEL")
   com.add_argument("--rules", choices=["data", "data_model", "fsdp"], help="override the run's rule set")
@@ -396,8 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   try:
     files, bindings, paths, rest = split_flags(argv)
     args = build_parser().parse_args(rest)
-    from remixer_t5 import host_memory, quiet
-    quiet.configure()  # TensorFlow's native start-up lines hidden ($REMIXER_T5_VERBOSE=1 shows them)
+    from remixer_t5 import host_memory
     host_memory.pin_cpu_without_tpu_chips()  # libtpu without TPU chips (the .[tpu] extra): no TPU runtime start
     if args.command in ("train", "eval", "plot", "bench", "repro"):
       # before JAX starts its threads: see host_memory's docstring

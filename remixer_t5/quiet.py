@@ -8,7 +8,10 @@ keeps all but the last), so `configure()` installs an import hook: when anything
 the process's stderr (file descriptor 2) goes to a temporary file for the import and is put back after it;
 what was written there is shown only if the import fails. Right after the import the hook hides GPUs from
 TensorFlow (as t5x does), so on a GPU host the input pipeline never claims GPU memory that JAX needs; that
-enumeration is where cuInit fails on CPU machines, so it runs hidden too. `configure()` also defaults
+enumeration is where cuInit fails on CPU machines, so it runs hidden too. `import jax` is hidden the same way:
+with the CUDA compiler plugin installed (`make gpu-compile-env`) it prints "Could not find cuda drivers" with
+absl's banner three times on a machine without a GPU; `native_stderr_hidden` also covers the plugin's start
+when `remixer-t5 compile` builds a GPU topology. `configure()` also defaults
 $TF_CPP_MIN_LOG_LEVEL to 2 (TensorFlow's and XLA's INFO and WARNING lines, e.g. tf.data cache notices; errors
 still show).
 
@@ -74,17 +77,24 @@ class _QuietLoader(importlib.abc.Loader):
     try:
       with native_stderr_hidden() as captured:
         self._loader.exec_module(module)
-        hide_gpus_from_tensorflow(module)
+        if module.__name__ == "tensorflow":
+          hide_gpus_from_tensorflow(module)
     except BaseException:
       sys.stderr.write("".join(captured))
       raise
 
 
-class _QuietTensorFlowFinder(importlib.abc.MetaPathFinder):
-  """Finds `tensorflow` with the other finders and wraps its loader (once)."""
+QUIET_MODULES = ("tensorflow", "jax")
+
+
+class _QuietImportFinder(importlib.abc.MetaPathFinder):
+  """Finds `name` with the other finders and wraps its loader (once)."""
+
+  def __init__(self, name: str):
+    self.name = name
 
   def find_spec(self, name, path, target=None):
-    if name != "tensorflow":
+    if name != self.name:
       return None
     sys.meta_path.remove(self)  # one import only; also keeps the lookup below from finding this finder
     spec = importlib.util.find_spec(name)
@@ -93,15 +103,32 @@ class _QuietTensorFlowFinder(importlib.abc.MetaPathFinder):
     return spec
 
 
+@contextlib.contextmanager
+def hidden_unless_verbose() -> Iterator[None]:
+  """`native_stderr_hidden` (what was hidden shown if the block raises) unless $REMIXER_T5_VERBOSE is set."""
+  if verbose():
+    yield
+    return
+  captured: list[str] = []
+  try:
+    with native_stderr_hidden() as captured:
+      yield
+  except BaseException:
+    sys.stderr.write("".join(captured))
+    raise
+
+
 def configure(environ=None) -> bool:
-  """Installs the hook (module docstring) unless $REMIXER_T5_VERBOSE is set or TensorFlow is already
-  imported; returns whether it did."""
+  """Installs the hooks (module docstring) for the modules of QUIET_MODULES not yet imported, unless
+  $REMIXER_T5_VERBOSE is set; returns whether TensorFlow's is in place."""
   global installed
   env = os.environ if environ is None else environ
   if verbose() or "tensorflow" in sys.modules:
     return False
   env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-  if not installed and importlib.util.find_spec("tensorflow") is not None:
-    sys.meta_path.insert(0, _QuietTensorFlowFinder())
+  if not installed:
+    for name in QUIET_MODULES:
+      if name not in sys.modules and importlib.util.find_spec(name) is not None:
+        sys.meta_path.insert(0, _QuietImportFinder(name))
     installed = True
   return installed
