@@ -408,22 +408,121 @@ def read_hf_checkpoint(path: str | os.PathLike) -> tuple[dict, dict[str, np.ndar
 # --------------------------------------------------------------------------------------- tokenizer
 
 SPIECE_NAME = "spiece.model"
+TOKENIZER_JSON_NAME = "tokenizer.json"
 TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP_NAME = "special_tokens_map.json"
-TOKENIZER_FILES = (SPIECE_NAME, TOKENIZER_CONFIG_NAME, SPECIAL_TOKENS_MAP_NAME)
+TOKENIZER_FILES = (SPIECE_NAME, TOKENIZER_JSON_NAME, TOKENIZER_CONFIG_NAME, SPECIAL_TOKENS_MAP_NAME)
 _T5_SPECIAL_PIECES = ("<pad>", "</s>", "<unk>")  # ids 0, 1, 2 in T5's SentencePiece models (and ours)
+_SPACE = "\u2581"  # SentencePiece's whitespace mark "▁"
+
+
+def fast_tokenizer_json(spiece_model: bytes, extra_ids: int = 100) -> dict:
+  """`tokenizer.json` (the `tokenizers` library's serialization) of T5's tokenizer over `spiece_model`, as a dict.
+
+  It mirrors what transformers' `T5Converter` (an `SpmConverter`, transformers/convert_slow_tokenizer.py) makes of
+  a T5 SentencePiece model, but is written here from the model proto alone, so exporting needs neither
+  transformers nor tokenizers, and it follows the proto's normalizer spec step by step so that
+  `tokenizers.Tokenizer.from_file` encodes text to the ids `SentencePieceProcessor` and seqio give (+ `</s>`):
+
+  * model: `Unigram` over the pieces and their scores, the trainer spec's `unk_id` and byte fallback, then the
+    `extra_ids` sentinels `<extra_id_{extra_ids-1}>` ... `<extra_id_0>` (score 0), `<extra_id_0>` the last id;
+  * normalizer: the proto's `precompiled_charsmap` as a `Precompiled` normalizer (T5's is NFKC and folds
+    newlines, tabs and other spaces to " "), then, with `remove_extra_whitespaces`, trailing spaces dropped and
+    runs of spaces made one (a leading run becomes the "▁" that SentencePiece's dummy prefix gives);
+  * pre-tokenizer: `Metaspace` (" " -> "▁") with SentencePiece's dummy prefix on the first chunk of the text only
+    (`prepend_scheme: "first"`: none after a sentinel, as SentencePiece adds one to the whole text) and no split
+    (SentencePiece runs one Viterbi pass over the text; its pieces never hold an inner "▁" anyway);
+  * decoder: `Metaspace` ("▁" -> " ", the dummy prefix's space dropped), or for byte-fallback models "▁" -> " ",
+    `ByteFallback`, `Fuse` and a one-space `Strip`; sentinels decode to " <extra_id_N>" as seqio's pieces
+    "▁<extra_id_N>" do;
+  * post-processor: `TemplateProcessing` appending `</s>` to each sequence, as `T5Converter`'s;
+  * added tokens: the control and unknown pieces (`<pad>` 0, `</s>` 1, `<unk>` 2) and the sentinels, special
+    and matched in the raw text; a sentinel takes the whitespace before it (`lstrip`), as seqio's piece
+    "▁<extra_id_N>" takes the "▁" before it.
+
+  It differs from SentencePiece only where the text names special pieces, and on some whitespace of models that
+  keep extra whitespace: "<pad>", "</s>", "<unk>" in the text are those tokens here (SentencePiece spells them
+  out); a sentinel right after a non-space ("a<extra_id_0>", where seqio's "▁<extra_id_0>" does not match) is a
+  sentinel here; `<unk>` decodes as "<unk>", not " ⁇ "; and without `remove_extra_whitespaces` (e.g. the COGS
+  word vocabularies) text that starts with spaces or "▁" gets one "▁" fewer, and a sentinel takes all the
+  whitespace before it, not one "▁". Models that are not unigram ones starting words with "▁" are refused
+  (ValueError).
+  """
+  import base64
+
+  from sentencepiece import sentencepiece_model_pb2 as pb
+  proto = pb.ModelProto.FromString(spiece_model)
+  trainer, norm = proto.trainer_spec, proto.normalizer_spec
+  if trainer.model_type != pb.TrainerSpec.UNIGRAM:
+    raise ValueError(f"the SentencePiece model is a {pb.TrainerSpec.ModelType.Name(trainer.model_type)} model; "
+                     "T5's tokenizer is a unigram one")
+  if not (norm.escape_whitespaces and norm.add_dummy_prefix) or trainer.treat_whitespace_as_suffix:
+    raise ValueError("the SentencePiece model does not start words with '\u2581' (escape_whitespaces or "
+                     "add_dummy_prefix off, or treat_whitespace_as_suffix on); T5's tokenizer does")
+  if proto.denormalizer_spec.precompiled_charsmap:
+    raise ValueError("the SentencePiece model has a denormalizer, which HF's tokenizer cannot apply")
+  if extra_ids < 0:
+    raise ValueError(f"extra_ids must be >= 0, got {extra_ids}")
+  Piece = pb.ModelProto.SentencePiece
+  n = len(proto.pieces)
+  sentinels = [f"<extra_id_{i}>" for i in reversed(range(extra_ids))]  # ids n, n + 1, ...: <extra_id_0> last
+
+  def added(token_id, content, special, lstrip=False):
+    return {"id": token_id, "content": content, "single_word": False, "lstrip": lstrip, "rstrip": False,
+            "normalized": False, "special": special}
+
+  added_tokens = [added(i, p.piece, p.type != Piece.USER_DEFINED) for i, p in enumerate(proto.pieces)
+                  if p.type in (Piece.CONTROL, Piece.UNKNOWN, Piece.USER_DEFINED)]
+  added_tokens += [added(n + i, s, True, lstrip=True) for i, s in enumerate(sentinels)]
+
+  def replace(regex, content):
+    return {"type": "Replace", "pattern": {"Regex": regex}, "content": content}
+
+  normalizers = []
+  if norm.precompiled_charsmap:
+    normalizers.append({"type": "Precompiled",
+                        "precompiled_charsmap": base64.b64encode(norm.precompiled_charsmap).decode("ascii")})
+  if norm.remove_extra_whitespaces:
+    normalizers += [replace(r" +\z", ""), replace(" {2,}", " ")]
+  # Per token, before the rest: a sentinel decodes as seqio's piece "▁<extra_id_N>".
+  decoders = [replace(r"\A<(?=extra_id_\d+>\z)", _SPACE + "<")] if extra_ids else []
+  if trainer.byte_fallback:
+    decoders += [{"type": "Replace", "pattern": {"String": _SPACE}, "content": " "}, {"type": "ByteFallback"},
+                 {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]
+  else:
+    decoders.append({"type": "Metaspace", "replacement": _SPACE, "prepend_scheme": "first", "split": True})
+  eos = {"SpecialToken": {"id": "</s>", "type_id": 0}}
+  seq_a, seq_b = ({"Sequence": {"id": x, "type_id": 0}} for x in "AB")
+  return {
+      "version": "1.0",
+      "truncation": None,
+      "padding": None,
+      "added_tokens": added_tokens,
+      "normalizer": {"type": "Sequence", "normalizers": normalizers} if normalizers else None,
+      "pre_tokenizer": {"type": "Metaspace", "replacement": _SPACE, "prepend_scheme": "first", "split": False},
+      "post_processor": {"type": "TemplateProcessing", "single": [seq_a, eos], "pair": [seq_a, eos, seq_b, eos],
+                         "special_tokens": {"</s>": {"id": "</s>", "ids": [1], "tokens": ["</s>"]}}},
+      "decoder": {"type": "Sequence", "decoders": decoders} if len(decoders) > 1 else decoders[0],
+      "model": {"type": "Unigram", "unk_id": trainer.unk_id, "byte_fallback": trainer.byte_fallback,
+                "vocab": [[p.piece, p.score] for p in proto.pieces] + [[s, 0.0] for s in sentinels]},
+  }
 
 
 def hf_tokenizer_files(spiece_model: bytes, extra_ids: int = 100, model_max_length: int = 512
                        ) -> dict[str, bytes]:
-  """{file name: bytes} of a T5 tokenizer as transformers' `T5Tokenizer`/`T5TokenizerFast` read it.
+  """{file name: bytes} of a T5 tokenizer for transformers' `AutoTokenizer` (4.x or 5.x, sentencepiece or not).
 
   As in the published google/t5-v1_1-* repositories: `spiece.model` is the plain SentencePiece model
   (pad=0, eos=1, unk=2, no sentinels inside it) and the tokenizer adds `extra_ids` sentinels after its pieces
   in reverse order, `<extra_id_0>` = the last id; seqio's `SentencePieceVocabulary(extra_ids=...)` numbers them
-  the same way, so ids agree. `tokenizer_config.json` carries `extra_ids` and the sentinels as
-  `additional_special_tokens` (also in `special_tokens_map.json`); `model_max_length` 512 is T5's value
-  (transformers only warns beyond it; relative positions have no hard limit).
+  the same way, so ids agree. `tokenizer.json` is the same tokenizer for the `tokenizers` library
+  (`fast_tokenizer_json`), so transformers needs no `sentencepiece` (without it transformers 5 cannot read
+  `spiece.model` and falls back to a tiktoken reader, which fails). `tokenizer_config.json` names
+  `PreTrainedTokenizerFast` (`TokenizersBackend` in transformers 5), which runs `tokenizer.json` as written:
+  transformers 5's `T5Tokenizer` would take only its vocabulary and rebuild the rest its own way (no byte
+  fallback, a "▁" added to text right after a sentinel), so its ids would differ from seqio's. It also carries
+  `extra_ids` and the sentinels as `additional_special_tokens` (also in `special_tokens_map.json`);
+  `model_max_length` 512 is T5's value (transformers only warns beyond it; relative positions have no hard limit).
   """
   import sentencepiece as spm
   try:
@@ -445,10 +544,11 @@ def hf_tokenizer_files(spiece_model: bytes, extra_ids: int = 100, model_max_leng
   tokens = {"eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>",
             "additional_special_tokens": sentinels}
   config = {**tokens, "extra_ids": extra_ids, "model_max_length": model_max_length,
-            "tokenizer_class": "T5Tokenizer", "clean_up_tokenization_spaces": False}
+            "tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
   dump = lambda d: (json.dumps(d, indent=2, sort_keys=True) + "\n").encode()
-  return {SPIECE_NAME: bytes(spiece_model), TOKENIZER_CONFIG_NAME: dump(config),
-          SPECIAL_TOKENS_MAP_NAME: dump(tokens)}
+  fast = json.dumps(fast_tokenizer_json(spiece_model, extra_ids), indent=2, ensure_ascii=False) + "\n"
+  return {SPIECE_NAME: bytes(spiece_model), TOKENIZER_JSON_NAME: fast.encode(),
+          TOKENIZER_CONFIG_NAME: dump(config), SPECIAL_TOKENS_MAP_NAME: dump(tokens)}
 
 
 def vocabulary_tokenizer_files(vocabulary) -> dict[str, bytes]:
