@@ -136,10 +136,11 @@ class Program:
   train_step: Any  # jitted make_train_step, state donated
   eval_step: Any  # jitted make_eval_step (params, batch)
 
-  def compile(self, step, *args):
-    """`step` lowered and compiled under the mesh's activation rules (constraints placed as t5x does)."""
+  def compile(self, step, *args, compiler_options: dict | None = None):
+    """`step` lowered and compiled under the mesh's activation rules (constraints placed as t5x does);
+    `compiler_options`: XLA debug options for this compile only (e.g. {'xla_gpu_enable_triton_gemm': False})."""
     with partitioning.activation_sharding(self.mesh):
-      return step.lower(*args).compile()
+      return step.lower(*args).compile(compiler_options)
 
 
 def program(model: EncoderDecoderModel, tx: optax.GradientTransformation, schedule: Callable | None,

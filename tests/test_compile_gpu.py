@@ -1,0 +1,102 @@
+"""`remixer-t5 compile --topology h100x8`: GPU programs compiled on this CPU machine (no GPU).
+
+Naming and the missing-plugin refusal run everywhere; the compiles need XLA's CUDA compiler plugin (setup.py's
+gpu-compile extra), which `make test` does not install: `make test-gpu-compile` runs them in .venv-gpu.
+"""
+import importlib.util
+import json
+
+import pytest
+
+from remixer_t5 import aot_compile, cli
+
+TINY = ["--gin_file=models/t5_1_1/tiny.gin", "--gin_file=runs/pretrain.gin", "--gin.BATCH_SIZE=8",
+        "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}"]
+
+
+def _plugin() -> bool:
+  try:
+    return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+  except ModuleNotFoundError:
+    return False
+
+
+needs_plugin = pytest.mark.skipif(not _plugin(), reason="XLA's CUDA compiler plugin is not installed (the "
+                                  "gpu-compile extra): `make test-gpu-compile` runs these in .venv-gpu")
+
+
+def test_gpu_names_are_one_process_gpus_with_their_target_config(monkeypatch):
+  monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+  acc = aot_compile.accelerator("h100x8")
+  assert (acc.name, acc.num_devices, acc.topology, acc.platform) == ("h100x8", 8, "1x1x8", "cuda")
+  assert acc.device_memory_bytes == 84_942_979_072  # what the driver reports for an H100 SXM 80 GB
+  assert acc.hbm_bytes == int(0.75 * 84_942_979_072)  # JAX's default share
+  monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", ".9")
+  assert acc.hbm_bytes == int(0.9 * 84_942_979_072)
+  assert aot_compile.accelerator("H100").num_devices == 1
+  assert aot_compile.accelerator("a100x4").device_memory_bytes == 85_100_068_864
+  assert aot_compile.accelerator("h200").device_memory_bytes == 151_397_597_184
+  for name in aot_compile.gpu_names():
+    assert "device_description_str" in aot_compile.accelerator(name).target_config
+  with pytest.raises(ValueError, match="one process drives 1, 2, 4, 8 GPUs"):
+    aot_compile.accelerator("h100x16")
+  with pytest.raises(ValueError, match="unknown accelerator 'h300'.*h100x8"):
+    aot_compile.accelerator("h300")
+  monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "most")
+  with pytest.raises(ValueError, match="XLA_PYTHON_CLIENT_MEM_FRACTION"):
+    aot_compile.accelerator("h100").hbm_bytes  # noqa: B018
+
+
+def test_without_the_cuda_plugin_the_command_says_how_to_get_it(monkeypatch, capsys):
+  real = aot_compile.importlib.util.find_spec
+  monkeypatch.setattr(aot_compile.importlib.util, "find_spec",
+                      lambda n, *a: None if n.startswith("jax_plugins") else real(n, *a))
+  assert cli.main(["compile", *TINY, "--topology", "h100"]) == 2
+  err = capsys.readouterr().err
+  assert "make gpu-compile-env" in err and "gpu-compile" in err and "Traceback" not in err
+
+
+@needs_plugin
+def test_a_tiny_config_compiles_for_8_h100s(capsys, monkeypatch):
+  monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+  assert cli.main(["compile", *TINY, "--topology", "h100x8", "--all_steps", "--json"]) == 0
+  report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert (report["platform"], report["xla_topology"], report["devices"]) == ("cuda", "1x1x8", 8)
+  assert report["device_kind"] == "NVIDIA H100 80GB HBM3" and report["mesh"] == {"data": 8, "model": 1}
+  assert report["fits"] and set(report["steps"]) == {"train", "eval", "decode"}
+  train = report["steps"]["train"]
+  m = train["memory"]
+  assert m["total_bytes"] == (m["argument_bytes"] + m["output_bytes"] - m["alias_bytes"] + m["temp_bytes"]
+                              + m["code_bytes"])
+  assert m["alias_bytes"] > 0  # the donated train state
+  assert train["available_bytes"] == int(0.75 * 84_942_979_072)
+  # XLA's per-GPU count of the compiled step: the model's fwd+bwd share plus the optimizer update (every GPU
+  # updates every parameter under data-parallel rules), as on TPUs.
+  assert 1.0 < train["xla_flops_per_device"] / train["model_flops_per_device"] < 2.0
+  roof = max(train["xla_flops_per_device"] / 989e12, train["bytes_accessed_per_device"] / 3_352_320_000_000)
+  assert train["roofline_seconds"] == pytest.approx(roof)
+  assert train["est_mfu"] == pytest.approx(train["model_flops_per_device"] / roof / 989e12)
+  assert report["steps"]["eval"]["xla_flops_per_device"] < train["xla_flops_per_device"]
+
+
+@needs_plugin
+def test_sharding_over_8_gpus_divides_the_work(capsys):
+  per = {}
+  for topo in ("h100", "h100x8"):
+    assert cli.main(["compile", *TINY, "--gin.BATCH_SIZE=64", "--topology", topo, "--json"]) == 0
+    per[topo] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"]["train"]
+  assert per["h100"]["model_flops_per_device"] == pytest.approx(8 * per["h100x8"]["model_flops_per_device"])
+  assert per["h100x8"]["memory"]["temp_bytes"] < per["h100"]["memory"]["temp_bytes"]
+
+
+@needs_plugin
+def test_a_run_that_does_not_fit_is_refused_with_the_shortfall(capsys, monkeypatch):
+  # XLA:GPU compiles programs of any size, so the refusal is ours: here JAX is given 0.01% of each A100
+  # (8.1 MiB), less than the tiny model's state and step.
+  monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.0001")
+  assert cli.main(["compile", *TINY, "--topology", "a100", "--json"]) == 1
+  captured = capsys.readouterr()
+  train = json.loads(captured.out.strip().splitlines()[-1])["steps"]["train"]
+  assert not train["fits"] and train["needs_bytes"] > train["available_bytes"] == int(0.0001 * 85_100_068_864)
+  assert "does not fit on a100: needs" in captured.err and "8.1 MiB available" in captured.err
+  assert "more GPUs (--topology a100x8)" in captured.err and "XLA_PYTHON_CLIENT_MEM_FRACTION=.95" in captured.err
