@@ -134,6 +134,13 @@ def test_settings_refuse_bad_values():
     repro.Settings(seeds=(1, 1))
   with pytest.raises(ValueError, match="gmlp_nope.*models with a COGS config: .*t5_1_1"):
     repro.model_gin("gmlp_nope")
+  import argparse
+  parser = argparse.ArgumentParser()
+  repro.add_arguments(parser)
+  with pytest.raises(ValueError, match="--seeds 0: a single number is a count.*--seeds 1"):
+    repro.settings_from_args(parser.parse_args(["--seeds", "0"]))
+  assert repro.settings_from_args(parser.parse_args(["--seeds", "2"])).seeds == (0, 1)
+  assert repro.settings_from_args(parser.parse_args(["--seeds", "0,3"])).seeds == (0, 3)
 
 
 # --- end to end -------------------------------------------------------------------------------------------

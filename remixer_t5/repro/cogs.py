@@ -406,6 +406,9 @@ def settings_from_args(args) -> Settings:
     kw["models"] = tuple(m.strip() for m in args.models.split(",") if m.strip())
   if args.seeds:
     vals = _ints(args.seeds, "seeds")
+    if len(vals) == 1 and "," not in args.seeds and vals[0] < 1:
+      raise ValueError(f"--seeds {args.seeds}: a single number is a count of seeds (0..N-1) and must be at least "
+                       "1; to run seed 0 alone pass --seeds 1, other seeds as a list, e.g. --seeds 2,3")
     kw["seeds"] = tuple(range(vals[0])) if len(vals) == 1 and "," not in args.seeds else vals
   for arg in ("steps", "batch_size", "warmup", "eval_batch_size", "eval_examples"):
     if getattr(args, arg) is not None:
