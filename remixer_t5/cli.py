@@ -215,8 +215,10 @@ def cmd_bench_train(args: argparse.Namespace) -> int:
   if reference not in bench_train.REFERENCES:  # before the model is built
     raise ValueError(f"unknown --reference {args.reference!r}; expected 'hf' or 'none'")
   setup = bench_train.from_gin(args.batch_size, _parse_lengths(args.lengths))
-  row = bench_train.bench_train(**setup, steps=args.steps, warmup=5 if args.warmup is None else args.warmup,
-                                rounds=args.rounds, reference=reference, log=bench_train.stderr_log)
+  row = bench_train.bench_train(**setup, steps=20 if args.steps is None else args.steps,
+                                warmup=5 if args.warmup is None else args.warmup,
+                                rounds=3 if args.rounds is None else args.rounds, reference=reference,
+                                log=bench_train.stderr_log)
   from remixer_t5 import host_memory
   row["host_malloc_policy"] = host_memory.applied
   from remixer_t5 import xla_cpu
@@ -226,11 +228,34 @@ def cmd_bench_train(args: argparse.Namespace) -> int:
   return 0
 
 
+def cmd_bench_decode(args: argparse.Namespace) -> int:
+  from remixer_t5 import bench_decode
+  d = bench_decode.DEFAULTS
+  reference = None if args.reference in (None, "none") else args.reference
+  modes = tuple(m.strip() for m in (args.modes or ",".join(bench_decode.MODES)).split(",") if m.strip())
+  if args.lengths:
+    raise ValueError("bench decode takes --input_length and --new_tokens, not --lengths")
+  kwargs = {k: d[k] if getattr(args, k) is None else getattr(args, k)
+            for k in ("batch_size", "input_length", "new_tokens", "beam_size", "steps", "rounds", "warmup")}
+  bench_decode.check_settings(modes=modes, reference=reference, **kwargs)  # before the model is built
+  model = bench_decode.model_from_gin()
+  params = None
+  if args.checkpoint:
+    from remixer_t5 import checkpoints
+    params = checkpoints.restore_any_params(Path(args.checkpoint))
+  row = bench_decode.bench_decode(model, params, modes=modes, reference=reference, log=bench_decode.stderr_log,
+                                  **kwargs)
+  print(json.dumps(row) if args.json else bench_decode.format_row(row), flush=True)
+  return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
   if args.what == "input":
     return cmd_bench_input(args)
   if args.what == "train":
     return cmd_bench_train(args)
+  if args.what == "decode":
+    return cmd_bench_decode(args)
   from remixer_t5 import bench
   mixers = [m for m in args.mixers.split(",") if m]
   unknown = [m for m in mixers if m not in bench.MIXERS]
@@ -338,11 +363,14 @@ def build_parser() -> argparse.ArgumentParser:
   cmp.add_argument("--names", help="comma-separated run names, one per MODEL_DIR (default: the directories' names)")
   ben = sub.add_parser("bench", help="bench mixing: fwd+bwd time and FLOPs of one token-mixing layer against "
                        "length; bench input: the training input pipeline's throughput and restore time; bench train: the "
-                       "train step's time (optionally beside HF transformers' PyTorch T5)")
-  ben.add_argument("what", choices=["mixing", "input", "train"],
+                       "train step's time (optionally beside HF transformers' PyTorch T5); bench decode: greedy and "
+                       "beam-search decoding of a batch through the evaluator's decode (optionally beside HF's "
+                       "generate on the same weights)")
+  ben.add_argument("what", choices=["mixing", "input", "train", "decode"],
                    help="mixing: one token-mixing layer against length; input: the training input pipeline "
                         "(same gin flags as train) per process, restore time, and whether a host keeps up; train: "
-                        "the jitted train step on random tokens (same gin flags as train)")
+                        "the jitted train step on random tokens (same gin flags as train); decode: the evaluator's "
+                        "jitted greedy and beam decode of random inputs, every position (same gin flags as train)")
   ben.add_argument("--lengths", help="mixing: e.g. 128,256,...,4096 (default) or 256,1024; train: INPUTS,TARGETS "
                    "(default: TASK_FEATURE_LENGTHS)")
   ben.add_argument("--mixers", default="attention,hypermixer,linear_attention,fnet,mlp_mixer,gmlp,remixer",
@@ -357,12 +385,23 @@ def build_parser() -> argparse.ArgumentParser:
   ben.add_argument("--num_heads", "--num-heads", type=int, default=4)
   ben.add_argument("--head_dim", "--head-dim", type=int, default=64)
   ben.add_argument("--batches", type=int, default=50, help="input: batches timed (after --warmup)")
-  ben.add_argument("--warmup", type=int, help="input/train: untimed batches/steps first (default 5)")
-  ben.add_argument("--steps", type=int, default=20, help="train: timed steps per round (median reported)")
-  ben.add_argument("--rounds", type=int, default=3, help="train: rounds, alternating with --reference")
-  ben.add_argument("--reference", help="train: 'hf' also times transformers' PyTorch T5 on the same shapes "
-                   "(pip install -e '.[hf]'); 'none' (default) times ours only")
-  ben.add_argument("--batch_size", "--batch-size", type=int, help="train: override BATCH_SIZE")
+  ben.add_argument("--warmup", type=int, help="input/train/decode: untimed batches/steps first (default 5; decode 1, "
+                   "compilation included)")
+  ben.add_argument("--steps", type=int, help="train/decode: timed steps/batches per round, median reported "
+                   "(default: train 20, decode 3)")
+  ben.add_argument("--rounds", type=int, help="train/decode: rounds, alternating with --reference (default 3)")
+  ben.add_argument("--reference", help="train/decode: 'hf' also times transformers' PyTorch T5 (train step; "
+                   "decode: generate on the same weights, T5.1.1 only) on the same shapes (pip install -e '.[hf]'); "
+                   "'none' (default) times ours only")
+  ben.add_argument("--batch_size", "--batch-size", type=int,
+                   help="train: override BATCH_SIZE; decode: examples per batch (default 32)")
+  ben.add_argument("--input_length", "--input-length", type=int, help="decode: input tokens per example (default 128)")
+  ben.add_argument("--new_tokens", "--new-tokens", type=int,
+                   help="decode: tokens generated per example, every one decoded (default 64)")
+  ben.add_argument("--beam_size", "--beam-size", type=int, help="decode: beams of the beam mode (default 4)")
+  ben.add_argument("--modes", help="decode: greedy, beam or greedy,beam (default)")
+  ben.add_argument("--checkpoint", help="decode: params to decode with (a MODEL_DIR, import-hf output or params "
+                   "checkpoint; default: the model freshly initialised, seed 0)")
   ben.add_argument("--peak_flops", "--peak-flops", type=float,
                    help="train: peak FLOP/s per device for MFU (default: known accelerators only)")
   ben.add_argument("--position", type=int, default=0,

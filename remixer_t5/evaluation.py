@@ -65,10 +65,12 @@ def make_predict_fn(model: EncoderDecoderModel, params, batch_size: int, *, beam
 
 
 @functools.lru_cache(maxsize=8)
-def _jit_predict(model: EncoderDecoderModel, beam_size: int):
-  """One jitted decode per (model, beam size), so evaluating several splits compiles each length once."""
+def _jit_predict(model: EncoderDecoderModel, beam_size: int, eos_id: int = 1):
+  """One jitted decode per (model, beam size), so evaluating several splits compiles each length once.
+  Evaluation stops at EOS (id 1); `remixer-t5 bench decode` passes an id no token has (bench_decode.NO_EOS) to
+  time every position of the same decode."""
   return jax.jit(lambda p, enc, n: model.predict_batch(p, {"encoder_input_tokens": enc}, max_decode_length=n,
-                                                       beam_size=beam_size), static_argnums=2)
+                                                       beam_size=beam_size, eos_id=eos_id), static_argnums=2)
 
 
 def _generated(tokens: np.ndarray, eos_id: int = 1) -> np.ndarray:

@@ -1,0 +1,323 @@
+"""`remixer-t5 bench decode`: the time to decode a batch, greedy and beam search, through the evaluator's own
+decode function, optionally beside Hugging Face transformers' `T5ForConditionalGeneration.generate` on the same
+weights.
+
+Ours is exactly what seqio evaluation (`evaluation.make_predict_fn`, used by `eval`, the trainer's inference
+evaluation and `repro cogs`) calls per batch: `evaluation._jit_predict(model, beam_size)`, i.e. the jitted
+`models.EncoderDecoderModel.predict_batch` (encoder once, then `decoding.greedy_decode` or
+`decoding.beam_search` over the decoder's cache, length penalty alpha 0.6), followed by bringing the tokens back
+to the host. Inputs are `batch_size` rows of `input_length` random ids (2..vocab-1, the last one EOS, no
+padding); parameters are a fresh initialisation of the gin MODEL (seed 0) or `--checkpoint`'s.
+
+Both sides decode exactly `new_tokens` positions for every row: the evaluator's decode stops as soon as every
+row (greedy) or every beam (beam search) has ended in EOS, so the benchmark passes it an EOS id no token has
+(`NO_EOS`), and HF's `generate` gets `eos_token_id=None`. Both then run pure argmax / pure beam search for
+`new_tokens` steps: the same work, and on the same weights the same tokens (reported: `*_identical_rows`).
+
+The reference (`--reference hf`, the `.[hf]` extra; T5.1.1 models only) is the same parameters written as an
+HF checkpoint (`hf.write_hf_checkpoint`, as `export-hf` does) and loaded with `from_pretrained`, float32, under
+`torch.inference_mode()`: greedy is `num_beams=1, do_sample=False`; beam search `num_beams=K,
+length_penalty=alpha, early_stopping="never"`, both with `max_new_tokens=new_tokens` and the encoder's
+attention mask. Length penalties differ in form: ours is GNMT's ((5 + L) / 6) ** alpha (T5's), HF's L ** alpha
+(L = tokens generated with the EOS). `early_stopping="never"` is the closest to ours (we stop when no live beam
+divided by the penalty at the maximum length can beat the worst kept finished hypothesis; HF "never" bounds
+the same way). With EOS disabled every hypothesis has length `new_tokens`, the penalty is a common factor and
+the two searches rank alike; with EOS they can keep different finished hypotheses.
+
+Timing (as `bench train`): `rounds` rounds; in each, for each mode (greedy, then beam), ours then HF: `warmup`
+untimed batches in the first round (compilation included), 1 in later ones, then the median of `steps` timed
+batches. Reported per mode and side: the median over rounds of the per-round medians (s per batch) and tokens/s
+= batch_size * new_tokens / s per batch (output tokens: a beam-search row counts `new_tokens`, not K times it);
+the ratio ours / HF comes from the same run.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import subprocess
+import time
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+REFERENCES = (None, "hf")
+MODES = ("greedy", "beam")
+NO_EOS = -1  # an EOS id no token has: the evaluator's decode then runs every position
+DEFAULTS = {"batch_size": 32, "input_length": 128, "new_tokens": 64, "beam_size": 4, "steps": 3, "rounds": 3,
+            "warmup": 1}
+
+
+def random_inputs(vocab_size: int, batch_size: int, input_length: int, seed: int = 0) -> np.ndarray:
+  """[batch, length] int32 encoder inputs: random ids 2..vocab-1 ending in EOS (1), every position real."""
+  rng = np.random.default_rng(seed)
+  enc = rng.integers(2, vocab_size, size=(batch_size, input_length), dtype=np.int32)
+  enc[:, -1] = 1
+  return enc
+
+
+def _time_calls(call: Callable[[], Any], steps: int, warmup: int) -> tuple[list[float], Any]:
+  out = None
+  for _ in range(warmup):
+    out = call()
+  times = []
+  for _ in range(steps):
+    t0 = time.perf_counter()
+    out = call()
+    times.append(time.perf_counter() - t0)
+  return times, out
+
+
+# --- the two decoders -----------------------------------------------------------------------------------
+def ours(model, params, enc: np.ndarray, new_tokens: int, beam_size: int = 1) -> Callable[[], np.ndarray]:
+  """A zero-argument callable: the evaluator's jitted decode of `enc` (EOS disabled), tokens on the host
+  [batch, new_tokens] (the best beam)."""
+  from remixer_t5 import evaluation
+  predict = evaluation._jit_predict(model, beam_size, NO_EOS)
+  device_enc = jnp.asarray(enc)
+
+  def run():
+    return np.asarray(jax.device_get(predict(params, device_enc, new_tokens)))
+  return run
+
+
+def _transformers():
+  try:
+    import torch
+    import transformers
+  except ImportError as e:  # pragma: no cover - depends on the optional extra
+    raise ValueError(f"--reference hf needs PyTorch and transformers: pip install -e '.[hf]' ({e})") from None
+  return torch, transformers
+
+
+def hf_model(config, params):
+  """transformers' T5ForConditionalGeneration holding `params` (float32, eval mode): the checkpoint
+  `export-hf` would write, loaded with from_pretrained. ValueError for a model HF's T5 cannot hold."""
+  from remixer_t5 import hf, network
+  need = ("--reference hf needs a T5.1.1 model (self-attention and a gated-GELU MLP, e.g. "
+          "models/t5_1_1/small.gin)")
+  if not isinstance(config, network.T5Config):
+    raise ValueError(f"{need}; got a {type(config).__name__}")
+  try:
+    hf.config_to_hf(config)
+    hf.params_to_hf_state_dict(params, config)
+  except ValueError as e:
+    problems = "; ".join(str(e).splitlines()[1:] or str(e).splitlines())
+    raise ValueError(f"{need}: {problems[:300]}{'...' if len(problems) > 300 else ''}") from None
+  _, transformers = _transformers()
+  transformers.logging.set_verbosity_error()  # the untied-head notice on every load
+  transformers.utils.logging.disable_progress_bar()  # "Loading weights" on every load
+  with tempfile.TemporaryDirectory(prefix="bench_decode_hf_") as tmp:
+    hf.write_hf_checkpoint(os.path.join(tmp, "model"), config, params)
+    model = transformers.T5ForConditionalGeneration.from_pretrained(os.path.join(tmp, "model"))
+  return model.float().eval()
+
+
+def hf_reference(model, enc: np.ndarray, new_tokens: int, beam_size: int = 1, alpha: float = 0.6
+                 ) -> Callable[[], np.ndarray]:
+  """A zero-argument callable: `model.generate` of `enc` for exactly `new_tokens` tokens (no EOS stop), the
+  tokens after the decoder start [batch, new_tokens]."""
+  torch, _ = _transformers()
+  input_ids = torch.from_numpy(enc.astype(np.int64))
+  mask = (input_ids > 0).long()
+  kwargs = dict(max_new_tokens=new_tokens, do_sample=False, num_beams=beam_size, eos_token_id=None,
+                pad_token_id=0, decoder_start_token_id=0)
+  if beam_size > 1:
+    kwargs.update(length_penalty=alpha, early_stopping="never")
+
+  def run():
+    with torch.inference_mode():
+      out = model.generate(input_ids=input_ids, attention_mask=mask, **kwargs)
+    if tuple(out.shape) != (enc.shape[0], new_tokens + 1):  # the decoder start, then new_tokens
+      raise RuntimeError(f"HF generate returned {tuple(out.shape)}, not {(enc.shape[0], new_tokens + 1)}: it "
+                         "did not decode every position (did this transformers version ignore eos_token_id=None?)")
+    return out[:, 1:].numpy().astype(np.int32)
+  return run
+
+
+# --- the benchmark --------------------------------------------------------------------------------------
+def check_settings(batch_size, input_length, new_tokens, beam_size, modes, steps, rounds, warmup, reference):
+  if reference not in REFERENCES:
+    raise ValueError(f"unknown --reference {reference!r}; expected 'hf' or 'none'")
+  bad = [m for m in modes if m not in MODES]
+  if bad or not modes:
+    raise ValueError(f"--modes {','.join(modes)}: expected one or both of {', '.join(MODES)}")
+  for name, value, least in (("batch_size", batch_size, 1), ("input_length", input_length, 1),
+                             ("new_tokens", new_tokens, 1), ("beam_size", beam_size, 2), ("steps", steps, 1),
+                             ("rounds", rounds, 1), ("warmup", warmup, 0)):
+    if not isinstance(value, int) or value < least:
+      raise ValueError(f"--{name}={value}: expected an integer >= {least}"
+                       + (" (greedy is the 'greedy' mode)" if name == "beam_size" else ""))
+
+
+def bench_decode(model, params=None, *, batch_size: int = 32, input_length: int = 128, new_tokens: int = 64,
+                 beam_size: int = 4, modes: Sequence[str] = MODES, steps: int = 3, warmup: int = 1,
+                 rounds: int = 3, reference: str | None = None, seed: int = 0,
+                 log: Callable[[str], None] = lambda s: None,
+                 outputs: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+  """Median s per batch and tokens/s of our decode (and the reference's) per mode, alternated over `rounds`.
+
+  `params`: None initialises the model (seed `seed`). `outputs`, when given, receives each side's tokens per
+  mode (`ours_greedy`, `hf_beam`, ...: [batch, new_tokens]) and the inputs (`inputs`)."""
+  from remixer_t5 import evaluation  # noqa: F401 - seqio, hence TensorFlow, before transformers (see below)
+  modes = tuple(modes)
+  check_settings(batch_size, input_length, new_tokens, beam_size, modes, steps, rounds, warmup, reference)
+  cfg = model.module.config
+  if params is None:
+    shapes = {"encoder_input_tokens": (1, input_length), "decoder_input_tokens": (1, new_tokens),
+              "decoder_target_tokens": (1, new_tokens)}
+    params = model.init_variables(jax.random.PRNGKey(seed), shapes)["params"]
+  enc = random_inputs(cfg.vocab_size, batch_size, input_length, seed)
+  beams = {"greedy": 1, "beam": beam_size}
+  runners: dict[str, dict[str, Callable[[], np.ndarray]]] = {m: {} for m in modes}
+  # Built before any timing, so that a model HF cannot hold fails fast. transformers probes for TensorFlow
+  # (importlib find_spec), which would use up quiet.py's one-shot import hook before seqio's real import and
+  # let TensorFlow's native start-up lines through: hence evaluation (seqio) is imported first, above.
+  reference_model = hf_model(cfg, params) if reference == "hf" else None
+  for mode in modes:
+    runners[mode]["ours"] = ours(model, params, enc, new_tokens, beams[mode])
+    if reference_model is not None:
+      runners[mode]["hf"] = hf_reference(reference_model, enc, new_tokens, beams[mode])
+  load_start = _loadavg()
+  medians: dict[str, list[float]] = {f"{side}_{m}": [] for m in modes for side in runners[m]}
+  last: dict[str, np.ndarray] = {}
+  for r in range(rounds):
+    for mode in modes:
+      for side, run in runners[mode].items():
+        key = f"{side}_{mode}"
+        times, last[key] = _time_calls(run, steps, warmup if r == 0 else 1)
+        medians[key].append(statistics.median(times))
+        log(f"round {r + 1}/{rounds} {mode} {side}: median {medians[key][-1]:.3f} s/batch "
+            f"(min {min(times):.3f}, max {max(times):.3f})")
+  row: dict[str, Any] = {
+      "batch_size": batch_size, "input_length": input_length, "new_tokens": new_tokens, "beam_size": beam_size,
+      "modes": list(modes), "steps": steps, "rounds": rounds, "warmup": warmup, "reference": reference,
+      "eos": "disabled on both sides: every row decodes new_tokens positions", "length_penalty_alpha": 0.6,
+      "activation_dtype": str(jnp.dtype(cfg.dtype)), "vocab_size": cfg.vocab_size,
+      "backend": jax.default_backend(), "devices": jax.device_count()}
+  for key, per_round in medians.items():
+    s = statistics.median(per_round)
+    row[f"{key}_s_per_batch"] = s
+    row[f"{key}_tokens_per_s"] = batch_size * new_tokens / s
+    row[f"{key}_round_medians"] = per_round
+  for mode in modes:
+    if f"hf_{mode}" in last:
+      row[f"ratio_ours_to_hf_{mode}"] = row[f"ours_{mode}_s_per_batch"] / row[f"hf_{mode}_s_per_batch"]
+      a, b = last[f"ours_{mode}"], last[f"hf_{mode}"]
+      same = (a == b).all(axis=1)
+      row[f"{mode}_identical_rows"] = int(same.sum())
+      row[f"{mode}_tokens_identical"] = bool(same.all())
+      if not same.all():
+        first_row = int(np.argmin(same))
+        row[f"{mode}_first_mismatch"] = {"row": first_row,
+                                         "position": int(np.argmax(a[first_row] != b[first_row]))}
+  row.update(environment(reference_model is not None))
+  row["load_average_start"], row["load_average_end"] = load_start, _loadavg()
+  if outputs is not None:
+    outputs.update(last)
+    outputs["inputs"] = enc
+  return row
+
+
+# --- the machine and software the row was measured with ---------------------------------------------------
+def _loadavg() -> list[float] | None:
+  try:
+    return [round(x, 2) for x in os.getloadavg()]
+  except OSError:  # pragma: no cover - platforms without it
+    return None
+
+
+def cpu_model() -> str:
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.lower().startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
+def git_commit() -> str | None:
+  """HEAD of the checkout this package runs from, '+dirty' when tracked files differ; None outside git."""
+  root = Path(__file__).resolve().parent.parent
+  try:
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          timeout=10)
+    if head.returncode:
+      return None
+    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True, timeout=30).stdout.strip()
+    return head.stdout.strip() + ("+dirty" if dirty else "")
+  except (OSError, subprocess.SubprocessError):
+    return None
+
+
+def environment(with_torch: bool) -> dict[str, Any]:
+  from remixer_t5 import host_memory, xla_cpu
+  import importlib.metadata as md
+  env = {"cpu_model": cpu_model(), "cpu_count": os.cpu_count(),
+         "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+         "xla_cpu_flags": xla_cpu.FLAG if xla_cpu.applied else None,
+         "host_malloc_policy": host_memory.applied, "git_commit": git_commit(),
+         "jax_version": jax.__version__}
+  try:
+    env["jaxlib_version"] = md.version("jaxlib")
+  except md.PackageNotFoundError:  # pragma: no cover
+    env["jaxlib_version"] = None
+  if with_torch:
+    torch, transformers = _transformers()
+    env.update(torch_num_threads=torch.get_num_threads(), torch_version=torch.__version__,
+               transformers_version=transformers.__version__)
+  return env
+
+
+def model_from_gin():
+  """The model `train` would build: trainer.train's `model` binding when a run config binds it, else MODEL."""
+  import gin
+
+  from remixer_t5 import gin_utils
+  try:
+    value = gin.query_parameter("trainer.train.model")
+  except ValueError:
+    value = None
+  if isinstance(value, gin.config.ConfigurableReference):
+    value = value.scoped_configurable_fn() if value.evaluate else value.scoped_configurable_fn
+  model = value if value is not None else gin_utils.macro("MODEL")
+  if model is None:
+    raise ValueError("bench decode needs MODEL from the gin config (e.g. --gin_file=models/t5_1_1/small.gin)")
+  return model
+
+
+# --- report ---------------------------------------------------------------------------------------------
+def format_row(row: Mapping[str, Any]) -> str:
+  lines = [f"batch {row['batch_size']} x {row['input_length']} input tokens, {row['new_tokens']} new tokens "
+           f"(EOS disabled) on {row['backend']} ({row['devices']} device(s)), median of {row['steps']} "
+           f"batches x {row['rounds']} rounds"]
+  labels = {"ours": "ours (evaluator's jitted decode)", "hf": "HF generate (PyTorch)"}
+  for mode in row["modes"]:
+    title = "greedy" if mode == "greedy" else f"beam {row['beam_size']}"
+    for side in ("ours", "hf"):
+      key = f"{side}_{mode}"
+      if f"{key}_s_per_batch" in row:
+        lines.append(f"  {title:8s} {labels[side]}: {row[f'{key}_s_per_batch']:.4f} s/batch, "
+                     f"{row[f'{key}_tokens_per_s']:,.0f} tokens/s")
+    if f"ratio_ours_to_hf_{mode}" in row:
+      lines.append(f"  {title:8s} ours / HF: {row[f'ratio_ours_to_hf_{mode}']:.3f}; identical outputs: "
+                   f"{row[f'{mode}_identical_rows']}/{row['batch_size']} rows")
+  lines.append(f"  {row['cpu_model']}, {row['cpus_usable']}/{row['cpu_count']} cores, load "
+               f"{row['load_average_start']} -> {row['load_average_end']}, XLA flags "
+               f"{row['xla_flags'] or '(none)'}, host malloc policy {'on' if row['host_malloc_policy'] else 'off'}"
+               + (f", torch threads {row['torch_num_threads']}" if "torch_num_threads" in row else "")
+               + f", commit {row['git_commit']}")
+  return "\n".join(lines)
+
+
+def stderr_log(line: str) -> None:
+  print(line, file=sys.stderr, flush=True)
