@@ -108,7 +108,8 @@ def render(rows: list[dict]) -> str:
       notes.append("roofline on model FLOPs")
     rt = t.get("roofline_seconds")
     mfu = t.get("est_mfu")
-    lines.append(head + f"yes | {t['memory']['total_bytes'] / 2 ** 30:.1f} | {t['xla_flops_per_device'] / 1e12:.1f} | "
+    lines.append(head + f"yes | {t['memory']['total_bytes'] / 2 ** 30:.1f} | "
+                 f"{'n/a (cuBLAS)' if t.get('flops_note') else format(t['xla_flops_per_device'] / 1e12, '.1f')} | "
                  f"{t['model_flops_per_device'] / 1e12:.1f} | {'' if rt is None else f'{rt * 1e3:.0f}'} | "
                  f"{'' if rt is None else f'{1 / rt:.2f}'} | {'' if mfu is None else f'{100 * mfu:.0f}%'} | "
                  f"{'; '.join(notes)} | {at} |")
