@@ -33,18 +33,17 @@ the ratio ours / HF comes from the same run.
 from __future__ import annotations
 
 import os
-import platform
 import statistics
-import subprocess
 import time
 import sys
 import tempfile
-from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from remixer_t5 import bench_env
 
 REFERENCES = (None, "hf")
 MODES = ("greedy", "beam")
@@ -183,7 +182,7 @@ def bench_decode(model, params=None, *, batch_size: int = 32, input_length: int 
     runners[mode]["ours"] = ours(model, params, enc, new_tokens, beams[mode])
     if reference_model is not None:
       runners[mode]["hf"] = hf_reference(reference_model, enc, new_tokens, beams[mode])
-  load_start = _loadavg()
+  load_start = bench_env.loadavg()
   medians: dict[str, list[float]] = {f"{side}_{m}": [] for m in modes for side in runners[m]}
   last: dict[str, np.ndarray] = {}
   for r in range(rounds):
@@ -216,68 +215,15 @@ def bench_decode(model, params=None, *, batch_size: int = 32, input_length: int 
         first_row = int(np.argmin(same))
         row[f"{mode}_first_mismatch"] = {"row": first_row,
                                          "position": int(np.argmax(a[first_row] != b[first_row]))}
-  row.update(environment(reference_model is not None))
-  row["load_average_start"], row["load_average_end"] = load_start, _loadavg()
+  row.update(bench_env.environment(reference_model is not None))
+  row["load_average_start"], row["load_average_end"] = load_start, bench_env.loadavg()
   if outputs is not None:
     outputs.update(last)
     outputs["inputs"] = enc
   return row
 
 
-# --- the machine and software the row was measured with ---------------------------------------------------
-def _loadavg() -> list[float] | None:
-  try:
-    return [round(x, 2) for x in os.getloadavg()]
-  except OSError:  # pragma: no cover - platforms without it
-    return None
-
-
-def cpu_model() -> str:
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.lower().startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or platform.machine()
-
-
-def git_commit() -> str | None:
-  """HEAD of the checkout this package runs from, '+dirty' when tracked files differ; None outside git."""
-  root = Path(__file__).resolve().parent.parent
-  try:
-    head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                          timeout=10)
-    if head.returncode:
-      return None
-    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True, timeout=30).stdout.strip()
-    return head.stdout.strip() + ("+dirty" if dirty else "")
-  except (OSError, subprocess.SubprocessError):
-    return None
-
-
-def environment(with_torch: bool) -> dict[str, Any]:
-  from remixer_t5 import host_memory, xla_cpu
-  import importlib.metadata as md
-  env = {"cpu_model": cpu_model(), "cpu_count": os.cpu_count(),
-         "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-         "xla_flags": os.environ.get("XLA_FLAGS", ""),
-         "xla_cpu_flags": xla_cpu.FLAG if xla_cpu.applied else None,
-         "host_malloc_policy": host_memory.applied, "git_commit": git_commit(),
-         "jax_version": jax.__version__}
-  try:
-    env["jaxlib_version"] = md.version("jaxlib")
-  except md.PackageNotFoundError:  # pragma: no cover
-    env["jaxlib_version"] = None
-  if with_torch:
-    torch, transformers = _transformers()
-    env.update(torch_num_threads=torch.get_num_threads(), torch_version=torch.__version__,
-               transformers_version=transformers.__version__)
-  return env
-
-
+# The machine record: remixer_t5/bench_env.py.
 def model_from_gin():
   """The model `train` would build: trainer.train's `model` binding when a run config binds it, else MODEL."""
   import gin

@@ -215,14 +215,14 @@ def cmd_bench_train(args: argparse.Namespace) -> int:
   if reference not in bench_train.REFERENCES:  # before the model is built
     raise ValueError(f"unknown --reference {args.reference!r}; expected 'hf' or 'none'")
   setup = bench_train.from_gin(args.batch_size, _parse_lengths(args.lengths))
+  from remixer_t5 import bench_env
+  load_start = bench_env.loadavg()
   row = bench_train.bench_train(**setup, steps=20 if args.steps is None else args.steps,
                                 warmup=5 if args.warmup is None else args.warmup,
                                 rounds=3 if args.rounds is None else args.rounds, reference=reference,
                                 log=bench_train.stderr_log)
-  from remixer_t5 import host_memory
-  row["host_malloc_policy"] = host_memory.applied
-  from remixer_t5 import xla_cpu
-  row["xla_cpu_flags"] = xla_cpu.FLAG if xla_cpu.applied else None
+  row.update(bench_env.environment(with_torch=reference == "hf"), load_average_start=load_start,
+             load_average_end=bench_env.loadavg())
   bench_train.add_mfu(row, setup["model"], args.peak_flops)
   print(json.dumps(row) if args.json else bench_train.format_row(row), flush=True)
   return 0

@@ -24,6 +24,10 @@ print(f"{sys.argv[2]}: ours {r['ours_s_per_step']:.3f} s/step ({r['ours_tokens_p
       f"HF {r['hf_s_per_step']:.3f} s/step, ours/HF {r['ratio_ours_to_hf']:.3f}; rounds ours "
       f"{[round(x, 3) for x in r['ours_round_medians']]} HF {[round(x, 3) for x in r['hf_round_medians']]}; "
       f"xla flags {r.get('xla_cpu_flags')}, host malloc {r.get('host_malloc_policy')}")
+print(f"  {r.get('cpu_model')} ({r.get('cpus_usable')}/{r.get('cpu_count')} cores, {' '.join(r.get('cpu_flags', []))}, "
+      f"cache {r.get('cpu_cache')}); torch threads {r.get('torch_num_threads')}/{r.get('torch_num_interop_threads')}, "
+      f"thread env {r.get('thread_env')}; load {r.get('load_average_start')} -> {r.get('load_average_end')}; "
+      f"commit {r.get('git_commit')}; jax {r.get('jaxlib_version')}, torch {r.get('torch_version')}")
 PYEOF
 }
 

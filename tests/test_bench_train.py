@@ -81,3 +81,20 @@ def test_xla_cpu_flag_only_for_cpu_runs_on_a_known_jaxlib():
   assert not xla_cpu.configure(environ=env, cpu_only=True, jaxlib_version="0.10.2")
   with pytest.raises(ValueError, match="REMIXER_T5_XLA_CPU='yes'"):
     xla_cpu.configure(environ={xla_cpu.ENV: "yes"})
+
+
+def test_rows_record_the_machine_flags_threads_and_load(capsys, monkeypatch):
+  monkeypatch.setenv("OMP_NUM_THREADS", "2")
+  assert cli.main([*ARGS, "--lengths=12,6", "--batch_size=2", "--json"]) == 0
+  r = _row(capsys)
+  from remixer_t5 import bench_env
+  cpuinfo = open("/proc/cpuinfo").read() if __import__("os").path.exists("/proc/cpuinfo") else ""
+  if cpuinfo:
+    first = next(line for line in cpuinfo.splitlines() if line.lower().startswith("model name"))
+    assert r["cpu_model"] == first.split(":", 1)[1].strip()
+    flags = set(next(line for line in cpuinfo.splitlines() if line.startswith("flags")).split(":", 1)[1].split())
+    assert r["cpu_flags"] == [f for f in bench_env.CPU_FLAGS_OF_INTEREST if f in flags]
+  assert r["thread_env"] == {"OMP_NUM_THREADS": "2"}
+  assert len(r["load_average_start"]) == 3 and len(r["load_average_end"]) == 3
+  assert isinstance(r["host_malloc_policy"], bool) and "xla_flags" in r and "xla_cpu_flags" in r
+  assert r["git_commit"] is None or len(r["git_commit"].split("+")[0]) == 40

@@ -1,0 +1,94 @@
+"""The machine and software a benchmark row was measured with (`bench train`, `bench decode`).
+
+A CPU figure means little without what decided it: the CPU model and its vector extensions (AVX-512, AMX:
+which kernels XLA and PyTorch pick), the cores usable, the XLA flags in force (the CLI's XLA:CPU option),
+the host allocator policy, the thread counts PyTorch and OpenMP/MKL use, the load average around the
+measurement, the commit, and the versions. `environment()` gathers them into the row.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+# Vector/matrix extensions that change which CPU kernels run (a subset of /proc/cpuinfo's flags).
+CPU_FLAGS_OF_INTEREST = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16",
+                         "amx_tile", "amx_bf16", "amx_int8")
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TF_NUM_INTEROP_THREADS",
+              "TF_NUM_INTRAOP_THREADS")
+
+
+def loadavg() -> list[float] | None:
+  try:
+    return [round(x, 2) for x in os.getloadavg()]
+  except OSError:  # pragma: no cover - platforms without it
+    return None
+
+
+def _cpuinfo() -> dict[str, str]:
+  out: dict[str, str] = {}
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        key, _, value = line.partition(":")
+        key = key.strip().lower()
+        if key in ("model name", "flags", "cache size") and key not in out:
+          out[key] = value.strip()
+  except OSError:
+    pass
+  return out
+
+
+def cpu_model() -> str:
+  return _cpuinfo().get("model name") or platform.processor() or platform.machine()
+
+
+def cpu_flags() -> list[str]:
+  """The extensions of CPU_FLAGS_OF_INTEREST this CPU reports."""
+  have = set(_cpuinfo().get("flags", "").split())
+  return [f for f in CPU_FLAGS_OF_INTEREST if f in have]
+
+
+def git_commit() -> str | None:
+  """HEAD of the checkout this package runs from, '+dirty' when tracked files differ; None outside git."""
+  root = Path(__file__).resolve().parent.parent
+  try:
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          timeout=10)
+    if head.returncode:
+      return None
+    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True, timeout=30).stdout.strip()
+    return head.stdout.strip() + ("+dirty" if dirty else "")
+  except (OSError, subprocess.SubprocessError):
+    return None
+
+
+def environment(with_torch: bool = False) -> dict[str, Any]:
+  """The row's record of the machine, flags, threads, commit and versions (module docstring)."""
+  import importlib.metadata as md
+
+  import jax
+
+  from remixer_t5 import host_memory, xla_cpu
+  info = _cpuinfo()
+  env: dict[str, Any] = {
+      "cpu_model": cpu_model(), "cpu_flags": cpu_flags(), "cpu_cache": info.get("cache size"),
+      "cpu_count": os.cpu_count(),
+      "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+      "xla_flags": os.environ.get("XLA_FLAGS", ""), "xla_cpu_flags": xla_cpu.FLAG if xla_cpu.applied else None,
+      "host_malloc_policy": host_memory.applied,
+      "thread_env": {k: os.environ[k] for k in THREAD_ENV if k in os.environ},
+      "git_commit": git_commit(), "jax_version": jax.__version__}
+  try:
+    env["jaxlib_version"] = md.version("jaxlib")
+  except md.PackageNotFoundError:  # pragma: no cover
+    env["jaxlib_version"] = None
+  if with_torch:
+    import torch
+    import transformers
+    env.update(torch_num_threads=torch.get_num_threads(), torch_num_interop_threads=torch.get_num_interop_threads(),
+               torch_version=torch.__version__, transformers_version=transformers.__version__)
+  return env
