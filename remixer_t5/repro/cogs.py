@@ -346,6 +346,7 @@ def plot(records: Sequence[dict], path: Path) -> None:
   width = 0.8 / max(len(models), 1)
   x = np.arange(len(cols))
   for k, m in enumerate(models):
+    n = len({r["seed"] for c in by[m].values() for r in c})
     mean, lo, hi = [], [], []
     for c in cols:
       v = [100 * r["exact_match"] for r in by[m].get(c, [])] or [np.nan]
@@ -353,7 +354,7 @@ def plot(records: Sequence[dict], path: Path) -> None:
       lo.append(np.mean(v) - np.min(v))
       hi.append(np.max(v) - np.mean(v))
     bars = ax.bar(x + (k - (len(models) - 1) / 2) * width, mean, width, yerr=[lo, hi], capsize=2,
-                  label=LABELS.get(m, m))
+                  label=f"{LABELS.get(m, m)} ({n} seed{'s' * (n > 1)})")
     ax.bar_label(bars, labels=["" if np.isnan(v) else f"{v:.0f}" for v in mean], fontsize=6, padding=1)
   for name, v in REFERENCES:
     ax.axhline(v, ls="--", lw=0.8, color="grey")
@@ -363,8 +364,7 @@ def plot(records: Sequence[dict], path: Path) -> None:
                      rotation=20, ha="right", fontsize=8)
   ax.set_ylabel("exact match (%)")
   ax.set_ylim(0, 105)
-  seeds = sorted({r["seed"] for r in records})
-  ax.set_title(f"COGS from scratch ({len(seeds)} seed{'s' * (len(seeds) > 1)}; bars: min-max)", fontsize=10)
+  ax.set_title("COGS from scratch (mean over each model's seeds; bars: min-max)", fontsize=10)
   ax.legend(fontsize=7, loc="lower left")
   ax.grid(True, axis="y", alpha=0.3)
   fig.tight_layout()
