@@ -32,6 +32,7 @@ The compile path imports no TensorFlow or seqio (tests/test_compile.py checks); 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import inspect
 import os
@@ -168,7 +169,7 @@ class GpuAccelerator:
   def topology(self) -> str:
     return f"1x1x{self.gpus}"
 
-  @property
+  @functools.cached_property
   def target_config(self) -> str:
     from importlib import resources
     return (resources.files("remixer_t5") / "gpu_targets" / self.model.config_file).read_text()

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
 import sys
 import tempfile
 from typing import Any, Callable, Mapping, Sequence
@@ -43,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from remixer_t5 import bench_env
+from remixer_t5 import bench_env, bench_train
 
 REFERENCES = (None, "hf")
 MODES = ("greedy", "beam")
@@ -58,18 +57,6 @@ def random_inputs(vocab_size: int, batch_size: int, input_length: int, seed: int
   enc = rng.integers(2, vocab_size, size=(batch_size, input_length), dtype=np.int32)
   enc[:, -1] = 1
   return enc
-
-
-def _time_calls(call: Callable[[], Any], steps: int, warmup: int) -> tuple[list[float], Any]:
-  out = None
-  for _ in range(warmup):
-    out = call()
-  times = []
-  for _ in range(steps):
-    t0 = time.perf_counter()
-    out = call()
-    times.append(time.perf_counter() - t0)
-  return times, out
 
 
 # --- the two decoders -----------------------------------------------------------------------------------
@@ -189,7 +176,7 @@ def bench_decode(model, params=None, *, batch_size: int = 32, input_length: int 
     for mode in modes:
       for side, run in runners[mode].items():
         key = f"{side}_{mode}"
-        times, last[key] = _time_calls(run, steps, warmup if r == 0 else 1)
+        times, last[key] = bench_train.time_calls(run, steps, warmup if r == 0 else 1)
         medians[key].append(statistics.median(times))
         log(f"round {r + 1}/{rounds} {mode} {side}: median {medians[key][-1]:.3f} s/batch "
             f"(min {min(times):.3f}, max {max(times):.3f})")

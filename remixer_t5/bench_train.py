@@ -41,15 +41,17 @@ def random_batch(vocab_size: int, batch_size: int, lengths: Mapping[str, int], s
           "decoder_target_tokens": targets}
 
 
-def _time_steps(step: Callable[[], Any], steps: int, warmup: int) -> list[float]:
+def time_calls(call: Callable[[], Any], steps: int, warmup: int) -> tuple[list[float], Any]:
+  """`warmup` untimed calls, then the wall time of each of `steps` calls; and the last call's result."""
+  out = None
   for _ in range(warmup):
-    step()
+    out = call()
   times = []
   for _ in range(steps):
     t0 = time.perf_counter()
-    step()
+    out = call()
     times.append(time.perf_counter() - t0)
-  return times
+  return times, out
 
 
 def ours(model, optimizer, batch: Mapping[str, np.ndarray], seed: int = 0) -> Callable[[], Any]:
@@ -112,7 +114,7 @@ def bench_train(model, optimizer, *, batch_size: int, feature_lengths: Mapping[s
   medians: dict[str, list[float]] = {name: [] for name in runners}
   for r in range(rounds):
     for name, run in runners.items():
-      times = _time_steps(run, steps, warmup if r == 0 else 1)
+      times, _ = time_calls(run, steps, warmup if r == 0 else 1)
       medians[name].append(statistics.median(times))
       log(f"round {r + 1}/{rounds} {name}: median {medians[name][-1]:.3f} s/step "
           f"(min {min(times):.3f}, max {max(times):.3f})")

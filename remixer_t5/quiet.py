@@ -54,6 +54,18 @@ def native_stderr_hidden() -> Iterator[list[str]]:
       captured.append(tmp.read().decode("utf-8", "replace"))
 
 
+@contextlib.contextmanager
+def _hidden_shown_on_failure() -> Iterator[None]:
+  """`native_stderr_hidden`, writing what was hidden to stderr if the block raises."""
+  captured: list[str] = []
+  try:
+    with native_stderr_hidden() as captured:
+      yield
+  except BaseException:
+    sys.stderr.write("".join(captured))
+    raise
+
+
 def hide_gpus_from_tensorflow(tf) -> None:
   """TensorFlow runs the input pipeline on the CPU; JAX owns the accelerators (t5x does the same)."""
   try:
@@ -73,15 +85,10 @@ class _QuietLoader(importlib.abc.Loader):
     return self._loader.create_module(spec)
 
   def exec_module(self, module) -> None:
-    captured: list[str] = []
-    try:
-      with native_stderr_hidden() as captured:
-        self._loader.exec_module(module)
-        if module.__name__ == "tensorflow":
-          hide_gpus_from_tensorflow(module)
-    except BaseException:
-      sys.stderr.write("".join(captured))
-      raise
+    with _hidden_shown_on_failure():
+      self._loader.exec_module(module)
+      if module.__name__ == "tensorflow":
+        hide_gpus_from_tensorflow(module)
 
 
 QUIET_MODULES = ("tensorflow", "jax")
@@ -109,13 +116,8 @@ def hidden_unless_verbose() -> Iterator[None]:
   if verbose():
     yield
     return
-  captured: list[str] = []
-  try:
-    with native_stderr_hidden() as captured:
-      yield
-  except BaseException:
-    sys.stderr.write("".join(captured))
-    raise
+  with _hidden_shown_on_failure():
+    yield
 
 
 def configure(environ=None) -> bool:

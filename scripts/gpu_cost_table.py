@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from tpu_cost_table import git_state  # scripts/: the same commit record as the TPU table's rows
+
 ROOT = Path(__file__).resolve().parents[1]
 JSONL = ROOT / "docs" / "gpu_cost_table.jsonl"
 DOC = ROOT / "docs" / "benchmarks.md"
@@ -49,14 +51,6 @@ def load() -> list[dict]:
   if not JSONL.exists():
     return []
   return [json.loads(line) for line in JSONL.read_text().splitlines() if line.strip()]
-
-
-def git_state() -> dict:
-  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                          text=True).stdout.strip()
-  dirty = subprocess.run(["git", "status", "--porcelain", "--", "remixer_t5", "gin"], cwd=ROOT,
-                         capture_output=True, text=True).stdout.split("\n")
-  return {"commit": commit, "uncommitted": sorted(line[3:] for line in dirty if line.strip())}
 
 
 def measure(name: str, topology: str, rules: str, mesh: str, variant: str, timeout: int) -> dict:
