@@ -13,6 +13,7 @@ import numpy as np
 from flax import linen as nn
 
 from remixer_t5 import decoding
+from remixer_t5.mixers import base
 
 Array = jax.Array
 Batch = Mapping[str, Array]
@@ -133,11 +134,12 @@ class EncoderDecoderModel:
 
   # --- decoding ------------------------------------------------------------------------------------
   def _init_cache(self, params, encoded, encoder_tokens, batch_size: int, max_length: int):
+    """(the decode cache, {base.STATIC_CACHE: values computed once from `encoded`} or {})."""
     dec = jnp.ones((batch_size, max_length), jnp.int32)
     _, variables = self.module.apply({"params": params}, encoded, encoder_tokens, dec, dec,
-                                     enable_dropout=False, decode=True, mutable=["cache"],
+                                     enable_dropout=False, decode=True, mutable=["cache", base.STATIC_CACHE],
                                      method=self.module.decode)
-    return variables["cache"]
+    return variables["cache"], {k: v for k, v in variables.items() if k == base.STATIC_CACHE}
 
   def predict_batch(self, params, batch: Batch, max_decode_length: int | None = None, beam_size: int = 1,
                     alpha: float = 0.6, eos_id: int = 1, return_scores: bool = False):
@@ -150,10 +152,12 @@ class EncoderDecoderModel:
     if beam_size > 1:
       enc_tokens = decoding.expand_to_beams(enc_tokens, beam_size)
       encoded = decoding.expand_to_beams(encoded, beam_size)
-    cache = self._init_cache(params, encoded, enc_tokens, enc_tokens.shape[0], max_len)
+    cache, static = self._init_cache(params, encoded, enc_tokens, enc_tokens.shape[0], max_len)
 
     def step(tokens, cache):
-      logits, variables = self.module.apply({"params": params, "cache": cache}, encoded, enc_tokens,
+      # What the first call computed from the encoder output (base.static_cache) enters every step as a
+      # constant: it is not loop state, so beam search never reorders it and no step recomputes it.
+      logits, variables = self.module.apply({"params": params, "cache": cache, **static}, encoded, enc_tokens,
                                             tokens, tokens, enable_dropout=False, decode=True,
                                             max_decode_length=max_len, mutable=["cache"],
                                             method=self.module.decode)

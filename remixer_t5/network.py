@@ -157,6 +157,7 @@ def _scan_cache_layout(target):
   Inside the scan each layer's cache is a slice of a [layers, batch, ...] array and its position counter an
   element of a [layers] vector; outside, `decoding` gathers beams along axis 0 and treats 0-d leaves as the
   shared position, so the cache is stored transposed and with one counter (all layers step together).
+  The static cache (`base.static_cache`) stays [layers, batch, ...]: the decode loop never gathers it.
   """
   def to_scan(tree, length):
     return jax.tree_util.tree_map(
@@ -204,7 +205,8 @@ def _run_layers(stack: nn.Module, layer_cls, factories: Mapping[str, Any], num_l
     return x
 
   scanned = nn_partitioning.scan_with_axes(
-      layer_cls, variable_axes={"params": 0, "cache": 0}, split_rngs={"params": True, "dropout": True},
+      layer_cls, variable_axes={"params": 0, "cache": 0, base.STATIC_CACHE: 0},
+      split_rngs={"params": True, "dropout": True},
       in_axes=(nn.broadcast,) * (len(rest) + 2), length=num_layers, axis_name="layers")
   if decode:
     scanned = _scan_cache_layout(scanned)(num_layers)
@@ -298,7 +300,8 @@ class Decoder(nn.Module):
                                  relpos=relpos)
     enc_pos = _positions(encoder_input_tokens, None, encoder_segment_ids)
     cross_ctx = base.MixerContext(q_mask=dec_mask, kv_mask=enc_mask, q_positions=pos, kv_positions=enc_pos,
-                                  q_segment_ids=decoder_segment_ids, kv_segment_ids=encoder_segment_ids)
+                                  q_segment_ids=decoder_segment_ids, kv_segment_ids=encoder_segment_ids,
+                                  static_kv=decode)
 
     y = self.shared_embedding(decoder_input_tokens.astype(jnp.int32))
     if decode and self.position_embeddings != "none":

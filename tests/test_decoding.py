@@ -117,3 +117,47 @@ def test_beam_one_is_greedy_and_wider_beam_scores_at_least_as_well():
     n = int(np.argmax(seq == 1)) + 1 if 1 in seq else len(seq)
     ref = sum(float(logp[t, seq[t]]) for t in range(n))
     np.testing.assert_allclose(float(beam_scores[row]), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_cross_attention_keys_and_values_are_computed_once_per_decode():
+  """predict_batch computes cross-attention keys/values in the cache-creating call (the 'static_cache'
+  collection) and the steps read them: steps run with NaN cross key/value kernels still give the tokens of
+  the unbroken model. A caller that makes only 'cache' mutable (t5x's decoding) gets no static cache."""
+  from flax import traverse_util
+  from remixer_t5.mixers import base
+  model, params, enc = _model_and_batch()
+  enc = jnp.asarray(enc)
+  max_len = 5
+  encoded = model.module.apply({"params": params}, enc, enable_dropout=False, method=model.module.encode)
+  cache, static = model._init_cache(params, encoded, enc, enc.shape[0], max_len)
+  names = {k[-1] for k in traverse_util.flatten_dict(static[base.STATIC_CACHE])}
+  assert names == {"projected_key", "projected_value"}
+  # [batch, heads, head_dim, encoder length], as the attention products read them.
+  assert all(v.shape == (enc.shape[0], TINY.num_heads, TINY.head_dim, enc.shape[1])
+             for v in traverse_util.flatten_dict(static[base.STATIC_CACHE]).values())
+  flat = traverse_util.flatten_dict(params)
+  broken = traverse_util.unflatten_dict({
+      k: (jnp.full_like(v, jnp.nan) if "encoder_decoder_attention" in k and k[-2] in ("key", "value") else v)
+      for k, v in flat.items()})
+
+  def decode(step_params):
+    def step(tokens, c):
+      logits, variables = model.module.apply({"params": step_params, "cache": c, **static}, encoded, enc, tokens,
+                                             tokens, enable_dropout=False, decode=True,
+                                             max_decode_length=max_len, mutable=["cache"],
+                                             method=model.module.decode)
+      return logits[:, -1], variables["cache"]
+    return decoding.greedy_decode(step, cache, enc.shape[0], max_len)[0]
+
+  expected = model.predict_batch(params, {"encoder_input_tokens": enc}, max_decode_length=max_len)
+  np.testing.assert_array_equal(np.asarray(decode(broken)), np.asarray(expected))
+  # Without the collection the step projects the encoder output itself (and the broken kernels show).
+  _, t5x_style = model.module.apply({"params": params}, enc, jnp.ones((enc.shape[0], max_len), jnp.int32),
+                                    jnp.ones((enc.shape[0], max_len), jnp.int32), decode=True,
+                                    enable_dropout=False, mutable=["cache"])
+  assert set(t5x_style) == {"cache"}
+  logits, _ = model.module.apply({"params": broken, "cache": t5x_style["cache"]}, encoded, enc,
+                                 jnp.zeros((enc.shape[0], 1), jnp.int32), jnp.zeros((enc.shape[0], 1), jnp.int32),
+                                 enable_dropout=False, decode=True, max_decode_length=max_len,
+                                 mutable=["cache"], method=model.module.decode)
+  assert np.all(np.isnan(np.asarray(logits)))

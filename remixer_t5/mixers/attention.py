@@ -37,15 +37,21 @@ class Attention(nn.Module):
     proj = lambda name, init: layers.Dense(inner, ("embed", "joined_kv"), kernel_init=init, dtype=cfg.dtype,
                                            name=name)
     split = lambda x: x.reshape(x.shape[:-1] + (heads, depth))
-    query = split(proj("query", query_init)(inputs_q))
-    key = split(proj("key", kernel_init)(inputs_kv))
-    value = split(proj("value", kernel_init)(inputs_kv))
-    query, key, value = (layers.with_sharding_constraint(t, ("batch", "length", "heads", "kv"))
-                         for t in (query, key, value))
+    constrain = lambda t: layers.with_sharding_constraint(t, ("batch", "length", "heads", "kv"))
+    query = constrain(split(proj("query", query_init)(inputs_q)))
+    project = lambda name: constrain(split(proj(name, kernel_init)(inputs_kv)))
 
     use_relpos = self.relative_positions and ctx.relpos is not None
     kv_spec = "bkhd"  # keys/values [batch, length, heads, head_dim]
-    if ctx.decode and inputs_kv is inputs_q:
+    if ctx.static_kv:
+      # Keys and values of the encoder output: projected once per decode, in the cache's layout.
+      to_cache = lambda x: jnp.transpose(x, (0, 2, 3, 1))  # [b, l, h, d] -> [b, h, d, l]
+      key = base.static_cache(self, "projected_key", lambda: to_cache(project("key")))
+      value = base.static_cache(self, "projected_value", lambda: to_cache(project("value")))
+      kv_spec = "bhdk"
+    else:
+      key, value = project("key"), project("value")
+    if ctx.decode:
       key, value, bias, kv_spec = self._decode_step(key, value, ctx, use_relpos)
     else:
       bias = layers.mask_to_bias(base.pairwise_mask(ctx), jnp.float32)

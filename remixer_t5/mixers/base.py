@@ -9,7 +9,9 @@ where self-mixing passes `inputs_kv is inputs_q` and cross-mixing passes the enc
 Flax module constructed as `factory(config=T5Config, name=...)`; its own hyperparameters are dataclass
 fields with defaults (bound in gin). With `ctx.decode` a mixer sees one new position per call and keeps what
 it needs in the 'cache' collection: the first call (cache absent) carries the full `max_decode_length` and
-only creates the cache (its output is discarded), like t5x's attention.
+only creates the cache (its output is discarded), like t5x's attention. What depends on the encoder output
+only (cross-attention's keys and values) is computed once, in that first call, and kept in a cache variable
+in the 'static_cache' collection when the caller asks for it (see `static_cache`).
 """
 from __future__ import annotations
 
@@ -40,6 +42,9 @@ class MixerContext:
   causal: bool = struct.field(pytree_node=False, default=False)   # query i sees keys j <= i only
   decode: bool = struct.field(pytree_node=False, default=False)   # one new position per call, with a cache
   max_decode_length: int | None = struct.field(pytree_node=False, default=None)
+  # Cross-mixing while decoding: inputs_kv (the encoder output) is the same at every step, so a mixer may
+  # compute what depends on it once, with `static_cache`. `decode` stays False for cross-mixing.
+  static_kv: bool = struct.field(pytree_node=False, default=False)
   # The stack's shared relative-position-bias module (T5); only attention uses it, so only then the table
   # exists. Called as relpos(q_positions, kv_positions, bidirectional=not causal) -> [b|1, heads, q, k].
   relpos: Callable[..., Array] | None = struct.field(pytree_node=False, default=None)
@@ -82,6 +87,25 @@ def slice_gather(table: Array, pos: Array) -> Array:
   rows = jnp.take(table, pos, axis=0, mode="clip")                               # [b, len, L]
   columns = lambda r, p: jnp.take(r, p, axis=1, mode="clip")
   return jax.vmap(columns)(rows, jnp.broadcast_to(pos, rows.shape[:2]))
+
+
+STATIC_CACHE = "static_cache"  # collection of decode values computed once from the encoder output
+
+
+def static_cache(module, name: str, compute: Callable[[], Array]) -> Array:
+  """`compute()`, kept in the STATIC_CACHE collection when the caller asked for it.
+
+  For what a decode step derives from the encoder output only (cross-attention's keys and values).
+  `models.EncoderDecoderModel.predict_batch` makes the collection mutable in the cache-creating first call, so
+  the value is computed there once, and hands it to every step as a constant: it is not decode-loop state, so
+  beam search never reorders it. Callers that do not (t5x's decoding, which creates the cache from dummy
+  inputs and makes only 'cache' mutable) get `compute()` every step, relying on XLA to hoist it. That hoisted
+  the projection but not the transpose to the layout the attention products read: XLA:CPU copied every
+  layer's cross keys and values each step (docs/benchmarks.md).
+  """
+  if module.has_variable(STATIC_CACHE, name) or module.is_mutable_collection(STATIC_CACHE):
+    return module.variable(STATIC_CACHE, name, compute).value
+  return compute()
 
 
 def cache_index(module, name: str = "cache_index") -> Any:
