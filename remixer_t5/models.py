@@ -149,10 +149,11 @@ class EncoderDecoderModel:
     batch_size = enc_tokens.shape[0]
     encoded = self.module.apply({"params": params}, enc_tokens, enable_dropout=False,
                                 method=self.module.encode)
+    # The cache is created for the batch, then repeated per beam; the static cache (cross-attention keys and
+    # values) is not: a row's beams share one encoder output, so attention reads it once for all of them.
+    cache, static = self._init_cache(params, encoded, enc_tokens, batch_size, max_len)
     if beam_size > 1:
-      enc_tokens = decoding.expand_to_beams(enc_tokens, beam_size)
-      encoded = decoding.expand_to_beams(encoded, beam_size)
-    cache, static = self._init_cache(params, encoded, enc_tokens, enc_tokens.shape[0], max_len)
+      enc_tokens, encoded, cache = decoding.expand_to_beams((enc_tokens, encoded, cache), beam_size)
 
     def step(tokens, cache):
       # What the first call computed from the encoder output (base.static_cache) enters every step as a

@@ -58,13 +58,22 @@ class Attention(nn.Module):
       if use_relpos:
         bias = bias + ctx.relpos(ctx.q_positions, ctx.kv_positions, bidirectional=not ctx.causal)
 
+    # Beam search: queries are [batch * beams] rows, a static key/value cache [batch] rows (the beams of a row
+    # share its encoder output). Each row's beams then attend as extra query positions, reading it once.
+    beams = query.shape[0] // key.shape[0]
+    if beams > 1:
+      query = _beams_to_queries(query, beams)
+      bias = _beams_to_queries(jnp.swapaxes(bias, 1, 2), beams).swapaxes(1, 2)  # [b*k, h|1, q, kv]
     logits = jnp.einsum(f"bqhd,{kv_spec}->bhqk", query, key,
                         preferred_element_type=jnp.float32 if cfg.float32_attention_logits else None)
     logits = logits + bias.astype(logits.dtype)
     weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(cfg.dtype)
     if not deterministic and cfg.dropout_rate > 0:
       weights = nn.Dropout(cfg.dropout_rate)(weights, deterministic=False)
-    out = jnp.einsum(f"bhqk,{kv_spec}->bqhd", weights, value).reshape(inputs_q.shape[:-1] + (inner,))
+    out = jnp.einsum(f"bhqk,{kv_spec}->bqhd", weights, value)
+    if beams > 1:
+      out = out.reshape((-1, out.shape[1] // beams) + out.shape[2:])  # back to [b * k, q, h, d]
+    out = out.reshape(inputs_q.shape[:-1] + (inner,))
     return layers.Dense(inputs_q.shape[-1], ("joined_kv", "embed"), kernel_init=kernel_init, dtype=cfg.dtype,
                         name="out")(out)
 
@@ -102,3 +111,8 @@ class Attention(nn.Module):
       positions = jnp.arange(length, dtype=jnp.int32)[None, :]
       bias = bias + ctx.relpos(jnp.reshape(i, (1, 1)), positions, bidirectional=False)
     return cached_key.value, cached_value.value, bias, "bhdk"
+
+
+def _beams_to_queries(x: Array, beams: int) -> Array:
+  """[batch * beams, q, ...] -> [batch, beams * q, ...] (beam-major query positions)."""
+  return x.reshape((x.shape[0] // beams, beams * x.shape[1]) + x.shape[2:])
