@@ -158,7 +158,7 @@ def _toy_cogs(folder: Path) -> None:
         ("The dog slept .", "* dog ( x _ 1 ) ; sleep . agent ( x _ 2 , x _ 1 )", "seen")])
 
 
-def test_repro_cogs_end_to_end_through_the_trainer_and_resumes(tmp_path):
+def test_repro_cogs_end_to_end_through_the_trainer_and_resumes(tmp_path, monkeypatch, capsys):
   """Two models, 1 seed, a few steps on a toy in COGS's format: every row, the table and plot; a rerun keeps
   the finished runs; other settings in the same folder are refused."""
   _toy_cogs(tmp_path / "data")
@@ -188,13 +188,16 @@ def test_repro_cogs_end_to_end_through_the_trainer_and_resumes(tmp_path):
   run = out / "runs" / "t5_1_1-seed0"
   assert (run / "checkpoints" / "4").is_dir() and (run / "metrics.jsonl").is_file()
   assert list((run / "inference_eval").glob("cogs_words-*.jsonl"))
-  again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-  assert again.returncode == 0, again.stderr[-3000:]
-  assert "done before, kept" in again.stderr and "training" not in again.stderr.split("done before")[0][-200:]
-  assert [json.loads(line) for line in again.stdout.splitlines() if line.startswith("{")] == rows
-  other = subprocess.run(cmd[:cmd.index("--steps") + 1] + ["5"] + cmd[cmd.index("--steps") + 2:],
-                         capture_output=True, text=True, env=env, timeout=600)
-  assert other.returncode == 2 and "other settings" in other.stderr
+  # The rerun and the refusal in this process (the CLI's main, without another interpreter start-up).
+  from remixer_t5 import cli
+  monkeypatch.setenv("REMIXER_T5_CACHE_DIR", str(tmp_path / "cache"))
+  capsys.readouterr()
+  assert cli.main(cmd[3:]) == 0
+  again = capsys.readouterr()
+  assert "done before, kept" in again.err and "training" not in again.err.split("done before")[0][-200:]
+  assert [json.loads(line) for line in again.out.splitlines() if line.startswith("{")] == rows
+  assert cli.main(cmd[3:cmd.index("--steps") + 1] + ["5"] + cmd[cmd.index("--steps") + 2:]) == 2
+  assert "other settings" in capsys.readouterr().err
 
 
 def test_decode_lengths_are_each_splits_longest_target():
