@@ -341,7 +341,7 @@ def test_scanned_decoder_decodes_with_its_cache(t5):
   # Batch-major cache ([batch, layers, heads, head_dim, length]) with one shared position, as decoding's beam
   # gathering expects.
   kv = cache["decoder"]["layers"]["self_attention"]
-  assert kv["cached_key"].shape == (2, 2, 2, 8, 6) and kv["cache_index"].shape == ()
+  assert kv["cached_key"].shape == (2, 2, 2, 6, 8) and kv["cache_index"].shape == ()
   # Beam search reorders the cache rows (greedy decoding is the step loop above).
   beam = lambda m, p: jax.jit(functools.partial(models.EncoderDecoderModel(m).predict_batch, beam_size=2,
                                                   return_scores=True))(p, batch)
