@@ -76,6 +76,22 @@ def _model_and_batch():
   return models.EncoderDecoderModel(module), params, enc
 
 
+def test_argmax_and_log_prob_match_numpy_with_ties():
+  """Greedy's token pick is the first index of the row's max (numpy's argmax), its score log_softmax there."""
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(6, 1000)).astype(np.float32) * 4
+  logits[1, [7, 500, 999]] = logits[1].max() + 1.0  # a three-way tie for the max: the first index wins
+  logits[2, -1] = logits[2].max() + 2.0             # the max in the last column
+  logits[3] = -3.0                                  # all equal: index 0
+  token, logp = jax.jit(decoding.argmax_and_log_prob)(jnp.asarray(logits))
+  expected = np.argmax(logits, axis=-1)
+  np.testing.assert_array_equal(np.asarray(token), expected)
+  assert list(np.asarray(token)[1:4]) == [7, 999, 0]
+  x = logits.astype(np.float64)
+  lse = x.max(-1) + np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1))
+  np.testing.assert_allclose(np.asarray(logp), x[np.arange(6), expected] - lse, rtol=0, atol=2e-5)
+
+
 def test_greedy_equals_argmax_of_full_forward_per_prefix():
   model, params, enc = _model_and_batch()
   max_len = 7
