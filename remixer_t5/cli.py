@@ -19,22 +19,33 @@ from remixer_t5 import quiet
 quiet.configure()  # before anything imports JAX or TensorFlow: their native start-up lines hidden (quiet.py)
 
 from remixer_t5.checkpoints import IncompatibleModelDirError  # noqa: E402 - after quiet.configure()
-from remixer_t5.gin_utils import GinError, parse_gin, split_flags  # noqa: E402
+from remixer_t5.gin_utils import GinError, gin_dir, parse_gin, split_flags  # noqa: E402
 from remixer_t5.gin_utils import macro as _macro  # noqa: E402
 
 
 # --- commands ------------------------------------------------------------------------------------------
+def _configured(fn, command: str):
+  """`fn` as the gin files configure it; a GinError naming the missing run file when none of them does."""
+  import gin
+  try:
+    return gin.get_configurable(fn)
+  except ValueError as e:  # gin's "Could not find <function ...> in the Gin registry"
+    runs = sorted(p.name for p in (gin_dir() / "runs").glob("*.gin"))
+    raise GinError(f"`{command}` needs a run file that configures {fn.__module__}.{fn.__qualname__} "
+                   f"besides the model's: add e.g. "
+                   f"--gin_file=runs/pretrain.gin; gin/runs/ holds {', '.join(runs)}") from e
+
+
 def cmd_train(_: argparse.Namespace) -> int:
   import gin
   from remixer_t5 import trainer
-  gin.get_configurable(trainer.train)(config_text=gin.config_str())
+  _configured(trainer.train, "train")(config_text=gin.config_str())
   return 0
 
 
 def cmd_eval(_: argparse.Namespace) -> int:
-  import gin
   from remixer_t5 import trainer
-  metrics = gin.get_configurable(trainer.evaluate_checkpoint)()
+  metrics = _configured(trainer.evaluate_checkpoint, "eval")()
   print(json.dumps(metrics))
   return 0
 

@@ -66,8 +66,8 @@ def _resolve(path: str, search: Sequence[Path]) -> str:
 def _binding_value(value: str) -> str:
   """The gin value as given; a bare word that is no Python literal or gin reference (a path) becomes a string."""
   v = value.strip()
-  if v.startswith(("@", "%")) or v in ("None", "True", "False"):
-    return v
+  if v.startswith(("@", "%", "(", "[", "{", "'", '"')) or v in ("None", "True", "False"):
+    return v  # a reference, or a literal meant as one (a broken one is reported, not read as a string)
   try:
     ast.literal_eval(v)
     return v

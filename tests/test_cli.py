@@ -81,6 +81,22 @@ def test_gin_binding_with_a_syntax_error_names_the_binding(capsys):
   assert "--gin.network.T5Config.emb_dim=@foo(" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("value", ["(3", "[1, 2", "'abc"])
+def test_gin_binding_with_a_broken_literal_is_an_error_not_a_string(capsys, value):
+  # A bare word becomes a string (a path); an unclosed bracket or quote is a broken value, not a path.
+  assert cli.main(["info", "--gin_file=models/t5_1_1/tiny.gin", f"--gin.network.T5Config.emb_dim={value}"]) == 2
+  err = capsys.readouterr().err
+  assert f"--gin.network.T5Config.emb_dim={value}" in err and "not a gin value" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("command,fn", [("train", "trainer.train"), ("eval", "trainer.evaluate_checkpoint")])
+def test_train_or_eval_without_a_run_file_names_what_is_missing(capsys, command, fn):
+  assert cli.main([command, "--gin_file=models/t5_1_1/tiny.gin"]) == 2
+  err = capsys.readouterr().err
+  assert fn in err and "runs/pretrain.gin" in err and "demo.gin" in err and "Traceback" not in err, err
+  assert "Gin registry" not in err
+
+
 def test_missing_vocabulary_says_where_it_looked(tmp_path, capsys):
   missing = tmp_path / "no_such.model"
   code = cli.main(["train", "--gin_file=models/t5_1_1/small.gin", "--gin_file=runs/pretrain.gin",
