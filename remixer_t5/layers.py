@@ -53,7 +53,13 @@ class Dense(nn.Module):
   def __call__(self, x: Array) -> Array:
     kernel = param_with_axes("kernel", self.kernel_init, (x.shape[-1], self.features), jnp.float32,
                              axes=self.kernel_axes)
-    return jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
+    # One 2-D matmul over all leading axes (tokens x features), reshaped back. Same result as the batched
+    # dot, but the kernel gradient becomes a plain tokens-contracting matmul: with the leading axes kept, jax
+    # contracts over two of them and XLA:CPU then materialises a transposed copy of the activation gradient
+    # for every kernel gradient (~1.6x slower MLP forward + backward at config A's shapes, docs/benchmarks.md).
+    # Only the batch and length axes are merged, neither or only the batch axis sharded (partitioning.py).
+    y = jnp.dot(x.reshape(-1, x.shape[-1]).astype(self.dtype), kernel.astype(self.dtype))
+    return y.reshape(*x.shape[:-1], self.features)
 
 
 class Embed(nn.Module):
@@ -176,3 +182,50 @@ def mask_to_bias(mask: Array | None, dtype) -> Array | None:
   if mask is None:
     return None
   return jnp.where(mask > 0, 0.0, NEG_INF).astype(dtype)
+
+
+def _sum_by_halving(x: Array, axis: int) -> Array:
+  """Sum over `axis` (kept, size 1) by pairwise halving: elementwise adds of slices, never a reduce op."""
+  while x.shape[axis] > 1:
+    n = x.shape[axis]
+    half = jax.lax.slice_in_dim(x, 0, n // 2, axis=axis) + jax.lax.slice_in_dim(x, n // 2, 2 * (n // 2), axis=axis)
+    if n % 2:
+      half = jnp.concatenate([jax.lax.slice_in_dim(half, 0, 1, axis=axis) +
+                              jax.lax.slice_in_dim(x, n - 1, n, axis=axis),
+                              jax.lax.slice_in_dim(half, 1, n // 2, axis=axis)], axis=axis)
+    x = half
+  return x
+
+
+@jax.custom_vjp
+def add_bias(x: Array, bias: Array) -> Array:
+  """`x + bias` for arrays of the same rank whose size-1 axes broadcast (attention logits and their biases).
+
+  The same value and gradients as `x + bias`; only how a gradient's sum over broadcast axes is written
+  differs. XLA:CPU (jaxlib 0.10.2) hands a plain sum over a leading axis to YNNPACK, which runs it ~50x slower
+  than a memory-bound pass (a [8, 6, 512, 512] sum over the batch: 94-137 ms against 2.7 ms on a 2-core AMD
+  EPYC), and T5's relative position bias [1, heads, q, k] takes that sum in every attention layer's backward
+  (docs/benchmarks.md, config B). Here those sums are pairwise halvings (elementwise adds; XLA rewrites a
+  contraction with a vector of ones back into the slow reduce).
+  """
+  return x + bias
+
+
+def _add_bias_fwd(x, bias):
+  return add_bias(x, bias), (x.shape, bias.shape)
+
+
+def _add_bias_bwd(shapes, g):
+  out = []
+  for shape in shapes:
+    if len(shape) != g.ndim:
+      raise ValueError(f"add_bias: operands of shapes {shapes}; expected the same rank")
+    d = g
+    for axis, size in enumerate(shape):
+      if size == 1 and d.shape[axis] > 1:
+        d = _sum_by_halving(d, axis)
+    out.append(d)
+  return tuple(out)
+
+
+add_bias.defvjp(_add_bias_fwd, _add_bias_bwd)

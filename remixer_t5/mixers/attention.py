@@ -55,8 +55,9 @@ class Attention(nn.Module):
       key, value, bias, kv_spec = self._decode_step(key, value, ctx, use_relpos)
     else:
       bias = layers.mask_to_bias(base.pairwise_mask(ctx), jnp.float32)
-      if use_relpos:
-        bias = bias + ctx.relpos(ctx.q_positions, ctx.kv_positions, bidirectional=not ctx.causal)
+      if use_relpos:  # [b|1, 1, q, k] + [1, h, q, k]: the position bias's gradient sums over the batch
+        bias = layers.add_bias(bias, ctx.relpos(ctx.q_positions, ctx.kv_positions,
+                                                bidirectional=not ctx.causal).astype(bias.dtype))
 
     # Beam search: queries are [batch * beams] rows, a static key/value cache [batch] rows (the beams of a row
     # share its encoder output). Each row's beams then attend as extra query positions, reading it once.
@@ -66,7 +67,7 @@ class Attention(nn.Module):
       bias = _beams_to_queries(jnp.swapaxes(bias, 1, 2), beams).swapaxes(1, 2)  # [b*k, h|1, q, kv]
     logits = jnp.einsum(f"bqhd,{kv_spec}->bhqk", query, key,
                         preferred_element_type=jnp.float32 if cfg.float32_attention_logits else None)
-    logits = logits + bias.astype(logits.dtype)
+    logits = layers.add_bias(logits, bias.astype(logits.dtype))  # logits + bias (faster gradient on CPU)
     weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(cfg.dtype)
     if not deterministic and cfg.dropout_rate > 0:
       weights = nn.Dropout(cfg.dropout_rate)(weights, deterministic=False)
