@@ -4,10 +4,13 @@ XLA:CPU allocates a compiled function's scratch (activations and gradients) with
 serves a request above its mmap threshold (adaptive, at most 32 MiB) with a fresh mmap and unmaps it on free,
 so every step page-faults the whole buffer in again (a 40 MiB scratch is ~10,000 minor faults per step,
 each zeroing a 4 KiB page). That, not the cache, made HyperMixing's fwd+bwd grow 2.4-2.5x from 2048 to 4096
-tokens on CPU (docs/benchmarks.md). Raising the mmap and trim thresholds keeps freed scratch in the heap for the
-next step, and one arena lets buffers beyond a thread arena's 64 MiB heap limit live there too; databases with
-the same pattern (ClickHouse) raise the threshold the same way. The cost is resident memory: XLA frees a step's
-buffers asynchronously, so the heap settles at a few steps' scratch instead of one.
+tokens on CPU (docs/benchmarks.md). The policy turns glibc's mmap chunks off (every request comes from the
+heap, whatever its size: mallopt's mmap threshold is an int, so a threshold cannot reach T5.1.1-small's 3.8 GiB
+scratch at batch 8 x 512/114, which faulted ~970,000 pages and spent ~4 s of system time a step), never trims
+the heap, and uses one arena so buffers beyond a thread arena's 64 MiB heap limit live there too; databases
+with the same pattern (ClickHouse) keep large buffers on the heap the same way. The cost is resident memory:
+the heap keeps its peak (XLA frees a step's buffers asynchronously, so a few steps' scratch) until the process
+ends.
 
 `configure()` is called by the CLI before JAX starts its thread pools (an arena limit only binds threads that
 have not allocated yet). It acts only when JAX will run on CPU alone and the C library is glibc;
@@ -24,9 +27,9 @@ import os
 from typing import Callable
 
 ENV = "REMIXER_T5_HOST_MALLOC"
-THRESHOLD_BYTES = 1 << 30  # requests up to 1 GiB come from the heap; free space beyond 1 GiB is returned
-# mallopt parameters from glibc's <malloc.h>.
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
+# mallopt parameters from glibc's <malloc.h>, and the policy's values: no mmap chunks, no trimming, one arena.
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -3, -4, -8
+SETTINGS = ((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, -1), (M_ARENA_MAX, 1))
 _ACCELERATOR_MODULES = ("libtpu",)  # TPU support is a plain module; GPU and others are jax_plugins
 # TPU chips as a TPU VM exposes them (v2-v4: /dev/accel<N>; v5e and later: VFIO groups). libtpu installed on a
 # machine without them (`pip install -e '.[tpu]'` for `remixer-t5 compile`) leaves JAX on the CPU.
@@ -102,10 +105,9 @@ def configure(log: Callable[[str], None] | None = None) -> bool:
       log(f"${ENV}=on: not applied, the C library is not glibc")
     return False
   libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-  ok = all(libc.mallopt(param, value) == 1 for param, value in (
-      (M_MMAP_THRESHOLD, THRESHOLD_BYTES), (M_TRIM_THRESHOLD, THRESHOLD_BYTES), (M_ARENA_MAX, 1)))
+  ok = all(libc.mallopt(param, value) == 1 for param, value in SETTINGS)
   applied = applied or ok
   if log:
-    log("host allocator: XLA scratch kept on the heap between steps (glibc mmap/trim thresholds 1 GiB, "
+    log("host allocator: XLA scratch kept on the heap between steps (glibc: no mmap chunks, no trimming, "
         f"one arena){'' if ok else ' -- glibc refused a setting'}; ${ENV}=off to leave malloc alone")
   return ok

@@ -77,13 +77,14 @@ def _fake(monkeypatch, cpu_only=True, result=1):
   return libc
 
 
-def test_auto_applies_thresholds_and_one_arena_on_cpu(monkeypatch):
+def test_auto_turns_mmap_chunks_and_trimming_off_with_one_arena_on_cpu(monkeypatch):
   libc = _fake(monkeypatch, cpu_only=True)
   monkeypatch.delenv(host_memory.ENV, raising=False)
   lines = []
   assert host_memory.configure(lines.append)
-  assert sorted(libc.calls) == sorted([(host_memory.M_MMAP_THRESHOLD, 1 << 30),
-                                       (host_memory.M_TRIM_THRESHOLD, 1 << 30), (host_memory.M_ARENA_MAX, 1)])
+  # no mmap chunks (a threshold is an int: it cannot cover a scratch above 2 GiB), no trimming, one arena
+  assert sorted(libc.calls) == sorted([(host_memory.M_MMAP_MAX, 0), (host_memory.M_TRIM_THRESHOLD, -1),
+                                       (host_memory.M_ARENA_MAX, 1)])
   assert host_memory.applied and "heap" in lines[0] and host_memory.ENV in lines[0]
 
 
