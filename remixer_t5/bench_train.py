@@ -17,6 +17,7 @@ the median over rounds of the per-round medians, and the ratio is ours / referen
 """
 from __future__ import annotations
 
+import resource
 import statistics
 import sys
 import time
@@ -52,6 +53,12 @@ def time_calls(call: Callable[[], Any], steps: int, warmup: int) -> tuple[list[f
     out = call()
     times.append(time.perf_counter() - t0)
   return times, out
+
+
+def process_usage() -> tuple[float, float, int]:
+  """(user + system CPU seconds, system seconds, minor page faults) of this process so far."""
+  r = resource.getrusage(resource.RUSAGE_SELF)
+  return r.ru_utime + r.ru_stime, r.ru_stime, r.ru_minflt
 
 
 def ours(model, optimizer, batch: Mapping[str, np.ndarray], seed: int = 0) -> Callable[[], Any]:
@@ -112,9 +119,15 @@ def bench_train(model, optimizer, *, batch_size: int, feature_lengths: Mapping[s
   if reference == "hf":
     runners["hf"] = hf_reference(cfg, batch, seed=seed)
   medians: dict[str, list[float]] = {name: [] for name in runners}
+  usage = {name: [0.0, 0.0, 0, 0.0] for name in runners}  # cpu s, system s, minor faults, wall s (timed steps)
   for r in range(rounds):
     for name, run in runners.items():
-      times, _ = time_calls(run, steps, warmup if r == 0 else 1)
+      time_calls(run, 0, warmup if r == 0 else 1)
+      cpu0, sys0, flt0 = process_usage()
+      times, _ = time_calls(run, steps, 0)
+      cpu1, sys1, flt1 = process_usage()
+      for i, d in enumerate((cpu1 - cpu0, sys1 - sys0, flt1 - flt0, sum(times))):
+        usage[name][i] += d
       medians[name].append(statistics.median(times))
       log(f"round {r + 1}/{rounds} {name}: median {medians[name][-1]:.3f} s/step "
           f"(min {min(times):.3f}, max {max(times):.3f})")
@@ -127,6 +140,10 @@ def bench_train(model, optimizer, *, batch_size: int, feature_lengths: Mapping[s
     row[f"{name}_s_per_step"] = s
     row[f"{name}_tokens_per_s"] = tokens / s
     row[f"{name}_round_medians"] = per_round
+    cpu, system, faults, wall = usage[name]  # what decides a CPU step besides the kernels: see docs/benchmarks.md
+    row[f"{name}_cores_busy"] = cpu / wall if wall > 0 else None
+    row[f"{name}_system_s_per_step"] = system / (steps * rounds)
+    row[f"{name}_minor_faults_per_step"] = faults / (steps * rounds)
   if "hf" in medians:
     row["ratio_ours_to_hf"] = row["ours_s_per_step"] / row["hf_s_per_step"]
   return row

@@ -24,6 +24,9 @@ def test_json_fields_and_reference(capsys):
   for name in ("ours", "hf"):
     assert r[f"{name}_s_per_step"] > 0 and len(r[f"{name}_round_medians"]) == 1
     assert r[f"{name}_tokens_per_s"] == pytest.approx(3 * (12 + 6) / r[f"{name}_s_per_step"])
+    # process CPU use over the timed steps: busy cores, system time and minor page faults per step
+    assert 0 < r[f"{name}_cores_busy"] <= 64 and r[f"{name}_system_s_per_step"] >= 0
+    assert r[f"{name}_minor_faults_per_step"] >= 0
     assert r[f"{name}_mfu"] == pytest.approx(r["model_flops_per_step"] / r["devices"]
                                               / r[f"{name}_s_per_step"] / 1e12)
   assert r["ratio_ours_to_hf"] == pytest.approx(r["ours_s_per_step"] / r["hf_s_per_step"])
