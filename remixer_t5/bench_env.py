@@ -66,6 +66,18 @@ def git_commit() -> str | None:
     return None
 
 
+def transparent_hugepages() -> str | None:
+  """The kernel's transparent huge page mode ('always', 'madvise' or 'never'), or None off Linux. With 'always' a
+  freshly mapped buffer faults in 2 MiB pages (512x fewer faults), which changes what an unmapped-and-remapped
+  scratch costs a step (host_memory.py, docs/benchmarks.md)."""
+  try:
+    text = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+  except OSError:
+    return None
+  chosen = [w[1:-1] for w in text.split() if w.startswith("[") and w.endswith("]")]
+  return chosen[0] if chosen else None
+
+
 def environment(with_torch: bool = False) -> dict[str, Any]:
   """The row's record of the machine, flags, threads, commit and versions (module docstring)."""
   import importlib.metadata as md
@@ -79,7 +91,7 @@ def environment(with_torch: bool = False) -> dict[str, Any]:
       "cpu_count": os.cpu_count(),
       "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
       "xla_flags": os.environ.get("XLA_FLAGS", ""), "xla_cpu_flags": xla_cpu.FLAG if xla_cpu.applied else None,
-      "host_malloc_policy": host_memory.applied,
+      "host_malloc_policy": host_memory.applied, "transparent_hugepages": transparent_hugepages(),
       "thread_env": {k: os.environ[k] for k in THREAD_ENV if k in os.environ},
       "git_commit": git_commit(), "jax_version": jax.__version__}
   try:

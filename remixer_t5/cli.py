@@ -25,15 +25,29 @@ from remixer_t5.gin_utils import macro as _macro  # noqa: E402
 
 # --- commands ------------------------------------------------------------------------------------------
 def _configured(fn, command: str):
-  """`fn` as the gin files configure it; a GinError naming the missing run file when none of them does."""
+  """`fn` as the gin files configure it; a GinError naming the missing run file when none of them does: `fn`
+  not registered with gin at all, or (registered by an earlier parse in this process) called without the
+  required arguments a run file binds."""
+  import functools
+
   import gin
+  runs = sorted(p.name for p in (gin_dir() / "runs").glob("*.gin"))
+  missing = GinError(f"`{command}` needs a run file that configures {fn.__module__}.{fn.__qualname__} "
+                     f"besides the model's: add e.g. --gin_file=runs/pretrain.gin; gin/runs/ holds {', '.join(runs)}")
   try:
-    return gin.get_configurable(fn)
+    configured = gin.get_configurable(fn)
   except ValueError as e:  # gin's "Could not find <function ...> in the Gin registry"
-    runs = sorted(p.name for p in (gin_dir() / "runs").glob("*.gin"))
-    raise GinError(f"`{command}` needs a run file that configures {fn.__module__}.{fn.__qualname__} "
-                   f"besides the model's: add e.g. "
-                   f"--gin_file=runs/pretrain.gin; gin/runs/ holds {', '.join(runs)}") from e
+    raise missing from e
+
+  @functools.wraps(fn)
+  def call(*args, **kwargs):
+    try:
+      return configured(*args, **kwargs)
+    except TypeError as e:  # only fn's own missing required arguments (gin adds "In call to configurable")
+      if str(e).startswith(f"{fn.__name__}() missing") and "required" in str(e):
+        raise missing from e
+      raise
+  return call
 
 
 def cmd_train(_: argparse.Namespace) -> int:

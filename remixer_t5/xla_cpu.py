@@ -9,6 +9,9 @@ docs/benchmarks.md (d 256, 4+4 layers, batch 16, 128/32, float32) show those fus
 `--xla_cpu_experimental_ynn_fusion_type=+individual_dot` also routes individual dots to YNNPACK, which takes
 transposed operands as they are: config A's step ran ~20% faster (6.3-6.5 s -> 5.1 s under the same machine
 load); T5.1.1-small at 512/114 (config B) showed no difference within the noise (9.9-10.1 s against 9.9-10.5 s).
+On a 2-core Zen 3 EPYC (AVX2, no AVX-512) the flag changes nothing: the optimised HLO is the same, the
+weight-gradient dots stay Eigen dots. `layers.Dense` now avoids the copies on any CPU by multiplying 2-D
+`[tokens, features]` arrays (docs/benchmarks.md, 2026-11-25).
 
 `configure()` is called by the CLI before JAX starts its backend (XLA reads $XLA_FLAGS once). It acts only when
 JAX will run on CPU alone, the jaxlib is one where the flag is known to exist (an unknown flag in $XLA_FLAGS

@@ -23,7 +23,7 @@ r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
 print(f"{sys.argv[2]}: ours {r['ours_s_per_step']:.3f} s/step ({r['ours_tokens_per_s']:,.0f} tok/s), "
       f"HF {r['hf_s_per_step']:.3f} s/step, ours/HF {r['ratio_ours_to_hf']:.3f}; rounds ours "
       f"{[round(x, 3) for x in r['ours_round_medians']]} HF {[round(x, 3) for x in r['hf_round_medians']]}; "
-      f"xla flags {r.get('xla_cpu_flags')}, host malloc {r.get('host_malloc_policy')}")
+      f"xla flags {r.get('xla_cpu_flags')}, host malloc {r.get('host_malloc_policy')}, THP {r.get('transparent_hugepages')}")
 print(f"  per timed step: cores busy ours {r.get('ours_cores_busy') or 0:.2f} HF {r.get('hf_cores_busy') or 0:.2f}; "
       f"system s ours {r.get('ours_system_s_per_step', 0):.3f} HF {r.get('hf_system_s_per_step', 0):.3f}; "
       f"minor faults ours {r.get('ours_minor_faults_per_step', 0):,.0f} HF {r.get('hf_minor_faults_per_step', 0):,.0f}")

@@ -11,6 +11,10 @@ import pytest
 # load libtpu (it allows one process at a time unless told otherwise).
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+# The CLI's host allocator policy keeps a process's heap at its peak (host_memory.py); a pytest worker runs
+# hundreds of CLI calls in-process and would keep the largest one's memory (5-6 GiB per worker seen). Tests of
+# the policy set $REMIXER_T5_HOST_MALLOC themselves.
+os.environ.setdefault("REMIXER_T5_HOST_MALLOC", "off")
 
 
 @pytest.fixture(scope="session")

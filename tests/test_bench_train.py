@@ -1,5 +1,6 @@
 """`remixer-t5 bench train`: the trainer's jitted step timed on random tokens, optionally beside HF's T5."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -100,4 +101,9 @@ def test_rows_record_the_machine_flags_threads_and_load(capsys, monkeypatch):
   assert r["thread_env"] == {"OMP_NUM_THREADS": "2"}
   assert len(r["load_average_start"]) == 3 and len(r["load_average_end"]) == 3
   assert isinstance(r["host_malloc_policy"], bool) and "xla_flags" in r and "xla_cpu_flags" in r
+  thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+  if thp.exists():  # the bracketed mode of the kernel's setting, e.g. "always [madvise] never" -> "madvise"
+    assert f"[{r['transparent_hugepages']}]" in thp.read_text()
+  else:
+    assert r["transparent_hugepages"] is None
   assert r["git_commit"] is None or len(r["git_commit"].split("+")[0]) == 40
