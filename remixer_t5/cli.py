@@ -31,13 +31,14 @@ def _configured(fn, command: str):
   import functools
 
   import gin
-  runs = sorted(p.name for p in (gin_dir() / "runs").glob("*.gin"))
-  missing = GinError(f"`{command}` needs a run file that configures {fn.__module__}.{fn.__qualname__} "
-                     f"besides the model's: add e.g. --gin_file=runs/pretrain.gin; gin/runs/ holds {', '.join(runs)}")
+  def missing() -> GinError:
+    runs = sorted(p.name for p in (gin_dir() / "runs").glob("*.gin"))
+    return GinError(f"`{command}` needs a run file that configures {fn.__module__}.{fn.__qualname__} besides "
+                    f"the model's: add e.g. --gin_file=runs/pretrain.gin; gin/runs/ holds {', '.join(runs)}")
   try:
     configured = gin.get_configurable(fn)
   except ValueError as e:  # gin's "Could not find <function ...> in the Gin registry"
-    raise missing from e
+    raise missing() from e
 
   @functools.wraps(fn)
   def call(*args, **kwargs):
@@ -45,7 +46,7 @@ def _configured(fn, command: str):
       return configured(*args, **kwargs)
     except TypeError as e:  # only fn's own missing required arguments (gin adds "In call to configurable")
       if str(e).startswith(f"{fn.__name__}() missing") and "required" in str(e):
-        raise missing from e
+        raise missing() from e
       raise
   return call
 

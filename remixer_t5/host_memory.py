@@ -28,7 +28,7 @@ from typing import Callable
 
 ENV = "REMIXER_T5_HOST_MALLOC"
 # mallopt parameters from glibc's <malloc.h>, and the policy's values: no mmap chunks, no trimming, one arena.
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -3, -4, -8
+M_TRIM_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -4, -8
 SETTINGS = ((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, -1), (M_ARENA_MAX, 1))
 _ACCELERATOR_MODULES = ("libtpu",)  # TPU support is a plain module; GPU and others are jax_plugins
 # TPU chips as a TPU VM exposes them (v2-v4: /dev/accel<N>; v5e and later: VFIO groups). libtpu installed on a
