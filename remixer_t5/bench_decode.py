@@ -244,7 +244,7 @@ def format_row(row: Mapping[str, Any]) -> str:
     if f"ratio_ours_to_hf_{mode}" in row:
       lines.append(f"  {title:8s} ours / HF: {row[f'ratio_ours_to_hf_{mode}']:.3f}; identical outputs: "
                    f"{row[f'{mode}_identical_rows']}/{row['batch_size']} rows")
-  lines.append(f"  {row['cpu_model']}, {row['cpus_usable']}/{row['cpu_count']} cores, load "
+  lines.append(f"  {row['cpu_model']} [{row.get('cpu_id')}], {row['cpus_usable']}/{row['cpu_count']} cores, load "
                f"{row['load_average_start']} -> {row['load_average_end']}, XLA flags "
                f"{row['xla_flags'] or '(none)'}, host malloc policy {'on' if row['host_malloc_policy'] else 'off'}"
                + (f", torch threads {row['torch_num_threads']}" if "torch_num_threads" in row else "")

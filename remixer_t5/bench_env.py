@@ -34,7 +34,8 @@ def _cpuinfo() -> dict[str, str]:
       for line in f:
         key, _, value = line.partition(":")
         key = key.strip().lower()
-        if key in ("model name", "flags", "cache size") and key not in out:
+        if key in ("model name", "flags", "cache size", "vendor_id", "cpu family", "model", "stepping") \
+            and key not in out:
           out[key] = value.strip()
   except OSError:
     pass
@@ -43,6 +44,17 @@ def _cpuinfo() -> dict[str, str]:
 
 def cpu_model() -> str:
   return _cpuinfo().get("model name") or platform.processor() or platform.machine()
+
+
+def cpu_id() -> str | None:
+  """'<vendor> family <f> model <m> stepping <s>' from /proc/cpuinfo, or None where it has none. Cloud machines
+  often name themselves only "Intel(R) Xeon(R) Processor" or "AMD EPYC": the family and model tell the
+  generation (Intel family 6 model 143 Sapphire Rapids, 207 Emerald Rapids; AMD family 25 Zen 3/4, 26 Zen 5)."""
+  info = _cpuinfo()
+  if "cpu family" not in info or "model" not in info:
+    return None
+  return (f"{info.get('vendor_id', '?')} family {info['cpu family']} model {info['model']} "
+          f"stepping {info.get('stepping', '?')}")
 
 
 def cpu_flags() -> list[str]:
@@ -87,7 +99,7 @@ def environment(with_torch: bool = False) -> dict[str, Any]:
   from remixer_t5 import host_memory, xla_cpu
   info = _cpuinfo()
   env: dict[str, Any] = {
-      "cpu_model": cpu_model(), "cpu_flags": cpu_flags(), "cpu_cache": info.get("cache size"),
+      "cpu_model": cpu_model(), "cpu_id": cpu_id(), "cpu_flags": cpu_flags(), "cpu_cache": info.get("cache size"),
       "cpu_count": os.cpu_count(),
       "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
       "xla_flags": os.environ.get("XLA_FLAGS", ""), "xla_cpu_flags": xla_cpu.FLAG if xla_cpu.applied else None,

@@ -27,7 +27,7 @@ print(f"{sys.argv[2]}: ours {r['ours_s_per_step']:.3f} s/step ({r['ours_tokens_p
 print(f"  per timed step: cores busy ours {r.get('ours_cores_busy') or 0:.2f} HF {r.get('hf_cores_busy') or 0:.2f}; "
       f"system s ours {r.get('ours_system_s_per_step', 0):.3f} HF {r.get('hf_system_s_per_step', 0):.3f}; "
       f"minor faults ours {r.get('ours_minor_faults_per_step', 0):,.0f} HF {r.get('hf_minor_faults_per_step', 0):,.0f}")
-print(f"  {r.get('cpu_model')} ({r.get('cpus_usable')}/{r.get('cpu_count')} cores, {' '.join(r.get('cpu_flags', []))}, "
+print(f"  {r.get('cpu_model')} [{r.get('cpu_id')}] ({r.get('cpus_usable')}/{r.get('cpu_count')} cores, {' '.join(r.get('cpu_flags', []))}, "
       f"cache {r.get('cpu_cache')}); torch threads {r.get('torch_num_threads')}/{r.get('torch_num_interop_threads')}, "
       f"thread env {r.get('thread_env')}; load {r.get('load_average_start')} -> {r.get('load_average_end')}; "
       f"commit {r.get('git_commit')}; jax {r.get('jaxlib_version')}, torch {r.get('torch_version')}")

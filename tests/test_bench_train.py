@@ -96,6 +96,11 @@ def test_rows_record_the_machine_flags_threads_and_load(capsys, monkeypatch):
   if cpuinfo:
     first = next(line for line in cpuinfo.splitlines() if line.lower().startswith("model name"))
     assert r["cpu_model"] == first.split(":", 1)[1].strip()
+    field = lambda name: next(line.split(":", 1)[1].strip() for line in cpuinfo.splitlines()
+                              if line.split(":", 1)[0].strip() == name)
+    if "cpu family" in cpuinfo:
+      assert r["cpu_id"] == (f"{field('vendor_id')} family {field('cpu family')} model {field('model')} "
+                             f"stepping {field('stepping')}")
     flags = set(next(line for line in cpuinfo.splitlines() if line.startswith("flags")).split(":", 1)[1].split())
     assert r["cpu_flags"] == [f for f in bench_env.CPU_FLAGS_OF_INTEREST if f in flags]
   assert r["thread_env"] == {"OMP_NUM_THREADS": "2"}
