@@ -143,6 +143,7 @@ GPU_MODELS: dict[str, GpuModel] = {
     "a100": GpuModel("a100", "a100_sxm_80.txtpb"),  # A100 SXM 80 GB
 }
 GPU_COUNTS = (1, 2, 4, 8)  # GPUs of one process (one host); more hosts are more processes
+CUDA_PLUGINS = ("xla_cuda12", "xla_cuda13")  # jax-cuda12-plugin (the gpu-compile extra's pin), jax-cuda13-plugin
 JAX_MEM_FRACTION = 0.75    # JAX's default share of GPU memory for its allocator ($XLA_PYTHON_CLIENT_MEM_FRACTION)
 
 
@@ -221,7 +222,7 @@ class LibtpuMissing(CompilerMissing):
 
 def _check_cuda_plugin() -> None:
   try:
-    found = importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+    found = any(importlib.util.find_spec(f"jax_plugins.{name}") is not None for name in CUDA_PLUGINS)
   except ModuleNotFoundError:  # no jax_plugins namespace at all
     found = False
   if not found:

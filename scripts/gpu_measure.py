@@ -1,0 +1,306 @@
+"""On a real GPU: measure what `remixer-t5 compile --topology h100/h200` predicts without one.
+
+For each configuration below this compiles the trainer's own train step (`trainer.program`, the step `train`
+runs and `remixer-t5 compile` compiles ahead of time) for the GPU in hand, reports XLA's buffer assignment of the
+real compile beside the deviceless prediction, then runs it on random tokens and times it: the measured step
+time, tokens/s and MFU (model FLOPs, mfu.py, against the GPU's bf16 dense peak), the allocator's peak memory,
+and the loss of each step (finite and falling). Stages:
+
+- `parity`: the tiny T5.1.1 (float32, matmul precision 'highest') evaluated and trained one step on the GPU and
+  on the host CPU from the same parameters and batch: loss, gradient norm and the updated parameters must agree.
+- one stage per base model at the pretraining settings (runs/pretrain.gin: batch 128, 512/114, Adafactor,
+  bfloat16 activations, mesh 1x1 with the data rules: the `h100`/`h200` rows of the GPU cost table);
+- `deviceless_<model>`: `remixer-t5 compile --topology <this GPU> --json` in a child with JAX_PLATFORMS=cpu, on
+  the same machine, for the prediction of the same cell (needs the CUDA plugin; reported, never fatal).
+
+It runs with whatever jax/flax the GPU machine has (not the project's pins: the versions are recorded) and
+needs gin-config beside them. Each stage runs in its own process with a time limit, so a failure or an
+out-of-memory costs that row only; rows go to OUT/gpu_measure.jsonl as they finish and a summary is printed.
+
+  PYTHONPATH=. python scripts/gpu_measure.py --out DIR [--stages parity,t5_1_1_base,...] [--deadline 480]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# name: (model gin, extra gin bindings, label)
+MODELS = {
+    "t5_1_1_base": ("models/t5_1_1/base.gin", [], "T5.1.1-base"),
+    "remixer_sbase": ("models/remixer/sbase.gin", [], "Remixer_SBase"),
+    "remixer_base": ("models/remixer/base.gin", [], "Remixer_Base"),
+    "hypermixer_base_mb4": ("models/hypermixer/base.gin", ["trainer.train.num_microbatches=4"],
+                            "HyperMixer-base, 4 microbatches"),
+    "t5_1_1_small": ("models/t5_1_1/small.gin", [], "T5.1.1-small"),
+    "t5_1_1_tiny": ("models/t5_1_1/tiny.gin", ["BATCH_SIZE=8"], "T5.1.1-tiny, batch 8 (a CPU check of this script)"),
+}
+DEFAULT_STAGES = ("parity", "t5_1_1_base", "deviceless_t5_1_1_base", "remixer_sbase", "remixer_base",
+                  "hypermixer_base_mb4")
+TIMEOUTS = {"parity": 120, "deviceless": 240}
+MODEL_TIMEOUT = 200
+
+
+def versions() -> dict:
+  import importlib.metadata as md
+  out = {}
+  for name in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "gin-config", "numpy", "jax-cuda13-plugin",
+               "jax-cuda12-plugin"):
+    try:
+      out[name] = md.version(name)
+    except md.PackageNotFoundError:
+      pass
+  return out
+
+
+def _gpu_name() -> str:
+  try:
+    return subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                          capture_output=True, text=True, timeout=30).stdout.strip()
+  except (OSError, subprocess.TimeoutExpired):
+    return "unknown"
+
+
+def _parse(model_gin: str, bindings: list[str]) -> dict:
+  from remixer_t5 import aot_compile, gin_utils
+  gin_utils.parse_gin([model_gin, "runs/pretrain.gin"], ["ACTIVATION_DTYPE='bfloat16'", *bindings],
+                      macro_defaults={"MODEL_DIR": "None"})
+  return aot_compile.train_settings()
+
+
+def _random_batch(shapes: dict, vocab_size: int, seed: int = 0) -> dict:
+  """Random real tokens in every position, one segment a row (the packed layout's features when present)."""
+  import numpy as np
+  rng = np.random.default_rng(seed)
+  out = {}
+  for k, s in shapes.items():
+    b, n = s.shape
+    if k.endswith("_segment_ids"):
+      out[k] = np.ones((b, n), np.int32)
+    elif k.endswith("_positions"):
+      out[k] = np.broadcast_to(np.arange(n, dtype=np.int32), (b, n)).copy()
+    elif k == "decoder_loss_weights":
+      out[k] = np.ones((b, n), np.int32)
+    else:
+      out[k] = rng.integers(2, vocab_size, size=(b, n), dtype=np.int32)
+  out["decoder_input_tokens"] = np.concatenate(
+      [np.zeros((out["decoder_target_tokens"].shape[0], 1), np.int32), out["decoder_target_tokens"][:, :-1]], 1)
+  return out
+
+
+def stage_model(name: str, steps: int, warmup: int) -> dict:
+  import jax
+  import numpy as np
+
+  from remixer_t5 import aot_compile, mfu, partitioning, trainer
+  model_gin, bindings, label = MODELS[name]
+  settings = _parse(model_gin, bindings)
+  model = settings["model"]
+  devices = jax.devices()
+  mesh = partitioning.make_mesh(1, "1x1", devices[:1], rules="data")
+  lengths = dict(settings["feature_lengths"])
+  batch_size = int(settings["batch_size"])
+  pack = trainer._packing(model, settings.get("pack", True) is not False)
+  tx = trainer._optimizer(model, settings.get("optimizer") or aot_compile._default_optimizer(),
+                          settings.get("learning_rate"))
+  schedule = settings.get("learning_rate") if callable(settings.get("learning_rate")) else None
+  prog = trainer.program(model, tx, schedule, lengths, mesh, settings.get("num_microbatches"))
+  shapes = trainer.batch_shapes(lengths, batch_size, pack)
+  abstract = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=prog.batch_sharding) for k, v in shapes.items()}
+  row = {"stage": name, "label": label, "batch_size": batch_size, "feature_lengths": lengths, "pack": pack,
+         "num_microbatches": settings.get("num_microbatches"), "device_kind": devices[0].device_kind}
+  t0 = time.time()
+  compiled = prog.compile(prog.train_step, prog.state, abstract)
+  row["compile_seconds"] = round(time.time() - t0, 1)
+  row["memory"] = aot_compile._memory(compiled)
+  row["xla_flops_per_device"] = mfu.compiled_flops(compiled)
+  row["loops"] = mfu.compiled_loops(compiled)
+  flops, model_loops = mfu.model_flops_and_loops(model, shapes)
+  row["model_flops_per_step"], row["model_flops_loops"] = flops, model_loops
+  t0 = time.time()
+  state = trainer._init_state(model, tx, trainer._input_shapes(lengths), prog.shardings, 0)
+  batch = jax.device_put(_random_batch(shapes, model.module.config.vocab_size), prog.batch_sharding)
+  jax.block_until_ready(state)
+  row["init_seconds"] = round(time.time() - t0, 1)
+  losses, times = [], []
+  for i in range(warmup + steps):
+    t = time.perf_counter()
+    state, metrics = compiled(state, batch)
+    loss = float(metrics["loss_sum"]) / max(float(metrics["weight_sum"]), 1.0)  # waits for the step
+    if i >= warmup:
+      times.append(time.perf_counter() - t)
+    losses.append(loss)
+  t = time.perf_counter()  # back to back, as the trainer dispatches between its log steps
+  for _ in range(steps):
+    state, metrics = compiled(state, batch)
+  jax.block_until_ready(metrics)
+  pipelined = (time.perf_counter() - t) / steps
+  tokens = batch_size * (lengths["inputs"] + lengths["targets"])
+  peak = mfu.peak_flops_per_device(devices[0])
+  stats = devices[0].memory_stats() or {}
+  row.update(step_seconds_median=statistics.median(times), step_seconds_min=min(times),
+             step_seconds_pipelined=pipelined, tokens_per_s=tokens / pipelined,
+             mfu=mfu.mfu(flops, 1.0 / pipelined, peak), peak_flops_per_device=peak,
+             losses=[round(x, 4) for x in losses], losses_finite=bool(np.all(np.isfinite(losses))),
+             peak_bytes_in_use=stats.get("peak_bytes_in_use"), bytes_limit=stats.get("bytes_limit"))
+  return row
+
+
+def stage_parity() -> dict:
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from remixer_t5 import gin_utils, optim, trainer
+  jax.config.update("jax_default_matmul_precision", "highest")
+  gin_utils.parse_gin(["models/t5_1_1/tiny.gin"], ["DROPOUT_RATE=0.0"])
+  from remixer_t5 import gin_utils as g
+  model = g.macro("MODEL")
+  lengths = {"inputs": 64, "targets": 32}
+  shapes = trainer.batch_shapes(lengths, 8, pack=False)
+  batch = _random_batch(shapes, model.module.config.vocab_size)
+  tx = optim.adafactor(learning_rate=1e-2)
+  gpu, cpu = jax.devices()[0], jax.devices("cpu")[0]
+  with jax.default_device(cpu):
+    params = model.init_variables(jax.random.PRNGKey(0), {k: (1, v.shape[1]) for k, v in shapes.items()})["params"]
+  step = trainer.make_train_step(model, tx, None)
+  out = {}
+  for dev in (cpu, gpu):
+    p = jax.device_put(params, dev)
+    state = trainer.TrainState(step=jax.device_put(jnp.array(0, jnp.int32), dev), params=p,
+                               opt_state=jax.jit(tx.init)(p), rng=jax.device_put(jax.random.PRNGKey(1), dev))
+    b = jax.device_put(batch, dev)
+    metrics = jax.jit(trainer.make_eval_step(model))(p, b)
+    new_state, train_metrics = jax.jit(step)(state, b)
+    out[dev.platform] = (jax.device_get(metrics), jax.device_get(train_metrics),
+                         jax.device_get(new_state.params))
+  (em_c, tm_c, p_c), (em_g, tm_g, p_g) = out["cpu"], out[gpu.platform]
+  diffs = jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda a, b: float(np.max(np.abs(a - b))), p_c, p_g))
+  scale = max(float(np.max(np.abs(x))) for x in jax.tree_util.tree_leaves(p_c))
+  row = {"stage": "parity", "device_kind": gpu.device_kind,
+         "loss_cpu": float(em_c["loss_sum"]), "loss_gpu": float(em_g["loss_sum"]),
+         "grad_norm_cpu": float(tm_c["grad_norm"]), "grad_norm_gpu": float(tm_g["grad_norm"]),
+         "max_param_diff_after_step": max(diffs), "max_param": scale}
+  row["loss_rel_diff"] = abs(row["loss_cpu"] - row["loss_gpu"]) / abs(row["loss_cpu"])
+  row["grad_norm_rel_diff"] = abs(row["grad_norm_cpu"] - row["grad_norm_gpu"]) / abs(row["grad_norm_cpu"])
+  row["ok"] = row["loss_rel_diff"] < 1e-4 and row["grad_norm_rel_diff"] < 1e-3 and max(diffs) < 1e-4 * scale
+  return row
+
+
+def stage_deviceless(name: str, topology: str, timeout: int) -> dict:
+  model_gin, bindings, label = MODELS[name]
+  cmd = [sys.executable, "-m", "remixer_t5.cli", "compile", f"--gin_file={model_gin}",
+         "--gin_file=runs/pretrain.gin", "--gin.ACTIVATION_DTYPE='bfloat16'", *[f"--gin.{b}" for b in bindings],
+         f"--topology={topology}", "--mesh=1x1", "--rules=data", "--json"]
+  t0 = time.time()
+  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  row = {"stage": f"deviceless_{name}", "topology": topology, "wall_seconds": round(time.time() - t0, 1),
+         "returncode": proc.returncode}
+  lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+  if lines:
+    row["report"] = json.loads(lines[-1])
+  else:
+    row["error"] = proc.stderr.strip()[-1500:]
+  return row
+
+
+def run_one(stage: str, steps: int, warmup: int, topology: str) -> dict:
+  if stage == "parity":
+    return stage_parity()
+  if stage.startswith("deviceless_"):
+    return stage_deviceless(stage[len("deviceless_"):], topology, TIMEOUTS["deviceless"] - 10)
+  if stage in MODELS:
+    return stage_model(stage, steps, warmup)
+  raise ValueError(f"unknown stage {stage!r}: expected parity, deviceless_<model> or one of {sorted(MODELS)}")
+
+
+def summary(row: dict) -> str:
+  s = row["stage"]
+  if "error" in row:
+    return f"{s}: ERROR {row['error'][-600:]}"
+  if s == "parity":
+    return (f"parity ({row['device_kind']} vs host CPU, tiny T5.1.1 f32): loss rel diff {row['loss_rel_diff']:.2e}, "
+            f"grad norm rel diff {row['grad_norm_rel_diff']:.2e}, max param diff after a step "
+            f"{row['max_param_diff_after_step']:.2e} (max |param| {row['max_param']:.2f}): "
+            f"{'OK' if row['ok'] else 'MISMATCH'}")
+  if s.startswith("deviceless_"):
+    step = (row.get("report") or {}).get("steps", {}).get("train", {})
+    mem = step.get("memory", {})
+    return (f"{s} ({row['topology']}, {row['wall_seconds']} s): total {mem.get('total_bytes', 0) / 2**30:.2f} GiB, "
+            f"roofline {1e3 * step.get('roofline_seconds', 0):.1f} ms, est. MFU {step.get('est_mfu')}")
+  m = row["memory"]
+  return (f"{row['label']} on {row['device_kind']}: compiled in {row['compile_seconds']} s; XLA buffers "
+          f"{m['total_bytes'] / 2**30:.2f} GiB (temp {m['temp_bytes'] / 2**30:.2f}), allocator peak "
+          f"{(row['peak_bytes_in_use'] or 0) / 2**30:.2f} GiB of {(row['bytes_limit'] or 0) / 2**30:.1f}; step "
+          f"{1e3 * row['step_seconds_median']:.1f} ms (waited), {1e3 * row['step_seconds_pipelined']:.1f} ms "
+          f"(back to back), {row['tokens_per_s']:,.0f} tokens/s, MFU "
+          f"{100 * (row['mfu'] or 0):.1f}%; losses {row['losses'][0]} -> {row['losses'][-1]}")
+
+
+def main() -> int:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--out", required=True)
+  ap.add_argument("--stages", default=",".join(DEFAULT_STAGES))
+  ap.add_argument("--steps", type=int, default=10)
+  ap.add_argument("--warmup", type=int, default=2)
+  ap.add_argument("--deadline", type=float, default=480, help="seconds: start no stage after this")
+  ap.add_argument("--topology", default=None, help="deviceless target (default: from nvidia-smi's name)")
+  ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
+  args = ap.parse_args()
+  if args.one:  # the child: one stage, its row as the last line of stdout
+    try:
+      row = run_one(args.one, args.steps, args.warmup, args.topology)
+    except Exception as e:  # noqa: BLE001 - reported as the row
+      import traceback
+      row = {"stage": args.one, "error": f"{type(e).__name__}: {e}"[:3000], "trace": traceback.format_exc()[-3000:]}
+    print(json.dumps(row, default=str), flush=True)
+    return 0
+  out = Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  gpu = _gpu_name()
+  topology = args.topology or ("h200" if "H200" in gpu else "h100" if "H100" in gpu else "a100")
+  head = {"stage": "environment", "gpu": gpu, "python": sys.version.split()[0], "versions": versions(),
+          "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                   text=True).stdout.strip() or os.environ.get("COMMIT", ""),
+          "xla_flags": os.environ.get("XLA_FLAGS", ""),
+          "mem_fraction": os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.75 (default)"),
+          "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+  print(json.dumps(head), flush=True)
+  jsonl = out / "gpu_measure.jsonl"
+  with jsonl.open("a") as f:
+    f.write(json.dumps(head) + "\n")
+  start = time.time()
+  for stage in [s for s in args.stages.split(",") if s]:
+    limit = TIMEOUTS.get(stage, TIMEOUTS["deviceless"] if stage.startswith("deviceless_") else MODEL_TIMEOUT)
+    left = args.deadline - (time.time() - start)
+    if left < 30:
+      print(f"{stage}: skipped, {left:.0f} s left of the deadline", flush=True)
+      continue
+    t0 = time.time()
+    cmd = [sys.executable, __file__, "--out", args.out, "--one", stage, "--steps", str(args.steps),
+           "--warmup", str(args.warmup), "--topology", topology]
+    try:
+      proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=min(limit, left))
+      lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+      row = json.loads(lines[-1]) if lines else {"stage": stage, "error": proc.stderr.strip()[-3000:]}
+    except subprocess.TimeoutExpired:
+      row = {"stage": stage, "error": f"did not finish in {min(limit, left):.0f} s"}
+    row["wall_seconds_stage"] = round(time.time() - t0, 1)
+    with jsonl.open("a") as f:
+      f.write(json.dumps(row, default=str) + "\n")
+    print(summary(row), flush=True)
+    if "trace" in row:
+      print(row["trace"], flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
