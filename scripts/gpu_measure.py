@@ -17,7 +17,8 @@ It runs with whatever jax/flax the GPU machine has (not the project's pins: the 
 needs gin-config beside them. Each stage runs in its own process with a time limit, so a failure or an
 out-of-memory costs that row only; rows go to OUT/gpu_measure.jsonl as they finish and a summary is printed.
 
-  PYTHONPATH=. python scripts/gpu_measure.py --out DIR [--stages parity,t5_1_1_base,...] [--deadline 480]
+  PYTHONPATH=. COMMIT=<sha> python scripts/gpu_measure.py --out DIR [--stages parity,t5_1_1_base,...]
+      [--deadline 480] [--profile]
 """
 from __future__ import annotations
 
@@ -95,7 +96,27 @@ def _random_batch(shapes: dict, vocab_size: int, seed: int = 0) -> dict:
   return out
 
 
-def stage_model(name: str, steps: int, warmup: int) -> dict:
+def top_ops(trace_path: str, per: int = 1, n: int = 30) -> list[tuple[str, float]]:
+  """The `n` names with the most time in a perfetto trace's complete events on the device's streams
+  (milliseconds per step: the sum over the trace / `per` steps), the host's threads left out."""
+  import collections
+  import gzip
+  with gzip.open(trace_path, "rt") as f:
+    trace = json.load(f)
+  events = trace["traceEvents"] if isinstance(trace, dict) else trace
+  names = {(e.get("pid"), e.get("tid")): e.get("args", {}).get("name", "") for e in events
+           if e.get("ph") == "M" and e.get("name") == "thread_name"}
+  procs = {e.get("pid"): e.get("args", {}).get("name", "") for e in events
+           if e.get("ph") == "M" and e.get("name") == "process_name"}
+  total: dict[str, float] = collections.defaultdict(float)
+  for e in events:
+    if e.get("ph") == "X" and "/device:" in procs.get(e.get("pid"), "") and "Stream" in names.get(
+        (e.get("pid"), e.get("tid")), "Stream"):
+      total[e.get("name", "?")] += float(e.get("dur", 0)) / 1e3 / per
+  return sorted(total.items(), key=lambda kv: -kv[1])[:n]
+
+
+def stage_model(name: str, steps: int, warmup: int, profile_dir: str | None = None) -> dict:
   import jax
   import numpy as np
 
@@ -127,11 +148,20 @@ def stage_model(name: str, steps: int, warmup: int) -> dict:
   except Exception as e:  # noqa: BLE001 - the timing still counts without an MFU
     flops, model_loops, row["model_flops_error"] = None, None, f"{type(e).__name__}: {e}"
   row["model_flops_per_step"], row["model_flops_loops"] = flops, model_loops
+  t0 = time.time()  # trainer._init_state's program, its compile and its run timed apart
+  init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(0))
+  input_shapes = trainer._input_shapes(lengths)
+
+  def init(rng):
+    params = model.init_variables(rng, input_shapes)["params"]
+    return trainer.TrainState(step=jax.numpy.array(0, jax.numpy.int32), params=params, opt_state=tx.init(params),
+                              rng=dropout_rng)
+  init_compiled = jax.jit(init, out_shardings=prog.shardings).lower(init_rng).compile()
+  row["init_compile_seconds"] = round(time.time() - t0, 1)
   t0 = time.time()
-  state = trainer._init_state(model, tx, trainer._input_shapes(lengths), prog.shardings, 0)
+  state = jax.block_until_ready(init_compiled(init_rng))
+  row["init_run_seconds"] = round(time.time() - t0, 1)
   batch = jax.device_put(_random_batch(shapes, model.module.config.vocab_size), prog.batch_sharding)
-  jax.block_until_ready(state)
-  row["init_seconds"] = round(time.time() - t0, 1)
   losses, times = [], []
   for i in range(warmup + steps):
     t = time.perf_counter()
@@ -145,6 +175,23 @@ def stage_model(name: str, steps: int, warmup: int) -> dict:
     state, metrics = compiled(state, batch)
   jax.block_until_ready(metrics)
   pipelined = (time.perf_counter() - t) / steps
+  if profile_dir:  # a trace of 2 steps: its perfetto file beside the rows, and the top kernels in the row
+    import glob
+    import shutil
+    import tempfile
+    tmp = tempfile.mkdtemp()
+    jax.profiler.start_trace(tmp, create_perfetto_trace=True)
+    for _ in range(2):
+      state, metrics = compiled(state, batch)
+    jax.block_until_ready(metrics)
+    jax.profiler.stop_trace()
+    traces = glob.glob(f"{tmp}/**/*perfetto_trace.json.gz", recursive=True)
+    if traces:
+      shutil.copy(traces[0], Path(profile_dir) / f"{name}.perfetto_trace.json.gz")
+      try:
+        row["top_ops"] = top_ops(traces[0], per=2)
+      except Exception as e:  # noqa: BLE001 - the trace is there to read by hand
+        row["top_ops_error"] = f"{type(e).__name__}: {e}"
   tokens = batch_size * (lengths["inputs"] + lengths["targets"])
   peak = mfu.peak_flops_per_device(devices[0])
   stats = devices[0].memory_stats() or {}
@@ -221,7 +268,7 @@ def run_one(stage: str, steps: int, warmup: int, topology: str) -> dict:
   if stage.startswith("deviceless_"):
     return stage_deviceless(stage[len("deviceless_"):], topology, TIMEOUTS["deviceless"] - 10)
   if stage in MODELS:
-    return stage_model(stage, steps, warmup)
+    return stage_model(stage, steps, warmup, os.environ.get("GPU_MEASURE_PROFILE"))
   raise ValueError(f"unknown stage {stage!r}: expected parity, deviceless_<model> or one of {sorted(MODELS)}")
 
 
@@ -245,7 +292,9 @@ def summary(row: dict) -> str:
           f"{(row['peak_bytes_in_use'] or 0) / 2**30:.2f} GiB of {(row['bytes_limit'] or 0) / 2**30:.1f}; step "
           f"{1e3 * row['step_seconds_median']:.1f} ms (waited), {1e3 * row['step_seconds_pipelined']:.1f} ms "
           f"(back to back), {row['tokens_per_s']:,.0f} tokens/s, MFU "
-          f"{100 * (row['mfu'] or 0):.1f}%; losses {row['losses'][0]} -> {row['losses'][-1]}")
+          f"{100 * (row['mfu'] or 0):.1f}%; losses {row['losses'][0]} -> {row['losses'][-1]}; init compiled in "
+          f"{row['init_compile_seconds']} s, ran in {row['init_run_seconds']} s"
+          + "".join(f"\n    {ms:9.2f} ms/step  {op[:110]}" for op, ms in row.get("top_ops", [])))
 
 
 def main() -> int:
@@ -256,6 +305,8 @@ def main() -> int:
   ap.add_argument("--warmup", type=int, default=2)
   ap.add_argument("--deadline", type=float, default=480, help="seconds: start no stage after this")
   ap.add_argument("--topology", default=None, help="deviceless target (default: from nvidia-smi's name)")
+  ap.add_argument("--profile", action="store_true",
+                  help="also trace 2 steps of each model: top kernels in its row, the trace in --out")
   ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
   args = ap.parse_args()
   if args.one:  # the child: one stage, its row as the last line of stdout
@@ -268,11 +319,14 @@ def main() -> int:
     return 0
   out = Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
+  if args.profile:
+    os.environ["GPU_MEASURE_PROFILE"] = str(out)
   gpu = _gpu_name()
   topology = args.topology or ("h200" if "H200" in gpu else "h100" if "H100" in gpu else "a100")
   head = {"stage": "environment", "gpu": gpu, "python": sys.version.split()[0], "versions": versions(),
-          "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                   text=True).stdout.strip() or os.environ.get("COMMIT", ""),
+          # $COMMIT first: a copied working tree may carry a stale .git
+          "commit": os.environ.get("COMMIT") or subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                                                               capture_output=True, text=True).stdout.strip(),
           "xla_flags": os.environ.get("XLA_FLAGS", ""),
           "mem_fraction": os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.75 (default)"),
           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}

@@ -38,6 +38,23 @@ def _tiny(**overrides):
   return models.EncoderDecoderModel(network.Transformer(dataclasses.replace(cfg, **overrides)))
 
 
+def test_model_flops_are_counted_on_the_host_when_the_backend_counts_none(monkeypatch):
+  """On an H200 (jax 0.11.2, scripts/gpu_measure.py) a lowered step's cost analysis had no FLOPs, and `train`
+  stopped at its start computing MFU: the count falls back to the same math lowered for the host."""
+  from remixer_t5 import trainer
+  batch = trainer.batch_shapes({"inputs": 16, "targets": 8}, 4, pack=False)
+  expected = mfu.model_flops_per_step(_tiny(), batch)
+  real, calls = jax.stages.Lowered.cost_analysis, []
+
+  def gpu_like(self):  # counts only where the host is the default device, as the H200's backend did
+    calls.append(jax.config.jax_default_device)
+    return real(self) if calls[-1] is not None else None
+  monkeypatch.setattr(jax.stages.Lowered, "cost_analysis", gpu_like)
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  assert mfu.model_flops_per_step(_tiny(), batch) == pytest.approx(expected)
+  assert len(calls) == 2 and calls[0] is None and calls[1].platform == "cpu"
+
+
 def test_model_flops_are_the_same_whether_the_stack_is_scanned_or_rematerialised():
   from remixer_t5 import optim, partitioning, trainer
   batch = trainer.batch_shapes({"inputs": 16, "targets": 8}, 4, pack=True)

@@ -56,7 +56,12 @@ class Attention(nn.Module):
     else:
       bias = layers.mask_to_bias(base.pairwise_mask(ctx), jnp.float32)
       if use_relpos:  # [b|1, 1, q, k] + [1, h, q, k]: the position bias's gradient sums over the batch
-        bias = layers.add_bias(bias, ctx.relpos(ctx.q_positions, ctx.kv_positions,
+        # From row indices, not the (packed) positions: a packed segment's positions are consecutive, so
+        # key_pos - query_pos = key_idx - query_idx on every pair the mask keeps, as t5x/flaxformer compute it
+        # from the lengths alone. Per-example positions would build a [batch, heads, q, k] bias per layer,
+        # and a scatter of batch x q x k updates into the small table in the backward pass.
+        rows = lambda n: jnp.arange(n, dtype=jnp.int32)[None, :]
+        bias = layers.add_bias(bias, ctx.relpos(rows(inputs_q.shape[1]), rows(inputs_kv.shape[1]),
                                                 bidirectional=not ctx.causal).astype(bias.dtype))
 
     # Beam search: queries are [batch * beams] rows, a static key/value cache [batch] rows (the beams of a row
