@@ -1,0 +1,51 @@
+"""scripts/gpu_measure.py, the GPU session's one prepared script, on the CPU: it must not rot between the rare
+sessions that have a GPU (its stages run the same code on whatever device JAX has)."""
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+import gpu_measure  # noqa: E402
+
+
+def test_top_ops_sums_the_device_streams_per_step(tmp_path):
+  events = [
+      {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+      {"ph": "M", "name": "thread_name", "pid": 1, "tid": 7, "args": {"name": "Stream #13(Compute)"}},
+      {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/host:CPU"}},
+      {"ph": "X", "pid": 1, "tid": 7, "name": "scatter_fusion", "dur": 3000.0},
+      {"ph": "X", "pid": 1, "tid": 7, "name": "scatter_fusion", "dur": 1000.0},
+      {"ph": "X", "pid": 1, "tid": 7, "name": "gemm", "dur": 500.0},
+      {"ph": "X", "pid": 2, "tid": 1, "name": "PjitFunction(train_step)", "dur": 9e6},  # the host: left out
+  ]
+  path = tmp_path / "t.json.gz"
+  with gzip.open(path, "wt") as f:
+    json.dump({"traceEvents": events}, f)
+  assert gpu_measure.top_ops(str(path), per=2) == [("scatter_fusion", 2.0), ("gemm", 0.25)]
+
+
+def test_a_model_stage_compiles_times_and_profiles_the_trainer_step(tmp_path):
+  """The tiny T5.1.1 stage end to end (batch 8 at 512/114 on the CPU): the row a GPU session reads."""
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO), "COMMIT": "test"}
+  proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_measure.py"), "--out", str(tmp_path),
+                         "--stages", "t5_1_1_tiny,no_such_stage", "--steps", "2", "--warmup", "1", "--profile"],
+                        capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  rows = [json.loads(line) for line in (tmp_path / "gpu_measure.jsonl").read_text().splitlines()]
+  head, row, bad = rows
+  assert head["stage"] == "environment" and head["commit"] == "test" and head["versions"]["jax"]
+  assert row["stage"] == "t5_1_1_tiny" and "error" not in row, row
+  assert row["batch_size"] == 8 and row["feature_lengths"] == {"inputs": 512, "targets": 114}
+  assert len(row["losses"]) == 3 and row["losses_finite"] and row["losses"][-1] < row["losses"][0]
+  assert row["memory"]["total_bytes"] > 0 and row["model_flops_per_step"] > 0
+  assert row["tokens_per_s"] == pytest.approx(8 * 626 / row["step_seconds_pipelined"])
+  assert row["init_compile_seconds"] >= 0 and row["init_run_seconds"] >= 0
+  assert (tmp_path / "t5_1_1_tiny.perfetto_trace.json.gz").stat().st_size > 0
+  assert bad["stage"] == "no_such_stage" and "unknown stage" in bad["error"]  # one bad stage costs its row only
+  assert "T5.1.1-tiny" in proc.stdout and "no_such_stage: ERROR" in proc.stdout
