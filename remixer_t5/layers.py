@@ -206,7 +206,7 @@ def add_bias(x: Array, bias: Array) -> Array:
   than a memory-bound pass (a [8, 6, 512, 512] sum over the batch: 94-137 ms against 2.7 ms on a 2-core AMD
   EPYC), and T5's relative position bias [1, heads, q, k] takes that sum in every attention layer's backward
   (docs/benchmarks.md, config B). Here those sums are pairwise halvings (elementwise adds; XLA rewrites a
-  contraction with a vector of ones back into the slow reduce).
+  contraction with a vector of ones back into the slow reduce) on a CPU, and a plain sum on other platforms.
   """
   return x + bias
 
@@ -220,11 +220,20 @@ def _add_bias_bwd(shapes, g):
   for shape in shapes:
     if len(shape) != g.ndim:
       raise ValueError(f"add_bias: operands of shapes {shapes}; expected the same rank")
-    d = g
-    for axis, size in enumerate(shape):
-      if size == 1 and d.shape[axis] > 1:
+    axes = tuple(axis for axis, size in enumerate(shape) if size == 1 and g.shape[axis] > 1)
+    if not axes:
+      out.append(g)
+      continue
+
+    def halving(d, axes=axes):
+      for axis in axes:
         d = _sum_by_halving(d, axis)
-    out.append(d)
+      return d
+    # The halvings are for XLA:CPU alone; a GPU or TPU sums in one memory-bound pass, which the halvings'
+    # extra passes over the [batch, heads, q, k] gradient would only slow. Chosen when the program is lowered
+    # for its platform (so a deviceless TPU/GPU compile on this CPU gets the plain sum, as the device would).
+    out.append(jax.lax.platform_dependent(
+        g, cpu=halving, default=lambda d, axes=axes: jnp.sum(d, axis=axes, keepdims=True)))
   return tuple(out)
 
 
