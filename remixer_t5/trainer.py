@@ -449,7 +449,9 @@ def _create_state(model, tx, input_shapes, mesh, seed):
   return _init_state(model, tx, input_shapes, shardings, seed), shardings
 
 
-def _init_state(model, tx, input_shapes, shardings, seed):
+def _init_program(model, tx, input_shapes, shardings, seed):
+  """The state's initialiser, jitted into `shardings`, and the key it takes (scripts/gpu_measure.py times its
+  compile and its run apart)."""
   init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(seed))
 
   def init(rng):
@@ -457,7 +459,12 @@ def _init_state(model, tx, input_shapes, shardings, seed):
     return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params),
                       rng=dropout_rng)
 
-  return jax.jit(init, out_shardings=shardings)(init_rng)
+  return jax.jit(init, out_shardings=shardings), init_rng
+
+
+def _init_state(model, tx, input_shapes, shardings, seed):
+  init, rng = _init_program(model, tx, input_shapes, shardings, seed)
+  return init(rng)
 
 
 def _fit_lengths(model, feature_lengths, fresh, params, log):

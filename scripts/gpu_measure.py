@@ -77,22 +77,19 @@ def _parse(model_gin: str, bindings: list[str]) -> dict:
 
 
 def _random_batch(shapes: dict, vocab_size: int, seed: int = 0) -> dict:
-  """Random real tokens in every position, one segment a row (the packed layout's features when present)."""
+  """bench_train's random tokens, every position real, with the packed layout's features (one segment a row)
+  and loss weights where `shapes` (trainer.batch_shapes) has them."""
   import numpy as np
-  rng = np.random.default_rng(seed)
-  out = {}
+
+  from remixer_t5 import bench_train
+  b = shapes["encoder_input_tokens"].shape[0]
+  lengths = {"inputs": shapes["encoder_input_tokens"].shape[1], "targets": shapes["decoder_target_tokens"].shape[1]}
+  out = bench_train.random_batch(vocab_size, b, lengths, seed)
   for k, s in shapes.items():
-    b, n = s.shape
-    if k.endswith("_segment_ids"):
-      out[k] = np.ones((b, n), np.int32)
-    elif k.endswith("_positions"):
-      out[k] = np.broadcast_to(np.arange(n, dtype=np.int32), (b, n)).copy()
-    elif k == "decoder_loss_weights":
-      out[k] = np.ones((b, n), np.int32)
-    else:
-      out[k] = rng.integers(2, vocab_size, size=(b, n), dtype=np.int32)
-  out["decoder_input_tokens"] = np.concatenate(
-      [np.zeros((out["decoder_target_tokens"].shape[0], 1), np.int32), out["decoder_target_tokens"][:, :-1]], 1)
+    if k.endswith("_positions"):
+      out[k] = np.broadcast_to(np.arange(s.shape[1], dtype=np.int32), s.shape).copy()
+    elif k not in out:  # segment ids and loss weights
+      out[k] = np.ones(s.shape, np.int32)
   return out
 
 
@@ -149,14 +146,8 @@ def stage_model(name: str, steps: int, warmup: int, profile_dir: str | None = No
     flops, model_loops, row["model_flops_error"] = None, None, f"{type(e).__name__}: {e}"
   row["model_flops_per_step"], row["model_flops_loops"] = flops, model_loops
   t0 = time.time()  # trainer._init_state's program, its compile and its run timed apart
-  init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(0))
-  input_shapes = trainer._input_shapes(lengths)
-
-  def init(rng):
-    params = model.init_variables(rng, input_shapes)["params"]
-    return trainer.TrainState(step=jax.numpy.array(0, jax.numpy.int32), params=params, opt_state=tx.init(params),
-                              rng=dropout_rng)
-  init_compiled = jax.jit(init, out_shardings=prog.shardings).lower(init_rng).compile()
+  init, init_rng = trainer._init_program(model, tx, trainer._input_shapes(lengths), prog.shardings, 0)
+  init_compiled = init.lower(init_rng).compile()
   row["init_compile_seconds"] = round(time.time() - t0, 1)
   t0 = time.time()
   state = jax.block_until_ready(init_compiled(init_rng))
@@ -211,8 +202,7 @@ def stage_parity() -> dict:
   from remixer_t5 import gin_utils, optim, trainer
   jax.config.update("jax_default_matmul_precision", "highest")
   gin_utils.parse_gin(["models/t5_1_1/tiny.gin"], ["DROPOUT_RATE=0.0"])
-  from remixer_t5 import gin_utils as g
-  model = g.macro("MODEL")
+  model = gin_utils.macro("MODEL")
   lengths = {"inputs": 64, "targets": 32}
   shapes = trainer.batch_shapes(lengths, 8, pack=False)
   batch = _random_batch(shapes, model.module.config.vocab_size)

@@ -4,6 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import traverse_util
+from jaxpr_util import eqns_in
 
 from remixer_t5 import models, network, partitioning
 
@@ -90,21 +91,6 @@ def test_packed_examples_equal_each_alone(model_params):
   np.testing.assert_allclose(packed[:, 3:7], alone[1], atol=1e-5)
 
 
-def _scatter_updates_into(jaxpr, operand_shape) -> list[tuple[int, ...]]:
-  """Shapes of the updates of every scatter-add (nested jaxprs too) whose operand has `operand_shape`."""
-  found = []
-  for eqn in jaxpr.eqns:
-    if eqn.primitive.name == "scatter-add" and tuple(eqn.invars[0].aval.shape) == operand_shape:
-      found.append(tuple(eqn.invars[2].aval.shape))
-    for sub in eqn.params.values():
-      for j in (sub if isinstance(sub, (list, tuple)) else [sub]):
-        if isinstance(j, jax.extend.core.ClosedJaxpr):
-          found += _scatter_updates_into(j.jaxpr, operand_shape)
-        elif isinstance(j, jax.extend.core.Jaxpr):
-          found += _scatter_updates_into(j, operand_shape)
-  return found
-
-
 def test_packed_rows_take_the_position_bias_from_row_indices(model_params):
   """A packed batch's relative position bias is one [heads, q, k] gather per layer, as for unpacked rows (a
   segment's positions are consecutive, so key - query offsets equal the rows'): its gradient scatters heads x q x
@@ -121,7 +107,8 @@ def test_packed_rows_take_the_position_bias_from_row_indices(model_params):
                                 restart(m), enable_dropout=False))
   jaxpr = jax.make_jaxpr(jax.grad(loss))(v["params"]).jaxpr
   table = tuple(v["params"]["encoder"]["relpos_bias"]["rel_embedding"].shape)
-  updates = _scatter_updates_into(jaxpr, table)
+  updates = [tuple(e.invars[2].aval.shape) for e in eqns_in(jaxpr)
+             if e.primitive.name == "scatter-add" and tuple(e.invars[0].aval.shape) == table]
   assert len(updates) >= CFG.num_encoder_layers, updates  # the check sees the table's gradient
   assert all(np.prod(u) <= CFG.num_heads * n * n for u in updates), updates
 

@@ -54,7 +54,7 @@ class Settings:
   seeds: tuple[int, ...] = (0, 1, 2)
   # Optimisation steps per run (batch rows of packed examples): at 3,000 (~3 epochs) neither T5.1.1 nor the
   # Remixer generalises (gen 2.6-29.2%, seeds far apart); at 12,000 (~13 epochs) 3 seeds each give
-  # 48.7-50.0% with test ~99% (docs/reproductions.md, "Results: 12,000 steps").
+  # 48.7-50.3% with test ~99% (docs/reproductions.md, "Results: 12,000 steps").
   steps: int = 12000
   batch_size: int = 4          # packed rows per step (~6.4 examples each: ~26 examples per step)
   warmup: int = 300            # rsqrt schedule: base / sqrt(max(step, warmup))
