@@ -31,6 +31,7 @@ The compile path imports no TensorFlow or seqio (tests/test_compile.py checks); 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import importlib.util
@@ -328,6 +329,22 @@ def train_settings() -> dict[str, Any]:
 
 
 # --- compiling ------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _without_persistent_cache():
+  """Nothing of a deviceless compile goes into JAX's persistent compilation cache ($JAX_COMPILATION_CACHE_DIR):
+  its executable cannot be read back without a runtime client (a second compile of the same program warned
+  "Error reading persistent compilation cache entry ... PjRtCompiler must be constructed with a Client"), and a
+  cache hit would report a read as the compile time. JAX decides once per process whether the cache is used,
+  so the switch is the minimum compile time an entry needs to be written."""
+  import jax
+  was = jax.config.jax_persistent_cache_min_compile_time_secs
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 1e30)
+  try:
+    yield
+  finally:
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", was)
+
+
 def _memory(compiled) -> dict[str, int]:
   m = compiled.memory_analysis()
   fields = {"argument_bytes": m.argument_size_in_bytes, "output_bytes": m.output_size_in_bytes,
@@ -444,7 +461,8 @@ def compile_run(settings: Mapping[str, Any], topology: str, *, num_slices: int =
     options = None
     try:
       try:
-        compiled = prog.compile(fn, *args)
+        with _without_persistent_cache():
+          compiled = prog.compile(fn, *args)
       except Exception as e:  # noqa: BLE001
         # Without a GPU to autotune on, XLA:GPU's Triton GEMM emitter finds no tiling for some dots (base
         # models' attention output projection: "Couldn't find output tile sizes"); cuBLAS takes them instead.
@@ -452,7 +470,8 @@ def compile_run(settings: Mapping[str, Any], topology: str, *, num_slices: int =
           raise
         options = {"xla_gpu_enable_triton_gemm": False}
         log(f"  XLA's Triton GEMM emitter found no tiling without a GPU to autotune on; compiling with {options}")
-        compiled = prog.compile(fn, *args, compiler_options=options)
+        with _without_persistent_cache():
+          compiled = prog.compile(fn, *args, compiler_options=options)
     except Exception as e:  # noqa: BLE001 - XLA raises its own error types
       message = str(e)
       if gpu and "libdevice not found" in message:

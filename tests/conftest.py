@@ -1,6 +1,9 @@
 """Shared fixtures: the embedded corpus and vocabulary, prepared once per session."""
 
+import atexit
 import os
+import shutil
+import tempfile
 import time
 import types
 
@@ -15,6 +18,13 @@ os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 # hundreds of CLI calls in-process and would keep the largest one's memory (5-6 GiB per worker seen). Tests of
 # the policy set $REMIXER_T5_HOST_MALLOC themselves.
 os.environ.setdefault("REMIXER_T5_HOST_MALLOC", "off")
+# One persistent XLA compilation cache for the whole run, shared by the xdist workers and the CLI subprocesses
+# the tests start (they inherit the environment): dozens of tests train the same tiny configurations, and each
+# distinct program then compiles once. Fresh per run (removed at exit), so no run reads another's programs; set
+# $JAX_COMPILATION_CACHE_DIR yourself to keep one, or to '' to compile everything every time.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _XLA_CACHE = tempfile.mkdtemp(prefix="remixer_t5_tests_xla_cache_")
+    atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
