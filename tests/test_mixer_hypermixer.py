@@ -164,9 +164,31 @@ def test_cost_is_linear_in_length_and_causal_memory_is_bounded_by_the_chunk():
     if not causal:  # tied self-mixing runs its hypernetwork (2 matmuls) once, then W1^T X and W2 act
       assert sum(e.primitive.name == "dot_general" for e in eqns) == 4
     assert not [s for s in shapes if s.count(length) >= 2], "a length x length intermediate"
-    # The biggest intermediate is one chunk of d'×d hidden states, not the whole length's.
-    assert max(int(np.prod(s)) for s in shapes) <= batch * CHUNK * H * D
-    assert ((batch, CHUNK, H, D) in shapes) == causal
+    # The biggest intermediate is one chunk of d×d' hidden states (and the carried one), not the whole length's.
+    assert max(int(np.prod(s)) for s in shapes) <= batch * (CHUNK + 1) * H * D
+    assert ((batch, CHUNK, D, H) in shapes) == causal
+
+
+def test_causal_gradient_moves_no_state_sized_array_by_transpose_or_sum():
+  """The causal form's backward touches each chunk's d×d' states only with matmuls and elementwise ops: a
+  transpose of them (the W2 read's gradient in a [d', d] layout) or a sum over them (the carried sum added as a
+  broadcast product, the outer products' gradients) was XLA:CPU's slowest part of the layer (361 of 500 ms a
+  decoder layer at COGS's shapes)."""
+  batch, length = 2, 32
+  x = inputs(batch, length)
+  seg = np.repeat(np.arange(1, 5), length // 4)[None].repeat(batch, 0)
+  mod = module("untied_lennorm")
+  ctx = ctx_for(np.ones((batch, length)), q_seg=seg, causal=True)
+  grad = jax.make_jaxpr(jax.grad(lambda v, x: jnp.sum(mod.apply(v, x, x, ctx) ** 2), argnums=(0, 1)))
+  eqns = list(eqns_in(grad(params("untied_lennorm"), x).jaxpr))
+  state = batch * CHUNK * H * D
+  # The states as [batch, chunk, d, d'] (rank 4); the chunk matmul's own operand transposes (rank 3) are XLA's
+  # to fold into the dot.
+  big = [(e.primitive.name, tuple(v.aval.shape)) for e in eqns if e.primitive.name in ("transpose", "reduce_sum")
+         for v in e.invars if len(getattr(getattr(v, "aval", None), "shape", ())) == 4
+         and int(np.prod(v.aval.shape)) >= state]
+  assert not big, big
+  assert sum(e.primitive.name == "dot_general" for e in eqns) >= 6  # forward and gradient matmuls are there
 
 
 @pytest.mark.parametrize("causal", [False, True])
