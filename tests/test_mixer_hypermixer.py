@@ -36,7 +36,7 @@ VARIANTS = {
 
 @functools.cache
 def module(name, **kw):
-  return HyperMixing(config=CFG, chunk_size=CHUNK, segment_block=2, **VARIANTS[name], **kw)
+  return HyperMixing(config=CFG, **{"chunk_size": CHUNK, "segment_block": 2, **VARIANTS[name], **kw})
 
 
 @functools.cache
@@ -316,6 +316,19 @@ def test_packed_cross_mixing_equals_each_alone():
   y = apply(name, dec_p, enc_p, ctx_for(q_seg > 0, kv_seg > 0, q_seg=q_seg, kv_seg=kv_seg))
   close(y[0, :3], alone[0, :3])
   close(y[0, 3:5], alone[1, :2])
+
+
+@pytest.mark.parametrize("segment_block", [1, 3])
+def test_packed_cross_mixing_reads_every_segment_up_to_the_shorter_length(segment_block):
+  """As many segments as the shorter side has positions (4 one-token queries, 4 x 3 keys): the last id, 4 =
+  min(q_len, kv_len), is the last the segmented form looks for, and each segment reads its own keys only."""
+  name = "untied_lennorm"
+  dec, enc = inputs(4, 1, seed=13), inputs(4, 3, seed=14)
+  alone = apply(name, dec, enc, ctx_for(np.ones((4, 1)), kv_mask=np.ones((4, 3))), segment_block=segment_block)
+  q_seg, kv_seg = np.arange(1, 5)[None], np.repeat(np.arange(1, 5), 3)[None]
+  y = apply(name, dec.reshape(1, 4, D), enc.reshape(1, 12, D),
+            ctx_for(np.ones((1, 4)), np.ones((1, 12)), q_seg=q_seg, kv_seg=kv_seg), segment_block=segment_block)
+  close(y[0], alone[:, 0])
 
 
 def _axes_of(tree, prefix=""):

@@ -252,13 +252,16 @@ class HyperMixing(nn.Module):
   def _segmented(self, w1: Array, x: Array, w2: Array, kv_mask: Array, q_seg: Array, kv_seg: Array) -> Array:
     """Packed non-causal: query i reads GELU(Σ_{j real, seg_j = seg_i} W1[j]^T x_j), one state per segment id.
 
-    Segment ids are 1, 2, ... (0 is padding; ids above max(q_len, kv_len) are not looked for). A step
-    handles `segment_block` ids with one-hot sums; steps above the batch's largest query id are skipped.
+    Segment ids are 1, 2, ... (0 is padding). Only ids up to min(q_len, kv_len) are looked for: a larger id has
+    no keys (its queries read GELU(0) = 0, as they would from a block) or no queries. A step handles
+    `segment_block` ids with one-hot sums; steps above the batch's largest query id are skipped. (Looking up to
+    max(q_len, kv_len) gave COGS's cross-mixing 80 steps for 64 encoder positions, 78 of them skipped, and the
+    skipped steps took ~60% of its time on XLA:CPU.)
     """
     b, nq, h = w2.shape
     d = x.shape[-1]
     k = max(1, self.segment_block)
-    steps = -(-max(nq, x.shape[1]) // k)
+    steps = -(-min(nq, x.shape[1]) // k)
     q_seg, kv_seg = q_seg.astype(jnp.int32), kv_seg.astype(jnp.int32)
     top = jnp.max(q_seg)
     length_normalize, dtype = self.length_normalize, self.config.dtype
