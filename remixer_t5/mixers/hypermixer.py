@@ -118,10 +118,10 @@ class HyperMixing(nn.Module):
       also indexes its sinusoids from position 1 and with different frequencies; those are not replicated:
       `position_features='sinusoidal'` is Vaswani et al.'s encoding, as the paper cites.)
     chunk_size: positions per step of the causal scan. The chunk's states take batch × chunk × d' × d floats
-      and its masked sum batch × length × chunk × d' × d multiply-adds (the carried sum adds one more
-      length × d' × d per row), so small chunks are cheaper in both: at base size (d' 2048, d 768, 114
-      decoder positions, batch 4 per core) a layer's gradient needs 9.1 GiB of temporaries at 64 and 1.5 GiB
-      at 8.
+      and its masked sum batch × length × (chunk + 1) × d' × d multiply-adds (the carried sum is one more key
+      row), so small chunks are cheaper in both: at base size (d' 2048, d 768, 114 decoder positions, batch 4
+      per core) a layer's gradient needed 9.1 GiB of temporaries at 64 and 1.5 GiB at 8 (fa49a5d, before the
+      carried row joined the chunk's matmul).
     segment_block: segment ids handled per step of the packed non-causal form (a step costs about
       segment_block times an unpacked pass; steps above the batch's largest segment id are skipped).
 
