@@ -460,17 +460,17 @@ def compile_run(settings: Mapping[str, Any], topology: str, *, num_slices: int =
     t0 = time.time()
     options = None
     try:
-      try:
-        with _without_persistent_cache():
+      with _without_persistent_cache():
+        try:
           compiled = prog.compile(fn, *args)
-      except Exception as e:  # noqa: BLE001
-        # Without a GPU to autotune on, XLA:GPU's Triton GEMM emitter finds no tiling for some dots (base
-        # models' attention output projection: "Couldn't find output tile sizes"); cuBLAS takes them instead.
-        if not (gpu and "find output tile sizes" in str(e)):
-          raise
-        options = {"xla_gpu_enable_triton_gemm": False}
-        log(f"  XLA's Triton GEMM emitter found no tiling without a GPU to autotune on; compiling with {options}")
-        with _without_persistent_cache():
+        except Exception as e:  # noqa: BLE001
+          # Without a GPU to autotune on, XLA:GPU's Triton GEMM emitter finds no tiling for some dots (base
+          # models' attention output projection: "Couldn't find output tile sizes"); cuBLAS takes them instead.
+          if not (gpu and "find output tile sizes" in str(e)):
+            raise
+          options = {"xla_gpu_enable_triton_gemm": False}
+          log(f"  XLA's Triton GEMM emitter found no tiling without a GPU to autotune on; compiling with "
+              f"{options}")
           compiled = prog.compile(fn, *args, compiler_options=options)
     except Exception as e:  # noqa: BLE001 - XLA raises its own error types
       message = str(e)
