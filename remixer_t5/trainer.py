@@ -309,7 +309,8 @@ def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature
         dt = time.time() - t0
         row = summarize(m)
         row.update(tokens_per_s=tokens / dt, tokens_per_s_per_device=tokens / dt / jax.device_count(),
-                   steps_per_s=steps_in_window / dt, grad_norm=float(m["grad_norm"]) / steps_in_window)
+                   steps_per_s=steps_in_window / dt, window_seconds=dt,
+                   grad_norm=float(m["grad_norm"]) / steps_in_window)
         for name, flops in (("mfu", model_flops), ("hfu", step_flops)):
           utilisation = mfu_lib.mfu(flops, steps_in_window / dt, peak)
           if utilisation is not None:

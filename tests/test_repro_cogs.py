@@ -188,6 +188,10 @@ def test_repro_cogs_end_to_end_through_the_trainer_and_resumes(tmp_path, monkeyp
   run = out / "runs" / "t5_1_1-seed0"
   assert (run / "checkpoints" / "4").is_dir() and (run / "metrics.jsonl").is_file()
   assert list((run / "inference_eval").glob("cogs_words-*.jsonl"))
+  from remixer_t5.repro import cogs as repro
+  trained = repro.training_seconds(run)  # the trainer's windows, not the subprocess's wall time
+  assert trained is not None and trained > 0
+  assert {r["train_seconds"] for r in rows if r["model"] == "t5_1_1"} == {round(trained, 1)}
   # The rerun and the refusal in this process (the CLI's main, without another interpreter start-up).
   from remixer_t5 import cli
   monkeypatch.setenv("REMIXER_T5_CACHE_DIR", str(tmp_path / "cache"))
@@ -198,6 +202,28 @@ def test_repro_cogs_end_to_end_through_the_trainer_and_resumes(tmp_path, monkeyp
   assert [json.loads(line) for line in again.out.splitlines() if line.startswith("{")] == rows
   assert cli.main(cmd[3:cmd.index("--steps") + 1] + ["5"] + cmd[cmd.index("--steps") + 2:]) == 2
   assert "other settings" in capsys.readouterr().err
+
+
+def test_training_seconds_count_each_step_once_across_a_resume(tmp_path):
+  """A run killed after step 300 and resumed from its step-200 checkpoint logs 300 twice: the second start's
+  window counts (its compile included), the first's is lost work; other splits are not training."""
+  from remixer_t5.repro import cogs as repro
+  rows = [(100, "train", 10.0), (200, "train", 5.0), (200, "validation", 3.0), (300, "train", 5.0),
+          (300, "train", 8.0), (400, "train", 5.0)]
+  (tmp_path / "metrics.jsonl").write_text("".join(
+      json.dumps({"step": st, "split": sp, "time": 0.0, "window_seconds": w}) + "\n" for st, sp, w in rows))
+  assert repro.training_seconds(tmp_path) == pytest.approx(10 + 5 + 8 + 5)
+  with (tmp_path / "metrics.jsonl").open("a") as f:  # a log from before the trainer wrote windows
+    f.write(json.dumps({"step": 500, "split": "train", "time": 0.0}) + "\n")
+  assert repro.training_seconds(tmp_path) is None
+  assert repro.training_seconds(tmp_path / "never_started") is None
+
+
+@pytest.mark.parametrize("steps,period", [(12000, 1000), (600, 600)])
+def test_runs_checkpoint_often_enough_to_survive_a_kill(tmp_path, steps, period):
+  from remixer_t5.repro import cogs as repro
+  args = repro._gin_args("t5_1_1", tmp_path, 0, repro.Settings(steps=steps), {"inputs": 64, "targets": 400})
+  assert f"--gin.CHECKPOINT_PERIOD={period}" in args and f"--gin.TRAIN_STEPS={steps}" in args
 
 
 def test_decode_lengths_are_each_splits_longest_target():

@@ -50,6 +50,7 @@ def test_train_logs_evaluates_and_checkpoints(trained):
   assert [r["step"] for r in val] == [0, 3, 6]
   for r in train:
     assert np.isfinite(r["loss"]) and 0 <= r["accuracy"] <= 1 and r["tokens_per_s"] > 0
+    assert r["window_seconds"] * r["steps_per_s"] == pytest.approx(2)  # the row's 2 steps took its window
   assert val[0]["examples"] and {"inputs", "targets", "prediction"} <= set(val[0]["examples"][0])
   assert checkpoints.Checkpointer(trained / "a").all_steps() == [3, 6]
   assert (trained / "a" / "config.gin").is_file()

@@ -42,6 +42,9 @@ SPLITS = ("validation", "test", "gen")
 SPLIT_LABELS = {"validation": "dev", "test": "test", "gen": "gen"}
 MODEL_FILE = "cogs.gin"
 RUN_FILE = "runs/cogs_scratch.gin"
+# Steps between a run's checkpoints (4.4 MB each at these sizes, kept 3): a run killed without SIGTERM's save
+# (a closed session, the OOM killer) loses at most this many steps when rerun.
+CHECKPOINT_EVERY = 1000
 
 # Published gen exact match (%) the runs are held against (see the module docstring and docs/reproductions.md).
 REFERENCES = (("Kim & Linzen 2020 Transformer (9.5M, from scratch)", 35.0),
@@ -136,10 +139,27 @@ def decode_lengths(data: dict, split: str) -> dict:
 def _gin_args(model: str, model_dir: Path, seed: int, settings: Settings, lengths: dict) -> list[str]:
   return [f"--gin_file={model_gin(model)}", f"--gin_file={RUN_FILE}",
           f"--gin.MODEL_DIR='{model_dir}'", f"--gin.RANDOM_SEED={seed}", f"--gin.TRAIN_STEPS={settings.steps}",
-          f"--gin.BATCH_SIZE={settings.batch_size}", f"--gin.CHECKPOINT_PERIOD={settings.steps}",
+          f"--gin.BATCH_SIZE={settings.batch_size}",
+          f"--gin.CHECKPOINT_PERIOD={min(settings.steps, CHECKPOINT_EVERY)}",
           "--gin.EVAL_PERIOD=0", f"--gin.optim.rsqrt_schedule.warmup_steps={settings.warmup}",
           f"--gin.MODEL_LENGTHS={json.dumps(lengths)}",
           f"--gin.TASK_FEATURE_LENGTHS={json.dumps({k: min(v, lengths[k]) for k, v in TRAIN_LENGTHS.items()})}"]
+
+
+def training_seconds(run_dir: Path) -> float | None:
+  """Seconds the run's counted steps took, from the trainer's metrics.jsonl: the sum of the train rows' windows,
+  each step's row taken from its last writer. A run killed and resumed repeats the steps after its last
+  checkpoint; their first try's windows are left out and each start's compile counts once. None when a row
+  lacks `window_seconds` (logs written before the trainer recorded it)."""
+  windows: dict[int, float | None] = {}
+  path = run_dir / "metrics.jsonl"
+  for line in path.read_text().splitlines() if path.is_file() else ():
+    row = json.loads(line)
+    if row.get("split") == "train":
+      windows[row["step"]] = row.get("window_seconds")
+  if not windows or any(v is None for v in windows.values()):
+    return None
+  return float(sum(windows.values()))
 
 
 def train_run(model: str, seed: int, settings: Settings, lengths: dict, run_dir: Path,
@@ -253,6 +273,7 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
       run_dir = work / "runs" / f"{model}-seed{seed}"
       progress(f"[{i}/{total}] {model} seed {seed}: training {settings.steps} steps in {run_dir}")
       train_seconds = train_run(model, seed, settings, lengths, run_dir, progress)
+      train_seconds = training_seconds(run_dir) or train_seconds  # all starts of a resumed run
       results = evaluate_run(model, seed, settings, data, run_dir, progress)
       params = _param_count(run_dir)
       new = _rows(model, seed, params, settings, results, train_seconds, categories, Path(data["gen_file"]).name)
