@@ -219,6 +219,24 @@ def test_training_seconds_count_each_step_once_across_a_resume(tmp_path):
   assert repro.training_seconds(tmp_path / "never_started") is None
 
 
+def test_a_preempted_training_is_not_decoded_as_a_finished_run(tmp_path, monkeypatch):
+  """SIGTERM makes the trainer save, log and exit 0; the sweep must stop there, not score that checkpoint."""
+  from remixer_t5.repro import cogs as repro
+
+  class Preempted:  # what `remixer-t5 train` does on SIGTERM before its last step: exit 0, no final checkpoint
+    def __init__(self, cmd, **kwargs):
+      self.stdout, self.returncode = iter(["[train] step 2 | loss 3.0\n", "preempted (SIGTERM): saved step 2\n"]), 0
+
+    def wait(self):
+      return self.returncode
+
+  monkeypatch.setattr(repro.subprocess, "Popen", Preempted)
+  with pytest.raises(RuntimeError, match=r"t5_1_1 seed 0 stopped at step None of 4 .*rerun the same command"):
+    repro.train_run("t5_1_1", 0, repro.Settings(steps=4), {"inputs": 64, "targets": 400}, tmp_path / "run",
+                    lambda s: None)
+  assert "preempted (SIGTERM)" in (tmp_path / "run" / "train.log").read_text()
+
+
 @pytest.mark.parametrize("steps,period", [(12000, 1000), (600, 600)])
 def test_runs_checkpoint_often_enough_to_survive_a_kill(tmp_path, steps, period):
   from remixer_t5.repro import cogs as repro

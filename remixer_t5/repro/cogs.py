@@ -179,6 +179,14 @@ def train_run(model: str, seed: int, settings: Settings, lengths: dict, run_dir:
         progress(f"{model} seed {seed}: {line.rstrip()}")
     if proc.wait():
       raise RuntimeError(f"training {model} seed {seed} failed (exit {proc.returncode}); see {run_dir}/train.log")
+  # A trainer stopped by SIGTERM saves, says so and exits 0: decoding that checkpoint would report a short run.
+  from remixer_t5 import checkpoints
+  ckpt = checkpoints.Checkpointer(run_dir)
+  reached = ckpt.latest_step()
+  ckpt.close()
+  if reached != settings.steps:
+    raise RuntimeError(f"training {model} seed {seed} stopped at step {reached} of {settings.steps} (preempted?); "
+                       f"rerun the same command to resume it; see {run_dir}/train.log")
   return time.time() - t0
 
 
