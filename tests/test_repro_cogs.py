@@ -274,3 +274,23 @@ def test_decoding_shorter_than_the_model_length_decodes_the_same_prefix(model):
   part = np.asarray(mdl.predict_batch(params, {"encoder_input_tokens": enc}, max_decode_length=short))
   assert len(set(full[:, :short].ravel().tolist())) > 3  # a real sequence, not one repeated token
   np.testing.assert_array_equal(part, full[:, :short])
+
+
+def test_cogs_curve_script_decodes_every_kept_checkpoint(tmp_path):
+  """scripts/cogs_curve.py: the sweep's training with every checkpoint kept, then test and gen decoded at each."""
+  repo = Path(__file__).resolve().parents[1]
+  _toy_cogs(tmp_path / "data")
+  env = {**__import__("os").environ, "REMIXER_T5_CACHE_DIR": str(tmp_path / "cache"), "JAX_PLATFORMS": "cpu",
+         "REMIXER_T5_DATA_DIR": str(tmp_path / "data")}
+  cmd = [sys.executable, str(repo / "scripts" / "cogs_curve.py"), "--model", "t5_1_1", "--steps", "4",
+         "--every", "2", "--out", str(tmp_path / "out")]
+  proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  rows = [json.loads(line) for line in (tmp_path / "out" / "curve.jsonl").read_text().splitlines()]
+  assert {(r["step"], r["split"], r["category"]) for r in rows} == {
+      (s, sp, c) for s in (2, 4) for sp, c in (("test", None), ("gen", "mean over categories"), ("gen", "new_noun"),
+                                               ("gen", "seen"))}
+  assert all(0.0 <= r["exact_match"] <= 1.0 for r in rows)
+  run = tmp_path / "out" / "runs" / "t5_1_1-seed0"
+  assert sorted(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit()) == [2, 4]
+  assert (tmp_path / "out" / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

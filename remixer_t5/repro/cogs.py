@@ -163,11 +163,13 @@ def training_seconds(run_dir: Path) -> float | None:
 
 
 def train_run(model: str, seed: int, settings: Settings, lengths: dict, run_dir: Path,
-              progress: Callable[[str], None]) -> float:
+              progress: Callable[[str], None], extra_gin: Sequence[str] = ()) -> float:
   """`remixer-t5 train` in a subprocess (resumes a started run); its output in run_dir/train.log, its
-  [train] lines passed to `progress`. Returns the seconds it took."""
+  [train] lines passed to `progress`; `extra_gin` flags come last (they override). Returns the seconds it
+  took."""
   run_dir.mkdir(parents=True, exist_ok=True)
-  cmd = [sys.executable, "-m", "remixer_t5", "train", *_gin_args(model, run_dir, seed, settings, lengths)]
+  cmd = [sys.executable, "-m", "remixer_t5", "train", *_gin_args(model, run_dir, seed, settings, lengths),
+         *extra_gin]
   t0 = time.time()
   with open(run_dir / "train.log", "a") as log:
     log.write("$ " + " ".join(cmd) + "\n")
@@ -191,24 +193,26 @@ def train_run(model: str, seed: int, settings: Settings, lengths: dict, run_dir:
 
 
 def evaluate_run(model: str, seed: int, settings: Settings, data: dict, run_dir: Path,
-                 progress: Callable[[str], None]) -> dict[str, dict]:
-  """Decode dev, test and gen with the run's last checkpoint (each at `decode_lengths`);
-  {split: {metrics..., stats...}}."""
+                 progress: Callable[[str], None], step: int | None = None,
+                 splits: Sequence[str] = SPLITS) -> dict[str, dict]:
+  """Decode `splits` (dev, test and gen) with the run's checkpoint of `step` (None: the last), each at
+  `decode_lengths`; {split: {metrics..., stats...}}."""
   lengths = data["model_lengths"]
   from remixer_t5 import checkpoints, evaluation, gin_utils
   flags = _gin_args(model, run_dir, seed, settings, lengths)
   gin_utils.parse_gin([f[len("--gin_file="):] for f in flags if f.startswith("--gin_file=")],
                       [f[len("--gin."):] for f in flags if f.startswith("--gin.")])
   mdl = gin_utils.macro("MODEL")
-  params = checkpoints.restore_any_params(run_dir)
+  params = checkpoints.restore_any_params(run_dir if step is None else run_dir / "checkpoints" / str(step))
   out = {}
-  for split in SPLITS:
+  for split in splits:
     stats: dict = {}
     t0 = time.time()
     per_task = evaluation.infer_eval(
         mdl, params, TASK, batch_size=settings.eval_batch_size, feature_lengths=decode_lengths(data, split),
         split=split,
-        num_examples=settings.eval_examples, log_dir=str(run_dir / "inference_eval"), step=settings.steps,
+        num_examples=settings.eval_examples, log_dir=str(run_dir / "inference_eval"),
+        step=settings.steps if step is None else step,
         stats=stats, progress=lambda s, sp=split: progress(f"{model} seed {seed} {SPLIT_LABELS[sp]}: {s}"))
     out[split] = {**per_task[TASK], **stats, "wall_seconds": time.time() - t0}
   return out
