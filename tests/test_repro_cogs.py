@@ -166,7 +166,7 @@ def test_repro_cogs_end_to_end_through_the_trainer_and_resumes(tmp_path, monkeyp
   env = {**__import__("os").environ, "REMIXER_T5_CACHE_DIR": str(tmp_path / "cache"), "JAX_PLATFORMS": "cpu"}
   cmd = [sys.executable, "-m", "remixer_t5", "repro", "cogs", "--models", "t5_1_1,remixer", "--seeds", "1",
          "--steps", "4", "--batch_size", "2", "--warmup", "2", "--eval_batch_size", "8",
-         "--data_dir", str(tmp_path / "data"), "--json", "--out", str(out)]
+         "--data_dir", str(tmp_path / "data"), "--json", "--out", str(out), "--jobs", "2"]
   proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -187,6 +187,11 @@ def test_repro_cogs_end_to_end_through_the_trainer_and_resumes(tmp_path, monkeyp
   # The run went through the trainer (its checkpoint and metrics) and seqio's evaluator (its logs).
   run = out / "runs" / "t5_1_1-seed0"
   assert (run / "checkpoints" / "4").is_dir() and (run / "metrics.jsonl").is_file()
+  # --jobs 2: the two models trained at once, each pinned to its own share of the cores (where there are 2).
+  if hasattr(__import__("os"), "sched_getaffinity") and len(__import__("os").sched_getaffinity(0)) >= 2:
+    pinned = [(out / "runs" / f"{m}-seed0" / "train.log").read_text().split("[cores ")[1].split("]")[0]
+              for m in ("t5_1_1", "remixer")]
+    assert len(set(pinned)) == 2, pinned
   assert list((run / "inference_eval").glob("cogs_words-*.jsonl"))
   from remixer_t5.repro import cogs as repro
   trained = repro.training_seconds(run)  # the trainer's windows, not the subprocess's wall time
@@ -199,9 +204,25 @@ def test_repro_cogs_end_to_end_through_the_trainer_and_resumes(tmp_path, monkeyp
   assert cli.main(cmd[3:]) == 0
   again = capsys.readouterr()
   assert "done before, kept" in again.err and "training" not in again.err.split("done before")[0][-200:]
-  assert [json.loads(line) for line in again.out.splitlines() if line.startswith("{")] == rows
+  key = lambda r: (r["model"], r["split"], r["category"] or "")
+  assert sorted((json.loads(line) for line in again.out.splitlines() if line.startswith("{")), key=key) == sorted(
+      rows, key=key)
   assert cli.main(cmd[3:cmd.index("--steps") + 1] + ["5"] + cmd[cmd.index("--steps") + 2:]) == 2
   assert "other settings" in capsys.readouterr().err
+
+
+def test_jobs_split_the_cores_into_groups(monkeypatch):
+  from remixer_t5.repro import cogs as repro
+  monkeypatch.setattr(repro.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6, 7}, raising=False)
+  monkeypatch.setattr(repro.os, "sched_setaffinity", lambda pid, cpus: None, raising=False)
+  assert repro.core_groups(1) == [None]
+  assert repro.core_groups(2) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+  assert repro.core_groups(3) == [[0, 1], [2, 3, 4], [5, 6, 7]]
+  assert repro.core_groups(8) == [[c] for c in range(8)]
+  with pytest.raises(ValueError, match=r"--jobs 9: this process may use 8 core"):
+    repro.core_groups(9)
+  with pytest.raises(ValueError, match=r"--jobs 0: at least 1"):
+    repro.core_groups(0)
 
 
 def test_training_seconds_count_each_step_once_across_a_resume(tmp_path):

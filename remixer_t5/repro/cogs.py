@@ -163,18 +163,23 @@ def training_seconds(run_dir: Path) -> float | None:
 
 
 def train_run(model: str, seed: int, settings: Settings, lengths: dict, run_dir: Path,
-              progress: Callable[[str], None], extra_gin: Sequence[str] = ()) -> float:
+              progress: Callable[[str], None], extra_gin: Sequence[str] = (),
+              cpus: Sequence[int] | None = None) -> float:
   """`remixer-t5 train` in a subprocess (resumes a started run); its output in run_dir/train.log, its
-  [train] lines passed to `progress`; `extra_gin` flags come last (they override). Returns the seconds it
-  took."""
+  [train] lines passed to `progress`; `extra_gin` flags come last (they override); `cpus` pins it to those
+  cores (XLA then sizes its thread pool to them). Returns the seconds it took."""
   run_dir.mkdir(parents=True, exist_ok=True)
   cmd = [sys.executable, "-m", "remixer_t5", "train", *_gin_args(model, run_dir, seed, settings, lengths),
          *extra_gin]
   t0 = time.time()
   with open(run_dir / "train.log", "a") as log:
-    log.write("$ " + " ".join(cmd) + "\n")
+    log.write("$ " + " ".join(cmd) + (f"  [cores {','.join(map(str, cpus))}]" if cpus else "") + "\n")
     log.flush()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ)
+    if cpus:
+      # Popen returns once the child has exec'd: its interpreter is starting and has made no threads yet, so
+      # every thread it makes (XLA's pool, tf.data's) inherits the mask. (preexec_fn is unsafe with threads.)
+      os.sched_setaffinity(proc.pid, cpus)
     for line in proc.stdout:
       log.write(line)
       if line.startswith(("[train]", "[validation]", "model:")):
@@ -239,10 +244,34 @@ def _rows(model: str, seed: int, params: int, settings: Settings, results: dict,
 
 
 # --- the sweep --------------------------------------------------------------------------------------------
+def core_groups(jobs: int) -> list[list[int] | None]:
+  """The cores each of `jobs` concurrent trainings is pinned to: this process's cores in `jobs` contiguous
+  groups (sizes differ by at most one). One job is not pinned; where affinity cannot be set (macOS), none is.
+  ValueError when there are fewer cores than jobs."""
+  if jobs < 1:
+    raise ValueError(f"--jobs {jobs}: at least 1")
+  if jobs == 1 or not hasattr(os, "sched_setaffinity"):
+    return [None] * jobs
+  cpus = sorted(os.sched_getaffinity(0))
+  if len(cpus) < jobs:
+    raise ValueError(f"--jobs {jobs}: this process may use {len(cpus)} core(s) ({cpus}); give at most one job "
+                     "per core")
+  return [cpus[len(cpus) * k // jobs:len(cpus) * (k + 1) // jobs] for k in range(jobs)]
+
+
 def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None] = lambda r: None,
-        progress: Callable[[str], None] = lambda s: None) -> list[dict]:
-  """Every model x seed: train (or resume), decode, score; outputs rewritten after every run."""
+        progress: Callable[[str], None] = lambda s: None, jobs: int = 1) -> list[dict]:
+  """Every model x seed: train (or resume), decode, score; outputs rewritten after every run.
+
+  `jobs` > 1 trains that many runs at once, each pinned to its share of the cores (core_groups); a run keeps
+  its share while the driver decodes it (one decode at a time), then the next run starts there. Rows then
+  come in the order runs finish. A tiny model's step leaves much of a second core idle (T5.1.1 at COGS's
+  shapes: ~1.3 of 2 cores busy), which a second run uses."""
+  import concurrent.futures
+  import queue
+  import threading
   from remixer_t5.tasks import cogs
+  groups = core_groups(jobs)
   if settings.gen_file:
     cogs.set_gen_file(settings.gen_file)
     os.environ[cogs.GEN_ENV_VAR] = str(Path(settings.gen_file).expanduser().resolve())  # for the subprocesses
@@ -272,7 +301,7 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
   done = {(r["model"], r["seed"]) for r in records}
   categories = data["splits"]["gen"]["categories"]
   total = len(settings.models) * len(settings.seeds)
-  t_start, finished = time.time(), 0
+  todo = []
   for seed in settings.seeds:
     for model in settings.models:
       i = settings.seeds.index(seed) * len(settings.models) + settings.models.index(model) + 1
@@ -281,24 +310,49 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
         for r in records:
           if (r["model"], r["seed"]) == (model, seed):
             emit(r)
-        continue
+      else:
+        todo.append((i, model, seed))
+  free, decoding = queue.Queue(), threading.Lock()
+  for g in groups:
+    free.put(g)
+
+  def one(i: int, model: str, seed: int) -> tuple[float, dict]:
+    cpus = free.get()
+    try:
       run_dir = work / "runs" / f"{model}-seed{seed}"
-      progress(f"[{i}/{total}] {model} seed {seed}: training {settings.steps} steps in {run_dir}")
-      train_seconds = train_run(model, seed, settings, lengths, run_dir, progress)
+      progress(f"[{i}/{total}] {model} seed {seed}: training {settings.steps} steps in {run_dir}"
+               + (f" on cores {','.join(map(str, cpus))}" if cpus else ""))
+      train_seconds = train_run(model, seed, settings, lengths, run_dir, progress, cpus=cpus)
       train_seconds = training_seconds(run_dir) or train_seconds  # all starts of a resumed run
-      results = evaluate_run(model, seed, settings, data, run_dir, progress)
-      params = _param_count(run_dir)
-      new = _rows(model, seed, params, settings, results, train_seconds, categories, Path(data["gen_file"]).name)
-      records += new
-      for r in new:
-        emit(r)
-      finished += 1
-      left = sum(1 for s in settings.seeds for m in settings.models if (m, s) not in done) - finished
-      elapsed = time.time() - t_start
-      progress(f"[{i}/{total}] {model} seed {seed}: test {results['test']['exact_match']:.1f}%, gen mean "
-               f"{new[-1]['exact_match'] * 100:.1f}% (train {train_seconds:.0f}s, decode "
-               f"{sum(r['seconds'] for r in results.values()):.0f}s); ETA {elapsed / finished * left / 60:.0f} min")
-      _write_outputs(work, records)
+      with decoding:  # gin's configuration is global: one decode at a time
+        return train_seconds, evaluate_run(model, seed, settings, data, run_dir, progress)
+    finally:
+      free.put(cpus)
+
+  t_start, finished = time.time(), 0
+  with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+    futures = {pool.submit(one, *t): t for t in todo}
+    try:
+      for fut in concurrent.futures.as_completed(futures):
+        i, model, seed = futures[fut]
+        train_seconds, results = fut.result()
+        params = _param_count(work / "runs" / f"{model}-seed{seed}")
+        new = _rows(model, seed, params, settings, results, train_seconds, categories,
+                    Path(data["gen_file"]).name)
+        records += new
+        for r in new:
+          emit(r)
+        finished += 1
+        elapsed = time.time() - t_start
+        progress(f"[{i}/{total}] {model} seed {seed}: test {results['test']['exact_match']:.1f}%, gen mean "
+                 f"{new[-1]['exact_match'] * 100:.1f}% (train {train_seconds:.0f}s, decode "
+                 f"{sum(r['seconds'] for r in results.values()):.0f}s); ETA "
+                 f"{elapsed / finished * (len(todo) - finished) / 60:.0f} min")
+        _write_outputs(work, records)
+    except BaseException:
+      for f in futures:
+        f.cancel()  # runs not started stay unstarted; those training finish their subprocess first
+      raise
   if out_dir is None:
     return records
   _write_outputs(work, records)
@@ -434,6 +488,9 @@ def add_arguments(p) -> None:
   p.add_argument("--data_dir", "--data-dir", help="folder holding cogs/ (default: $REMIXER_T5_DATA_DIR)")
   p.add_argument("--json", action="store_true", help="one JSON line per model, seed and split or gen category")
   p.add_argument("--out", help="directory for cogs.jsonl, cogs_table.md, cogs.png and the runs (resumable)")
+  p.add_argument("--jobs", type=int, default=1,
+                 help="runs trained at once, each pinned to its share of the cores (default 1); results are the "
+                 "same, rows come in the order runs finish")
 
 
 def settings_from_args(args) -> Settings:
@@ -463,7 +520,7 @@ def main(args) -> int:
   emit = (lambda r: print(json.dumps(r), flush=True)) if args.json else (lambda r: None)
   progress = lambda s: print(s, file=sys.stderr, flush=True)
   progress(f"repro cogs: {json.dumps(dataclasses.asdict(settings))}")
-  records = run(settings, out, emit=emit, progress=progress)
+  records = run(settings, out, emit=emit, progress=progress, jobs=args.jobs)
   if not args.json:
     print(markdown_table(records), end="")
   if out is not None:
