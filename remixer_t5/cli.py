@@ -17,6 +17,12 @@ from typing import Sequence
 from remixer_t5 import quiet
 
 quiet.configure()  # before anything imports JAX or TensorFlow: their native start-up lines hidden (quiet.py)
+from remixer_t5 import xla_cpu  # noqa: E402 - imports nothing heavy
+
+try:  # $REMIXER_T5_CPUS: before any thread pool starts (numpy's, XLA's, TensorFlow's)
+  _PINNED, _PIN_ERROR = xla_cpu.pin_from_env(), None
+except ValueError as _e:  # reported by main() like any bad input
+  _PINNED, _PIN_ERROR = None, _e
 
 from remixer_t5.checkpoints import IncompatibleModelDirError  # noqa: E402 - after quiet.configure()
 from remixer_t5.gin_utils import GinError, gin_dir, parse_gin, split_flags  # noqa: E402
@@ -467,6 +473,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   try:
     files, bindings, paths, rest = split_flags(argv)
     args = build_parser().parse_args(rest)
+    if _PIN_ERROR is not None:
+      raise _PIN_ERROR
+    if _PINNED:
+      print(f"cores: this process runs on {','.join(map(str, _PINNED))} (${xla_cpu.CPUS_ENV})", file=sys.stderr,
+            flush=True)
     from remixer_t5 import host_memory
     host_memory.pin_cpu_without_tpu_chips()  # libtpu without TPU chips (the .[tpu] extra): no TPU runtime start
     if args.command in ("train", "eval", "plot", "bench", "repro"):

@@ -305,7 +305,7 @@ def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature
               f"{float(m['loss_sum']) / max(float(m['weight_sum']), 1.0):.4g}); stopped without saving. The last "
               f"good checkpoint is {ckpt.latest_step()} in {ckpt.directory}")
         checked_through = step
-      if due_log:
+      if due_log or stop:  # a preempted run logs its last, partial window too: its steps' time is counted
         dt = time.time() - t0
         row = summarize(m)
         row.update(tokens_per_s=tokens / dt, tokens_per_s_per_device=tokens / dt / jax.device_count(),

@@ -38,6 +38,32 @@ def _jaxlib_version() -> str:
     return ""
 
 
+CPUS_ENV = "REMIXER_T5_CPUS"
+
+
+def pin_from_env(environ: MutableMapping[str, str] | None = None) -> list[int] | None:
+  """Pins this process to the cores listed in $REMIXER_T5_CPUS (e.g. '0,1'; `repro cogs --jobs` sets it for
+  each run) and returns them; None when it is unset or empty. Call it before anything starts a thread pool:
+  XLA's, TensorFlow's and OpenBLAS's size themselves to the cores the process may use, and threads made
+  before the call would keep every core. ValueError naming the variable for a bad list, or where cores cannot
+  be pinned (no sched_setaffinity, e.g. macOS)."""
+  env = os.environ if environ is None else environ
+  text = env.get(CPUS_ENV, "").strip()
+  if not text:
+    return None
+  try:
+    cpus = sorted({int(c) for c in text.split(",") if c.strip()})
+  except ValueError:
+    raise ValueError(f"${CPUS_ENV}={text!r}: expected comma-separated core numbers, e.g. '0,1'") from None
+  if not hasattr(os, "sched_setaffinity"):
+    raise ValueError(f"${CPUS_ENV}={text!r}: this platform cannot pin a process to cores; unset it")
+  allowed = os.sched_getaffinity(0)
+  if not cpus or not set(cpus) <= allowed:
+    raise ValueError(f"${CPUS_ENV}={text!r}: this process may use cores {sorted(allowed)}")
+  os.sched_setaffinity(0, cpus)
+  return cpus
+
+
 def configure(log: Callable[[str], None] | None = None, environ: MutableMapping[str, str] | None = None,
               cpu_only: bool | None = None, jaxlib_version: str | None = None) -> bool:
   """Adds FLAG to $XLA_FLAGS when wanted (module docstring); returns whether it did. The keyword arguments are

@@ -35,6 +35,12 @@ def main(argv=None) -> int:
     p.error(f"--splits must name {', '.join(repro.SPLITS)} (got {bad}); --every must divide --steps "
             f"({args.every}, {args.steps})")
   progress = lambda s: print(s, file=sys.stderr, flush=True)
+  args.out.mkdir(parents=True, exist_ok=True)
+  record = {"model": args.model, "seed": args.seed, "steps": args.steps, "every": args.every}
+  kept = args.out / "curve_settings.json"
+  if kept.exists() and json.loads(kept.read_text()) != record:
+    p.error(f"{args.out} holds a curve made with {kept.read_text().strip()}; use another --out")
+  kept.write_text(json.dumps(record))
   settings = repro.Settings(models=(args.model,), seeds=(args.seed,), steps=args.steps)
   data = repro.measure_splits(progress)
   run_dir = args.out / "runs" / f"{args.model}-seed{args.seed}"
@@ -50,9 +56,10 @@ def main(argv=None) -> int:
     results = repro.evaluate_run(args.model, args.seed, settings, data, run_dir, progress, step=step, splits=todo)
     for split, r in results.items():
       cats = {k[len("accuracy_"):]: v for k, v in r.items() if k.startswith("accuracy_")} if split == "gen" else {}
+      mean = sum(cats.values()) / len(cats) if cats else r["exact_match"]  # gen: the mean over its categories
       new = [{"step": step, "split": repro.SPLIT_LABELS[split], "category": None if split != "gen" else
-              "mean over categories", "exact_match": r["exact_match"] / 100.0 if split != "gen" else
-              sum(cats.values()) / len(cats) / 100.0, "n": r["examples"], "seconds": round(r["seconds"], 1)}]
+              "mean over categories", "exact_match": mean / 100.0 if split == "gen" else r["exact_match"] / 100.0,
+              "n": r["examples"], "seconds": round(r["seconds"], 1)}]
       new += [{"step": step, "split": "gen", "category": c, "exact_match": v / 100.0, "n": None,
                "seconds": None} for c, v in sorted(cats.items())]
       rows += new

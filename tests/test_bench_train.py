@@ -112,3 +112,33 @@ def test_rows_record_the_machine_flags_threads_and_load(capsys, monkeypatch):
   else:
     assert r["transparent_hugepages"] is None
   assert r["git_commit"] is None or len(r["git_commit"].split("+")[0]) == 40
+
+
+def test_cores_env_pins_the_cli_before_its_thread_pools_start(tmp_path):
+  """$REMIXER_T5_CPUS (set by `repro cogs --jobs`): the process and every thread it makes run on those cores,
+  and XLA sizes its pool to them; a bad list is one clear error naming the variable."""
+  import os
+  import subprocess
+  import sys
+  if not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2:
+    pytest.skip("needs Linux with 2 usable cores")
+  core = max(os.sched_getaffinity(0))
+  code = ("import os, threading; from remixer_t5 import cli; import jax; jax.numpy.ones(2).block_until_ready(); "
+          "masks = {tuple(sorted(os.sched_getaffinity(int(t)))) for t in os.listdir('/proc/self/task')}; "
+          "print(cli._PINNED, sorted(masks), os.cpu_count(), flush=True)")
+  env = {**os.environ, "REMIXER_T5_CPUS": str(core), "JAX_PLATFORMS": "cpu"}
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.split("]")[0] + "]" == f"[{core}]"
+  assert f"[({core},)]" in out.stdout  # every thread of the process (numpy's, XLA's) has the one-core mask
+  bad = subprocess.run([sys.executable, "-m", "remixer_t5", "tasks"], capture_output=True, text=True,
+                       env={**env, "REMIXER_T5_CPUS": "0,x"}, timeout=300)
+  assert bad.returncode == 2 and "$REMIXER_T5_CPUS='0,x': expected comma-separated core numbers" in bad.stderr
+  assert "Traceback" not in bad.stderr
+
+
+def test_cores_env_refuses_cores_this_process_may_not_use():
+  from remixer_t5 import xla_cpu
+  assert xla_cpu.pin_from_env({}) is None and xla_cpu.pin_from_env({"REMIXER_T5_CPUS": " "}) is None
+  with pytest.raises(ValueError, match=r"\$REMIXER_T5_CPUS='100000': this process may use cores"):
+    xla_cpu.pin_from_env({"REMIXER_T5_CPUS": "100000"})

@@ -187,11 +187,18 @@ def test_repro_cogs_end_to_end_through_the_trainer_and_resumes(tmp_path, monkeyp
   # The run went through the trainer (its checkpoint and metrics) and seqio's evaluator (its logs).
   run = out / "runs" / "t5_1_1-seed0"
   assert (run / "checkpoints" / "4").is_dir() and (run / "metrics.jsonl").is_file()
-  # --jobs 2: the two models trained at once, each pinned to its own share of the cores (where there are 2).
+  # --jobs 2: the two models trained at the same time, each pinned (by its own report) to its share of the cores.
+  spans = []
+  for m in ("t5_1_1", "remixer"):
+    last = [r for r in map(json.loads, (out / "runs" / f"{m}-seed0" / "metrics.jsonl").read_text().splitlines())
+            if r["split"] == "train"][-1]
+    spans.append((last["time"] - last["window_seconds"], last["time"]))
+  assert spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1], spans  # the training windows overlap
   if hasattr(__import__("os"), "sched_getaffinity") and len(__import__("os").sched_getaffinity(0)) >= 2:
-    pinned = [(out / "runs" / f"{m}-seed0" / "train.log").read_text().split("[cores ")[1].split("]")[0]
-              for m in ("t5_1_1", "remixer")]
+    pinned = [(out / "runs" / f"{m}-seed0" / "train.log").read_text().split("cores: this process runs on ")[1]
+              .split()[0] for m in ("t5_1_1", "remixer")]
     assert len(set(pinned)) == 2, pinned
+  assert {r["jobs"] for r in rows} == {2}
   assert list((run / "inference_eval").glob("cogs_words-*.jsonl"))
   from remixer_t5.repro import cogs as repro
   trained = repro.training_seconds(run)  # the trainer's windows, not the subprocess's wall time

@@ -167,7 +167,8 @@ def train_run(model: str, seed: int, settings: Settings, lengths: dict, run_dir:
               cpus: Sequence[int] | None = None) -> float:
   """`remixer-t5 train` in a subprocess (resumes a started run); its output in run_dir/train.log, its
   [train] lines passed to `progress`; `extra_gin` flags come last (they override); `cpus` pins it to those
-  cores (XLA then sizes its thread pool to them). Returns the seconds it took."""
+  cores ($REMIXER_T5_CPUS: the CLI pins itself before any thread pool starts, and XLA sizes its pool to
+  them). Returns the seconds it took."""
   run_dir.mkdir(parents=True, exist_ok=True)
   cmd = [sys.executable, "-m", "remixer_t5", "train", *_gin_args(model, run_dir, seed, settings, lengths),
          *extra_gin]
@@ -175,11 +176,9 @@ def train_run(model: str, seed: int, settings: Settings, lengths: dict, run_dir:
   with open(run_dir / "train.log", "a") as log:
     log.write("$ " + " ".join(cmd) + (f"  [cores {','.join(map(str, cpus))}]" if cpus else "") + "\n")
     log.flush()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ)
-    if cpus:
-      # Popen returns once the child has exec'd: its interpreter is starting and has made no threads yet, so
-      # every thread it makes (XLA's pool, tf.data's) inherits the mask. (preexec_fn is unsafe with threads.)
-      os.sched_setaffinity(proc.pid, cpus)
+    from remixer_t5 import xla_cpu
+    env = {**os.environ, xla_cpu.CPUS_ENV: ",".join(map(str, cpus))} if cpus else os.environ
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     for line in proc.stdout:
       log.write(line)
       if line.startswith(("[train]", "[validation]", "model:")):
@@ -265,8 +264,8 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
 
   `jobs` > 1 trains that many runs at once, each pinned to its share of the cores (core_groups); a run keeps
   its share while the driver decodes it (one decode at a time), then the next run starts there. Rows then
-  come in the order runs finish. A tiny model's step leaves much of a second core idle (T5.1.1 at COGS's
-  shapes: ~1.3 of 2 cores busy), which a second run uses."""
+  come in the order runs finish and carry `jobs` (their timings shared the machine). A run that fails does
+  not stop the others; the failures are raised together at the end."""
   import concurrent.futures
   import queue
   import threading
@@ -329,16 +328,23 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
     finally:
       free.put(cpus)
 
-  t_start, finished = time.time(), 0
+  t_start, finished, failed = time.time(), 0, []
   with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
     futures = {pool.submit(one, *t): t for t in todo}
     try:
       for fut in concurrent.futures.as_completed(futures):
         i, model, seed = futures[fut]
-        train_seconds, results = fut.result()
+        try:
+          train_seconds, results = fut.result()
+        except Exception as e:  # noqa: BLE001 - the other runs go on; all failures are raised at the end
+          failed.append(f"{model} seed {seed}: {e}")
+          progress(f"[{i}/{total}] {model} seed {seed} FAILED: {e}")
+          continue
         params = _param_count(work / "runs" / f"{model}-seed{seed}")
         new = _rows(model, seed, params, settings, results, train_seconds, categories,
                     Path(data["gen_file"]).name)
+        for r in new:
+          r["jobs"] = jobs  # runs trained at once: train seconds and decode speeds shared the cores
         records += new
         for r in new:
           emit(r)
@@ -349,10 +355,14 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
                  f"{sum(r['seconds'] for r in results.values()):.0f}s); ETA "
                  f"{elapsed / finished * (len(todo) - finished) / 60:.0f} min")
         _write_outputs(work, records)
-    except BaseException:
+    except BaseException:  # Ctrl-C: runs not started stay unstarted; a run being decoded finishes that first
       for f in futures:
-        f.cancel()  # runs not started stay unstarted; those training finish their subprocess first
+        f.cancel()
       raise
+  if failed:
+    _write_outputs(work, records)
+    raise RuntimeError(f"{len(failed)} of {len(todo)} runs failed (the others' rows are written):\n  "
+                       + "\n  ".join(failed))
   if out_dir is None:
     return records
   _write_outputs(work, records)
