@@ -483,7 +483,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in ("train", "eval", "plot", "bench", "repro"):
       # before JAX starts its threads: see host_memory's docstring
       host_memory.configure(log=lambda m: print(m, file=sys.stderr, flush=True))
-      from remixer_t5 import xla_cpu  # before JAX starts its backend: XLA reads $XLA_FLAGS once
+      # before JAX starts its backend: XLA reads $XLA_FLAGS once
       xla_cpu.configure(log=lambda m: print(m, file=sys.stderr, flush=True))
     if args.command in ("train", "eval"):
       from remixer_t5 import distributed

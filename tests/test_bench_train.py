@@ -131,6 +131,9 @@ def test_cores_env_pins_the_cli_before_its_thread_pools_start(tmp_path):
   assert out.returncode == 0, out.stderr[-2000:]
   assert out.stdout.split("]")[0] + "]" == f"[{core}]"
   assert f"[({core},)]" in out.stdout  # every thread of the process (numpy's, XLA's) has the one-core mask
+  ok = subprocess.run([sys.executable, "-m", "remixer_t5", "tasks"], capture_output=True, text=True, env=env,
+                      timeout=300)
+  assert ok.returncode == 0 and f"cores: this process runs on {core} ($REMIXER_T5_CPUS)" in ok.stderr, ok.stderr
   bad = subprocess.run([sys.executable, "-m", "remixer_t5", "tasks"], capture_output=True, text=True,
                        env={**env, "REMIXER_T5_CPUS": "0,x"}, timeout=300)
   assert bad.returncode == 2 and "$REMIXER_T5_CPUS='0,x': expected comma-separated core numbers" in bad.stderr
