@@ -28,6 +28,8 @@ def main(argv=None) -> int:
   p.add_argument("--splits", default="test,gen", help="comma-separated: validation, test, gen")
   p.add_argument("--out", type=Path, required=True)
   args = p.parse_args(argv)
+  from remixer_t5 import quiet
+  quiet.configure()  # as the CLI: TensorFlow's and XLA's start-up lines hidden ($REMIXER_T5_VERBOSE=1 shows them)
   from remixer_t5.repro import cogs as repro
   splits = tuple(args.splits.split(","))
   bad = [s for s in splits if s not in repro.SPLITS]
