@@ -57,13 +57,12 @@ def main(argv=None) -> int:
       continue
     results = repro.evaluate_run(args.model, args.seed, settings, data, run_dir, progress, step=step, splits=todo)
     for split, r in results.items():
-      cats = {k[len("accuracy_"):]: v for k, v in r.items() if k.startswith("accuracy_")} if split == "gen" else {}
-      mean = sum(cats.values()) / len(cats) if cats else r["exact_match"]  # gen: the mean over its categories
-      new = [{"step": step, "split": repro.SPLIT_LABELS[split], "category": None if split != "gen" else
-              "mean over categories", "exact_match": mean / 100.0 if split == "gen" else r["exact_match"] / 100.0,
+      cats = repro.category_scores(r) if split == "gen" else {}
+      new = [{"step": step, "split": repro.SPLIT_LABELS[split], "category": "mean over categories" if cats else None,
+              "exact_match": sum(cats.values()) / len(cats) if cats else r["exact_match"] / 100.0,
               "n": r["examples"], "seconds": round(r["seconds"], 1)}]
-      new += [{"step": step, "split": "gen", "category": c, "exact_match": v / 100.0, "n": None,
-               "seconds": None} for c, v in sorted(cats.items())]
+      new += [{"step": step, "split": "gen", "category": c, "exact_match": v, "n": None, "seconds": None}
+              for c, v in sorted(cats.items())]
       rows += new
       progress(f"step {step} {repro.SPLIT_LABELS[split]}: " + ", ".join(
           f"{r['category'] or 'all'} {100 * r['exact_match']:.1f}%" for r in new))

@@ -174,7 +174,7 @@ def train_run(model: str, seed: int, settings: Settings, lengths: dict, run_dir:
          *extra_gin]
   t0 = time.time()
   with open(run_dir / "train.log", "a") as log:
-    log.write("$ " + " ".join(cmd) + (f"  [cores {','.join(map(str, cpus))}]" if cpus else "") + "\n")
+    log.write("$ " + " ".join(cmd) + "\n")  # a pinned child logs its own cores (the CLI's 'cores:' line)
     log.flush()
     from remixer_t5 import xla_cpu
     env = {**os.environ, xla_cpu.CPUS_ENV: ",".join(map(str, cpus))} if cpus else os.environ
@@ -222,6 +222,11 @@ def evaluate_run(model: str, seed: int, settings: Settings, data: dict, run_dir:
   return out
 
 
+def category_scores(result: dict) -> dict[str, float]:
+  """Exact match (0-1) per gen category of one decoded split's metrics (seqio's `accuracy_<category>`)."""
+  return {k[len("accuracy_"):]: v / 100.0 for k, v in result.items() if k.startswith("accuracy_")}
+
+
 def _rows(model: str, seed: int, params: int, settings: Settings, results: dict, train_seconds: float,
           categories: dict[str, int], gen_file: str) -> list[dict]:
   rows = []
@@ -234,7 +239,7 @@ def _rows(model: str, seed: int, params: int, settings: Settings, results: dict,
     if split != "gen":
       rows.append({**base, "category": None, "exact_match": r["exact_match"] / 100.0, "n": r["examples"]})
       continue
-    cats = {k[len("accuracy_"):]: v / 100.0 for k, v in r.items() if k.startswith("accuracy_")}
+    cats = category_scores(r)
     for cat, acc in sorted(cats.items()):
       rows.append({**base, "category": cat, "exact_match": acc, "n": categories.get(cat), "gen_file": gen_file})
     rows.append({**base, "category": "mean over categories", "exact_match": float(np.mean(list(cats.values()))),
@@ -345,10 +350,9 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
         params = _param_count(work / "runs" / f"{model}-seed{seed}")
         new = _rows(model, seed, params, settings, results, train_seconds, categories,
                     Path(data["gen_file"]).name)
-        for r in new:
-          r["jobs"] = jobs  # runs trained at once: train seconds and decode speeds shared the cores
         records += new
         for r in new:
+          r["jobs"] = jobs  # runs trained at once: train seconds and decode speeds shared the cores
           emit(r)
         finished += 1
         elapsed = time.time() - t_start
