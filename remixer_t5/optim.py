@@ -8,10 +8,26 @@ import jax.numpy as jnp
 import optax
 
 
-def rsqrt_schedule(base_learning_rate: float = 1.0, warmup_steps: int = 10_000):
-  """T5 pretraining: base / sqrt(max(step, warmup)) — 0.01 for the first 10k steps, then inverse sqrt."""
+def rsqrt_schedule(base_learning_rate: float = 1.0, warmup_steps: int = 10_000, cooldown_steps: int = 0,
+                   total_steps: int | None = None):
+  """T5 pretraining: base / sqrt(max(step, warmup)) — 0.01 for the first 10k steps, then inverse sqrt.
+
+  `cooldown_steps` > 0 ends the run with a linear decay to 0 over its last `cooldown_steps` of `total_steps`
+  (the "warmup-stable-decay" cooldown: Zhai et al. 2022 §3.5, Hägele et al. 2024): the rate is multiplied by
+  (total_steps - step) / cooldown_steps from step total_steps - cooldown_steps on. Before that the schedule is
+  T5's, so the cooldown's first checkpoint is the plain run's state at that step."""
+  if cooldown_steps < 0:
+    raise ValueError(f"rsqrt_schedule: cooldown_steps must be >= 0, got {cooldown_steps}")
+  if cooldown_steps and (total_steps is None or not 0 < cooldown_steps <= total_steps):
+    raise ValueError(f"rsqrt_schedule: cooldown_steps={cooldown_steps} needs total_steps >= it (the run's "
+                     f"TRAIN_STEPS), got total_steps={total_steps}")
+
   def schedule(step):
-    return base_learning_rate * jnp.power(jnp.maximum(jnp.asarray(step, jnp.float32), warmup_steps), -0.5)
+    step = jnp.asarray(step, jnp.float32)
+    lr = base_learning_rate * jnp.power(jnp.maximum(step, warmup_steps), -0.5)
+    if cooldown_steps:
+      lr = lr * jnp.clip((total_steps - step) / cooldown_steps, 0.0, 1.0)
+    return lr
   return schedule
 
 

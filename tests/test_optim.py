@@ -34,3 +34,22 @@ def test_adafactor_factors_large_matrices_and_clips_gradients():
   u_clip, _ = clipped.update(grads, clipped.init(params), params)
   u_plain, _ = tx.update(g, state, params)
   jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5), u_clip, u_plain)
+
+
+def test_rsqrt_cooldown_is_t5s_schedule_then_a_linear_decay_to_zero():
+  plain, cool = optim.rsqrt_schedule(1.0, 300), optim.rsqrt_schedule(1.0, 300, cooldown_steps=1000, total_steps=4000)
+  for t in (0, 299, 300, 1234, 3000):
+    assert float(cool(t)) == float(plain(t))
+  for t in (3001, 3500, 3999, 4000, 4100):
+    np.testing.assert_allclose(float(cool(t)), float(plain(t)) * max(0.0, (4000 - t) / 1000), rtol=1e-6, atol=0)
+  assert float(cool(4000)) == 0.0 and float(cool(3999)) > 0.0
+
+
+def test_rsqrt_cooldown_refuses_without_the_run_length():
+  import pytest
+  with pytest.raises(ValueError, match="total_steps"):
+    optim.rsqrt_schedule(1.0, 300, cooldown_steps=1000)
+  with pytest.raises(ValueError, match="total_steps"):
+    optim.rsqrt_schedule(1.0, 300, cooldown_steps=5000, total_steps=4000)
+  with pytest.raises(ValueError, match="cooldown_steps must be >= 0"):
+    optim.rsqrt_schedule(1.0, 300, cooldown_steps=-1, total_steps=4000)
