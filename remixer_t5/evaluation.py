@@ -92,7 +92,10 @@ def infer_eval(model: EncoderDecoderModel, params, task_name: str, *, batch_size
   ``feature_lengths``: truncation lengths (None: the longest example of each feature, as seqio computes);
   ``num_examples``: the first N examples of each task (None: all). ``stats``: see `make_predict_fn`.
   """
-  logging.getLogger("absl").setLevel(logging.WARNING)  # seqio's per-dataset info lines drown the progress
+  absl_log = logging.getLogger("absl")
+  absl_log.setLevel(logging.WARNING)  # seqio's per-dataset info lines drown the progress
+  if not any(isinstance(f, _GivenLengthsFilter) for f in absl_log.filters):
+    absl_log.addFilter(_GivenLengthsFilter())
   loggers = (seqio.JSONLogger, seqio.TensorBoardLogger) if log_dir and jax.process_index() == 0 else ()
   if loggers:
     import tensorflow as tf
@@ -110,6 +113,15 @@ def infer_eval(model: EncoderDecoderModel, params, task_name: str, *, batch_size
   metrics, _ = evaluator.evaluate(compute_metrics=True, step=step, predict_fn=predict_fn)
   result = metrics.result()
   return {task: {k: _scalar(v) for k, v in values.items()} for task, values in result.items()}
+
+
+class _GivenLengthsFilter(logging.Filter):
+  """Drops seqio's "Given sequence lengths are longer than necessary ..." warning. Lengths passed here are
+  chosen on purpose: fixed-length mixers (Remixer, MLP-Mixer, gMLP) must see inputs at the model's length, and
+  callers round decode lengths up (`repro cogs`'s `decode_lengths`); the warning would print for every split."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("Given sequence lengths are longer than necessary")
 
 
 def _scalar(value) -> float:
