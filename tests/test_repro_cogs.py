@@ -323,3 +323,32 @@ def test_cogs_curve_script_decodes_every_kept_checkpoint(tmp_path):
   run = tmp_path / "out" / "runs" / "t5_1_1-seed0"
   assert sorted(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit()) == [2, 4]
   assert (tmp_path / "out" / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cooldown_reaches_the_trainers_schedule_and_old_folders_still_resume(tmp_path):
+  """--cooldown binds the schedule the trainer is given (through the run's gin flags): T5's rsqrt until the
+  last N steps, then linearly to 0 at the final step. A folder made before the setting existed resumes."""
+  import gin
+  from remixer_t5 import gin_utils, optim
+  from remixer_t5.repro import cogs as repro
+  with pytest.raises(ValueError, match="--cooldown must be between 0 and --steps"):
+    repro.Settings(steps=100, cooldown=101)
+  plain = optim.rsqrt_schedule(1.0, 300)
+  for cooldown in (0, 1500):
+    flags = repro._gin_args("t5_1_1", tmp_path, 0, repro.Settings(steps=6000, cooldown=cooldown),
+                            {"inputs": 64, "targets": 400})
+    gin_utils.parse_gin([f[len("--gin_file="):] for f in flags if f.startswith("--gin_file=")],
+                        [f[len("--gin."):] for f in flags if f.startswith("--gin.")])
+    schedule = gin.query_parameter("remixer_t5.trainer.train.learning_rate").scoped_configurable_fn()
+    assert float(schedule(4500)) == float(plain(4500))
+    assert float(schedule(6000)) == (0.0 if cooldown else float(plain(6000)))
+    assert float(schedule(5250)) == pytest.approx(float(plain(5250)) * (0.5 if cooldown else 1.0), rel=1e-6)
+  gin.clear_config()
+  # settings.json of a folder from before --cooldown (no such key): the same run with the default resumes.
+  record = {"settings": {k: v for k, v in __import__("dataclasses").asdict(repro.Settings()).items()
+                         if k != "cooldown"} | {"models": None, "seeds": None},
+            "gen_file": "x", "model_lengths": {"inputs": 64, "targets": 400}}
+  (tmp_path / "settings.json").write_text(json.dumps(record))
+  assert repro.settings_match(tmp_path / "settings.json", {**record, "settings": {**record["settings"], "cooldown": 0}})
+  assert not repro.settings_match(tmp_path / "settings.json",
+                                  {**record, "settings": {**record["settings"], "cooldown": 10}})

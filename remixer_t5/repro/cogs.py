@@ -61,6 +61,7 @@ class Settings:
   steps: int = 12000
   batch_size: int = 4          # packed rows per step (~6.4 examples each: ~26 examples per step)
   warmup: int = 300            # rsqrt schedule: base / sqrt(max(step, warmup))
+  cooldown: int = 0            # > 0: the rate decays linearly to 0 over the last `cooldown` steps (optim.py)
   eval_batch_size: int = 250   # examples decoded at once
   gen_file: str | None = None  # None: <data>/cogs/gen.tsv, else gen_sample.tsv
   eval_examples: int | None = None  # first N examples of each split (None: all)
@@ -73,6 +74,8 @@ class Settings:
         raise ValueError(f"--{name} must be positive, got {getattr(self, name)}")
     if not self.seeds or len(set(self.seeds)) != len(self.seeds) or min(self.seeds) < 0:
       raise ValueError(f"--seeds must be distinct non-negative integers, got {self.seeds}")
+    if not 0 <= self.cooldown <= self.steps:
+      raise ValueError(f"--cooldown must be between 0 and --steps ({self.steps}), got {self.cooldown}")
     if self.eval_examples is not None and self.eval_examples <= 0:
       raise ValueError(f"--eval_examples must be positive, got {self.eval_examples}")
 
@@ -142,8 +145,19 @@ def _gin_args(model: str, model_dir: Path, seed: int, settings: Settings, length
           f"--gin.BATCH_SIZE={settings.batch_size}",
           f"--gin.CHECKPOINT_PERIOD={min(settings.steps, CHECKPOINT_EVERY)}",
           "--gin.EVAL_PERIOD=0", f"--gin.optim.rsqrt_schedule.warmup_steps={settings.warmup}",
+          *([f"--gin.optim.rsqrt_schedule.cooldown_steps={settings.cooldown}",
+             f"--gin.optim.rsqrt_schedule.total_steps={settings.steps}"] if settings.cooldown else []),
           f"--gin.MODEL_LENGTHS={json.dumps(lengths)}",
           f"--gin.TASK_FEATURE_LENGTHS={json.dumps({k: min(v, lengths[k]) for k, v in TRAIN_LENGTHS.items()})}"]
+
+
+def settings_match(path: Path, record: dict) -> bool:
+  """Whether the settings.json at `path` records `record`'s settings; a setting the file lacks (a folder made
+  before it existed) counts as its default."""
+  old = json.loads(path.read_text())
+  for f in dataclasses.fields(Settings):
+    old.get("settings", {}).setdefault(f.name, f.default)
+  return old == json.loads(json.dumps(record))
 
 
 def training_seconds(run_dir: Path) -> float | None:
@@ -233,7 +247,7 @@ def _rows(model: str, seed: int, params: int, settings: Settings, results: dict,
   for split in SPLITS:
     r = results[split]
     base = {"model": model, "seed": seed, "split": SPLIT_LABELS[split], "params": params,
-            "train_steps": settings.steps, "train_seconds": round(train_seconds, 1),
+            "train_steps": settings.steps, "cooldown_steps": settings.cooldown, "train_seconds": round(train_seconds, 1),
             "seconds": round(r["seconds"], 1), "decode_examples_per_s": round(r["examples"] / r["seconds"], 1),
             "decode_tokens_per_s": round(r["tokens"] / r["seconds"], 1)}
     if split != "gen":
@@ -295,8 +309,8 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
             "gen_file": data["gen_file"], "model_lengths": lengths}
   settings_path = work / "settings.json"
   if settings_path.exists():
-    old = json.loads(settings_path.read_text())
-    if old != json.loads(json.dumps(record)):
+    if not settings_match(settings_path, record):
+      old = json.loads(settings_path.read_text())
       raise ValueError(f"{work} holds runs made with other settings ({settings_path}); use another --out "
                        f"or remove it.\n  there: {json.dumps(old)}\n  now:   {json.dumps(record)}")
   else:
@@ -497,6 +511,8 @@ def add_arguments(p) -> None:
   p.add_argument("--steps", type=int, help=f"training steps per run (default {Settings.steps})")
   p.add_argument("--batch_size", "--batch-size", type=int, help=f"packed rows per step (default {Settings.batch_size})")
   p.add_argument("--warmup", type=int, help=f"rsqrt schedule warm-up steps (default {Settings.warmup})")
+  p.add_argument("--cooldown", type=int, help="end each run with a linear decay of the rate to 0 over its last N "
+                 "steps (default 0: T5's rsqrt schedule to the end)")
   p.add_argument("--eval_batch_size", "--eval-batch-size", type=int,
                  help=f"examples decoded at once (default {Settings.eval_batch_size})")
   p.add_argument("--eval_examples", "--eval-examples", type=int, help="decode only the first N of each split")
@@ -520,7 +536,7 @@ def settings_from_args(args) -> Settings:
       raise ValueError(f"--seeds {args.seeds}: a single number is a count of seeds (0..N-1) and must be at least "
                        "1; to run seed 0 alone pass --seeds 1, other seeds as a list, e.g. --seeds 2,3")
     kw["seeds"] = tuple(range(vals[0])) if len(vals) == 1 and "," not in args.seeds else vals
-  for arg in ("steps", "batch_size", "warmup", "eval_batch_size", "eval_examples"):
+  for arg in ("steps", "batch_size", "warmup", "cooldown", "eval_batch_size", "eval_examples"):
     if getattr(args, arg) is not None:
       kw[arg] = getattr(args, arg)
   if args.gen:
