@@ -13,8 +13,8 @@ def rsqrt_schedule(base_learning_rate: float = 1.0, warmup_steps: int = 10_000, 
   """T5 pretraining: base / sqrt(max(step, warmup)) — 0.01 for the first 10k steps, then inverse sqrt.
 
   `cooldown_steps` > 0 ends the run with a linear decay to 0 over its last `cooldown_steps` of `total_steps`
-  (the "warmup-stable-decay" cooldown: Zhai et al. 2022 §3.5, Hägele et al. 2024): the rate is multiplied by
-  (total_steps - step) / cooldown_steps from step total_steps - cooldown_steps on. Before that the schedule is
+  (the rsqrt-then-linear-cooldown of Zhai et al. 2022, "Scaling Vision Transformers"; Hägele et al. 2024):
+  the rate is multiplied by (total_steps - step) / cooldown_steps from step total_steps - cooldown_steps on. Before that the schedule is
   T5's, so the cooldown's first checkpoint is the plain run's state at that step."""
   if cooldown_steps < 0:
     raise ValueError(f"rsqrt_schedule: cooldown_steps must be >= 0, got {cooldown_steps}")

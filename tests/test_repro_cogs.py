@@ -116,6 +116,10 @@ def test_table_gives_mean_and_range_over_seeds_per_category(tmp_path):
   remixer = dict(zip(head, [c.strip() for c in next(
       line for line in table.splitlines() if line.startswith("| Remixer")).strip("|").split("|")]))
   assert remixer["seeds"] == "1" and remixer["gen mean"] == "10.0"
+  assert col["steps"] == "10"  # rows without cooldown_steps (folders from before --cooldown)
+  cooled = repro.markdown_table([{**r, "cooldown_steps": 4} for r in _records()])
+  assert dict(zip(head, [c.strip() for c in next(line for line in cooled.splitlines() if line.startswith(
+      "| T5.1.1")).strip("|").split("|")]))["steps"] == "10 (cooldown 4)"
   repro.plot(_records(), tmp_path / "cogs.png")
   assert (tmp_path / "cogs.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

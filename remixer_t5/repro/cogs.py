@@ -425,6 +425,11 @@ def _cell(rows: list[dict] | None) -> str:
   return f"{np.mean(v):.1f}" + (f" ({min(v):.1f}-{max(v):.1f})" if len(v) > 1 else "")
 
 
+def _steps_cell(row: dict) -> str:
+  cooldown = row.get("cooldown_steps") or 0  # rows written before --cooldown existed lack it
+  return f"{row['train_steps']}" + (f" (cooldown {cooldown})" if cooldown else "")
+
+
 def markdown_table(records: Sequence[dict]) -> str:
   """Exact match (%) per model: mean over seeds (min-max), per split and gen category; decode speed."""
   cols = _columns(records)
@@ -440,7 +445,7 @@ def markdown_table(records: Sequence[dict]) -> str:
     gen_rows = cells.get(("gen", "mean over categories"), [])
     speed = lambda k: f"{np.mean([r[k] for r in gen_rows]):.0f}" if gen_rows else "-"
     lines.append("| " + " | ".join(
-        [LABELS.get(m, m), f"{any_rows[0]['params']:,}", str(len(seeds)), str(any_rows[0]["train_steps"])]
+        [LABELS.get(m, m), f"{any_rows[0]['params']:,}", str(len(seeds)), _steps_cell(any_rows[0])]
         + [_cell(cells.get(c)) for c in cols]
         + [speed("decode_examples_per_s"), speed("decode_tokens_per_s"),
            f"{np.mean([r['train_seconds'] for r in gen_rows]):.0f}" if gen_rows else "-"]) + " |")
