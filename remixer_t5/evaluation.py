@@ -86,25 +86,32 @@ def infer_eval(model: EncoderDecoderModel, params, task_name: str, *, batch_size
                seed: int = 0, beam_size: int = 1, put: Callable[[np.ndarray], Any] = jnp.asarray,
                fetch: Callable[[Any], np.ndarray] = jax.device_get,
                progress: Callable[[str], None] | None = None,
-               stats: dict | None = None) -> dict[str, dict[str, float]]:
+               stats: dict | None = None, lengths_on_purpose: bool = False) -> dict[str, dict[str, float]]:
   """Decode ``split`` of every task of ``task_name`` that has metrics; returns ``{task: {metric: value}}``.
 
   ``feature_lengths``: truncation lengths (None: the longest example of each feature, as seqio computes);
+  ``lengths_on_purpose``: they are longer than the split needs by design (a fixed-length mixer's model length,
+  decode lengths rounded up), so seqio's "longer than necessary" warning is not printed;
   ``num_examples``: the first N examples of each task (None: all). ``stats``: see `make_predict_fn`.
   """
   absl_log = logging.getLogger("absl")
   absl_log.setLevel(logging.WARNING)  # seqio's per-dataset info lines drown the progress
-  if not any(isinstance(f, _GivenLengthsFilter) for f in absl_log.filters):
-    absl_log.addFilter(_GivenLengthsFilter())
   loggers = (seqio.JSONLogger, seqio.TensorBoardLogger) if log_dir and jax.process_index() == 0 else ()
   if loggers:
     import tensorflow as tf
     tf.io.gfile.makedirs(log_dir)  # seqio's JSONLogger writes into it without creating it
-  evaluator = seqio.Evaluator(
-      mixture_or_task_name=task_name, feature_converter=seqio.EncDecFeatureConverter(pack=False),
-      eval_split=split, use_cached=False, seed=seed, sequence_length=dict(feature_lengths or {}) or None,
-      num_examples=num_examples, shuffle=False, logger_cls=loggers, log_dir=log_dir if loggers else None,
-      async_compute_metrics=False)
+  hide = _GivenLengthsFilter() if lengths_on_purpose else None
+  if hide:
+    absl_log.addFilter(hide)
+  try:  # the Evaluator measures the split and warns when it is built
+    evaluator = seqio.Evaluator(
+        mixture_or_task_name=task_name, feature_converter=seqio.EncDecFeatureConverter(pack=False),
+        eval_split=split, use_cached=False, seed=seed, sequence_length=dict(feature_lengths or {}) or None,
+        num_examples=num_examples, shuffle=False, logger_cls=loggers, log_dir=log_dir if loggers else None,
+        async_compute_metrics=False)
+  finally:
+    if hide:
+      absl_log.removeFilter(hide)
   if not evaluator.eval_tasks:
     raise ValueError(f"{task_name!r} has no task with metrics and a {split!r} split to evaluate "
                      "(span corruption tasks have none; use loss evaluation)")
@@ -116,9 +123,9 @@ def infer_eval(model: EncoderDecoderModel, params, task_name: str, *, batch_size
 
 
 class _GivenLengthsFilter(logging.Filter):
-  """Drops seqio's "Given sequence lengths are longer than necessary ..." warning. Lengths passed here are
-  chosen on purpose: fixed-length mixers (Remixer, MLP-Mixer, gMLP) must see inputs at the model's length, and
-  callers round decode lengths up (`repro cogs`'s `decode_lengths`); the warning would print for every split."""
+  """Drops seqio's "Given sequence lengths are longer than necessary ..." warning, for callers whose lengths are
+  longer on purpose (`repro cogs`: fixed-length mixers must see inputs at the model's length, and decode
+  lengths are rounded up); it would print for every split. Elsewhere it stays: it can be a real hint."""
 
   def filter(self, record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith("Given sequence lengths are longer than necessary")

@@ -12,12 +12,13 @@ def rsqrt_schedule(base_learning_rate: float = 1.0, warmup_steps: int = 10_000, 
                    total_steps: int | None = None):
   """T5 pretraining: base / sqrt(max(step, warmup)) — 0.01 for the first 10k steps, then inverse sqrt.
 
-  `cooldown_steps` > 0 ends the run with a linear decay to 0 over its last `cooldown_steps` of `total_steps`
-  (the rsqrt-then-linear-cooldown of Zhai et al. 2022, "Scaling Vision Transformers"; Hägele et al. 2024):
-  the rate is multiplied by (total_steps - step) / cooldown_steps from step total_steps - cooldown_steps on. Before that the schedule is
-  T5's, so the cooldown's first checkpoint is the plain run's state at that step."""
-  if cooldown_steps < 0:
-    raise ValueError(f"rsqrt_schedule: cooldown_steps must be >= 0, got {cooldown_steps}")
+  `cooldown_steps` = N > 0 ends the run with a linear decay over its last N of `total_steps` = T (the
+  rsqrt-then-linear-cooldown of Zhai et al. 2022, "Scaling Vision Transformers"; Hägele et al. 2024): the rate
+  is multiplied by (T - step) / N from step T - N on. The trainer's updates use steps 0 .. T-1, so the last N
+  updates get N/N, ..., 1/N of T5's rate (optax's linear_schedule convention; N = 1 would change nothing and
+  is refused). Before that the schedule is T5's: the state at step T - N is the plain run's."""
+  if cooldown_steps < 0 or cooldown_steps == 1:
+    raise ValueError(f"rsqrt_schedule: cooldown_steps must be 0 or >= 2, got {cooldown_steps}")
   if cooldown_steps and (total_steps is None or not 0 < cooldown_steps <= total_steps):
     raise ValueError(f"rsqrt_schedule: cooldown_steps={cooldown_steps} needs total_steps >= it (the run's "
                      f"TRAIN_STEPS), got total_steps={total_steps}")

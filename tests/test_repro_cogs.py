@@ -335,8 +335,9 @@ def test_cooldown_reaches_the_trainers_schedule_and_old_folders_still_resume(tmp
   import gin
   from remixer_t5 import gin_utils, optim
   from remixer_t5.repro import cogs as repro
-  with pytest.raises(ValueError, match="--cooldown must be between 0 and --steps"):
-    repro.Settings(steps=100, cooldown=101)
+  for bad in (101, 1, -1):
+    with pytest.raises(ValueError, match="--cooldown must be 0 .none. or 2 to --steps"):
+      repro.Settings(steps=100, cooldown=bad)
   plain = optim.rsqrt_schedule(1.0, 300)
   for cooldown in (0, 1500):
     flags = repro._gin_args("t5_1_1", tmp_path, 0, repro.Settings(steps=6000, cooldown=cooldown),
@@ -345,7 +346,8 @@ def test_cooldown_reaches_the_trainers_schedule_and_old_folders_still_resume(tmp
                         [f[len("--gin."):] for f in flags if f.startswith("--gin.")])
     schedule = gin.query_parameter("remixer_t5.trainer.train.learning_rate").scoped_configurable_fn()
     assert float(schedule(4500)) == float(plain(4500))
-    assert float(schedule(6000)) == (0.0 if cooldown else float(plain(6000)))
+    assert float(schedule(6000)) == (0.0 if cooldown else float(plain(6000)))  # ends with TRAIN_STEPS
+    assert float(schedule(5999)) == pytest.approx(float(plain(5999)) / (1500 if cooldown else 1), rel=1e-5)
     assert float(schedule(5250)) == pytest.approx(float(plain(5250)) * (0.5 if cooldown else 1.0), rel=1e-6)
   gin.clear_config()
   # settings.json of a folder from before --cooldown (no such key): the same run with the default resumes.

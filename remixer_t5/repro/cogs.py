@@ -11,7 +11,7 @@ Protocol (written down in docs/reproductions.md, "COGS", with the reasons):
   - the word vocabulary of COGS's train split (task ``cogs_words``), not T5's 32k pieces;
   - a fixed step budget and the LAST checkpoint: no early stopping or model selection on the in-distribution
     dev set (Csordás et al. 2021, §3: dev accuracy saturates long before gen accuracy does);
-  - Adafactor, T5's inverse-square-root schedule (0.045 until `warmup` steps, then decaying), dropout 0.1, no
+  - Adafactor, T5's inverse-square-root schedule (0.058 for the first `warmup` (300) steps, then 1/sqrt(step)), dropout 0.1, no
     label smoothing (the loss is the project's cross-entropy with z-loss 1e-4);
   - fixed-length mixers sized to the longest input and target of every split (``MODEL_LENGTHS``).
 
@@ -74,8 +74,8 @@ class Settings:
         raise ValueError(f"--{name} must be positive, got {getattr(self, name)}")
     if not self.seeds or len(set(self.seeds)) != len(self.seeds) or min(self.seeds) < 0:
       raise ValueError(f"--seeds must be distinct non-negative integers, got {self.seeds}")
-    if not 0 <= self.cooldown <= self.steps:
-      raise ValueError(f"--cooldown must be between 0 and --steps ({self.steps}), got {self.cooldown}")
+    if self.cooldown == 1 or not 0 <= self.cooldown <= self.steps:
+      raise ValueError(f"--cooldown must be 0 (none) or 2 to --steps ({self.steps}), got {self.cooldown}")
     if self.eval_examples is not None and self.eval_examples <= 0:
       raise ValueError(f"--eval_examples must be positive, got {self.eval_examples}")
 
@@ -145,8 +145,7 @@ def _gin_args(model: str, model_dir: Path, seed: int, settings: Settings, length
           f"--gin.BATCH_SIZE={settings.batch_size}",
           f"--gin.CHECKPOINT_PERIOD={min(settings.steps, CHECKPOINT_EVERY)}",
           "--gin.EVAL_PERIOD=0", f"--gin.optim.rsqrt_schedule.warmup_steps={settings.warmup}",
-          *([f"--gin.optim.rsqrt_schedule.cooldown_steps={settings.cooldown}",
-             f"--gin.optim.rsqrt_schedule.total_steps={settings.steps}"] if settings.cooldown else []),
+          *([f"--gin.optim.rsqrt_schedule.cooldown_steps={settings.cooldown}"] if settings.cooldown else []),
           f"--gin.MODEL_LENGTHS={json.dumps(lengths)}",
           f"--gin.TASK_FEATURE_LENGTHS={json.dumps({k: min(v, lengths[k]) for k, v in TRAIN_LENGTHS.items()})}"]
 
@@ -231,7 +230,8 @@ def evaluate_run(model: str, seed: int, settings: Settings, data: dict, run_dir:
         split=split,
         num_examples=settings.eval_examples, log_dir=str(run_dir / "inference_eval"),
         step=settings.steps if step is None else step,
-        stats=stats, progress=lambda s, sp=split: progress(f"{model} seed {seed} {SPLIT_LABELS[sp]}: {s}"))
+        stats=stats, progress=lambda s, sp=split: progress(f"{model} seed {seed} {SPLIT_LABELS[sp]}: {s}"),
+        lengths_on_purpose=True)
     out[split] = {**per_task[TASK], **stats, "wall_seconds": time.time() - t0}
   return out
 
@@ -516,8 +516,8 @@ def add_arguments(p) -> None:
   p.add_argument("--steps", type=int, help=f"training steps per run (default {Settings.steps})")
   p.add_argument("--batch_size", "--batch-size", type=int, help=f"packed rows per step (default {Settings.batch_size})")
   p.add_argument("--warmup", type=int, help=f"rsqrt schedule warm-up steps (default {Settings.warmup})")
-  p.add_argument("--cooldown", type=int, help="end each run with a linear decay of the rate to 0 over its last N "
-                 "steps (default 0: T5's rsqrt schedule to the end)")
+  p.add_argument("--cooldown", type=int, help="end each run with a linear decay of the rate over its last N steps, "
+                 "to 1/N of it at the last update (default 0: T5's rsqrt schedule to the end)")
   p.add_argument("--eval_batch_size", "--eval-batch-size", type=int,
                  help=f"examples decoded at once (default {Settings.eval_batch_size})")
   p.add_argument("--eval_examples", "--eval-examples", type=int, help="decode only the first N of each split")
