@@ -93,10 +93,8 @@ def _random_batch(shapes: dict, vocab_size: int, seed: int = 0) -> dict:
   return out
 
 
-def top_ops(trace_path: str, per: int = 1, n: int = 30) -> list[tuple[str, float]]:
-  """The `n` names with the most time in a perfetto trace's complete events on the device's streams
-  (milliseconds per step: the sum over the trace / `per` steps), the host's threads left out."""
-  import collections
+def _device_events(trace_path: str) -> list[dict]:
+  """The complete events on the device's streams of a perfetto trace (the host's threads left out)."""
   import gzip
   with gzip.open(trace_path, "rt") as f:
     trace = json.load(f)
@@ -105,15 +103,41 @@ def top_ops(trace_path: str, per: int = 1, n: int = 30) -> list[tuple[str, float
            if e.get("ph") == "M" and e.get("name") == "thread_name"}
   procs = {e.get("pid"): e.get("args", {}).get("name", "") for e in events
            if e.get("ph") == "M" and e.get("name") == "process_name"}
+  return [e for e in events if e.get("ph") == "X" and "/device:" in procs.get(e.get("pid"), "")
+          and "Stream" in names.get((e.get("pid"), e.get("tid")), "Stream")]
+
+
+def top_ops(trace_path: str, per: int = 1, n: int = 30, key: str = "name") -> list[tuple[str, float]]:
+  """The `n` names with the most time in a perfetto trace's complete events on the device's streams
+  (milliseconds per step: the sum over the trace / `per` steps), the host's threads left out. `key="hlo_op"`
+  groups by the HLO instruction an event's args name instead (the kernels of one fusion together)."""
+  import collections
   total: dict[str, float] = collections.defaultdict(float)
-  for e in events:
-    if e.get("ph") == "X" and "/device:" in procs.get(e.get("pid"), "") and "Stream" in names.get(
-        (e.get("pid"), e.get("tid")), "Stream"):
-      total[e.get("name", "?")] += float(e.get("dur", 0)) / 1e3 / per
+  for e in _device_events(trace_path):
+    name = e.get("name", "?") if key == "name" else str(e.get("args", {}).get(key, e.get("name", "?")))
+    total[name] += float(e.get("dur", 0)) / 1e3 / per
   return sorted(total.items(), key=lambda kv: -kv[1])[:n]
 
 
-def stage_model(name: str, steps: int, warmup: int, profile_dir: str | None = None) -> dict:
+def device_time(trace_path: str, per: int = 1) -> dict:
+  """Per step: the device's summed kernel time, its busy time (the union of the kernels' intervals: streams
+  that overlap count once) and the span from the first kernel's start to the last one's end, in milliseconds,
+  and the number of kernels. Busy far under the measured step means the device waits (for the host, a copy)."""
+  spans = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in _device_events(trace_path)
+                 if "ts" in e)
+  if not spans:
+    return {}
+  busy, end = 0.0, spans[0][0]
+  for a, b in spans:
+    if b > end:
+      busy += b - max(a, end)
+      end = b
+  return {"kernels_per_step": len(spans) / per, "kernel_ms_per_step": sum(b - a for a, b in spans) / 1e3 / per,
+          "busy_ms_per_step": busy / 1e3 / per, "span_ms": (spans[-1][1] - spans[0][0]) / 1e3}
+
+
+def stage_model(name: str, steps: int, warmup: int, profile_dir: str | None = None,
+                init_on: str = "device") -> dict:
   import jax
   import numpy as np
 
@@ -145,12 +169,23 @@ def stage_model(name: str, steps: int, warmup: int, profile_dir: str | None = No
   except Exception as e:  # noqa: BLE001 - the timing still counts without an MFU
     flops, model_loops, row["model_flops_error"] = None, None, f"{type(e).__name__}: {e}"
   row["model_flops_per_step"], row["model_flops_loops"] = flops, model_loops
-  t0 = time.time()  # trainer._init_state's program, its compile and its run timed apart
-  init, init_rng = trainer._init_program(model, tx, trainer._input_shapes(lengths), prog.shardings, 0)
+  # trainer._init_state's program, its compile and its run timed apart; on the host CPU (then copied to the
+  # device) where the stage asks, to spare device time: XLA:GPU takes minutes over the init's RNG fusions
+  row["init_on"] = init_on
+  init_shardings = prog.shardings
+  if init_on == "host":
+    cpu = jax.devices("cpu")[0]
+    init_shardings = jax.tree_util.tree_map(lambda _: jax.sharding.SingleDeviceSharding(cpu), prog.shardings)
+  t0 = time.time()
+  init, init_rng = trainer._init_program(model, tx, trainer._input_shapes(lengths), init_shardings, 0)
+  if init_on == "host":
+    init_rng = jax.device_put(init_rng, jax.devices("cpu")[0])
   init_compiled = init.lower(init_rng).compile()
   row["init_compile_seconds"] = round(time.time() - t0, 1)
   t0 = time.time()
   state = jax.block_until_ready(init_compiled(init_rng))
+  if init_on == "host":
+    state = jax.block_until_ready(jax.device_put(state, prog.shardings))
   row["init_run_seconds"] = round(time.time() - t0, 1)
   batch = jax.device_put(_random_batch(shapes, model.module.config.vocab_size), prog.batch_sharding)
   losses, times = [], []
@@ -168,6 +203,7 @@ def stage_model(name: str, steps: int, warmup: int, profile_dir: str | None = No
   pipelined = (time.perf_counter() - t) / steps
   if profile_dir:  # a trace of 2 steps: its perfetto file beside the rows, and the top kernels in the row
     import glob
+    import gzip
     import shutil
     import tempfile
     tmp = tempfile.mkdtemp()
@@ -180,9 +216,15 @@ def stage_model(name: str, steps: int, warmup: int, profile_dir: str | None = No
     if traces:
       shutil.copy(traces[0], Path(profile_dir) / f"{name}.perfetto_trace.json.gz")
       try:
+        row["device_time"] = device_time(traces[0], per=2)
         row["top_ops"] = top_ops(traces[0], per=2)
+        row["top_hlo_ops"] = top_ops(traces[0], per=2, key="hlo_op")
       except Exception as e:  # noqa: BLE001 - the trace is there to read by hand
         row["top_ops_error"] = f"{type(e).__name__}: {e}"
+    else:
+      row["top_ops_error"] = f"no perfetto trace under {tmp}: {sorted(glob.glob(f'{tmp}/**', recursive=True))[:10]}"
+    with gzip.open(Path(profile_dir) / f"{name}.hlo.txt.gz", "wt") as f:  # the kernels' fusions, to read by hand
+      f.write(compiled.as_text())
   tokens = batch_size * (lengths["inputs"] + lengths["targets"])
   peak = mfu.peak_flops_per_device(devices[0])
   stats = devices[0].memory_stats() or {}
@@ -258,7 +300,8 @@ def run_one(stage: str, steps: int, warmup: int, topology: str) -> dict:
   if stage.startswith("deviceless_"):
     return stage_deviceless(stage[len("deviceless_"):], topology, TIMEOUTS["deviceless"] - 10)
   if stage in MODELS:
-    return stage_model(stage, steps, warmup, os.environ.get("GPU_MEASURE_PROFILE"))
+    return stage_model(stage, steps, warmup, os.environ.get("GPU_MEASURE_PROFILE"),
+                       os.environ.get("GPU_MEASURE_INIT", "device"))
   raise ValueError(f"unknown stage {stage!r}: expected parity, deviceless_<model> or one of {sorted(MODELS)}")
 
 
@@ -283,8 +326,12 @@ def summary(row: dict) -> str:
           f"{1e3 * row['step_seconds_median']:.1f} ms (waited), {1e3 * row['step_seconds_pipelined']:.1f} ms "
           f"(back to back), {row['tokens_per_s']:,.0f} tokens/s, MFU "
           f"{100 * (row['mfu'] or 0):.1f}%; losses {row['losses'][0]} -> {row['losses'][-1]}; init compiled in "
-          f"{row['init_compile_seconds']} s, ran in {row['init_run_seconds']} s"
-          + "".join(f"\n    {ms:9.2f} ms/step  {op[:110]}" for op, ms in row.get("top_ops", [])))
+          f"{row['init_compile_seconds']} s, ran in {row['init_run_seconds']} s ({row.get('init_on', 'device')})"
+          + (f"\n    device per step: {row['device_time']['kernels_per_step']:.0f} kernels, "
+             f"{row['device_time']['kernel_ms_per_step']:.1f} ms of kernels, busy "
+             f"{row['device_time']['busy_ms_per_step']:.1f} ms" if row.get("device_time") else "")
+          + "".join(f"\n    {ms:9.2f} ms/step  {op[:110]}" for op, ms in row.get("top_ops", [])[:15])
+          + "".join(f"\n    {ms:9.2f} ms/step  hlo {op[:106]}" for op, ms in row.get("top_hlo_ops", [])[:15]))
 
 
 def main() -> int:
@@ -297,9 +344,15 @@ def main() -> int:
   ap.add_argument("--topology", default=None, help="deviceless target (default: from nvidia-smi's name)")
   ap.add_argument("--profile", action="store_true",
                   help="also trace 2 steps of each model: top kernels in its row, the trace in --out")
+  ap.add_argument("--host-init", default="",
+                  help="comma-separated model stages whose state is initialised on the host CPU and copied over "
+                       "(saves XLA:GPU's minutes-long compile of the init; the device init is timed elsewhere)")
+  ap.add_argument("--model-timeout", type=float, default=MODEL_TIMEOUT, help="seconds a model stage may take")
   ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
   args = ap.parse_args()
   if args.one:  # the child: one stage, its row as the last line of stdout
+    if args.one in [x for x in args.host_init.split(",") if x]:
+      os.environ["GPU_MEASURE_INIT"] = "host"
     try:
       row = run_one(args.one, args.steps, args.warmup, args.topology)
     except Exception as e:  # noqa: BLE001 - reported as the row
@@ -326,14 +379,14 @@ def main() -> int:
     f.write(json.dumps(head) + "\n")
   start = time.time()
   for stage in [s for s in args.stages.split(",") if s]:
-    limit = TIMEOUTS.get(stage, TIMEOUTS["deviceless"] if stage.startswith("deviceless_") else MODEL_TIMEOUT)
+    limit = TIMEOUTS.get(stage, TIMEOUTS["deviceless"] if stage.startswith("deviceless_") else args.model_timeout)
     left = args.deadline - (time.time() - start)
     if left < 30:
       print(f"{stage}: skipped, {left:.0f} s left of the deadline", flush=True)
       continue
     t0 = time.time()
     cmd = [sys.executable, __file__, "--out", args.out, "--one", stage, "--steps", str(args.steps),
-           "--warmup", str(args.warmup), "--topology", topology]
+           "--warmup", str(args.warmup), "--topology", topology, "--host-init", args.host_init]
     try:
       proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=min(limit, left))
       lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
