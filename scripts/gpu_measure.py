@@ -223,7 +223,7 @@ def stage_model(name: str, steps: int, warmup: int, profile_dir: str | None = No
         row["top_ops_error"] = f"{type(e).__name__}: {e}"
     else:
       row["top_ops_error"] = f"no perfetto trace under {tmp}: {sorted(glob.glob(f'{tmp}/**', recursive=True))[:10]}"
-    with gzip.open(Path(profile_dir) / f"{name}.hlo.txt.gz", "wt") as f:  # the kernels' fusions, to read by hand
+    with gzip.open(Path(profile_dir) / f"{name}.hlo.txt.gz", "wt", compresslevel=6) as f:  # the kernels' fusions, to read by hand
       f.write(compiled.as_text())
   tokens = batch_size * (lengths["inputs"] + lengths["targets"])
   peak = mfu.peak_flops_per_device(devices[0])
