@@ -40,6 +40,10 @@ MODELS = {
     "remixer_base": ("models/remixer/base.gin", [], "Remixer_Base"),
     "hypermixer_base_mb4": ("models/hypermixer/base.gin", ["trainer.train.num_microbatches=4"],
                             "HyperMixer-base, 4 microbatches"),
+    "remixer_sbase_mb2": ("models/remixer/sbase.gin", ["trainer.train.num_microbatches=2"],
+                          "Remixer_SBase, 2 microbatches"),
+    "remixer_base_mb2": ("models/remixer/base.gin", ["trainer.train.num_microbatches=2"],
+                         "Remixer_Base, 2 microbatches"),
     "t5_1_1_small": ("models/t5_1_1/small.gin", [], "T5.1.1-small"),
     "t5_1_1_tiny": ("models/t5_1_1/tiny.gin", ["BATCH_SIZE=8"], "T5.1.1-tiny, batch 8 (a CPU check of this script)"),
 }
