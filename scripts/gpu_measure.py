@@ -17,8 +17,13 @@ It runs with whatever jax/flax the GPU machine has (not the project's pins: the 
 needs gin-config beside them. Each stage runs in its own process with a time limit, so a failure or an
 out-of-memory costs that row only; rows go to OUT/gpu_measure.jsonl as they finish and a summary is printed.
 
+With `--profile` each model's two traced steps leave a perfetto trace and the optimised HLO (kernel names are
+its fusions' names) in --out, and the row gets the device's busy time a step and its top kernels;
+`--host-init STAGES` initialises those stages' state on the host CPU and copies it over (XLA:GPU takes minutes
+to compile the initialiser's RNG: docs/benchmarks.md), which a 15-minute lease wants.
+
   PYTHONPATH=. COMMIT=<sha> python scripts/gpu_measure.py --out DIR [--stages parity,t5_1_1_base,...]
-      [--deadline 480] [--profile]
+      [--deadline 480] [--profile] [--host-init t5_1_1_base,...] [--model-timeout 200]
 """
 from __future__ import annotations
 

@@ -100,3 +100,20 @@ def test_a_run_that_does_not_fit_is_refused_with_the_shortfall(capsys, monkeypat
   assert not train["fits"] and train["needs_bytes"] > train["available_bytes"] == int(0.0001 * 85_100_068_864)
   assert "does not fit on a100: needs" in captured.err and "8.1 MiB available" in captured.err
   assert "more GPUs (--topology a100x8)" in captured.err and "XLA_PYTHON_CLIENT_MEM_FRACTION=.95" in captured.err
+
+
+@needs_plugin
+def test_a_near_miss_says_the_prediction_can_be_wrong_by_that_much(capsys, monkeypatch):
+  # The refusal of a program needing 3% more than JAX's share names the prediction's measured error
+  # (aot_compile.GPU_PREDICTION_MARGIN); one needing 100x more (the test above's) does not.
+  monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.0001")
+  assert cli.main(["compile", *TINY, "--topology", "a100", "--json"]) == 1
+  far = capsys.readouterr()
+  assert "near miss" not in far.err
+  needs = json.loads(far.out.strip().splitlines()[-1])["steps"]["train"]["needs_bytes"]
+  monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{needs / 1.03 / 85_100_068_864:.12f}")
+  assert cli.main(["compile", *TINY, "--topology", "a100", "--json"]) == 1
+  near = capsys.readouterr()
+  train = json.loads(near.out.strip().splitlines()[-1])["steps"]["train"]
+  assert not train["fits"] and train["needs_bytes"] == needs
+  assert "near miss" in near.err and "within 7% of the limit" in near.err

@@ -30,11 +30,28 @@ def test_top_ops_sums_the_device_streams_per_step(tmp_path):
   assert gpu_measure.top_ops(str(path), per=2) == [("scatter_fusion", 2.0), ("gemm", 0.25)]
 
 
+def test_device_time_counts_overlapping_streams_once(tmp_path):
+  events = [
+      {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+      {"ph": "M", "name": "thread_name", "pid": 1, "tid": 7, "args": {"name": "Stream #13(Compute)"}},
+      {"ph": "M", "name": "thread_name", "pid": 1, "tid": 8, "args": {"name": "Stream #14(Compute)"}},
+      {"ph": "X", "pid": 1, "tid": 7, "name": "a", "ts": 0.0, "dur": 1000.0},
+      {"ph": "X", "pid": 1, "tid": 8, "name": "b", "ts": 500.0, "dur": 1000.0},   # overlaps a by 500 us
+      {"ph": "X", "pid": 1, "tid": 7, "name": "c", "ts": 3000.0, "dur": 1000.0},  # after a 1,500 us gap
+  ]
+  path = tmp_path / "t.json.gz"
+  with gzip.open(path, "wt") as f:
+    json.dump({"traceEvents": events}, f)
+  assert gpu_measure.device_time(str(path), per=2) == {"kernels_per_step": 1.5, "kernel_ms_per_step": 1.5,
+                                                       "busy_ms_per_step": 1.25, "span_ms": 4.0}
+
+
 def test_a_model_stage_compiles_times_and_profiles_the_trainer_step(tmp_path):
   """The tiny T5.1.1 stage end to end (batch 8 at 512/114 on the CPU): the row a GPU session reads."""
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO), "COMMIT": "test"}
   proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_measure.py"), "--out", str(tmp_path),
-                         "--stages", "t5_1_1_tiny,no_such_stage", "--steps", "2", "--warmup", "1", "--profile"],
+                         "--stages", "t5_1_1_tiny,no_such_stage", "--steps", "2", "--warmup", "1", "--profile",
+                         "--host-init", "t5_1_1_tiny"],
                         capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
   assert proc.returncode == 0, proc.stderr[-2000:]
   rows = [json.loads(line) for line in (tmp_path / "gpu_measure.jsonl").read_text().splitlines()]
@@ -45,7 +62,9 @@ def test_a_model_stage_compiles_times_and_profiles_the_trainer_step(tmp_path):
   assert len(row["losses"]) == 3 and row["losses_finite"] and row["losses"][-1] < row["losses"][0]
   assert row["memory"]["total_bytes"] > 0 and row["model_flops_per_step"] > 0
   assert row["tokens_per_s"] == pytest.approx(8 * 626 / row["step_seconds_pipelined"])
-  assert row["init_compile_seconds"] >= 0 and row["init_run_seconds"] >= 0
+  assert row["init_compile_seconds"] >= 0 and row["init_run_seconds"] >= 0 and row["init_on"] == "host"
   assert (tmp_path / "t5_1_1_tiny.perfetto_trace.json.gz").stat().st_size > 0
+  with gzip.open(tmp_path / "t5_1_1_tiny.hlo.txt.gz", "rt") as f:  # the compiled step's HLO, to map kernels
+    assert "ENTRY" in f.read()
   assert bad["stage"] == "no_such_stage" and "unknown stage" in bad["error"]  # one bad stage costs its row only
   assert "T5.1.1-tiny" in proc.stdout and "no_such_stage: ERROR" in proc.stdout
