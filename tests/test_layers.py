@@ -70,3 +70,50 @@ def test_add_bias_backward_has_no_reduce_on_a_cpu_only_and_rejects_mismatched_ra
   assert reduces("cuda") == reduces("tpu") == 1
   with pytest.raises(ValueError, match="same rank"):
     jax.grad(lambda b: jnp.sum(layers.add_bias(jnp.ones((2, 3)), b)))(jnp.ones((3,)))
+
+
+def _numpy_relpos_bias(table, q_len, k_len, bidirectional, max_distance=128):
+  """T5's bias from the bucket formula (HF's _relative_position_bucket, in numpy), read element by element."""
+  num_heads, num_buckets = table.shape
+  out = np.zeros((1, num_heads, q_len, k_len), np.float32)
+  for q in range(q_len):
+    for k in range(k_len):
+      n, ret, nb = k - q, 0, num_buckets
+      if bidirectional:
+        nb //= 2
+        ret += nb if n > 0 else 0
+        n = abs(n)
+      else:
+        n = -min(n, 0)
+      exact = nb // 2
+      if n < exact:
+        bucket = ret + n
+      else:
+        large = exact + int(np.float32(np.log(np.float32(max(n, 1)) / exact) / np.log(max_distance / exact)
+                                       * (nb - exact)))
+        bucket = ret + min(large, nb - 1)
+      out[0, :, q, k] = table[:, bucket]
+  return out
+
+
+@pytest.mark.parametrize("q_len,k_len,bidirectional", [(7, 7, True), (5, 9, True), (9, 5, False), (1, 6, False),
+                                                       (150, 160, True), (3, 1, True)])
+def test_relpos_bias_from_row_lengths_equals_the_bucket_formula_and_the_gather(q_len, k_len, bidirectional):
+  """The row-index path (ints: a Toeplitz layout of one read per offset) against numpy's element-by-element
+  bias, and its gradient against the gather path's (positions as arrays) up to summation order; its backward
+  has no scatter (the gather's is one of q x k x heads updates into the table)."""
+  module = layers.RelativePositionBiases(32, 128, 3)
+  table = np.asarray(jax.random.normal(jax.random.PRNGKey(q_len), (3, 32)), np.float32)
+  params = {"params": {"rel_embedding": jnp.asarray(table)}}
+  rows = lambda p: module.apply(p, q_len, k_len, bidirectional=bidirectional)
+  gather = lambda p: module.apply(p, jnp.arange(q_len)[None], jnp.arange(k_len)[None], bidirectional=bidirectional)
+  np.testing.assert_array_equal(rows(params), _numpy_relpos_bias(table, q_len, k_len, bidirectional))
+  np.testing.assert_array_equal(gather(params), _numpy_relpos_bias(table, q_len, k_len, bidirectional))
+  g = jax.random.normal(jax.random.PRNGKey(1), (1, 3, q_len, k_len))
+  grad = lambda f: jax.grad(lambda p: jnp.sum(f(p) * g))(params)["params"]["rel_embedding"]
+  buckets = _numpy_relpos_bias(np.tile(np.arange(32, dtype=np.float32), (3, 1)), q_len, k_len, bidirectional)[0, 0]
+  expected = np.stack([[np.asarray(g, np.float64)[0, h][buckets == b].sum() for b in range(32)] for h in range(3)])
+  for f in (rows, gather):  # float32 sums of up to ~10^4 terms of size ~1, in different orders
+    np.testing.assert_allclose(grad(f), expected, rtol=1e-5, atol=2e-4)
+  jaxpr = jax.make_jaxpr(jax.grad(lambda p: jnp.sum(rows(p) * g)))(params).jaxpr
+  assert not [e for e in eqns_in(jaxpr) if e.primitive.name.startswith("scatter")]

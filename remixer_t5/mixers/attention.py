@@ -60,8 +60,7 @@ class Attention(nn.Module):
         # key_pos - query_pos = key_idx - query_idx on every pair the mask keeps, as t5x/flaxformer compute it
         # from the lengths alone. Per-example positions would build a [batch, heads, q, k] bias per layer,
         # and a scatter of batch x q x k updates into the small table in the backward pass.
-        rows = lambda n: jnp.arange(n, dtype=jnp.int32)[None, :]
-        bias = layers.add_bias(bias, ctx.relpos(rows(inputs_q.shape[1]), rows(inputs_kv.shape[1]),
+        bias = layers.add_bias(bias, ctx.relpos(inputs_q.shape[1], inputs_kv.shape[1],
                                                 bidirectional=not ctx.causal).astype(bias.dtype))
 
     # Beam search: queries are [batch * beams] rows, a static key/value cache [batch] rows (the beams of a row

@@ -46,7 +46,8 @@ class MixerContext:
   # compute what depends on it once, with `static_cache`. `decode` stays False for cross-mixing.
   static_kv: bool = struct.field(pytree_node=False, default=False)
   # The stack's shared relative-position-bias module (T5); only attention uses it, so only then the table
-  # exists. Called as relpos(q_positions, kv_positions, bidirectional=not causal) -> [b|1, heads, q, k].
+  # exists. Called as relpos(q_positions, kv_positions, bidirectional=not causal) -> [b|1, heads, q, k], or
+  # with two ints (q_len, kv_len) for the row indices 0..len-1.
   relpos: Callable[..., Array] | None = struct.field(pytree_node=False, default=None)
 
   @property
