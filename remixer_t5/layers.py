@@ -193,7 +193,8 @@ class RelativePositionBiases(nn.Module):
     buckets = relative_position_bucket(offsets, bidirectional, self.num_buckets, self.max_distance)
     one_hot = (buckets[:, None] == jnp.arange(self.num_buckets, dtype=jnp.int32)).astype(table.dtype)
     v = jnp.einsum("hm,nm->hn", table, one_hot, precision=jax.lax.Precision.HIGHEST)     # [heads, n]
-    # Rows of width n + 1 read as rows of width n shift by one place each: row q starts at v[-q].
+    # Rows of width n + 1 read back as rows of width n shift one place a row: skewed[q, j] = v[j - q] for j >= q,
+    # so row q's columns q_len - 1 .. n - 1 are v[k - q + q_len - 1] for k = 0 .. k_len - 1.
     padded = jnp.pad(jnp.broadcast_to(v[:, None, :], (self.num_heads, q_len, n)), ((0, 0), (0, 0), (0, 1)))
     skewed = padded.reshape(self.num_heads, q_len * (n + 1))[:, :q_len * n].reshape(self.num_heads, q_len, n)
     return skewed[None, :, :, q_len - 1:]
