@@ -550,7 +550,7 @@ def compile_run(settings: Mapping[str, Any], topology: str, *, num_slices: int =
   if not report["fits"]:
     report["hint"] = _hint(acc, used_rules, settings)
     if isinstance(acc, GpuAccelerator) and all(
-        r["fits"] or r.get("needs_bytes", float("inf")) <= (1 + GPU_PREDICTION_MARGIN) * r["available_bytes"]
+        r["fits"] or ("needs_bytes" in r and r["needs_bytes"] <= (1 + GPU_PREDICTION_MARGIN) * r["available_bytes"])
         for r in report["steps"].values()):
       report["hint"] += (f" (a near miss: within {GPU_PREDICTION_MARGIN:.0%} of the limit the deviceless GPU "
                          "prediction can be wrong either way; on one H100 T5.1.1-base at batch 128 needed "

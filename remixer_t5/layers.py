@@ -186,7 +186,7 @@ class RelativePositionBiases(nn.Module):
     - 1 of them, by a product with their buckets' one-hot), then laid out as the Toeplitz matrix by
     broadcasting, reshaping and slicing. Exact; and the table's gradient is sums over rows and one small
     product, where `take` over [q, k] buckets is a scatter-add of q x k x heads updates into heads x buckets
-    addresses (on one H100 it and its transpose were 18.7 ms of T5.1.1-base's 289 ms step: docs/benchmarks.md).
+    addresses (on one H100 it and its transpose were 18.7 ms of T5.1.1-base's 292 ms step: docs/benchmarks.md).
     """
     n = q_len + k_len - 1
     offsets = jnp.arange(n, dtype=jnp.int32) - (q_len - 1)

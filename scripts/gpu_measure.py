@@ -129,9 +129,10 @@ def top_ops(trace_path: str, per: int = 1, n: int = 30, key: str = "name") -> li
 
 
 def device_time(trace_path: str, per: int = 1) -> dict:
-  """Per step: the device's summed kernel time, its busy time (the union of the kernels' intervals: streams
-  that overlap count once) and the span from the first kernel's start to the last one's end, in milliseconds,
-  and the number of kernels. Busy far under the measured step means the device waits (for the host, a copy)."""
+  """Per step: the number of device events (kernels and copies), their summed time and the device's busy time
+  (the union of their intervals: streams that overlap count once), in milliseconds; and `span_ms`, the whole
+  trace's span from the first event's start to the last one's end (all `per` steps, not divided). Busy far
+  under the measured step means the device waits (for the host, a copy)."""
   spans = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in _device_events(trace_path)
                  if "ts" in e)
   if not spans:

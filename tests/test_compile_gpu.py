@@ -117,3 +117,18 @@ def test_a_near_miss_says_the_prediction_can_be_wrong_by_that_much(capsys, monke
   train = json.loads(near.out.strip().splitlines()[-1])["steps"]["train"]
   assert not train["fits"] and train["needs_bytes"] == needs
   assert "near miss" in near.err and "within 7% of the limit" in near.err
+
+
+@needs_plugin
+def test_an_out_of_memory_error_without_numbers_is_still_a_refusal(capsys, monkeypatch):
+  # XLA's RESOURCE_EXHAUSTED in a form _oom_numbers cannot read (the H100's "while trying to allocate 77.43GiB"):
+  # the row has no sizes, so there is no near-miss to judge, and the command refuses with XLA's words.
+  from remixer_t5 import trainer
+
+  def exhausted(self, step, *args, compiler_options=None):
+    raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 77.43GiB")
+  monkeypatch.setattr(trainer.Program, "compile", exhausted)
+  assert cli.main(["compile", *TINY, "--topology", "a100", "--json"]) == 1
+  err = capsys.readouterr().err
+  assert "does not fit on a100: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 77.43GiB" in err
+  assert "near miss" not in err
