@@ -304,14 +304,13 @@ def stage_deviceless(name: str, topology: str, timeout: int) -> dict:
   return row
 
 
-def run_one(stage: str, steps: int, warmup: int, topology: str) -> dict:
+def run_one(stage: str, steps: int, warmup: int, topology: str, init_on: str = "device") -> dict:
   if stage == "parity":
     return stage_parity()
   if stage.startswith("deviceless_"):
     return stage_deviceless(stage[len("deviceless_"):], topology, TIMEOUTS["deviceless"] - 10)
   if stage in MODELS:
-    return stage_model(stage, steps, warmup, os.environ.get("GPU_MEASURE_PROFILE"),
-                       os.environ.get("GPU_MEASURE_INIT", "device"))
+    return stage_model(stage, steps, warmup, os.environ.get("GPU_MEASURE_PROFILE"), init_on)
   raise ValueError(f"unknown stage {stage!r}: expected parity, deviceless_<model> or one of {sorted(MODELS)}")
 
 
@@ -361,10 +360,9 @@ def main() -> int:
   ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
   args = ap.parse_args()
   if args.one:  # the child: one stage, its row as the last line of stdout
-    if args.one in [x for x in args.host_init.split(",") if x]:
-      os.environ["GPU_MEASURE_INIT"] = "host"
+    init_on = "host" if args.one in args.host_init.split(",") else "device"
     try:
-      row = run_one(args.one, args.steps, args.warmup, args.topology)
+      row = run_one(args.one, args.steps, args.warmup, args.topology, init_on)
     except Exception as e:  # noqa: BLE001 - reported as the row
       import traceback
       row = {"stage": args.one, "error": f"{type(e).__name__}: {e}"[:3000], "trace": traceback.format_exc()[-3000:]}
