@@ -5,6 +5,7 @@ global arrays assembled from process-local data, and only process 0 writes summa
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import time
@@ -452,7 +453,7 @@ def _create_state(model, tx, input_shapes, mesh, seed):
 
 def _init_program(model, tx, input_shapes, shardings, seed):
   """The state's initialiser, jitted into `shardings`, and the key it takes (scripts/gpu_measure.py times its
-  compile and its run apart)."""
+  compile and its run apart). Lower or call it inside `init_rng_as_kernel()`, as `_init_state` does."""
   init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(seed))
 
   def init(rng):
@@ -463,9 +464,37 @@ def _init_program(model, tx, input_shapes, shardings, seed):
   return jax.jit(init, out_shardings=shardings), init_rng
 
 
+RNG_KERNEL_OPTION = "jax_threefry_gpu_kernel_lowering"
+
+
+@contextlib.contextmanager
+def init_rng_as_kernel():
+  """Inside the block, jitted code lowered for a GPU draws its threefry bits with jax's threefry kernel (one
+  custom call per draw) instead of XLA's inlined threefry; for the initialiser, which is compiled once.
+
+  Inlined, every parameter's threefry stream is unrolled into XLA:GPU's fusions: deviceless for one H100,
+  T5.1.1-base's initialiser took 154 s to compile (26 MB of optimised HLO), and 11 s with the kernel
+  (docs/benchmarks.md, "The initialiser on a GPU"). The kernel computes the same threefry2x32 (it was jax's
+  GPU lowering before XLA's became the default), so the parameters are the same; it writes each draw's bits
+  to memory before they are transformed, which costs the initialiser temporary memory once, before training.
+  The train step (dropout) keeps the inlined form. CPUs and TPUs are unaffected (the option picks only the
+  GPU lowering), and a jax without the option (its CHANGELOG says it may go) keeps the inlined form."""
+  try:
+    was = getattr(jax.config, RNG_KERNEL_OPTION)
+  except AttributeError:
+    yield
+    return
+  jax.config.update(RNG_KERNEL_OPTION, True)
+  try:
+    yield
+  finally:
+    jax.config.update(RNG_KERNEL_OPTION, was)
+
+
 def _init_state(model, tx, input_shapes, shardings, seed):
   init, rng = _init_program(model, tx, input_shapes, shardings, seed)
-  return init(rng)
+  with init_rng_as_kernel():
+    return init(rng)
 
 
 def _fit_lengths(model, feature_lengths, fresh, params, log):

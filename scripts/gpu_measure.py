@@ -180,7 +180,8 @@ def stage_model(name: str, steps: int, warmup: int, profile_dir: str | None = No
     flops, model_loops, row["model_flops_error"] = None, None, f"{type(e).__name__}: {e}"
   row["model_flops_per_step"], row["model_flops_loops"] = flops, model_loops
   # trainer._init_state's program, its compile and its run timed apart; on the host CPU (then copied to the
-  # device) where the stage asks, to spare device time: XLA:GPU takes minutes over the init's RNG fusions
+  # device) where the stage asks, to spare device time (XLA:GPU took minutes over the init's RNG fusions before
+  # trainer.init_rng_as_kernel)
   row["init_on"] = init_on
   init_shardings = prog.shardings
   if init_on == "host":
@@ -190,7 +191,8 @@ def stage_model(name: str, steps: int, warmup: int, profile_dir: str | None = No
   init, init_rng = trainer._init_program(model, tx, trainer._input_shapes(lengths), init_shardings, 0)
   if init_on == "host":
     init_rng = jax.device_put(init_rng, jax.devices("cpu")[0])
-  init_compiled = init.lower(init_rng).compile()
+  with trainer.init_rng_as_kernel():  # as the trainer compiles it
+    init_compiled = init.lower(init_rng).compile()
   row["init_compile_seconds"] = round(time.time() - t0, 1)
   t0 = time.time()
   state = jax.block_until_ready(init_compiled(init_rng))

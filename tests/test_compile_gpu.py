@@ -132,3 +132,58 @@ def test_an_out_of_memory_error_without_numbers_is_still_a_refusal(capsys, monke
   err = capsys.readouterr().err
   assert "does not fit on a100: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 77.43GiB" in err
   assert "near miss" not in err
+
+
+def _tiny_init_for_h100():
+  """The tiny model's `trainer._init_program`, shardings on a deviceless H100, and the key's abstract value."""
+  import jax
+
+  from remixer_t5 import gin_utils, partitioning, trainer
+  gin_utils.parse_gin(["models/t5_1_1/tiny.gin", "runs/pretrain.gin"],
+                      ["TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}"], macro_defaults={"MODEL_DIR": "None"})
+  s = aot_compile.train_settings()
+  mesh = partitioning.make_mesh(1, "1x1", aot_compile.gpu_topology_devices(aot_compile.accelerator("h100"))[:1],
+                                rules="data")
+  tx = trainer._optimizer(s["model"], aot_compile._default_optimizer(), None)
+  prog = trainer.program(s["model"], tx, None, dict(s["feature_lengths"]), mesh, None)
+  init, rng = trainer._init_program(s["model"], tx, trainer._input_shapes(dict(s["feature_lengths"])),
+                                    prog.shardings, 0)
+  key = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=jax.sharding.NamedSharding(
+      mesh, jax.sharding.PartitionSpec()))
+  return init, key
+
+
+@needs_plugin
+def test_the_initialiser_draws_its_bits_with_the_threefry_kernel_on_gpus():
+  """trainer.init_rng_as_kernel: the GPU initialiser's threefry is jax's kernel (a custom call), so XLA:GPU
+  does not compile every parameter's stream unrolled; outside the block the inlined form is back."""
+  from remixer_t5 import trainer
+  init, key = _tiny_init_for_h100()
+  with trainer.init_rng_as_kernel():
+    kernel = init.lower(key).as_text()
+  inlined = init.lower(key).as_text()
+  calls = [line for line in kernel.splitlines() if "custom_call" in line and "threefry2x32" in line]
+  assert calls  # one per draw's shape (the lowering outlines draws of the same shape into one function)
+  assert not [line for line in inlined.splitlines() if "custom_call" in line and "threefry2x32" in line]
+  # the kernel's program is the smaller one to compile (the inlined form unrolls 20 rounds per draw)
+  assert len(kernel) < len(inlined)
+
+
+@needs_plugin
+def test_the_init_compile_script_compiles_both_forms(tmp_path):
+  """scripts/gpu_init_compile.py (docs/benchmarks.md's initialiser figures) on the tiny model: one JSON row per
+  form, the kernel's program the smaller."""
+  import os
+  import subprocess
+  import sys
+  from pathlib import Path
+  repo = Path(__file__).resolve().parents[1]
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_gpu_enable_triton_gemm=false",
+         "PYTHONPATH": str(repo)}
+  out = subprocess.run([sys.executable, str(repo / "scripts" / "gpu_init_compile.py"), "--model",
+                        "models/t5_1_1/tiny.gin"], env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+  assert out.returncode == 0, out.stderr[-3000:]
+  rows = {r["rng"]: r for r in map(json.loads, out.stdout.strip().splitlines())}
+  assert set(rows) == {"kernel", "inlined"}
+  assert rows["kernel"]["hlo_chars"] < rows["inlined"]["hlo_chars"]
+  assert all(r["output_mib"] > 0 and r["lower_and_compile_seconds"] > 0 for r in rows.values())

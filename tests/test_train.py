@@ -154,3 +154,28 @@ def test_a_config_can_name_a_real_vocabulary(tmp_path, capsys, monkeypatch, embe
   err = capsys.readouterr().err
   assert "32100" in err and "2176" in err
   assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_the_initialisers_rng_option_is_on_only_inside_the_block():
+  """trainer.init_rng_as_kernel turns jax's GPU threefry kernel on for the initialiser only (GPU lowering; its
+  lowering is checked against a deviceless H100 in tests/test_compile_gpu.py) and restores the setting after,
+  also when the block raises; on a CPU the initialiser's parameters are the same either way."""
+  from remixer_t5 import trainer
+  option = trainer.RNG_KERNEL_OPTION
+  assert getattr(jax.config, option) is False
+  with trainer.init_rng_as_kernel():
+    assert getattr(jax.config, option) is True
+  assert getattr(jax.config, option) is False
+  with pytest.raises(RuntimeError, match="boom"):
+    with trainer.init_rng_as_kernel():
+      raise RuntimeError("boom")
+  assert getattr(jax.config, option) is False
+
+  def draw(key):
+    return jax.random.normal(key, (3, 5)), jax.random.truncated_normal(key, -2.0, 2.0, (4,))
+  key = jax.random.PRNGKey(7)
+  with trainer.init_rng_as_kernel():
+    inside = jax.jit(draw)(key)
+  outside = jax.jit(draw)(key)
+  for a, b in zip(inside, outside):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
