@@ -19,8 +19,8 @@ out-of-memory costs that row only; rows go to OUT/gpu_measure.jsonl as they fini
 
 With `--profile` each model's two traced steps leave a perfetto trace and the optimised HLO (kernel names are
 its fusions' names) in --out, and the row gets the device's busy time a step and its top kernels;
-`--host-init STAGES` initialises those stages' state on the host CPU and copies it over (XLA:GPU takes minutes
-to compile the initialiser's RNG: docs/benchmarks.md), which a 15-minute lease wants.
+`--host-init STAGES` initialises those stages' state on the host CPU and copies it over (before 2eb492b XLA:GPU
+took minutes to compile the initialiser's inlined RNG; now ~15 s deviceless for T5.1.1-base: docs/benchmarks.md).
 
   PYTHONPATH=. COMMIT=<sha> python scripts/gpu_measure.py --out DIR [--stages parity,t5_1_1_base,...]
       [--deadline 480] [--profile] [--host-init t5_1_1_base,...] [--model-timeout 200]
