@@ -185,6 +185,10 @@ def test_repro_cogs_end_to_end_through_the_trainer_and_resumes(tmp_path, monkeyp
   assert n[("t5_1_1", "dev", None)] == 6 and n[("t5_1_1", "gen", "seen")] == 2
   assert n[("t5_1_1", "gen", "mean over categories")] == 3
   assert "0 do not round-trip" in proc.stderr and "gen_sample.tsv" in proc.stderr
+  # the gen file named without this machine's folders (the data folder came from --data_dir)
+  assert json.loads((out / "settings.json").read_text())["gen_file"] == "$REMIXER_T5_DATA_DIR/cogs/gen_sample.tsv"
+  assert str(tmp_path) not in "".join((out / f).read_text() for f in ("settings.json", "data.json", "cogs_table.md",
+                                                                       "cogs.jsonl"))
   assert "longer than necessary" not in proc.stderr  # seqio's warning on the deliberate decode lengths
   assert {p.name for p in out.iterdir()} >= {"cogs.jsonl", "cogs_table.md", "cogs.png", "settings.json"}
   assert len((out / "cogs.jsonl").read_text().splitlines()) == len(rows)
@@ -358,3 +362,30 @@ def test_cooldown_reaches_the_trainers_schedule_and_old_folders_still_resume(tmp
   assert repro.settings_match(tmp_path / "settings.json", {**record, "settings": {**record["settings"], "cooldown": 0}})
   assert not repro.settings_match(tmp_path / "settings.json",
                                   {**record, "settings": {**record["settings"], "cooldown": 10}})
+
+
+def test_the_gen_file_is_named_portably_and_known_by_its_bytes(tmp_path, monkeypatch):
+  """Rows and settings.json name the gen file relative to $REMIXER_T5_DATA_DIR when it lies there; a folder
+  resumes on another machine (another data folder) when the gen file's bytes are the same, and not when they
+  differ; a folder from before the digest compares the file's name."""
+  from remixer_t5.repro import cogs as repro
+  data = tmp_path / "data"
+  _toy_cogs(data)
+  monkeypatch.setenv("REMIXER_T5_DATA_DIR", str(data))
+  assert repro.portable_path(data / "cogs" / "gen_sample.tsv") == "$REMIXER_T5_DATA_DIR/cogs/gen_sample.tsv"
+  elsewhere = tmp_path / "other" / "gen.tsv"
+  assert repro.portable_path(elsewhere) == str(elsewhere.resolve())
+  monkeypatch.delenv("REMIXER_T5_DATA_DIR")
+  assert repro.portable_path(data / "cogs" / "gen_sample.tsv") == str((data / "cogs" / "gen_sample.tsv").resolve())
+
+  settings = __import__("dataclasses").asdict(repro.Settings()) | {"models": None, "seeds": None}
+  base = {"settings": settings, "model_lengths": {"inputs": 64, "targets": 400}}
+  record = {**base, "gen_file": "$REMIXER_T5_DATA_DIR/cogs/gen_sample.tsv", "gen_sha256": "abc"}
+  path = tmp_path / "settings.json"
+  path.write_text(json.dumps({**record, "gen_file": "/some/machine/data/cogs/gen_sample.tsv"}))
+  assert repro.settings_match(path, record)  # same bytes, another folder
+  assert not repro.settings_match(path, {**record, "gen_sha256": "abd"})  # other bytes
+  assert not repro.settings_match(path, {**record, "model_lengths": {"inputs": 64, "targets": 416}})
+  path.write_text(json.dumps({**base, "gen_file": "/old/machine/cogs/gen_sample.tsv"}))  # before gen_sha256
+  assert repro.settings_match(path, record)
+  assert not repro.settings_match(path, {**record, "gen_file": "$REMIXER_T5_DATA_DIR/cogs/gen.tsv"})

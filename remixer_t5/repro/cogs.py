@@ -103,7 +103,9 @@ def measure_splits(progress: Callable[[str], None] = print, eval_examples: int |
   from remixer_t5.data import word_vocab
   from remixer_t5.tasks import cogs
   vocab = cogs.cogs_word_vocabulary()
-  out = {"gen_file": str(cogs.gen_path()), "vocab_size": int(vocab.vocab_size), "splits": {}}
+  gen = cogs.gen_path()
+  out = {"gen_file": portable_path(gen), "gen_sha256": word_vocab.file_digest(gen),
+         "vocab_size": int(vocab.vocab_size), "splits": {}}
   for split in ("train",) + SPLITS:
     rows = cogs.read_cogs_tsv(cogs.split_path(split))
     texts = [t for r in rows for t in r[:2]]
@@ -123,6 +125,20 @@ def measure_splits(progress: Callable[[str], None] = print, eval_examples: int |
       "inputs": _up16(max(s["max_input_tokens"] for s in out["splits"].values())),
       "targets": _up16(max(s["max_target_tokens"] for s in out["splits"].values()))}
   return out
+
+
+def portable_path(path: str | os.PathLike) -> str:
+  """`path`, absolute, with the data folder written `$REMIXER_T5_DATA_DIR` when it lies inside it: the rows,
+  settings.json and table then name no machine's folders (results are committed and resumed elsewhere)."""
+  from remixer_t5.tasks import sources
+  path = Path(path).expanduser().resolve()
+  root = os.environ.get(sources.DATA_ENV_VAR)
+  if root:
+    try:
+      return f"${sources.DATA_ENV_VAR}/{path.relative_to(Path(root).expanduser().resolve()).as_posix()}"
+    except ValueError:
+      pass
+  return str(path)
 
 
 def _up16(n: int) -> int:
@@ -152,11 +168,19 @@ def _gin_args(model: str, model_dir: Path, seed: int, settings: Settings, length
 
 def settings_match(path: Path, record: dict) -> bool:
   """Whether the settings.json at `path` records `record`'s settings; a setting the file lacks (a folder made
-  before it existed) counts as its default."""
+  before it existed) counts as its default. The gen file is the same when its bytes are (`gen_sha256`), wherever
+  it lies; a folder from before the digest was recorded compares the file's name."""
   old = json.loads(path.read_text())
   for f in dataclasses.fields(Settings):
     old.get("settings", {}).setdefault(f.name, f.default)
-  return old == json.loads(json.dumps(record))
+  new = json.loads(json.dumps(record))
+  old_gen, new_gen = old.pop("gen_file", None), new.pop("gen_file", None)
+  new_digest = new.pop("gen_sha256", None)
+  if "gen_sha256" in old:
+    same_gen = old.pop("gen_sha256") == new_digest
+  else:
+    same_gen = Path(str(old_gen)).name == Path(str(new_gen)).name
+  return same_gen and old == new
 
 
 def training_seconds(run_dir: Path) -> float | None:
@@ -306,7 +330,7 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
   work = Path(out_dir) if out_dir is not None else Path(os.environ.get("TMPDIR", "/tmp")) / "remixer_t5_cogs"
   work.mkdir(parents=True, exist_ok=True)
   record = {"settings": dataclasses.asdict(settings) | {"models": None, "seeds": None},
-            "gen_file": data["gen_file"], "model_lengths": lengths}
+            "gen_file": data["gen_file"], "gen_sha256": data["gen_sha256"], "model_lengths": lengths}
   settings_path = work / "settings.json"
   if settings_path.exists():
     if not settings_match(settings_path, record):
