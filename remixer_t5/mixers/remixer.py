@@ -160,7 +160,9 @@ class RemixerBlock(nn.Module):
       mask &= ctx.q_segment_ids[:, :, None] == ctx.q_segment_ids[:, None, :]
     if causal is not None:
       mask &= causal
-    p = jnp.where(mask, base.slice_gather(_row_exp(h).astype(cfg.dtype), pos), 0)             # [b, L, L]
+    # Gathered in float32, cast after: the gathers' transposes (scatter-adds of every example's [L, L]
+    # cotangent into one for H) then sum in float32 under bfloat16 activations, not in bfloat16.
+    p = jnp.where(mask, base.slice_gather(_row_exp(h), pos).astype(cfg.dtype), 0)             # [b, L, L]
     denom = jnp.sum(p.astype(jnp.float32), axis=-1)
     # Dropping entries before normalising equals dropping them after: the denominators stay undropped.
     p = nn.Dropout(self.remix_dropout)(p, deterministic=deterministic)
