@@ -375,17 +375,85 @@ def test_the_gen_file_is_named_portably_and_known_by_its_bytes(tmp_path, monkeyp
   assert repro.portable_path(data / "cogs" / "gen_sample.tsv") == "$REMIXER_T5_DATA_DIR/cogs/gen_sample.tsv"
   elsewhere = tmp_path / "other" / "gen.tsv"
   assert repro.portable_path(elsewhere) == str(elsewhere.resolve())
+  linked = tmp_path / "linked"  # a data folder whose cogs/ is a symbolic link elsewhere
+  linked.mkdir()
+  (linked / "cogs").symlink_to(data / "cogs")
+  monkeypatch.setenv("REMIXER_T5_DATA_DIR", str(linked))
+  assert repro.portable_path(linked / "cogs" / "gen_sample.tsv") == "$REMIXER_T5_DATA_DIR/cogs/gen_sample.tsv"
   monkeypatch.delenv("REMIXER_T5_DATA_DIR")
   assert repro.portable_path(data / "cogs" / "gen_sample.tsv") == str((data / "cogs" / "gen_sample.tsv").resolve())
 
   settings = __import__("dataclasses").asdict(repro.Settings()) | {"models": None, "seeds": None}
   base = {"settings": settings, "model_lengths": {"inputs": 64, "targets": 400}}
-  record = {**base, "gen_file": "$REMIXER_T5_DATA_DIR/cogs/gen_sample.tsv", "gen_sha256": "abc"}
+  record = {**base, "gen_file": "$REMIXER_T5_DATA_DIR/cogs/gen_sample.tsv", "gen_digest": "abc"}
   path = tmp_path / "settings.json"
   path.write_text(json.dumps({**record, "gen_file": "/some/machine/data/cogs/gen_sample.tsv"}))
   assert repro.settings_match(path, record)  # same bytes, another folder
-  assert not repro.settings_match(path, {**record, "gen_sha256": "abd"})  # other bytes
+  assert not repro.settings_match(path, {**record, "gen_digest": "abd"})  # other bytes
   assert not repro.settings_match(path, {**record, "model_lengths": {"inputs": 64, "targets": 416}})
-  path.write_text(json.dumps({**base, "gen_file": "/old/machine/cogs/gen_sample.tsv"}))  # before gen_sha256
+  flagged = {**record, "settings": {**settings, "gen_file": "/one/machine/gen.tsv"}}  # --gen, spelled per machine
+  path.write_text(json.dumps(flagged))
+  assert repro.settings_match(path, {**flagged, "settings": {**settings, "gen_file": "$REMIXER_T5_DATA_DIR/g.tsv"}})
+  assert not repro.settings_match(path, {**flagged, "gen_digest": "abd"})
+  path.write_text(json.dumps({**base, "gen_file": "/old/machine/cogs/gen_sample.tsv"}))  # before gen_digest
   assert repro.settings_match(path, record)
   assert not repro.settings_match(path, {**record, "gen_file": "$REMIXER_T5_DATA_DIR/cogs/gen.tsv"})
+
+
+@pytest.mark.parametrize("where", ["decode", "training"])
+def test_an_interrupted_sweep_stops_its_running_runs(tmp_path, monkeypatch, where):
+  """Ctrl-C (SIGINT to the driver) while a run decodes or trains: the decode stops at its next batch's
+  progress line and the training child gets SIGTERM (the trainer saves and exits), instead of the driver
+  waiting for them to finish; then the interrupt propagates."""
+  import os
+  import signal
+  import threading
+  import time as time_lib
+  from remixer_t5.repro import cogs as repro
+  if not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2:
+    pytest.skip("--jobs 2 needs 2 cores")
+  seen = {}
+  ctrl_c = lambda: signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+  monkeypatch.setattr(repro, "measure_splits", lambda progress, n: {
+      "gen_file": "gen.tsv", "gen_digest": "x", "model_lengths": {"inputs": 16, "targets": 32},
+      "splits": {"gen": {"categories": {"c": 1}, "round_trip_failures": 0}}})
+
+  def train_run(model, seed, settings, lengths, run_dir, progress, cpus=None):
+    if model == "t5_1_1":
+      time_lib.sleep(0.3)  # the Remixer decodes first
+    elif where == "training":  # a child that would train for a minute; only SIGTERM ends it sooner
+      child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+      repro._CHILDREN.add(child)
+      seen["child"] = child
+      threading.Timer(0.5, ctrl_c).start()
+      child.wait()
+      raise RuntimeError("training stopped")
+    return 1.0
+
+  def evaluate_run(model, seed, settings, data, run_dir, progress):
+    if model == "remixer":
+      k = 0
+      try:
+        for k in range(600):  # a 30-second decode, one progress line a batch
+          if k == 5:
+            ctrl_c()
+          progress(f"decoded {k}")
+          time_lib.sleep(0.05)
+      finally:
+        seen["decode_stopped_at"] = k
+    return {s: {"exact_match": 50.0, "seconds": 1.0} for s in ("dev", "test", "gen")}
+
+  monkeypatch.setattr(repro, "train_run", train_run)
+  monkeypatch.setattr(repro, "evaluate_run", evaluate_run)
+  monkeypatch.setattr(repro, "training_seconds", lambda run_dir: None)
+  monkeypatch.setattr(repro, "_param_count", lambda run_dir: 1)
+  monkeypatch.setattr(repro, "_rows", lambda *a: [{"exact_match": 0.5, "seconds": 1.0}])
+  monkeypatch.setattr(repro, "_write_outputs", lambda *a: None)
+  t0 = time_lib.time()
+  with pytest.raises(KeyboardInterrupt):
+    repro.run(repro.Settings(models=("remixer", "t5_1_1"), seeds=(0,), steps=4), tmp_path, jobs=2)
+  assert time_lib.time() - t0 < 15
+  if where == "decode":
+    assert 5 <= seen["decode_stopped_at"] < 100
+  else:
+    assert seen["child"].returncode == -signal.SIGTERM

@@ -104,7 +104,7 @@ def measure_splits(progress: Callable[[str], None] = print, eval_examples: int |
   from remixer_t5.tasks import cogs
   vocab = cogs.cogs_word_vocabulary()
   gen = cogs.gen_path()
-  out = {"gen_file": portable_path(gen), "gen_sha256": word_vocab.file_digest(gen),
+  out = {"gen_file": portable_path(gen), "gen_digest": word_vocab.file_digest(gen),
          "vocab_size": int(vocab.vocab_size), "splits": {}}
   for split in ("train",) + SPLITS:
     rows = cogs.read_cogs_tsv(cogs.split_path(split))
@@ -128,17 +128,20 @@ def measure_splits(progress: Callable[[str], None] = print, eval_examples: int |
 
 
 def portable_path(path: str | os.PathLike) -> str:
-  """`path`, absolute, with the data folder written `$REMIXER_T5_DATA_DIR` when it lies inside it: the rows,
-  settings.json and table then name no machine's folders (results are committed and resumed elsewhere)."""
+  """`path`, absolute, with the data folder written `$REMIXER_T5_DATA_DIR` when it lies inside it (as written,
+  or once symbolic links are resolved): settings.json and data.json then name no machine's folders (results
+  are committed and resumed elsewhere)."""
   from remixer_t5.tasks import sources
-  path = Path(path).expanduser().resolve()
+  path = Path(path).expanduser()
   root = os.environ.get(sources.DATA_ENV_VAR)
   if root:
-    try:
-      return f"${sources.DATA_ENV_VAR}/{path.relative_to(Path(root).expanduser().resolve()).as_posix()}"
-    except ValueError:
-      pass
-  return str(path)
+    root = Path(root).expanduser()
+    for p, r in ((Path(os.path.abspath(path)), Path(os.path.abspath(root))), (path.resolve(), root.resolve())):
+      try:
+        return f"${sources.DATA_ENV_VAR}/{p.relative_to(r).as_posix()}"
+      except ValueError:
+        pass
+  return str(path.resolve())
 
 
 def _up16(n: int) -> int:
@@ -168,16 +171,19 @@ def _gin_args(model: str, model_dir: Path, seed: int, settings: Settings, length
 
 def settings_match(path: Path, record: dict) -> bool:
   """Whether the settings.json at `path` records `record`'s settings; a setting the file lacks (a folder made
-  before it existed) counts as its default. The gen file is the same when its bytes are (`gen_sha256`), wherever
-  it lies; a folder from before the digest was recorded compares the file's name."""
+  before it existed) counts as its default. The gen file is the same when its bytes are (`gen_digest`: the first
+  12 hex digits of their sha256), wherever it lies and however `--gen` named it; a folder from before the
+  digest was recorded compares the file's name."""
   old = json.loads(path.read_text())
   for f in dataclasses.fields(Settings):
     old.get("settings", {}).setdefault(f.name, f.default)
   new = json.loads(json.dumps(record))
   old_gen, new_gen = old.pop("gen_file", None), new.pop("gen_file", None)
-  new_digest = new.pop("gen_sha256", None)
-  if "gen_sha256" in old:
-    same_gen = old.pop("gen_sha256") == new_digest
+  new_digest = new.pop("gen_digest", None)
+  if "gen_digest" in old:
+    same_gen = old.pop("gen_digest") == new_digest
+    old["settings"].pop("gen_file", None)  # the --gen flag's spelling: the digest decides
+    new["settings"].pop("gen_file", None)
   else:
     same_gen = Path(str(old_gen)).name == Path(str(new_gen)).name
   return same_gen and old == new
@@ -199,6 +205,13 @@ def training_seconds(run_dir: Path) -> float | None:
   return float(sum(windows.values()))
 
 
+_CHILDREN: set = set()  # the training subprocesses running now (an interrupted driver stops them: `run`)
+
+
+class Interrupted(Exception):
+  """Raised in a run's thread at its next progress line once the driver was interrupted (`run`)."""
+
+
 def train_run(model: str, seed: int, settings: Settings, lengths: dict, run_dir: Path,
               progress: Callable[[str], None], extra_gin: Sequence[str] = (),
               cpus: Sequence[int] | None = None) -> float:
@@ -216,12 +229,21 @@ def train_run(model: str, seed: int, settings: Settings, lengths: dict, run_dir:
     from remixer_t5 import xla_cpu
     env = {**os.environ, xla_cpu.CPUS_ENV: ",".join(map(str, cpus))} if cpus else os.environ
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    for line in proc.stdout:
-      log.write(line)
-      if line.startswith(("[train]", "[validation]", "model:")):
-        progress(f"{model} seed {seed}: {line.rstrip()}")
-    if proc.wait():
-      raise RuntimeError(f"training {model} seed {seed} failed (exit {proc.returncode}); see {run_dir}/train.log")
+    _CHILDREN.add(proc)
+    try:
+      for line in proc.stdout:
+        log.write(line)
+        if line.startswith(("[train]", "[validation]", "model:")):
+          progress(f"{model} seed {seed}: {line.rstrip()}")
+      code = proc.wait()
+    except BaseException:  # stopped (Interrupted at a progress line): the trainer saves and exits on SIGTERM
+      proc.terminate()
+      log.write(proc.communicate()[0])  # drained, so its last lines cannot block on a full pipe
+      raise
+    finally:
+      _CHILDREN.discard(proc)
+    if code:
+      raise RuntimeError(f"training {model} seed {seed} failed (exit {code}); see {run_dir}/train.log")
   # A trainer stopped by SIGTERM saves, says so and exits 0: decoding that checkpoint would report a short run.
   from remixer_t5 import checkpoints
   ckpt = checkpoints.Checkpointer(run_dir)
@@ -310,7 +332,9 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
   come in the order runs finish and carry `jobs` (their timings shared the machine). XLA splits its sums
   differently over fewer threads, so a run is not bit-identical to the same run with `jobs` 1 (measured: two
   T5.1.1 seeds at 1,000 steps, test exact match 68/81% on 100 examples alone, 75/86% pinned to one core each).
-  A run that fails does not stop the others; the failures are raised together at the end."""
+  A run that fails does not stop the others; the failures are raised together at the end. Interrupted (Ctrl-C),
+  the runs not started stay unstarted, a decode stops at its next batch and a training child gets SIGTERM (the
+  trainer saves a checkpoint and exits); rerunning the command resumes them."""
   import concurrent.futures
   import queue
   import threading
@@ -330,7 +354,9 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
   work = Path(out_dir) if out_dir is not None else Path(os.environ.get("TMPDIR", "/tmp")) / "remixer_t5_cogs"
   work.mkdir(parents=True, exist_ok=True)
   record = {"settings": dataclasses.asdict(settings) | {"models": None, "seeds": None},
-            "gen_file": data["gen_file"], "gen_sha256": data["gen_sha256"], "model_lengths": lengths}
+            "gen_file": data["gen_file"], "gen_digest": data["gen_digest"], "model_lengths": lengths}
+  if settings.gen_file:
+    record["settings"]["gen_file"] = portable_path(settings.gen_file)
   settings_path = work / "settings.json"
   if settings_path.exists():
     if not settings_match(settings_path, record):
@@ -356,11 +382,17 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
             emit(r)
       else:
         todo.append((i, model, seed))
-  free, decoding = queue.Queue(), threading.Lock()
+  free, decoding, stop = queue.Queue(), threading.Lock(), threading.Event()
   for g in groups:
     free.put(g)
 
+  def said(text: str) -> None:  # a run's progress; where it stops once the driver is interrupted
+    if stop.is_set():
+      raise Interrupted(text)
+    progress(text)
+
   def one(i: int, model: str, seed: int) -> tuple[float, dict]:
+    progress = said
     cpus = free.get()
     try:
       run_dir = work / "runs" / f"{model}-seed{seed}"
@@ -399,9 +431,12 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
                  f"{sum(r['seconds'] for r in results.values()):.0f}s); ETA "
                  f"{elapsed / finished * (len(todo) - finished) / 60:.0f} min")
         _write_outputs(work, records)
-    except BaseException:  # Ctrl-C: runs not started stay unstarted; a run being decoded finishes that first
+    except BaseException:  # Ctrl-C: runs not started stay unstarted, running ones stop (their checkpoints kept)
+      stop.set()  # a decode stops at its next batch (its progress line), a training's reader at its next line
       for f in futures:
         f.cancel()
+      for proc in list(_CHILDREN):  # SIGTERM: the trainer saves a checkpoint and exits (a rerun resumes it)
+        proc.terminate()
       raise
   if failed:
     _write_outputs(work, records)
