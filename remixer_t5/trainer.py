@@ -468,20 +468,29 @@ RNG_KERNEL_OPTION = "jax_threefry_gpu_kernel_lowering"
 
 
 @contextlib.contextmanager
-def init_rng_as_kernel():
+def init_rng_as_kernel(shardings=None):
   """Inside the block, jitted code lowered for a GPU draws its threefry bits with jax's threefry kernel (one
   custom call per draw) instead of XLA's inlined threefry; for the initialiser, which is compiled once.
 
-  Inlined, every parameter's threefry stream is unrolled into XLA:GPU's fusions: deviceless for one H100,
-  T5.1.1-base's initialiser took 154 s to compile (26 MB of optimised HLO), and 11 s with the kernel
-  (docs/benchmarks.md, "The initialiser on a GPU"). The kernel computes the same threefry2x32 (it was jax's
-  GPU lowering before XLA's became the default), so the parameters are the same; it writes each draw's bits
-  to memory before they are transformed, which costs the initialiser temporary memory once, before training.
-  The train step (dropout) keeps the inlined form. CPUs and TPUs are unaffected (the option picks only the
-  GPU lowering), and a jax without the option (its CHANGELOG says it may go) keeps the inlined form."""
+  Inlined, every parameter's threefry stream is unrolled into XLA:GPU's fusions: deviceless for one H100 on a
+  2-core host, T5.1.1-base's initialiser took 177 s to lower and compile, 14.9 s with the kernel
+  (docs/benchmarks.md, "Initialising on a GPU"). The kernel computes the same threefry2x32 function (jax's
+  GPU lowering before the inlined one became its default), so the parameters should be bit-identical (not yet
+  checked on a GPU); it writes each draw's bits to memory before they are transformed, which costs the
+  initialiser temporaries once, before training (471 MiB for T5.1.1-base on one device).
+
+  Only where `shardings` (the state's) keep every value whole on each device: one device, or replicated
+  parameters (the data-parallel rules). XLA does not partition the kernel's custom call, so under sharded
+  parameters (fsdp, model rules) every device would draw every parameter in full; there, and with a jax
+  without the option (its CHANGELOG says it may go), the inlined form stays. The train step (dropout) always
+  keeps it; CPUs and TPUs are unaffected (the option picks only the GPU lowering). It sets jax's global
+  option: not for initialisers lowered in several threads at once."""
+  whole = shardings is None or all(s.is_fully_replicated for s in jax.tree_util.tree_leaves(shardings))
   try:
     was = getattr(jax.config, RNG_KERNEL_OPTION)
   except AttributeError:
+    whole = False
+  if not whole:
     yield
     return
   jax.config.update(RNG_KERNEL_OPTION, True)
@@ -493,7 +502,7 @@ def init_rng_as_kernel():
 
 def _init_state(model, tx, input_shapes, shardings, seed):
   init, rng = _init_program(model, tx, input_shapes, shardings, seed)
-  with init_rng_as_kernel():
+  with init_rng_as_kernel(shardings):
     return init(rng)
 
 

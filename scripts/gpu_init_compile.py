@@ -41,7 +41,7 @@ def main() -> None:
   init, rng = trainer._init_program(model, tx, trainer._input_shapes(lengths), prog.shardings, 0)
   key = jax.ShapeDtypeStruct(rng.shape, rng.dtype,
                              sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
-  forms = {"kernel": trainer.init_rng_as_kernel, "inlined": contextlib.nullcontext}
+  forms = {"kernel": lambda: trainer.init_rng_as_kernel(prog.shardings), "inlined": contextlib.nullcontext}
   for form in [args.only] if args.only else ["kernel", "inlined"]:
     t0 = time.time()
     with forms[form]():

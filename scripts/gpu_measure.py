@@ -191,7 +191,7 @@ def stage_model(name: str, steps: int, warmup: int, profile_dir: str | None = No
   init, init_rng = trainer._init_program(model, tx, trainer._input_shapes(lengths), init_shardings, 0)
   if init_on == "host":
     init_rng = jax.device_put(init_rng, jax.devices("cpu")[0])
-  with trainer.init_rng_as_kernel():  # as the trainer compiles it
+  with trainer.init_rng_as_kernel(init_shardings):  # as the trainer compiles it
     init_compiled = init.lower(init_rng).compile()
   row["init_compile_seconds"] = round(time.time() - t0, 1)
   t0 = time.time()

@@ -156,26 +156,33 @@ def test_a_config_can_name_a_real_vocabulary(tmp_path, capsys, monkeypatch, embe
   assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-def test_the_initialisers_rng_option_is_on_only_inside_the_block():
-  """trainer.init_rng_as_kernel turns jax's GPU threefry kernel on for the initialiser only (GPU lowering; its
-  lowering is checked against a deviceless H100 in tests/test_compile_gpu.py) and restores the setting after,
-  also when the block raises; on a CPU the initialiser's parameters are the same either way."""
+def test_the_initialisers_rng_option_is_on_only_inside_the_block(monkeypatch):
+  """trainer.init_rng_as_kernel turns jax's GPU threefry kernel on while `_init_state` lowers the initialiser
+  (its GPU lowering is checked on a deviceless H100 in tests/test_compile_gpu.py), only when the state is whole
+  on every device, and restores the setting after, also when the block raises."""
   from remixer_t5 import trainer
   option = trainer.RNG_KERNEL_OPTION
-  assert getattr(jax.config, option) is False
+  before = getattr(jax.config, option)
   with trainer.init_rng_as_kernel():
     assert getattr(jax.config, option) is True
-  assert getattr(jax.config, option) is False
+  assert getattr(jax.config, option) is before
   with pytest.raises(RuntimeError, match="boom"):
     with trainer.init_rng_as_kernel():
       raise RuntimeError("boom")
-  assert getattr(jax.config, option) is False
+  assert getattr(jax.config, option) is before
 
-  def draw(key):
-    return jax.random.normal(key, (3, 5)), jax.random.truncated_normal(key, -2.0, 2.0, (4,))
-  key = jax.random.PRNGKey(7)
-  with trainer.init_rng_as_kernel():
-    inside = jax.jit(draw)(key)
-  outside = jax.jit(draw)(key)
-  for a, b in zip(inside, outside):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  seen = []
+
+  def program(model, tx, input_shapes, shardings, seed):  # records the option when the initialiser is traced
+    def init(rng):
+      seen.append(getattr(jax.config, option))
+      return rng
+    return jax.jit(init), jax.random.PRNGKey(seed)
+
+  class Sharded:  # a sharding that splits a value over devices (fsdp or model rules)
+    is_fully_replicated = False
+  monkeypatch.setattr(trainer, "_init_program", program)
+  cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+  trainer._init_state(None, None, {}, {"params": {"w": cpu, "b": cpu}}, 0)
+  trainer._init_state(None, None, {}, {"params": {"w": Sharded(), "b": cpu}}, 1)
+  assert seen == [True, False] and getattr(jax.config, option) is before
