@@ -323,12 +323,13 @@ def test_every_path_matches_reference(layout, causal):
   np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
 
 
-def _shapes_in_jaxpr(fn, *args):
-  shapes = set()
+def _eqns_in_jaxpr(fn, *args):
+  """Every equation of fn's jaxpr, those of the sub-jaxprs (jit, scan, custom_vjp, ...) included."""
+  found = []
 
   def walk(jaxpr):
     for eqn in jaxpr.eqns:
-      shapes.update(tuple(v.aval.shape) for v in eqn.outvars if hasattr(v.aval, "shape"))
+      found.append(eqn)
       for param in eqn.params.values():
         for sub in (param if isinstance(param, (list, tuple)) else [param]):
           if isinstance(sub, jax.extend.core.ClosedJaxpr):
@@ -336,7 +337,11 @@ def _shapes_in_jaxpr(fn, *args):
           elif isinstance(sub, jax.extend.core.Jaxpr):
             walk(sub)
   walk(jax.make_jaxpr(fn)(*args).jaxpr)
-  return shapes
+  return found
+
+
+def _shapes_in_jaxpr(fn, *args):
+  return {tuple(v.aval.shape) for eqn in _eqns_in_jaxpr(fn, *args) for v in eqn.outvars if hasattr(v.aval, "shape")}
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -433,20 +438,8 @@ def test_huge_logits_on_hidden_keys_give_finite_rows():
 
 
 def _scatters_in_jaxpr(fn, *args):
-  found = []
-
-  def walk(jaxpr):
-    for eqn in jaxpr.eqns:
-      if eqn.primitive.name.startswith("scatter"):
-        found.append((eqn.primitive.name, str(eqn.outvars[0].aval.dtype), tuple(eqn.outvars[0].aval.shape)))
-      for param in eqn.params.values():
-        for sub in (param if isinstance(param, (list, tuple)) else [param]):
-          if isinstance(sub, jax.extend.core.ClosedJaxpr):
-            walk(sub.jaxpr)
-          elif isinstance(sub, jax.extend.core.Jaxpr):
-            walk(sub)
-  walk(jax.make_jaxpr(fn)(*args).jaxpr)
-  return found
+  return [(e.primitive.name, str(e.outvars[0].aval.dtype), tuple(e.outvars[0].aval.shape))
+          for e in _eqns_in_jaxpr(fn, *args) if e.primitive.name.startswith("scatter")]
 
 
 def test_packed_rows_sum_hs_gradient_in_float32_under_bfloat16_activations():
