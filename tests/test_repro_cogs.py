@@ -401,7 +401,7 @@ def test_the_gen_file_is_named_portably_and_known_by_its_bytes(tmp_path, monkeyp
 
 
 @pytest.mark.parametrize("where", ["decode", "training"])
-def test_an_interrupted_sweep_stops_its_running_runs(tmp_path, monkeypatch, where):
+def test_an_interrupted_sweep_stops_its_running_runs(tmp_path, monkeypatch, request, where):
   """Ctrl-C (SIGINT to the driver) while a run decodes or trains: the decode stops at its next batch's
   progress line and the training child gets SIGTERM (the trainer saves and exits), instead of the driver
   waiting for them to finish; then the interrupt propagates."""
@@ -414,6 +414,10 @@ def test_an_interrupted_sweep_stops_its_running_runs(tmp_path, monkeypatch, wher
     pytest.skip("--jobs 2 needs 2 cores")
   seen = {}
   ctrl_c = lambda: signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+  # Python's own Ctrl-C handler: a process started in the background by a non-interactive shell (CI) inherits
+  # SIGINT ignored, and Python then leaves it ignored.
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+  request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
   monkeypatch.setattr(repro, "measure_splits", lambda progress, n: {
       "gen_file": "gen.tsv", "gen_digest": "x", "model_lengths": {"inputs": 16, "targets": 32},
       "splits": {"gen": {"categories": {"c": 1}, "round_trip_failures": 0}}})
