@@ -453,7 +453,7 @@ def _create_state(model, tx, input_shapes, mesh, seed):
 
 def _init_program(model, tx, input_shapes, shardings, seed):
   """The state's initialiser, jitted into `shardings`, and the key it takes (scripts/gpu_measure.py times its
-  compile and its run apart). Lower or call it inside `init_rng_as_kernel()`, as `_init_state` does."""
+  compile and its run apart). Lower or call it inside `init_rng_as_kernel(shardings)`, as `_init_state` does."""
   init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(seed))
 
   def init(rng):

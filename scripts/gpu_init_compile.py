@@ -20,6 +20,25 @@ import json
 import time
 
 
+def initialiser(model_gin: str, run_gin: str, topology: str, bindings=()):
+  """`trainer._init_program` of the configuration for one GPU of `topology` (deviceless, data rules): the
+  jitted initialiser, its key's abstract value, and the state's shardings."""
+  import jax
+
+  from remixer_t5 import aot_compile, gin_utils, partitioning, trainer
+  gin_utils.parse_gin([model_gin, run_gin], list(bindings), macro_defaults={"MODEL_DIR": "None"})
+  s = aot_compile.train_settings()
+  acc = aot_compile.accelerator(topology)
+  mesh = partitioning.make_mesh(1, "1x1", aot_compile.gpu_topology_devices(acc)[:1], rules="data")
+  model, lengths = s["model"], dict(s["feature_lengths"])
+  tx = trainer._optimizer(model, s.get("optimizer") or aot_compile._default_optimizer(), s.get("learning_rate"))
+  prog = trainer.program(model, tx, None, lengths, mesh, s.get("num_microbatches"))
+  init, rng = trainer._init_program(model, tx, trainer._input_shapes(lengths), prog.shardings, 0)
+  key = jax.ShapeDtypeStruct(rng.shape, rng.dtype,
+                             sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+  return init, key, prog.shardings
+
+
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--model", default="models/t5_1_1/base.gin", help="a model gin file (gin/ relative)")
@@ -30,18 +49,9 @@ def main() -> None:
 
   import jax
 
-  from remixer_t5 import aot_compile, gin_utils, partitioning, trainer
-  gin_utils.parse_gin([args.model, args.run], ["ACTIVATION_DTYPE='bfloat16'"], macro_defaults={"MODEL_DIR": "None"})
-  s = aot_compile.train_settings()
-  acc = aot_compile.accelerator(args.topology)
-  mesh = partitioning.make_mesh(1, "1x1", aot_compile.gpu_topology_devices(acc)[:1], rules="data")
-  model, lengths = s["model"], dict(s["feature_lengths"])
-  tx = trainer._optimizer(model, s.get("optimizer") or aot_compile._default_optimizer(), s.get("learning_rate"))
-  prog = trainer.program(model, tx, None, lengths, mesh, s.get("num_microbatches"))
-  init, rng = trainer._init_program(model, tx, trainer._input_shapes(lengths), prog.shardings, 0)
-  key = jax.ShapeDtypeStruct(rng.shape, rng.dtype,
-                             sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
-  forms = {"kernel": lambda: trainer.init_rng_as_kernel(prog.shardings), "inlined": contextlib.nullcontext}
+  from remixer_t5 import aot_compile, trainer
+  init, key, shardings = initialiser(args.model, args.run, args.topology, ["ACTIVATION_DTYPE='bfloat16'"])
+  forms = {"kernel": lambda: trainer.init_rng_as_kernel(shardings), "inlined": contextlib.nullcontext}
   for form in [args.only] if args.only else ["kernel", "inlined"]:
     t0 = time.time()
     with forms[form]():

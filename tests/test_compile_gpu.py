@@ -135,21 +135,13 @@ def test_an_out_of_memory_error_without_numbers_is_still_a_refusal(capsys, monke
 
 
 def _tiny_init_for_h100():
-  """The tiny model's `trainer._init_program`, shardings on a deviceless H100, and the key's abstract value."""
-  import jax
-
-  from remixer_t5 import gin_utils, partitioning, trainer
-  gin_utils.parse_gin(["models/t5_1_1/tiny.gin", "runs/pretrain.gin"],
-                      ["TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}"], macro_defaults={"MODEL_DIR": "None"})
-  s = aot_compile.train_settings()
-  mesh = partitioning.make_mesh(1, "1x1", aot_compile.gpu_topology_devices(aot_compile.accelerator("h100"))[:1],
-                                rules="data")
-  tx = trainer._optimizer(s["model"], aot_compile._default_optimizer(), None)
-  prog = trainer.program(s["model"], tx, None, dict(s["feature_lengths"]), mesh, None)
-  init, rng = trainer._init_program(s["model"], tx, trainer._input_shapes(dict(s["feature_lengths"])),
-                                    prog.shardings, 0)
-  key = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=jax.sharding.NamedSharding(
-      mesh, jax.sharding.PartitionSpec()))
+  """The tiny model's `trainer._init_program` on a deviceless H100 (scripts/gpu_init_compile.py's setup)."""
+  import sys
+  from pathlib import Path
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+  import gpu_init_compile
+  init, key, _ = gpu_init_compile.initialiser("models/t5_1_1/tiny.gin", "runs/pretrain.gin", "h100",
+                                              ["TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}"])
   return init, key
 
 
