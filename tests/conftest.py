@@ -1,6 +1,7 @@
 """Shared fixtures: the embedded corpus and vocabulary, prepared once per session."""
 
 import atexit
+import fcntl
 import os
 import shutil
 import tempfile
@@ -29,7 +30,8 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 
 @pytest.fixture(scope="session")
 def embedded_cache(tmp_path_factory):
-    """Corpus + 2000-piece SentencePiece model prepared in a fresh temporary cache root.
+    """Corpus + 2000-piece SentencePiece model prepared once per run in a temporary cache root (one for all
+    pytest-xdist workers).
 
     Returns a namespace with ``root`` (a $REMIXER_T5_CACHE_DIR value), ``splits``
     ({split: jsonl path}), ``spm`` (model path) and ``seconds`` (time taken).
@@ -37,8 +39,15 @@ def embedded_cache(tmp_path_factory):
     """
     from remixer_t5.data import embedded_corpus, vocab
 
-    root = tmp_path_factory.mktemp("remixer_t5_cache")
-    with pytest.MonkeyPatch.context() as mp:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # pytest-xdist workers share one run's base folder: the first to take the lock prepares the corpus and
+        # vocabulary (~25-40 s of CPU), the others wait and find them prepared (prepare() is then a no-op).
+        root = tmp_path_factory.getbasetemp().parent / "remixer_t5_cache"
+        root.mkdir(exist_ok=True)
+    else:
+        root = tmp_path_factory.mktemp("remixer_t5_cache")
+    with pytest.MonkeyPatch.context() as mp, open(root.parent / f"{root.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         mp.setenv(embedded_corpus.CACHE_ENV_VAR, str(root))
         start = time.perf_counter()
         splits = embedded_corpus.prepare()

@@ -42,6 +42,32 @@ def test_word_vocabulary_has_a_piece_per_train_word_and_spells_the_rest(tmp_path
     word_vocab.build_word_model(["", " "])
 
 
+def test_word_vocabulary_normalises_nothing_but_u_ffff_and_loads_without_a_log_line(tmp_path):
+  """The character map holds one rule (U+FFFF -> U+FFFD); every other character, whitespace included, passes
+  as written. tf_text's SentencePiece, which logs "precompiled_charsmap is empty" for a model without a map
+  (on every COGS dataset built before), prints nothing when it loads the model."""
+  from remixer_t5.data import word_vocab
+  from sentencepiece import sentencepiece_model_pb2 as pb
+  texts = ["A rose was helped by a dog .", "rose ( x _ 1 ) AND help . theme ( x _ 3 , x _ 1 )"]
+  model = word_vocab.build_word_model(texts)
+  proto = pb.ModelProto()
+  proto.ParseFromString(model)
+  assert proto.normalizer_spec.precompiled_charsmap
+  v = _vocab(tmp_path, texts)
+  # Characters that NFKC or SentencePiece's default rules would change (ligature, full-width, compatibility
+  # forms, combining marks, no-break space, tabs, runs of spaces), and U+FFFE beside the one mapped character.
+  for text in ("\ufb01ne \uff21\uff22 \u2460 e\u0301 a\u00a0b \t x", "  two  spaces ", "\ufffe \U0001f600"):
+    assert v.decode(v.encode(text)) == text
+  assert v.decode(v.encode("x \uffff y")) == "x \ufffd y"
+  script = ("import sys, tensorflow_text as t; tok = t.SentencepieceTokenizer(model=open(sys.argv[1], 'rb').read());"
+            " print(tok.detokenize(tok.tokenize(['rose ( x _ 1 )'])).numpy()[0].decode())")
+  done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "words.model")], capture_output=True,
+                        text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert done.stdout.strip() == "rose ( x _ 1 )"
+  assert "normalizer.cc" not in done.stderr and "precompiled_charsmap" not in done.stderr, done.stderr[-2000:]
+
+
 @pytest.mark.skipif(not SHARED_COGS.is_dir(), reason="../shared/data/cogs (the COGS release files) is absent")
 def test_every_cogs_split_round_trips_through_the_train_word_vocabulary(tmp_path, monkeypatch):
   from remixer_t5.data import word_vocab

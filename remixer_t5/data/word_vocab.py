@@ -14,8 +14,14 @@ training): its pieces are
   - the 256 byte pieces (SentencePiece's byte fallback) for characters never seen in training.
 
 Encoding is SentencePiece's Viterbi over these pieces, so a training word is always one piece and an unseen
-word the fewest pieces that spell it. The normaliser is the identity and whitespace is kept as written, so any
-single-space-separated string decodes back exactly (``round_trip_failures`` counts those that do not).
+word the fewest pieces that spell it. The normaliser is the identity on every character but one and whitespace
+is kept as written, so any single-space-separated string decodes back exactly (``round_trip_failures`` counts
+those that do not). The one exception, ``NORMALIZATION_RULE``, exists because an empty character map (plain
+identity) makes every SentencePiece copy that loads the model log "precompiled_charsmap is empty. use identity
+normalization." (tf_text's, on every dataset built from it), and SentencePiece compiles no map without a rule:
+it refuses an empty rule list and identity rules. So the map holds one rule on a character no text should hold,
+the Unicode noncharacter U+FFFF, mapped to U+FFFD (the replacement character), compiled by SentencePiece's own
+trainer.
 """
 from __future__ import annotations
 
@@ -30,6 +36,31 @@ from typing import Callable, Iterable
 SPACE = "\u2581"  # SentencePiece's word-start mark
 WORD_SCORE, CHAR_SCORE = -1.0, -20.0
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
+NORMALIZATION_RULE = ("\uffff", "\ufffd")  # the character map's one rule (module docstring)
+# Bumped when build_word_model's output changes for the same texts (cache file names carry it). 2: the one-rule
+# character map instead of an empty one (same pieces and ids).
+FORMAT = 2
+
+
+def _charsmap() -> bytes:
+  """SentencePiece's precompiled character map of ``NORMALIZATION_RULE`` alone, compiled by its trainer (a
+  throwaway 12-piece model over a few letters; milliseconds, deterministic)."""
+  import io
+  import tempfile
+  import sentencepiece as spm
+  from sentencepiece import sentencepiece_model_pb2 as pb
+
+  source, target = (" ".join(f"{ord(c):04X}" for c in side) for side in NORMALIZATION_RULE)
+  with tempfile.TemporaryDirectory() as tmp:
+    rules = Path(tmp) / "rules.tsv"
+    rules.write_text(f"{source}\t{target}\n", encoding="utf-8")
+    out = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(["a b c d e f g"] * 20), model_writer=out,
+                                   vocab_size=12, model_type="char", normalization_rule_tsv=str(rules),
+                                   minloglevel=2)
+  m = pb.ModelProto()
+  m.ParseFromString(out.getvalue())
+  return m.normalizer_spec.precompiled_charsmap
 
 
 def build_word_model(texts: Iterable[str]) -> bytes:
@@ -54,7 +85,8 @@ def build_word_model(texts: Iterable[str]) -> bytes:
   spec.byte_fallback = True
   spec.split_digits = True
   norm = m.normalizer_spec
-  norm.name = "identity"
+  norm.name = "user_defined"  # what SentencePiece's trainer names a map compiled from a rule file
+  norm.precompiled_charsmap = _charsmap()
   norm.add_dummy_prefix = True
   norm.remove_extra_whitespaces = False
   norm.escape_whitespaces = True
