@@ -267,6 +267,19 @@ def test_jobs_split_the_cores_into_groups(monkeypatch):
     repro.core_groups(0)
 
 
+def test_quick_trains_its_runs_side_by_side_where_there_are_two_cores(monkeypatch):
+  import argparse
+  from remixer_t5.repro import cogs as repro
+  parser = argparse.ArgumentParser()
+  repro.add_arguments(parser)
+  jobs = lambda *argv: repro.jobs_from_args(parser.parse_args(list(argv)))
+  monkeypatch.setattr(repro.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+  assert jobs("--quick") == repro.QUICK_JOBS == 2
+  assert jobs() == 1 and jobs("--quick", "--jobs", "1") == 1 and jobs("--jobs", "2") == 2
+  monkeypatch.setattr(repro.os, "sched_getaffinity", lambda pid: {3}, raising=False)
+  assert jobs("--quick") == 1  # one core: one run after the other
+
+
 def test_training_seconds_count_each_step_once_across_a_resume(tmp_path):
   """A run killed after step 300 and resumed from its step-200 checkpoint logs 300 twice: the second start's
   window counts (its compile included), the first's is lost work; other splits are not training."""

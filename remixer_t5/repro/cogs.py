@@ -83,6 +83,7 @@ class Settings:
 # Packed training rows (runs/cogs_scratch.gin's), never longer than the model lengths (fixed-length mixers).
 TRAIN_LENGTHS = {"inputs": 64, "targets": 320}
 QUICK = dict(models=("t5_1_1", "remixer"), seeds=(0,), steps=1800)
+QUICK_JOBS = 2  # --quick's two runs side by side (jobs_from_args): one ~1.1M-parameter run keeps 2 cores ~1.4 busy
 
 
 def model_gin(model: str) -> str:
@@ -568,7 +569,8 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
 
 def add_arguments(p) -> None:
   p.add_argument("--quick", action="store_true",
-                 help=f"T5.1.1 and the Remixer, 1 seed, {QUICK['steps']} steps: ~15 minutes on 2 cores")
+                 help=f"T5.1.1 and the Remixer, 1 seed, {QUICK['steps']} steps, trained side by side: ~11 minutes on 2 "
+                 "cores")
   p.add_argument("--models", help=f"comma-separated folders of gin/models/ with {MODEL_FILE} "
                  f"(default: {','.join(DEFAULT_MODELS)})")
   p.add_argument("--seeds", help="a count N (seeds 0..N-1) or comma-separated seeds, e.g. 3,4 (default 3)")
@@ -584,10 +586,25 @@ def add_arguments(p) -> None:
   p.add_argument("--data_dir", "--data-dir", help="folder holding cogs/ (default: $REMIXER_T5_DATA_DIR)")
   p.add_argument("--json", action="store_true", help="one JSON line per model, seed and split or gen category")
   p.add_argument("--out", help="directory for cogs.jsonl, cogs_table.md, cogs.png and the runs (resumable)")
-  p.add_argument("--jobs", type=int, default=1,
-                 help="runs trained at once, each pinned to its share of the cores (default 1); rows come in the "
-                 "order runs finish. A run on fewer cores sums in another order, so its numbers are not "
-                 "bit-identical to --jobs 1's (as between machines)")
+  p.add_argument("--jobs", type=int,
+                 help="runs trained at once, each pinned to its share of the cores (default 1; with --quick 2 "
+                 "where this process may use 2 cores or more); rows come in the order runs finish. A run on fewer "
+                 "cores sums in another order, so its numbers are not bit-identical to --jobs 1's (as between "
+                 "machines)")
+
+
+def jobs_from_args(args) -> int:
+  """--jobs as given; unset, QUICK_JOBS for --quick where this process may use that many cores, else 1.
+
+  --quick's 15-minute budget needs it on 2 cores: one run after the other took 16.0 min (2-core Emerald Rapids
+  Xeon, commit 17db979: training 277 + 307 s, decoding 105 + 131 s, the rest start-ups and compiles), side by
+  side 11.3 min (docs/reproductions.md, "Results: --quick")."""
+  if args.jobs is not None:
+    return args.jobs
+  if not args.quick:
+    return 1
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+  return QUICK_JOBS if cores >= QUICK_JOBS else 1
 
 
 def settings_from_args(args) -> Settings:
@@ -617,7 +634,11 @@ def main(args) -> int:
   emit = (lambda r: print(json.dumps(r), flush=True)) if args.json else (lambda r: None)
   progress = lambda s: print(s, file=sys.stderr, flush=True)
   progress(f"repro cogs: {json.dumps(dataclasses.asdict(settings))}")
-  records = run(settings, out, emit=emit, progress=progress, jobs=args.jobs)
+  jobs = jobs_from_args(args)
+  if args.jobs is None and jobs > 1:
+    progress(f"repro cogs: --quick trains its {len(settings.models)} runs side by side (--jobs {jobs}; --jobs 1 "
+             "for one after the other)")
+  records = run(settings, out, emit=emit, progress=progress, jobs=jobs)
   if not args.json:
     print(markdown_table(records), end="")
   if out is not None:
