@@ -30,17 +30,18 @@ def arch(request, embedded_cache):
 
 
 def _prepared(name, module):
-  variables = module.init(jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32), jnp.ones((1, 6), jnp.int32),
-                          jnp.ones((1, 6), jnp.int32), enable_dropout=False)
+  # Jitted: run op by op, a model's init compiles every primitive alone (~10 s for a tiny model, ~3 s jitted).
+  variables = jax.jit(lambda: module.init(jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32),
+                                          jnp.ones((1, 6), jnp.int32), jnp.ones((1, 6), jnp.int32),
+                                          enable_dropout=False))()
   params = variables["params"]
   # Every parameter has logical axes that the mesh rules can place (as the trainer will).
   shardings = partitioning.param_shardings(variables["params_axes"], partitioning.make_mesh(1))
   assert jax.tree_util.tree_structure(shardings) == jax.tree_util.tree_structure(params), name
   # Perturb every parameter so no mixer sits at a special initial point (e.g. gMLP's near-zero W).
-  leaves, tree = jax.tree_util.tree_flatten(params)
-  keys = jax.random.split(jax.random.PRNGKey(1), len(leaves))
-  params = jax.tree_util.tree_unflatten(
-      tree, [x + 0.05 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+  # (numpy's normals: jax.random op by op compiles its sampler for every distinct shape, ~3-4 s here.)
+  rng = np.random.RandomState(1)
+  params = jax.tree_util.tree_map(lambda x: x + 0.05 * rng.standard_normal(x.shape).astype(x.dtype), params)
   forward = jax.jit(lambda p, e, d, t, *packing: module.apply({"params": p}, e, d, t, *packing,
                                                                enable_dropout=False))
   yield name, module, params, forward
@@ -70,10 +71,10 @@ def test_cached_decoding_equals_full_forward(arch):
   enc, tgt = _tokens(4, (2, 10)), _tokens(5, (2, 20))
   enc[1, 7:] = 0
   full = forward(params, enc, _shift(tgt), tgt)
-  encoded = module.apply({"params": params}, enc, enable_dropout=False, method=module.encode)
+  encoded = jax.jit(lambda p: module.apply({"params": p}, enc, enable_dropout=False, method=module.encode))(params)
   ones = jnp.ones((2, 20), jnp.int32)
-  _, cache = module.apply({"params": params}, encoded, enc, ones, ones, enable_dropout=False, decode=True,
-                          mutable=["cache"], method=module.decode)
+  _, cache = jax.jit(lambda p, e: module.apply({"params": p}, e, enc, ones, ones, enable_dropout=False, decode=True,
+                                               mutable=["cache"], method=module.decode))(params, encoded)
   step = jax.jit(lambda c, tok: module.apply({"params": params, "cache": c}, encoded, enc, tok, tok,
                                              enable_dropout=False, decode=True, max_decode_length=20,
                                              mutable=["cache"], method=module.decode))
