@@ -71,8 +71,9 @@ def _model_and_batch():
   rng = np.random.RandomState(0)
   enc = rng.randint(2, TINY.vocab_size, (3, 9)).astype(np.int32)
   enc[1, 6:] = 0
-  params = module.init(jax.random.PRNGKey(1), jnp.asarray(enc), jnp.ones((3, 7), jnp.int32),
-                       jnp.ones((3, 7), jnp.int32), enable_dropout=False)["params"]
+  # Jitted: op by op, init compiles every primitive alone (several seconds for each call of this helper).
+  params = jax.jit(lambda e: module.init(jax.random.PRNGKey(1), e, jnp.ones((3, 7), jnp.int32),
+                                         jnp.ones((3, 7), jnp.int32), enable_dropout=False))(jnp.asarray(enc))["params"]
   return models.EncoderDecoderModel(module), params, enc
 
 

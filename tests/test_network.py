@@ -15,8 +15,10 @@ CFG = network.T5Config(vocab_size=40, emb_dim=16, num_heads=2, head_dim=8, mlp_d
 @pytest.fixture(scope="module")
 def model_params():
   module = network.Transformer(CFG)
-  variables = module.init(jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32), jnp.ones((1, 6), jnp.int32),
-                          jnp.ones((1, 6), jnp.int32), enable_dropout=False)
+  # Jitted: op by op, init compiles every primitive alone (~10 s for a tiny model).
+  variables = jax.jit(lambda: module.init(jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32),
+                                          jnp.ones((1, 6), jnp.int32), jnp.ones((1, 6), jnp.int32),
+                                          enable_dropout=False))()
   return module, variables
 
 
@@ -77,16 +79,16 @@ def test_appended_encoder_padding_changes_nothing(model_params):
 def test_packed_examples_equal_each_alone(model_params):
   module, v = model_params
   e1, e2, t1, t2 = _tokens(6, (1, 5)), _tokens(7, (1, 4)), _tokens(8, (1, 3)), _tokens(9, (1, 4))
-  alone = [module.apply(v, e, _shift(t), t, enable_dropout=False) for e, t in ((e1, t1), (e2, t2))]
+  apply = jax.jit(lambda v, *args: module.apply(v, *args, enable_dropout=False))
+  alone = [apply(v, e, _shift(t), t) for e, t in ((e1, t1), (e2, t2))]
   enc = np.concatenate([e1, e2, np.zeros((1, 2), np.int32)], 1)
   tgt = np.concatenate([t1, t2, np.zeros((1, 1), np.int32)], 1)
   dec_in = np.concatenate([_shift(t1), _shift(t2), np.zeros((1, 1), np.int32)], 1)
   seg = lambda *ns: np.concatenate([np.full((1, n), i + 1) for i, n in enumerate(ns)] + [np.zeros((1, 0))], 1)
   pos = lambda *ns: np.concatenate([np.arange(n)[None] for n in ns], 1)
   enc_seg, dec_seg = np.pad(seg(5, 4), ((0, 0), (0, 2))), np.pad(seg(3, 4), ((0, 0), (0, 1)))
-  packed = module.apply(v, enc, dec_in, tgt, enc_seg.astype(np.int32), dec_seg.astype(np.int32),
-                        np.pad(pos(5, 4), ((0, 0), (0, 2))), np.pad(pos(3, 4), ((0, 0), (0, 1))),
-                        enable_dropout=False)
+  packed = apply(v, enc, dec_in, tgt, enc_seg.astype(np.int32), dec_seg.astype(np.int32),
+                 np.pad(pos(5, 4), ((0, 0), (0, 2))), np.pad(pos(3, 4), ((0, 0), (0, 1))))
   np.testing.assert_allclose(packed[:, :3], alone[0], atol=1e-5)
   np.testing.assert_allclose(packed[:, 3:7], alone[1], atol=1e-5)
 
