@@ -1,7 +1,6 @@
 """Shared fixtures: the embedded corpus and vocabulary, prepared once per session."""
 
 import atexit
-import fcntl
 import os
 import shutil
 import tempfile
@@ -37,12 +36,16 @@ def embedded_cache(tmp_path_factory):
     ({split: jsonl path}), ``spm`` (model path) and ``seconds`` (time taken).
     The environment is left untouched; use ``embedded_env`` to point it here.
     """
+    import fcntl
+
     from remixer_t5.data import embedded_corpus, vocab
 
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        # pytest-xdist workers share one run's base folder: the first to take the lock prepares the corpus and
-        # vocabulary (~25-40 s of CPU), the others wait and find them prepared (prepare() is then a no-op).
-        root = tmp_path_factory.getbasetemp().parent / "remixer_t5_cache"
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER") and base.name.startswith("popen-"):
+        # pytest-xdist's local workers have basetemps <this run's folder>/popen-gw<N>: the first to take the lock
+        # prepares the corpus and vocabulary there (~25-40 s of CPU), the others wait and find them prepared
+        # (prepare() is then a no-op). Anything else gets a folder of its own.
+        root = base.parent / "remixer_t5_cache"
         root.mkdir(exist_ok=True)
     else:
         root = tmp_path_factory.mktemp("remixer_t5_cache")

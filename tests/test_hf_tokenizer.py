@@ -113,7 +113,7 @@ def spm_case(request, tmp_path):
   """(SentencePiece model path, texts that must encode as seqio does) for three kinds of vocabulary:
 
   embedded: the project's 2000-piece unigram model (NFKC, extra whitespace removed);
-  cogs_words: a word vocabulary as the COGS tasks build (identity normalizer, every space kept, byte fallback);
+  cogs_words: a word vocabulary as the COGS tasks build (one-rule character map, every space kept, byte fallback);
   t5: T5's own 32k model, when the shared data holds it.
   """
   if request.param == "embedded":

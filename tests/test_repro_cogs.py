@@ -44,8 +44,10 @@ def test_word_vocabulary_has_a_piece_per_train_word_and_spells_the_rest(tmp_path
 
 def test_word_vocabulary_normalises_nothing_but_u_ffff_and_loads_without_a_log_line(tmp_path):
   """The character map holds one rule (U+FFFF -> U+FFFD); every other character, whitespace included, passes
-  as written. tf_text's SentencePiece, which logs "precompiled_charsmap is empty" for a model without a map
-  (on every COGS dataset built before), prints nothing when it loads the model."""
+  as written, in SentencePiece's Python copy (seqio's decode) and in tf_text's (seqio's dataset tokenizer), which
+  give the same ids. tf_text's copy, which logs "precompiled_charsmap is empty" for a model without a map (every
+  COGS dataset built before), prints nothing when it loads this one; the same model with the map emptied still
+  makes it log, so the test sees the line where it would be."""
   from remixer_t5.data import word_vocab
   from sentencepiece import sentencepiece_model_pb2 as pb
   texts = ["A rose was helped by a dog .", "rose ( x _ 1 ) AND help . theme ( x _ 3 , x _ 1 )"]
@@ -53,19 +55,30 @@ def test_word_vocabulary_normalises_nothing_but_u_ffff_and_loads_without_a_log_l
   proto = pb.ModelProto()
   proto.ParseFromString(model)
   assert proto.normalizer_spec.precompiled_charsmap
+  proto.normalizer_spec.precompiled_charsmap, proto.normalizer_spec.name = b"", "identity"
+  (tmp_path / "empty.model").write_bytes(proto.SerializeToString())
   v = _vocab(tmp_path, texts)
   # Characters that NFKC or SentencePiece's default rules would change (ligature, full-width, compatibility
   # forms, combining marks, no-break space, tabs, runs of spaces), and U+FFFE beside the one mapped character.
-  for text in ("\ufb01ne \uff21\uff22 \u2460 e\u0301 a\u00a0b \t x", "  two  spaces ", "\ufffe \U0001f600"):
+  kept = ["\ufb01ne \uff21\uff22 \u2460 e\u0301 a\u00a0b \t x", "  two  spaces ", "\ufffe \U0001f600", "rose ( x _ 1 )"]
+  for text in kept:
     assert v.decode(v.encode(text)) == text
   assert v.decode(v.encode("x \uffff y")) == "x \ufffd y"
-  script = ("import sys, tensorflow_text as t; tok = t.SentencepieceTokenizer(model=open(sys.argv[1], 'rb').read());"
-            " print(tok.detokenize(tok.tokenize(['rose ( x _ 1 )'])).numpy()[0].decode())")
-  done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "words.model")], capture_output=True,
-                        text=True, timeout=300)
+  every = kept + ["x \uffff y"]
+  (tmp_path / "texts.json").write_text(json.dumps(every), encoding="utf-8")
+  script = ("import json, sys, tensorflow_text as t\n"
+            "texts = json.load(open(sys.argv[3], encoding='utf-8'))\n"
+            "for name in ('ours', 'empty'):\n"
+            "  print('LOADING ' + name, file=sys.stderr, flush=True)\n"
+            "  tok = t.SentencepieceTokenizer(model=open(sys.argv[1 if name == 'ours' else 2], 'rb').read())\n"
+            "  print(json.dumps(tok.tokenize(texts).to_list()), flush=True)\n")
+  done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "words.model"), str(tmp_path / "empty.model"),
+                         str(tmp_path / "texts.json")], capture_output=True, text=True, timeout=300)
   assert done.returncode == 0, done.stderr[-2000:]
-  assert done.stdout.strip() == "rose ( x _ 1 )"
-  assert "normalizer.cc" not in done.stderr and "precompiled_charsmap" not in done.stderr, done.stderr[-2000:]
+  assert json.loads(done.stdout.splitlines()[0]) == [list(v.encode(t)) for t in every]
+  ours, empty = done.stderr.split("LOADING ours")[1].split("LOADING empty")
+  assert "precompiled_charsmap" not in ours, ours[-2000:]
+  assert empty.count("precompiled_charsmap is empty") == 1, empty[-2000:]
 
 
 @pytest.mark.skipif(not SHARED_COGS.is_dir(), reason="../shared/data/cogs (the COGS release files) is absent")
@@ -278,6 +291,33 @@ def test_quick_trains_its_runs_side_by_side_where_there_are_two_cores(monkeypatc
   assert jobs() == 1 and jobs("--quick", "--jobs", "1") == 1 and jobs("--jobs", "2") == 2
   monkeypatch.setattr(repro.os, "sched_getaffinity", lambda pid: {3}, raising=False)
   assert jobs("--quick") == 1  # one core: one run after the other
+  monkeypatch.setattr(repro.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+  monkeypatch.delattr(repro.os, "sched_setaffinity", raising=False)
+  assert jobs("--quick") == 1  # no pinning (macOS): not side by side unless asked
+
+
+def test_a_lone_run_left_is_not_pinned_to_a_share_of_the_cores(tmp_path, monkeypatch):
+  """--jobs 2 with one run to train (one model, or the other already done): it gets every core, not half."""
+  from remixer_t5.repro import cogs as repro
+  monkeypatch.setattr(repro.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+  monkeypatch.setattr(repro.os, "sched_setaffinity", lambda pid, cpus: None, raising=False)
+  monkeypatch.setattr(repro, "measure_splits", lambda progress, n: {
+      "gen_file": "gen.tsv", "gen_digest": "x", "model_lengths": {"inputs": 16, "targets": 32},
+      "splits": {"gen": {"categories": {"c": 1}, "round_trip_failures": 0}}})
+  pinned = []
+  monkeypatch.setattr(repro, "train_run", lambda model, seed, settings, lengths, run_dir, progress, cpus=None:
+                      pinned.append((model, cpus)) or 1.0)
+  monkeypatch.setattr(repro, "evaluate_run",
+                      lambda *a: {s: {"seconds": 1.0, "exact_match": 50.0} for s in ("dev", "test", "gen")})
+  monkeypatch.setattr(repro, "training_seconds", lambda run_dir: None)
+  monkeypatch.setattr(repro, "_param_count", lambda run_dir: 1)
+  monkeypatch.setattr(repro, "_rows", lambda model, seed, *a: [{"model": model, "seed": seed, "exact_match": 0.5}])
+  monkeypatch.setattr(repro, "_write_outputs", lambda *a: None)
+  rows = repro.run(repro.Settings(models=("t5_1_1",), seeds=(0,), steps=4), tmp_path / "one", jobs=2)
+  assert pinned == [("t5_1_1", None)] and [r["jobs"] for r in rows] == [1]
+  pinned.clear()
+  rows = repro.run(repro.Settings(models=("t5_1_1", "remixer"), seeds=(0,), steps=4), tmp_path / "two", jobs=2)
+  assert sorted(cpus for _, cpus in pinned) == [[0], [1]] and {r["jobs"] for r in rows} == {2}
 
 
 def test_training_seconds_count_each_step_once_across_a_resume(tmp_path):

@@ -16,9 +16,9 @@ training): its pieces are
 Encoding is SentencePiece's Viterbi over these pieces, so a training word is always one piece and an unseen
 word the fewest pieces that spell it. The normaliser is the identity on every character but one and whitespace
 is kept as written, so any single-space-separated string decodes back exactly (``round_trip_failures`` counts
-those that do not). The one exception, ``NORMALIZATION_RULE``, exists because an empty character map (plain
-identity) makes every SentencePiece copy that loads the model log "precompiled_charsmap is empty. use identity
-normalization." (tf_text's, on every dataset built from it), and SentencePiece compiles no map without a rule:
+those that do not). The one exception, ``NORMALIZATION_RULE``, exists because with an empty character map (plain
+identity) tf_text's copy of SentencePiece logs "precompiled_charsmap is empty. use identity normalization."
+whenever it loads the model (on every dataset built from it), and SentencePiece compiles no map without a rule:
 it refuses an empty rule list and identity rules. So the map holds one rule on a character no text should hold,
 the Unicode noncharacter U+FFFF, mapped to U+FFFD (the replacement character), compiled by SentencePiece's own
 trainer.

@@ -383,6 +383,9 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
             emit(r)
       else:
         todo.append((i, model, seed))
+  if 0 < len(todo) < jobs:  # fewer runs left than jobs: each keeps all of its share, none gets a split meant for more
+    jobs = len(todo)
+    groups = core_groups(jobs)
   free, decoding, stop = queue.Queue(), threading.Lock(), threading.Event()
   for g in groups:
     free.put(g)
@@ -569,8 +572,8 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
 
 def add_arguments(p) -> None:
   p.add_argument("--quick", action="store_true",
-                 help=f"T5.1.1 and the Remixer, 1 seed, {QUICK['steps']} steps, trained side by side: ~11 minutes on 2 "
-                 "cores")
+                 help=f"T5.1.1 and the Remixer, 1 seed, {QUICK['steps']} steps; trained side by side where there are 2 "
+                 "cores or more (Linux): ~11 minutes on a 2-core Xeon")
   p.add_argument("--models", help=f"comma-separated folders of gin/models/ with {MODEL_FILE} "
                  f"(default: {','.join(DEFAULT_MODELS)})")
   p.add_argument("--seeds", help="a count N (seeds 0..N-1) or comma-separated seeds, e.g. 3,4 (default 3)")
@@ -588,23 +591,24 @@ def add_arguments(p) -> None:
   p.add_argument("--out", help="directory for cogs.jsonl, cogs_table.md, cogs.png and the runs (resumable)")
   p.add_argument("--jobs", type=int,
                  help="runs trained at once, each pinned to its share of the cores (default 1; with --quick 2 "
-                 "where this process may use 2 cores or more); rows come in the order runs finish. A run on fewer "
+                 "where this process may use 2 cores or more, on Linux); never more than the runs left to train; "
+                 "rows come in the order runs finish. A run on fewer "
                  "cores sums in another order, so its numbers are not bit-identical to --jobs 1's (as between "
                  "machines)")
 
 
 def jobs_from_args(args) -> int:
-  """--jobs as given; unset, QUICK_JOBS for --quick where this process may use that many cores, else 1.
+  """--jobs as given; unset, QUICK_JOBS for --quick where this process may use that many cores and can pin its
+  runs to them (Linux), else 1. `run` lowers it to the number of runs left to train.
 
   --quick's 15-minute budget needs it on 2 cores: one run after the other took 16.0 min (2-core Emerald Rapids
   Xeon, commit 17db979: training 277 + 307 s, decoding 105 + 131 s, the rest start-ups and compiles), side by
   side 11.3 min (docs/reproductions.md, "Results: --quick")."""
   if args.jobs is not None:
     return args.jobs
-  if not args.quick:
+  if not args.quick or not hasattr(os, "sched_setaffinity"):  # unpinned side by side (macOS): never measured
     return 1
-  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-  return QUICK_JOBS if cores >= QUICK_JOBS else 1
+  return QUICK_JOBS if len(os.sched_getaffinity(0)) >= QUICK_JOBS else 1
 
 
 def settings_from_args(args) -> Settings:
@@ -636,8 +640,8 @@ def main(args) -> int:
   progress(f"repro cogs: {json.dumps(dataclasses.asdict(settings))}")
   jobs = jobs_from_args(args)
   if args.jobs is None and jobs > 1:
-    progress(f"repro cogs: --quick trains its {len(settings.models)} runs side by side (--jobs {jobs}; --jobs 1 "
-             "for one after the other)")
+    progress(f"repro cogs: --quick trains {jobs} runs at a time, each pinned to its share of the cores (--jobs "
+             f"{jobs}; --jobs 1 for one after the other)")
   records = run(settings, out, emit=emit, progress=progress, jobs=jobs)
   if not args.json:
     print(markdown_table(records), end="")
