@@ -190,7 +190,8 @@ def register_cogs_task(name: str = TASK_NAME, vocabulary=None, *, data_dir=None)
 def _word_model_path(data_dir=None) -> Path:
     from remixer_t5.data import embedded_corpus, word_vocab
     train = split_path("train", data_dir)
-    cache = embedded_corpus.cache_root() / "cogs" / f"word_vocab_v{word_vocab.FORMAT}_{word_vocab.file_digest(train)}.model"
+    name = f"word_vocab_v{word_vocab.FORMAT}_{word_vocab.file_digest(train)}.model"
+    cache = embedded_corpus.cache_root() / "cogs" / name
     return word_vocab.cached_model(
         cache, lambda: [text for row in read_cogs_tsv(train) for text in row[:2]], f"COGS train ({train})")
 

@@ -296,23 +296,30 @@ def test_quick_trains_its_runs_side_by_side_where_there_are_two_cores(monkeypatc
   assert jobs("--quick") == 1  # no pinning (macOS): not side by side unless asked
 
 
+def _stub_sweep(monkeypatch, repro, train_run, evaluate_run, rows):
+  """`repro.run` with its data, training, decoding and outputs replaced: the sweep's own scheduling alone."""
+  monkeypatch.setattr(repro, "measure_splits", lambda progress, n: {
+      "gen_file": "gen.tsv", "gen_digest": "x", "model_lengths": {"inputs": 16, "targets": 32},
+      "splits": {"gen": {"categories": {"c": 1}, "round_trip_failures": 0}}})
+  monkeypatch.setattr(repro, "train_run", train_run)
+  monkeypatch.setattr(repro, "evaluate_run", evaluate_run)
+  monkeypatch.setattr(repro, "training_seconds", lambda run_dir: None)
+  monkeypatch.setattr(repro, "_param_count", lambda run_dir: 1)
+  monkeypatch.setattr(repro, "_rows", rows)
+  monkeypatch.setattr(repro, "_write_outputs", lambda *a: None)
+
+
 def test_a_lone_run_left_is_not_pinned_to_a_share_of_the_cores(tmp_path, monkeypatch):
   """--jobs 2 with one run to train (one model, or the other already done): it gets every core, not half."""
   from remixer_t5.repro import cogs as repro
   monkeypatch.setattr(repro.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
   monkeypatch.setattr(repro.os, "sched_setaffinity", lambda pid, cpus: None, raising=False)
-  monkeypatch.setattr(repro, "measure_splits", lambda progress, n: {
-      "gen_file": "gen.tsv", "gen_digest": "x", "model_lengths": {"inputs": 16, "targets": 32},
-      "splits": {"gen": {"categories": {"c": 1}, "round_trip_failures": 0}}})
   pinned = []
-  monkeypatch.setattr(repro, "train_run", lambda model, seed, settings, lengths, run_dir, progress, cpus=None:
-                      pinned.append((model, cpus)) or 1.0)
-  monkeypatch.setattr(repro, "evaluate_run",
-                      lambda *a: {s: {"seconds": 1.0, "exact_match": 50.0} for s in ("dev", "test", "gen")})
-  monkeypatch.setattr(repro, "training_seconds", lambda run_dir: None)
-  monkeypatch.setattr(repro, "_param_count", lambda run_dir: 1)
-  monkeypatch.setattr(repro, "_rows", lambda model, seed, *a: [{"model": model, "seed": seed, "exact_match": 0.5}])
-  monkeypatch.setattr(repro, "_write_outputs", lambda *a: None)
+  _stub_sweep(monkeypatch, repro,
+              train_run=lambda model, seed, settings, lengths, run_dir, progress, cpus=None:
+              pinned.append((model, cpus)) or 1.0,
+              evaluate_run=lambda *a: {s: {"seconds": 1.0, "exact_match": 50.0} for s in ("dev", "test", "gen")},
+              rows=lambda model, seed, *a: [{"model": model, "seed": seed, "exact_match": 0.5}])
   rows = repro.run(repro.Settings(models=("t5_1_1",), seeds=(0,), steps=4), tmp_path / "one", jobs=2)
   assert pinned == [("t5_1_1", None)] and [r["jobs"] for r in rows] == [1]
   pinned.clear()
@@ -497,9 +504,6 @@ def test_an_interrupted_sweep_stops_its_running_runs(tmp_path, monkeypatch, requ
   # SIGINT ignored, and Python then leaves it ignored.
   previous = signal.signal(signal.SIGINT, signal.default_int_handler)
   request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
-  monkeypatch.setattr(repro, "measure_splits", lambda progress, n: {
-      "gen_file": "gen.tsv", "gen_digest": "x", "model_lengths": {"inputs": 16, "targets": 32},
-      "splits": {"gen": {"categories": {"c": 1}, "round_trip_failures": 0}}})
 
   def train_run(model, seed, settings, lengths, run_dir, progress, cpus=None):
     if model == "t5_1_1":
@@ -526,12 +530,7 @@ def test_an_interrupted_sweep_stops_its_running_runs(tmp_path, monkeypatch, requ
         seen["decode_stopped_at"] = k
     return {s: {"exact_match": 50.0, "seconds": 1.0} for s in ("dev", "test", "gen")}
 
-  monkeypatch.setattr(repro, "train_run", train_run)
-  monkeypatch.setattr(repro, "evaluate_run", evaluate_run)
-  monkeypatch.setattr(repro, "training_seconds", lambda run_dir: None)
-  monkeypatch.setattr(repro, "_param_count", lambda run_dir: 1)
-  monkeypatch.setattr(repro, "_rows", lambda *a: [{"exact_match": 0.5, "seconds": 1.0}])
-  monkeypatch.setattr(repro, "_write_outputs", lambda *a: None)
+  _stub_sweep(monkeypatch, repro, train_run, evaluate_run, rows=lambda *a: [{"exact_match": 0.5, "seconds": 1.0}])
   t0 = time_lib.time()
   with pytest.raises(KeyboardInterrupt):
     repro.run(repro.Settings(models=("remixer", "t5_1_1"), seeds=(0,), steps=4), tmp_path, jobs=2)
