@@ -104,11 +104,13 @@ def hf_model(config, params):
   return model.float().eval()
 
 
-def hf_reference(model, enc: np.ndarray, new_tokens: int, beam_size: int = 1, alpha: float = 0.6
-                 ) -> Callable[[], np.ndarray]:
+def hf_reference(model, enc: np.ndarray, new_tokens: int, beam_size: int = 1, alpha: float = 0.6,
+                 flush_denormal: bool = True) -> Callable[[], np.ndarray]:
   """A zero-argument callable: `model.generate` of `enc` for exactly `new_tokens` tokens (no EOS stop), the
-  tokens after the decoder start [batch, new_tokens]."""
+  tokens after the decoder start [batch, new_tokens]. `flush_denormal`: PyTorch flushes subnormal floats to
+  zero, as XLA:CPU does (bench_env's docstring)."""
   torch, _ = _transformers()
+  bench_env.set_torch_flush_denormal(flush_denormal)
   input_ids = torch.from_numpy(enc.astype(np.int64))
   mask = (input_ids > 0).long()
   kwargs = dict(max_new_tokens=new_tokens, do_sample=False, num_beams=beam_size, eos_token_id=None,
@@ -143,7 +145,7 @@ def check_settings(batch_size, input_length, new_tokens, beam_size, modes, steps
 
 def bench_decode(model, params=None, *, batch_size: int = 32, input_length: int = 128, new_tokens: int = 64,
                  beam_size: int = 4, modes: Sequence[str] = MODES, steps: int = 3, warmup: int = 1,
-                 rounds: int = 3, reference: str | None = None, seed: int = 0,
+                 rounds: int = 3, reference: str | None = None, seed: int = 0, hf_flush_denormal: bool = True,
                  log: Callable[[str], None] = lambda s: None,
                  outputs: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
   """Median s per batch and tokens/s of our decode (and the reference's) per mode, alternated over `rounds`.
@@ -168,7 +170,8 @@ def bench_decode(model, params=None, *, batch_size: int = 32, input_length: int 
   for mode in modes:
     runners[mode]["ours"] = ours(model, params, enc, new_tokens, beams[mode])
     if reference_model is not None:
-      runners[mode]["hf"] = hf_reference(reference_model, enc, new_tokens, beams[mode])
+      runners[mode]["hf"] = hf_reference(reference_model, enc, new_tokens, beams[mode],
+                                         flush_denormal=hf_flush_denormal)
   load_start = bench_env.loadavg()
   medians: dict[str, list[float]] = {f"{side}_{m}": [] for m in modes for side in runners[m]}
   last: dict[str, np.ndarray] = {}

@@ -4,6 +4,14 @@ A CPU figure means little without what decided it: the CPU model and its vector 
 which kernels XLA and PyTorch pick), the cores usable, the XLA flags in force (the CLI's XLA:CPU option),
 the host allocator policy, the thread counts PyTorch and OpenMP/MKL use, the load average around the
 measurement, the commit, and the versions. `environment()` gathers them into the row.
+
+And whether each side flushes subnormal floats to zero. XLA:CPU runs its kernels with flush-to-zero and
+denormals-are-zero set; PyTorch by default does not, and on Intel CPUs an operation on a subnormal float takes
+~100 cycles. A T5 train step with Adafactor makes subnormals within a few steps, so HF's reference step took
+3-6.6 s instead of 1.2-1.6 s on a 2-core Cascade Lake Xeon (config A of docs/benchmarks.md) and was 5-7x slower
+on Intel machines than on AMD ones, whose penalty is small. The references therefore run with
+`torch.set_flush_denormal(True)` (`set_torch_flush_denormal`) unless asked not to, and the row records what
+each side actually does (`denormals_flushed`, a computation, not a setting).
 """
 from __future__ import annotations
 
@@ -78,6 +86,29 @@ def git_commit() -> str | None:
     return None
 
 
+def set_torch_flush_denormal(flush: bool) -> None:
+  """PyTorch's flush-to-zero/denormals-are-zero mode for this process (XLA:CPU's is always on; module docstring).
+  ValueError where this CPU has no such mode and `flush` is asked for."""
+  import torch
+  if not torch.set_flush_denormal(flush) and flush:
+    raise ValueError("torch.set_flush_denormal(True) is not supported on this CPU (it needs SSE3); run the HF "
+                     "reference with --hf_denormals=keep")
+
+
+def denormals_flushed(side: str) -> bool:
+  """Whether `side` ('xla' or 'torch') computes 1e-39 + 1e-39 (a float32 subnormal) as 0 in this process."""
+  import numpy as np
+  tiny = np.array([1e-39], np.float32)
+  if side == "xla":
+    import jax
+    return bool(np.asarray(jax.jit(lambda a: a + a)(tiny))[0] == 0)
+  if side == "torch":
+    import torch
+    t = torch.from_numpy(tiny)
+    return bool((t + t)[0].item() == 0)
+  raise ValueError(f"denormals_flushed: side {side!r}, expected 'xla' or 'torch'")
+
+
 def transparent_hugepages() -> str | None:
   """The kernel's transparent huge page mode ('always', 'madvise' or 'never'), or None off Linux. With 'always' a
   freshly mapped buffer faults in 2 MiB pages (512x fewer faults), which changes what an unmapped-and-remapped
@@ -106,6 +137,8 @@ def environment(with_torch: bool = False) -> dict[str, Any]:
       "host_malloc_policy": host_memory.applied, "transparent_hugepages": transparent_hugepages(),
       "thread_env": {k: os.environ[k] for k in THREAD_ENV if k in os.environ},
       "git_commit": git_commit(), "jax_version": jax.__version__}
+  if jax.default_backend() == "cpu":
+    env["xla_denormals_flushed"] = denormals_flushed("xla")
   try:
     env["jaxlib_version"] = md.version("jaxlib")
   except md.PackageNotFoundError:  # pragma: no cover
@@ -114,5 +147,6 @@ def environment(with_torch: bool = False) -> dict[str, Any]:
     import torch
     import transformers
     env.update(torch_num_threads=torch.get_num_threads(), torch_num_interop_threads=torch.get_num_interop_threads(),
-               torch_version=torch.__version__, transformers_version=transformers.__version__)
+               torch_version=torch.__version__, transformers_version=transformers.__version__,
+               torch_denormals_flushed=denormals_flushed("torch"))
   return env

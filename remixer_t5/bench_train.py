@@ -78,16 +78,20 @@ def ours(model, optimizer, batch: Mapping[str, np.ndarray], seed: int = 0) -> Ca
   return run
 
 
-def hf_reference(config, batch: Mapping[str, np.ndarray], learning_rate: float = 1e-2, seed: int = 0
-                 ) -> Callable[[], Any]:
-  """transformers' T5ForConditionalGeneration train step on the same shapes (float32, dropout as `config`)."""
+def hf_reference(config, batch: Mapping[str, np.ndarray], learning_rate: float = 1e-2, seed: int = 0,
+                 flush_denormal: bool = True) -> Callable[[], Any]:
+  """transformers' T5ForConditionalGeneration train step on the same shapes (float32, dropout as `config`).
+
+  `flush_denormal`: PyTorch flushes subnormal floats to zero, as XLA:CPU does (bench_env's docstring: without
+  it the step ran 2-5x slower on Intel CPUs once Adafactor made subnormals)."""
   try:
     import torch
     import transformers
     from transformers.optimization import Adafactor
   except ImportError as e:  # pragma: no cover - depends on the optional extra
     raise RuntimeError("--reference hf needs PyTorch and transformers: pip install -e '.[hf]'") from e
-  from remixer_t5 import hf
+  from remixer_t5 import bench_env, hf
+  bench_env.set_torch_flush_denormal(flush_denormal)
   torch.manual_seed(seed)
   hf_config = transformers.T5Config(**{k: v for k, v in hf.config_to_hf(config).items() if k != "architectures"})
   model = transformers.T5ForConditionalGeneration(hf_config).train()
@@ -107,8 +111,9 @@ def hf_reference(config, batch: Mapping[str, np.ndarray], learning_rate: float =
 
 def bench_train(model, optimizer, *, batch_size: int, feature_lengths: Mapping[str, int], steps: int = 20,
                 warmup: int = 3, rounds: int = 3, reference: str | None = None, seed: int = 0,
-                log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
-  """Median step times of our train step (and the reference's), alternated over `rounds` in one process."""
+                hf_flush_denormal: bool = True, log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+  """Median step times of our train step (and the reference's), alternated over `rounds` in one process.
+  `hf_flush_denormal`: see hf_reference."""
   if reference not in REFERENCES:
     raise ValueError(f"unknown --reference {reference!r}; expected one of {', '.join(map(str, REFERENCES))}")
   if steps < 1 or rounds < 1 or warmup < 0:
@@ -117,7 +122,7 @@ def bench_train(model, optimizer, *, batch_size: int, feature_lengths: Mapping[s
   batch = random_batch(cfg.vocab_size, batch_size, feature_lengths, seed)
   runners = {"ours": ours(model, optimizer, batch, seed)}
   if reference == "hf":
-    runners["hf"] = hf_reference(cfg, batch, seed=seed)
+    runners["hf"] = hf_reference(cfg, batch, seed=seed, flush_denormal=hf_flush_denormal)
   medians: dict[str, list[float]] = {name: [] for name in runners}
   usage = {name: [0.0, 0.0, 0, 0.0] for name in runners}  # cpu s, system s, minor faults, wall s (timed steps)
   for r in range(rounds):

@@ -241,18 +241,30 @@ def cmd_bench_input(args: argparse.Namespace) -> int:
   return 0
 
 
+def _hf_flush_denormal(args: argparse.Namespace, reference: str | None) -> bool:
+  """--hf_denormals: 'flush' (default, as XLA:CPU does) or 'keep' (PyTorch's own default); only with a reference."""
+  if args.hf_denormals is not None and reference != "hf":
+    raise ValueError(f"--hf_denormals={args.hf_denormals!r} sets the HF reference's PyTorch; it needs --reference hf")
+  value = args.hf_denormals or "flush"
+  if value not in ("flush", "keep"):
+    raise ValueError(f"--hf_denormals={value!r}: expected 'flush' (the default: PyTorch flushes subnormal floats "
+                     "to zero, as XLA:CPU does) or 'keep' (PyTorch's own default)")
+  return value == "flush"
+
+
 def cmd_bench_train(args: argparse.Namespace) -> int:
   from remixer_t5 import bench_train
   reference = None if args.reference in (None, "none") else args.reference
   if reference not in bench_train.REFERENCES:  # before the model is built
     raise ValueError(f"unknown --reference {args.reference!r}; expected 'hf' or 'none'")
+  flush = _hf_flush_denormal(args, reference)
   setup = bench_train.from_gin(args.batch_size, _parse_lengths(args.lengths))
   from remixer_t5 import bench_env
   load_start = bench_env.loadavg()
   row = bench_train.bench_train(**setup, steps=20 if args.steps is None else args.steps,
                                 warmup=5 if args.warmup is None else args.warmup,
                                 rounds=3 if args.rounds is None else args.rounds, reference=reference,
-                                log=bench_train.stderr_log)
+                                hf_flush_denormal=flush, log=bench_train.stderr_log)
   row.update(bench_env.environment(with_torch=reference == "hf"), load_average_start=load_start,
              load_average_end=bench_env.loadavg())
   bench_train.add_mfu(row, setup["model"], args.peak_flops)
@@ -270,13 +282,14 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
   kwargs = {k: d[k] if getattr(args, k) is None else getattr(args, k)
             for k in ("batch_size", "input_length", "new_tokens", "beam_size", "steps", "rounds", "warmup")}
   bench_decode.check_settings(modes=modes, reference=reference, **kwargs)  # before the model is built
+  flush = _hf_flush_denormal(args, reference)
   model = bench_decode.model_from_gin()
   params = None
   if args.checkpoint:
     from remixer_t5 import checkpoints
     params = checkpoints.restore_any_params(Path(args.checkpoint))
   row = bench_decode.bench_decode(model, params, modes=modes, reference=reference, log=bench_decode.stderr_log,
-                                  **kwargs)
+                                  hf_flush_denormal=flush, **kwargs)
   print(json.dumps(row) if args.json else bench_decode.format_row(row), flush=True)
   return 0
 
@@ -425,6 +438,10 @@ def build_parser() -> argparse.ArgumentParser:
   ben.add_argument("--reference", help="train/decode: 'hf' also times transformers' PyTorch T5 (train step; "
                    "decode: generate on the same weights, T5.1.1 only) on the same shapes (pip install -e '.[hf]'); "
                    "'none' (default) times ours only")
+  ben.add_argument("--hf_denormals", "--hf-denormals",
+                   help="train/decode with --reference hf: 'flush' (default) runs PyTorch with subnormal floats "
+                   "flushed to zero, as XLA:CPU always does; 'keep' leaves PyTorch's default (on Intel CPUs its "
+                   "train step then runs several times slower once subnormals appear)")
   ben.add_argument("--batch_size", "--batch-size", type=int,
                    help="train: override BATCH_SIZE; decode: examples per batch (default 32)")
   ben.add_argument("--input_length", "--input-length", type=int, help="decode: input tokens per example (default 128)")

@@ -97,9 +97,15 @@ def test_greedy_tokens_are_the_evaluators(tiny):
 
 
 def test_hf_generate_on_the_same_weights_gives_the_same_tokens(tiny):
-  pytest.importorskip("torch", reason="the HF reference needs the optional .[hf] extra (PyTorch); CI has none")
+  torch = pytest.importorskip("torch", reason="the HF reference needs the optional .[hf] extra (PyTorch); CI has none")
   pytest.importorskip("transformers", reason="the HF reference needs the optional .[hf] extra (transformers)")
-  model, params = tiny
+  try:
+    _hf_generate_matches(*tiny)
+  finally:
+    torch.set_flush_denormal(False)  # the reference set it (process-wide); PyTorch's default for later tests
+
+
+def _hf_generate_matches(model, params):
   row, out = _decode(model, params, modes=("greedy", "beam"), reference="hf")
   for mode in ("greedy", "beam"):
     np.testing.assert_array_equal(out[f"hf_{mode}"], out[f"ours_{mode}"])
@@ -108,6 +114,7 @@ def test_hf_generate_on_the_same_weights_gives_the_same_tokens(tiny):
         row[f"ours_{mode}_s_per_batch"] / row[f"hf_{mode}_s_per_batch"])
     assert row[f"hf_{mode}_tokens_per_s"] == pytest.approx(4 * 8 / row[f"hf_{mode}_s_per_batch"])
   assert row["torch_num_threads"] >= 1 and row["transformers_version"]
+  assert row["torch_denormals_flushed"] is True and row["xla_denormals_flushed"] is True  # the default: flush
   # EOS mid-sequence: HF does not stop there either (eos_token_id=None), and still agrees token for token.
   heavy = _eos_heavy(params, int(np.bincount(out["ours_greedy"].ravel()).argmax()))
   row, out = _decode(model, heavy, reference="hf")

@@ -32,6 +32,36 @@ def test_json_fields_and_reference(capsys):
                                               / r[f"{name}_s_per_step"] / 1e12)
   assert r["ratio_ours_to_hf"] == pytest.approx(r["ours_s_per_step"] / r["hf_s_per_step"])
   assert r["model_flops_per_step"] > 0 and r["peak_flops_per_device"] == 1e12
+  # both sides flush subnormal floats by default (XLA:CPU always does; PyTorch is told to: bench_env)
+  assert r["xla_denormals_flushed"] is True and r["torch_denormals_flushed"] is True
+
+
+@pytest.fixture
+def torch_denormals_restored():
+  torch = pytest.importorskip("torch", reason="the HF reference needs the optional .[hf] extra (PyTorch)")
+  pytest.importorskip("transformers", reason="the HF reference needs the optional .[hf] extra (transformers)")
+  yield torch
+  torch.set_flush_denormal(False)  # PyTorch's default, process-wide
+
+
+@pytest.mark.parametrize("mode, flushed", [("keep", False), ("flush", True)])
+def test_hf_denormals_flag_sets_what_the_row_measures(capsys, torch_denormals_restored, mode, flushed):
+  torch = torch_denormals_restored
+  torch.set_flush_denormal(not flushed)  # the opposite, so that the flag must change it
+  assert cli.main([*ARGS, "--reference=hf", f"--hf_denormals={mode}", "--lengths=8,4", "--batch_size=2"]) == 0
+  r = _row(capsys)
+  assert r["torch_denormals_flushed"] is flushed and r["xla_denormals_flushed"] is True
+  tiny = torch.tensor([1e-39])  # a float32 subnormal: 0 when flushed
+  assert ((tiny + tiny)[0].item() == 0) is flushed
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--reference=hf", "--hf_denormals=off"], "--hf_denormals='off': expected 'flush'"),
+    (["--hf_denormals=keep"], "--hf_denormals='keep' sets the HF reference's PyTorch; it needs --reference hf"),
+])
+def test_bad_hf_denormals_is_a_clear_error(capsys, flags, message):
+  assert cli.main([*ARGS, *flags]) == 2
+  assert message in capsys.readouterr().err
 
 
 def test_text_report_from_a_model_config_alone_has_no_cpu_mfu(capsys):
@@ -106,6 +136,7 @@ def test_rows_record_the_machine_flags_threads_and_load(capsys, monkeypatch):
   assert r["thread_env"] == {"OMP_NUM_THREADS": "2"}
   assert len(r["load_average_start"]) == 3 and len(r["load_average_end"]) == 3
   assert isinstance(r["host_malloc_policy"], bool) and "xla_flags" in r and "xla_cpu_flags" in r
+  assert r["xla_denormals_flushed"] is True  # XLA:CPU's FTZ/DAZ, which the HF reference is made to match
   thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
   if thp.exists():  # the bracketed mode of the kernel's setting, e.g. "always [madvise] never" -> "madvise"
     assert f"[{r['transparent_hugepages']}]" in thp.read_text()
