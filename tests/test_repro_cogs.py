@@ -159,6 +159,9 @@ def test_table_gives_mean_and_range_over_seeds_per_category(tmp_path):
   cooled = repro.markdown_table([{**r, "cooldown_steps": 4} for r in _records()])
   assert dict(zip(head, [c.strip() for c in next(line for line in cooled.splitlines() if line.startswith(
       "| T5.1.1")).strip("|").split("|")]))["steps"] == "10 (cooldown 4)"
+  scaled = repro.markdown_table([{**r, "base_lr": 2.0} for r in _records()])
+  assert dict(zip(head, [c.strip() for c in next(line for line in scaled.splitlines() if line.startswith(
+      "| T5.1.1")).strip("|").split("|")]))["steps"] == "10 (base lr 2)"
   repro.plot(_records(), tmp_path / "cogs.png")
   assert (tmp_path / "cogs.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -448,6 +451,38 @@ def test_cooldown_reaches_the_trainers_schedule_and_old_folders_still_resume(tmp
   assert repro.settings_match(tmp_path / "settings.json", {**record, "settings": {**record["settings"], "cooldown": 0}})
   assert not repro.settings_match(tmp_path / "settings.json",
                                   {**record, "settings": {**record["settings"], "cooldown": 10}})
+
+
+def test_base_lr_scales_the_trainers_schedule_and_old_folders_still_resume(tmp_path):
+  """--base_lr is the base of the rsqrt schedule the trainer is given (through the run's gin flags): every
+  step's rate scales with it; the default passes no flag, and a folder from before the setting resumes."""
+  import gin
+  from remixer_t5 import gin_utils, optim
+  from remixer_t5.repro import cogs as repro
+  for bad in (0.0, -1.0, float("nan"), float("inf")):
+    with pytest.raises(ValueError, match="--base_lr must be positive"):
+      repro.Settings(base_lr=bad)
+  plain = optim.rsqrt_schedule(1.0, 300)
+  for base in (1.0, 2.5):
+    flags = repro._gin_args("t5_1_1", tmp_path, 0, repro.Settings(steps=3000, base_lr=base),
+                            {"inputs": 64, "targets": 400})
+    assert any("base_learning_rate" in f for f in flags) == (base != 1.0)
+    gin_utils.parse_gin([f[len("--gin_file="):] for f in flags if f.startswith("--gin_file=")],
+                        [f[len("--gin."):] for f in flags if f.startswith("--gin.")])
+    schedule = gin.query_parameter("remixer_t5.trainer.train.learning_rate").scoped_configurable_fn()
+    for step in (0, 300, 2999):
+      assert float(schedule(step)) == pytest.approx(base * float(plain(step)), rel=1e-6)
+  gin.clear_config()
+  record = {"settings": {k: v for k, v in __import__("dataclasses").asdict(repro.Settings()).items()
+                         if k != "base_lr"} | {"models": None, "seeds": None},
+            "gen_file": "x", "model_lengths": {"inputs": 64, "targets": 400}}
+  (tmp_path / "settings.json").write_text(json.dumps(record))
+  assert repro.settings_match(tmp_path / "settings.json", {**record, "settings": {**record["settings"], "base_lr": 1.0}})
+  assert not repro.settings_match(tmp_path / "settings.json",
+                                  {**record, "settings": {**record["settings"], "base_lr": 2.0}})
+  parser = __import__("argparse").ArgumentParser()
+  repro.add_arguments(parser)
+  assert repro.settings_from_args(parser.parse_args(["--base_lr", "2"])).base_lr == 2.0
 
 
 def test_the_gen_file_is_named_portably_and_known_by_its_bytes(tmp_path, monkeypatch):

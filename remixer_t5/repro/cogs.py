@@ -61,6 +61,7 @@ class Settings:
   steps: int = 12000
   batch_size: int = 4          # packed rows per step (~6.4 examples each: ~26 examples per step)
   warmup: int = 300            # rsqrt schedule: base / sqrt(max(step, warmup))
+  base_lr: float = 1.0         # rsqrt schedule's base (T5's 1.0): every step's rate scales with it
   cooldown: int = 0            # > 0: the rate decays linearly to 0 over the last `cooldown` steps (optim.py)
   eval_batch_size: int = 250   # examples decoded at once
   gen_file: str | None = None  # None: <data>/cogs/gen.tsv, else gen_sample.tsv
@@ -74,6 +75,8 @@ class Settings:
         raise ValueError(f"--{name} must be positive, got {getattr(self, name)}")
     if not self.seeds or len(set(self.seeds)) != len(self.seeds) or min(self.seeds) < 0:
       raise ValueError(f"--seeds must be distinct non-negative integers, got {self.seeds}")
+    if not (self.base_lr > 0 and math.isfinite(self.base_lr)):
+      raise ValueError(f"--base_lr must be positive, got {self.base_lr}")
     if self.cooldown == 1 or not 0 <= self.cooldown <= self.steps:
       raise ValueError(f"--cooldown must be 0 (none) or 2 to --steps ({self.steps}), got {self.cooldown}")
     if self.eval_examples is not None and self.eval_examples <= 0:
@@ -166,6 +169,7 @@ def _gin_args(model: str, model_dir: Path, seed: int, settings: Settings, length
           f"--gin.CHECKPOINT_PERIOD={min(settings.steps, CHECKPOINT_EVERY)}",
           "--gin.EVAL_PERIOD=0", f"--gin.optim.rsqrt_schedule.warmup_steps={settings.warmup}",
           *([f"--gin.optim.rsqrt_schedule.cooldown_steps={settings.cooldown}"] if settings.cooldown else []),
+          *([f"--gin.optim.rsqrt_schedule.base_learning_rate={settings.base_lr!r}"] if settings.base_lr != 1.0 else []),
           f"--gin.MODEL_LENGTHS={json.dumps(lengths)}",
           f"--gin.TASK_FEATURE_LENGTHS={json.dumps({k: min(v, lengths[k]) for k, v in TRAIN_LENGTHS.items()})}"]
 
@@ -294,7 +298,8 @@ def _rows(model: str, seed: int, params: int, settings: Settings, results: dict,
   for split in SPLITS:
     r = results[split]
     base = {"model": model, "seed": seed, "split": SPLIT_LABELS[split], "params": params,
-            "train_steps": settings.steps, "cooldown_steps": settings.cooldown, "train_seconds": round(train_seconds, 1),
+            "train_steps": settings.steps, "cooldown_steps": settings.cooldown, "base_lr": settings.base_lr,
+            "train_seconds": round(train_seconds, 1),
             "seconds": round(r["seconds"], 1), "decode_examples_per_s": round(r["examples"] / r["seconds"], 1),
             "decode_tokens_per_s": round(r["tokens"] / r["seconds"], 1)}
     if split != "gen":
@@ -490,7 +495,9 @@ def _cell(rows: list[dict] | None) -> str:
 
 def _steps_cell(row: dict) -> str:
   cooldown = row.get("cooldown_steps") or 0  # rows written before --cooldown existed lack it
-  return f"{row['train_steps']}" + (f" (cooldown {cooldown})" if cooldown else "")
+  base_lr = row.get("base_lr", 1.0)  # likewise --base_lr
+  return (f"{row['train_steps']}" + (f" (cooldown {cooldown})" if cooldown else "")
+          + (f" (base lr {base_lr:g})" if base_lr != 1.0 else ""))
 
 
 def markdown_table(records: Sequence[dict]) -> str:
@@ -580,6 +587,8 @@ def add_arguments(p) -> None:
   p.add_argument("--steps", type=int, help=f"training steps per run (default {Settings.steps})")
   p.add_argument("--batch_size", "--batch-size", type=int, help=f"packed rows per step (default {Settings.batch_size})")
   p.add_argument("--warmup", type=int, help=f"rsqrt schedule warm-up steps (default {Settings.warmup})")
+  p.add_argument("--base_lr", "--base-lr", type=float,
+                 help=f"base of the rsqrt schedule, base / sqrt(max(step, warmup)) (default {Settings.base_lr}: T5's)")
   p.add_argument("--cooldown", type=int, help="end each run with a linear decay of the rate over its last N steps, "
                  "to 1/N of it at the last update (default 0: T5's rsqrt schedule to the end)")
   p.add_argument("--eval_batch_size", "--eval-batch-size", type=int,
@@ -621,7 +630,7 @@ def settings_from_args(args) -> Settings:
       raise ValueError(f"--seeds {args.seeds}: a single number is a count of seeds (0..N-1) and must be at least "
                        "1; to run seed 0 alone pass --seeds 1, other seeds as a list, e.g. --seeds 2,3")
     kw["seeds"] = tuple(range(vals[0])) if len(vals) == 1 and "," not in args.seeds else vals
-  for arg in ("steps", "batch_size", "warmup", "cooldown", "eval_batch_size", "eval_examples"):
+  for arg in ("steps", "batch_size", "warmup", "base_lr", "cooldown", "eval_batch_size", "eval_examples"):
     if getattr(args, arg) is not None:
       kw[arg] = getattr(args, arg)
   if args.gen:
