@@ -422,64 +422,67 @@ def test_cogs_curve_script_decodes_every_kept_checkpoint(tmp_path):
   assert (tmp_path / "out" / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def _trainers_schedule(tmp_path, settings):
+  """The run's gin flags for `settings` and the learning-rate schedule the trainer is given by them."""
+  import gin
+  from remixer_t5 import gin_utils
+  from remixer_t5.repro import cogs as repro
+  flags = repro._gin_args("t5_1_1", tmp_path, 0, settings, {"inputs": 64, "targets": 400})
+  gin_utils.parse_gin([f[len("--gin_file="):] for f in flags if f.startswith("--gin_file=")],
+                      [f[len("--gin."):] for f in flags if f.startswith("--gin.")])
+  return flags, gin.query_parameter("remixer_t5.trainer.train.learning_rate").scoped_configurable_fn()
+
+
+def _old_folder_resumes(tmp_path, key, default, other):
+  """settings.json of a folder from before setting `key` existed: the same run with its default resumes, one
+  with `other` does not."""
+  from remixer_t5.repro import cogs as repro
+  record = {"settings": {k: v for k, v in __import__("dataclasses").asdict(repro.Settings()).items()
+                         if k != key} | {"models": None, "seeds": None},
+            "gen_file": "x", "model_lengths": {"inputs": 64, "targets": 400}}
+  (tmp_path / "settings.json").write_text(json.dumps(record))
+  assert repro.settings_match(tmp_path / "settings.json", {**record, "settings": {**record["settings"], key: default}})
+  assert not repro.settings_match(tmp_path / "settings.json",
+                                  {**record, "settings": {**record["settings"], key: other}})
+
+
 def test_cooldown_reaches_the_trainers_schedule_and_old_folders_still_resume(tmp_path):
   """--cooldown binds the schedule the trainer is given (through the run's gin flags): T5's rsqrt until the
   last N steps, then linearly to 0 at the final step. A folder made before the setting existed resumes."""
   import gin
-  from remixer_t5 import gin_utils, optim
+  from remixer_t5 import optim
   from remixer_t5.repro import cogs as repro
   for bad in (101, 1, -1):
     with pytest.raises(ValueError, match="--cooldown must be 0 .none. or 2 to --steps"):
       repro.Settings(steps=100, cooldown=bad)
   plain = optim.rsqrt_schedule(1.0, 300)
   for cooldown in (0, 1500):
-    flags = repro._gin_args("t5_1_1", tmp_path, 0, repro.Settings(steps=6000, cooldown=cooldown),
-                            {"inputs": 64, "targets": 400})
-    gin_utils.parse_gin([f[len("--gin_file="):] for f in flags if f.startswith("--gin_file=")],
-                        [f[len("--gin."):] for f in flags if f.startswith("--gin.")])
-    schedule = gin.query_parameter("remixer_t5.trainer.train.learning_rate").scoped_configurable_fn()
+    schedule = _trainers_schedule(tmp_path, repro.Settings(steps=6000, cooldown=cooldown))[1]
     assert float(schedule(4500)) == float(plain(4500))
     assert float(schedule(6000)) == (0.0 if cooldown else float(plain(6000)))  # ends with TRAIN_STEPS
     assert float(schedule(5999)) == pytest.approx(float(plain(5999)) / (1500 if cooldown else 1), rel=1e-5)
     assert float(schedule(5250)) == pytest.approx(float(plain(5250)) * (0.5 if cooldown else 1.0), rel=1e-6)
   gin.clear_config()
-  # settings.json of a folder from before --cooldown (no such key): the same run with the default resumes.
-  record = {"settings": {k: v for k, v in __import__("dataclasses").asdict(repro.Settings()).items()
-                         if k != "cooldown"} | {"models": None, "seeds": None},
-            "gen_file": "x", "model_lengths": {"inputs": 64, "targets": 400}}
-  (tmp_path / "settings.json").write_text(json.dumps(record))
-  assert repro.settings_match(tmp_path / "settings.json", {**record, "settings": {**record["settings"], "cooldown": 0}})
-  assert not repro.settings_match(tmp_path / "settings.json",
-                                  {**record, "settings": {**record["settings"], "cooldown": 10}})
+  _old_folder_resumes(tmp_path, "cooldown", 0, 10)
 
 
 def test_base_lr_scales_the_trainers_schedule_and_old_folders_still_resume(tmp_path):
   """--base_lr is the base of the rsqrt schedule the trainer is given (through the run's gin flags): every
   step's rate scales with it; the default passes no flag, and a folder from before the setting resumes."""
   import gin
-  from remixer_t5 import gin_utils, optim
+  from remixer_t5 import optim
   from remixer_t5.repro import cogs as repro
   for bad in (0.0, -1.0, float("nan"), float("inf")):
     with pytest.raises(ValueError, match="--base_lr must be positive"):
       repro.Settings(base_lr=bad)
   plain = optim.rsqrt_schedule(1.0, 300)
   for base in (1.0, 2.5):
-    flags = repro._gin_args("t5_1_1", tmp_path, 0, repro.Settings(steps=3000, base_lr=base),
-                            {"inputs": 64, "targets": 400})
+    flags, schedule = _trainers_schedule(tmp_path, repro.Settings(steps=3000, base_lr=base))
     assert any("base_learning_rate" in f for f in flags) == (base != 1.0)
-    gin_utils.parse_gin([f[len("--gin_file="):] for f in flags if f.startswith("--gin_file=")],
-                        [f[len("--gin."):] for f in flags if f.startswith("--gin.")])
-    schedule = gin.query_parameter("remixer_t5.trainer.train.learning_rate").scoped_configurable_fn()
     for step in (0, 300, 2999):
       assert float(schedule(step)) == pytest.approx(base * float(plain(step)), rel=1e-6)
   gin.clear_config()
-  record = {"settings": {k: v for k, v in __import__("dataclasses").asdict(repro.Settings()).items()
-                         if k != "base_lr"} | {"models": None, "seeds": None},
-            "gen_file": "x", "model_lengths": {"inputs": 64, "targets": 400}}
-  (tmp_path / "settings.json").write_text(json.dumps(record))
-  assert repro.settings_match(tmp_path / "settings.json", {**record, "settings": {**record["settings"], "base_lr": 1.0}})
-  assert not repro.settings_match(tmp_path / "settings.json",
-                                  {**record, "settings": {**record["settings"], "base_lr": 2.0}})
+  _old_folder_resumes(tmp_path, "base_lr", 1.0, 2.0)
   parser = __import__("argparse").ArgumentParser()
   repro.add_arguments(parser)
   assert repro.settings_from_args(parser.parse_args(["--base_lr", "2"])).base_lr == 2.0
