@@ -166,6 +166,9 @@ def bench_decode(model, params=None, *, batch_size: int = 32, input_length: int 
   # Built before any timing, so that a model HF cannot hold fails fast. transformers probes for TensorFlow
   # (importlib find_spec), which would use up quiet.py's one-shot import hook before seqio's real import and
   # let TensorFlow's native start-up lines through: hence evaluation (seqio) is imported first, above.
+  if reference == "hf":  # before PyTorch's first operation (the model's load): the mode is per thread
+    _transformers()
+    bench_env.set_torch_flush_denormal(hf_flush_denormal)
   reference_model = hf_model(cfg, params) if reference == "hf" else None
   for mode in modes:
     runners[mode]["ours"] = ours(model, params, enc, new_tokens, beams[mode])

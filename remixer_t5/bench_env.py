@@ -8,8 +8,8 @@ measurement, the commit, and the versions. `environment()` gathers them into the
 And whether each side flushes subnormal floats to zero. XLA:CPU runs its kernels with flush-to-zero and
 denormals-are-zero set; PyTorch by default does not, and on Intel CPUs an operation on a subnormal float takes
 ~100 cycles. A T5 train step with Adafactor makes subnormals within a few steps, so HF's reference step took
-3-6.6 s instead of 1.2-1.6 s on a 2-core Cascade Lake Xeon (config A of docs/benchmarks.md) and was 5-7x slower
-on Intel machines than on AMD ones, whose penalty is small. The references therefore run with
+2.9-6.6 s instead of 1.2-1.6 s on a 2-core Cascade Lake Xeon (config A of docs/benchmarks.md; AMD's Zen cores
+pay far less for subnormals). The references therefore run with
 `torch.set_flush_denormal(True)` (`set_torch_flush_denormal`) unless asked not to, and the row records what
 each side actually does (`denormals_flushed`, a computation, not a setting).
 """
@@ -87,25 +87,31 @@ def git_commit() -> str | None:
 
 
 def set_torch_flush_denormal(flush: bool) -> None:
-  """PyTorch's flush-to-zero/denormals-are-zero mode for this process (XLA:CPU's is always on; module docstring).
-  ValueError where this CPU has no such mode and `flush` is asked for."""
+  """PyTorch's flush-to-zero/denormals-are-zero mode (XLA:CPU's is always on; module docstring). The mode is per
+  thread and a new thread copies its creator's, so this must run before PyTorch's first parallel operation starts
+  its intra-op threads: those started earlier keep their mode (`denormals_flushed` then says False). ValueError
+  where this CPU or build has no such mode and `flush` is asked for."""
   import torch
   if not torch.set_flush_denormal(flush) and flush:
-    raise ValueError("torch.set_flush_denormal(True) is not supported on this CPU (it needs SSE3); run the HF "
+    raise ValueError("torch.set_flush_denormal(True) is not supported by this CPU or PyTorch build; run the HF "
                      "reference with --hf_denormals=keep")
 
 
+DENORMAL_PROBE = 1 << 22  # elements: enough that the sum runs on every thread of the pool, not the caller's only
+
+
 def denormals_flushed(side: str) -> bool:
-  """Whether `side` ('xla' or 'torch') computes 1e-39 + 1e-39 (a float32 subnormal) as 0 in this process."""
+  """Whether `side` ('xla' or 'torch') computes 1e-39 + 1e-39 (a float32 subnormal) as 0 on every thread it
+  uses in this process: the sum of DENORMAL_PROBE such values, all of which must come out 0."""
   import numpy as np
-  tiny = np.array([1e-39], np.float32)
+  tiny = np.full((DENORMAL_PROBE,), 1e-39, np.float32)
   if side == "xla":
     import jax
-    return bool(np.asarray(jax.jit(lambda a: a + a)(tiny))[0] == 0)
+    return bool((np.asarray(jax.jit(lambda a: a + a)(tiny)) == 0).all())
   if side == "torch":
     import torch
     t = torch.from_numpy(tiny)
-    return bool((t + t)[0].item() == 0)
+    return bool(((t + t) == 0).all().item())
   raise ValueError(f"denormals_flushed: side {side!r}, expected 'xla' or 'torch'")
 
 

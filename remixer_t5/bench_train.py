@@ -83,7 +83,8 @@ def hf_reference(config, batch: Mapping[str, np.ndarray], learning_rate: float =
   """transformers' T5ForConditionalGeneration train step on the same shapes (float32, dropout as `config`).
 
   `flush_denormal`: PyTorch flushes subnormal floats to zero, as XLA:CPU does (bench_env's docstring: without
-  it the step ran 2-5x slower on Intel CPUs once Adafactor made subnormals)."""
+  it the step ran 2-6x slower on an Intel CPU once Adafactor made subnormals). Set before PyTorch's first
+  operation in the process (bench_env.set_torch_flush_denormal: the mode is per thread)."""
   try:
     import torch
     import transformers
@@ -120,9 +121,11 @@ def bench_train(model, optimizer, *, batch_size: int, feature_lengths: Mapping[s
     raise ValueError(f"steps={steps}, rounds={rounds}, warmup={warmup}: expected steps, rounds >= 1, warmup >= 0")
   cfg = model.module.config
   batch = random_batch(cfg.vocab_size, batch_size, feature_lengths, seed)
+  # The reference first: its subnormal mode must be set before any PyTorch operation starts its threads.
+  reference_run = hf_reference(cfg, batch, seed=seed, flush_denormal=hf_flush_denormal) if reference == "hf" else None
   runners = {"ours": ours(model, optimizer, batch, seed)}
-  if reference == "hf":
-    runners["hf"] = hf_reference(cfg, batch, seed=seed, flush_denormal=hf_flush_denormal)
+  if reference_run is not None:
+    runners["hf"] = reference_run
   medians: dict[str, list[float]] = {name: [] for name in runners}
   usage = {name: [0.0, 0.0, 0, 0.0] for name in runners}  # cpu s, system s, minor faults, wall s (timed steps)
   for r in range(rounds):

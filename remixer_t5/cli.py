@@ -245,7 +245,7 @@ def _hf_flush_denormal(args: argparse.Namespace, reference: str | None) -> bool:
   """--hf_denormals: 'flush' (default, as XLA:CPU does) or 'keep' (PyTorch's own default); only with a reference."""
   if args.hf_denormals is not None and reference != "hf":
     raise ValueError(f"--hf_denormals={args.hf_denormals!r} sets the HF reference's PyTorch; it needs --reference hf")
-  value = args.hf_denormals or "flush"
+  value = "flush" if args.hf_denormals is None else args.hf_denormals
   if value not in ("flush", "keep"):
     raise ValueError(f"--hf_denormals={value!r}: expected 'flush' (the default: PyTorch flushes subnormal floats "
                      "to zero, as XLA:CPU does) or 'keep' (PyTorch's own default)")

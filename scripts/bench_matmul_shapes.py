@@ -43,6 +43,8 @@ def main(argv=None) -> int:
   parser.add_argument("--repeats", type=int, default=9)
   parser.add_argument("--json", action="store_true", help="also print the row as JSON")
   args = parser.parse_args(argv)
+  if args.repeats < 1:
+    parser.error(f"--repeats {args.repeats}: expected at least 1 timed call per measurement")
   sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
   from remixer_t5 import xla_cpu
   os.environ["XLA_FLAGS"] = xla_cpu.FLAG if args.xla_flags is None else args.xla_flags
@@ -53,9 +55,9 @@ def main(argv=None) -> int:
   import torch
 
   from remixer_t5 import bench_env, quiet
+  bench_env.set_torch_flush_denormal(True)  # before PyTorch's first operation (the mode is per thread)
   with quiet.native_stderr_hidden():  # libtpu's start-up lines where the .[tpu] extra is installed
     jax.devices()
-  torch.set_flush_denormal(True)
   rng = np.random.default_rng(0)
   kinds = ("forward", "input grad", "kernel grad")
   ours = {"forward": jax.jit(lambda x, w: x @ w), "input grad": jax.jit(lambda g, w: g @ w.T),

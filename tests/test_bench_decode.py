@@ -99,10 +99,12 @@ def test_greedy_tokens_are_the_evaluators(tiny):
 def test_hf_generate_on_the_same_weights_gives_the_same_tokens(tiny):
   torch = pytest.importorskip("torch", reason="the HF reference needs the optional .[hf] extra (PyTorch); CI has none")
   pytest.importorskip("transformers", reason="the HF reference needs the optional .[hf] extra (transformers)")
+  tiny_float = torch.full((1,), 1e-39)
+  before = bool((tiny_float + tiny_float)[0].item() == 0)  # this thread's subnormal mode before the reference's
   try:
     _hf_generate_matches(*tiny)
   finally:
-    torch.set_flush_denormal(False)  # the reference set it (process-wide); PyTorch's default for later tests
+    torch.set_flush_denormal(before)
 
 
 def _hf_generate_matches(model, params):
@@ -114,7 +116,7 @@ def _hf_generate_matches(model, params):
         row[f"ours_{mode}_s_per_batch"] / row[f"hf_{mode}_s_per_batch"])
     assert row[f"hf_{mode}_tokens_per_s"] == pytest.approx(4 * 8 / row[f"hf_{mode}_s_per_batch"])
   assert row["torch_num_threads"] >= 1 and row["transformers_version"]
-  assert row["torch_denormals_flushed"] is True and row["xla_denormals_flushed"] is True  # the default: flush
+  assert row["xla_denormals_flushed"] is True  # torch's: in a fresh process, test_hf_reference_flushes_denormals
   # EOS mid-sequence: HF does not stop there either (eos_token_id=None), and still agrees token for token.
   heavy = _eos_heavy(params, int(np.bincount(out["ours_greedy"].ravel()).argmax()))
   row, out = _decode(model, heavy, reference="hf")
@@ -128,11 +130,27 @@ def _hf_generate_matches(model, params):
     ("--modes=greedy,sample", "--modes greedy,sample: expected one or both of greedy, beam"),
     ("--new_tokens=0", "--new_tokens=0: expected an integer >= 1"),
     ("--lengths=16,8", "bench decode takes --input_length and --new_tokens, not --lengths"),
+    ("--hf_denormals=keep", "--hf_denormals='keep' sets the HF reference's PyTorch; it needs --reference hf"),
 ])
 def test_bad_flags_are_one_clear_error(capsys, flag, message):
   assert cli.main([*ARGS, flag]) == 2
   errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line.lower()]
   assert len(errors) == 1 and errors[0].startswith(f"remixer-t5: error: {message}"), errors
+
+
+def test_hf_reference_flushes_denormals_on_every_thread():
+  """In a fresh process (the mode is per thread, and a test process's PyTorch threads may predate the setting):
+  the default reference flushes subnormals wherever PyTorch computes, as XLA:CPU does."""
+  pytest.importorskip("torch", reason="the HF reference needs the optional .[hf] extra (PyTorch); CI has none")
+  pytest.importorskip("transformers", reason="the HF reference needs the optional .[hf] extra (transformers)")
+  import os
+  import subprocess
+  import sys
+  done = subprocess.run([sys.executable, "-m", "remixer_t5", *ARGS, "--modes=greedy", "--reference=hf", "--json"],
+                        capture_output=True, text=True, timeout=600, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert done.returncode == 0, done.stderr[-2000:]
+  r = json.loads(done.stdout.strip().splitlines()[-1])
+  assert r["torch_denormals_flushed"] is True and r["xla_denormals_flushed"] is True
 
 
 def test_hf_reference_needs_a_t5_model(capsys):

@@ -473,7 +473,7 @@ def test_base_lr_scales_the_trainers_schedule_and_old_folders_still_resume(tmp_p
   from remixer_t5 import optim
   from remixer_t5.repro import cogs as repro
   for bad in (0.0, -1.0, float("nan"), float("inf")):
-    with pytest.raises(ValueError, match="--base_lr must be positive"):
+    with pytest.raises(ValueError, match="--base_lr must be a positive finite number"):
       repro.Settings(base_lr=bad)
   plain = optim.rsqrt_schedule(1.0, 300)
   for base in (1.0, 2.5):

@@ -76,7 +76,7 @@ class Settings:
     if not self.seeds or len(set(self.seeds)) != len(self.seeds) or min(self.seeds) < 0:
       raise ValueError(f"--seeds must be distinct non-negative integers, got {self.seeds}")
     if not (self.base_lr > 0 and math.isfinite(self.base_lr)):
-      raise ValueError(f"--base_lr must be positive, got {self.base_lr}")
+      raise ValueError(f"--base_lr must be a positive finite number, got {self.base_lr}")
     if self.cooldown == 1 or not 0 <= self.cooldown <= self.steps:
       raise ValueError(f"--cooldown must be 0 (none) or 2 to --steps ({self.steps}), got {self.cooldown}")
     if self.eval_examples is not None and self.eval_examples <= 0:
@@ -580,7 +580,7 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
 def add_arguments(p) -> None:
   p.add_argument("--quick", action="store_true",
                  help=f"T5.1.1 and the Remixer, 1 seed, {QUICK['steps']} steps; trained side by side where there are 2 "
-                 "cores or more (Linux): ~11 minutes on a 2-core Xeon")
+                 "cores or more (Linux): 11-16 minutes on the 2-core Xeons measured")
   p.add_argument("--models", help=f"comma-separated folders of gin/models/ with {MODEL_FILE} "
                  f"(default: {','.join(DEFAULT_MODELS)})")
   p.add_argument("--seeds", help="a count N (seeds 0..N-1) or comma-separated seeds, e.g. 3,4 (default 3)")
