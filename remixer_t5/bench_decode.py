@@ -104,13 +104,12 @@ def hf_model(config, params):
   return model.float().eval()
 
 
-def hf_reference(model, enc: np.ndarray, new_tokens: int, beam_size: int = 1, alpha: float = 0.6,
-                 flush_denormal: bool = True) -> Callable[[], np.ndarray]:
+def hf_reference(model, enc: np.ndarray, new_tokens: int, beam_size: int = 1, alpha: float = 0.6
+                 ) -> Callable[[], np.ndarray]:
   """A zero-argument callable: `model.generate` of `enc` for exactly `new_tokens` tokens (no EOS stop), the
-  tokens after the decoder start [batch, new_tokens]. `flush_denormal`: PyTorch flushes subnormal floats to
-  zero, as XLA:CPU does (bench_env's docstring)."""
+  tokens after the decoder start [batch, new_tokens]. PyTorch's subnormal mode is bench_decode's to set, once,
+  before the model's load (bench_env.set_torch_flush_denormal)."""
   torch, _ = _transformers()
-  bench_env.set_torch_flush_denormal(flush_denormal)
   input_ids = torch.from_numpy(enc.astype(np.int64))
   mask = (input_ids > 0).long()
   kwargs = dict(max_new_tokens=new_tokens, do_sample=False, num_beams=beam_size, eos_token_id=None,
@@ -166,15 +165,15 @@ def bench_decode(model, params=None, *, batch_size: int = 32, input_length: int 
   # Built before any timing, so that a model HF cannot hold fails fast. transformers probes for TensorFlow
   # (importlib find_spec), which would use up quiet.py's one-shot import hook before seqio's real import and
   # let TensorFlow's native start-up lines through: hence evaluation (seqio) is imported first, above.
-  if reference == "hf":  # before PyTorch's first operation (the model's load): the mode is per thread
+  if reference == "hf":  # PyTorch flushes subnormals as XLA:CPU does (bench_env), set before its first operation
+    # (the model's load): the mode is per thread
     _transformers()
     bench_env.set_torch_flush_denormal(hf_flush_denormal)
   reference_model = hf_model(cfg, params) if reference == "hf" else None
   for mode in modes:
     runners[mode]["ours"] = ours(model, params, enc, new_tokens, beams[mode])
     if reference_model is not None:
-      runners[mode]["hf"] = hf_reference(reference_model, enc, new_tokens, beams[mode],
-                                         flush_denormal=hf_flush_denormal)
+      runners[mode]["hf"] = hf_reference(reference_model, enc, new_tokens, beams[mode])
   load_start = bench_env.loadavg()
   medians: dict[str, list[float]] = {f"{side}_{m}": [] for m in modes for side in runners[m]}
   last: dict[str, np.ndarray] = {}
