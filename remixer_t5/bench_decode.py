@@ -81,9 +81,12 @@ def _transformers():
   return torch, transformers
 
 
-def hf_model(config, params):
+def hf_model(config, params, flush_denormal: bool = True):
   """transformers' T5ForConditionalGeneration holding `params` (float32, eval mode): the checkpoint
-  `export-hf` would write, loaded with from_pretrained. ValueError for a model HF's T5 cannot hold."""
+  `export-hf` would write, loaded with from_pretrained. ValueError for a model HF's T5 cannot hold, checked
+  before PyTorch is imported (so it is also the error without the .[hf] extra). PyTorch's subnormal mode
+  (`flush_denormal`, bench_env) is set after that check and before the load, PyTorch's first operation: the mode
+  is per thread and threads started earlier keep theirs."""
   from remixer_t5 import hf, network
   need = ("--reference hf needs a T5.1.1 model (self-attention and a gated-GELU MLP, e.g. "
           "models/t5_1_1/small.gin)")
@@ -96,6 +99,7 @@ def hf_model(config, params):
     problems = "; ".join(str(e).splitlines()[1:] or str(e).splitlines())
     raise ValueError(f"{need}: {problems[:300]}{'...' if len(problems) > 300 else ''}") from None
   _, transformers = _transformers()
+  bench_env.set_torch_flush_denormal(flush_denormal)
   transformers.logging.set_verbosity_error()  # the untied-head notice on every load
   transformers.utils.logging.disable_progress_bar()  # "Loading weights" on every load
   with tempfile.TemporaryDirectory(prefix="bench_decode_hf_") as tmp:
@@ -165,11 +169,8 @@ def bench_decode(model, params=None, *, batch_size: int = 32, input_length: int 
   # Built before any timing, so that a model HF cannot hold fails fast. transformers probes for TensorFlow
   # (importlib find_spec), which would use up quiet.py's one-shot import hook before seqio's real import and
   # let TensorFlow's native start-up lines through: hence evaluation (seqio) is imported first, above.
-  if reference == "hf":  # PyTorch flushes subnormals as XLA:CPU does (bench_env), set before its first operation
-    # (the model's load): the mode is per thread
-    _transformers()
-    bench_env.set_torch_flush_denormal(hf_flush_denormal)
-  reference_model = hf_model(cfg, params) if reference == "hf" else None
+  # PyTorch flushes subnormals as XLA:CPU does (bench_env), set in hf_model before its first operation.
+  reference_model = hf_model(cfg, params, hf_flush_denormal) if reference == "hf" else None
   for mode in modes:
     runners[mode]["ours"] = ours(model, params, enc, new_tokens, beams[mode])
     if reference_model is not None:

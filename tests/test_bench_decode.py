@@ -1,6 +1,7 @@
 """`remixer-t5 bench decode`: the evaluator's decode timed on tiny T5.1.1, its tokens against the evaluator's
 predict function and (with the optional .[hf] extra) against transformers' generate on the same weights."""
 import json
+import sys
 
 import flax
 import jax
@@ -153,8 +154,11 @@ def test_hf_reference_flushes_denormals_on_every_thread():
   assert r["torch_denormals_flushed"] is True and r["xla_denormals_flushed"] is True
 
 
-def test_hf_reference_needs_a_t5_model(capsys):
-  """Checked before transformers is imported, so also without the .[hf] extra."""
+def test_hf_reference_needs_a_t5_model(capsys, monkeypatch):
+  """Checked before PyTorch or transformers is imported, so also without the .[hf] extra: both are made
+  unimportable here (a None entry in sys.modules), so the test means the same with or without them installed."""
+  monkeypatch.setitem(sys.modules, "torch", None)
+  monkeypatch.setitem(sys.modules, "transformers", None)
   assert cli.main(["bench", "decode", "--gin_file=models/remixer/tiny.gin", "--batch_size=2", "--input_length=8",
                    "--new_tokens=4", "--reference=hf"]) == 2
   err = capsys.readouterr().err
