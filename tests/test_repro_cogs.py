@@ -249,6 +249,11 @@ def test_repro_cogs_end_to_end_through_the_trainer_and_resumes(tmp_path, monkeyp
     pinned = [(out / "runs" / f"{m}-seed0" / "train.log").read_text().split("cores: this process runs on ")[1]
               .split()[0] for m in ("t5_1_1", "remixer")]
     assert len(set(pinned)) == 2, pinned
+    # and each decoded in its own child on the same cores (decode_run), not one after the other in the driver
+    decoded = [(out / "runs" / f"{m}-seed0" / "decode.log").read_text().split("cores: this process runs on ")[1]
+               .split()[0] for m in ("t5_1_1", "remixer")]
+    assert decoded == pinned
+    assert all((out / "runs" / f"{m}-seed0" / "decode.json").is_file() for m in ("t5_1_1", "remixer"))
   assert {r["jobs"] for r in rows} == {2}
   assert list((run / "inference_eval").glob("cogs_words-*.jsonl"))
   from remixer_t5.repro import cogs as repro
@@ -267,6 +272,27 @@ def test_repro_cogs_end_to_end_through_the_trainer_and_resumes(tmp_path, monkeyp
       rows, key=key)
   assert cli.main(cmd[3:cmd.index("--steps") + 1] + ["5"] + cmd[cmd.index("--steps") + 2:]) == 2
   assert "other settings" in capsys.readouterr().err
+
+
+def test_a_failed_decoding_child_names_its_log_and_writes_no_result(tmp_path):
+  """decode_run's pinned path: the child's failure (here: no checkpoint to decode) is one error naming the run and
+  its log, and no decode.json is left behind for a later read."""
+  import os
+  from remixer_t5.repro import cogs as repro
+  if not hasattr(os, "sched_getaffinity"):
+    pytest.skip("pinning needs sched_setaffinity (Linux)")
+  run_dir = tmp_path / "run"
+  run_dir.mkdir()
+  (run_dir / "decode.json").write_text("{}")  # a stale result from an earlier try must not be read
+  data = {"model_lengths": {"inputs": 16, "targets": 32},
+          "splits": {s: {"max_target_tokens": 8} for s in repro.SPLITS}}
+  lines = []
+  with pytest.raises(RuntimeError, match=r"decoding t5_1_1 seed 0 failed \(exit \d+\); see .*decode\.log"):
+    repro.decode_run("t5_1_1", 0, repro.Settings(models=("t5_1_1",), seeds=(0,), steps=4), data, run_dir,
+                     lines.append, cpus=sorted(os.sched_getaffinity(0))[:1])
+  assert not (run_dir / "decode.json").exists()
+  log = (run_dir / "decode.log").read_text()
+  assert "--decode_spec" in log and "cores: this process runs on" in log and f"does not exist at {run_dir}" in log
 
 
 def test_jobs_split_the_cores_into_groups(monkeypatch):
@@ -306,6 +332,8 @@ def _stub_sweep(monkeypatch, repro, train_run, evaluate_run, rows):
       "splits": {"gen": {"categories": {"c": 1}, "round_trip_failures": 0}}})
   monkeypatch.setattr(repro, "train_run", train_run)
   monkeypatch.setattr(repro, "evaluate_run", evaluate_run)
+  monkeypatch.setattr(repro, "decode_run", lambda model, seed, settings, data, run_dir, progress, cpus=None,
+                      lock=None: evaluate_run(model, seed, settings, data, run_dir, progress))
   monkeypatch.setattr(repro, "training_seconds", lambda run_dir: None)
   monkeypatch.setattr(repro, "_param_count", lambda run_dir: 1)
   monkeypatch.setattr(repro, "_rows", rows)

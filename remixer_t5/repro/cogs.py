@@ -210,11 +210,41 @@ def training_seconds(run_dir: Path) -> float | None:
   return float(sum(windows.values()))
 
 
-_CHILDREN: set = set()  # the training subprocesses running now (an interrupted driver stops them: `run`)
+# The training and decoding subprocesses running now (an interrupted driver stops them: `run`).
+_CHILDREN: set = set()
 
 
 class Interrupted(Exception):
   """Raised in a run's thread at its next progress line once the driver was interrupted (`run`)."""
+
+
+def _run_child(cmd: list[str], log_path: Path, cpus: Sequence[int] | None, progress: Callable[[str], None],
+               forward: tuple[str, ...], what: str) -> None:
+  """Runs `cmd` (a remixer-t5 command) in a subprocess, its output appended to `log_path`, lines starting with
+  one of `forward` passed to `progress`; `cpus` pins it ($REMIXER_T5_CPUS: the CLI pins itself before any thread
+  pool starts, and XLA sizes its pool to them). Stopped (Interrupted at a progress line, Ctrl-C) it gets SIGTERM.
+  RuntimeError naming `what` and the log when it fails."""
+  from remixer_t5 import xla_cpu
+  with open(log_path, "a") as log:
+    log.write("$ " + " ".join(cmd) + "\n")  # a pinned child logs its own cores (the CLI's 'cores:' line)
+    log.flush()
+    env = {**os.environ, xla_cpu.CPUS_ENV: ",".join(map(str, cpus))} if cpus else os.environ
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    _CHILDREN.add(proc)
+    try:
+      for line in proc.stdout:
+        log.write(line)
+        if line.startswith(forward):
+          progress(line.rstrip())
+      code = proc.wait()
+    except BaseException:  # stopped: a trainer saves and exits on SIGTERM, a decode just stops
+      proc.terminate()
+      log.write(proc.communicate()[0])  # drained, so its last lines cannot block on a full pipe
+      raise
+    finally:
+      _CHILDREN.discard(proc)
+  if code:
+    raise RuntimeError(f"{what} failed (exit {code}); see {log_path}")
 
 
 def train_run(model: str, seed: int, settings: Settings, lengths: dict, run_dir: Path,
@@ -222,33 +252,13 @@ def train_run(model: str, seed: int, settings: Settings, lengths: dict, run_dir:
               cpus: Sequence[int] | None = None) -> float:
   """`remixer-t5 train` in a subprocess (resumes a started run); its output in run_dir/train.log, its
   [train] lines passed to `progress`; `extra_gin` flags come last (they override); `cpus` pins it to those
-  cores ($REMIXER_T5_CPUS: the CLI pins itself before any thread pool starts, and XLA sizes its pool to
-  them). Returns the seconds it took."""
+  cores (_run_child). Returns the seconds it took."""
   run_dir.mkdir(parents=True, exist_ok=True)
   cmd = [sys.executable, "-m", "remixer_t5", "train", *_gin_args(model, run_dir, seed, settings, lengths),
          *extra_gin]
   t0 = time.time()
-  with open(run_dir / "train.log", "a") as log:
-    log.write("$ " + " ".join(cmd) + "\n")  # a pinned child logs its own cores (the CLI's 'cores:' line)
-    log.flush()
-    from remixer_t5 import xla_cpu
-    env = {**os.environ, xla_cpu.CPUS_ENV: ",".join(map(str, cpus))} if cpus else os.environ
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    _CHILDREN.add(proc)
-    try:
-      for line in proc.stdout:
-        log.write(line)
-        if line.startswith(("[train]", "[validation]", "model:")):
-          progress(f"{model} seed {seed}: {line.rstrip()}")
-      code = proc.wait()
-    except BaseException:  # stopped (Interrupted at a progress line): the trainer saves and exits on SIGTERM
-      proc.terminate()
-      log.write(proc.communicate()[0])  # drained, so its last lines cannot block on a full pipe
-      raise
-    finally:
-      _CHILDREN.discard(proc)
-    if code:
-      raise RuntimeError(f"training {model} seed {seed} failed (exit {code}); see {run_dir}/train.log")
+  _run_child(cmd, run_dir / "train.log", cpus, lambda line: progress(f"{model} seed {seed}: {line}"),
+             ("[train]", "[validation]", "model:"), f"training {model} seed {seed}")
   # A trainer stopped by SIGTERM saves, says so and exits 0: decoding that checkpoint would report a short run.
   from remixer_t5 import checkpoints
   ckpt = checkpoints.Checkpointer(run_dir)
@@ -285,6 +295,53 @@ def evaluate_run(model: str, seed: int, settings: Settings, data: dict, run_dir:
         lengths_on_purpose=True)
     out[split] = {**per_task[TASK], **stats, "wall_seconds": time.time() - t0}
   return out
+
+
+DECODE_SPEC, DECODE_RESULT = "decode_spec.json", "decode.json"
+
+
+def decode_run(model: str, seed: int, settings: Settings, data: dict, run_dir: Path,
+               progress: Callable[[str], None], cpus: Sequence[int] | None = None,
+               lock: "threading.Lock | None" = None) -> dict[str, dict]:
+  """evaluate_run's result for a trained run. Unpinned (`cpus` None: one run at a time) it decodes in this
+  process, holding `lock` (gin's configuration is global). Pinned, it decodes in a child process on the run's own
+  cores (`remixer-t5 repro cogs --decode_spec`, its output in run_dir/decode.log), so runs trained side by side
+  also decode side by side: a greedy decode barely gains from a second core (COGS's T5.1.1, 250 x 160 tokens:
+  11.2k tokens/s on one core, 12.0k on two; docs/reproductions.md), so two at once take about half the time of
+  one after the other."""
+  if not cpus:
+    import contextlib
+    with lock or contextlib.nullcontext():
+      return evaluate_run(model, seed, settings, data, run_dir, progress)
+  spec_path, result_path = run_dir / DECODE_SPEC, run_dir / DECODE_RESULT
+  result_path.unlink(missing_ok=True)
+  spec = {"model": model, "seed": seed, "settings": dataclasses.asdict(settings), "data": data,
+          "run_dir": str(run_dir)}
+  spec_path.write_text(json.dumps(spec))
+  cmd = [sys.executable, "-m", "remixer_t5", "repro", "cogs", "--decode_spec", str(spec_path)]
+  _run_child(cmd, run_dir / "decode.log", cpus, progress, (f"{model} seed {seed} ",),
+             f"decoding {model} seed {seed}")
+  if not result_path.is_file():
+    raise RuntimeError(f"decoding {model} seed {seed} wrote no {result_path}; see {run_dir}/decode.log")
+  return json.loads(result_path.read_text())
+
+
+def decode_child(spec_path: Path) -> int:
+  """The child side of decode_run: evaluate_run of the spec's run, its progress on stderr, its result written
+  to run_dir/decode.json whole (a temporary file renamed) or not at all."""
+  spec = json.loads(Path(spec_path).read_text())
+  kw = dict(spec["settings"])
+  kw["models"], kw["seeds"] = tuple(kw["models"]), tuple(kw["seeds"])
+  settings, run_dir = Settings(**kw), Path(spec["run_dir"])
+  from remixer_t5.tasks import cogs  # registers the task (as `run` does in the driver)
+  if settings.gen_file:
+    cogs.set_gen_file(settings.gen_file)
+  results = evaluate_run(spec["model"], spec["seed"], settings, spec["data"], run_dir,
+                         lambda s: print(s, file=sys.stderr, flush=True))
+  tmp = run_dir / (DECODE_RESULT + ".tmp")
+  tmp.write_text(json.dumps(results))
+  os.replace(tmp, run_dir / DECODE_RESULT)
+  return 0
 
 
 def category_scores(result: dict) -> dict[str, float]:
@@ -334,13 +391,13 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
   """Every model x seed: train (or resume), decode, score; outputs rewritten after every run.
 
   `jobs` > 1 trains that many runs at once, each pinned to its share of the cores (core_groups); a run keeps
-  its share while the driver decodes it (one decode at a time), then the next run starts there. Rows then
+  its share while it decodes, in a child process pinned there (decode_run), then the next run starts there. Rows then
   come in the order runs finish and carry `jobs` (their timings shared the machine). XLA splits its sums
   differently over fewer threads, so a run is not bit-identical to the same run with `jobs` 1 (measured: two
   T5.1.1 seeds at 1,000 steps, test exact match 68/81% on 100 examples alone, 75/86% pinned to one core each).
   A run that fails does not stop the others; the failures are raised together at the end. Interrupted (Ctrl-C),
-  the runs not started stay unstarted, a decode stops at its next batch and a training child gets SIGTERM (the
-  trainer saves a checkpoint and exits); rerunning the command resumes them."""
+  the runs not started stay unstarted, a decode stops at its next batch (a decoding child gets SIGTERM) and a
+  training child gets SIGTERM (the trainer saves a checkpoint and exits); rerunning the command resumes them."""
   import concurrent.futures
   import queue
   import threading
@@ -409,8 +466,7 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
                + (f" on cores {','.join(map(str, cpus))}" if cpus else ""))
       train_seconds = train_run(model, seed, settings, lengths, run_dir, progress, cpus=cpus)
       train_seconds = training_seconds(run_dir) or train_seconds  # all starts of a resumed run
-      with decoding:  # gin's configuration is global: one decode at a time
-        return train_seconds, evaluate_run(model, seed, settings, data, run_dir, progress)
+      return train_seconds, decode_run(model, seed, settings, data, run_dir, progress, cpus, decoding)
     finally:
       free.put(cpus)
 
@@ -578,6 +634,7 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
 
 
 def add_arguments(p) -> None:
+  import argparse
   p.add_argument("--quick", action="store_true",
                  help=f"T5.1.1 and the Remixer, 1 seed, {QUICK['steps']} steps; trained side by side where there are 2 "
                  "cores or more (Linux): 11-16 minutes on the 2-core Xeons measured")
@@ -604,6 +661,7 @@ def add_arguments(p) -> None:
                  "rows come in the order runs finish. A run on fewer "
                  "cores sums in another order, so its numbers are not bit-identical to --jobs 1's (as between "
                  "machines)")
+  p.add_argument("--decode_spec", help=argparse.SUPPRESS)  # decode_run's child process (internal)
 
 
 def jobs_from_args(args) -> int:
@@ -639,6 +697,8 @@ def settings_from_args(args) -> Settings:
 
 
 def main(args) -> int:
+  if args.decode_spec:  # decode_run's child: one run's decode on the cores it was pinned to
+    return decode_child(Path(args.decode_spec))
   settings = settings_from_args(args)
   if args.data_dir:
     from remixer_t5.tasks import sources
