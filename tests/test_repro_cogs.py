@@ -282,17 +282,18 @@ def test_a_failed_decoding_child_names_its_log_and_writes_no_result(tmp_path):
   if not hasattr(os, "sched_getaffinity"):
     pytest.skip("pinning needs sched_setaffinity (Linux)")
   run_dir = tmp_path / "run"
-  run_dir.mkdir()
+  (run_dir / "checkpoints").mkdir(parents=True)  # a run folder without a finished checkpoint
   (run_dir / "decode.json").write_text("{}")  # a stale result from an earlier try must not be read
   data = {"model_lengths": {"inputs": 16, "targets": 32},
           "splits": {s: {"max_target_tokens": 8} for s in repro.SPLITS}}
   lines = []
-  with pytest.raises(RuntimeError, match=r"decoding t5_1_1 seed 0 failed \(exit \d+\); see .*decode\.log"):
+  with pytest.raises(RuntimeError, match=r"decoding t5_1_1 seed 0 failed \(exit \d+\): remixer-t5: error: "
+                     r"no finished checkpoint in .*; see .*decode\.log"):
     repro.decode_run("t5_1_1", 0, repro.Settings(models=("t5_1_1",), seeds=(0,), steps=4), data, run_dir,
                      lines.append, cpus=sorted(os.sched_getaffinity(0))[:1])
   assert not (run_dir / "decode.json").exists()
   log = (run_dir / "decode.log").read_text()
-  assert "--decode_spec" in log and "cores: this process runs on" in log and f"does not exist at {run_dir}" in log
+  assert "--decode_spec" in log and "cores: this process runs on" in log
 
 
 def test_jobs_split_the_cores_into_groups(monkeypatch):
@@ -550,6 +551,44 @@ def test_the_gen_file_is_named_portably_and_known_by_its_bytes(tmp_path, monkeyp
   path.write_text(json.dumps({**base, "gen_file": "/old/machine/cogs/gen_sample.tsv"}))  # before gen_digest
   assert repro.settings_match(path, record)
   assert not repro.settings_match(path, {**record, "gen_file": "$REMIXER_T5_DATA_DIR/cogs/gen.tsv"})
+
+
+def test_an_interrupted_sweep_stops_a_decoding_child(tmp_path, monkeypatch, request):
+  """--jobs 2 decodes each run in a child pinned to its cores (decode_run): Ctrl-C while it decodes ends that
+  child with SIGTERM at its next progress line, and the driver does not wait for it to finish."""
+  import os
+  import signal
+  import threading
+  import time as time_lib
+  from remixer_t5.repro import cogs as repro
+  if not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2:
+    pytest.skip("--jobs 2 needs 2 cores")
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in the test below
+  request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
+  children, real_popen = [], subprocess.Popen
+
+  def popen(cmd, *a, **kw):  # the decoding child: a stand-in printing one progress line every 50 ms for 30 s
+    if not (isinstance(cmd, list) and "--decode_spec" in cmd):
+      return real_popen(cmd, *a, **kw)  # everything else (the module is subprocess's own)
+    model = json.loads(Path(cmd[cmd.index("--decode_spec") + 1]).read_text())["model"]
+    child = real_popen([sys.executable, "-u", "-c", "import time\nfor k in range(600):\n"
+                        f"  print('{model} seed 0 test: decoded', k, flush=True); time.sleep(0.05)"], **kw)
+    children.append(child)
+    if len(children) == 1:
+      threading.Timer(1.0, lambda: signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)).start()
+    return child
+
+  monkeypatch.setattr(repro.subprocess, "Popen", popen)
+  real_decode_run = repro.decode_run  # the real one, pinned children and all: _stub_sweep replaces it
+  _stub_sweep(monkeypatch, repro, train_run=lambda *a, **k: 1.0, evaluate_run=None,
+              rows=lambda *a: [{"exact_match": 0.5, "seconds": 1.0}])
+  monkeypatch.setattr(repro, "decode_run", real_decode_run)
+  t0 = time_lib.time()
+  with pytest.raises(KeyboardInterrupt):
+    repro.run(repro.Settings(models=("remixer", "t5_1_1"), seeds=(0,), steps=4), tmp_path, jobs=2)
+  assert time_lib.time() - t0 < 15
+  assert children and all(c.wait(5) == -signal.SIGTERM for c in children)
+  assert "decoded 5" in (tmp_path / "runs" / "remixer-seed0" / "decode.log").read_text()  # it did decode a while
 
 
 @pytest.mark.parametrize("where", ["decode", "training"])

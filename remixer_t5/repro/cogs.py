@@ -244,7 +244,15 @@ def _run_child(cmd: list[str], log_path: Path, cpus: Sequence[int] | None, progr
     finally:
       _CHILDREN.discard(proc)
   if code:
-    raise RuntimeError(f"{what} failed (exit {code}); see {log_path}")
+    raise RuntimeError(f"{what} failed (exit {code}): {_last_error(log_path)}; see {log_path}")
+
+
+def _last_error(log_path: Path) -> str:
+  """The cause a failed child printed last: its last 'remixer-t5: error:' line, else its last line."""
+  lines = [line.strip() for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
+  errors = [line for line in lines if line.startswith("remixer-t5: error:")]
+  last = (errors or lines or ["(no output)"])[-1]
+  return last[:300] + ("..." if len(last) > 300 else "")
 
 
 def train_run(model: str, seed: int, settings: Settings, lengths: dict, run_dir: Path,
@@ -303,8 +311,9 @@ DECODE_SPEC, DECODE_RESULT = "decode_spec.json", "decode.json"
 def decode_run(model: str, seed: int, settings: Settings, data: dict, run_dir: Path,
                progress: Callable[[str], None], cpus: Sequence[int] | None = None,
                lock: "threading.Lock | None" = None) -> dict[str, dict]:
-  """evaluate_run's result for a trained run. Unpinned (`cpus` None: one run at a time) it decodes in this
-  process, holding `lock` (gin's configuration is global). Pinned, it decodes in a child process on the run's own
+  """evaluate_run's result for a trained run. Unpinned (`cpus` None: `--jobs 1`, or no affinity support as on
+  macOS, where several runs may be unpinned at once) it decodes in this process, holding `lock` (gin's
+  configuration is global: one such decode at a time). Pinned, it decodes in a child process on the run's own
   cores (`remixer-t5 repro cogs --decode_spec`, its output in run_dir/decode.log), so runs trained side by side
   also decode side by side: a greedy decode barely gains from a second core (COGS's T5.1.1, 250 x 160 tokens:
   11.2k tokens/s on one core, 12.0k on two; docs/reproductions.md), so two at once take about half the time of
@@ -314,6 +323,7 @@ def decode_run(model: str, seed: int, settings: Settings, data: dict, run_dir: P
     with lock or contextlib.nullcontext():
       return evaluate_run(model, seed, settings, data, run_dir, progress)
   spec_path, result_path = run_dir / DECODE_SPEC, run_dir / DECODE_RESULT
+  run_dir.mkdir(parents=True, exist_ok=True)
   result_path.unlink(missing_ok=True)
   spec = {"model": model, "seed": seed, "settings": dataclasses.asdict(settings), "data": data,
           "run_dir": str(run_dir)}
@@ -391,7 +401,8 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
   """Every model x seed: train (or resume), decode, score; outputs rewritten after every run.
 
   `jobs` > 1 trains that many runs at once, each pinned to its share of the cores (core_groups); a run keeps
-  its share while it decodes, in a child process pinned there (decode_run), then the next run starts there. Rows then
+  its share while it decodes, in a child process pinned there (decode_run; unpinned, without affinity support,
+  the driver decodes one run at a time), then the next run starts there. Rows then
   come in the order runs finish and carry `jobs` (their timings shared the machine). XLA splits its sums
   differently over fewer threads, so a run is not bit-identical to the same run with `jobs` 1 (measured: two
   T5.1.1 seeds at 1,000 steps, test exact match 68/81% on 100 examples alone, 75/86% pinned to one core each).
@@ -466,6 +477,8 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
                + (f" on cores {','.join(map(str, cpus))}" if cpus else ""))
       train_seconds = train_run(model, seed, settings, lengths, run_dir, progress, cpus=cpus)
       train_seconds = training_seconds(run_dir) or train_seconds  # all starts of a resumed run
+      progress(f"[{i}/{total}] {model} seed {seed}: decoding"  # and where an interrupted driver stops it
+               + (f" on cores {','.join(map(str, cpus))}" if cpus else ""))
       return train_seconds, decode_run(model, seed, settings, data, run_dir, progress, cpus, decoding)
     finally:
       free.put(cpus)
@@ -637,7 +650,7 @@ def add_arguments(p) -> None:
   import argparse
   p.add_argument("--quick", action="store_true",
                  help=f"T5.1.1 and the Remixer, 1 seed, {QUICK['steps']} steps; trained side by side where there are 2 "
-                 "cores or more (Linux): 11-16 minutes on the 2-core Xeons measured")
+                 "cores or more (Linux), each run decoded on its own cores: 11-14 minutes on the 2-core Xeons measured")
   p.add_argument("--models", help=f"comma-separated folders of gin/models/ with {MODEL_FILE} "
                  f"(default: {','.join(DEFAULT_MODELS)})")
   p.add_argument("--seeds", help="a count N (seeds 0..N-1) or comma-separated seeds, e.g. 3,4 (default 3)")
@@ -705,7 +718,7 @@ def main(args) -> int:
     os.environ[sources.DATA_ENV_VAR] = str(Path(args.data_dir).expanduser().resolve())  # the runs read it too
   out = Path(args.out) if args.out else None
   emit = (lambda r: print(json.dumps(r), flush=True)) if args.json else (lambda r: None)
-  progress = lambda s: print(s, file=sys.stderr, flush=True)
+  progress = lambda s: (sys.stderr.write(s + "\n"), sys.stderr.flush())  # one write: runs' lines don't interleave
   progress(f"repro cogs: {json.dumps(dataclasses.asdict(settings))}")
   jobs = jobs_from_args(args)
   if args.jobs is None and jobs > 1:
