@@ -296,6 +296,18 @@ def test_a_failed_decoding_child_names_its_log_and_writes_no_result(tmp_path):
   assert "--decode_spec" in log and "cores: this process runs on" in log
 
 
+def test_eta_counts_the_runs_in_flight_and_the_free_cores():
+  """--quick's first finished run used to say 'ETA 13 min' with the other run a minute from its end: the ETA
+  took the runs left as one after the other, each as long as the mean so far."""
+  from remixer_t5.repro.cogs import eta_seconds
+  assert eta_seconds(800.0, [740.0], 0, 2) == pytest.approx(60.0)  # --quick: the other run 740 s into its 800
+  assert eta_seconds(100.0, [], 4, 1) == pytest.approx(400.0)       # one after the other
+  assert eta_seconds(100.0, [], 4, 2) == pytest.approx(200.0)       # two at a time
+  assert eta_seconds(100.0, [90.0], 3, 2) == pytest.approx(200.0)   # slots free now and in 10 s: 0+100+100, 10+100
+  assert eta_seconds(100.0, [150.0], 0, 2) == 0.0                   # a run slower than the mean: not negative
+  assert eta_seconds(100.0, [], 0, 2) == 0.0
+
+
 def test_jobs_split_the_cores_into_groups(monkeypatch):
   from remixer_t5.repro import cogs as repro
   monkeypatch.setattr(repro.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6, 7}, raising=False)

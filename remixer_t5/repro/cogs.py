@@ -471,6 +471,7 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
   def one(i: int, model: str, seed: int) -> tuple[float, dict]:
     progress = said
     cpus = free.get()
+    started[(model, seed)] = time.time()
     try:
       run_dir = work / "runs" / f"{model}-seed{seed}"
       progress(f"[{i}/{total}] {model} seed {seed}: training {settings.steps} steps in {run_dir}"
@@ -483,7 +484,7 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
     finally:
       free.put(cpus)
 
-  t_start, finished, failed = time.time(), 0, []
+  finished, failed, started, took = 0, [], {}, []  # took: seconds each finished run took, start to scores
   with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
     futures = {pool.submit(one, *t): t for t in todo}
     try:
@@ -493,6 +494,7 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
           train_seconds, results = fut.result()
         except Exception as e:  # noqa: BLE001 - the other runs go on; all failures are raised at the end
           failed.append(f"{model} seed {seed}: {e}")
+          started.pop((model, seed), None)
           progress(f"[{i}/{total}] {model} seed {seed} FAILED: {e}")
           continue
         params = _param_count(work / "runs" / f"{model}-seed{seed}")
@@ -503,11 +505,13 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
           r["jobs"] = jobs  # runs trained at once: train seconds and decode speeds shared the cores
           emit(r)
         finished += 1
-        elapsed = time.time() - t_start
+        now = time.time()
+        took.append(now - started.pop((model, seed)))
+        eta = eta_seconds(float(np.mean(took)), [now - t for t in list(started.values())],
+                          len(todo) - finished - len(failed) - len(started), jobs)
         progress(f"[{i}/{total}] {model} seed {seed}: test {results['test']['exact_match']:.1f}%, gen mean "
                  f"{new[-1]['exact_match'] * 100:.1f}% (train {train_seconds:.0f}s, decode "
-                 f"{sum(r['seconds'] for r in results.values()):.0f}s); ETA "
-                 f"{elapsed / finished * (len(todo) - finished) / 60:.0f} min")
+                 f"{sum(r['seconds'] for r in results.values()):.0f}s); ETA {eta / 60:.0f} min")
         _write_outputs(work, records)
     except BaseException:  # Ctrl-C: runs not started stay unstarted, running ones stop (their checkpoints kept)
       stop.set()  # a decode stops at its next batch (its progress line), a training's reader at its next line
@@ -524,6 +528,18 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
     return records
   _write_outputs(work, records)
   return records
+
+
+def eta_seconds(run_seconds: float, running: Sequence[float], queued: int, jobs: int) -> float:
+  """Seconds until a sweep ends if every run takes `run_seconds` (the finished runs' mean): the runs in flight,
+  `running` seconds into theirs, end when that is up; each of `queued` runs not started takes the first of the
+  `jobs` slots to free."""
+  import heapq
+  slots = [max(0.0, run_seconds - r) for r in running] + [0.0] * max(0, jobs - len(running))
+  heapq.heapify(slots)
+  for _ in range(queued):
+    heapq.heappush(slots, heapq.heappop(slots) + run_seconds)
+  return max(slots, default=0.0)
 
 
 def _param_count(run_dir: Path) -> int:
