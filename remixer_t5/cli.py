@@ -277,8 +277,6 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
   d = bench_decode.DEFAULTS
   reference = None if args.reference in (None, "none") else args.reference
   modes = tuple(m.strip() for m in (args.modes or ",".join(bench_decode.MODES)).split(",") if m.strip())
-  if args.lengths:
-    raise ValueError("bench decode takes --input_length and --new_tokens, not --lengths")
   kwargs = {k: d[k] if getattr(args, k) is None else getattr(args, k)
             for k in ("batch_size", "input_length", "new_tokens", "beam_size", "steps", "rounds", "warmup")}
   bench_decode.check_settings(modes=modes, reference=reference, **kwargs)  # before the model is built
@@ -292,6 +290,34 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
                                   hf_flush_denormal=flush, **kwargs)
   print(json.dumps(row) if args.json else bench_decode.format_row(row), flush=True)
   return 0
+
+
+# Which `bench` kinds read each of its flags (argparse's dest); a flag given to a kind that would ignore it is
+# an error naming the kinds that take it (check_bench_flags).
+_ALL_BENCH = ("mixing", "input", "train", "decode")
+BENCH_FLAGS = {
+    "json": _ALL_BENCH, "lengths": ("mixing", "train"), "warmup": ("input", "train", "decode"),
+    **dict.fromkeys(("mixers", "out", "repeats", "batch", "d_model", "hidden", "num_heads", "head_dim"), ("mixing",)),
+    **dict.fromkeys(("batches", "position", "hosts", "steps_per_s", "process_index", "process_count"), ("input",)),
+    **dict.fromkeys(("steps", "rounds", "reference", "hf_denormals", "batch_size"), ("train", "decode")),
+    "peak_flops": ("train",),
+    **dict.fromkeys(("input_length", "new_tokens", "beam_size", "modes", "checkpoint"), ("decode",)),
+}
+
+
+def check_bench_flags(what: str, argv: Sequence[str]) -> None:
+  """ValueError for a flag in `argv` (the command line after the gin flags) that `bench what` does not read,
+  e.g. `bench mixing --reference hf`, which would otherwise time ours alone without a word."""
+  for token in argv:
+    if not token.startswith("--"):
+      continue
+    dest = token[2:].split("=", 1)[0].replace("-", "_")
+    kinds = BENCH_FLAGS.get(dest)
+    if kinds is not None and what not in kinds:
+      if what == "decode" and dest == "lengths":
+        raise ValueError("bench decode takes --input_length and --new_tokens, not --lengths")
+      raise ValueError(f"bench {what} does not take {token.split('=', 1)[0]} (it is for bench "
+                       f"{' and '.join(kinds)})")
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -490,6 +516,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   try:
     files, bindings, paths, rest = split_flags(argv)
     args = build_parser().parse_args(rest)
+    if args.command == "bench":
+      check_bench_flags(args.what, rest)
     if _PIN_ERROR is not None:
       raise _PIN_ERROR
     if _PINNED:

@@ -180,3 +180,25 @@ def test_remixer_counts_are_t5_plus_h_per_layer(capsys):
   t5_18_3 = params("--gin_file=models/t5_1_1/base.gin", "--gin.network.T5Config.num_encoder_layers=18",
                    "--gin.network.T5Config.num_decoder_layers=3")
   assert params("--gin_file=models/remixer/sbase.gin") == t5_18_3 + 18 * (512 ** 2 + 1) + 3 * (114 ** 2 + 1)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["bench", "mixing", "--reference", "hf"], "bench mixing does not take --reference (it is for bench train and decode)"),
+    (["bench", "mixing", "--hf-denormals=keep"], "bench mixing does not take --hf-denormals"),
+    (["bench", "input", "--reference=hf"], "bench input does not take --reference"),
+    (["bench", "train", "--modes", "greedy"], "bench train does not take --modes (it is for bench decode)"),
+    (["bench", "decode", "--repeats", "3"], "bench decode does not take --repeats (it is for bench mixing)"),
+    (["bench", "train", "--position", "3"], "bench train does not take --position (it is for bench input)"),
+    (["bench", "decode", "--lengths=16,8"], "bench decode takes --input_length and --new_tokens, not --lengths"),
+])
+def test_a_bench_flag_its_kind_would_ignore_is_an_error(capsys, argv, needle):
+  """Checked before any model is built (so fast): e.g. `bench mixing --reference hf` used to time ours alone."""
+  assert cli.main(argv) == 2
+  assert needle in capsys.readouterr().err
+
+
+def test_every_bench_flag_says_which_kinds_read_it():
+  bench = next(a for a in cli.build_parser()._subparsers._group_actions if a.choices).choices["bench"]
+  flags = {a.dest for a in bench._actions if a.option_strings and a.dest != "help"}
+  assert flags == set(cli.BENCH_FLAGS)
+  assert all(set(kinds) <= {"mixing", "input", "train", "decode"} for kinds in cli.BENCH_FLAGS.values())
