@@ -272,6 +272,17 @@ def test_repro_cogs_end_to_end_through_the_trainer_and_resumes(tmp_path, monkeyp
       rows, key=key)
   assert cli.main(cmd[3:cmd.index("--steps") + 1] + ["5"] + cmd[cmd.index("--steps") + 2:]) == 2
   assert "other settings" in capsys.readouterr().err
+  # The unpinned path (--jobs 1: decoded in this process, under the lock) gives what the pinned child wrote.
+  import threading
+  child = json.loads((run / "decode.json").read_text())
+  settings = repro.Settings(models=("t5_1_1", "remixer"), seeds=(0,), steps=4, batch_size=2, warmup=2,
+                            eval_batch_size=8)
+  here = repro.decode_run("t5_1_1", 0, settings, json.loads((out / "data.json").read_text()), run, lambda s: None,
+                          cpus=None, lock=threading.Lock())
+  assert set(here) == set(child) == set(repro.SPLITS)
+  for split in repro.SPLITS:
+    assert {k for k in here[split] if k != "wall_seconds"} == {k for k in child[split] if k != "wall_seconds"}
+    assert here[split]["examples"] == child[split]["examples"] and here[split]["tokens"] > 0
 
 
 def test_a_failed_decoding_child_names_its_log_and_writes_no_result(tmp_path):
