@@ -432,7 +432,8 @@ def build_parser() -> argparse.ArgumentParser:
   cmp.add_argument("model_dirs", nargs="+", metavar="MODEL_DIR", help="train MODEL_DIRs (each with metrics.jsonl)")
   cmp.add_argument("--out", default=".", help="directory for compare.png, compare.md, compare.csv (default: current)")
   cmp.add_argument("--names", help="comma-separated run names, one per MODEL_DIR (default: the directories' names)")
-  ben = sub.add_parser("bench", help="bench mixing: fwd+bwd time and FLOPs of one token-mixing layer against "
+  ben = sub.add_parser("bench", allow_abbrev=False,  # check_bench_flags reads the flags' full names
+                       help="bench mixing: fwd+bwd time and FLOPs of one token-mixing layer against "
                        "length; bench input: the training input pipeline's throughput and restore time; bench train: the "
                        "train step's time (optionally beside HF transformers' PyTorch T5); bench decode: greedy and "
                        "beam-search decoding of a batch through the evaluator's decode (optionally beside HF's "

@@ -178,6 +178,8 @@ def test_settings_refuse_bad_values():
     repro.Settings(steps=0)
   with pytest.raises(ValueError, match="--seeds"):
     repro.Settings(seeds=(1, 1))
+  with pytest.raises(ValueError, match="--models must be distinct, got t5_1_1,t5_1_1"):
+    repro.Settings(models=("t5_1_1", "t5_1_1"))  # one run folder, trained twice at once
   with pytest.raises(ValueError, match="gmlp_nope.*models with a COGS config: .*t5_1_1"):
     repro.model_gin("gmlp_nope")
   import argparse
@@ -272,8 +274,13 @@ def test_repro_cogs_end_to_end_through_the_trainer_and_resumes(tmp_path, monkeyp
       rows, key=key)
   assert cli.main(cmd[3:cmd.index("--steps") + 1] + ["5"] + cmd[cmd.index("--steps") + 2:]) == 2
   assert "other settings" in capsys.readouterr().err
-  # The unpinned path (--jobs 1: decoded in this process, under the lock) gives what the pinned child wrote.
+  # The unpinned path (--jobs 1: decoded in this process, under the lock) gives the same fields and example
+  # counts as the pinned child wrote (not the same scores: an almost untrained model, other thread counts).
+  if not (hasattr(__import__("os"), "sched_getaffinity") and len(__import__("os").sched_getaffinity(0)) >= 2):
+    return  # unpinned there too (no affinity, or one core): no child decoded
   import threading
+  from remixer_t5.tasks import sources
+  monkeypatch.setenv(sources.DATA_ENV_VAR, str((tmp_path / "data").resolve()))
   child = json.loads((run / "decode.json").read_text())
   settings = repro.Settings(models=("t5_1_1", "remixer"), seeds=(0,), steps=4, batch_size=2, warmup=2,
                             eval_batch_size=8)
@@ -282,7 +289,7 @@ def test_repro_cogs_end_to_end_through_the_trainer_and_resumes(tmp_path, monkeyp
   assert set(here) == set(child) == set(repro.SPLITS)
   for split in repro.SPLITS:
     assert {k for k in here[split] if k != "wall_seconds"} == {k for k in child[split] if k != "wall_seconds"}
-    assert here[split]["examples"] == child[split]["examples"] and here[split]["tokens"] > 0
+    assert here[split]["examples"] == child[split]["examples"]
 
 
 def test_a_failed_decoding_child_names_its_log_and_writes_no_result(tmp_path):

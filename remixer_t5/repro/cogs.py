@@ -73,6 +73,8 @@ class Settings:
     for name in ("steps", "batch_size", "warmup", "eval_batch_size"):
       if getattr(self, name) <= 0:
         raise ValueError(f"--{name} must be positive, got {getattr(self, name)}")
+    if len(set(self.models)) != len(self.models):
+      raise ValueError(f"--models must be distinct, got {','.join(self.models)}")
     if not self.seeds or len(set(self.seeds)) != len(self.seeds) or min(self.seeds) < 0:
       raise ValueError(f"--seeds must be distinct non-negative integers, got {self.seeds}")
     if not (self.base_lr > 0 and math.isfinite(self.base_lr)):
@@ -482,9 +484,12 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
                + (f" on cores {','.join(map(str, cpus))}" if cpus else ""))
       return train_seconds, decode_run(model, seed, settings, data, run_dir, progress, cpus, decoding)
     finally:
+      ended[(model, seed)] = time.time()  # before its cores go to the next run (the ETA's bookkeeping)
       free.put(cpus)
 
-  finished, failed, started, took = 0, [], {}, []  # took: seconds each finished run took, start to scores
+  # The ETA's bookkeeping: when each run took its cores and gave them back (written by the runs' threads);
+  # took: seconds each finished run took, start to scores.
+  finished, failed, started, ended, took = 0, [], {}, {}, []
   with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
     futures = {pool.submit(one, *t): t for t in todo}
     try:
@@ -494,7 +499,6 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
           train_seconds, results = fut.result()
         except Exception as e:  # noqa: BLE001 - the other runs go on; all failures are raised at the end
           failed.append(f"{model} seed {seed}: {e}")
-          started.pop((model, seed), None)
           progress(f"[{i}/{total}] {model} seed {seed} FAILED: {e}")
           continue
         params = _param_count(work / "runs" / f"{model}-seed{seed}")
@@ -506,9 +510,13 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
           emit(r)
         finished += 1
         now = time.time()
-        took.append(now - started.pop((model, seed)))
-        eta = eta_seconds(float(np.mean(took)), [now - t for t in list(started.values())],
-                          len(todo) - finished - len(failed) - len(started), jobs)
+        took.append(ended[(model, seed)] - started[(model, seed)])
+        # Snapshots (the runs' threads write both), ended's first, so every run is counted exactly once: done,
+        # running (begun, not ended) or queued (not begun).
+        ends = dict(ended)
+        begun = dict(started)
+        running = [now - t for k, t in begun.items() if k not in ends]
+        eta = eta_seconds(float(np.mean(took)), running, len(todo) - len(begun), jobs)
         progress(f"[{i}/{total}] {model} seed {seed}: test {results['test']['exact_match']:.1f}%, gen mean "
                  f"{new[-1]['exact_match'] * 100:.1f}% (train {train_seconds:.0f}s, decode "
                  f"{sum(r['seconds'] for r in results.values()):.0f}s); ETA {eta / 60:.0f} min")
