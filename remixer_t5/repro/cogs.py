@@ -4,8 +4,9 @@ For each model (a folder of gin/models/ with a ``cogs.gin``) and seed, the proje
 model from scratch on COGS's train split (``remixer-t5 train`` with ``models/<model>/cogs.gin`` and
 ``runs/cogs_scratch.gin``, one subprocess per run, its log in ``<out>/runs/<model>-seed<seed>/train.log``);
 then the run's last checkpoint decodes dev, test and the generalization file greedily with the cache
-(``evaluation.infer_eval``: seqio's Evaluator, the task's postprocessor and ``cogs_accuracy``), and every split
-and gen category gets an exact-match score.
+(``evaluation.infer_eval``: seqio's Evaluator, the task's postprocessor and ``cogs_accuracy``; with ``--jobs``
+> 1 in a child process on the cores the run trained on, its log in ``<run>/decode.log``), and every split and
+gen category gets an exact-match score.
 
 Protocol (written down in docs/reproductions.md, "COGS", with the reasons):
   - the word vocabulary of COGS's train split (task ``cogs_words``), not T5's 32k pieces;
