@@ -319,8 +319,8 @@ def decode_run(model: str, seed: int, settings: Settings, data: dict, run_dir: P
   configuration is global: one such decode at a time). Pinned, it decodes in a child process on the run's own
   cores (`remixer-t5 repro cogs --decode_spec`, its output in run_dir/decode.log), so runs trained side by side
   also decode side by side: a greedy decode barely gains from a second core (COGS's T5.1.1, 250 x 160 tokens:
-  11.2k tokens/s on one core, 12.0k on two; docs/reproductions.md), so two at once take about half the time of
-  one after the other."""
+  10.9-12.0k tokens/s on one core or two; docs/reproductions.md, "Decoding side by side"), so two at once take
+  about half the time of one after the other."""
   if not cpus:
     import contextlib
     with lock or contextlib.nullcontext():
@@ -490,7 +490,7 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
 
   # The ETA's bookkeeping: when each run took its cores and gave them back (written by the runs' threads);
   # took: seconds each finished run took, start to scores.
-  finished, failed, started, ended, took = 0, [], {}, {}, []
+  failed, started, ended, took = [], {}, {}, []
   with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
     futures = {pool.submit(one, *t): t for t in todo}
     try:
@@ -509,7 +509,6 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
         for r in new:
           r["jobs"] = jobs  # runs trained at once: train seconds and decode speeds shared the cores
           emit(r)
-        finished += 1
         now = time.time()
         took.append(ended[(model, seed)] - started[(model, seed)])
         # Snapshots (the runs' threads write both), ended's first, so every run is counted exactly once: done,
