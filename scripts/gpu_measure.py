@@ -28,6 +28,7 @@ took minutes to compile the initialiser's inlined RNG; now ~15 s deviceless for 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -54,7 +55,7 @@ MODELS = {
 }
 DEFAULT_STAGES = ("parity", "t5_1_1_base", "deviceless_t5_1_1_base", "remixer_sbase", "remixer_base",
                   "hypermixer_base_mb4")
-TIMEOUTS = {"parity": 120, "deviceless": 240}
+TIMEOUTS = {"parity": 120, "init_rng": 120, "deviceless": 240}
 MODEL_TIMEOUT = 200
 
 
@@ -288,6 +289,61 @@ def stage_parity() -> dict:
   return row
 
 
+def stage_init_rng(model_gin: str = "models/t5_1_1/tiny.gin") -> dict:
+  """`trainer.init_rng_as_kernel` on this device: the state's initialiser (`trainer._init_program`, one device,
+  data rules) lowered with jax's threefry kernel and with XLA's inlined threefry, both compiled and run here.
+  The kernel computes the same threefry2x32 function, so every value of the two states must be bit-identical;
+  the host CPU's initialiser (inlined threefry, the CPU's own float transforms) is compared too, by its
+  largest difference. The tiny model: the inlined form of a base model takes XLA:GPU minutes to compile."""
+  import jax
+  import numpy as np
+
+  from remixer_t5 import aot_compile, partitioning, trainer
+  settings = _parse(model_gin, [])
+  model, lengths = settings["model"], dict(settings["feature_lengths"])
+  dev, cpu = jax.devices()[0], jax.devices("cpu")[0]
+  tx = trainer._optimizer(model, settings.get("optimizer") or aot_compile._default_optimizer(),
+                          settings.get("learning_rate"))
+  prog = trainer.program(model, tx, None, lengths, partitioning.make_mesh(1, "1x1", [dev], rules="data"),
+                         settings.get("num_microbatches"))
+  on_cpu = jax.tree_util.tree_map(lambda _: jax.sharding.SingleDeviceSharding(cpu), prog.shardings)
+  row = {"stage": "init_rng", "model": model_gin, "device_kind": dev.device_kind,
+         "rng_option": trainer.RNG_KERNEL_OPTION}
+  states = {}
+  for form, shardings in (("kernel", prog.shardings), ("inlined", prog.shardings), ("host", on_cpu)):
+    init, rng = trainer._init_program(model, tx, trainer._input_shapes(lengths), shardings, 0)
+    if form == "host":
+      rng = jax.device_put(rng, cpu)
+    t0 = time.time()
+    with trainer.init_rng_as_kernel(shardings) if form == "kernel" else contextlib.nullcontext():
+      lowered = init.lower(rng)
+    text = lowered.as_text()
+    compiled = lowered.compile()
+    row[f"{form}_compile_seconds"] = round(time.time() - t0, 2)
+    row[f"{form}_threefry_kernel_calls"] = text.count("cu_threefry2x32")  # the kernel's custom call target
+    t0 = time.time()
+    states[form] = jax.device_get(jax.block_until_ready(compiled(rng)))
+    row[f"{form}_run_seconds"] = round(time.time() - t0, 2)
+  leaves = {k: jax.tree_util.tree_leaves(v) for k, v in states.items()}
+  same = lambda a, b: a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+  differ = [i for i, (a, b) in enumerate(zip(leaves["kernel"], leaves["inlined"])) if not same(a, b)]
+  floats = [(a, b) for a, b in zip(leaves["kernel"], leaves["host"]) if np.issubdtype(a.dtype, np.floating)
+            and np.size(a)]
+  row["leaves"] = len(leaves["kernel"])
+  row["kernel_vs_inlined_leaves_differing"] = len(differ)
+  row["host_integer_leaves_differing"] = sum(not same(a, b) for a, b in zip(leaves["kernel"], leaves["host"])
+                                              if not np.issubdtype(a.dtype, np.floating))  # step, dropout key
+  row["host_max_abs_diff"] = max(float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+                                 for a, b in floats)
+  row["max_abs_value"] = max(float(np.max(np.abs(b.astype(np.float64)))) for _, b in floats)
+  # on a GPU the check means something only if the kernel form called the kernel and the inlined form did not
+  row["kernel_used"] = row["kernel_threefry_kernel_calls"] > 0 and not row["inlined_threefry_kernel_calls"]
+  row["ok"] = (not differ and not row["host_integer_leaves_differing"]
+               and row["host_max_abs_diff"] <= 1e-5 * row["max_abs_value"]
+               and (row["kernel_used"] or dev.platform != "gpu"))
+  return row
+
+
 def stage_deviceless(name: str, topology: str, timeout: int) -> dict:
   model_gin, bindings, label = MODELS[name]
   cmd = [sys.executable, "-m", "remixer_t5.cli", "compile", f"--gin_file={model_gin}",
@@ -309,11 +365,13 @@ def stage_deviceless(name: str, topology: str, timeout: int) -> dict:
 def run_one(stage: str, steps: int, warmup: int, topology: str, init_on: str = "device") -> dict:
   if stage == "parity":
     return stage_parity()
+  if stage == "init_rng":
+    return stage_init_rng()
   if stage.startswith("deviceless_"):
     return stage_deviceless(stage[len("deviceless_"):], topology, TIMEOUTS["deviceless"] - 10)
   if stage in MODELS:
     return stage_model(stage, steps, warmup, os.environ.get("GPU_MEASURE_PROFILE"), init_on)
-  raise ValueError(f"unknown stage {stage!r}: expected parity, deviceless_<model> or one of {sorted(MODELS)}")
+  raise ValueError(f"unknown stage {stage!r}: expected parity, init_rng, deviceless_<model> or one of {sorted(MODELS)}")
 
 
 def summary(row: dict) -> str:
@@ -324,6 +382,14 @@ def summary(row: dict) -> str:
     return (f"parity ({row['device_kind']} vs host CPU, tiny T5.1.1 f32): loss rel diff {row['loss_rel_diff']:.2e}, "
             f"grad norm rel diff {row['grad_norm_rel_diff']:.2e}, max param diff after a step "
             f"{row['max_param_diff_after_step']:.2e} (max |param| {row['max_param']:.2f}): "
+            f"{'OK' if row['ok'] else 'MISMATCH'}")
+  if s == "init_rng":
+    return (f"init_rng ({row['device_kind']}, {row['model']}): kernel vs inlined threefry, "
+            f"{row['kernel_vs_inlined_leaves_differing']} of {row['leaves']} state leaves differ (threefry kernel calls "
+            f"lowered: {row['kernel_threefry_kernel_calls']} and {row['inlined_threefry_kernel_calls']}); "
+            f"compile {row['kernel_compile_seconds']} / {row['inlined_compile_seconds']} s, run "
+            f"{row['kernel_run_seconds']} / {row['inlined_run_seconds']} s; host CPU's initialiser max |diff| "
+            f"{row['host_max_abs_diff']:.2e} (max |value| {row['max_abs_value']:.2f}): "
             f"{'OK' if row['ok'] else 'MISMATCH'}")
   if s.startswith("deviceless_"):
     step = (row.get("report") or {}).get("steps", {}).get("train", {})

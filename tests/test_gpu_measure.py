@@ -50,12 +50,12 @@ def test_a_model_stage_compiles_times_and_profiles_the_trainer_step(tmp_path):
   """The tiny T5.1.1 stage end to end (batch 8 at 512/114 on the CPU): the row a GPU session reads."""
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO), "COMMIT": "test"}
   proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_measure.py"), "--out", str(tmp_path),
-                         "--stages", "t5_1_1_tiny,no_such_stage", "--steps", "2", "--warmup", "1", "--profile",
+                         "--stages", "t5_1_1_tiny,init_rng,no_such_stage", "--steps", "2", "--warmup", "1", "--profile",
                          "--host-init", "t5_1_1_tiny"],
                         capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
   assert proc.returncode == 0, proc.stderr[-2000:]
   rows = [json.loads(line) for line in (tmp_path / "gpu_measure.jsonl").read_text().splitlines()]
-  head, row, bad = rows
+  head, row, init, bad = rows
   assert head["stage"] == "environment" and head["commit"] == "test" and head["versions"]["jax"]
   assert row["stage"] == "t5_1_1_tiny" and "error" not in row, row
   assert row["batch_size"] == 8 and row["feature_lengths"] == {"inputs": 512, "targets": 114}
@@ -66,5 +66,10 @@ def test_a_model_stage_compiles_times_and_profiles_the_trainer_step(tmp_path):
   assert (tmp_path / "t5_1_1_tiny.perfetto_trace.json.gz").stat().st_size > 0
   with gzip.open(tmp_path / "t5_1_1_tiny.hlo.txt.gz", "rt") as f:  # the compiled step's HLO, to map kernels
     assert "ENTRY" in f.read()
+  # the initialiser both ways (on a CPU the kernel option changes nothing) and on the host: the same state
+  assert init["stage"] == "init_rng" and init["ok"] and init["leaves"] > 100, init
+  assert init["kernel_vs_inlined_leaves_differing"] == 0 and init["host_max_abs_diff"] == 0.0
+  assert not init["kernel_used"] and init["kernel_threefry_kernel_calls"] == 0  # no GPU lowering here
   assert bad["stage"] == "no_such_stage" and "unknown stage" in bad["error"]  # one bad stage costs its row only
   assert "T5.1.1-tiny" in proc.stdout and "no_such_stage: ERROR" in proc.stdout
+  assert "init_rng (cpu, models/t5_1_1/tiny.gin): kernel vs inlined threefry, 0 of" in proc.stdout
