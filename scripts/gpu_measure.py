@@ -147,6 +147,11 @@ def device_time(trace_path: str, per: int = 1) -> dict:
           "busy_ms_per_step": busy / 1e3 / per, "span_ms": (spans[-1][1] - spans[0][0]) / 1e3}
 
 
+def _progress(t0: float, what: str) -> None:
+  """A stage's phases on stderr with their times (a stage that runs out of time shows where it was)."""
+  print(f"[{time.time() - t0:7.1f} s] {what}", file=sys.stderr, flush=True)
+
+
 def stage_model(name: str, steps: int, warmup: int, profile_dir: str | None = None,
                 init_on: str = "device") -> dict:
   import jax
@@ -169,9 +174,11 @@ def stage_model(name: str, steps: int, warmup: int, profile_dir: str | None = No
   abstract = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=prog.batch_sharding) for k, v in shapes.items()}
   row = {"stage": name, "label": label, "batch_size": batch_size, "feature_lengths": lengths, "pack": pack,
          "num_microbatches": settings.get("num_microbatches"), "device_kind": devices[0].device_kind}
-  t0 = time.time()
+  t0 = start = time.time()
+  _progress(start, f"{name}: compiling the train step")
   compiled = prog.compile(prog.train_step, prog.state, abstract)
   row["compile_seconds"] = round(time.time() - t0, 1)
+  _progress(start, "compiled; counting model FLOPs")
   row["memory"] = aot_compile._memory(compiled)
   row["xla_flops_per_device"] = mfu.compiled_flops(compiled)
   row["loops"] = mfu.compiled_loops(compiled)
@@ -184,6 +191,7 @@ def stage_model(name: str, steps: int, warmup: int, profile_dir: str | None = No
   # device) where the stage asks, to spare device time (XLA:GPU took minutes over the init's RNG fusions before
   # trainer.init_rng_as_kernel)
   row["init_on"] = init_on
+  _progress(start, f"compiling the initialiser ({init_on})")
   init_shardings = prog.shardings
   if init_on == "host":
     cpu = jax.devices("cpu")[0]
@@ -200,6 +208,7 @@ def stage_model(name: str, steps: int, warmup: int, profile_dir: str | None = No
   if init_on == "host":
     state = jax.block_until_ready(jax.device_put(state, prog.shardings))
   row["init_run_seconds"] = round(time.time() - t0, 1)
+  _progress(start, "initialised; stepping")
   batch = jax.device_put(_random_batch(shapes, model.module.config.vocab_size), prog.batch_sharding)
   losses, times = [], []
   for i in range(warmup + steps):
@@ -214,6 +223,7 @@ def stage_model(name: str, steps: int, warmup: int, profile_dir: str | None = No
     state, metrics = compiled(state, batch)
   jax.block_until_ready(metrics)
   pipelined = (time.perf_counter() - t) / steps
+  _progress(start, "timed")
   if profile_dir:  # a trace of 2 steps: its perfetto file beside the rows, and the top kernels in the row
     import glob
     import gzip
