@@ -75,7 +75,10 @@ class Attention(nn.Module):
     weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(cfg.dtype)
     if not deterministic and cfg.dropout_rate > 0:
       weights = nn.Dropout(cfg.dropout_rate)(weights, deterministic=False)
-    out = jnp.einsum(f"bhqk,{kv_spec}->bqhd", weights, value)
+    # [b, h, q, d] (dot_general's own output order), then [b, q, h, d]: asked for `bqhd` directly, jnp.einsum puts
+    # the values first and transposes a [b, h, d, q] product back, which XLA:CPU ran 2x slower (T5.1.1-small's
+    # encoder, batch 8 x 512: 34.5 against 16.0 ms forward).
+    out = jnp.swapaxes(jnp.einsum(f"bhqk,{kv_spec}->bhqd", weights, value), 1, 2)
     if beams > 1:
       out = out.reshape((-1, out.shape[1] // beams) + out.shape[2:])  # back to [b * k, q, h, d]
     out = out.reshape(inputs_q.shape[:-1] + (inner,))
