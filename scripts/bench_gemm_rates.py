@@ -6,8 +6,8 @@ time, GFLOP/s and busy cores of each library at 2 threads, subnormals flushed, o
 XLA's flags are read once per process, so compare XLA's routes in separate runs:
 
   python scripts/bench_gemm_rates.py                                   # the CLI's CPU flag (YNNPACK dots)
-  python scripts/bench_gemm_rates.py --xla_flags ""                    # XLA's default (Eigen)
-  python scripts/bench_gemm_rates.py --xla_flags "--xla_cpu_use_onednn=true" --only xla
+  python scripts/bench_gemm_rates.py --xla_flags=""                     # XLA's default (Eigen)
+  python scripts/bench_gemm_rates.py --xla_flags="--xla_cpu_use_onednn=true" --only xla
 
 Needs the .[hf] extra for the PyTorch lines (skipped without it).
 """
