@@ -1,8 +1,11 @@
-"""Float32 GEMM rates on this CPU: XLA:CPU (with the XLA flags given), PyTorch's sgemm and numpy's BLAS, alone.
+"""Float32 GEMM rates on this CPU: XLA:CPU (with the XLA flags given), PyTorch's sgemm and numpy's BLAS.
 
-The CPU training step's gap to HF's (docs/benchmarks.md, "CPU training step against PyTorch") sits in the matrix
-products' kernels; this prints, for a few of config B's (T5.1.1-small, batch 8, 512/114) forward products, the
-time, GFLOP/s and busy cores of each library at 2 threads, subnormals flushed, one line per library and shape.
+The CPU training step's gap to HF's (docs/benchmarks.md, "CPU training step against PyTorch") sits mostly in
+the matrix products' kernels; this times, for a few of config B's (T5.1.1-small, batch 8, 512/114) forward
+products, each library's product alone (the libraries take turns per shape in one process, so a pair is
+measured under the same load), and prints one JSON line per library and shape: time, GFLOP/s, busy cores, the
+commit, the library's version and `--tag`. Thread counts: XLA's and numpy's BLAS use their defaults (every core
+of the process), PyTorch is set to 2 threads with subnormals flushed, as `bench train --reference hf` runs it.
 XLA's flags are read once per process, so compare XLA's routes in separate runs:
 
   python scripts/bench_gemm_rates.py                                   # the CLI's CPU flag (YNNPACK dots)
@@ -40,6 +43,7 @@ def main(argv=None) -> int:
   p.add_argument("--xla_flags", default=None, help="XLA_FLAGS for the XLA lines (default: the CLI's CPU flag)")
   p.add_argument("--only", choices=("xla", "torch", "numpy"), help="one library only")
   p.add_argument("--repeats", type=int, default=20)
+  p.add_argument("--tag", default=None, help="a label copied into every row (e.g. which run of several)")
   args = p.parse_args(argv)
   if args.repeats < 1:
     p.error(f"--repeats {args.repeats}: expected at least 1")
@@ -51,6 +55,7 @@ def main(argv=None) -> int:
 
   from remixer_t5 import bench_env
   rng = np.random.default_rng(0)
+  commit = bench_env.git_commit()
   libs = [args.only] if args.only else ["xla", "torch", "numpy"]
   try:
     import torch
@@ -62,6 +67,8 @@ def main(argv=None) -> int:
       libs.remove("torch")
   import jax
   import jax.numpy as jnp
+  versions = {"xla": f"jaxlib {jax.lib.__version__}", "numpy": f"numpy {np.__version__}",
+              "torch": f"torch {torch.__version__}" if "torch" in libs else None}
   matmul = jax.jit(jnp.matmul)
   for m, k, n in SHAPES:
     a = rng.standard_normal((m, k), dtype=np.float32)
@@ -76,7 +83,8 @@ def main(argv=None) -> int:
       else:
         call = lambda: a @ b  # noqa: E731
       row = {"lib": lib, "shape": [m, k, n], **rate(call, m, k, n, args.repeats),
-             "xla_flags": os.environ["XLA_FLAGS"] if lib == "xla" else None, "cpu": bench_env.cpu_model()}
+             "xla_flags": os.environ["XLA_FLAGS"] if lib == "xla" else None, "version": versions[lib],
+             "cpu": bench_env.cpu_model(), "commit": commit, "tag": args.tag}
       print(json.dumps(row), flush=True)
   return 0
 

@@ -16,11 +16,11 @@ def run(*args):
   return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300, env=env)
 
 
-def test_one_row_per_library_and_shape_with_its_rate():
-  proc = run("--repeats", "1", "--xla_flags", "")
+def test_one_row_per_library_and_shape_with_its_rate(monkeypatch):
+  proc = run("--repeats", "1", "--xla_flags=", "--tag", "t1")
   assert proc.returncode == 0, proc.stderr[-2000:]
   rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-  sys.path.insert(0, str(REPO / "scripts"))
+  monkeypatch.syspath_prepend(str(REPO / "scripts"))
   import bench_gemm_rates
   libs = {r["lib"] for r in rows}
   assert {"xla", "numpy"} <= libs  # torch only with the .[hf] extra
@@ -28,7 +28,9 @@ def test_one_row_per_library_and_shape_with_its_rate():
   for r in rows:
     m, k, n = r["shape"]
     assert r["gflops"] == pytest.approx(2 * m * k * n / (r["ms"] / 1e3) / 1e9, rel=0.05)  # ms rounded
-    assert r["cores_busy"] > 0 and r["cpu"]
+    assert r["cores_busy"] > 0 and r["cpu"] and r["tag"] == "t1"
+    assert r["version"].startswith({"xla": "jaxlib ", "numpy": "numpy ", "torch": "torch "}[r["lib"]])
+    assert r["commit"]  # a checkout: the row says which code it timed
     assert (r["xla_flags"] == "") == (r["lib"] == "xla")  # the flags the XLA lines ran under, recorded
 
 

@@ -69,7 +69,21 @@ def test_a_model_stage_compiles_times_and_profiles_the_trainer_step(tmp_path):
   # the initialiser both ways (on a CPU the kernel option changes nothing) and on the host: the same state
   assert init["stage"] == "init_rng" and init["ok"] and init["leaves"] > 100, init
   assert init["kernel_vs_inlined_leaves_differing"] == 0 and init["host_max_abs_diff"] == 0.0
+  assert init["host_max_rel_diff"] == 0.0 and init["max_abs_value"] > 0
   assert not init["kernel_used"] and init["kernel_threefry_kernel_calls"] == 0  # no GPU lowering here
   assert bad["stage"] == "no_such_stage" and "unknown stage" in bad["error"]  # one bad stage costs its row only
   assert "T5.1.1-tiny" in proc.stdout and "no_such_stage: ERROR" in proc.stdout
   assert "init_rng (cpu, models/t5_1_1/tiny.gin): kernel vs inlined threefry, 0 of" in proc.stdout
+
+
+def test_a_stage_out_of_time_keeps_its_phases(tmp_path):
+  """A model stage killed at its time limit: the row says so and carries the phases it reached (stderr)."""
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO), "COMMIT": "test"}
+  proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_measure.py"), "--out", str(tmp_path),
+                         "--stages", "t5_1_1_small", "--model-timeout", "25"],  # batch 128: minutes to compile
+                        capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  row = json.loads((tmp_path / "gpu_measure.jsonl").read_text().splitlines()[-1])
+  assert row["stage"] == "t5_1_1_small" and row["error"] == "did not finish in 25 s", row
+  assert any("t5_1_1_small: compiling the train step" in line for line in row["progress"]), row
+  assert "compiling the train step" in proc.stdout  # the summary prints them too
