@@ -48,12 +48,10 @@ def main(argv=None) -> int:
   if args.repeats < 1:
     p.error(f"--repeats {args.repeats}: expected at least 1")
   sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-  from remixer_t5 import xla_cpu
-  os.environ["XLA_FLAGS"] = xla_cpu.FLAG if args.xla_flags is None else args.xla_flags
-  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  from remixer_t5 import bench_env
+  bench_env.set_xla_flags(args.xla_flags)
   import numpy as np
 
-  from remixer_t5 import bench_env
   rng = np.random.default_rng(0)
   commit = bench_env.git_commit()
   libs = [args.only] if args.only else ["xla", "torch", "numpy"]

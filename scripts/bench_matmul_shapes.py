@@ -6,9 +6,9 @@ three for every distinct shape (2,048 encoder rows, 512 decoder rows), weights t
 them, and prints one markdown row per shape plus the weighted totals, so that a step's gap to HF's can be split
 into the matmul kernels and the rest. Both sides float32, subnormals flushed, 2 threads (the process's cores).
 
-  python scripts/bench_matmul_shapes.py [--xla_flags "--xla_cpu_experimental_ynn_fusion_type=+individual_dot"]
+  python scripts/bench_matmul_shapes.py [--xla_flags="--xla_cpu_experimental_ynn_fusion_type=+individual_dot"]
 
-The default XLA flags are the CLI's on CPU (remixer_t5/xla_cpu.py); pass --xla_flags "" for XLA's own default.
+The default XLA flags are the CLI's on CPU (remixer_t5/xla_cpu.py); pass --xla_flags= for XLA's own default.
 Needs the .[hf] extra (PyTorch).
 """
 from __future__ import annotations
@@ -46,15 +46,14 @@ def main(argv=None) -> int:
   if args.repeats < 1:
     parser.error(f"--repeats {args.repeats}: expected at least 1 timed call per measurement")
   sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-  from remixer_t5 import xla_cpu
-  os.environ["XLA_FLAGS"] = xla_cpu.FLAG if args.xla_flags is None else args.xla_flags
-  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  from remixer_t5 import bench_env
+  bench_env.set_xla_flags(args.xla_flags)
   import jax
   import jax.numpy as jnp
   import numpy as np
   import torch
 
-  from remixer_t5 import bench_env, quiet
+  from remixer_t5 import quiet
   bench_env.set_torch_flush_denormal(True)  # before PyTorch's first operation (the mode is per thread)
   with quiet.native_stderr_hidden():  # libtpu's start-up lines where the .[tpu] extra is installed
     jax.devices()

@@ -1,5 +1,6 @@
 """`remixer-t5 bench train`: the trainer's jitted step timed on random tokens, optionally beside HF's T5."""
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -175,3 +176,14 @@ def test_cores_env_refuses_cores_this_process_may_not_use():
   assert xla_cpu.pin_from_env({}) is None and xla_cpu.pin_from_env({"REMIXER_T5_CPUS": " "}) is None
   with pytest.raises(ValueError, match=r"\$REMIXER_T5_CPUS='100000': this process may use cores"):
     xla_cpu.pin_from_env({"REMIXER_T5_CPUS": "100000"})
+
+
+def test_set_xla_flags_defaults_to_the_cli_flag_and_keeps_a_chosen_platform(monkeypatch):
+  """The benchmark scripts' XLA_FLAGS: the CLI's CPU flag unless given ("" is XLA's own default)."""
+  from remixer_t5 import bench_env, xla_cpu
+  monkeypatch.setenv("XLA_FLAGS", "--stale")
+  monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+  assert bench_env.set_xla_flags(None) == xla_cpu.FLAG == os.environ["XLA_FLAGS"]
+  assert os.environ["JAX_PLATFORMS"] == "cpu"
+  monkeypatch.setenv("JAX_PLATFORMS", "tpu")
+  assert bench_env.set_xla_flags("") == "" and os.environ["JAX_PLATFORMS"] == "tpu"
