@@ -53,7 +53,7 @@ def main(argv=None) -> int:
   import numpy as np
 
   rng = np.random.default_rng(0)
-  commit = bench_env.git_commit()
+  commit, cpu = bench_env.git_commit(), bench_env.cpu_model()
   libs = [args.only] if args.only else ["xla", "torch", "numpy"]
   try:
     import torch
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
         call = lambda: a @ b  # noqa: E731
       row = {"lib": lib, "shape": [m, k, n], **rate(call, m, k, n, args.repeats),
              "xla_flags": os.environ["XLA_FLAGS"] if lib == "xla" else None, "version": versions[lib],
-             "cpu": bench_env.cpu_model(), "commit": commit, "tag": args.tag}
+             "cpu": cpu, "commit": commit, "tag": args.tag}
       print(json.dumps(row), flush=True)
   return 0
 

@@ -148,6 +148,13 @@ def device_time(trace_path: str, per: int = 1) -> dict:
           "busy_ms_per_step": busy / 1e3 / per, "span_ms": (spans[-1][1] - spans[0][0]) / 1e3}
 
 
+def _on_host(shardings):
+  """The state's shardings moved to the host CPU (the initialiser run there, then copied over)."""
+  import jax
+  cpu = jax.devices("cpu")[0]
+  return jax.tree_util.tree_map(lambda _: jax.sharding.SingleDeviceSharding(cpu), shardings)
+
+
 def _progress(t0: float, what: str) -> None:
   """A stage's phases on stderr with their times (a stage that runs out of time shows where it was)."""
   print(f"[{time.time() - t0:7.1f} s] {what}", file=sys.stderr, flush=True)
@@ -195,8 +202,7 @@ def stage_model(name: str, steps: int, warmup: int, profile_dir: str | None = No
   _progress(start, f"compiling the initialiser ({init_on})")
   init_shardings = prog.shardings
   if init_on == "host":
-    cpu = jax.devices("cpu")[0]
-    init_shardings = jax.tree_util.tree_map(lambda _: jax.sharding.SingleDeviceSharding(cpu), prog.shardings)
+    init_shardings = _on_host(prog.shardings)
   t0 = time.time()
   init, init_rng = trainer._init_program(model, tx, trainer._input_shapes(lengths), init_shardings, 0)
   if init_on == "host":
@@ -305,7 +311,8 @@ def stage_init_rng(model_gin: str = "models/t5_1_1/tiny.gin") -> dict:
   data rules) lowered with jax's threefry kernel and with XLA's inlined threefry, both compiled and run here.
   The kernel computes the same threefry2x32 function, so every value of the two states must be bit-identical;
   the host CPU's initialiser (inlined threefry, the CPU's own float transforms) is compared too, each leaf's
-  largest difference within 1e-5 of its largest |value|. The tiny model: the inlined form of a base model takes XLA:GPU minutes to compile."""
+  largest difference within 1e-5 of its largest |value|. The tiny model: the inlined form of a base model takes
+  XLA:GPU minutes to compile."""
   import jax
   import numpy as np
 
@@ -317,7 +324,7 @@ def stage_init_rng(model_gin: str = "models/t5_1_1/tiny.gin") -> dict:
                           settings.get("learning_rate"))
   prog = trainer.program(model, tx, None, lengths, partitioning.make_mesh(1, "1x1", [dev], rules="data"),
                          settings.get("num_microbatches"))
-  on_cpu = jax.tree_util.tree_map(lambda _: jax.sharding.SingleDeviceSharding(cpu), prog.shardings)
+  on_cpu = _on_host(prog.shardings)
   row = {"stage": "init_rng", "model": model_gin, "device_kind": dev.device_kind,
          "rng_option": trainer.RNG_KERNEL_OPTION}
   states = {}
@@ -398,7 +405,8 @@ def run_one(stage: str, steps: int, warmup: int, topology: str, init_on: str = "
     return stage_deviceless(stage[len("deviceless_"):], topology, TIMEOUTS["deviceless"] - 10)
   if stage in MODELS:
     return stage_model(stage, steps, warmup, os.environ.get("GPU_MEASURE_PROFILE"), init_on)
-  raise ValueError(f"unknown stage {stage!r}: expected parity, init_rng, deviceless_<model> or one of {sorted(MODELS)}")
+  raise ValueError(f"unknown stage {stage!r}: expected parity, init_rng, deviceless_<model> or one of "
+                   f"{sorted(MODELS)}")
 
 
 def summary(row: dict) -> str:
@@ -412,8 +420,8 @@ def summary(row: dict) -> str:
             f"{'OK' if row['ok'] else 'MISMATCH'}")
   if s == "init_rng":
     return (f"init_rng ({row['device_kind']}, {row['model']}): kernel vs inlined threefry, "
-            f"{row['kernel_vs_inlined_leaves_differing']} of {row['leaves']} state leaves differ (threefry kernel calls "
-            f"lowered: {row['kernel_threefry_kernel_calls']} and {row['inlined_threefry_kernel_calls']}); "
+            f"{row['kernel_vs_inlined_leaves_differing']} of {row['leaves']} state leaves differ (threefry kernel "
+            f"calls lowered: {row['kernel_threefry_kernel_calls']} and {row['inlined_threefry_kernel_calls']}); "
             f"compile {row['kernel_compile_seconds']} / {row['inlined_compile_seconds']} s, run "
             f"{row['kernel_run_seconds']} / {row['inlined_run_seconds']} s; host CPU's initialiser max |diff| "
             f"{row['host_max_abs_diff']:.2e}, relative to each leaf {row['host_max_rel_diff']:.2e}: "
