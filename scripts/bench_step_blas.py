@@ -1,0 +1,228 @@
+"""Our whole CPU train step with layers.Dense's products through an external BLAS, against XLA:CPU's own dots.
+
+docs/benchmarks.md found our step behind HF's PyTorch step on a Cascade Lake (config A 1.10x, B 1.14x) and
+XLA:CPU's products slower than MKL's alone (scripts/bench_gemm_rates.py). This asks whether calling a faster
+BLAS from inside the step closes the gap: every `layers.Dense` product (forward, dX = dY W^T and dW = X^T dY)
+becomes an XLA FFI custom call (scripts/step_blas_ffi.cc, compiled here with $CXX or c++ against jaxlib's FFI
+headers into a temporary folder) to one of:
+
+  xla            XLA:CPU's own dots, with the CLI's flag (YNNPACK) - the baseline
+  openblas-pool  numpy's bundled OpenBLAS, single-threaded, each product cut into blocks run on XLA's pool
+  openblas       numpy's bundled OpenBLAS, one call a product, its own threads (as many as the process's cores)
+  mkl            Intel MKL's cblas_sgemm_64 (`pip install mkl`, libmkl_rt in the venv), one call a product,
+                 its own threads on the GNU OpenMP layer (Intel's OpenMP threads spin and slowed XLA's ops)
+
+Each variant runs in its own process (a custom call is registered once per process), the variants take turns
+for `--rounds` rounds, and each round prints one JSON row: the median of `--steps` timed steps after
+`--warmup`, the step's largest relative difference from XLA's own product on a test product and its
+gradients (`check_rel_err`), the machine (bench_env) and the commit. A summary line per variant gives the
+median over rounds and the ratio to `xla`. Configs as scripts/bench_cpu_vs_hf.sh (A, B), plus `tiny` for the
+test. An experiment, not a library feature: the result is in docs/benchmarks.md.
+
+  python scripts/bench_step_blas.py --config A --rounds 3 [--variants xla,openblas-pool,mkl] [--out rows.jsonl]
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import glob
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SOURCE = Path(__file__).with_name("step_blas_ffi.cc")
+VARIANTS = ("xla", "openblas-pool", "openblas", "mkl")
+TARGET = "remixer_step_sgemm"
+# name: (gin bindings on models/t5_1_1/small.gin, batch size, input length, target length)
+CONFIGS = {
+    "A": (["network.T5Config.emb_dim=256", "network.T5Config.num_encoder_layers=4",
+           "network.T5Config.num_decoder_layers=4", "network.T5Config.mlp_dim=1024", "network.T5Config.num_heads=4",
+           "network.T5Config.head_dim=64"], 16, 128, 32),
+    "B": ([], 8, 512, 114),
+    "tiny": (["network.T5Config.emb_dim=64", "network.T5Config.num_encoder_layers=1",
+              "network.T5Config.num_decoder_layers=1", "network.T5Config.mlp_dim=128", "network.T5Config.num_heads=2",
+              "network.T5Config.head_dim=32", "network.T5Config.vocab_size=512"], 2, 16, 8),
+}
+
+
+def compile_handler(out_dir: str) -> str:
+  """The handler's shared library, built into out_dir; SystemExit naming the compiler when it fails."""
+  import jax
+  cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+  if not cxx:
+    raise SystemExit("bench_step_blas: no C++ compiler ($CXX, c++ or g++) to build step_blas_ffi.cc")
+  out = os.path.join(out_dir, "step_blas_ffi.so")
+  proc = subprocess.run([cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-w", f"-I{jax.ffi.include_dir()}",
+                         str(SOURCE), "-o", out], capture_output=True, text=True)
+  if proc.returncode != 0:
+    raise SystemExit(f"bench_step_blas: {cxx} failed on {SOURCE.name}:\n{proc.stderr[-2000:]}")
+  return out
+
+
+def _address(fn) -> ctypes.c_void_p:
+  return ctypes.c_void_p(ctypes.cast(fn, ctypes.c_void_p).value)
+
+
+def load_blas(variant: str) -> tuple[object, object, int, str]:
+  """(sgemm, set-this-thread's-threads function, threads per call (0: blocks on XLA's pool), description)."""
+  import numpy as np
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+  if variant.startswith("openblas"):
+    root = Path(np.__file__).resolve().parent
+    libs = glob.glob(str(root.parent / "numpy.libs" / "libscipy_openblas64_*.so*")) + glob.glob(
+        str(root / ".dylibs" / "libscipy_openblas64_*.dylib"))
+    if not libs:
+      raise SystemExit(f"bench_step_blas: numpy {np.__version__} carries no scipy-openblas64 library")
+    blas = ctypes.CDLL(libs[0])
+    blas.scipy_openblas_get_config64_.restype = ctypes.c_char_p
+    what = f"numpy's {blas.scipy_openblas_get_config64_().decode()}"
+    return (blas.scipy_cblas_sgemm64_, blas.openblas_set_num_threads_local,
+            0 if variant == "openblas-pool" else cores, what)
+  libs = sorted(glob.glob(os.path.join(sys.prefix, "lib", "libmkl_rt.so*")))
+  if not libs:
+    raise SystemExit(f"bench_step_blas: no libmkl_rt in {sys.prefix}/lib: pip install mkl")
+  mkl = ctypes.CDLL(libs[0], mode=ctypes.RTLD_GLOBAL)
+  if mkl.MKL_Set_Threading_Layer(ctypes.c_int(3)) != 3:  # MKL_THREADING_GNU
+    raise SystemExit("bench_step_blas: MKL refused its GNU OpenMP threading layer (is libgomp installed?)")
+  buf = ctypes.create_string_buffer(256)
+  mkl.MKL_Get_Version_String(buf, ctypes.c_int(256))
+  return mkl.cblas_sgemm_64, mkl.MKL_Set_Num_Threads_Local, cores, f"{buf.value.decode().strip()} (GNU OpenMP)"
+
+
+def make_matmul(threads_per_call_note: str):
+  """x [M, K] @ w [K, N] through the registered custom call, with its VJP through the same call."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  def gemm(a, b, ta: bool, tb: bool):
+    m, n = (a.shape[1] if ta else a.shape[0]), (b.shape[0] if tb else b.shape[1])
+    return jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((m, n), jnp.float32), vmap_method="sequential")(
+        a, b, transpose_a=np.int64(ta), transpose_b=np.int64(tb))
+
+  @jax.custom_vjp
+  def matmul(x, w):
+    return gemm(x, w, False, False)
+
+  matmul.defvjp(lambda x, w: (gemm(x, w, False, False), (x, w)),
+                lambda res, g: (gemm(g, res[1], False, True), gemm(res[0], g, True, False)))
+  return matmul
+
+
+def check_rel_err(matmul) -> float:
+  """Largest relative difference of the product and both gradients from XLA's jnp.dot on one random product."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  rng = np.random.default_rng(0)
+  x, w, g = (jnp.asarray(rng.standard_normal(s, dtype=np.float32)) for s in ((300, 70), (70, 130), (300, 130)))
+  ours = jax.jit(lambda x, w, g: (matmul(x, w), *jax.vjp(matmul, x, w)[1](g)))(x, w, g)
+  ref = jax.jit(lambda x, w, g: (jnp.dot(x, w), *jax.vjp(jnp.dot, x, w)[1](g)))(x, w, g)
+  return max(float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b))) for a, b in zip(ours, ref))
+
+
+def child(args) -> int:
+  sys.path.insert(0, str(REPO))
+  from remixer_t5 import bench_env, host_memory
+  host_memory.configure()  # the CLI's malloc policy, before JAX starts threads
+  bench_env.set_xla_flags(None)  # the CLI's CPU flag
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from remixer_t5 import bench_train, gin_utils, layers
+  row = {"variant": args.child, "config": args.config}
+  if args.child != "xla":
+    sgemm, set_threads, per_call, what = load_blas(args.child)
+    handler = ctypes.CDLL(args.handler)
+    handler.remixer_set_blas(_address(sgemm), _address(set_threads), ctypes.c_int(per_call))
+    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(handler.RemixerSgemm), platform="cpu")
+    matmul = make_matmul(what)
+    row.update(blas=what, threads_per_call=per_call or "blocks on XLA's pool",
+               check_rel_err=check_rel_err(matmul))
+
+    class BlasDense(layers.Dense):  # layers.Dense with its product swapped (the rest as there)
+      @layers.nn.compact
+      def __call__(self, x):
+        kernel = layers.param_with_axes("kernel", self.kernel_init, (x.shape[-1], self.features), jnp.float32,
+                                        axes=self.kernel_axes)
+        y = matmul(x.reshape(-1, x.shape[-1]).astype(self.dtype), kernel.astype(self.dtype))
+        return y.reshape(*x.shape[:-1], self.features)
+    layers.Dense = BlasDense  # the mixers and the network look it up as layers.Dense when they run
+  bindings, batch, inputs, targets = CONFIGS[args.config]
+  gin_utils.parse_gin(["models/t5_1_1/small.gin"], ["DROPOUT_RATE=0.0", *bindings])
+  built = bench_train.from_gin(batch, {"inputs": inputs, "targets": targets})
+  vocab = built["model"].module.config.vocab_size
+  run = bench_train.ours(built["model"], built["optimizer"],
+                         bench_train.random_batch(vocab, batch, {"inputs": inputs, "targets": targets}))
+  t0 = time.perf_counter()
+  run()
+  row["first_step_s"] = round(time.perf_counter() - t0, 2)
+  times, _ = bench_train.time_calls(run, args.steps, args.warmup)
+  row.update(step_s=round(statistics.median(times), 4), steps=args.steps, warmup=args.warmup,
+             times=[round(t, 4) for t in times], tag=args.tag, **bench_env.environment())
+  print(json.dumps(row), flush=True)
+  return 0
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--config", choices=sorted(CONFIGS), default="A")
+  p.add_argument("--variants", default="xla,openblas-pool,mkl",
+                 help=f"comma-separated, from {', '.join(VARIANTS)} (default: xla,openblas-pool,mkl)")
+  p.add_argument("--rounds", type=int, default=3)
+  p.add_argument("--steps", type=int, default=10)
+  p.add_argument("--warmup", type=int, default=2)
+  p.add_argument("--out", default=None, help="append the rows to this JSONL file")
+  p.add_argument("--tag", default=None, help="a label copied into every row")
+  p.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
+  p.add_argument("--handler", help=argparse.SUPPRESS)
+  args = p.parse_args(argv)
+  for name in ("rounds", "steps"):
+    if getattr(args, name) < 1:
+      p.error(f"--{name} {getattr(args, name)}: expected at least 1")
+  if args.warmup < 0:
+    p.error(f"--warmup {args.warmup}: expected 0 or more")
+  if args.child:
+    return child(args)
+  variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+  unknown = sorted(set(variants) - set(VARIANTS))
+  if unknown or not variants:
+    p.error(f"--variants {args.variants!r}: unknown {unknown}; expected some of {', '.join(VARIANTS)}")
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  rows = []
+  with tempfile.TemporaryDirectory() as tmp:
+    handler = compile_handler(tmp) if set(variants) - {"xla"} else ""
+    for r in range(args.rounds):
+      for v in variants:
+        cmd = [sys.executable, __file__, "--child", v, "--handler", handler, "--config", args.config,
+               "--steps", str(args.steps), "--warmup", str(args.warmup)] + (["--tag", args.tag] if args.tag else [])
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+        if proc.returncode != 0 or not lines:
+          print(f"bench_step_blas: {v} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}", file=sys.stderr)
+          return 1
+        row = json.loads(lines[-1])
+        row["round"] = r + 1
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        if args.out:
+          with open(args.out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+  base = statistics.median(r["step_s"] for r in rows if r["variant"] == "xla") if "xla" in variants else None
+  for v in variants:
+    steps = [r["step_s"] for r in rows if r["variant"] == v]
+    ratio = f", {statistics.median(steps) / base:.3f}x xla" if base else ""
+    print(f"# {v}: median {statistics.median(steps):.4f} s/step over rounds {steps}{ratio}", file=sys.stderr)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,153 @@
+// XLA FFI handler for scripts/bench_step_blas.py (an experiment, not part of the library): one float32 matrix
+// product C = op(A) op(B) (row-major, op = identity or transpose) through a CBLAS sgemm with 64-bit integers
+// (numpy's bundled OpenBLAS `scipy_cblas_sgemm64_`, or MKL's `cblas_sgemm_64`). The BLAS functions are not
+// linked: the script resolves them in the process and hands their addresses to remixer_set_blas(). Two ways to
+// use the cores, chosen there by `threads_per_call`:
+//   0: the product is cut into blocks of rows (or columns), several per thread of XLA's intra-op pool, each a
+//      single-threaded sgemm; the calling thread and pool threads claim blocks from a counter;
+//   n > 0: one sgemm call with the library's own n threads.
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <xmmintrin.h>
+#endif
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+// cblas_sgemm(order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc), 64-bit integers.
+using Sgemm64 = void (*)(int, int, int, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
+                         int64_t, float, float*, int64_t);
+using SetLocalThreads = void (*)(int);  // openblas_set_num_threads_local: this thread's BLAS thread count
+Sgemm64 g_sgemm = nullptr;
+SetLocalThreads g_set_local_threads = nullptr;
+int g_threads_per_call = 0;
+
+constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;  // CBLAS's enum values
+constexpr int64_t kMinFlopsPerBlock = int64_t{1} << 22;  // smaller blocks are not cut
+constexpr int64_t kBlocksPerThread = 4;  // blocks a busy pool thread can still take when it frees up
+
+struct Product {
+  bool ta, tb;
+  int64_t m, n, k, lda, ldb;
+  const float* a;
+  const float* b;
+  float* c;
+  bool by_rows;  // blocks of C's rows (else of its columns)
+  int64_t blocks;
+};
+
+// One block of C (single-threaded when cut, else with the library's threads), with subnormals flushed as
+// XLA:CPU's own kernels do.
+void RunBlock(const Product& p, int64_t i) {
+  const int64_t extent = p.by_rows ? p.m : p.n;
+  const int64_t lo = extent * i / p.blocks, hi = extent * (i + 1) / p.blocks;
+  if (hi <= lo) return;
+#if defined(__x86_64__) || defined(_M_X64)
+  const unsigned int csr = _mm_getcsr();
+  _mm_setcsr(csr | 0x8040);  // flush-to-zero and denormals-are-zero
+#endif
+  if (g_set_local_threads != nullptr) g_set_local_threads(g_threads_per_call > 0 ? g_threads_per_call : 1);
+  if (p.by_rows) {  // rows lo..hi of op(A): A's rows, or A's columns when transposed
+    const float* a = p.ta ? p.a + lo : p.a + lo * p.lda;
+    g_sgemm(kRowMajor, p.ta ? kTrans : kNoTrans, p.tb ? kTrans : kNoTrans, hi - lo, p.n, p.k, 1.0f, a, p.lda,
+            p.b, p.ldb, 0.0f, p.c + lo * p.n, p.n);
+  } else {  // columns lo..hi of op(B): B's columns, or B's rows when transposed
+    const float* b = p.tb ? p.b + lo * p.ldb : p.b + lo;
+    g_sgemm(kRowMajor, p.ta ? kTrans : kNoTrans, p.tb ? kTrans : kNoTrans, p.m, hi - lo, p.k, 1.0f, p.a, p.lda,
+            b, p.ldb, 0.0f, p.c + lo, p.n);
+  }
+#if defined(__x86_64__) || defined(_M_X64)
+  _mm_setcsr(csr);
+#endif
+}
+
+// Blocks are claimed from a counter by the caller and by helpers scheduled on the pool; the caller waits only
+// for blocks already claimed (running), so a pool whose threads are all busy cannot deadlock it.
+struct Shared {
+  Product p;
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
+  std::mutex mu;
+  std::condition_variable cv;
+};
+
+void Work(Shared& s) {
+  for (int64_t i; (i = s.next.fetch_add(1)) < s.p.blocks;) {
+    RunBlock(s.p, i);
+    if (s.done.fetch_add(1) + 1 == s.p.blocks) {
+      std::lock_guard<std::mutex> lock(s.mu);
+      s.cv.notify_all();
+    }
+  }
+}
+
+ffi::Error Sgemm(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b,
+                 ffi::ResultBuffer<ffi::F32> c, int64_t transpose_a, int64_t transpose_b) {
+  if (g_sgemm == nullptr) return ffi::Error::Internal("remixer_sgemm: no BLAS sgemm was set");
+  auto ad = a.dimensions(), bd = b.dimensions(), cd = c->dimensions();
+  if (ad.size() != 2 || bd.size() != 2 || cd.size() != 2)
+    return ffi::Error::InvalidArgument("remixer_sgemm: operands and result must be 2-D");
+  Product p{transpose_a != 0, transpose_b != 0};
+  p.m = p.ta ? ad[1] : ad[0];
+  p.k = p.ta ? ad[0] : ad[1];
+  p.n = p.tb ? bd[0] : bd[1];
+  const int64_t kb = p.tb ? bd[1] : bd[0];
+  if (p.k != kb || cd[0] != p.m || cd[1] != p.n)
+    return ffi::Error::InvalidArgument("remixer_sgemm: operand and result shapes do not match");
+  if (p.m == 0 || p.n == 0) return ffi::Error::Success();
+  if (p.k == 0) {  // nothing to sum: zeros (not every BLAS writes C when k == 0)
+    float* out = c->typed_data();
+    for (int64_t i = 0; i < p.m * p.n; ++i) out[i] = 0.0f;
+    return ffi::Error::Success();
+  }
+  p.a = a.typed_data();
+  p.b = b.typed_data();
+  p.c = c->typed_data();
+  p.lda = ad[1];
+  p.ldb = bd[1];
+  p.by_rows = p.m >= p.n;
+  const int64_t extent = p.by_rows ? p.m : p.n;
+  const int64_t flops = 2 * p.m * p.n * p.k;
+  int64_t threads = pool.num_threads();
+  if (threads < 1) threads = 1;
+  p.blocks = g_threads_per_call > 0
+                 ? 1
+                 : std::max<int64_t>(1, std::min({kBlocksPerThread * threads, extent / 16, flops / kMinFlopsPerBlock}));
+  if (p.blocks == 1) {
+    RunBlock(p, 0);
+    return ffi::Error::Success();
+  }
+  auto shared = std::make_shared<Shared>();
+  shared->p = p;
+  for (int64_t i = 1; i < p.blocks; ++i) pool.Schedule([shared] { Work(*shared); });
+  Work(*shared);
+  std::unique_lock<std::mutex> lock(shared->mu);
+  shared->cv.wait(lock, [&] { return shared->done.load() == shared->p.blocks; });
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+extern "C" void remixer_set_blas(void* sgemm, void* set_local_threads, int threads_per_call) {
+  g_sgemm = reinterpret_cast<Sgemm64>(sgemm);
+  g_set_local_threads = reinterpret_cast<SetLocalThreads>(set_local_threads);
+  g_threads_per_call = threads_per_call;
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RemixerSgemm, Sgemm,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("transpose_a")
+                                  .Attr<int64_t>("transpose_b"));
