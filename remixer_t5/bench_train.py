@@ -14,9 +14,16 @@ optimizer step, zero_grad.
 Timing: `rounds` alternating rounds (ours, then the reference), each `warmup` untimed steps then the median of
 `steps` timed steps (`block_until_ready` on ours; PyTorch's CPU step is synchronous). The reported step time is
 the median over rounds of the per-round medians, and the ratio is ours / reference in the same run.
+
+Where the reference runs (`hf_process`): `own` (default) is a child process of its own (spawned, driven round by
+round over a pipe), so the two sides share no heap, allocator or thread pools: in one shared process our side of
+config B had ~52k minor page faults a step (0.42 s of system time) where alone it had ~450 (docs/benchmarks.md,
+2026-11-27). `shared` runs both in this process, as every row before that date did. The reference's process
+usage (busy cores, system time, faults) and its PyTorch settings are measured in the process it runs in.
 """
 from __future__ import annotations
 
+import multiprocessing
 import resource
 import statistics
 import sys
@@ -29,6 +36,7 @@ import numpy as np
 
 
 REFERENCES = (None, "hf")
+HF_PROCESSES = ("own", "shared")
 
 
 def random_batch(vocab_size: int, batch_size: int, lengths: Mapping[str, int], seed: int = 0
@@ -94,7 +102,8 @@ def hf_reference(config, batch: Mapping[str, np.ndarray], learning_rate: float =
   from remixer_t5 import bench_env, hf
   bench_env.set_torch_flush_denormal(flush_denormal)
   torch.manual_seed(seed)
-  hf_config = transformers.T5Config(**{k: v for k, v in hf.config_to_hf(config).items() if k != "architectures"})
+  values = config if isinstance(config, dict) else hf.config_to_hf(config)  # ours, or already HF's (a child's)
+  hf_config = transformers.T5Config(**{k: v for k, v in values.items() if k != "architectures"})
   model = transformers.T5ForConditionalGeneration(hf_config).train()
   opt = Adafactor(model.parameters(), lr=learning_rate, scale_parameter=True, relative_step=False,
                   warmup_init=False, beta1=None, decay_rate=-0.8, clip_threshold=1.0)
@@ -110,35 +119,114 @@ def hf_reference(config, batch: Mapping[str, np.ndarray], learning_rate: float =
   return run
 
 
+def timed_round(run: Callable[[], Any], warmup: int, steps: int) -> tuple[list[float], float, float, int]:
+  """`warmup` untimed calls, then `steps` timed ones: (their times, CPU s, system s, minor faults over them)."""
+  time_calls(run, 0, warmup)
+  cpu0, sys0, flt0 = process_usage()
+  times, _ = time_calls(run, steps, 0)
+  cpu1, sys1, flt1 = process_usage()
+  return times, cpu1 - cpu0, sys1 - sys0, flt1 - flt0
+
+
+def _hf_child(conn, hf_config: dict, batch: Mapping[str, np.ndarray], seed: int, flush_denormal: bool) -> None:
+  """The reference's own process: builds it, reports PyTorch's settings, then times one round per request."""
+  try:
+    from remixer_t5 import bench_env
+    run = hf_reference(hf_config, batch, seed=seed, flush_denormal=flush_denormal)
+    import torch
+    import transformers
+    conn.send(("ready", {"torch_num_threads": torch.get_num_threads(),
+                         "torch_num_interop_threads": torch.get_num_interop_threads(),
+                         "torch_version": torch.__version__, "transformers_version": transformers.__version__,
+                         "torch_denormals_flushed": bench_env.denormals_flushed("torch")}))
+    while (request := conn.recv()) is not None:
+      conn.send(("round", timed_round(run, *request)))
+  except Exception as e:  # noqa: BLE001 - reported to the parent, which raises it
+    conn.send(("error", f"{type(e).__name__}: {e}"))
+  finally:
+    conn.close()
+
+
+class _ChildReference:
+  """The HF reference in a spawned process of its own (module docstring), driven round by round."""
+
+  def __init__(self, config, batch: Mapping[str, np.ndarray], seed: int, flush_denormal: bool):
+    from remixer_t5 import hf
+    ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no JAX threads or heap inherited
+    self.conn, child_conn = ctx.Pipe()
+    hf_config = config if isinstance(config, dict) else hf.config_to_hf(config)
+    self.process = ctx.Process(target=_hf_child, args=(child_conn, hf_config, dict(batch), seed, flush_denormal),
+                               daemon=True, name="hf-reference")
+    self.process.start()
+    child_conn.close()
+    self.environment = self._receive("ready")
+
+  def _receive(self, kind: str):
+    try:
+      got, value = self.conn.recv()
+    except EOFError:
+      self.process.join(5)
+      raise RuntimeError(f"the HF reference's process ended without a result (exit code "
+                         f"{self.process.exitcode})") from None
+    if got == "error":
+      raise RuntimeError(f"the HF reference failed in its own process: {value}")
+    assert got == kind, (got, kind)
+    return value
+
+  def round(self, warmup: int, steps: int):
+    self.conn.send((warmup, steps))
+    return self._receive("round")
+
+  def close(self) -> None:
+    try:
+      self.conn.send(None)
+    except (BrokenPipeError, OSError):
+      pass
+    self.process.join(30)
+    if self.process.is_alive():
+      self.process.kill()
+
+
 def bench_train(model, optimizer, *, batch_size: int, feature_lengths: Mapping[str, int], steps: int = 20,
                 warmup: int = 3, rounds: int = 3, reference: str | None = None, seed: int = 0,
-                hf_flush_denormal: bool = True, log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
-  """Median step times of our train step (and the reference's), alternated over `rounds` in one process.
-  `hf_flush_denormal`: see hf_reference."""
+                hf_flush_denormal: bool = True, hf_process: str = "own",
+                log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+  """Median step times of our train step (and the reference's), alternated over `rounds`.
+  `hf_flush_denormal`: see hf_reference; `hf_process`: where the reference runs (module docstring)."""
   if reference not in REFERENCES:
     raise ValueError(f"unknown --reference {reference!r}; expected one of {', '.join(map(str, REFERENCES))}")
+  if hf_process not in HF_PROCESSES:
+    raise ValueError(f"--hf_process={hf_process!r}: expected 'own' (the reference in a process of its own, the "
+                     "default) or 'shared' (in this one)")
   if steps < 1 or rounds < 1 or warmup < 0:
     raise ValueError(f"steps={steps}, rounds={rounds}, warmup={warmup}: expected steps, rounds >= 1, warmup >= 0")
   cfg = model.module.config
   batch = random_batch(cfg.vocab_size, batch_size, feature_lengths, seed)
-  # The reference first: its subnormal mode must be set before any PyTorch operation starts its threads.
-  reference_run = hf_reference(cfg, batch, seed=seed, flush_denormal=hf_flush_denormal) if reference == "hf" else None
-  runners = {"ours": ours(model, optimizer, batch, seed)}
-  if reference_run is not None:
-    runners["hf"] = reference_run
+  child = None
+  runners: dict[str, Callable[[int, int], tuple]] = {}
+  if reference == "hf" and hf_process == "own":
+    child = _ChildReference(cfg, batch, seed, hf_flush_denormal)
+    runners["hf"] = child.round
+  elif reference == "hf":
+    # The reference first: its subnormal mode must be set before any PyTorch operation starts its threads.
+    hf_run = hf_reference(cfg, batch, seed=seed, flush_denormal=hf_flush_denormal)
+    runners["hf"] = lambda w, n: timed_round(hf_run, w, n)
+  ours_run = ours(model, optimizer, batch, seed)
+  runners = {"ours": lambda w, n: timed_round(ours_run, w, n), **runners}
   medians: dict[str, list[float]] = {name: [] for name in runners}
   usage = {name: [0.0, 0.0, 0, 0.0] for name in runners}  # cpu s, system s, minor faults, wall s (timed steps)
-  for r in range(rounds):
-    for name, run in runners.items():
-      time_calls(run, 0, warmup if r == 0 else 1)
-      cpu0, sys0, flt0 = process_usage()
-      times, _ = time_calls(run, steps, 0)
-      cpu1, sys1, flt1 = process_usage()
-      for i, d in enumerate((cpu1 - cpu0, sys1 - sys0, flt1 - flt0, sum(times))):
-        usage[name][i] += d
-      medians[name].append(statistics.median(times))
-      log(f"round {r + 1}/{rounds} {name}: median {medians[name][-1]:.3f} s/step "
-          f"(min {min(times):.3f}, max {max(times):.3f})")
+  try:
+    for r in range(rounds):
+      for name, run_round in runners.items():
+        times, cpu, system, faults = run_round(warmup if r == 0 else 1, steps)
+        for i, d in enumerate((cpu, system, faults, sum(times))):
+          usage[name][i] += d
+        medians[name].append(statistics.median(times))
+        log(f"round {r + 1}/{rounds} {name}: median {medians[name][-1]:.3f} s/step "
+            f"(min {min(times):.3f}, max {max(times):.3f})")
+  finally:
+    if child is not None:
+      child.close()
   tokens = batch_size * (feature_lengths["inputs"] + feature_lengths["targets"])
   row: dict[str, Any] = {"batch_size": batch_size, "inputs_length": feature_lengths["inputs"],
                          "targets_length": feature_lengths["targets"], "steps": steps, "rounds": rounds,
@@ -154,6 +242,9 @@ def bench_train(model, optimizer, *, batch_size: int, feature_lengths: Mapping[s
     row[f"{name}_minor_faults_per_step"] = faults / (steps * rounds)
   if "hf" in medians:
     row["ratio_ours_to_hf"] = row["ours_s_per_step"] / row["hf_s_per_step"]
+    row["hf_process"] = hf_process
+    if child is not None:
+      row.update(child.environment)  # measured where the reference ran
   return row
 
 

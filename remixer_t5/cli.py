@@ -258,14 +258,19 @@ def cmd_bench_train(args: argparse.Namespace) -> int:
   if reference not in bench_train.REFERENCES:  # before the model is built
     raise ValueError(f"unknown --reference {args.reference!r}; expected 'hf' or 'none'")
   flush = _hf_flush_denormal(args, reference)
+  if args.hf_process is not None and reference != "hf":
+    raise ValueError(f"--hf_process={args.hf_process} places the HF reference; it needs --reference hf")
   setup = bench_train.from_gin(args.batch_size, _parse_lengths(args.lengths))
   from remixer_t5 import bench_env
   load_start = bench_env.loadavg()
   row = bench_train.bench_train(**setup, steps=20 if args.steps is None else args.steps,
                                 warmup=5 if args.warmup is None else args.warmup,
                                 rounds=3 if args.rounds is None else args.rounds, reference=reference,
-                                hf_flush_denormal=flush, log=bench_train.stderr_log)
-  row.update(bench_env.environment(with_torch=reference == "hf"), load_average_start=load_start,
+                                hf_flush_denormal=flush, hf_process=args.hf_process or "own",
+                                log=bench_train.stderr_log)
+  # PyTorch's settings come from the process the reference ran in: the child's, already in the row, when its own
+  row.update(bench_env.environment(with_torch=reference == "hf" and args.hf_process == "shared"),
+             load_average_start=load_start,
              load_average_end=bench_env.loadavg())
   bench_train.add_mfu(row, setup["model"], args.peak_flops)
   print(json.dumps(row) if args.json else bench_train.format_row(row), flush=True)
@@ -300,7 +305,7 @@ BENCH_FLAGS = {
     **dict.fromkeys(("mixers", "out", "repeats", "batch", "d_model", "hidden", "num_heads", "head_dim"), ("mixing",)),
     **dict.fromkeys(("batches", "position", "hosts", "steps_per_s", "process_index", "process_count"), ("input",)),
     **dict.fromkeys(("steps", "rounds", "reference", "hf_denormals", "batch_size"), ("train", "decode")),
-    "peak_flops": ("train",),
+    "peak_flops": ("train",), "hf_process": ("train",),
     **dict.fromkeys(("input_length", "new_tokens", "beam_size", "modes", "checkpoint"), ("decode",)),
 }
 
@@ -469,6 +474,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train/decode with --reference hf: 'flush' (default) runs PyTorch with subnormal floats "
                    "flushed to zero, as XLA:CPU always does; 'keep' leaves PyTorch's default (on Intel CPUs its "
                    "train step then runs several times slower once subnormals appear)")
+  ben.add_argument("--hf_process", "--hf-process", choices=("own", "shared"),
+                   help="train with --reference hf: 'own' (default) runs the reference in a process of its own, "
+                   "so the two share no heap or threads; 'shared' runs it in this one (rows before 2026-11-27)")
   ben.add_argument("--batch_size", "--batch-size", type=int,
                    help="train: override BATCH_SIZE; decode: examples per batch (default 32)")
   ben.add_argument("--input_length", "--input-length", type=int, help="decode: input tokens per example (default 128)")

@@ -6,6 +6,7 @@
 #   scripts/bench_cpu_vs_hf.sh [A|B|all]      (STEPS=20 ROUNDS=3 WARMUP=3 by default; OUT=bench_cpu_vs_hf)
 # HF_DENORMALS=keep runs PyTorch with its own default (subnormal floats computed, not flushed as XLA:CPU does;
 # several times slower on Intel CPUs once Adafactor makes them, docs/benchmarks.md); the default is flush.
+# HF_PROCESS=shared runs the reference in our process, as the rows before 2026-11-27 did (default: its own).
 # Each config prints its JSON row to $OUT/<config>.json and a summary line to stdout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +14,7 @@ PY=${PYTHON:-.venv/bin/python}
 export JAX_PLATFORMS=${JAX_PLATFORMS:-cpu}  # a CPU table, also where libtpu is installed (the .[tpu] extra)
 STEPS=${STEPS:-20}; ROUNDS=${ROUNDS:-3}; WARMUP=${WARMUP:-3}; OUT=${OUT:-bench_cpu_vs_hf}
 HF_DENORMALS=${HF_DENORMALS:-flush}
+HF_PROCESS=${HF_PROCESS:-own}  # own: the reference in a process of its own (bench_train's docstring); shared: in ours
 mkdir -p "$OUT"
 which=${1:-all}
 
@@ -20,12 +22,12 @@ run() {  # name, then the model's gin flags
   local name=$1; shift
   "$PY" -m remixer_t5.cli bench train --gin_file=models/t5_1_1/small.gin --gin.DROPOUT_RATE=0.0 "$@" \
     --steps="$STEPS" --rounds="$ROUNDS" --warmup="$WARMUP" --reference=hf --hf_denormals="$HF_DENORMALS" \
-    --json > "$OUT/$name.json"
+    --hf_process="$HF_PROCESS" --json > "$OUT/$name.json"
   "$PY" - "$OUT/$name.json" "$name" <<'PYEOF'
 import json, sys
 r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
 print(f"{sys.argv[2]}: ours {r['ours_s_per_step']:.3f} s/step ({r['ours_tokens_per_s']:,.0f} tok/s), "
-      f"HF {r['hf_s_per_step']:.3f} s/step, ours/HF {r['ratio_ours_to_hf']:.3f}; rounds ours "
+      f"HF {r['hf_s_per_step']:.3f} s/step ({r.get('hf_process', 'shared')} process), ours/HF {r['ratio_ours_to_hf']:.3f}; rounds ours "
       f"{[round(x, 3) for x in r['ours_round_medians']]} HF {[round(x, 3) for x in r['hf_round_medians']]}; "
       f"xla flags {r.get('xla_cpu_flags')}, host malloc {r.get('host_malloc_policy')}, THP {r.get('transparent_hugepages')}, "
       f"denormals flushed: XLA {r.get('xla_denormals_flushed')}, torch {r.get('torch_denormals_flushed')}")

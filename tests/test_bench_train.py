@@ -34,6 +34,37 @@ def test_json_fields_and_reference(capsys):
   assert r["ratio_ours_to_hf"] == pytest.approx(r["ours_s_per_step"] / r["hf_s_per_step"])
   assert r["model_flops_per_step"] > 0 and r["peak_flops_per_device"] == 1e12
   assert r["xla_denormals_flushed"] is True  # PyTorch's: in fresh processes, below
+  # The reference ran in a process of its own (the default); its PyTorch settings were measured there.
+  assert r["hf_process"] == "own" and r["torch_num_threads"] >= 1 and r["torch_denormals_flushed"] is True
+  assert r["torch_version"] and r["transformers_version"]
+
+
+def test_reference_in_this_process_on_request(capsys):
+  pytest.importorskip("torch", reason="the HF reference needs the optional .[hf] extra (PyTorch)")
+  pytest.importorskip("transformers", reason="the HF reference needs the optional .[hf] extra (transformers)")
+  assert cli.main([*ARGS, "--reference=hf", "--hf_process=shared", "--lengths=8,4", "--batch_size=2", "--json"]) == 0
+  r = _row(capsys)
+  assert r["hf_process"] == "shared" and r["hf_s_per_step"] > 0 and "torch_num_threads" in r
+
+
+def test_reference_process_is_another_and_its_failure_is_reported():
+  pytest.importorskip("torch", reason="the HF reference needs the optional .[hf] extra (PyTorch)")
+  pytest.importorskip("transformers", reason="the HF reference needs the optional .[hf] extra (transformers)")
+  import os
+  from remixer_t5 import config, hf
+  batch = bench_train.random_batch(64, 2, {"inputs": 6, "targets": 4})
+  cfg = hf.config_to_hf(config.T5Config(vocab_size=64, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=32,
+                                         num_encoder_layers=1, num_decoder_layers=1))
+  child = bench_train._ChildReference(cfg, batch, seed=0, flush_denormal=True)
+  try:
+    assert child.process.pid != os.getpid() and child.process.is_alive()
+    times, cpu, system, faults = child.round(0, 2)
+    assert len(times) == 2 and all(t > 0 for t in times) and cpu > 0 and faults >= 0
+  finally:
+    child.close()
+  assert not child.process.is_alive()
+  with pytest.raises(RuntimeError, match="the HF reference failed in its own process: .*d_model"):
+    bench_train._ChildReference({**cfg, "d_model": "wide"}, batch, seed=0, flush_denormal=True)
 
 
 @pytest.mark.parametrize("mode, flushed", [("keep", False), ("flush", True), (None, True)])
@@ -58,6 +89,7 @@ def test_hf_denormals_flag_sets_what_the_row_measures(mode, flushed):
     (["--reference=hf", "--hf_denormals=off"], "--hf_denormals='off': expected 'flush'"),
     (["--reference=hf", "--hf_denormals="], "--hf_denormals='': expected 'flush'"),
     (["--hf_denormals=keep"], "--hf_denormals='keep' sets the HF reference's PyTorch; it needs --reference hf"),
+    (["--hf_process=own"], "--hf_process=own places the HF reference; it needs --reference hf"),
 ])
 def test_bad_hf_denormals_is_a_clear_error(capsys, flags, message):
   assert cli.main([*ARGS, *flags]) == 2
