@@ -15,7 +15,7 @@ headers into a temporary folder) to one of:
 Each variant runs in its own process (a custom call is registered once per process), the variants take turns
 for `--rounds` rounds, and each round prints one JSON row: the median of `--steps` timed steps after
 `--warmup`, the step's largest relative difference from XLA's own product on a test product and its
-gradients (`check_rel_err`), the machine (bench_env) and the commit. A summary line per variant gives the
+gradients (`check_rel_err`), the machine (bench_env), the load average and the commit. A summary line per variant gives the
 median over rounds and the ratio to `xla`. Configs as scripts/bench_cpu_vs_hf.sh (A, B), plus `tiny` for the
 test. An experiment, not a library feature: the result is in docs/benchmarks.md.
 
@@ -162,12 +162,14 @@ def child(args) -> int:
   vocab = built["model"].module.config.vocab_size
   run = bench_train.ours(built["model"], built["optimizer"],
                          bench_train.random_batch(vocab, batch, {"inputs": inputs, "targets": targets}))
+  load_start = bench_env.loadavg()
   t0 = time.perf_counter()
   run()
   row["first_step_s"] = round(time.perf_counter() - t0, 2)
   times, _ = bench_train.time_calls(run, args.steps, args.warmup)
   row.update(step_s=round(statistics.median(times), 4), steps=args.steps, warmup=args.warmup,
-             times=[round(t, 4) for t in times], tag=args.tag, **bench_env.environment())
+             times=[round(t, 4) for t in times], tag=args.tag, **bench_env.environment(),
+             load_average_start=load_start, load_average_end=bench_env.loadavg())
   print(json.dumps(row), flush=True)
   return 0
 

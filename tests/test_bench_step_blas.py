@@ -35,6 +35,7 @@ def test_openblas_in_the_step_matches_xla_and_is_timed():
     assert r["config"] == "tiny" and r["steps"] == 2 and len(r["times"]) == 2 and r["tag"] == "t"
     assert r["step_s"] == pytest.approx(statistics.median(r["times"]), abs=1e-3)
     assert r["git_commit"] and r["cpu_model"] and "ynn" in r["xla_flags"]  # what decides the result, recorded
+    assert len(r["load_average_start"]) == 3 and len(r["load_average_end"]) == 3
   assert "# openblas-pool: median" in proc.stderr and "x xla" in proc.stderr
 
 
