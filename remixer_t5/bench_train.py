@@ -88,7 +88,8 @@ def ours(model, optimizer, batch: Mapping[str, np.ndarray], seed: int = 0) -> Ca
 
 def hf_reference(config, batch: Mapping[str, np.ndarray], learning_rate: float = 1e-2, seed: int = 0,
                  flush_denormal: bool = True) -> Callable[[], Any]:
-  """transformers' T5ForConditionalGeneration train step on the same shapes (float32, dropout as `config`).
+  """transformers' T5ForConditionalGeneration train step on the same shapes (float32, dropout as `config`: our
+  T5Config, or its HF form from `hf.config_to_hf`, as the reference's own process receives it).
 
   `flush_denormal`: PyTorch flushes subnormal floats to zero, as XLA:CPU does (bench_env's docstring: without
   it the step ran 2-6x slower on an Intel CPU once Adafactor made subnormals). Set before PyTorch's first
