@@ -16,10 +16,11 @@ Timing: `rounds` alternating rounds (ours, then the reference), each `warmup` un
 the median over rounds of the per-round medians, and the ratio is ours / reference in the same run.
 
 Where the reference runs (`hf_process`): `own` (default) is a child process of its own (spawned, driven round by
-round over a pipe), so the two sides share no heap, allocator or thread pools: in one shared process our side of
-config B had ~52k minor page faults a step (0.42 s of system time) where alone it had ~450 (docs/benchmarks.md,
-2026-11-27). `shared` runs both in this process, as every row before that date did. The reference's process
-usage (busy cores, system time, faults) and its PyTorch settings are measured in the process it runs in.
+round over a pipe), so neither side's heap, allocator or thread pools can disturb the other's timings. `shared`
+runs both in this process, as every row before 2026-11-27 did. The reference's process usage (busy cores, system
+time, faults) and its PyTorch settings are measured in the process it runs in. (Our side of config B took ~52k
+minor page faults a step either way, against ~230 with no reference at all: docs/benchmarks.md, 2026-11-27,
+fourth session; not explained.)
 """
 from __future__ import annotations
 
