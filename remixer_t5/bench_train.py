@@ -17,7 +17,7 @@ the median over rounds of the per-round medians, and the ratio is ours / referen
 
 Where the reference runs (`hf_process`): `own` (default) is a child process of its own (spawned, driven round by
 round over a pipe), so neither side's heap, allocator or thread pools can disturb the other's timings. `shared`
-runs both in this process, as every row before 2026-11-27 did. The reference's process usage (busy cores, system
+runs both in this process, as every row before commit 040acd3 did. The reference's process usage (busy cores, system
 time, faults) and its PyTorch settings are measured in the process it runs in. (Our side of config B took ~52k
 minor page faults a step either way, against ~230 with no reference at all: docs/benchmarks.md, 2026-11-27,
 fourth session; not explained.)
@@ -154,7 +154,7 @@ class _ChildReference:
 
   def __init__(self, config, batch: Mapping[str, np.ndarray], seed: int, flush_denormal: bool):
     from remixer_t5 import hf
-    ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no JAX threads or heap inherited
+    ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no heap or thread inherited
     self.conn, child_conn = ctx.Pipe()
     hf_config = config if isinstance(config, dict) else hf.config_to_hf(config)
     self.process = ctx.Process(target=_hf_child, args=(child_conn, hf_config, dict(batch), seed, flush_denormal),
@@ -164,6 +164,10 @@ class _ChildReference:
     self.environment = self._receive("ready")
 
   def _receive(self, kind: str):
+    # Poll, so that a child that dies (killed, out of memory) is an error, not a wait for ever.
+    while not self.conn.poll(1.0):
+      if not self.process.is_alive():
+        break
     try:
       got, value = self.conn.recv()
     except EOFError:
@@ -171,12 +175,17 @@ class _ChildReference:
       raise RuntimeError(f"the HF reference's process ended without a result (exit code "
                          f"{self.process.exitcode})") from None
     if got == "error":
+      self.process.join(5)
       raise RuntimeError(f"the HF reference failed in its own process: {value}")
     assert got == kind, (got, kind)
     return value
 
   def round(self, warmup: int, steps: int):
-    self.conn.send((warmup, steps))
+    try:
+      self.conn.send((warmup, steps))
+    except (BrokenPipeError, OSError):
+      self.process.join(5)
+      raise RuntimeError(f"the HF reference's process is gone (exit code {self.process.exitcode})") from None
     return self._receive("round")
 
   def close(self) -> None:
@@ -187,6 +196,7 @@ class _ChildReference:
     self.process.join(30)
     if self.process.is_alive():
       self.process.kill()
+      self.process.join()
 
 
 def bench_train(model, optimizer, *, batch_size: int, feature_lengths: Mapping[str, int], steps: int = 20,
@@ -213,11 +223,11 @@ def bench_train(model, optimizer, *, batch_size: int, feature_lengths: Mapping[s
     # The reference first: its subnormal mode must be set before any PyTorch operation starts its threads.
     hf_run = hf_reference(cfg, batch, seed=seed, flush_denormal=hf_flush_denormal)
     runners["hf"] = lambda w, n: timed_round(hf_run, w, n)
-  ours_run = ours(model, optimizer, batch, seed)
-  runners = {"ours": lambda w, n: timed_round(ours_run, w, n), **runners}
-  medians: dict[str, list[float]] = {name: [] for name in runners}
-  usage = {name: [0.0, 0.0, 0, 0.0] for name in runners}  # cpu s, system s, minor faults, wall s (timed steps)
-  try:
+  medians: dict[str, list[float]] = {"ours": [], **{name: [] for name in runners}}
+  usage = {name: [0.0, 0.0, 0, 0.0] for name in medians}  # cpu s, system s, minor faults, wall s (timed steps)
+  try:  # from here on the reference's process is ended whatever fails, ours included
+    ours_run = ours(model, optimizer, batch, seed)
+    runners = {"ours": lambda w, n: timed_round(ours_run, w, n), **runners}
     for r in range(rounds):
       for name, run_round in runners.items():
         times, cpu, system, faults = run_round(warmup if r == 0 else 1, steps)

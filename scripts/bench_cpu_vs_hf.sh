@@ -6,7 +6,7 @@
 #   scripts/bench_cpu_vs_hf.sh [A|B|all]      (STEPS=20 ROUNDS=3 WARMUP=3 by default; OUT=bench_cpu_vs_hf)
 # HF_DENORMALS=keep runs PyTorch with its own default (subnormal floats computed, not flushed as XLA:CPU does;
 # several times slower on Intel CPUs once Adafactor makes them, docs/benchmarks.md); the default is flush.
-# HF_PROCESS=shared runs the reference in our process, as the rows before 2026-11-27 did (default: its own).
+# HF_PROCESS=shared runs the reference in our process, as the rows before commit 040acd3 did (default: its own).
 # Each config prints its JSON row to $OUT/<config>.json and a summary line to stdout.
 set -euo pipefail
 cd "$(dirname "$0")/.."

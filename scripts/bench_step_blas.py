@@ -1,21 +1,23 @@
 """Our whole CPU train step with layers.Dense's products through an external BLAS, against XLA:CPU's own dots.
 
-docs/benchmarks.md found our step behind HF's PyTorch step on a Cascade Lake (config A 1.10x, B 1.14x) and
-XLA:CPU's products slower than MKL's alone (scripts/bench_gemm_rates.py). This asks whether calling a faster
-BLAS from inside the step closes the gap: every `layers.Dense` product (forward, dX = dY W^T and dW = X^T dY)
+docs/benchmarks.md found our step behind HF's PyTorch step on a Cascade Lake (config A 1.10x and B 1.14x with
+both in one process; 1.01x and 1.07x with the reference in its own) and XLA:CPU's products slower than MKL's
+alone (scripts/bench_gemm_rates.py). This asks whether calling a faster BLAS from inside the step closes the gap: every `layers.Dense` product (forward, dX = dY W^T and dW = X^T dY)
 becomes an XLA FFI custom call (scripts/step_blas_ffi.cc, compiled here with $CXX or c++ against jaxlib's FFI
 headers into a temporary folder) to one of:
 
   xla            XLA:CPU's own dots, with the CLI's flag (YNNPACK) - the baseline
   openblas-pool  numpy's bundled OpenBLAS, single-threaded, each product cut into blocks run on XLA's pool
-  openblas       numpy's bundled OpenBLAS, one call a product, its own threads (as many as the process's cores)
+  openblas       numpy's bundled OpenBLAS, one call a product, its own threads (as many as the process's cores;
+                 started when numpy loaded it, so they likely do not flush subnormals as XLA's threads do)
   mkl            Intel MKL's cblas_sgemm_64 (`pip install mkl`, libmkl_rt in the venv), one call a product,
                  its own threads on the GNU OpenMP layer (Intel's OpenMP threads spin and slowed XLA's ops)
 
 Each variant runs in its own process (a custom call is registered once per process), the variants take turns
-for `--rounds` rounds, and each round prints one JSON row: the median of `--steps` timed steps after
-`--warmup`, the step's largest relative difference from XLA's own product on a test product and its
-gradients (`check_rel_err`), the machine (bench_env), the load average and the commit. A summary line per variant gives the
+for `--rounds` rounds, and each round prints one JSON row: the median of `--steps` timed steps after the first
+(compiling) step and `--warmup` more, the largest relative difference from XLA's own product over test
+products cut into blocks by rows and by columns and their gradients (`check_rel_err`), how many custom calls
+the traced step holds (`custom_calls_in_step`; 0 would mean the swap did not take), the machine (bench_env), the load average and the commit. A summary line per variant gives the
 median over rounds and the ratio to `xla`. Configs as scripts/bench_cpu_vs_hf.sh (A, B), plus `tiny` for the
 test. An experiment, not a library feature: the result is in docs/benchmarks.md.
 
@@ -40,6 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 SOURCE = Path(__file__).with_name("step_blas_ffi.cc")
 VARIANTS = ("xla", "openblas-pool", "openblas", "mkl")
 TARGET = "remixer_step_sgemm"
+CHILD_TIMEOUT_S = 3600  # one variant's process: compile and every step of a round
 # name: (gin bindings on models/t5_1_1/small.gin, batch size, input length, target length)
 CONFIGS = {
     "A": (["network.T5Config.emb_dim=256", "network.T5Config.num_encoder_layers=4",
@@ -96,13 +99,17 @@ def load_blas(variant: str) -> tuple[object, object, int, str]:
   return mkl.cblas_sgemm_64, mkl.MKL_Set_Num_Threads_Local, cores, f"{buf.value.decode().strip()} (GNU OpenMP)"
 
 
-def make_matmul(threads_per_call_note: str):
+TRACED_CALLS = [0]  # custom calls put into traced programs so far (each trace of a product adds one)
+
+
+def make_matmul():
   """x [M, K] @ w [K, N] through the registered custom call, with its VJP through the same call."""
   import jax
   import jax.numpy as jnp
   import numpy as np
 
   def gemm(a, b, ta: bool, tb: bool):
+    TRACED_CALLS[0] += 1
     m, n = (a.shape[1] if ta else a.shape[0]), (b.shape[0] if tb else b.shape[1])
     return jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((m, n), jnp.float32), vmap_method="sequential")(
         a, b, transpose_a=np.int64(ta), transpose_b=np.int64(tb))
@@ -116,16 +123,24 @@ def make_matmul(threads_per_call_note: str):
   return matmul
 
 
+# [M, K] x [K, N] test products: unblocked, cut by rows (M >= N) and by columns, into blocks that do not divide
+# evenly; their gradients add the transposed cases (dX = dY W^T, dW = X^T dY).
+CHECK_SHAPES = ((300, 70, 130), (1037, 256, 515), (515, 256, 1037))
+
+
 def check_rel_err(matmul) -> float:
-  """Largest relative difference of the product and both gradients from XLA's jnp.dot on one random product."""
+  """Largest relative difference of the products and both gradients from XLA's jnp.dot over CHECK_SHAPES."""
   import jax
   import jax.numpy as jnp
   import numpy as np
   rng = np.random.default_rng(0)
-  x, w, g = (jnp.asarray(rng.standard_normal(s, dtype=np.float32)) for s in ((300, 70), (70, 130), (300, 130)))
-  ours = jax.jit(lambda x, w, g: (matmul(x, w), *jax.vjp(matmul, x, w)[1](g)))(x, w, g)
-  ref = jax.jit(lambda x, w, g: (jnp.dot(x, w), *jax.vjp(jnp.dot, x, w)[1](g)))(x, w, g)
-  return max(float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b))) for a, b in zip(ours, ref))
+  worst = 0.0
+  for m, k, n in CHECK_SHAPES:
+    x, w, g = (jnp.asarray(rng.standard_normal(s, dtype=np.float32)) for s in ((m, k), (k, n), (m, n)))
+    ours = jax.jit(lambda x, w, g: (matmul(x, w), *jax.vjp(matmul, x, w)[1](g)))(x, w, g)
+    ref = jax.jit(lambda x, w, g: (jnp.dot(x, w), *jax.vjp(jnp.dot, x, w)[1](g)))(x, w, g)
+    worst = max(worst, *(float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b))) for a, b in zip(ours, ref)))
+  return worst
 
 
 def child(args) -> int:
@@ -144,13 +159,15 @@ def child(args) -> int:
     handler = ctypes.CDLL(args.handler)
     handler.remixer_set_blas(_address(sgemm), _address(set_threads), ctypes.c_int(per_call))
     jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(handler.RemixerSgemm), platform="cpu")
-    matmul = make_matmul(what)
+    matmul = make_matmul()
     row.update(blas=what, threads_per_call=per_call or "blocks on XLA's pool",
                check_rel_err=check_rel_err(matmul))
 
     class BlasDense(layers.Dense):  # layers.Dense with its product swapped (the rest as there)
       @layers.nn.compact
       def __call__(self, x):
+        if jnp.dtype(self.dtype) != jnp.float32:
+          raise SystemExit(f"bench_step_blas: the custom call is float32 only; this model's Dense is {self.dtype}")
         kernel = layers.param_with_axes("kernel", self.kernel_init, (x.shape[-1], self.features), jnp.float32,
                                         axes=self.kernel_axes)
         y = matmul(x.reshape(-1, x.shape[-1]).astype(self.dtype), kernel.astype(self.dtype))
@@ -163,9 +180,12 @@ def child(args) -> int:
   run = bench_train.ours(built["model"], built["optimizer"],
                          bench_train.random_batch(vocab, batch, {"inputs": inputs, "targets": targets}))
   load_start = bench_env.loadavg()
+  TRACED_CALLS[0] = 0  # from here: the calls traced into the step (the model's init, above, traced some too)
   t0 = time.perf_counter()
   run()
   row["first_step_s"] = round(time.perf_counter() - t0, 2)
+  if args.child != "xla":
+    row["custom_calls_in_step"] = TRACED_CALLS[0]  # traced while the first step compiled
   times, _ = bench_train.time_calls(run, args.steps, args.warmup)
   row.update(step_s=round(statistics.median(times), 4), steps=args.steps, warmup=args.warmup,
              times=[round(t, 4) for t in times], tag=args.tag, **bench_env.environment(),
@@ -196,8 +216,9 @@ def main(argv=None) -> int:
     return child(args)
   variants = [v.strip() for v in args.variants.split(",") if v.strip()]
   unknown = sorted(set(variants) - set(VARIANTS))
-  if unknown or not variants:
-    p.error(f"--variants {args.variants!r}: unknown {unknown}; expected some of {', '.join(VARIANTS)}")
+  if unknown or not variants or len(set(variants)) != len(variants):
+    p.error(f"--variants {args.variants!r}: unknown {unknown} or repeated; expected some of {', '.join(VARIANTS)}, "
+            "each once")
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   rows = []
   with tempfile.TemporaryDirectory() as tmp:
@@ -206,7 +227,11 @@ def main(argv=None) -> int:
       for v in variants:
         cmd = [sys.executable, __file__, "--child", v, "--handler", handler, "--config", args.config,
                "--steps", str(args.steps), "--warmup", str(args.warmup)] + (["--tag", args.tag] if args.tag else [])
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        try:
+          proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+          print(f"bench_step_blas: {v} did not finish in {CHILD_TIMEOUT_S} s", file=sys.stderr)
+          return 1
         lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
         if proc.returncode != 0 or not lines:
           print(f"bench_step_blas: {v} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}", file=sys.stderr)

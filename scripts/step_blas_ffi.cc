@@ -45,8 +45,9 @@ struct Product {
   int64_t blocks;
 };
 
-// One block of C (single-threaded when cut, else with the library's threads), with subnormals flushed as
-// XLA:CPU's own kernels do.
+// One block of C (single-threaded when cut, else with the library's threads), with subnormals flushed on this
+// thread as XLA:CPU's own kernels do. A library's own worker threads keep their own mode: MKL's GNU OpenMP
+// threads, started from here, copy it; OpenBLAS's, started when numpy loaded it, likely do not.
 void RunBlock(const Product& p, int64_t i) {
   const int64_t extent = p.by_rows ? p.m : p.n;
   const int64_t lo = extent * i / p.blocks, hi = extent * (i + 1) / p.blocks;
