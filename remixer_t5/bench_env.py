@@ -160,9 +160,14 @@ def environment(with_torch: bool = False) -> dict[str, Any]:
   except md.PackageNotFoundError:  # pragma: no cover
     env["jaxlib_version"] = None
   if with_torch:
-    import torch
-    import transformers
-    env.update(torch_num_threads=torch.get_num_threads(), torch_num_interop_threads=torch.get_num_interop_threads(),
-               torch_version=torch.__version__, transformers_version=transformers.__version__,
-               torch_denormals_flushed=denormals_flushed("torch"))
+    env.update(torch_environment())
   return env
+
+
+def torch_environment() -> dict[str, Any]:
+  """PyTorch's side of a row, measured in this process: thread counts, versions, subnormal mode."""
+  import torch
+  import transformers
+  return {"torch_num_threads": torch.get_num_threads(), "torch_num_interop_threads": torch.get_num_interop_threads(),
+          "torch_version": torch.__version__, "transformers_version": transformers.__version__,
+          "torch_denormals_flushed": denormals_flushed("torch")}

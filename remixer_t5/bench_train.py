@@ -101,11 +101,10 @@ def hf_reference(config, batch: Mapping[str, np.ndarray], learning_rate: float =
     from transformers.optimization import Adafactor
   except ImportError as e:  # pragma: no cover - depends on the optional extra
     raise RuntimeError("--reference hf needs PyTorch and transformers: pip install -e '.[hf]'") from e
-  from remixer_t5 import bench_env, hf
+  from remixer_t5 import bench_env
   bench_env.set_torch_flush_denormal(flush_denormal)
   torch.manual_seed(seed)
-  values = config if isinstance(config, dict) else hf.config_to_hf(config)  # ours, or already HF's (a child's)
-  hf_config = transformers.T5Config(**{k: v for k, v in values.items() if k != "architectures"})
+  hf_config = transformers.T5Config(**{k: v for k, v in _hf_values(config).items() if k != "architectures"})
   model = transformers.T5ForConditionalGeneration(hf_config).train()
   opt = Adafactor(model.parameters(), lr=learning_rate, scale_parameter=True, relative_step=False,
                   warmup_init=False, beta1=None, decay_rate=-0.8, clip_threshold=1.0)
@@ -119,6 +118,12 @@ def hf_reference(config, batch: Mapping[str, np.ndarray], learning_rate: float =
     opt.step()
     opt.zero_grad(set_to_none=True)
   return run
+
+
+def _hf_values(config) -> dict:
+  """The HF config's values: `config` itself when already in that form (what the reference's process gets)."""
+  from remixer_t5 import hf
+  return config if isinstance(config, dict) else hf.config_to_hf(config)
 
 
 def timed_round(run: Callable[[], Any], warmup: int, steps: int) -> tuple[list[float], float, float, int]:
@@ -135,12 +140,7 @@ def _hf_child(conn, hf_config: dict, batch: Mapping[str, np.ndarray], seed: int,
   try:
     from remixer_t5 import bench_env
     run = hf_reference(hf_config, batch, seed=seed, flush_denormal=flush_denormal)
-    import torch
-    import transformers
-    conn.send(("ready", {"torch_num_threads": torch.get_num_threads(),
-                         "torch_num_interop_threads": torch.get_num_interop_threads(),
-                         "torch_version": torch.__version__, "transformers_version": transformers.__version__,
-                         "torch_denormals_flushed": bench_env.denormals_flushed("torch")}))
+    conn.send(("ready", bench_env.torch_environment()))
     while (request := conn.recv()) is not None:
       conn.send(("round", timed_round(run, *request)))
   except Exception as e:  # noqa: BLE001 - reported to the parent, which raises it
@@ -153,12 +153,10 @@ class _ChildReference:
   """The HF reference in a spawned process of its own (module docstring), driven round by round."""
 
   def __init__(self, config, batch: Mapping[str, np.ndarray], seed: int, flush_denormal: bool):
-    from remixer_t5 import hf
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no heap or thread inherited
     self.conn, child_conn = ctx.Pipe()
-    hf_config = config if isinstance(config, dict) else hf.config_to_hf(config)
-    self.process = ctx.Process(target=_hf_child, args=(child_conn, hf_config, dict(batch), seed, flush_denormal),
-                               daemon=True, name="hf-reference")
+    args = (child_conn, _hf_values(config), dict(batch), seed, flush_denormal)
+    self.process = ctx.Process(target=_hf_child, args=args, daemon=True, name="hf-reference")
     self.process.start()
     child_conn.close()
     self.environment = self._receive("ready")
