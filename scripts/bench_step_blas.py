@@ -12,6 +12,9 @@ headers into a temporary folder) to one of:
                  started when numpy loaded it, so they likely do not flush subnormals as XLA's threads do)
   mkl            Intel MKL's cblas_sgemm_64 (`pip install mkl`, libmkl_rt in the venv), one call a product,
                  its own threads on the GNU OpenMP layer (Intel's OpenMP threads spin and slowed XLA's ops)
+  onednn         oneDNN's dnnl_sgemm (`pip install onednn-cpu-gomp`: oneDNN 3.2, 39 MB, GNU OpenMP; the
+                 vendor-neutral library PyTorch's CPU kernels come from), one call a product, its own threads
+  onednn-pool    the same, single-threaded, cut into blocks on XLA's pool
 
 Each variant runs in its own process (a custom call is registered once per process), the variants take turns
 for `--rounds` rounds, and each round prints one JSON row: the median of `--steps` timed steps after the first
@@ -40,7 +43,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = Path(__file__).with_name("step_blas_ffi.cc")
-VARIANTS = ("xla", "openblas-pool", "openblas", "mkl")
+VARIANTS = ("xla", "openblas-pool", "openblas", "mkl", "onednn", "onednn-pool")
 TARGET = "remixer_step_sgemm"
 CHILD_TIMEOUT_S = 3600  # one variant's process: compile and every step of a round
 # name: (gin bindings on models/t5_1_1/small.gin, batch size, input length, target length)
@@ -88,6 +91,16 @@ def load_blas(variant: str) -> tuple[object, object, int, str]:
     what = f"numpy's {blas.scipy_openblas_get_config64_().decode()}"
     return (blas.scipy_cblas_sgemm64_, blas.openblas_set_num_threads_local,
             0 if variant == "openblas-pool" else cores, what)
+  if variant.startswith("onednn"):
+    libs = sorted(glob.glob(os.path.join(sys.prefix, "lib", "libdnnl.so*")))
+    if not libs:
+      raise SystemExit(f"bench_step_blas: no libdnnl in {sys.prefix}/lib: pip install onednn-cpu-gomp")
+    dnnl = ctypes.CDLL(libs[0], mode=ctypes.RTLD_GLOBAL)
+    gomp = ctypes.CDLL("libgomp.so.1")
+    dnnl.dnnl_version.restype = ctypes.POINTER(ctypes.c_int * 3)
+    v = dnnl.dnnl_version().contents
+    return (dnnl.dnnl_sgemm, gomp.omp_set_num_threads, 0 if variant == "onednn-pool" else cores,
+            f"oneDNN {v[0]}.{v[1]}.{v[2]} dnnl_sgemm (GNU OpenMP)")
   libs = sorted(glob.glob(os.path.join(sys.prefix, "lib", "libmkl_rt.so*")))
   if not libs:
     raise SystemExit(f"bench_step_blas: no libmkl_rt in {sys.prefix}/lib: pip install mkl")
@@ -157,7 +170,8 @@ def child(args) -> int:
   if args.child != "xla":
     sgemm, set_threads, per_call, what = load_blas(args.child)
     handler = ctypes.CDLL(args.handler)
-    handler.remixer_set_blas(_address(sgemm), _address(set_threads), ctypes.c_int(per_call))
+    handler.remixer_set_blas(_address(sgemm), _address(set_threads), ctypes.c_int(per_call),
+                             ctypes.c_int(args.child.startswith("onednn")))
     jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(handler.RemixerSgemm), platform="cpu")
     matmul = make_matmul()
     row.update(blas=what, threads_per_call=per_call or "blocks on XLA's pool",

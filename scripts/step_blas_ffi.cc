@@ -26,8 +26,12 @@ namespace {
 // cblas_sgemm(order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc), 64-bit integers.
 using Sgemm64 = void (*)(int, int, int, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
                          int64_t, float, float*, int64_t);
+// dnnl_sgemm(transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc): oneDNN's, row-major, 'N'/'T'.
+using DnnlSgemm = int (*)(char, char, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
+                          int64_t, float, float*, int64_t);
 using SetLocalThreads = void (*)(int);  // openblas_set_num_threads_local: this thread's BLAS thread count
 Sgemm64 g_sgemm = nullptr;
+DnnlSgemm g_dnnl = nullptr;
 SetLocalThreads g_set_local_threads = nullptr;
 int g_threads_per_call = 0;
 
@@ -57,7 +61,17 @@ void RunBlock(const Product& p, int64_t i) {
   _mm_setcsr(csr | 0x8040);  // flush-to-zero and denormals-are-zero
 #endif
   if (g_set_local_threads != nullptr) g_set_local_threads(g_threads_per_call > 0 ? g_threads_per_call : 1);
-  if (p.by_rows) {  // rows lo..hi of op(A): A's rows, or A's columns when transposed
+  if (g_dnnl != nullptr) {
+    if (p.by_rows) {
+      const float* a = p.ta ? p.a + lo : p.a + lo * p.lda;
+      g_dnnl(p.ta ? 'T' : 'N', p.tb ? 'T' : 'N', hi - lo, p.n, p.k, 1.0f, a, p.lda, p.b, p.ldb, 0.0f,
+             p.c + lo * p.n, p.n);
+    } else {
+      const float* b = p.tb ? p.b + lo * p.ldb : p.b + lo;
+      g_dnnl(p.ta ? 'T' : 'N', p.tb ? 'T' : 'N', p.m, hi - lo, p.k, 1.0f, p.a, p.lda, b, p.ldb, 0.0f, p.c + lo,
+             p.n);
+    }
+  } else if (p.by_rows) {  // rows lo..hi of op(A): A's rows, or A's columns when transposed
     const float* a = p.ta ? p.a + lo : p.a + lo * p.lda;
     g_sgemm(kRowMajor, p.ta ? kTrans : kNoTrans, p.tb ? kTrans : kNoTrans, hi - lo, p.n, p.k, 1.0f, a, p.lda,
             p.b, p.ldb, 0.0f, p.c + lo * p.n, p.n);
@@ -93,7 +107,7 @@ void Work(Shared& s) {
 
 ffi::Error Sgemm(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b,
                  ffi::ResultBuffer<ffi::F32> c, int64_t transpose_a, int64_t transpose_b) {
-  if (g_sgemm == nullptr) return ffi::Error::Internal("remixer_sgemm: no BLAS sgemm was set");
+  if (g_sgemm == nullptr && g_dnnl == nullptr) return ffi::Error::Internal("remixer_sgemm: no BLAS sgemm was set");
   auto ad = a.dimensions(), bd = b.dimensions(), cd = c->dimensions();
   if (ad.size() != 2 || bd.size() != 2 || cd.size() != 2)
     return ffi::Error::InvalidArgument("remixer_sgemm: operands and result must be 2-D");
@@ -138,8 +152,9 @@ ffi::Error Sgemm(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi:
 
 }  // namespace
 
-extern "C" void remixer_set_blas(void* sgemm, void* set_local_threads, int threads_per_call) {
-  g_sgemm = reinterpret_cast<Sgemm64>(sgemm);
+extern "C" void remixer_set_blas(void* sgemm, void* set_local_threads, int threads_per_call, int dnnl) {
+  g_sgemm = dnnl ? nullptr : reinterpret_cast<Sgemm64>(sgemm);
+  g_dnnl = dnnl ? reinterpret_cast<DnnlSgemm>(sgemm) : nullptr;
   g_set_local_threads = reinterpret_cast<SetLocalThreads>(set_local_threads);
   g_threads_per_call = threads_per_call;
 }
