@@ -539,6 +539,9 @@ def main(argv: Sequence[str] | None = None) -> int:
       host_memory.configure(log=lambda m: print(m, file=sys.stderr, flush=True))
       # before JAX starts its backend: XLA reads $XLA_FLAGS once
       xla_cpu.configure(log=lambda m: print(m, file=sys.stderr, flush=True))
+      # Dense's float32 products through oneDNN's/MKL's sgemm on CPU-only runs
+      from remixer_t5 import cpu_blas
+      cpu_blas.configure(log=lambda m: print(m, file=sys.stderr, flush=True))
     if args.command in ("train", "eval"):
       from remixer_t5 import distributed
       distributed.maybe_initialize(args.coordinator_address, args.num_processes, args.process_id,

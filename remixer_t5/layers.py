@@ -14,6 +14,8 @@ import jax.numpy as jnp
 from flax import linen as nn
 from flax.linen import partitioning as nn_partitioning
 
+from remixer_t5 import cpu_blas
+
 param_with_axes = nn_partitioning.param_with_axes
 with_sharding_constraint = nn_partitioning.with_sharding_constraint
 
@@ -58,7 +60,8 @@ class Dense(nn.Module):
     # contracts over two of them and XLA:CPU then materialises a transposed copy of the activation gradient
     # for every kernel gradient (~1.6x slower MLP forward + backward at config A's shapes, docs/benchmarks.md).
     # Only the batch and length axes are merged, neither or only the batch axis sharded (partitioning.py).
-    y = jnp.dot(x.reshape(-1, x.shape[-1]).astype(self.dtype), kernel.astype(self.dtype))
+    # On CPU-only runs the product may go to oneDNN's or MKL's sgemm (cpu_blas.py; else it is jnp.dot).
+    y = cpu_blas.matmul(x.reshape(-1, x.shape[-1]).astype(self.dtype), kernel.astype(self.dtype))
     return y.reshape(*x.shape[:-1], self.features)
 
 

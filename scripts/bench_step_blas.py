@@ -3,8 +3,8 @@
 docs/benchmarks.md found our step behind HF's PyTorch step on a Cascade Lake (config A 1.10x and B 1.14x with
 both in one process; 1.01x and 1.07x with the reference in its own) and XLA:CPU's products slower than MKL's
 alone (scripts/bench_gemm_rates.py). This asks whether calling a faster BLAS from inside the step closes the gap: every `layers.Dense` product (forward, dX = dY W^T and dW = X^T dY)
-becomes an XLA FFI custom call (scripts/step_blas_ffi.cc, compiled here with $CXX or c++ against jaxlib's FFI
-headers into a temporary folder) to one of:
+becomes an XLA FFI custom call (the library's remixer_t5/csrc/cpu_sgemm.cc, compiled here with $CXX or c++
+against jaxlib's FFI headers into a temporary folder) to one of:
 
   xla            XLA:CPU's own dots, with the CLI's flag (YNNPACK) - the baseline
   openblas-pool  numpy's bundled OpenBLAS, single-threaded, each product cut into blocks run on XLA's pool
@@ -14,7 +14,8 @@ headers into a temporary folder) to one of:
                  its own threads on the GNU OpenMP layer (Intel's OpenMP threads spin and slowed XLA's ops)
   onednn         oneDNN's dnnl_sgemm (`pip install onednn-cpu-gomp`: oneDNN 3.2, 39 MB, GNU OpenMP; the
                  vendor-neutral library PyTorch's CPU kernels come from), one call a product, its own threads
-  onednn-pool    the same, single-threaded, cut into blocks on XLA's pool
+  mkl-pool       MKL single-threaded, cut into blocks on XLA's pool (no OpenMP team beside XLA's threads)
+  onednn-pool    oneDNN the same way
 
 Each variant runs in its own process (a custom call is registered once per process), the variants take turns
 for `--rounds` rounds, and each round prints one JSON row: the median of `--steps` timed steps after the first
@@ -33,7 +34,6 @@ import ctypes
 import glob
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -42,8 +42,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SOURCE = Path(__file__).with_name("step_blas_ffi.cc")
-VARIANTS = ("xla", "openblas-pool", "openblas", "mkl", "onednn", "onednn-pool")
+VARIANTS = ("xla", "openblas-pool", "openblas", "mkl", "mkl-pool", "onednn", "onednn-pool")
 TARGET = "remixer_step_sgemm"
 CHILD_TIMEOUT_S = 3600  # one variant's process: compile and every step of a round
 # name: (gin bindings on models/t5_1_1/small.gin, batch size, input length, target length)
@@ -59,27 +58,26 @@ CONFIGS = {
 
 
 def compile_handler(out_dir: str) -> str:
-  """The handler's shared library, built into out_dir; SystemExit naming the compiler when it fails."""
-  import jax
-  cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-  if not cxx:
-    raise SystemExit("bench_step_blas: no C++ compiler ($CXX, c++ or g++) to build step_blas_ffi.cc")
-  out = os.path.join(out_dir, "step_blas_ffi.so")
-  proc = subprocess.run([cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-w", f"-I{jax.ffi.include_dir()}",
-                         str(SOURCE), "-o", out], capture_output=True, text=True)
-  if proc.returncode != 0:
-    raise SystemExit(f"bench_step_blas: {cxx} failed on {SOURCE.name}:\n{proc.stderr[-2000:]}")
-  return out
+  """The library's handler (remixer_t5/csrc/cpu_sgemm.cc), built into out_dir; SystemExit saying why not."""
+  sys.path.insert(0, str(REPO))
+  from remixer_t5 import cpu_blas
+  try:
+    return str(cpu_blas.build(out_dir=Path(out_dir)))
+  except cpu_blas.Unavailable as e:
+    raise SystemExit(f"bench_step_blas: {e}") from None
 
 
 def _address(fn) -> ctypes.c_void_p:
   return ctypes.c_void_p(ctypes.cast(fn, ctypes.c_void_p).value)
 
 
-def load_blas(variant: str) -> tuple[object, object, int, str]:
-  """(sgemm, set-this-thread's-threads function, threads per call (0: blocks on XLA's pool), description)."""
+def load_blas(variant: str) -> tuple[object, object, int, bool, str]:
+  """(sgemm, set-this-thread's-threads function, threads per call (0: blocks on XLA's pool), whether the sgemm
+  is oneDNN's, description)."""
   import numpy as np
-  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+  from remixer_t5 import cpu_blas
+  cores = cpu_blas.cores()
   if variant.startswith("openblas"):
     root = Path(np.__file__).resolve().parent
     libs = glob.glob(str(root.parent / "numpy.libs" / "libscipy_openblas64_*.so*")) + glob.glob(
@@ -89,27 +87,13 @@ def load_blas(variant: str) -> tuple[object, object, int, str]:
     blas = ctypes.CDLL(libs[0])
     blas.scipy_openblas_get_config64_.restype = ctypes.c_char_p
     what = f"numpy's {blas.scipy_openblas_get_config64_().decode()}"
-    return (blas.scipy_cblas_sgemm64_, blas.openblas_set_num_threads_local,
-            0 if variant == "openblas-pool" else cores, what)
-  if variant.startswith("onednn"):
-    libs = sorted(glob.glob(os.path.join(sys.prefix, "lib", "libdnnl.so*")))
-    if not libs:
-      raise SystemExit(f"bench_step_blas: no libdnnl in {sys.prefix}/lib: pip install onednn-cpu-gomp")
-    dnnl = ctypes.CDLL(libs[0], mode=ctypes.RTLD_GLOBAL)
-    gomp = ctypes.CDLL("libgomp.so.1")
-    dnnl.dnnl_version.restype = ctypes.POINTER(ctypes.c_int * 3)
-    v = dnnl.dnnl_version().contents
-    return (dnnl.dnnl_sgemm, gomp.omp_set_num_threads, 0 if variant == "onednn-pool" else cores,
-            f"oneDNN {v[0]}.{v[1]}.{v[2]} dnnl_sgemm (GNU OpenMP)")
-  libs = sorted(glob.glob(os.path.join(sys.prefix, "lib", "libmkl_rt.so*")))
-  if not libs:
-    raise SystemExit(f"bench_step_blas: no libmkl_rt in {sys.prefix}/lib: pip install mkl")
-  mkl = ctypes.CDLL(libs[0], mode=ctypes.RTLD_GLOBAL)
-  if mkl.MKL_Set_Threading_Layer(ctypes.c_int(3)) != 3:  # MKL_THREADING_GNU
-    raise SystemExit("bench_step_blas: MKL refused its GNU OpenMP threading layer (is libgomp installed?)")
-  buf = ctypes.create_string_buffer(256)
-  mkl.MKL_Get_Version_String(buf, ctypes.c_int(256))
-  return mkl.cblas_sgemm_64, mkl.MKL_Set_Num_Threads_Local, cores, f"{buf.value.decode().strip()} (GNU OpenMP)"
+    return (_address(blas.scipy_cblas_sgemm64_), _address(blas.openblas_set_num_threads_local),
+            0 if variant == "openblas-pool" else cores, False, what)
+  try:  # mkl, onednn, onednn-pool: the libraries remixer_t5/cpu_blas.py finds
+    sgemm, set_threads, is_dnnl, what = cpu_blas.find_sgemm(variant.split("-")[0])
+  except cpu_blas.Unavailable as e:
+    raise SystemExit(f"bench_step_blas: {e}") from None
+  return sgemm, set_threads, 0 if variant.endswith("-pool") else cores, is_dnnl, what
 
 
 TRACED_CALLS = [0]  # custom calls put into traced programs so far (each trace of a product adds one)
@@ -168,10 +152,9 @@ def child(args) -> int:
   from remixer_t5 import bench_train, gin_utils, layers
   row = {"variant": args.child, "config": args.config}
   if args.child != "xla":
-    sgemm, set_threads, per_call, what = load_blas(args.child)
+    sgemm, set_threads, per_call, is_dnnl, what = load_blas(args.child)
     handler = ctypes.CDLL(args.handler)
-    handler.remixer_set_blas(_address(sgemm), _address(set_threads), ctypes.c_int(per_call),
-                             ctypes.c_int(args.child.startswith("onednn")))
+    handler.remixer_set_blas(sgemm, set_threads, ctypes.c_int(per_call), ctypes.c_int(int(is_dnnl)))
     jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(handler.RemixerSgemm), platform="cpu")
     matmul = make_matmul()
     row.update(blas=what, threads_per_call=per_call or "blocks on XLA's pool",

@@ -1,11 +1,11 @@
-// XLA FFI handler for scripts/bench_step_blas.py (an experiment, not part of the library): one float32 matrix
-// product C = op(A) op(B) (row-major, op = identity or transpose) through a CBLAS sgemm with 64-bit integers
-// (numpy's bundled OpenBLAS `scipy_cblas_sgemm64_`, or MKL's `cblas_sgemm_64`). The BLAS functions are not
-// linked: the script resolves them in the process and hands their addresses to remixer_set_blas(). Two ways to
-// use the cores, chosen there by `threads_per_call`:
+// XLA FFI handler `remixer_sgemm` for remixer_t5/cpu_blas.py (and scripts/bench_step_blas.py): one float32
+// matrix product C = op(A) op(B) (row-major, op = identity or transpose) through an external sgemm, either a
+// CBLAS sgemm with 64-bit integers (MKL's `cblas_sgemm_64`, numpy's OpenBLAS `scipy_cblas_sgemm64_`) or
+// oneDNN's `dnnl_sgemm`. Nothing is linked: the caller resolves the functions in the process and hands their
+// addresses to remixer_set_blas(). Two ways to use the cores, chosen there by `threads_per_call`:
 //   0: the product is cut into blocks of rows (or columns), several per thread of XLA's intra-op pool, each a
 //      single-threaded sgemm; the calling thread and pool threads claim blocks from a counter;
-//   n > 0: one sgemm call with the library's own n threads.
+//   n > 0: one sgemm call with the library's own n threads (cpu_blas.py's choice).
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -107,7 +107,7 @@ void Work(Shared& s) {
 
 ffi::Error Sgemm(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b,
                  ffi::ResultBuffer<ffi::F32> c, int64_t transpose_a, int64_t transpose_b) {
-  if (g_sgemm == nullptr && g_dnnl == nullptr) return ffi::Error::Internal("remixer_sgemm: no BLAS sgemm was set");
+  if (g_sgemm == nullptr && g_dnnl == nullptr) return ffi::Error::Internal("remixer_sgemm: no sgemm was set");
   auto ad = a.dimensions(), bd = b.dimensions(), cd = c->dimensions();
   if (ad.size() != 2 || bd.size() != 2 || cd.size() != 2)
     return ffi::Error::InvalidArgument("remixer_sgemm: operands and result must be 2-D");

@@ -1,0 +1,271 @@
+"""CPU-only runs: `layers.Dense`'s products through oneDNN's or MKL's sgemm instead of XLA:CPU's own kernels.
+
+Why: on the 2-core Cascade Lake of docs/benchmarks.md, XLA:CPU's float32 products (YNNPACK or Eigen, jaxlib
+0.10.2) ran at 98-156 GFLOP/s where PyTorch's sgemm reached 113-231, and most of our train step is those
+products (77% of config B's). That gap kept our step behind Hugging Face's PyTorch T5 (issue 19 §2). Calling
+a faster sgemm from inside the jitted step (scripts/bench_step_blas.py) recovered it.
+
+How: `csrc/cpu_sgemm.cc`, an XLA FFI handler (jax.ffi; headers from jaxlib) for one 2-D float32 product with
+either operand transposed, is compiled on first use with the system's C++ compiler ($CXX, else c++/g++) into
+`$REMIXER_T5_CACHE_DIR/cpu_blas/` (default ~/.cache/remixer_t5; keyed by the source, the jaxlib version and the
+compiler; written under a temporary name and renamed), loaded, given the address of the library's sgemm, and
+registered as the custom call `remixer_sgemm` on CPU. `matmul(x, w)` is a `custom_vjp` whose forward product
+and both backward products (dX = dY W^T, dW = X^T dY: the sgemm takes the transposes as flags) are that call,
+each behind `lax.platform_dependent`, so a program lowered for TPU or GPU (`remixer-t5 compile`) keeps XLA's
+dot. The sgemm runs on the library's own threads (GNU OpenMP, one per core this process may use).
+
+Libraries (BACKENDS), looked for in this environment's lib/ folder (where pip puts their wheels' files):
+  onednn  oneDNN's `dnnl_sgemm` (pip's onednn-cpu-gomp, 39 MB, a dependency on x86-64 Linux): the library
+          PyTorch's CPU kernels come from; it picks its kernels by the CPU's instruction sets, not its vendor.
+  mkl     Intel MKL's `cblas_sgemm_64` (pip's mkl, ~690 MB with intel-openmp and tbb; not a dependency), on its
+          GNU OpenMP threading layer (Intel's OpenMP threads spin after each product and slowed XLA's own ops).
+
+When: `configure()` is called by the CLI for train, eval, bench and repro before JAX starts, and acts only when
+JAX will run on CPU alone. `$REMIXER_T5_CPU_BLAS` = `auto` (default: the first library of BACKENDS that loads
+and builds, else XLA's dots with a one-line reason), `onednn` or `mkl` (that one, or an error saying why not),
+or `off`. Even when configured, `matmul` uses the call only for float32 2-D operands in a process with one JAX
+device: the custom call cannot be partitioned, so meshes of several CPU devices
+(`--xla_force_host_platform_device_count`, multi-process gloo runs) keep XLA's dot. Benchmark rows record
+`describe()`.
+
+Numerics: the same products in another summation order (relative differences ~1e-6, as between XLA's own
+routes); the calling thread flushes subnormals as XLA:CPU's threads do.
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Callable, MutableMapping
+
+ENV = "REMIXER_T5_CPU_BLAS"
+MODES = ("auto", "onednn", "mkl", "off")
+DEFAULT_MODE = "off"  # see the module docstring's "Measured"
+BACKENDS = ("onednn", "mkl")  # `auto` tries them in this order
+TARGET = "remixer_sgemm"
+SOURCE = Path(__file__).with_name("csrc") / "cpu_sgemm.cc"
+MKL_THREADING_GNU = 3  # MKL_Set_Threading_Layer's value for GNU OpenMP
+
+applied = False  # set by configure()
+_loaded: dict = {}  # what load() registered: backend, description, threads
+
+
+class Unavailable(RuntimeError):
+  """A library or the handler cannot be used here; the message says why."""
+
+
+def cores() -> int:
+  """The cores this process may use (its affinity mask: $REMIXER_T5_CPUS pins it)."""
+  return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _lib(pattern: str, package: str) -> str:
+  """The library's file in this environment's lib/ folder, or in the user's (`pip install --user`)."""
+  import site
+  folders = list(dict.fromkeys(os.path.join(p, "lib") for p in (sys.prefix, site.getuserbase())))
+  for folder in folders:
+    found = sorted(glob.glob(os.path.join(folder, pattern)))
+    if found:
+      return found[0]
+  raise Unavailable(f"no {pattern} in {' or '.join(folders)} (pip install {package})")
+
+
+def _address(fn) -> ctypes.c_void_p:
+  return ctypes.c_void_p(ctypes.cast(fn, ctypes.c_void_p).value)
+
+
+def find_sgemm(backend: str) -> tuple[ctypes.c_void_p, ctypes.c_void_p, bool, str]:
+  """(sgemm's address, the set-this-thread's-thread-count function's address, whether the sgemm is
+  dnnl_sgemm's signature (else CBLAS's), a description) for `backend`; Unavailable naming what is missing."""
+  if backend == "onednn":
+    path = _lib("libdnnl.so*", "onednn-cpu-gomp")
+    try:
+      lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+      gomp = ctypes.CDLL("libgomp.so.1")
+    except OSError as e:
+      raise Unavailable(f"loading {path} failed: {e}") from None
+    lib.dnnl_version.restype = ctypes.POINTER(ctypes.c_int * 3)
+    v = lib.dnnl_version().contents
+    return _address(lib.dnnl_sgemm), _address(gomp.omp_set_num_threads), True, \
+        f"oneDNN {v[0]}.{v[1]}.{v[2]} dnnl_sgemm, GNU OpenMP"
+  if backend == "mkl":
+    path = _lib("libmkl_rt.so*", "mkl")
+    try:
+      lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    except OSError as e:
+      raise Unavailable(f"loading {path} failed: {e}") from None
+    if lib.MKL_Set_Threading_Layer(ctypes.c_int(MKL_THREADING_GNU)) != MKL_THREADING_GNU:
+      raise Unavailable(f"{os.path.basename(path)} refused its GNU OpenMP threading layer (is libgomp installed?)")
+    buf = ctypes.create_string_buffer(256)
+    lib.MKL_Get_Version_String(buf, ctypes.c_int(len(buf)))
+    version = buf.value.decode().split(" Product")[0].split("-Product")[0].strip()
+    return _address(lib.cblas_sgemm_64), _address(lib.MKL_Set_Num_Threads_Local), False, \
+        f"{version} cblas_sgemm_64, GNU OpenMP"
+  raise ValueError(f"unknown CPU BLAS {backend!r}: expected one of {', '.join(BACKENDS)}")
+
+
+def _compiler(environ: MutableMapping[str, str]) -> str:
+  cxx = environ.get("CXX", "").strip() or shutil.which("c++") or shutil.which("g++") or ""
+  if not cxx or not (os.path.isfile(cxx) or shutil.which(cxx)):
+    raise Unavailable(f"no C++ compiler ($CXX={environ.get('CXX', '')!r}, c++, g++) to build {SOURCE.name}")
+  return cxx
+
+
+def cache_dir(environ: MutableMapping[str, str] | None = None) -> Path:
+  env = os.environ if environ is None else environ
+  root = env.get("REMIXER_T5_CACHE_DIR", "").strip()
+  return (Path(root).expanduser() if root else Path.home() / ".cache" / "remixer_t5") / "cpu_blas"
+
+
+def build(environ: MutableMapping[str, str] | None = None, log: Callable[[str], None] | None = None,
+          out_dir: Path | None = None) -> Path:
+  """The handler's shared library, compiled into the cache (or out_dir) unless there already; Unavailable
+  with the compiler's last lines when it fails."""
+  import jax
+  import jaxlib
+  env = os.environ if environ is None else environ
+  cxx = _compiler(env)
+  source = SOURCE.read_bytes()
+  key = hashlib.sha256(source + jaxlib.__version__.encode() + cxx.encode()).hexdigest()[:16]
+  out_dir = Path(out_dir) if out_dir is not None else cache_dir(env)
+  target = out_dir / f"cpu_sgemm-{key}.so"
+  if target.exists():
+    return target
+  out_dir.mkdir(parents=True, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=out_dir)
+  os.close(fd)
+  cmd = [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-w", f"-I{jax.ffi.include_dir()}", str(SOURCE), "-o", tmp]
+  if log:
+    log(f"CPU matmuls: building {SOURCE.name} with {cxx} (once; cached in {out_dir})")
+  try:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+  except (OSError, subprocess.TimeoutExpired) as e:
+    os.unlink(tmp)
+    raise Unavailable(f"building {SOURCE.name} failed: {e}") from None
+  if proc.returncode != 0:
+    os.unlink(tmp)
+    tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+    raise Unavailable(f"building {SOURCE.name} with {cxx} failed (exit {proc.returncode}): {tail}")
+  os.replace(tmp, target)
+  return target
+
+
+def load(backend: str, environ: MutableMapping[str, str] | None = None,
+         log: Callable[[str], None] | None = None) -> dict:
+  """Builds (if needed) the handler, points it at `backend`'s sgemm on its own threads (one per core) and
+  registers it; once per process (a second backend is refused). Returns what describe() reports."""
+  global _loaded
+  if _loaded:
+    if _loaded["backend"] != backend:
+      raise Unavailable(f"this process already registered {_loaded['backend']}; one CPU BLAS per process")
+    return _loaded
+  import jax
+  sgemm, set_threads, is_dnnl, what = find_sgemm(backend)
+  handler = ctypes.CDLL(str(build(environ, log)))
+  threads = cores()
+  handler.remixer_set_blas(sgemm, set_threads, ctypes.c_int(threads), ctypes.c_int(int(is_dnnl)))
+  jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(handler.RemixerSgemm), platform="cpu")
+  _loaded = {"backend": backend, "description": what, "threads": threads}
+  return _loaded
+
+
+def configure(log: Callable[[str], None] | None = None, environ: MutableMapping[str, str] | None = None,
+              cpu_only: bool | None = None) -> bool:
+  """Turns the route on when wanted (module docstring); returns whether it did. ValueError for a bad
+  $REMIXER_T5_CPU_BLAS, or when it names a library that cannot be used."""
+  global applied
+  env = os.environ if environ is None else environ
+  mode = env.get(ENV, DEFAULT_MODE).strip().lower() or DEFAULT_MODE
+  if mode not in MODES:
+    raise ValueError(f"${ENV}={env[ENV]!r}: expected one of {', '.join(MODES)}")
+  if mode == "off":
+    return False
+  if cpu_only is None:
+    from remixer_t5 import host_memory
+    cpu_only = host_memory.jax_runs_on_cpu_only()
+  if not cpu_only:
+    return False
+  reasons = []
+  for backend in (BACKENDS if mode == "auto" else (mode,)):
+    try:
+      info = load(backend, env, log)
+      break
+    except Unavailable as e:
+      if mode != "auto":
+        raise ValueError(f"${ENV}={mode}: {e}") from None
+      reasons.append(f"{backend}: {e}")
+  else:
+    if log:
+      log(f"CPU matmuls: XLA's own ({'; '.join(reasons)}); see remixer_t5/cpu_blas.py")
+    return False
+  applied = True
+  if log:
+    log(f"CPU matmuls: {info['description']}, {info['threads']} threads (remixer_t5/cpu_blas.py; "
+        f"${ENV}=off for XLA's)")
+  return True
+
+
+def describe() -> str | None:
+  """What Dense's products run on, for benchmark rows: None for XLA's own."""
+  if not applied:
+    return None
+  return f"{_loaded['description']}, {_loaded['threads']} threads, via FFI"
+
+
+def _gemm(a, b, transpose_a: bool, transpose_b: bool):
+  """op(a) @ op(b): the registered sgemm on CPU, XLA's dot on any other platform."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  m = a.shape[1] if transpose_a else a.shape[0]
+  n = b.shape[0] if transpose_b else b.shape[1]
+
+  def blas(a, b):
+    call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((m, n), jnp.float32), vmap_method="sequential")
+    return call(a, b, transpose_a=np.int64(transpose_a), transpose_b=np.int64(transpose_b))
+
+  def xla(a, b):
+    return jnp.dot(a.T if transpose_a else a, b.T if transpose_b else b)
+
+  return jax.lax.platform_dependent(a, b, cpu=blas, default=xla)
+
+
+def _make_matmul():
+  import jax
+
+  @jax.custom_vjp
+  def blas_matmul(x, w):
+    return _gemm(x, w, False, False)
+
+  def fwd(x, w):
+    return _gemm(x, w, False, False), (x, w)
+
+  def bwd(residuals, g):
+    x, w = residuals
+    return _gemm(g, w, False, True), _gemm(x, g, True, False)  # dX = dY W^T, dW = X^T dY
+
+  blas_matmul.defvjp(fwd, bwd)
+  return blas_matmul
+
+
+_matmul = None
+
+
+def matmul(x, w):
+  """x [M, K] @ w [K, N]: through the configured sgemm for float32 operands in a one-device process (module
+  docstring), else `jnp.dot`."""
+  global _matmul
+  import jax
+  import jax.numpy as jnp
+  if not (applied and x.ndim == 2 and w.ndim == 2 and x.dtype == jnp.float32 and w.dtype == jnp.float32
+          and jax.device_count() == 1):
+    return jnp.dot(x, w)
+  if _matmul is None:
+    _matmul = _make_matmul()
+  return _matmul(x, w)

@@ -1,0 +1,157 @@
+"""remixer_t5/cpu_blas.py: layers.Dense's products through oneDNN's or MKL's sgemm on CPU-only runs.
+
+The numerical checks run in a fresh process (a custom call is registered once per process, and the suite's own
+processes have 8 host devices, where the route is off by design) against XLA's own jnp.dot."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from remixer_t5 import cpu_blas
+
+REPO = Path(__file__).resolve().parents[1]
+HAS_CXX = bool(os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++"))
+
+
+def _available() -> list[str]:
+  import glob
+  patterns = {"onednn": "libdnnl.so*", "mkl": "libmkl_rt.so*"}
+  return [b for b in cpu_blas.BACKENDS if glob.glob(os.path.join(sys.prefix, "lib", patterns[b]))]
+
+
+AVAILABLE = _available()
+needs_backend = pytest.mark.skipif(not (HAS_CXX and AVAILABLE),
+                                   reason="needs a C++ compiler and oneDNN (onednn-cpu-gomp) or MKL in this venv")
+
+
+def run_py(code: str, env_extra: dict, timeout=600):
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", **env_extra}
+  env.pop("XLA_FLAGS", None)
+  env.update({k: v for k, v in env_extra.items() if k == "XLA_FLAGS"})
+  return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                        timeout=timeout, env=env, cwd=REPO)
+
+
+def test_bad_mode_and_off_and_non_cpu_runs():
+  with pytest.raises(ValueError, match=r"\$REMIXER_T5_CPU_BLAS='blas': expected one of auto, onednn, mkl, off"):
+    cpu_blas.configure(environ={"REMIXER_T5_CPU_BLAS": "blas"}, cpu_only=True)
+  assert cpu_blas.configure(environ={"REMIXER_T5_CPU_BLAS": "off"}, cpu_only=True) is False
+  # A run on TPU or GPU: never, whatever the mode.
+  assert cpu_blas.configure(environ={"REMIXER_T5_CPU_BLAS": "onednn"}, cpu_only=False) is False
+  assert cpu_blas.applied is False and cpu_blas.describe() is None
+
+
+def test_missing_library_is_named(monkeypatch, tmp_path):
+  import site
+  monkeypatch.setattr(sys, "prefix", str(tmp_path))
+  monkeypatch.setattr(site, "getuserbase", lambda: str(tmp_path / "user"))
+  with pytest.raises(cpu_blas.Unavailable, match=r"no libdnnl.so\* in .*lib or .*user.lib \(pip install onednn-cpu-gomp\)"):
+    cpu_blas.find_sgemm("onednn")
+  with pytest.raises(cpu_blas.Unavailable, match=r"pip install mkl"):
+    cpu_blas.find_sgemm("mkl")
+  with pytest.raises(ValueError, match=r"\$REMIXER_T5_CPU_BLAS=mkl: no libmkl_rt"):
+    cpu_blas.configure(environ={"REMIXER_T5_CPU_BLAS": "mkl"}, cpu_only=True)
+  logs = []  # auto: XLA's own dots, with every library's reason in one line
+  assert cpu_blas.configure(log=logs.append, environ={"REMIXER_T5_CPU_BLAS": "auto"}, cpu_only=True) is False
+  assert len(logs) == 1 and "CPU matmuls: XLA's own (onednn: no libdnnl" in logs[0] and "mkl: no libmkl_rt" in logs[0]
+  assert cpu_blas.applied is False
+
+
+def test_build_failure_and_missing_compiler_are_reported(tmp_path):
+  with pytest.raises(cpu_blas.Unavailable, match=r"no C\+\+ compiler \(\$CXX='/nonexistent/cxx'"):
+    cpu_blas.build(environ={"CXX": "/nonexistent/cxx"}, out_dir=tmp_path)
+  false = shutil.which("false")
+  if false is None:
+    pytest.skip("no `false` program to stand in for a failing compiler")
+  with pytest.raises(cpu_blas.Unavailable, match=r"building cpu_sgemm.cc with .*false failed \(exit 1\)"):
+    cpu_blas.build(environ={"CXX": false}, out_dir=tmp_path)
+  assert list(tmp_path.iterdir()) == []  # nothing half-written left in the cache
+
+
+CHECK = """
+import json, os, jax, jax.numpy as jnp, numpy as np
+from remixer_t5 import cpu_blas
+logs = []
+on = cpu_blas.configure(log=logs.append)
+rng = np.random.default_rng(0)
+worst = 0.0
+for m, k, n in ((300, 70, 130), (7, 512, 1024), (1037, 256, 515)):
+  x, w, g = (jnp.asarray(rng.standard_normal(s, dtype=np.float32)) for s in ((m, k), (k, n), (m, n)))
+  ours = jax.jit(lambda x, w, g: (cpu_blas.matmul(x, w), *jax.vjp(cpu_blas.matmul, x, w)[1](g)))(x, w, g)
+  ref = jax.jit(lambda x, w, g: (jnp.dot(x, w), *jax.vjp(jnp.dot, x, w)[1](g)))(x, w, g)
+  worst = max(worst, *(float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b))) for a, b in zip(ours, ref)))
+f = jax.jit(jax.grad(lambda x, w: jnp.sum(cpu_blas.matmul(x, w) ** 2), argnums=(0, 1)))
+x, w = jnp.ones((64, 32)), jnp.ones((32, 48))
+cpu_hlo = f.lower(x, w).as_text()
+tpu_hlo = f.trace(x, w).lower(lowering_platforms=("tpu",)).as_text()
+print(json.dumps({"on": on, "logs": logs, "worst": worst, "describe": cpu_blas.describe(),
+                  "devices": jax.device_count(), "cpu_calls": cpu_hlo.count("remixer_sgemm"),
+                  "tpu_calls": tpu_hlo.count("remixer_sgemm"), "tpu_dots": tpu_hlo.count("dot_general")}))
+"""
+
+
+@needs_backend
+@pytest.mark.parametrize("backend", AVAILABLE)
+def test_products_and_gradients_match_xla_and_tpu_lowering_keeps_dot(backend, tmp_path):
+  proc = run_py(CHECK, {"REMIXER_T5_CPU_BLAS": backend, "REMIXER_T5_CACHE_DIR": str(tmp_path)})
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  r = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert r["on"] is True and r["devices"] == 1
+  assert any("building cpu_sgemm.cc" in m for m in r["logs"])  # built into the given cache, once
+  assert any(f"CPU matmuls: {'oneDNN' if backend == 'onednn' else 'Intel'}" in m for m in r["logs"]), r["logs"]
+  assert "via FFI" in r["describe"]
+  assert len(list((tmp_path / "cpu_blas").glob("cpu_sgemm-*.so"))) == 1
+  # Forward product and both gradients, with and without transposes, against XLA's: float32 rounding only.
+  assert r["worst"] < 1e-5
+  # The CPU program calls the sgemm three times (product, dX, dW); a TPU lowering of the same function has none.
+  assert r["cpu_calls"] == 3 and r["tpu_calls"] == 0 and r["tpu_dots"] >= 3
+
+
+@needs_backend
+def test_several_devices_keep_xla_dot(tmp_path):
+  proc = run_py(CHECK, {"REMIXER_T5_CPU_BLAS": AVAILABLE[0], "REMIXER_T5_CACHE_DIR": str(tmp_path),
+                        "XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  r = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert r["on"] is True and r["devices"] == 2 and r["cpu_calls"] == 0 and r["worst"] == 0.0
+
+
+TRAIN = """
+import json, jax, jax.numpy as jnp, numpy as np
+from remixer_t5 import bench_train, cpu_blas, gin_utils
+on = cpu_blas.configure()
+gin_utils.parse_gin(["models/t5_1_1/tiny.gin"], ["DROPOUT_RATE=0.0"])
+lengths = {"inputs": 24, "targets": 12}
+built = bench_train.from_gin(4, lengths)
+model = built["model"]
+batch = bench_train.random_batch(model.module.config.vocab_size, 4, lengths)
+params = model.init_variables(jax.random.PRNGKey(0), {k: (1, v.shape[1]) for k, v in batch.items()})["params"]
+batch = {k: jnp.asarray(v) for k, v in batch.items()}
+def loss_and_grads():
+  return jax.jit(jax.value_and_grad(lambda p: model.loss_fn(p, batch, None)[0]))(params)
+cpu_blas.applied = False
+ref_loss, ref_grads = loss_and_grads()
+cpu_blas.applied = on
+loss, grads = loss_and_grads()
+hlo = jax.jit(jax.grad(lambda p: model.loss_fn(p, batch, None)[0])).lower(params).as_text()
+diffs = jax.tree.leaves(jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b)) / (jnp.max(jnp.abs(b)) + 1e-12)),
+                                     grads, ref_grads))
+print(json.dumps({"on": on, "loss": float(loss), "ref_loss": float(ref_loss), "worst_grad": max(diffs),
+                  "calls": hlo.count("@remixer_sgemm")}))
+"""
+
+
+@needs_backend
+def test_t5_loss_and_gradients_match_xla(tmp_path):
+  """A T5.1.1 tiny train step's loss and every parameter's gradient through the sgemm match XLA's dots."""
+  proc = run_py(TRAIN, {"REMIXER_T5_CPU_BLAS": AVAILABLE[0], "REMIXER_T5_CACHE_DIR": str(tmp_path)})
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  r = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert r["on"] is True and r["calls"] >= 27  # three a Dense, 9+ Dense layers in T5.1.1 tiny
+  assert abs(r["loss"] - r["ref_loss"]) <= 1e-5 * abs(r["ref_loss"])
+  assert r["worst_grad"] < 1e-4
