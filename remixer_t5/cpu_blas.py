@@ -1,32 +1,33 @@
-"""CPU-only runs: `layers.Dense`'s products through oneDNN's or MKL's sgemm instead of XLA:CPU's own kernels.
+"""CPU-only runs: `layers.Dense`'s products through Intel MKL's sgemm instead of XLA:CPU's own kernels.
 
 Why: on the 2-core Cascade Lake of docs/benchmarks.md, XLA:CPU's float32 products (YNNPACK or Eigen, jaxlib
-0.10.2) ran at 98-156 GFLOP/s where PyTorch's sgemm reached 113-231, and most of our train step is those
-products (77% of config B's). That gap kept our step behind Hugging Face's PyTorch T5 (issue 19 §2). Calling
-a faster sgemm from inside the jitted step (scripts/bench_step_blas.py) recovered it.
+0.10.2) ran at 98-156 GFLOP/s where PyTorch's MKL sgemm reached 113-231, and most of our train step is those
+products (77% of config B's: T5.1.1-small, batch 8, 512/114). That gap kept our step behind Hugging Face's
+PyTorch T5 (issue 19 §2). Calling MKL from inside the jitted step (scripts/bench_step_blas.py) made config B's
+step ~10% faster in most rounds (0.89x XLA's over two rounds at 8e1e364; 0.88-0.90x in the session before); on
+config A (d 256) the gain is within the noise. oneDNN 3.2's dnnl_sgemm (pip's onednn-cpu-gomp) was 1.29x
+slower than XLA's own dots on B, and MKL cut into single-threaded blocks on XLA's pool no faster than XLA
+(0.99x), so neither is offered here (the script keeps them as variants).
 
 How: `csrc/cpu_sgemm.cc`, an XLA FFI handler (jax.ffi; headers from jaxlib) for one 2-D float32 product with
 either operand transposed, is compiled on first use with the system's C++ compiler ($CXX, else c++/g++) into
 `$REMIXER_T5_CACHE_DIR/cpu_blas/` (default ~/.cache/remixer_t5; keyed by the source, the jaxlib version and the
-compiler; written under a temporary name and renamed), loaded, given the address of the library's sgemm, and
-registered as the custom call `remixer_sgemm` on CPU. `matmul(x, w)` is a `custom_vjp` whose forward product
-and both backward products (dX = dY W^T, dW = X^T dY: the sgemm takes the transposes as flags) are that call,
-each behind `lax.platform_dependent`, so a program lowered for TPU or GPU (`remixer-t5 compile`) keeps XLA's
-dot. The sgemm runs on the library's own threads (GNU OpenMP, one per core this process may use).
+compiler; written under a temporary name and renamed), loaded, given the address of MKL's `cblas_sgemm_64`,
+and registered as the custom call `remixer_sgemm` on CPU. `matmul(x, w)` is a `custom_vjp` whose forward
+product and both backward products (dX = dY W^T, dW = X^T dY: the sgemm takes the transposes as flags) are
+that call, each behind `lax.platform_dependent`, so a program lowered for TPU or GPU (`remixer-t5 compile`)
+keeps XLA's dot. MKL runs each product on its own threads (one per core this process may use) on its GNU
+OpenMP layer: Intel's OpenMP threads spin after each product and slowed XLA's next operations.
 
-Libraries (BACKENDS), looked for in this environment's lib/ folder (where pip puts their wheels' files):
-  onednn  oneDNN's `dnnl_sgemm` (pip's onednn-cpu-gomp, 39 MB, a dependency on x86-64 Linux): the library
-          PyTorch's CPU kernels come from; it picks its kernels by the CPU's instruction sets, not its vendor.
-  mkl     Intel MKL's `cblas_sgemm_64` (pip's mkl, ~690 MB with intel-openmp and tbb; not a dependency), on its
-          GNU OpenMP threading layer (Intel's OpenMP threads spin after each product and slowed XLA's own ops).
+MKL is an optional extra (`pip install -e '.[mkl]'`: the `mkl` wheel with intel-openmp and tbb, ~690 MB
+installed, x86-64 only), found in this environment's lib/ folder (or the user's, for `pip install --user`).
 
 When: `configure()` is called by the CLI for train, eval, bench and repro before JAX starts, and acts only when
-JAX will run on CPU alone. `$REMIXER_T5_CPU_BLAS` = `auto` (default: the first library of BACKENDS that loads
-and builds, else XLA's dots with a one-line reason), `onednn` or `mkl` (that one, or an error saying why not),
-or `off`. Even when configured, `matmul` uses the call only for float32 2-D operands in a process with one JAX
-device: the custom call cannot be partitioned, so meshes of several CPU devices
-(`--xla_force_host_platform_device_count`, multi-process gloo runs) keep XLA's dot. Benchmark rows record
-`describe()`.
+JAX will run on CPU alone. `$REMIXER_T5_CPU_BLAS` = `auto` (default: MKL when it is installed and the handler
+builds, else XLA's dots, saying why in one line), `mkl` (MKL, or an error saying why not) or `off`. Even when
+configured, `matmul` uses the call only for float32 2-D operands in a process with one JAX device: the custom
+call cannot be partitioned, so meshes of several CPU devices (`--xla_force_host_platform_device_count`,
+multi-process gloo runs) keep XLA's dot. Benchmark rows record `describe()`.
 
 Numerics: the same products in another summation order (relative differences ~1e-6, as between XLA's own
 routes); the calling thread flushes subnormals as XLA:CPU's threads do.
@@ -45,9 +46,9 @@ from pathlib import Path
 from typing import Callable, MutableMapping
 
 ENV = "REMIXER_T5_CPU_BLAS"
-MODES = ("auto", "onednn", "mkl", "off")
-DEFAULT_MODE = "off"  # see the module docstring's "Measured"
-BACKENDS = ("onednn", "mkl")  # `auto` tries them in this order
+MODES = ("auto", "mkl", "off")
+DEFAULT_MODE = "auto"
+BACKENDS = ("mkl",)  # `auto` tries them in this order
 TARGET = "remixer_sgemm"
 SOURCE = Path(__file__).with_name("csrc") / "cpu_sgemm.cc"
 MKL_THREADING_GNU = 3  # MKL_Set_Threading_Layer's value for GNU OpenMP
@@ -80,34 +81,27 @@ def _address(fn) -> ctypes.c_void_p:
   return ctypes.c_void_p(ctypes.cast(fn, ctypes.c_void_p).value)
 
 
-def find_sgemm(backend: str) -> tuple[ctypes.c_void_p, ctypes.c_void_p, bool, str]:
-  """(sgemm's address, the set-this-thread's-thread-count function's address, whether the sgemm is
-  dnnl_sgemm's signature (else CBLAS's), a description) for `backend`; Unavailable naming what is missing."""
-  if backend == "onednn":
-    path = _lib("libdnnl.so*", "onednn-cpu-gomp")
-    try:
-      lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
-      gomp = ctypes.CDLL("libgomp.so.1")
-    except OSError as e:
-      raise Unavailable(f"loading {path} failed: {e}") from None
-    lib.dnnl_version.restype = ctypes.POINTER(ctypes.c_int * 3)
-    v = lib.dnnl_version().contents
-    return _address(lib.dnnl_sgemm), _address(gomp.omp_set_num_threads), True, \
-        f"oneDNN {v[0]}.{v[1]}.{v[2]} dnnl_sgemm, GNU OpenMP"
-  if backend == "mkl":
-    path = _lib("libmkl_rt.so*", "mkl")
-    try:
-      lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
-    except OSError as e:
-      raise Unavailable(f"loading {path} failed: {e}") from None
-    if lib.MKL_Set_Threading_Layer(ctypes.c_int(MKL_THREADING_GNU)) != MKL_THREADING_GNU:
-      raise Unavailable(f"{os.path.basename(path)} refused its GNU OpenMP threading layer (is libgomp installed?)")
-    buf = ctypes.create_string_buffer(256)
-    lib.MKL_Get_Version_String(buf, ctypes.c_int(len(buf)))
-    version = buf.value.decode().split(" Product")[0].split("-Product")[0].strip()
-    return _address(lib.cblas_sgemm_64), _address(lib.MKL_Set_Num_Threads_Local), False, \
-        f"{version} cblas_sgemm_64, GNU OpenMP"
-  raise ValueError(f"unknown CPU BLAS {backend!r}: expected one of {', '.join(BACKENDS)}")
+def find_sgemm(backend: str) -> tuple[ctypes.c_void_p, ctypes.c_void_p, str]:
+  """(the CBLAS sgemm's address, the set-this-thread's-thread-count function's address, a description) for
+  `backend` ('mkl'); Unavailable naming what is missing."""
+  if backend != "mkl":
+    raise ValueError(f"unknown CPU BLAS {backend!r}: expected one of {', '.join(BACKENDS)}")
+  path = _lib("libmkl_rt.so*", "-e '.[mkl]'")
+  try:
+    ctypes.CDLL("libgomp.so.1")  # MKL's GNU threading layer needs it; without it MKL would fail inside a product
+  except OSError:
+    raise Unavailable("MKL's GNU OpenMP layer needs libgomp.so.1, which is not installed (e.g. apt install "
+                      "libgomp1)") from None
+  try:
+    lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+  except OSError as e:
+    raise Unavailable(f"loading {path} failed: {e}") from None
+  if lib.MKL_Set_Threading_Layer(ctypes.c_int(MKL_THREADING_GNU)) != MKL_THREADING_GNU:
+    raise Unavailable(f"{os.path.basename(path)} refused its GNU OpenMP threading layer")
+  buf = ctypes.create_string_buffer(256)
+  lib.MKL_Get_Version_String(buf, ctypes.c_int(len(buf)))
+  version = buf.value.decode().split("-Product")[0].split(" Product")[0].strip()
+  return _address(lib.cblas_sgemm_64), _address(lib.MKL_Set_Num_Threads_Local), f"{version} cblas_sgemm_64, GNU OpenMP"
 
 
 def _compiler(environ: MutableMapping[str, str]) -> str:
@@ -166,10 +160,10 @@ def load(backend: str, environ: MutableMapping[str, str] | None = None,
       raise Unavailable(f"this process already registered {_loaded['backend']}; one CPU BLAS per process")
     return _loaded
   import jax
-  sgemm, set_threads, is_dnnl, what = find_sgemm(backend)
+  sgemm, set_threads, what = find_sgemm(backend)
   handler = ctypes.CDLL(str(build(environ, log)))
   threads = cores()
-  handler.remixer_set_blas(sgemm, set_threads, ctypes.c_int(threads), ctypes.c_int(int(is_dnnl)))
+  handler.remixer_set_blas(sgemm, set_threads, ctypes.c_int(threads), ctypes.c_int(0))  # 0: CBLAS's signature
   jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(handler.RemixerSgemm), platform="cpu")
   _loaded = {"backend": backend, "description": what, "threads": threads}
   return _loaded

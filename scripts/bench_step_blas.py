@@ -89,11 +89,21 @@ def load_blas(variant: str) -> tuple[object, object, int, bool, str]:
     what = f"numpy's {blas.scipy_openblas_get_config64_().decode()}"
     return (_address(blas.scipy_cblas_sgemm64_), _address(blas.openblas_set_num_threads_local),
             0 if variant == "openblas-pool" else cores, False, what)
-  try:  # mkl, onednn, onednn-pool: the libraries remixer_t5/cpu_blas.py finds
-    sgemm, set_threads, is_dnnl, what = cpu_blas.find_sgemm(variant.split("-")[0])
+  per_call = 0 if variant.endswith("-pool") else cores
+  if variant.startswith("onednn"):
+    libs = sorted(glob.glob(os.path.join(sys.prefix, "lib", "libdnnl.so*")))
+    if not libs:
+      raise SystemExit(f"bench_step_blas: no libdnnl in {sys.prefix}/lib: pip install onednn-cpu-gomp")
+    dnnl = ctypes.CDLL(libs[0], mode=ctypes.RTLD_GLOBAL)
+    dnnl.dnnl_version.restype = ctypes.POINTER(ctypes.c_int * 3)
+    v = dnnl.dnnl_version().contents
+    return (_address(dnnl.dnnl_sgemm), _address(ctypes.CDLL("libgomp.so.1").omp_set_num_threads), per_call, True,
+            f"oneDNN {v[0]}.{v[1]}.{v[2]} dnnl_sgemm, GNU OpenMP")
+  try:  # mkl, mkl-pool: as the library finds and sets it up (remixer_t5/cpu_blas.py)
+    sgemm, set_threads, what = cpu_blas.find_sgemm("mkl")
   except cpu_blas.Unavailable as e:
     raise SystemExit(f"bench_step_blas: {e}") from None
-  return sgemm, set_threads, 0 if variant.endswith("-pool") else cores, is_dnnl, what
+  return sgemm, set_threads, per_call, False, what
 
 
 TRACED_CALLS = [0]  # custom calls put into traced programs so far (each trace of a product adds one)

@@ -18,6 +18,9 @@ os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 # hundreds of CLI calls in-process and would keep the largest one's memory (5-6 GiB per worker seen). Tests of
 # the policy set $REMIXER_T5_HOST_MALLOC themselves.
 os.environ.setdefault("REMIXER_T5_HOST_MALLOC", "off")
+# The CLI sends Dense's products to MKL when the venv has it (cpu_blas.py; the test extra installs it): the suite
+# runs XLA's own dots, as a default install does, and tests/test_cpu_blas.py turns MKL on where it checks it.
+os.environ.setdefault("REMIXER_T5_CPU_BLAS", "off")
 # One persistent XLA compilation cache for the whole run, shared by the xdist workers and the CLI subprocesses
 # the tests start (they inherit the environment): dozens of tests train the same tiny configurations, and each
 # distinct program then compiles once. Fresh per run (removed at exit), so no run reads another's programs; set

@@ -1,4 +1,4 @@
-"""remixer_t5/cpu_blas.py: layers.Dense's products through oneDNN's or MKL's sgemm on CPU-only runs.
+"""remixer_t5/cpu_blas.py: layers.Dense's products through MKL's sgemm on CPU-only runs (the `.[mkl]` extra).
 
 The numerical checks run in a fresh process (a custom call is registered once per process, and the suite's own
 processes have 8 host devices, where the route is off by design) against XLA's own jnp.dot."""
@@ -19,14 +19,16 @@ HAS_CXX = bool(os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++
 
 
 def _available() -> list[str]:
-  import glob
-  patterns = {"onednn": "libdnnl.so*", "mkl": "libmkl_rt.so*"}
-  return [b for b in cpu_blas.BACKENDS if glob.glob(os.path.join(sys.prefix, "lib", patterns[b]))]
+  try:
+    cpu_blas.find_sgemm("mkl")
+    return ["mkl"]
+  except cpu_blas.Unavailable:
+    return []
 
 
 AVAILABLE = _available()
 needs_backend = pytest.mark.skipif(not (HAS_CXX and AVAILABLE),
-                                   reason="needs a C++ compiler and oneDNN (onednn-cpu-gomp) or MKL in this venv")
+                                   reason="needs a C++ compiler and MKL in this venv (pip install -e '.[mkl]')")
 
 
 def run_py(code: str, env_extra: dict, timeout=600):
@@ -38,11 +40,11 @@ def run_py(code: str, env_extra: dict, timeout=600):
 
 
 def test_bad_mode_and_off_and_non_cpu_runs():
-  with pytest.raises(ValueError, match=r"\$REMIXER_T5_CPU_BLAS='blas': expected one of auto, onednn, mkl, off"):
+  with pytest.raises(ValueError, match=r"\$REMIXER_T5_CPU_BLAS='blas': expected one of auto, mkl, off"):
     cpu_blas.configure(environ={"REMIXER_T5_CPU_BLAS": "blas"}, cpu_only=True)
   assert cpu_blas.configure(environ={"REMIXER_T5_CPU_BLAS": "off"}, cpu_only=True) is False
   # A run on TPU or GPU: never, whatever the mode.
-  assert cpu_blas.configure(environ={"REMIXER_T5_CPU_BLAS": "onednn"}, cpu_only=False) is False
+  assert cpu_blas.configure(environ={"REMIXER_T5_CPU_BLAS": "mkl"}, cpu_only=False) is False
   assert cpu_blas.applied is False and cpu_blas.describe() is None
 
 
@@ -50,15 +52,15 @@ def test_missing_library_is_named(monkeypatch, tmp_path):
   import site
   monkeypatch.setattr(sys, "prefix", str(tmp_path))
   monkeypatch.setattr(site, "getuserbase", lambda: str(tmp_path / "user"))
-  with pytest.raises(cpu_blas.Unavailable, match=r"no libdnnl.so\* in .*lib or .*user.lib \(pip install onednn-cpu-gomp\)"):
-    cpu_blas.find_sgemm("onednn")
-  with pytest.raises(cpu_blas.Unavailable, match=r"pip install mkl"):
+  with pytest.raises(cpu_blas.Unavailable, match=r"no libmkl_rt.so\* in .*lib or .*user.lib \(pip install -e '.\[mkl\]'\)"):
     cpu_blas.find_sgemm("mkl")
+  with pytest.raises(ValueError, match=r"unknown CPU BLAS 'onednn': expected one of mkl"):
+    cpu_blas.find_sgemm("onednn")
   with pytest.raises(ValueError, match=r"\$REMIXER_T5_CPU_BLAS=mkl: no libmkl_rt"):
     cpu_blas.configure(environ={"REMIXER_T5_CPU_BLAS": "mkl"}, cpu_only=True)
-  logs = []  # auto: XLA's own dots, with every library's reason in one line
-  assert cpu_blas.configure(log=logs.append, environ={"REMIXER_T5_CPU_BLAS": "auto"}, cpu_only=True) is False
-  assert len(logs) == 1 and "CPU matmuls: XLA's own (onednn: no libdnnl" in logs[0] and "mkl: no libmkl_rt" in logs[0]
+  logs = []  # auto (the default): XLA's own dots, with the reason in one line
+  assert cpu_blas.configure(log=logs.append, environ={}, cpu_only=True) is False
+  assert len(logs) == 1 and "CPU matmuls: XLA's own (mkl: no libmkl_rt" in logs[0]
   assert cpu_blas.applied is False
 
 
@@ -103,7 +105,8 @@ def test_products_and_gradients_match_xla_and_tpu_lowering_keeps_dot(backend, tm
   r = json.loads(proc.stdout.strip().splitlines()[-1])
   assert r["on"] is True and r["devices"] == 1
   assert any("building cpu_sgemm.cc" in m for m in r["logs"])  # built into the given cache, once
-  assert any(f"CPU matmuls: {'oneDNN' if backend == 'onednn' else 'Intel'}" in m for m in r["logs"]), r["logs"]
+  assert any("CPU matmuls: Intel(R) oneAPI Math Kernel Library" in m and "cblas_sgemm_64" in m for m in r["logs"]), \
+      r["logs"]
   assert "via FFI" in r["describe"]
   assert len(list((tmp_path / "cpu_blas").glob("cpu_sgemm-*.so"))) == 1
   # Forward product and both gradients, with and without transposes, against XLA's: float32 rounding only.
