@@ -24,7 +24,7 @@ installed, x86-64 only), found in this environment's lib/ folder (or the user's,
 
 When: `configure()` is called by the CLI for train, eval, bench and repro before JAX starts, and acts only when
 JAX will run on CPU alone. `$REMIXER_T5_CPU_BLAS` = `auto` (default: MKL when it is installed and the handler
-builds, else XLA's dots, saying why in one line), `mkl` (MKL, or an error saying why not) or `off`. Even when
+builds, else XLA's dots, saying why in one line when MKL is installed but unusable), `mkl` (MKL, or an error saying why not) or `off`. Even when
 configured, `matmul` uses the call only for float32 2-D operands in a process with one JAX device: the custom
 call cannot be partitioned, so meshes of several CPU devices (`--xla_force_host_platform_device_count`,
 multi-process gloo runs) keep XLA's dot. Benchmark rows record `describe()`.
@@ -52,6 +52,7 @@ BACKENDS = ("mkl",)  # `auto` tries them in this order
 TARGET = "remixer_sgemm"
 SOURCE = Path(__file__).with_name("csrc") / "cpu_sgemm.cc"
 MKL_THREADING_GNU = 3  # MKL_Set_Threading_Layer's value for GNU OpenMP
+MKL_LIB, MKL_PACKAGE = "libmkl_rt.so*", "-e '.[mkl]'"
 
 applied = False  # set by configure()
 _loaded: dict = {}  # what load() registered: backend, description, threads
@@ -59,6 +60,10 @@ _loaded: dict = {}  # what load() registered: backend, description, threads
 
 class Unavailable(RuntimeError):
   """A library or the handler cannot be used here; the message says why."""
+
+
+class NotInstalled(Unavailable):
+  """The library is not in this environment (`auto` then says nothing: XLA's dots are the plain default)."""
 
 
 def cores() -> int:
@@ -74,7 +79,7 @@ def _lib(pattern: str, package: str) -> str:
     found = sorted(glob.glob(os.path.join(folder, pattern)))
     if found:
       return found[0]
-  raise Unavailable(f"no {pattern} in {' or '.join(folders)} (pip install {package})")
+  raise NotInstalled(f"no {pattern} in {' or '.join(folders)} (pip install {package})")
 
 
 def _address(fn) -> ctypes.c_void_p:
@@ -86,7 +91,7 @@ def find_sgemm(backend: str) -> tuple[ctypes.c_void_p, ctypes.c_void_p, str]:
   `backend` ('mkl'); Unavailable naming what is missing."""
   if backend != "mkl":
     raise ValueError(f"unknown CPU BLAS {backend!r}: expected one of {', '.join(BACKENDS)}")
-  path = _lib("libmkl_rt.so*", "-e '.[mkl]'")
+  path = _lib(MKL_LIB, MKL_PACKAGE)
   try:
     ctypes.CDLL("libgomp.so.1")  # MKL's GNU threading layer needs it; without it MKL would fail inside a product
   except OSError:
@@ -160,8 +165,11 @@ def load(backend: str, environ: MutableMapping[str, str] | None = None,
       raise Unavailable(f"this process already registered {_loaded['backend']}; one CPU BLAS per process")
     return _loaded
   import jax
+  if backend not in BACKENDS:
+    raise ValueError(f"unknown CPU BLAS {backend!r}: expected one of {', '.join(BACKENDS)}")
+  _lib(MKL_LIB, MKL_PACKAGE)  # NotInstalled before anything is built or loaded
+  handler = ctypes.CDLL(str(build(environ, log)))  # before MKL is loaded into the process
   sgemm, set_threads, what = find_sgemm(backend)
-  handler = ctypes.CDLL(str(build(environ, log)))
   threads = cores()
   handler.remixer_set_blas(sgemm, set_threads, ctypes.c_int(threads), ctypes.c_int(0))  # 0: CBLAS's signature
   jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(handler.RemixerSgemm), platform="cpu")
@@ -193,9 +201,10 @@ def configure(log: Callable[[str], None] | None = None, environ: MutableMapping[
     except Unavailable as e:
       if mode != "auto":
         raise ValueError(f"${ENV}={mode}: {e}") from None
-      reasons.append(f"{backend}: {e}")
+      if not isinstance(e, NotInstalled):  # installed but unusable: say why
+        reasons.append(f"{backend}: {e}")
   else:
-    if log:
+    if log and reasons:
       log(f"CPU matmuls: XLA's own ({'; '.join(reasons)}); see remixer_t5/cpu_blas.py")
     return False
   applied = True

@@ -20,7 +20,7 @@ HAS_CXX = bool(os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++
 
 def _available() -> list[str]:
   try:
-    cpu_blas.find_sgemm("mkl")
+    cpu_blas._lib(cpu_blas.MKL_LIB, cpu_blas.MKL_PACKAGE)  # installed (not loaded into the test process)
     return ["mkl"]
   except cpu_blas.Unavailable:
     return []
@@ -58,10 +58,21 @@ def test_missing_library_is_named(monkeypatch, tmp_path):
     cpu_blas.find_sgemm("onednn")
   with pytest.raises(ValueError, match=r"\$REMIXER_T5_CPU_BLAS=mkl: no libmkl_rt"):
     cpu_blas.configure(environ={"REMIXER_T5_CPU_BLAS": "mkl"}, cpu_only=True)
-  logs = []  # auto (the default): XLA's own dots, with the reason in one line
+  logs = []  # auto (the default) without MKL installed: XLA's own dots, silently (the plain default)
   assert cpu_blas.configure(log=logs.append, environ={}, cpu_only=True) is False
-  assert len(logs) == 1 and "CPU matmuls: XLA's own (mkl: no libmkl_rt" in logs[0]
+  assert logs == [] and cpu_blas.applied is False
+
+
+@pytest.mark.skipif(not shutil.which("false"), reason="no `false` program to stand in for a failing compiler")
+@pytest.mark.skipif(not AVAILABLE, reason="needs MKL in this venv (pip install -e '.[mkl]')")
+def test_installed_but_unusable_says_why_in_one_line(tmp_path):
+  env = {"CXX": shutil.which("false"), "REMIXER_T5_CACHE_DIR": str(tmp_path)}
+  logs = []  # auto: MKL is there but the handler does not build: XLA's dots, and one line saying why
+  assert cpu_blas.configure(log=logs.append, environ=env, cpu_only=True) is False
   assert cpu_blas.applied is False
+  assert logs[-1].startswith("CPU matmuls: XLA's own (mkl: building cpu_sgemm.cc with") and "failed (exit 1)" in logs[-1]
+  with pytest.raises(ValueError, match=r"\$REMIXER_T5_CPU_BLAS=mkl: building cpu_sgemm.cc .* failed"):
+    cpu_blas.configure(environ={**env, "REMIXER_T5_CPU_BLAS": "mkl"}, cpu_only=True)
 
 
 def test_build_failure_and_missing_compiler_are_reported(tmp_path):
