@@ -91,6 +91,12 @@ import json, os, jax, jax.numpy as jnp, numpy as np
 from remixer_t5 import cpu_blas
 logs = []
 on = cpu_blas.configure(log=logs.append)
+grad = lambda: jax.jit(jax.grad(lambda x, w: jnp.sum(cpu_blas.matmul(x, w) ** 2), argnums=(0, 1)))
+count = lambda m, k, n: grad().lower(jnp.ones((m, k)), jnp.ones((k, n))).as_text().count("@remixer_sgemm")
+# The default threshold: a product under MIN_FLOPS keeps XLA's dot, one at it goes to MKL.
+threshold = cpu_blas.MIN_FLOPS
+sizes = {"under": count(64, 32, 48), "at": count(threshold // 2 // (256 * 256) + 1, 256, 256)}
+cpu_blas.MIN_FLOPS = 0  # every product below, to check the call on small shapes too
 rng = np.random.default_rng(0)
 worst = 0.0
 for m, k, n in ((300, 70, 130), (7, 512, 1024), (1037, 256, 515)):
@@ -98,13 +104,14 @@ for m, k, n in ((300, 70, 130), (7, 512, 1024), (1037, 256, 515)):
   ours = jax.jit(lambda x, w, g: (cpu_blas.matmul(x, w), *jax.vjp(cpu_blas.matmul, x, w)[1](g)))(x, w, g)
   ref = jax.jit(lambda x, w, g: (jnp.dot(x, w), *jax.vjp(jnp.dot, x, w)[1](g)))(x, w, g)
   worst = max(worst, *(float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b))) for a, b in zip(ours, ref)))
-f = jax.jit(jax.grad(lambda x, w: jnp.sum(cpu_blas.matmul(x, w) ** 2), argnums=(0, 1)))
+f = grad()
 x, w = jnp.ones((64, 32)), jnp.ones((32, 48))
 cpu_hlo = f.lower(x, w).as_text()
 tpu_hlo = f.trace(x, w).lower(lowering_platforms=("tpu",)).as_text()
 print(json.dumps({"on": on, "logs": logs, "worst": worst, "describe": cpu_blas.describe(),
                   "devices": jax.device_count(), "cpu_calls": cpu_hlo.count("remixer_sgemm"),
-                  "tpu_calls": tpu_hlo.count("remixer_sgemm"), "tpu_dots": tpu_hlo.count("dot_general")}))
+                  "tpu_calls": tpu_hlo.count("remixer_sgemm"), "tpu_dots": tpu_hlo.count("dot_general"),
+                  "threshold": threshold, "sizes": sizes}))
 """
 
 
@@ -124,6 +131,8 @@ def test_products_and_gradients_match_xla_and_tpu_lowering_keeps_dot(backend, tm
   assert r["worst"] < 1e-5
   # The CPU program calls the sgemm three times (product, dX, dW); a TPU lowering of the same function has none.
   assert r["cpu_calls"] == 3 and r["tpu_calls"] == 0 and r["tpu_dots"] >= 3
+  # Products under the threshold keep XLA's dot (COGS-sized layers were slower through MKL).
+  assert r["threshold"] > 0 and r["sizes"] == {"under": 0, "at": 3}
 
 
 @needs_backend
@@ -133,12 +142,14 @@ def test_several_devices_keep_xla_dot(tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   r = json.loads(proc.stdout.strip().splitlines()[-1])
   assert r["on"] is True and r["devices"] == 2 and r["cpu_calls"] == 0 and r["worst"] == 0.0
+  assert r["sizes"] == {"under": 0, "at": 0}
 
 
 TRAIN = """
 import json, jax, jax.numpy as jnp, numpy as np
 from remixer_t5 import bench_train, cpu_blas, gin_utils
 on = cpu_blas.configure()
+cpu_blas.MIN_FLOPS = 0  # T5.1.1 tiny's products are all under the default threshold
 gin_utils.parse_gin(["models/t5_1_1/tiny.gin"], ["DROPOUT_RATE=0.0"])
 lengths = {"inputs": 24, "targets": 12}
 built = bench_train.from_gin(4, lengths)
