@@ -4,8 +4,8 @@ Why: on the 2-core Cascade Lake of docs/benchmarks.md, XLA:CPU's float32 product
 0.10.2) ran at 98-156 GFLOP/s where PyTorch's MKL sgemm reached 113-231, and most of our train step is those
 products (77% of config B's: T5.1.1-small, batch 8, 512/114). That gap kept our step behind Hugging Face's
 PyTorch T5 (issue 19 §2). Calling MKL from inside the jitted step (scripts/bench_step_blas.py) made config B's
-step ~10% faster in most rounds (0.89x XLA's over two rounds at 8e1e364; 0.88-0.90x in the session before); on
-config A (d 256) the gain is within the noise. oneDNN 3.2's dnnl_sgemm (pip's onednn-cpu-gomp) was 1.29x
+step ~10% faster in most rounds (0.89x XLA's over two rounds at 8e1e364; 0.88-0.90x in the session before), and
+config A's (d 256) 7% faster once small products keep XLA's dot (MIN_FLOPS, below). oneDNN 3.2's dnnl_sgemm (pip's onednn-cpu-gomp) was 1.29x
 slower than XLA's own dots on B, and MKL cut into single-threaded blocks on XLA's pool no faster than XLA
 (0.99x), so neither is offered here (the script keeps them as variants).
 
@@ -24,10 +24,11 @@ installed, x86-64 only), found in this environment's lib/ folder (or the user's,
 
 When: `configure()` is called by the CLI for train, eval, bench and repro before JAX starts, and acts only when
 JAX will run on CPU alone. `$REMIXER_T5_CPU_BLAS` = `auto` (default: MKL when it is installed and the handler
-builds, else XLA's dots, saying why in one line when MKL is installed but unusable), `mkl` (MKL, or an error saying why not) or `off`. Even when
-configured, `matmul` uses the call only for float32 2-D products of at least MIN_FLOPS (below) in a process with
-one JAX device: the custom call cannot be partitioned, so meshes of several CPU devices (`--xla_force_host_platform_device_count`,
-multi-process gloo runs) keep XLA's dot. Benchmark rows record `describe()`.
+builds, else XLA's dots, saying why in one line when MKL is installed but unusable), `mkl` (MKL, or an error
+saying why not) or `off`. Even when configured, `matmul` uses the call only for float32 2-D products of at
+least MIN_FLOPS (below) in a process with one JAX device: the custom call cannot be partitioned, so meshes of
+several CPU devices (`--xla_force_host_platform_device_count`, multi-process gloo runs) keep XLA's dot.
+Benchmark rows record `describe()`.
 
 Numerics: the same products in another summation order (relative differences ~1e-6, as between XLA's own
 routes); the calling thread flushes subnormals as XLA:CPU's threads do.
