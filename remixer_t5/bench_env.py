@@ -2,7 +2,7 @@
 
 A CPU figure means little without what decided it: the CPU model and its vector extensions (AVX-512, AMX:
 which kernels XLA and PyTorch pick), the cores usable, the XLA flags in force (the CLI's XLA:CPU option),
-the library Dense's products ran on (`cpu_blas`: oneDNN's or MKL's sgemm, or None for XLA's own), the host
+the library Dense's products ran on (`cpu_blas`: MKL's sgemm, or None for XLA's own), the host
 allocator policy, the thread counts PyTorch and OpenMP/MKL use, the load average around the
 measurement, the commit, and the versions. `environment()` gathers them into the row.
 

@@ -539,7 +539,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       host_memory.configure(log=lambda m: print(m, file=sys.stderr, flush=True))
       # before JAX starts its backend: XLA reads $XLA_FLAGS once
       xla_cpu.configure(log=lambda m: print(m, file=sys.stderr, flush=True))
-      # Dense's float32 products through oneDNN's/MKL's sgemm on CPU-only runs
+      # Dense's larger float32 products through MKL's sgemm on CPU-only runs, where MKL is installed
       from remixer_t5 import cpu_blas
       cpu_blas.configure(log=lambda m: print(m, file=sys.stderr, flush=True))
     if args.command in ("train", "eval"):

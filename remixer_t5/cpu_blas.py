@@ -5,9 +5,9 @@ Why: on the 2-core Cascade Lake of docs/benchmarks.md, XLA:CPU's float32 product
 products (77% of config B's: T5.1.1-small, batch 8, 512/114). That gap kept our step behind Hugging Face's
 PyTorch T5 (issue 19 §2). Calling MKL from inside the jitted step (scripts/bench_step_blas.py) made config B's
 step ~10% faster in most rounds (0.89x XLA's over two rounds at 8e1e364; 0.88-0.90x in the session before), and
-config A's (d 256) 7% faster once small products keep XLA's dot (MIN_FLOPS, below). oneDNN 3.2's dnnl_sgemm (pip's onednn-cpu-gomp) was 1.29x
-slower than XLA's own dots on B, and MKL cut into single-threaded blocks on XLA's pool no faster than XLA
-(0.99x), so neither is offered here (the script keeps them as variants).
+config A's (d 256) 7% faster once small products keep XLA's dot (MIN_FLOPS, below). oneDNN 3.2's dnnl_sgemm
+(pip's onednn-cpu-gomp) was 1.29x slower than XLA's own dots on B, and MKL cut into single-threaded blocks on
+XLA's pool no faster than XLA (0.99x), so neither is offered here (the script keeps them as variants).
 
 How: `csrc/cpu_sgemm.cc`, an XLA FFI handler (jax.ffi; headers from jaxlib) for one 2-D float32 product with
 either operand transposed, is compiled on first use with the system's C++ compiler ($CXX, else c++/g++) into
@@ -224,11 +224,13 @@ def describe() -> str | None:
   """What Dense's products run on, for benchmark rows: None for XLA's own."""
   if not applied:
     return None
+  if not _loaded:  # a caller's own `route` (scripts/bench_step_blas.py's rows say which in `blas`)
+    return "the caller's own sgemm route, via FFI"
   return f"{_loaded['description']}, {_loaded['threads']} threads, via FFI"
 
 
-def _gemm(a, b, transpose_a: bool, transpose_b: bool):
-  """op(a) @ op(b): the registered sgemm on CPU, XLA's dot on any other platform."""
+def _gemm(a, b, transpose_a: bool, transpose_b: bool, target: str):
+  """op(a) @ op(b): the registered sgemm `target` on CPU, XLA's dot on any other platform."""
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -236,7 +238,7 @@ def _gemm(a, b, transpose_a: bool, transpose_b: bool):
   n = b.shape[0] if transpose_b else b.shape[1]
 
   def blas(a, b):
-    call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((m, n), jnp.float32), vmap_method="sequential")
+    call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((m, n), jnp.float32), vmap_method="sequential")
     return call(a, b, transpose_a=np.int64(transpose_a), transpose_b=np.int64(transpose_b))
 
   def xla(a, b):
@@ -245,36 +247,43 @@ def _gemm(a, b, transpose_a: bool, transpose_b: bool):
   return jax.lax.platform_dependent(a, b, cpu=blas, default=xla)
 
 
-def _make_matmul():
+def make_matmul(target: str = TARGET, on_trace: Callable[[], None] | None = None):
+  """x [M, K] @ w [K, N] through the custom call `target`, its VJP through the same call; `on_trace` is called
+  for each call traced into a program (scripts/bench_step_blas.py counts them)."""
   import jax
+
+  def gemm(a, b, transpose_a, transpose_b):
+    if on_trace is not None:
+      on_trace()
+    return _gemm(a, b, transpose_a, transpose_b, target)
 
   @jax.custom_vjp
   def blas_matmul(x, w):
-    return _gemm(x, w, False, False)
+    return gemm(x, w, False, False)
 
   def fwd(x, w):
-    return _gemm(x, w, False, False), (x, w)
+    return gemm(x, w, False, False), (x, w)
 
   def bwd(residuals, g):
     x, w = residuals
-    return _gemm(g, w, False, True), _gemm(x, g, True, False)  # dX = dY W^T, dW = X^T dY
+    return gemm(g, w, False, True), gemm(x, g, True, False)  # dX = dY W^T, dW = X^T dY
 
   blas_matmul.defvjp(fwd, bwd)
   return blas_matmul
 
 
-_matmul = None
+route = None  # the product `matmul` uses once applied: make_matmul() by default (the script sets its own)
 
 
 def matmul(x, w):
   """x [M, K] @ w [K, N]: through the configured sgemm for float32 operands in a one-device process (module
   docstring), else `jnp.dot`."""
-  global _matmul
+  global route
   import jax
   import jax.numpy as jnp
   if not (applied and x.ndim == 2 and w.ndim == 2 and x.dtype == jnp.float32 and w.dtype == jnp.float32
           and 2 * x.shape[0] * x.shape[1] * w.shape[1] >= MIN_FLOPS and jax.device_count() == 1):
     return jnp.dot(x, w)
-  if _matmul is None:
-    _matmul = _make_matmul()
-  return _matmul(x, w)
+  if route is None:
+    route = make_matmul()
+  return route(x, w)

@@ -60,7 +60,7 @@ class Dense(nn.Module):
     # contracts over two of them and XLA:CPU then materialises a transposed copy of the activation gradient
     # for every kernel gradient (~1.6x slower MLP forward + backward at config A's shapes, docs/benchmarks.md).
     # Only the batch and length axes are merged, neither or only the batch axis sharded (partitioning.py).
-    # On CPU-only runs the product may go to oneDNN's or MKL's sgemm (cpu_blas.py; else it is jnp.dot).
+    # On CPU-only runs the product may go to MKL's sgemm (cpu_blas.py; else it is jnp.dot).
     y = cpu_blas.matmul(x.reshape(-1, x.shape[-1]).astype(self.dtype), kernel.astype(self.dtype))
     return y.reshape(*x.shape[:-1], self.features)
 

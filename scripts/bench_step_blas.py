@@ -2,8 +2,8 @@
 
 docs/benchmarks.md found our step behind HF's PyTorch step on a Cascade Lake (config A 1.10x and B 1.14x with
 both in one process; 1.01x and 1.07x with the reference in its own) and XLA:CPU's products slower than MKL's
-alone (scripts/bench_gemm_rates.py). This asks whether calling a faster BLAS from inside the step closes the gap: every `layers.Dense` product (forward, dX = dY W^T and dW = X^T dY)
-becomes an XLA FFI custom call (the library's remixer_t5/csrc/cpu_sgemm.cc, compiled here with $CXX or c++
+alone (scripts/bench_gemm_rates.py). This asks whether calling a faster BLAS from inside the step closes the
+gap: every `layers.Dense` product (forward, dX = dY W^T and dW = X^T dY) becomes an XLA FFI custom call (the library's remixer_t5/csrc/cpu_sgemm.cc, compiled here with $CXX or c++
 against jaxlib's FFI headers into a temporary folder) to one of:
 
   xla            XLA:CPU's own dots, with the CLI's flag (YNNPACK) - the baseline
@@ -23,7 +23,8 @@ for `--rounds` rounds, and each round prints one JSON row: the median of `--step
 products cut into blocks by rows and by columns and their gradients (`check_rel_err`), how many custom calls
 the traced step holds (`custom_calls_in_step`; 0 would mean the swap did not take), the machine (bench_env), the load average and the commit. A summary line per variant gives the
 median over rounds and the ratio to `xla`. Configs as scripts/bench_cpu_vs_hf.sh (A, B), plus `tiny` for the
-test. An experiment, not a library feature: the result is in docs/benchmarks.md.
+test. Unlike the library's route (remixer_t5/cpu_blas.py: MKL on its own threads, products of at least
+MIN_FLOPS), every product goes to the variant's sgemm. Results: docs/benchmarks.md.
 
   python scripts/bench_step_blas.py --config A --rounds 3 [--variants xla,openblas-pool,mkl] [--out rows.jsonl]
 """
@@ -109,27 +110,6 @@ def load_blas(variant: str) -> tuple[object, object, int, bool, str]:
 TRACED_CALLS = [0]  # custom calls put into traced programs so far (each trace of a product adds one)
 
 
-def make_matmul():
-  """x [M, K] @ w [K, N] through the registered custom call, with its VJP through the same call."""
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
-
-  def gemm(a, b, ta: bool, tb: bool):
-    TRACED_CALLS[0] += 1
-    m, n = (a.shape[1] if ta else a.shape[0]), (b.shape[0] if tb else b.shape[1])
-    return jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((m, n), jnp.float32), vmap_method="sequential")(
-        a, b, transpose_a=np.int64(ta), transpose_b=np.int64(tb))
-
-  @jax.custom_vjp
-  def matmul(x, w):
-    return gemm(x, w, False, False)
-
-  matmul.defvjp(lambda x, w: (gemm(x, w, False, False), (x, w)),
-                lambda res, g: (gemm(g, res[1], False, True), gemm(res[0], g, True, False)))
-  return matmul
-
-
 # [M, K] x [K, N] test products: unblocked, cut by rows (M >= N) and by columns, into blocks that do not divide
 # evenly; their gradients add the transposed cases (dX = dY W^T, dW = X^T dY).
 CHECK_SHAPES = ((300, 70, 130), (1037, 256, 515), (515, 256, 1037))
@@ -156,30 +136,19 @@ def child(args) -> int:
   host_memory.configure()  # the CLI's malloc policy, before JAX starts threads
   bench_env.set_xla_flags(None)  # the CLI's CPU flag
   import jax
-  import jax.numpy as jnp
-  import numpy as np
 
-  from remixer_t5 import bench_train, gin_utils, layers
+  from remixer_t5 import bench_train, cpu_blas, gin_utils
   row = {"variant": args.child, "config": args.config}
   if args.child != "xla":
     sgemm, set_threads, per_call, is_dnnl, what = load_blas(args.child)
     handler = ctypes.CDLL(args.handler)
     handler.remixer_set_blas(sgemm, set_threads, ctypes.c_int(per_call), ctypes.c_int(int(is_dnnl)))
     jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(handler.RemixerSgemm), platform="cpu")
-    matmul = make_matmul()
+    matmul = cpu_blas.make_matmul(TARGET, on_trace=lambda: TRACED_CALLS.__setitem__(0, TRACED_CALLS[0] + 1))
     row.update(blas=what, threads_per_call=per_call or "blocks on XLA's pool",
                check_rel_err=check_rel_err(matmul))
-
-    class BlasDense(layers.Dense):  # layers.Dense with its product swapped (the rest as there)
-      @layers.nn.compact
-      def __call__(self, x):
-        if jnp.dtype(self.dtype) != jnp.float32:
-          raise SystemExit(f"bench_step_blas: the custom call is float32 only; this model's Dense is {self.dtype}")
-        kernel = layers.param_with_axes("kernel", self.kernel_init, (x.shape[-1], self.features), jnp.float32,
-                                        axes=self.kernel_axes)
-        y = matmul(x.reshape(-1, x.shape[-1]).astype(self.dtype), kernel.astype(self.dtype))
-        return y.reshape(*x.shape[:-1], self.features)
-    layers.Dense = BlasDense  # the mixers and the network look it up as layers.Dense when they run
+    # layers.Dense's products through this variant's call: every float32 product, whatever its size
+    cpu_blas.route, cpu_blas.applied, cpu_blas.MIN_FLOPS = matmul, True, 0
   bindings, batch, inputs, targets = CONFIGS[args.config]
   gin_utils.parse_gin(["models/t5_1_1/small.gin"], ["DROPOUT_RATE=0.0", *bindings])
   built = bench_train.from_gin(batch, {"inputs": inputs, "targets": targets})
