@@ -542,6 +542,9 @@ def main(argv: Sequence[str] | None = None) -> int:
       # Dense's larger float32 products through MKL's sgemm on CPU-only runs, where MKL is installed
       from remixer_t5 import cpu_blas
       cpu_blas.configure(log=lambda m: print(m, file=sys.stderr, flush=True))
+      # causal HyperMixing as a fused C++ loop on CPU-only runs (built when a model first needs it)
+      from remixer_t5 import cpu_hypermixing
+      cpu_hypermixing.configure(log=lambda m: print(m, file=sys.stderr, flush=True))
     if args.command in ("train", "eval"):
       from remixer_t5 import distributed
       distributed.maybe_initialize(args.coordinator_address, args.num_processes, args.process_id,

@@ -11,8 +11,8 @@ XLA's pool no faster than XLA (0.99x), so neither is offered here (the script ke
 
 How: `csrc/cpu_sgemm.cc`, an XLA FFI handler (jax.ffi; headers from jaxlib) for one 2-D float32 product with
 either operand transposed, is compiled on first use with the system's C++ compiler ($CXX, else c++/g++) into
-`$REMIXER_T5_CACHE_DIR/cpu_blas/` (default ~/.cache/remixer_t5; keyed by the source, the jaxlib version and the
-compiler; written under a temporary name and renamed), loaded, given the address of MKL's `cblas_sgemm_64`,
+`$REMIXER_T5_CACHE_DIR/cpu_blas/` (default ~/.cache/remixer_t5; cpu_ffi.py: keyed by the source, the flags, the
+jaxlib version and the compiler; written under a temporary name and renamed), loaded, given the address of MKL's `cblas_sgemm_64`,
 and registered as the custom call `remixer_sgemm` on CPU. `matmul(x, w)` is a `custom_vjp` whose forward
 product and both backward products (dX = dY W^T, dW = X^T dY: the sgemm takes the transposes as flags) are
 that call, each behind `lax.platform_dependent`, so a program lowered for TPU or GPU (`remixer-t5 compile`)
@@ -37,14 +37,12 @@ from __future__ import annotations
 
 import ctypes
 import glob
-import hashlib
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Callable, MutableMapping
+
+from remixer_t5 import cpu_ffi
 
 ENV = "REMIXER_T5_CPU_BLAS"
 MODES = ("auto", "mkl", "off")
@@ -64,8 +62,7 @@ applied = False  # set by configure()
 _loaded: dict = {}  # what load() registered: backend, description, threads
 
 
-class Unavailable(RuntimeError):
-  """A library or the handler cannot be used here; the message says why."""
+Unavailable = cpu_ffi.Unavailable  # a library or the handler cannot be used here; the message says why
 
 
 class NotInstalled(Unavailable):
@@ -115,50 +112,15 @@ def find_sgemm(backend: str) -> tuple[ctypes.c_void_p, ctypes.c_void_p, str]:
   return _address(lib.cblas_sgemm_64), _address(lib.MKL_Set_Num_Threads_Local), f"{version} cblas_sgemm_64, GNU OpenMP"
 
 
-def _compiler(environ: MutableMapping[str, str]) -> str:
-  cxx = environ.get("CXX", "").strip() or shutil.which("c++") or shutil.which("g++") or ""
-  if not cxx or not (os.path.isfile(cxx) or shutil.which(cxx)):
-    raise Unavailable(f"no C++ compiler ($CXX={environ.get('CXX', '')!r}, c++, g++) to build {SOURCE.name}")
-  return cxx
-
-
 def cache_dir(environ: MutableMapping[str, str] | None = None) -> Path:
-  env = os.environ if environ is None else environ
-  root = env.get("REMIXER_T5_CACHE_DIR", "").strip()
-  return (Path(root).expanduser() if root else Path.home() / ".cache" / "remixer_t5") / "cpu_blas"
+  return cpu_ffi.cache_dir("cpu_blas", environ)
 
 
 def build(environ: MutableMapping[str, str] | None = None, log: Callable[[str], None] | None = None,
           out_dir: Path | None = None) -> Path:
-  """The handler's shared library, compiled into the cache (or out_dir) unless there already; Unavailable
-  with the compiler's last lines when it fails."""
-  import jax
-  import jaxlib
-  env = os.environ if environ is None else environ
-  cxx = _compiler(env)
-  source = SOURCE.read_bytes()
-  key = hashlib.sha256(source + jaxlib.__version__.encode() + cxx.encode()).hexdigest()[:16]
-  out_dir = Path(out_dir) if out_dir is not None else cache_dir(env)
-  target = out_dir / f"cpu_sgemm-{key}.so"
-  if target.exists():
-    return target
-  out_dir.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=out_dir)
-  os.close(fd)
-  cmd = [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-w", f"-I{jax.ffi.include_dir()}", str(SOURCE), "-o", tmp]
-  if log:
-    log(f"CPU matmuls: building {SOURCE.name} with {cxx} (once; cached in {out_dir})")
-  try:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-  except (OSError, subprocess.TimeoutExpired) as e:
-    os.unlink(tmp)
-    raise Unavailable(f"building {SOURCE.name} failed: {e}") from None
-  if proc.returncode != 0:
-    os.unlink(tmp)
-    tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
-    raise Unavailable(f"building {SOURCE.name} with {cxx} failed (exit {proc.returncode}): {tail}")
-  os.replace(tmp, target)
-  return target
+  """The handler's shared library, compiled into the cache (or out_dir) unless there already (cpu_ffi.build);
+  Unavailable with the compiler's last lines when it fails."""
+  return cpu_ffi.build(SOURCE, "cpu_blas", ("-O2",), environ, log, out_dir, what="CPU matmuls")
 
 
 def load(backend: str, environ: MutableMapping[str, str] | None = None,

@@ -21,6 +21,9 @@ os.environ.setdefault("REMIXER_T5_HOST_MALLOC", "off")
 # The CLI sends Dense's products to MKL when the venv has it (cpu_blas.py; the test extra installs it): the suite
 # runs XLA's own dots, as a default install does, and tests/test_cpu_blas.py turns MKL on where it checks it.
 os.environ.setdefault("REMIXER_T5_CPU_BLAS", "off")
+# Likewise causal HyperMixing's fused C++ loop (cpu_hypermixing.py, on by default for CLI runs on a CPU): the suite
+# checks the layer's scan, and tests/test_cpu_hypermixing.py checks the loop against it.
+os.environ.setdefault("REMIXER_T5_CPU_HYPERMIXING", "off")
 # One persistent XLA compilation cache for the whole run, shared by the xdist workers and the CLI subprocesses
 # the tests start (they inherit the environment): dozens of tests train the same tiny configurations, and each
 # distinct program then compiles once. Fresh per run (removed at exit), so no run reads another's programs; set

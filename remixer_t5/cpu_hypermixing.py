@@ -1,0 +1,162 @@
+"""CPU-only runs: causal HyperMixing (mixers/hypermixer.py, `HyperMixing._causal`) as one fused C++ loop.
+
+Why: the causal form's hidden state is a d'×d matrix per position, and XLA's chunked scan writes every
+position's state to memory and runs the GELU over it from there (at COGS's shapes, batch 4 × 320 positions ×
+d' 288 × d 128, 47M floats per layer pass). That made HyperMixer's COGS train step 0.83 s on 2 cores against
+T5.1.1's ~0.13 s, and its 12,000-step runs ~2.8 h (docs/reproductions.md). `csrc/hypermixing_causal.cc` keeps
+one running state per sequence in cache and walks the positions; its gradient walks them in reverse from
+states saved every `BLOCK` positions (the file's header has the equations). At COGS's shapes a decoder
+layer's forward + backward took 85 ms against the scan's 300 (docs/benchmarks.md).
+
+How: the handler is compiled on first use (cpu_ffi.py: the system's C++ compiler, `-O3 -march=native`, cached
+under `$REMIXER_T5_CACHE_DIR/cpu_hypermixing/`) and registered as the custom calls
+`remixer_hypermixing_causal` and `remixer_hypermixing_causal_grad` on CPU. `causal(...)` is a `custom_vjp`
+over the two, behind `lax.platform_dependent`: a program lowered for TPU or GPU (`remixer-t5 compile`) keeps
+the scan. Sequences are shared out over XLA's intra-op threads.
+
+When: `configure()` is called by the CLI for train, eval, bench and repro, and arms the route only when JAX will
+run on CPU alone; `$REMIXER_T5_CPU_HYPERMIXING` = `auto` (default: the kernel when it builds, else the scan,
+saying why in one line), `on` (the kernel, or an error saying why not) or `off`. It is built the first time a
+causal HyperMixing layer is traced (a T5 run never builds it), and used only for float32 in a process with one
+JAX device (a custom call cannot be partitioned over a mesh). Decoding is untouched (it adds one position to a
+cached state).
+
+Numerics: the same sums in another order, and the GELU's Φ from Abramowitz & Stegun 7.1.26 (|error| ≤ 1.5e-7
+in erf) instead of XLA's erf: outputs and gradients within ~1e-6 of the scan's, relative to their largest
+values (tests/test_cpu_hypermixing.py).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+from typing import Callable, MutableMapping
+
+from remixer_t5 import cpu_ffi
+
+ENV = "REMIXER_T5_CPU_HYPERMIXING"
+MODES = ("auto", "on", "off")
+DEFAULT_MODE = "auto"
+SOURCE = cpu_ffi.CSRC / "hypermixing_causal.cc"
+FORWARD, BACKWARD = "remixer_hypermixing_causal", "remixer_hypermixing_causal_grad"
+# States saved for the backward pass every BLOCK positions; the backward recomputes a block's states from
+# there (BLOCK × d' × d floats a thread, 1.2 MB at COGS's d' 288, d 128).
+BLOCK = 8
+
+armed = False  # configure() allows the kernel; it is built when first needed
+mode = "off"
+_log: Callable[[str], None] | None = None
+_environ: MutableMapping[str, str] | None = None
+_state: dict = {}  # 'registered': True, or 'failed': the reason
+
+
+def flags() -> tuple[str, ...]:
+  """-O3 for this CPU; on x86-64, 512-bit vectors where it has them (GCC prefers 256 by default)."""
+  extra = ("-mprefer-vector-width=512",) if platform.machine() in ("x86_64", "AMD64") else ()
+  return ("-O3", "-march=native", "-fopenmp-simd", *extra)
+
+
+def build(environ: MutableMapping[str, str] | None = None, log: Callable[[str], None] | None = None,
+          out_dir=None):
+  return cpu_ffi.build(SOURCE, "cpu_hypermixing", flags(), environ, log, out_dir, what="causal HyperMixing")
+
+
+def configure(log: Callable[[str], None] | None = None, environ: MutableMapping[str, str] | None = None,
+              cpu_only: bool | None = None) -> bool:
+  """Arms the kernel when wanted (module docstring); returns whether it did. ValueError for a bad mode."""
+  global armed, mode, _log, _environ
+  env = os.environ if environ is None else environ
+  chosen = env.get(ENV, DEFAULT_MODE).strip().lower() or DEFAULT_MODE
+  if chosen not in MODES:
+    raise ValueError(f"${ENV}={env[ENV]!r}: expected one of {', '.join(MODES)}")
+  if chosen == "off":
+    return False
+  if cpu_only is None:
+    from remixer_t5 import host_memory
+    cpu_only = host_memory.jax_runs_on_cpu_only()
+  if not cpu_only:
+    return False
+  armed, mode, _log, _environ = True, chosen, log, environ
+  return True
+
+
+def _register() -> bool:
+  """Builds and registers the handlers once per process; False (after one line, in `auto`) if that fails."""
+  if _state.get("registered"):
+    return True
+  if "failed" in _state:
+    return False
+  import jax
+  try:
+    lib = ctypes.CDLL(str(build(_environ, _log)))
+  except (cpu_ffi.Unavailable, OSError) as e:
+    _state["failed"] = str(e)
+    if mode == "on":
+      raise ValueError(f"${ENV}=on: {e}") from None
+    if _log:
+      _log(f"causal HyperMixing: XLA's scan ({e}); see remixer_t5/cpu_hypermixing.py")
+    return False
+  jax.ffi.register_ffi_target(FORWARD, jax.ffi.pycapsule(lib.RemixerHyperMixingCausal), platform="cpu")
+  jax.ffi.register_ffi_target(BACKWARD, jax.ffi.pycapsule(lib.RemixerHyperMixingCausalGrad), platform="cpu")
+  _state["registered"] = True
+  if _log:
+    _log(f"causal HyperMixing: fused C++ loop on CPU (remixer_t5/cpu_hypermixing.py; ${ENV}=off for XLA's scan)")
+  return True
+
+
+def usable(dtype) -> bool:
+  """Whether causal HyperMixing of `dtype` runs through the kernel in this process (building it if needed)."""
+  import jax
+  import jax.numpy as jnp
+  return armed and jnp.dtype(dtype) == jnp.float32 and jax.device_count() == 1 and _register()
+
+
+def describe() -> str | None:
+  """What causal HyperMixing runs on, for benchmark rows: None for XLA's scan."""
+  return "fused C++ loop via FFI" if armed and _state.get("registered") else None
+
+
+def _calls(length_normalize: bool, block: int):
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  attrs = dict(length_normalize=np.int64(length_normalize), block=np.int64(block))
+
+  def forward(w1, x, w2, mask, seg):
+    b, n, h = w1.shape
+    shapes = (jax.ShapeDtypeStruct((b, n, x.shape[-1]), jnp.float32),
+              jax.ShapeDtypeStruct((b, -(-n // block), h, x.shape[-1]), jnp.float32))
+    return jax.ffi.ffi_call(FORWARD, shapes, vmap_method="sequential")(w1, x, w2, mask, seg, **attrs)
+
+  def backward(w1, x, w2, mask, seg, ckpt, g):
+    shapes = tuple(jax.ShapeDtypeStruct(a.shape, jnp.float32) for a in (w1, x, w2))
+    return jax.ffi.ffi_call(BACKWARD, shapes, vmap_method="sequential")(w1, x, w2, mask, seg, ckpt, g, **attrs)
+
+  return forward, backward
+
+
+def causal(w1, x, w2, mask, segment_ids, length_normalize: bool, fallback: Callable, block: int = BLOCK):
+  """out_i = W2[i] GELU(Σ_{j<=i, same segment, real} W1[j]^T x_j (/ their count)), w1, w2 [b, n, d'], x [b, n, d],
+  mask [b, n] (1 for real keys), segment_ids [b, n]: through the kernel on CPU, `fallback(w1, x, w2, mask,
+  segment_ids)` (the scan) on any other platform."""
+  import jax
+  import jax.numpy as jnp
+  forward, backward = _calls(length_normalize, block)
+  f32 = lambda a: a.astype(jnp.float32)
+
+  @jax.custom_vjp
+  def kernel(w1, x, w2, mask, seg):
+    return forward(w1, x, w2, mask, seg)[0]
+
+  def kernel_fwd(w1, x, w2, mask, seg):
+    out, ckpt = forward(w1, x, w2, mask, seg)
+    return out, (w1, x, w2, mask, seg, ckpt)
+
+  def kernel_bwd(residuals, g):
+    w1, x, w2, mask, seg, ckpt = residuals
+    dw1, dx, dw2 = backward(w1, x, w2, mask, seg, ckpt, g)
+    return dw1, dx, dw2, jnp.zeros_like(mask), None  # no gradient for the mask; the ids are integers
+
+  kernel.defvjp(kernel_fwd, kernel_bwd)
+  seg = jnp.asarray(segment_ids, jnp.int32)
+  return jax.lax.platform_dependent(f32(w1), f32(x), f32(w2), f32(mask), seg, cpu=kernel, default=fallback)

@@ -1,0 +1,199 @@
+"""remixer_t5/cpu_hypermixing.py: causal HyperMixing as a fused C++ loop on CPU-only runs.
+
+The numerical checks run in a fresh process (custom calls are registered once per process, and the suite's own
+processes have 8 host devices, where the kernel is off by design) against a numpy loop over every prefix (the
+equation itself) and against the layer's own XLA scan."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from remixer_t5 import cpu_hypermixing
+
+REPO = Path(__file__).resolve().parents[1]
+HAS_CXX = bool(os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++"))
+needs_cxx = pytest.mark.skipif(not HAS_CXX, reason="needs a C++ compiler (c++, g++ or $CXX)")
+
+
+def run_py(code: str, env_extra: dict, timeout=600):
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", **env_extra}
+  env.pop("XLA_FLAGS", None)
+  env.update({k: v for k, v in env_extra.items() if k == "XLA_FLAGS"})
+  return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                        timeout=timeout, env=env, cwd=REPO)
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+  """The module's process-wide state, restored after the test."""
+  for name, value in (("armed", False), ("mode", "off"), ("_log", None), ("_environ", None), ("_state", {})):
+    monkeypatch.setattr(cpu_hypermixing, name, value)
+  return cpu_hypermixing
+
+
+def test_bad_mode_off_and_non_cpu_runs(fresh):
+  with pytest.raises(ValueError, match=r"\$REMIXER_T5_CPU_HYPERMIXING='fast': expected one of auto, on, off"):
+    fresh.configure(environ={"REMIXER_T5_CPU_HYPERMIXING": "fast"}, cpu_only=True)
+  assert fresh.configure(environ={"REMIXER_T5_CPU_HYPERMIXING": "off"}, cpu_only=True) is False
+  assert fresh.configure(environ={"REMIXER_T5_CPU_HYPERMIXING": "on"}, cpu_only=False) is False  # TPU or GPU
+  assert fresh.armed is False and fresh.describe() is None
+  assert fresh.usable("float32") is False  # not armed: the scan, and nothing is built
+
+
+@pytest.mark.skipif(not shutil.which("false"), reason="no `false` program to stand in for a failing compiler")
+def test_failing_build_falls_back_in_one_line_or_is_an_error(fresh, tmp_path):
+  env = {"CXX": shutil.which("false"), "REMIXER_T5_CACHE_DIR": str(tmp_path)}
+  logs = []
+  assert fresh.configure(log=logs.append, environ=env, cpu_only=True) is True  # armed; built when first needed
+  assert fresh._register() is False and fresh._register() is False  # tried once
+  assert len([m for m in logs if "XLA's scan" in m]) == 1
+  assert logs[-1].startswith("causal HyperMixing: XLA's scan (building hypermixing_causal.cc with") and \
+      "failed (exit 1)" in logs[-1]
+  assert list((tmp_path / "cpu_hypermixing").iterdir()) == []  # nothing half-written in the cache
+  fresh._state.clear()
+  assert fresh.configure(environ={**env, "REMIXER_T5_CPU_HYPERMIXING": "on"}, cpu_only=True) is True
+  with pytest.raises(ValueError, match=r"\$REMIXER_T5_CPU_HYPERMIXING=on: building hypermixing_causal.cc .* failed"):
+    fresh._register()
+  with pytest.raises(fresh.cpu_ffi.Unavailable, match=r"no C\+\+ compiler \(\$CXX='/nonexistent/cxx'"):
+    fresh.build(environ={"CXX": "/nonexistent/cxx"}, out_dir=tmp_path)
+
+
+CHECK = """
+import json, math, types
+import jax, jax.numpy as jnp, numpy as np
+from remixer_t5 import cpu_hypermixing
+from remixer_t5.mixers import hypermixer
+logs = []
+armed = cpu_hypermixing.configure(log=logs.append)
+
+
+def numpy_causal(w1, x, w2, mask, seg, length_normalize):
+  # The equation over every prefix: out_i = W2[i] GELU(sum_{j<=i, same segment, real} W1[j]^T x_j (/ count)).
+  erf = np.vectorize(math.erf)
+  b, n, _ = w1.shape
+  out = np.zeros(x.shape)
+  for r in range(b):
+    for i in range(n):
+      j0 = i
+      while j0 > 0 and seg[r, j0 - 1] == seg[r, i]:
+        j0 -= 1
+      m = mask[r, j0:i + 1].astype(np.float64)
+      s = np.einsum("j,jh,jd->hd", m, w1[r, j0:i + 1], x[r, j0:i + 1])
+      if length_normalize:
+        s = s / max(m.sum(), 1.0)
+      out[r, i] = w2[r, i] @ (0.5 * s * (1 + erf(s / math.sqrt(2))))
+  return out
+
+
+def layer(length_normalize, chunk_size=8):
+  self = types.SimpleNamespace(chunk_size=chunk_size, length_normalize=length_normalize,
+                               config=types.SimpleNamespace(dtype="float32"))
+  self._scan_causal = lambda *a: hypermixer.HyperMixing._scan_causal(self, *a)
+  return (lambda *a: hypermixer.HyperMixing._causal(self, *a)), self._scan_causal
+
+
+rng = np.random.default_rng(0)
+results = []
+for b, n, h, d, block, ln in ((3, 37, 20, 16, 8, True), (1, 9, 7, 5, 1, False), (5, 26, 12, 24, 3, False),
+                              (2, 40, 16, 8, 64, True)):
+  cpu_hypermixing.BLOCK = block
+  seg = np.zeros((b, n), np.int32)
+  for r in range(b):  # packed rows: segments of random lengths, then padding (id 0)
+    cuts = np.sort(rng.choice(np.arange(1, n), size=min(3, n - 1), replace=False))
+    for k, (lo, hi) in enumerate(zip([0, *cuts], [*cuts, n])):
+      seg[r, lo:hi] = k + 1
+    seg[r, n - 1 - r % 3:] = 0
+  mask = (seg > 0).astype(np.float32)
+  w1 = (rng.standard_normal((b, n, h)) * 1.5).astype(np.float32) * mask[..., None]
+  w2 = rng.standard_normal((b, n, h)).astype(np.float32)
+  x = rng.standard_normal((b, n, d)).astype(np.float32)
+  g = rng.standard_normal((b, n, d)).astype(np.float32)
+  fn, scan = layer(ln)
+  def with_grads(f):
+    def run(w1, x, w2):
+      out, vjp = jax.vjp(lambda a, c, e: f(a, c, e, jnp.asarray(mask), jnp.asarray(seg)), w1, x, w2)
+      return (out, *vjp(jnp.asarray(g)))
+    return jax.jit(run)(jnp.asarray(w1), jnp.asarray(x), jnp.asarray(w2))
+  ours, ref = with_grads(fn), with_grads(scan)
+  rel = lambda a, c: float(jnp.max(jnp.abs(a - c)) / jnp.max(jnp.abs(c)))
+  exact = numpy_causal(w1, x, w2, mask, seg, ln)
+  hlo = jax.jit(jax.grad(lambda a: jnp.sum(fn(a, jnp.asarray(x), jnp.asarray(w2), jnp.asarray(mask),
+                                               jnp.asarray(seg)))))
+  lowered = hlo.trace(jnp.asarray(w1))
+  results.append({"case": [b, n, h, d, block, ln], "vs_numpy": rel(ours[0], exact),
+                  "scan_vs_numpy": rel(ref[0], exact), "vs_scan": [rel(a, c) for a, c in zip(ours, ref)],
+                  "cpu_calls": lowered.lower().as_text().count("@remixer_hypermixing_causal"),
+                  "tpu_calls": lowered.lower(lowering_platforms=("tpu",)).as_text().count("remixer_hypermixing"),
+                  "state_max": float(np.max(np.abs(np.cumsum(w1[..., :, None] * x[..., None, :], axis=1))))})
+print(json.dumps({"armed": armed, "logs": logs, "devices": jax.device_count(), "describe": cpu_hypermixing.describe(),
+                  "results": results}))
+"""
+
+
+@needs_cxx
+def test_kernel_matches_the_equation_and_the_scan_and_tpu_keeps_the_scan(tmp_path):
+  proc = run_py(CHECK, {"REMIXER_T5_CPU_HYPERMIXING": "on", "REMIXER_T5_CACHE_DIR": str(tmp_path)})
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  r = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert r["armed"] is True and r["devices"] == 1 and r["describe"] == "fused C++ loop via FFI"
+  assert any("building hypermixing_causal.cc" in m for m in r["logs"])  # built into the given cache, once
+  assert len(list((tmp_path / "cpu_hypermixing").glob("hypermixing_causal-*.so"))) == 1
+  for case in r["results"]:
+    # Packed rows (segments restart the sum, padding adds nothing), length normalisation on and off, lengths
+    # that are not a multiple of the block, blocks of 1 and longer than the row, more rows than threads.
+    assert case["state_max"] > 5, case  # states large enough to reach the GELU's tails
+    assert case["vs_numpy"] < 2e-6 and case["scan_vs_numpy"] < 2e-6, case
+    assert max(case["vs_scan"]) < 2e-6, case  # output, dW1, dX, dW2
+    # Under grad the CPU program calls the forward and the backward once each; a TPU lowering has neither.
+    assert case["cpu_calls"] == 2 and case["tpu_calls"] == 0, case
+
+
+@needs_cxx
+def test_several_devices_keep_the_scan(tmp_path):
+  proc = run_py(CHECK, {"REMIXER_T5_CPU_HYPERMIXING": "on", "REMIXER_T5_CACHE_DIR": str(tmp_path),
+                        "XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  r = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert r["armed"] is True and r["devices"] == 2 and r["describe"] is None
+  assert all(c["cpu_calls"] == 0 and c["vs_scan"] == [0.0] * 4 for c in r["results"])
+  assert not list(tmp_path.glob("**/*.so"))  # never needed, never built
+
+
+TRAIN = """
+import json, jax, jax.numpy as jnp
+from remixer_t5 import bench_train, cpu_hypermixing, gin_utils
+armed = cpu_hypermixing.configure()
+gin_utils.parse_gin(["models/hypermixer/tiny.gin"], ["DROPOUT_RATE=0.0"])
+lengths = {"inputs": 24, "targets": 20}
+built = bench_train.from_gin(4, lengths)
+model = built["model"]
+batch = bench_train.random_batch(model.module.config.vocab_size, 4, lengths)
+params = model.init_variables(jax.random.PRNGKey(0), {k: (1, v.shape[1]) for k, v in batch.items()})["params"]
+batch = {k: jnp.asarray(v) for k, v in batch.items()}
+step = lambda: jax.jit(jax.value_and_grad(lambda p: model.loss_fn(p, batch, None)[0]))
+cpu_hypermixing.armed = False
+ref_loss, ref_grads = step()(params)
+cpu_hypermixing.armed = armed
+loss, grads = step()(params)
+hlo = jax.jit(jax.grad(lambda p: model.loss_fn(p, batch, None)[0])).lower(params).as_text()
+diffs = jax.tree.leaves(jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b)) / (jnp.max(jnp.abs(b)) + 1e-12)),
+                                     grads, ref_grads))
+print(json.dumps({"armed": armed, "loss": float(loss), "ref_loss": float(ref_loss), "worst_grad": max(diffs),
+                  "calls": hlo.count("@remixer_hypermixing_causal")}))
+"""
+
+
+@needs_cxx
+def test_hypermixer_loss_and_gradients_match_the_scan(tmp_path):
+  """A HyperMixer tiny train step's loss and every parameter's gradient through the kernel match the scan's."""
+  proc = run_py(TRAIN, {"REMIXER_T5_CPU_HYPERMIXING": "on", "REMIXER_T5_CACHE_DIR": str(tmp_path)})
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  r = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert r["armed"] is True and r["calls"] >= 4  # forward and backward in each of the 2 decoder layers
+  assert abs(r["loss"] - r["ref_loss"]) <= 1e-5 * abs(r["ref_loss"])
+  assert r["worst_grad"] < 1e-4
