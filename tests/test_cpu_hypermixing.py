@@ -1,8 +1,8 @@
-"""remixer_t5/cpu_hypermixing.py: causal HyperMixing as a fused C++ loop on CPU-only runs.
+"""remixer_t5/cpu_hypermixing.py: HyperMixing's causal and packed (segmented) forms as fused C++ loops on CPU.
 
 The numerical checks run in a fresh process (custom calls are registered once per process, and the suite's own
-processes have 8 host devices, where the kernel is off by design) against a numpy loop over every prefix (the
-equation itself) and against the layer's own XLA scan."""
+processes have 8 host devices, where the kernels are off by design) against numpy loops over every query (the
+equations themselves) and against the layer's own XLA forms."""
 import json
 import os
 import shutil
@@ -51,13 +51,13 @@ def test_failing_build_falls_back_in_one_line_or_is_an_error(fresh, tmp_path):
   logs = []
   assert fresh.configure(log=logs.append, environ=env, cpu_only=True) is True  # armed; built when first needed
   assert fresh._register() is False and fresh._register() is False  # tried once
-  assert len([m for m in logs if "XLA's scan" in m]) == 1
-  assert logs[-1].startswith("causal HyperMixing: XLA's scan (building hypermixing_causal.cc with") and \
+  assert len([m for m in logs if "XLA's forms" in m]) == 1
+  assert logs[-1].startswith("HyperMixing: XLA's forms (building hypermixing.cc with") and \
       "failed (exit 1)" in logs[-1]
   assert list((tmp_path / "cpu_hypermixing").iterdir()) == []  # nothing half-written in the cache
   fresh._state.clear()
   assert fresh.configure(environ={**env, "REMIXER_T5_CPU_HYPERMIXING": "on"}, cpu_only=True) is True
-  with pytest.raises(ValueError, match=r"\$REMIXER_T5_CPU_HYPERMIXING=on: building hypermixing_causal.cc .* failed"):
+  with pytest.raises(ValueError, match=r"\$REMIXER_T5_CPU_HYPERMIXING=on: building hypermixing.cc .* failed"):
     fresh._register()
   with pytest.raises(fresh.cpu_ffi.Unavailable, match=r"no C\+\+ compiler \(\$CXX='/nonexistent/cxx'"):
     fresh.build(environ={"CXX": "/nonexistent/cxx"}, out_dir=tmp_path)
@@ -88,6 +88,29 @@ def numpy_causal(w1, x, w2, mask, seg, length_normalize):
         s = s / max(m.sum(), 1.0)
       out[r, i] = w2[r, i] @ (0.5 * s * (1 + erf(s / math.sqrt(2))))
   return out
+
+
+def numpy_segmented(w1, x, w2, mask, q_seg, kv_seg, length_normalize):
+  # Query i of id >= 1 reads GELU(sum_{j: kv id = its id} m_j W1[j]^T x_j (/ sum m_j)); padding queries read 0.
+  erf = np.vectorize(math.erf)
+  out = np.zeros((w2.shape[0], w2.shape[1], x.shape[-1]))
+  for r in range(w2.shape[0]):
+    for i in range(w2.shape[1]):
+      if q_seg[r, i] < 1:
+        continue
+      m = mask[r] * (kv_seg[r] == q_seg[r, i])
+      s = np.einsum("j,jh,jd->hd", m.astype(np.float64), w1[r], x[r])
+      if length_normalize:
+        s = s / max(m.sum(), 1.0)
+      out[r, i] = w2[r, i] @ (0.5 * s * (1 + erf(s / math.sqrt(2))))
+  return out
+
+
+def segmented_layer(length_normalize, segment_block=4):
+  self = types.SimpleNamespace(segment_block=segment_block, length_normalize=length_normalize,
+                               config=types.SimpleNamespace(dtype="float32"))
+  self._block_segmented = lambda *a: hypermixer.HyperMixing._block_segmented(self, *a)
+  return (lambda *a: hypermixer.HyperMixing._segmented(self, *a)), self._block_segmented
 
 
 def layer(length_normalize, chunk_size=8):
@@ -130,8 +153,36 @@ for b, n, h, d, block, ln in ((3, 37, 20, 16, 8, True), (1, 9, 7, 5, 1, False), 
                   "cpu_calls": lowered.lower().as_text().count("@remixer_hypermixing_causal"),
                   "tpu_calls": lowered.lower(lowering_platforms=("tpu",)).as_text().count("remixer_hypermixing"),
                   "state_max": float(np.max(np.abs(np.cumsum(w1[..., :, None] * x[..., None, :], axis=1))))})
+segmented = []
+for b, nq, nk, h, d, ln in ((3, 29, 13, 10, 6, False), (2, 40, 40, 16, 8, True), (1, 7, 30, 5, 12, True)):
+  q_seg, kv_seg = np.zeros((b, nq), np.int32), np.zeros((b, nk), np.int32)
+  for r in range(b):  # ids 1..k in order on both sides (as seqio packs), some without queries or keys, padding
+    k = 1 + r % 4
+    q_seg[r, :nq - 2] = 1 + np.arange(nq - 2) * k // (nq - 2)
+    kv_seg[r, :nk - 1] = 1 + np.arange(nk - 1) * (k + 1) // (nk - 1)  # one more id than the queries have
+    kv_seg[r, kv_seg[r] == 2] = 0 if r == 1 else 2  # row 1: id 2 has queries but no keys
+  mask = (kv_seg > 0).astype(np.float32)
+  w1 = (rng.standard_normal((b, nk, h)) * 1.5).astype(np.float32) * mask[..., None]
+  w2 = rng.standard_normal((b, nq, h)).astype(np.float32)
+  x = rng.standard_normal((b, nk, d)).astype(np.float32)
+  g = rng.standard_normal((b, nq, d)).astype(np.float32)
+  fn, blocks = segmented_layer(ln)
+  args = [jnp.asarray(a) for a in (mask, q_seg, kv_seg)]
+  def with_grads(f):
+    def run(w1, x, w2):
+      out, vjp = jax.vjp(lambda a, c, e: f(a, c, e, *args), w1, x, w2)
+      return (out, *vjp(jnp.asarray(g)))
+    return jax.jit(run)(jnp.asarray(w1), jnp.asarray(x), jnp.asarray(w2))
+  ours, ref = with_grads(fn), with_grads(blocks)
+  rel = lambda a, c: float(jnp.max(jnp.abs(a - c)) / jnp.max(jnp.abs(c)))
+  lowered = jax.jit(jax.value_and_grad(lambda a: jnp.sum(fn(a, jnp.asarray(x), jnp.asarray(w2), *args)))).trace(
+      jnp.asarray(w1))
+  segmented.append({"case": [b, nq, nk, h, d, ln], "vs_numpy": rel(ours[0], numpy_segmented(w1, x, w2, mask, q_seg, kv_seg, ln)),
+                    "vs_xla": [rel(a, c) for a, c in zip(ours, ref)],
+                    "cpu_calls": lowered.lower().as_text().count("@remixer_hypermixing_segmented"),
+                    "tpu_calls": lowered.lower(lowering_platforms=("tpu",)).as_text().count("remixer_hypermixing")})
 print(json.dumps({"armed": armed, "logs": logs, "devices": jax.device_count(), "describe": cpu_hypermixing.describe(),
-                  "results": results}))
+                  "results": results, "segmented": segmented}))
 """
 
 
@@ -140,9 +191,9 @@ def test_kernel_matches_the_equation_and_the_scan_and_tpu_keeps_the_scan(tmp_pat
   proc = run_py(CHECK, {"REMIXER_T5_CPU_HYPERMIXING": "on", "REMIXER_T5_CACHE_DIR": str(tmp_path)})
   assert proc.returncode == 0, proc.stderr[-3000:]
   r = json.loads(proc.stdout.strip().splitlines()[-1])
-  assert r["armed"] is True and r["devices"] == 1 and r["describe"] == "fused C++ loop via FFI"
-  assert any("building hypermixing_causal.cc" in m for m in r["logs"])  # built into the given cache, once
-  assert len(list((tmp_path / "cpu_hypermixing").glob("hypermixing_causal-*.so"))) == 1
+  assert r["armed"] is True and r["devices"] == 1 and r["describe"] == "fused C++ loops via FFI"
+  assert any("building hypermixing.cc" in m for m in r["logs"])  # built into the given cache, once
+  assert len(list((tmp_path / "cpu_hypermixing").glob("hypermixing-*.so"))) == 1
   for case in r["results"]:
     # Packed rows (segments restart the sum, padding adds nothing), length normalisation on and off, lengths
     # that are not a multiple of the block, blocks of 1 and longer than the row, more rows than threads.
@@ -150,6 +201,12 @@ def test_kernel_matches_the_equation_and_the_scan_and_tpu_keeps_the_scan(tmp_pat
     assert case["vs_numpy"] < 2e-6 and case["scan_vs_numpy"] < 2e-6, case
     assert max(case["vs_scan"]) < 2e-6, case  # output, dW1, dX, dW2
     # Under grad the CPU program calls the forward and the backward once each; a TPU lowering has neither.
+    assert case["cpu_calls"] == 2 and case["tpu_calls"] == 0, case
+  for case in r["segmented"]:
+    # Packed rows of 1-4 examples, ids with keys but no queries and with queries but no keys, padding on both
+    # sides, queries longer and shorter than the keys, length normalisation on and off.
+    assert case["vs_numpy"] < 2e-6, case
+    assert max(case["vs_xla"]) < 2e-6, case  # output, dW1, dX, dW2
     assert case["cpu_calls"] == 2 and case["tpu_calls"] == 0, case
 
 
@@ -161,11 +218,12 @@ def test_several_devices_keep_the_scan(tmp_path):
   r = json.loads(proc.stdout.strip().splitlines()[-1])
   assert r["armed"] is True and r["devices"] == 2 and r["describe"] is None
   assert all(c["cpu_calls"] == 0 and c["vs_scan"] == [0.0] * 4 for c in r["results"])
+  assert all(c["cpu_calls"] == 0 and c["vs_xla"] == [0.0] * 4 for c in r["segmented"])
   assert not list(tmp_path.glob("**/*.so"))  # never needed, never built
 
 
 TRAIN = """
-import json, jax, jax.numpy as jnp
+import json, jax, jax.numpy as jnp, numpy as np
 from remixer_t5 import bench_train, cpu_hypermixing, gin_utils
 armed = cpu_hypermixing.configure()
 gin_utils.parse_gin(["models/hypermixer/tiny.gin"], ["DROPOUT_RATE=0.0"])
@@ -174,6 +232,12 @@ built = bench_train.from_gin(4, lengths)
 model = built["model"]
 batch = bench_train.random_batch(model.module.config.vocab_size, 4, lengths)
 params = model.init_variables(jax.random.PRNGKey(0), {k: (1, v.shape[1]) for k, v in batch.items()})["params"]
+ids = lambda n, cuts: np.searchsorted(np.asarray(cuts), np.arange(n), side="right").astype(np.int32)
+pos = lambda seg: np.concatenate([np.arange((seg == s).sum()) for s in np.unique(seg)]).astype(np.int32)
+es, ds = ids(24, [0, 9, 17, 22]), ids(20, [0, 7, 15, 19])  # 3 examples a row, then padding (id 4 -> 0)
+es[es == 4], ds[ds == 4] = 0, 0
+batch.update(encoder_segment_ids=np.tile(es, (4, 1)), decoder_segment_ids=np.tile(ds, (4, 1)),
+             encoder_positions=np.tile(pos(es), (4, 1)), decoder_positions=np.tile(pos(ds), (4, 1)))
 batch = {k: jnp.asarray(v) for k, v in batch.items()}
 step = lambda: jax.jit(jax.value_and_grad(lambda p: model.loss_fn(p, batch, None)[0]))
 cpu_hypermixing.armed = False
@@ -184,16 +248,38 @@ hlo = jax.jit(jax.grad(lambda p: model.loss_fn(p, batch, None)[0])).lower(params
 diffs = jax.tree.leaves(jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b)) / (jnp.max(jnp.abs(b)) + 1e-12)),
                                      grads, ref_grads))
 print(json.dumps({"armed": armed, "loss": float(loss), "ref_loss": float(ref_loss), "worst_grad": max(diffs),
-                  "calls": hlo.count("@remixer_hypermixing_causal")}))
+                  "calls": hlo.count("@remixer_hypermixing_causal"), "segmented": hlo.count("@remixer_hypermixing_segmented")}))
 """
 
 
 @needs_cxx
 def test_hypermixer_loss_and_gradients_match_the_scan(tmp_path):
-  """A HyperMixer tiny train step's loss and every parameter's gradient through the kernel match the scan's."""
+  """A HyperMixer tiny train step on packed rows: its loss and every parameter's gradient through the kernels
+  (causal decoder self-mixing; segmented encoder self-mixing and cross-mixing) match XLA's forms."""
   proc = run_py(TRAIN, {"REMIXER_T5_CPU_HYPERMIXING": "on", "REMIXER_T5_CACHE_DIR": str(tmp_path)})
   assert proc.returncode == 0, proc.stderr[-3000:]
   r = json.loads(proc.stdout.strip().splitlines()[-1])
-  assert r["armed"] is True and r["calls"] >= 4  # forward and backward in each of the 2 decoder layers
+  # forward and backward in each of the 2 decoder layers; and in the 2 encoder layers and 2 cross slots
+  assert r["armed"] is True and r["calls"] >= 4 and r["segmented"] >= 8, r
   assert abs(r["loss"] - r["ref_loss"]) <= 1e-5 * abs(r["ref_loss"])
   assert r["worst_grad"] < 1e-4
+
+
+@needs_cxx
+def test_benchmark_script_runs_both_variants(tmp_path):
+  """scripts/bench_hypermixing_cpu.py (docs/benchmarks.md's figures) on its tiny config: every measurement in both
+  variants, the kernel variants' programs calling the kernels and XLA's not, rows appended to --out."""
+  out = tmp_path / "rows.jsonl"
+  proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_hypermixing_cpu.py"), "--config", "tiny",
+                         "--rounds", "1", "--steps", "1", "--warmup", "0", "--out", str(out)],
+                        capture_output=True, text=True, timeout=600, cwd=REPO,
+                        env={**os.environ, "JAX_PLATFORMS": "cpu", "REMIXER_T5_CACHE_DIR": str(tmp_path)})
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  rows = [json.loads(line) for line in out.read_text().splitlines()]
+  assert {(r["measurement"], r["variant"]) for r in rows} == {
+      (m, v) for m in ("layer", "step_packed", "step_unpacked") for v in ("kernel", "xla")}
+  for r in rows:
+    assert r["median_s"] > 0 and r["cpu_hypermixing"] == "fused C++ loops via FFI" and r["git_commit"]
+    assert (r["kernel_calls"] > 0) == (r["variant"] == "kernel"), r
+  assert [r["kernel_calls"] for r in rows if r["variant"] == "kernel" and r["measurement"] == "step_packed"] == [12]
+  assert proc.stdout.count("kernel/XLA") == 3

@@ -260,6 +260,16 @@ class HyperMixing(nn.Module):
     return jnp.moveaxis(out, 0, 1).reshape(b, m * c, d)[:, :n]
 
   def _segmented(self, w1: Array, x: Array, w2: Array, kv_mask: Array, q_seg: Array, kv_seg: Array) -> Array:
+    """Packed non-causal: query i reads GELU(Σ_{j real, seg_j = seg_i} W1[j]^T x_j), one state per segment id;
+    on CPU-only float32 runs through the C++ loop of cpu_hypermixing.py (armed by the CLI; each (row, id) touches
+    its own queries and keys only), else the blocks below."""
+    if cpu_hypermixing.usable(w1.dtype):
+      return cpu_hypermixing.segmented(w1, x, w2, kv_mask, q_seg, kv_seg, self.length_normalize,
+                                       self._block_segmented).astype(self.config.dtype)
+    return self._block_segmented(w1, x, w2, kv_mask, q_seg, kv_seg)
+
+  def _block_segmented(self, w1: Array, x: Array, w2: Array, kv_mask: Array, q_seg: Array, kv_seg: Array
+                       ) -> Array:
     """Packed non-causal: query i reads GELU(Σ_{j real, seg_j = seg_i} W1[j]^T x_j), one state per segment id.
 
     Segment ids are 1, 2, ... (0 is padding). Only ids up to min(q_len, kv_len) are looked for: a larger id has

@@ -1,0 +1,695 @@
+// XLA FFI handlers for remixer_t5/cpu_hypermixing.py: HyperMixing's token mixing (HyperMixer §2.3; the layer is
+// remixer_t5/mixers/hypermixer.py) on CPU, float32, forward and gradient, in two forms.
+//
+// 1. Causal (`_causal`: the decoder's self-mixing, the formula applied to every prefix), one fused loop per
+//    sequence:
+//
+//   S_i   = S_{i-1} + m_i W1[i] (x) x_i    (S_{i-1} = 0 where segment i starts: the row's first position, or
+//                                           seg[i] != seg[i-1]; m_i = 1 for real keys, 0 for padding)
+//   n_i   = n_{i-1} + m_i                  (the visible real keys, for length normalisation)
+//   A_i   = S_i / max(n_i, 1)              (or S_i without length normalisation)
+//   out_i = sum_h W2[i, h] GELU(A_i[h, :])
+//
+// S_i is a d' x d matrix per position. XLA's scan materialises every position's S_i (batch x length x d' x d
+// floats) and runs the GELU over it from memory; here one running S (d' x d floats, 147 KB at COGS's d' 288,
+// d 128) stays in cache while the loop walks the positions, so nothing of that size is ever written.
+//
+// The backward pass walks the positions in reverse with R_j = sum_{i >= j, same segment} dA_i / max(n_i, 1):
+//   dW2[i, h] = sum_d dout_i[d] GELU(A_i[h, d])
+//   dA_i      = W2[i, :] (x) dout_i * GELU'(A_i)
+//   dW1[j, h] = m_j sum_d R_j[h, d] x_j[d],   dx_j[d] = m_j sum_h R_j[h, d] W1[j, h]
+// It needs S_i again: the forward saves S at the start of every block of `block` positions (`ckpt`), and the
+// backward recomputes each block's states forwards from there (the same sums in the same order, so the same
+// bits), then walks the block in reverse.
+//
+// 2. Segmented (`_segmented`: packed rows, non-causal; the encoder's self-mixing and the cross-mixing), one
+//    state per (row, segment id present among the queries):
+//
+//   S_s   = sum_{j: kseg_j = s} m_j W1[j] (x) x_j,   A_s = S_s / max(sum m_j, 1) (or S_s),   G_s = GELU(A_s)
+//   out_i = sum_h W2[i, h] G_{qseg_i}[h, :]          (0 for queries of id < 1: padding)
+//
+//   and in reverse dG_s = sum_{i: qseg_i = s} W2[i, :] (x) dout_i,  dW2[i, h] = sum_d G_s[h, d] dout_i[d],
+//   dA_s = dG_s * GELU'(A_s), then dW1 and dx as above with dA_s / max(count, 1) for R_j. XLA's form handles
+//   `segment_block` ids per step over every query and key (its cost grows with the number of ids); here each
+//   (row, id) group touches its own queries and keys only, 4 at a time so each state row read serves 4 of them.
+//
+// GELU(a) = a Phi(a), GELU'(a) = Phi(a) + a phi(a), with Phi from Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7
+// in erf): for z = |a| / sqrt(2), erfc(z) = t (a1 + t (a2 + ...)) exp(-z^2), t = 1 / (1 + p z); one exp gives
+// both erfc and phi(a) = exp(-a^2 / 2) / sqrt(2 pi). Every function is branch-free float code the compiler
+// vectorises over d.
+//
+// Work items (causal: sequences; segmented: (row, id) groups) are shared out over XLA's intra-op thread pool:
+// the calling thread and helpers it schedules claim items from a counter, each with its own buffers.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <xmmintrin.h>
+#endif
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+// exp(x) for x <= 0 (Cody & Waite's reduction, Cephes' expf polynomial); below -87 it is flushed to 0.
+inline float ExpNonPositive(float x) {
+  x = std::max(x, -87.0f);
+  // k = round(x / ln 2) by the 1.5 * 2^23 trick (no floor: it does not vectorise under a mask)
+  const float k = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  float r = x - k * 0.693359375f;
+  r = r - k * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+// Phi(-|a|) = erfc(|a| / sqrt(2)) / 2, and exp(-a^2 / 2) in *gauss.
+inline float HalfErfc(float a, float* gauss) {
+  constexpr float kInvSqrt2 = 0.70710678118654752f;
+  const float z = std::fabs(a) * kInvSqrt2;
+  const float t = 1.0f / (1.0f + 0.3275911f * z);
+  float poly = 1.061405429f;
+  poly = poly * t - 1.453152027f;
+  poly = poly * t + 1.421413741f;
+  poly = poly * t - 0.284496736f;
+  poly = poly * t + 0.254829592f;
+  const float e = ExpNonPositive(-z * z);
+  *gauss = e;
+  return 0.5f * poly * t * e;
+}
+
+// Phi(a), the standard normal CDF.
+inline float NormalCdf(float a) {
+  float gauss;
+  const float tail = HalfErfc(a, &gauss);
+  return a < 0.0f ? tail : 1.0f - tail;
+}
+
+constexpr float kInvSqrt2Pi = 0.39894228040143268f;
+
+struct Problem {
+  int64_t b, n, h, d, block, blocks;
+  bool length_normalize;
+  const float* w1;    // [b, n, h]
+  const float* x;     // [b, n, d]
+  const float* w2;    // [b, n, h]
+  const float* mask;  // [b, n]
+  const int32_t* seg; // [b, n]
+};
+
+// n_i's reciprocal (1 without length normalisation) and whether segment i starts at i, for one row.
+void Counts(const Problem& p, int64_t row, std::vector<float>& inv, std::vector<char>& starts) {
+  const float* mask = p.mask + row * p.n;
+  const int32_t* seg = p.seg + row * p.n;
+  float count = 0.0f;
+  for (int64_t i = 0; i < p.n; ++i) {
+    starts[i] = i == 0 || seg[i] != seg[i - 1];
+    count = (starts[i] ? 0.0f : count) + mask[i];
+    inv[i] = p.length_normalize ? 1.0f / std::max(count, 1.0f) : 1.0f;
+  }
+}
+
+// One row j of S_i: S_i[j] = S_{i-1}[j] + W1[i, j] x_i, and out_i += W2[i, j] GELU(S_i[j] scale).
+inline void ForwardStep(float* __restrict sj, const float* __restrict x, float* __restrict o, float a1, float a2,
+                        float scale, int64_t d) {
+#pragma omp simd
+  for (int64_t k = 0; k < d; ++k) {
+    const float v = sj[k] + a1 * x[k];
+    sj[k] = v;
+    const float a = v * scale;
+    o[k] += a2 * (a * NormalCdf(a));
+  }
+}
+
+void ForwardRow(const Problem& p, int64_t row, float* out, float* ckpt) {
+  const int64_t n = p.n, h = p.h, d = p.d, hd = h * d;
+  std::vector<float> state(hd, 0.0f), inv(n);
+  std::vector<char> starts(n);
+  Counts(p, row, inv, starts);
+  float* s = state.data();
+  for (int64_t i = 0; i < n; ++i) {
+    if (i % p.block == 0) std::memcpy(ckpt + (row * p.blocks + i / p.block) * hd, s, hd * sizeof(float));
+    if (starts[i]) std::fill(state.begin(), state.end(), 0.0f);
+    const float* w1 = p.w1 + (row * n + i) * h;
+    const float* w2 = p.w2 + (row * n + i) * h;
+    const float* x = p.x + (row * n + i) * d;
+    float* o = out + (row * n + i) * d;
+    const float scale = inv[i], m = p.mask[row * n + i];
+    for (int64_t k = 0; k < d; ++k) o[k] = 0.0f;
+    for (int64_t j = 0; j < h; ++j) ForwardStep(s + j * d, x, o, w1[j] * m, w2[j], scale, d);
+  }
+}
+
+void BackwardRow(const Problem& p, int64_t row, const float* ckpt, const float* dout, float* dw1, float* dx,
+                 float* dw2) {
+  const int64_t n = p.n, h = p.h, d = p.d, hd = h * d;
+  std::vector<float> states(p.block * hd), residual(hd, 0.0f), inv(n);
+  std::vector<char> starts(n);
+  Counts(p, row, inv, starts);
+  float* r = residual.data();
+  for (int64_t blk = p.blocks - 1; blk >= 0; --blk) {
+    const int64_t lo = blk * p.block, hi = std::min(n, lo + p.block);
+    // The block's states S_lo .. S_{hi-1}, recomputed from the saved S_{lo-1} exactly as the forward pass did.
+    const float* prev = ckpt + (row * p.blocks + blk) * hd;
+    for (int64_t i = lo; i < hi; ++i) {
+      float* si = states.data() + (i - lo) * hd;
+      const float* w1 = p.w1 + (row * n + i) * h;
+      const float* x = p.x + (row * n + i) * d;
+      const bool fresh = starts[i];
+      const float m = p.mask[row * n + i];
+      for (int64_t j = 0; j < h; ++j) {
+        const float a1 = w1[j] * m;
+        const float* pj = prev + j * d;
+        float* sj = si + j * d;
+#pragma omp simd
+        for (int64_t k = 0; k < d; ++k) sj[k] = (fresh ? 0.0f : pj[k]) + a1 * x[k];
+      }
+      prev = si;
+    }
+    for (int64_t i = hi - 1; i >= lo; --i) {
+      const float* si = states.data() + (i - lo) * hd;
+      const float* w1 = p.w1 + (row * n + i) * h;
+      const float* w2 = p.w2 + (row * n + i) * h;
+      const float* x = p.x + (row * n + i) * d;
+      const float* g = dout + (row * n + i) * d;
+      float* gw1 = dw1 + (row * n + i) * h;
+      float* gw2 = dw2 + (row * n + i) * h;
+      float* gx = dx + (row * n + i) * d;
+      const float scale = inv[i], m = p.mask[row * n + i];
+      for (int64_t k = 0; k < d; ++k) gx[k] = 0.0f;
+      for (int64_t j = 0; j < h; ++j) {
+        const float* sj = si + j * d;
+        float* rj = r + j * d;
+        const float a1 = w1[j] * m, a2 = w2[j];
+        float sum_w2 = 0.0f, sum_w1 = 0.0f;
+#pragma omp simd reduction(+ : sum_w2, sum_w1)
+        for (int64_t k = 0; k < d; ++k) {
+          const float a = sj[k] * scale;
+          float gauss;
+          const float tail = HalfErfc(a, &gauss);
+          const float cdf = a < 0.0f ? tail : 1.0f - tail;
+          sum_w2 += g[k] * (a * cdf);
+          const float rk = rj[k] + a2 * g[k] * (cdf + a * gauss * kInvSqrt2Pi) * scale;
+          rj[k] = rk;
+          sum_w1 += rk * x[k];
+          gx[k] += rk * a1;
+        }
+        gw2[j] = sum_w2;
+        gw1[j] = sum_w1 * m;
+      }
+      if (starts[i]) std::fill(residual.begin(), residual.end(), 0.0f);  // keys before i are another segment's
+    }
+  }
+}
+
+// Rows are claimed from a counter by the caller and by helpers scheduled on the pool; the caller waits only for
+// rows already claimed, so a pool whose threads are all busy cannot deadlock it.
+struct Shared {
+  std::function<void(int64_t)> fn;
+  int64_t rows;
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
+  std::mutex mu;
+  std::condition_variable cv;
+};
+
+void Work(Shared& s) {
+#if defined(__x86_64__) || defined(_M_X64)
+  const unsigned int csr = _mm_getcsr();
+  _mm_setcsr(csr | 0x8040);  // flush-to-zero and denormals-are-zero, as XLA:CPU's own kernels run
+#endif
+  for (int64_t i; (i = s.next.fetch_add(1)) < s.rows;) {
+    s.fn(i);
+    if (s.done.fetch_add(1) + 1 == s.rows) {
+      std::lock_guard<std::mutex> lock(s.mu);
+      s.cv.notify_all();
+    }
+  }
+#if defined(__x86_64__) || defined(_M_X64)
+  _mm_setcsr(csr);
+#endif
+}
+
+void ForEach(ffi::ThreadPool& pool, int64_t rows, std::function<void(int64_t)> fn) {  // rows: work items
+  if (rows == 0) return;
+  auto shared = std::make_shared<Shared>();
+  shared->fn = std::move(fn);
+  shared->rows = rows;
+  const int64_t helpers = std::min<int64_t>(rows, std::max<int64_t>(1, pool.num_threads())) - 1;
+  for (int64_t i = 0; i < helpers; ++i) pool.Schedule([shared] { Work(*shared); });
+  Work(*shared);
+  std::unique_lock<std::mutex> lock(shared->mu);
+  shared->cv.wait(lock, [&] { return shared->done.load() == shared->rows; });
+}
+
+ffi::Error MakeProblem(const char* name, ffi::Buffer<ffi::F32>& w1, ffi::Buffer<ffi::F32>& x,
+                       ffi::Buffer<ffi::F32>& w2, ffi::Buffer<ffi::F32>& mask, ffi::Buffer<ffi::S32>& seg,
+                       int64_t length_normalize, int64_t block, Problem* p) {
+  auto wd = w1.dimensions(), xd = x.dimensions(), vd = w2.dimensions(), md = mask.dimensions(),
+       sd = seg.dimensions();
+  if (wd.size() != 3 || xd.size() != 3 || vd.size() != 3 || md.size() != 2 || sd.size() != 2)
+    return ffi::Error::InvalidArgument(std::string(name) + ": expected w1, x, w2 [b, n, *], mask, seg [b, n]");
+  if (xd[0] != wd[0] || vd[0] != wd[0] || md[0] != wd[0] || sd[0] != wd[0] || xd[1] != wd[1] ||
+      vd[1] != wd[1] || md[1] != wd[1] || sd[1] != wd[1] || vd[2] != wd[2])
+    return ffi::Error::InvalidArgument(std::string(name) + ": operand shapes do not match");
+  if (block < 1) return ffi::Error::InvalidArgument(std::string(name) + ": block must be >= 1");
+  p->b = wd[0];
+  p->n = wd[1];
+  p->h = wd[2];
+  p->d = xd[2];
+  p->block = block;
+  p->blocks = (p->n + block - 1) / block;
+  p->length_normalize = length_normalize != 0;
+  p->w1 = w1.typed_data();
+  p->x = x.typed_data();
+  p->w2 = w2.typed_data();
+  p->mask = mask.typed_data();
+  p->seg = seg.typed_data();
+  return ffi::Error::Success();
+}
+
+ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> w1, ffi::Buffer<ffi::F32> x,
+                   ffi::Buffer<ffi::F32> w2, ffi::Buffer<ffi::F32> mask, ffi::Buffer<ffi::S32> seg,
+                   ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::F32> ckpt, int64_t length_normalize,
+                   int64_t block) {
+  Problem p;
+  ffi::Error err = MakeProblem("remixer_hypermixing_causal", w1, x, w2, mask, seg, length_normalize, block, &p);
+  if (err.failure()) return err;
+  if (ckpt->element_count() != p.b * p.blocks * p.h * p.d || out->element_count() != p.b * p.n * p.d)
+    return ffi::Error::InvalidArgument("remixer_hypermixing_causal: result shapes do not match");
+  float* o = out->typed_data();
+  float* c = ckpt->typed_data();
+  ForEach(pool, p.b, [&](int64_t row) { ForwardRow(p, row, o, c); });
+  return ffi::Error::Success();
+}
+
+ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> w1, ffi::Buffer<ffi::F32> x,
+                    ffi::Buffer<ffi::F32> w2, ffi::Buffer<ffi::F32> mask, ffi::Buffer<ffi::S32> seg,
+                    ffi::Buffer<ffi::F32> ckpt, ffi::Buffer<ffi::F32> dout, ffi::ResultBuffer<ffi::F32> dw1,
+                    ffi::ResultBuffer<ffi::F32> dx, ffi::ResultBuffer<ffi::F32> dw2, int64_t length_normalize,
+                    int64_t block) {
+  Problem p;
+  ffi::Error err = MakeProblem("remixer_hypermixing_causal_grad", w1, x, w2, mask, seg, length_normalize, block, &p);
+  if (err.failure()) return err;
+  if (ckpt.element_count() != p.b * p.blocks * p.h * p.d || dout.element_count() != p.b * p.n * p.d ||
+      dw1->element_count() != p.b * p.n * p.h || dw2->element_count() != p.b * p.n * p.h ||
+      dx->element_count() != p.b * p.n * p.d)
+    return ffi::Error::InvalidArgument("remixer_hypermixing_causal_grad: shapes do not match");
+  const float* c = ckpt.typed_data();
+  const float* g = dout.typed_data();
+  float* g1 = dw1->typed_data();
+  float* gx = dx->typed_data();
+  float* g2 = dw2->typed_data();
+  ForEach(pool, p.b, [&](int64_t row) { BackwardRow(p, row, c, g, g1, gx, g2); });
+  return ffi::Error::Success();
+}
+
+
+// ---- 2. Segmented ----
+
+constexpr int kTile = 4;  // queries or keys handled together: one read of a state row serves all of them
+
+struct Segmented {
+  int64_t b, nq, nk, h, d;
+  bool length_normalize;
+  const float* w1;        // [b, nk, h]
+  const float* x;         // [b, nk, d]
+  const float* w2;        // [b, nq, h]
+  const float* mask;      // [b, nk]
+  const int32_t* q_seg;   // [b, nq]
+  const int32_t* kv_seg;  // [b, nk]
+  struct Group {
+    int64_t row;
+    std::vector<int64_t> queries, keys;
+  };
+  std::vector<Group> groups;  // one per (row, id >= 1 present among the row's queries), in order
+};
+
+void MakeGroups(Segmented& p) {
+  for (int64_t r = 0; r < p.b; ++r) {
+    std::map<int32_t, size_t> index;
+    for (int64_t i = 0; i < p.nq; ++i) {
+      const int32_t id = p.q_seg[r * p.nq + i];
+      if (id < 1) continue;
+      auto it = index.find(id);
+      if (it == index.end()) {
+        it = index.emplace(id, p.groups.size()).first;
+        p.groups.push_back({r, {}, {}});
+      }
+      p.groups[it->second].queries.push_back(i);
+    }
+    for (int64_t j = 0; j < p.nk; ++j) {
+      auto it = index.find(p.kv_seg[r * p.nk + j]);
+      if (it != index.end()) p.groups[it->second].keys.push_back(j);
+    }
+  }
+}
+
+// Up to kTile members of a list of positions, padded with `pad` (a zero row) and weight 0.
+struct Tile {
+  int count;
+  int64_t pos[kTile];
+};
+
+inline Tile TileAt(const std::vector<int64_t>& list, size_t start) {
+  Tile t;
+  t.count = static_cast<int>(std::min<size_t>(kTile, list.size() - start));
+  for (int u = 0; u < kTile; ++u) t.pos[u] = u < t.count ? list[start + u] : -1;
+  return t;
+}
+
+// S = sum over the group's keys of m_j W1[j] (x) x_j, and the real keys' count.
+float GroupState(const Segmented& p, const Segmented::Group& g, float* s, const float* zeros_d,
+                 const float* zeros_h) {
+  const int64_t h = p.h, d = p.d;
+  std::fill(s, s + h * d, 0.0f);
+  float count = 0.0f;
+  for (size_t start = 0; start < g.keys.size(); start += kTile) {
+    const Tile t = TileAt(g.keys, start);
+    const float* xs[kTile];
+    const float* ws[kTile];
+    float m[kTile];
+    for (int u = 0; u < kTile; ++u) {
+      const bool real = u < t.count;
+      const int64_t at = g.row * p.nk + (real ? t.pos[u] : 0);
+      m[u] = real ? p.mask[at] : 0.0f;
+      xs[u] = real ? p.x + at * d : zeros_d;
+      ws[u] = real ? p.w1 + at * h : zeros_h;
+      count += m[u];
+    }
+    for (int64_t j = 0; j < h; ++j) {
+      const float a0 = ws[0][j] * m[0], a1 = ws[1][j] * m[1], a2 = ws[2][j] * m[2], a3 = ws[3][j] * m[3];
+      float* __restrict sj = s + j * d;
+      const float* __restrict x0 = xs[0];
+      const float* __restrict x1 = xs[1];
+      const float* __restrict x2 = xs[2];
+      const float* __restrict x3 = xs[3];
+#pragma omp simd
+      for (int64_t k = 0; k < d; ++k) sj[k] += a0 * x0[k] + a1 * x1[k] + a2 * x2[k] + a3 * x3[k];
+    }
+  }
+  return count;
+}
+
+struct Buffers {
+  // sink_*: where a tile's padding slots write (one row per slot: the tiles' pointers are __restrict)
+  std::vector<float> s, act, slope, zeros_d, zeros_h, sink_d, sink_h;
+  Buffers(int64_t h, int64_t d)
+      : s(h * d), act(h * d), slope(h * d), zeros_d(d, 0.0f), zeros_h(h, 0.0f), sink_d(kTile * d), sink_h(kTile * h) {}
+};
+
+// act = GELU(S scale); with `slope`, also GELU'(S scale) * scale (dA -> dS).
+void Activate(float* __restrict s, float* __restrict act, float* __restrict slope, int64_t size, float scale) {
+#pragma omp simd
+  for (int64_t k = 0; k < size; ++k) {
+    const float a = s[k] * scale;
+    float gauss;
+    const float tail = HalfErfc(a, &gauss);
+    const float cdf = a < 0.0f ? tail : 1.0f - tail;
+    act[k] = a * cdf;
+    if (slope != nullptr) slope[k] = (cdf + a * gauss * kInvSqrt2Pi) * scale;
+  }
+}
+
+void SegmentedForwardGroup(const Segmented& p, const Segmented::Group& g, float* out) {
+  const int64_t h = p.h, d = p.d;
+  thread_local std::unique_ptr<Buffers> buf;
+  if (!buf || static_cast<int64_t>(buf->s.size()) != h * d || static_cast<int64_t>(buf->zeros_d.size()) != d)
+    buf = std::make_unique<Buffers>(h, d);
+  const float count = GroupState(p, g, buf->s.data(), buf->zeros_d.data(), buf->zeros_h.data());
+  const float scale = p.length_normalize ? 1.0f / std::max(count, 1.0f) : 1.0f;
+  Activate(buf->s.data(), buf->act.data(), nullptr, h * d, scale);
+  const float* act = buf->act.data();
+  for (size_t start = 0; start < g.queries.size(); start += kTile) {
+    const Tile t = TileAt(g.queries, start);
+    float* os[kTile];
+    const float* vs[kTile];
+    for (int u = 0; u < kTile; ++u) {
+      const bool real = u < t.count;
+      const int64_t at = g.row * p.nq + (real ? t.pos[u] : 0);
+      os[u] = real ? out + at * d : buf->sink_d.data() + u * d;
+      vs[u] = real ? p.w2 + at * h : buf->zeros_h.data();
+      std::fill(os[u], os[u] + d, 0.0f);
+    }
+    float* __restrict o0 = os[0];
+    float* __restrict o1 = os[1];
+    float* __restrict o2 = os[2];
+    float* __restrict o3 = os[3];
+    for (int64_t j = 0; j < h; ++j) {
+      const float* __restrict aj = act + j * d;
+      const float c0 = vs[0][j], c1 = vs[1][j], c2 = vs[2][j], c3 = vs[3][j];
+#pragma omp simd
+      for (int64_t k = 0; k < d; ++k) {
+        const float a = aj[k];
+        o0[k] += c0 * a;
+        o1[k] += c1 * a;
+        o2[k] += c2 * a;
+        o3[k] += c3 * a;
+      }
+    }
+  }
+}
+
+void SegmentedBackwardGroup(const Segmented& p, const Segmented::Group& g, const float* dout, float* dw1,
+                            float* dx, float* dw2) {
+  const int64_t h = p.h, d = p.d;
+  thread_local std::unique_ptr<Buffers> buf;
+  if (!buf || static_cast<int64_t>(buf->s.size()) != h * d || static_cast<int64_t>(buf->zeros_d.size()) != d)
+    buf = std::make_unique<Buffers>(h, d);
+  const float count = GroupState(p, g, buf->s.data(), buf->zeros_d.data(), buf->zeros_h.data());
+  const float scale = p.length_normalize ? 1.0f / std::max(count, 1.0f) : 1.0f;
+  Activate(buf->s.data(), buf->act.data(), buf->slope.data(), h * d, scale);
+  const float* act = buf->act.data();
+  float* grad = buf->s.data();  // dG, then dS (S is not needed again)
+  std::fill(grad, grad + h * d, 0.0f);
+  for (size_t start = 0; start < g.queries.size(); start += kTile) {
+    const Tile t = TileAt(g.queries, start);
+    const float* gs[kTile];
+    const float* vs[kTile];
+    float* dvs[kTile];
+    for (int u = 0; u < kTile; ++u) {
+      const bool real = u < t.count;
+      const int64_t at = g.row * p.nq + (real ? t.pos[u] : 0);
+      gs[u] = real ? dout + at * d : buf->zeros_d.data();
+      vs[u] = real ? p.w2 + at * h : buf->zeros_h.data();
+      dvs[u] = real ? dw2 + at * h : buf->sink_h.data() + u * h;
+    }
+    const float* __restrict g0 = gs[0];
+    const float* __restrict g1 = gs[1];
+    const float* __restrict g2 = gs[2];
+    const float* __restrict g3 = gs[3];
+    for (int64_t j = 0; j < h; ++j) {
+      const float* __restrict aj = act + j * d;
+      float* __restrict rj = grad + j * d;
+      const float c0 = vs[0][j], c1 = vs[1][j], c2 = vs[2][j], c3 = vs[3][j];
+      float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+      for (int64_t k = 0; k < d; ++k) {
+        const float a = aj[k];
+        s0 += a * g0[k];
+        s1 += a * g1[k];
+        s2 += a * g2[k];
+        s3 += a * g3[k];
+        rj[k] += c0 * g0[k] + c1 * g1[k] + c2 * g2[k] + c3 * g3[k];
+      }
+      dvs[0][j] = s0;
+      dvs[1][j] = s1;
+      dvs[2][j] = s2;
+      dvs[3][j] = s3;
+    }
+  }
+  const float* slope = buf->slope.data();
+#pragma omp simd
+  for (int64_t k = 0; k < h * d; ++k) grad[k] *= slope[k];
+  for (size_t start = 0; start < g.keys.size(); start += kTile) {
+    const Tile t = TileAt(g.keys, start);
+    const float* xs[kTile];
+    const float* ws[kTile];
+    float* dws[kTile];
+    float* dxs[kTile];
+    float m[kTile];
+    for (int u = 0; u < kTile; ++u) {
+      const bool real = u < t.count;
+      const int64_t at = g.row * p.nk + (real ? t.pos[u] : 0);
+      m[u] = real ? p.mask[at] : 0.0f;
+      xs[u] = real ? p.x + at * d : buf->zeros_d.data();
+      ws[u] = real ? p.w1 + at * h : buf->zeros_h.data();
+      dws[u] = real ? dw1 + at * h : buf->sink_h.data() + u * h;
+      dxs[u] = real ? dx + at * d : buf->sink_d.data() + u * d;
+      std::fill(dxs[u], dxs[u] + d, 0.0f);
+    }
+    const float* __restrict x0 = xs[0];
+    const float* __restrict x1 = xs[1];
+    const float* __restrict x2 = xs[2];
+    const float* __restrict x3 = xs[3];
+    float* __restrict e0 = dxs[0];
+    float* __restrict e1 = dxs[1];
+    float* __restrict e2 = dxs[2];
+    float* __restrict e3 = dxs[3];
+    for (int64_t j = 0; j < h; ++j) {
+      const float* __restrict rj = grad + j * d;
+      const float a0 = ws[0][j] * m[0], a1 = ws[1][j] * m[1], a2 = ws[2][j] * m[2], a3 = ws[3][j] * m[3];
+      float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+      for (int64_t k = 0; k < d; ++k) {
+        const float r = rj[k];
+        s0 += r * x0[k];
+        s1 += r * x1[k];
+        s2 += r * x2[k];
+        s3 += r * x3[k];
+        e0[k] += r * a0;
+        e1[k] += r * a1;
+        e2[k] += r * a2;
+        e3[k] += r * a3;
+      }
+      dws[0][j] = s0 * m[0];
+      dws[1][j] = s1 * m[1];
+      dws[2][j] = s2 * m[2];
+      dws[3][j] = s3 * m[3];
+    }
+  }
+}
+
+ffi::Error MakeSegmented(const char* name, ffi::Buffer<ffi::F32>& w1, ffi::Buffer<ffi::F32>& x,
+                         ffi::Buffer<ffi::F32>& w2, ffi::Buffer<ffi::F32>& mask, ffi::Buffer<ffi::S32>& q_seg,
+                         ffi::Buffer<ffi::S32>& kv_seg, int64_t length_normalize, Segmented* p) {
+  auto wd = w1.dimensions(), xd = x.dimensions(), vd = w2.dimensions(), md = mask.dimensions(),
+       qd = q_seg.dimensions(), kd = kv_seg.dimensions();
+  if (wd.size() != 3 || xd.size() != 3 || vd.size() != 3 || md.size() != 2 || qd.size() != 2 || kd.size() != 2)
+    return ffi::Error::InvalidArgument(std::string(name) +
+                                       ": expected w1, x [b, nk, *], w2 [b, nq, h], mask, kv_seg [b, nk], q_seg [b, nq]");
+  if (xd[0] != wd[0] || vd[0] != wd[0] || md[0] != wd[0] || qd[0] != wd[0] || kd[0] != wd[0] ||
+      xd[1] != wd[1] || md[1] != wd[1] || kd[1] != wd[1] || qd[1] != vd[1] || vd[2] != wd[2])
+    return ffi::Error::InvalidArgument(std::string(name) + ": operand shapes do not match");
+  p->b = wd[0];
+  p->nk = wd[1];
+  p->h = wd[2];
+  p->nq = vd[1];
+  p->d = xd[2];
+  p->length_normalize = length_normalize != 0;
+  p->w1 = w1.typed_data();
+  p->x = x.typed_data();
+  p->w2 = w2.typed_data();
+  p->mask = mask.typed_data();
+  p->q_seg = q_seg.typed_data();
+  p->kv_seg = kv_seg.typed_data();
+  MakeGroups(*p);
+  return ffi::Error::Success();
+}
+
+ffi::Error SegmentedForward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> w1, ffi::Buffer<ffi::F32> x,
+                            ffi::Buffer<ffi::F32> w2, ffi::Buffer<ffi::F32> mask, ffi::Buffer<ffi::S32> q_seg,
+                            ffi::Buffer<ffi::S32> kv_seg, ffi::ResultBuffer<ffi::F32> out,
+                            int64_t length_normalize) {
+  Segmented p;
+  ffi::Error err = MakeSegmented("remixer_hypermixing_segmented", w1, x, w2, mask, q_seg, kv_seg,
+                                 length_normalize, &p);
+  if (err.failure()) return err;
+  if (out->element_count() != p.b * p.nq * p.d)
+    return ffi::Error::InvalidArgument("remixer_hypermixing_segmented: result shape does not match");
+  float* o = out->typed_data();
+  std::fill(o, o + p.b * p.nq * p.d, 0.0f);  // queries of no group (padding) read nothing
+  ForEach(pool, p.groups.size(), [&](int64_t i) { SegmentedForwardGroup(p, p.groups[i], o); });
+  return ffi::Error::Success();
+}
+
+ffi::Error SegmentedBackward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> w1, ffi::Buffer<ffi::F32> x,
+                             ffi::Buffer<ffi::F32> w2, ffi::Buffer<ffi::F32> mask, ffi::Buffer<ffi::S32> q_seg,
+                             ffi::Buffer<ffi::S32> kv_seg, ffi::Buffer<ffi::F32> dout,
+                             ffi::ResultBuffer<ffi::F32> dw1, ffi::ResultBuffer<ffi::F32> dx,
+                             ffi::ResultBuffer<ffi::F32> dw2, int64_t length_normalize) {
+  Segmented p;
+  ffi::Error err = MakeSegmented("remixer_hypermixing_segmented_grad", w1, x, w2, mask, q_seg, kv_seg,
+                                 length_normalize, &p);
+  if (err.failure()) return err;
+  if (dout.element_count() != p.b * p.nq * p.d || dw1->element_count() != p.b * p.nk * p.h ||
+      dx->element_count() != p.b * p.nk * p.d || dw2->element_count() != p.b * p.nq * p.h)
+    return ffi::Error::InvalidArgument("remixer_hypermixing_segmented_grad: shapes do not match");
+  float* g1 = dw1->typed_data();
+  float* gx = dx->typed_data();
+  float* g2 = dw2->typed_data();
+  std::fill(g1, g1 + p.b * p.nk * p.h, 0.0f);  // keys and queries of no group have no gradient
+  std::fill(gx, gx + p.b * p.nk * p.d, 0.0f);
+  std::fill(g2, g2 + p.b * p.nq * p.h, 0.0f);
+  const float* g = dout.typed_data();
+  ForEach(pool, p.groups.size(), [&](int64_t i) { SegmentedBackwardGroup(p, p.groups[i], g, g1, gx, g2); });
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RemixerHyperMixingCausal, Forward,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("length_normalize")
+                                  .Attr<int64_t>("block"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RemixerHyperMixingCausalGrad, Backward,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("length_normalize")
+                                  .Attr<int64_t>("block"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RemixerHyperMixingSegmented, SegmentedForward,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("length_normalize"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RemixerHyperMixingSegmentedGrad, SegmentedBackward,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("length_normalize"));
