@@ -18,10 +18,11 @@ i.e. the full formula applied to every prefix. Its hidden state Σ_{j<=i} W1[j]^
 `chunk_size` positions carries that running sum and inside a chunk uses the masked lower-triangular sum, so
 memory is O(chunk × d' × d) (the chunk body is rematerialised for the gradient); on CPU-only runs the CLI
 swaps in a fused C++ loop that keeps one running state per sequence in cache (cpu_hypermixing.py, the same
-function, ~3.5x faster at COGS's shapes). Decoding caches the running sum. Packed rows: the causal scan restarts the sum where the segment id changes (exact for contiguous
+function, 3.5x faster at COGS's shapes). Decoding caches the running sum. Packed rows: the causal scan restarts the sum where the segment id changes (exact for contiguous
 segments, as seqio packs them); the non-causal form (self or cross) computes one hidden state per segment id,
 `segment_block` ids at a time, skipping blocks above the batch's largest id, so its cost grows with the
-number of packed examples per row, not with the length squared.
+number of packed examples per row, not with the length squared (on CPU-only runs a C++ loop gives each
+(row, id) its own state and queries instead: cpu_hypermixing.py).
 """
 from __future__ import annotations
 
