@@ -106,22 +106,27 @@ class TokenMixingMlp(nn.Module):
     return w1, b1, w2
 
   def _window_mlp(self, windows: Array, deterministic: bool) -> Array:
-    """windows [batch, len, w, emb] (offset o = o steps back) -> [batch, len, emb]."""
+    """windows [batch, emb, len, w] (offset o = o steps back) -> [batch, len, emb].
+
+    The window offsets are the minor axis, so both products are plain matmuls over it ([b·d·n, w] x [w, k],
+    then [b·d·n, k] x [k]); with the offsets and hidden units between length and emb, XLA:CPU copied the
+    windows and the hidden activations to transpose them, forward and backward (~1/3 of MLP-Mixer's COGS step).
+    """
     dt = self.config.dtype
     w1, b1, w2 = self._window_params()
-    h = jnp.einsum("bnod,ok->bnkd", windows.astype(dt), w1.astype(dt)) + b1.astype(dt)[:, None]
+    h = jnp.einsum("bdno,ok->bdnk", windows.astype(dt), w1.astype(dt)) + b1.astype(dt)
     h = nn.Dropout(self.config.dropout_rate)(_gelu(h), deterministic=deterministic)
-    return jnp.einsum("bnkd,k->bnd", h, w2.astype(dt))
+    return jnp.swapaxes(jnp.einsum("bdnk,k->bdn", h, w2.astype(dt)), 1, 2)
 
   def _windowed(self, x: Array, mask: Array, segment_ids: Array | None, deterministic: bool) -> Array:
     w, n = self.window, x.shape[1]
     x = x * mask[:, :, None].astype(x.dtype)
-    # windows[:, i, o] = x[:, i - o], read from a copy with w - 1 zeros in front (the positions before 0).
+    # windows[:, :, i, o] = x[:, i - o], read from a copy with w - 1 zeros in front (the positions before 0).
     idx = jnp.arange(n)[:, None] + (w - 1) - jnp.arange(w)[None, :]
-    windows = jnp.take(jnp.pad(x, ((0, 0), (w - 1, 0), (0, 0))), idx, axis=1)
+    windows = jnp.take(jnp.pad(jnp.swapaxes(x, 1, 2), ((0, 0), (0, 0), (w - 1, 0))), idx, axis=2)
     if segment_ids is not None:
       seg = jnp.take(jnp.pad(segment_ids, ((0, 0), (w - 1, 0)), constant_values=-1), idx, axis=1)
-      windows = windows * (seg == segment_ids[:, :, None])[..., None].astype(x.dtype)
+      windows = windows * (seg == segment_ids[:, :, None])[:, None].astype(x.dtype)
     return self._window_mlp(windows, deterministic)
 
   def _decode(self, x: Array, deterministic: bool) -> Array:
@@ -134,4 +139,4 @@ class TokenMixingMlp(nn.Module):
       raise ValueError(f"decode step expects one position at a time, got length {x.shape[1]}")
     # Slot o holds the token o steps back; the zeros the cache starts with are the positions before 0.
     cached.value = jnp.concatenate([x.astype(cached.value.dtype), cached.value[:, :-1]], axis=1)
-    return self._window_mlp(cached.value[:, None], deterministic)
+    return self._window_mlp(jnp.swapaxes(cached.value, 1, 2)[:, :, None], deterministic)
