@@ -38,7 +38,7 @@ setuptools.setup(
     + ["remixer_t5.tasks", "remixer_t5.gin"],
     # tasks/ and gin/ are top-level folders in the repository but install inside the package.
     package_dir={"remixer_t5.tasks": "tasks", "remixer_t5.gin": "gin"},
-    package_data={"remixer_t5.gin": ["*.gin", "**/*.gin"], "remixer_t5": ["gpu_targets/*.txtpb", "csrc/*.cc"]},
+    package_data={"remixer_t5.gin": ["*.gin", "**/*.gin"], "remixer_t5": ["gpu_targets/*.txtpb", "csrc/*.cc", "csrc/*.h"]},
     include_package_data=False,
     install_requires=INSTALL_REQUIRES,
     extras_require={

@@ -151,15 +151,8 @@ def configure(log: Callable[[str], None] | None = None, environ: MutableMapping[
   $REMIXER_T5_CPU_BLAS, or when it names a library that cannot be used."""
   global applied
   env = os.environ if environ is None else environ
-  mode = env.get(ENV, DEFAULT_MODE).strip().lower() or DEFAULT_MODE
-  if mode not in MODES:
-    raise ValueError(f"${ENV}={env[ENV]!r}: expected one of {', '.join(MODES)}")
-  if mode == "off":
-    return False
-  if cpu_only is None:
-    from remixer_t5 import host_memory
-    cpu_only = host_memory.jax_runs_on_cpu_only()
-  if not cpu_only:
+  mode = cpu_ffi.wanted_mode(ENV, MODES, DEFAULT_MODE, env, cpu_only)
+  if mode is None:
     return False
   reasons = []
   for backend in (BACKENDS if mode == "auto" else (mode,)):

@@ -1,10 +1,11 @@
 """Builds the C++ XLA FFI handlers of remixer_t5/csrc/ on first use (cpu_blas.py, cpu_hypermixing.py).
 
 A handler is compiled with the system's C++ compiler ($CXX, else c++/g++) against jaxlib's FFI headers into
-`$REMIXER_T5_CACHE_DIR/<folder>/` (default ~/.cache/remixer_t5), keyed by the source, the compiler flags, the
-jaxlib version and the compiler, and, for flags that tune the code to this CPU (`-march=native`), by the CPU's
-model and feature flags, so a cache shared between machines never hands one a library built for another. The
-library is written under a temporary name and renamed: a failed or interrupted build leaves nothing behind.
+`$REMIXER_T5_CACHE_DIR/<folder>/` (default ~/.cache/remixer_t5). The library is keyed by the source and the
+headers beside it (csrc/*.h, on the include path), the compiler flags, the jaxlib version and the compiler,
+and, for flags that tune the code to this CPU (`-march=native`), by the CPU's model and feature flags, so a
+cache shared between machines never hands one a library built for another. It is written under a temporary
+name and renamed: a failed or interrupted build leaves nothing behind.
 """
 from __future__ import annotations
 
@@ -22,6 +23,22 @@ CSRC = Path(__file__).with_name("csrc")
 
 class Unavailable(RuntimeError):
   """A library or a handler cannot be used here; the message says why."""
+
+
+def wanted_mode(name: str, modes: Sequence[str], default: str, environ: MutableMapping[str, str] | None = None,
+                cpu_only: bool | None = None) -> str | None:
+  """The mode $name asks for (one of `modes`, `default` when unset), or None when the route stays off: the
+  mode is 'off', or JAX will not run on CPU alone. ValueError naming the variable for any other value."""
+  env = os.environ if environ is None else environ
+  mode = env.get(name, default).strip().lower() or default
+  if mode not in modes:
+    raise ValueError(f"${name}={env[name]!r}: expected one of {', '.join(modes)}")
+  if mode == "off":
+    return None
+  if cpu_only is None:
+    from remixer_t5 import host_memory
+    cpu_only = host_memory.jax_runs_on_cpu_only()
+  return mode if cpu_only else None
 
 
 def compiler(environ: MutableMapping[str, str], source: Path) -> str:
@@ -55,7 +72,7 @@ def build(source: Path, folder: str, flags: Sequence[str] = ("-O2",), environ: M
   import jaxlib
   env = os.environ if environ is None else environ
   cxx = compiler(env, source)
-  text = source.read_bytes()
+  text = source.read_bytes() + b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
   native = any("native" in f for f in flags)
   key = hashlib.sha256(b"\0".join([text, " ".join(flags).encode(), jaxlib.__version__.encode(), cxx.encode(),
                                    host_cpu().encode() if native else b""])).hexdigest()[:16]
@@ -66,7 +83,8 @@ def build(source: Path, folder: str, flags: Sequence[str] = ("-O2",), environ: M
   out_dir.mkdir(parents=True, exist_ok=True)
   fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=out_dir)
   os.close(fd)
-  cmd = [cxx, *flags, "-std=c++17", "-shared", "-fPIC", "-w", f"-I{jax.ffi.include_dir()}", str(source), "-o", tmp]
+  cmd = [cxx, *flags, "-std=c++17", "-shared", "-fPIC", "-w", f"-I{source.parent}", f"-I{jax.ffi.include_dir()}",
+         str(source), "-o", tmp]
   if log:
     log(f"{what}: building {source.name} with {cxx} (once; cached in {out_dir})")
   try:

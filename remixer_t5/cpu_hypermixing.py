@@ -38,7 +38,6 @@ seqio numbers a row's examples 1, 2, ... (an id above the key length would have 
 from __future__ import annotations
 
 import ctypes
-import os
 import platform
 from typing import Callable, MutableMapping
 
@@ -76,16 +75,8 @@ def configure(log: Callable[[str], None] | None = None, environ: MutableMapping[
               cpu_only: bool | None = None) -> bool:
   """Arms the kernel when wanted (module docstring); returns whether it did. ValueError for a bad mode."""
   global armed, mode, _log, _environ
-  env = os.environ if environ is None else environ
-  chosen = env.get(ENV, DEFAULT_MODE).strip().lower() or DEFAULT_MODE
-  if chosen not in MODES:
-    raise ValueError(f"${ENV}={env[ENV]!r}: expected one of {', '.join(MODES)}")
-  if chosen == "off":
-    return False
-  if cpu_only is None:
-    from remixer_t5 import host_memory
-    cpu_only = host_memory.jax_runs_on_cpu_only()
-  if not cpu_only:
+  chosen = cpu_ffi.wanted_mode(ENV, MODES, DEFAULT_MODE, environ, cpu_only)
+  if chosen is None:
     return False
   armed, mode, _log, _environ = True, chosen, log, environ
   return True

@@ -5,16 +5,13 @@ processes have 8 host devices, where the route is off by design) against XLA's o
 import json
 import os
 import shutil
-import subprocess
 import sys
-import textwrap
-from pathlib import Path
 
 import pytest
+from subprocess_util import run_py
 
 from remixer_t5 import cpu_blas
 
-REPO = Path(__file__).resolve().parents[1]
 HAS_CXX = bool(os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++"))
 
 
@@ -29,14 +26,6 @@ def _available() -> list[str]:
 AVAILABLE = _available()
 needs_backend = pytest.mark.skipif(not (HAS_CXX and AVAILABLE),
                                    reason="needs a C++ compiler and MKL in this venv (pip install -e '.[mkl]')")
-
-
-def run_py(code: str, env_extra: dict, timeout=600):
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", **env_extra}
-  env.pop("XLA_FLAGS", None)
-  env.update({k: v for k, v in env_extra.items() if k == "XLA_FLAGS"})
-  return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                        timeout=timeout, env=env, cwd=REPO)
 
 
 def test_bad_mode_and_off_and_non_cpu_runs():

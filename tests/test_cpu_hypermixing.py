@@ -8,24 +8,16 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from subprocess_util import run_py
 
 from remixer_t5 import cpu_hypermixing
 
 REPO = Path(__file__).resolve().parents[1]
 HAS_CXX = bool(os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++"))
 needs_cxx = pytest.mark.skipif(not HAS_CXX, reason="needs a C++ compiler (c++, g++ or $CXX)")
-
-
-def run_py(code: str, env_extra: dict, timeout=600):
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", **env_extra}
-  env.pop("XLA_FLAGS", None)
-  env.update({k: v for k, v in env_extra.items() if k == "XLA_FLAGS"})
-  return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                        timeout=timeout, env=env, cwd=REPO)
 
 
 @pytest.fixture

@@ -7,16 +7,13 @@
 //      single-threaded sgemm; the calling thread and pool threads claim blocks from a counter;
 //   n > 0: one sgemm call with the library's own n threads (cpu_blas.py's choice).
 #include <algorithm>
-#include <atomic>
-#include <condition_variable>
 #include <cstdint>
-#include <memory>
-#include <mutex>
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <xmmintrin.h>
 #endif
 
+#include "for_each.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -85,26 +82,6 @@ void RunBlock(const Product& p, int64_t i) {
 #endif
 }
 
-// Blocks are claimed from a counter by the caller and by helpers scheduled on the pool; the caller waits only
-// for blocks already claimed (running), so a pool whose threads are all busy cannot deadlock it.
-struct Shared {
-  Product p;
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> done{0};
-  std::mutex mu;
-  std::condition_variable cv;
-};
-
-void Work(Shared& s) {
-  for (int64_t i; (i = s.next.fetch_add(1)) < s.p.blocks;) {
-    RunBlock(s.p, i);
-    if (s.done.fetch_add(1) + 1 == s.p.blocks) {
-      std::lock_guard<std::mutex> lock(s.mu);
-      s.cv.notify_all();
-    }
-  }
-}
-
 ffi::Error Sgemm(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b,
                  ffi::ResultBuffer<ffi::F32> c, int64_t transpose_a, int64_t transpose_b) {
   if (g_sgemm == nullptr && g_dnnl == nullptr) return ffi::Error::Internal("remixer_sgemm: no sgemm was set");
@@ -141,12 +118,8 @@ ffi::Error Sgemm(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi:
     RunBlock(p, 0);
     return ffi::Error::Success();
   }
-  auto shared = std::make_shared<Shared>();
-  shared->p = p;
-  for (int64_t i = 1; i < p.blocks; ++i) pool.Schedule([shared] { Work(*shared); });
-  Work(*shared);
-  std::unique_lock<std::mutex> lock(shared->mu);
-  shared->cv.wait(lock, [&] { return shared->done.load() == shared->p.blocks; });
+  // Blocks shared out over the calling thread and XLA's pool (for_each.h), one helper task per further block.
+  remixer::ForEach(pool, p.blocks, p.blocks - 1, [&p](int64_t i) { RunBlock(p, i); });
   return ffi::Error::Success();
 }
 

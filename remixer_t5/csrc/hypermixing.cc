@@ -41,22 +41,16 @@
 // Work items (causal: sequences; segmented: (row, id) groups) are shared out over XLA's intra-op thread pool:
 // the calling thread and helpers it schedules claim items from a counter, each with its own buffers.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
-#if defined(__x86_64__) || defined(_M_X64)
-#include <xmmintrin.h>
-#endif
-
+#include "for_each.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -222,44 +216,10 @@ void BackwardRow(const Problem& p, int64_t row, const float* ckpt, const float* 
   }
 }
 
-// Rows are claimed from a counter by the caller and by helpers scheduled on the pool; the caller waits only for
-// rows already claimed, so a pool whose threads are all busy cannot deadlock it.
-struct Shared {
-  std::function<void(int64_t)> fn;
-  int64_t rows;
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> done{0};
-  std::mutex mu;
-  std::condition_variable cv;
-};
-
-void Work(Shared& s) {
-#if defined(__x86_64__) || defined(_M_X64)
-  const unsigned int csr = _mm_getcsr();
-  _mm_setcsr(csr | 0x8040);  // flush-to-zero and denormals-are-zero, as XLA:CPU's own kernels run
-#endif
-  for (int64_t i; (i = s.next.fetch_add(1)) < s.rows;) {
-    s.fn(i);
-    if (s.done.fetch_add(1) + 1 == s.rows) {
-      std::lock_guard<std::mutex> lock(s.mu);
-      s.cv.notify_all();
-    }
-  }
-#if defined(__x86_64__) || defined(_M_X64)
-  _mm_setcsr(csr);
-#endif
-}
-
-void ForEach(ffi::ThreadPool& pool, int64_t rows, std::function<void(int64_t)> fn) {  // rows: work items
-  if (rows == 0) return;
-  auto shared = std::make_shared<Shared>();
-  shared->fn = std::move(fn);
-  shared->rows = rows;
-  const int64_t helpers = std::min<int64_t>(rows, std::max<int64_t>(1, pool.num_threads())) - 1;
-  for (int64_t i = 0; i < helpers; ++i) pool.Schedule([shared] { Work(*shared); });
-  Work(*shared);
-  std::unique_lock<std::mutex> lock(shared->mu);
-  shared->cv.wait(lock, [&] { return shared->done.load() == shared->rows; });
+// Work items over the calling thread and XLA's pool (for_each.h): one thread per item at most.
+void ForEach(ffi::ThreadPool& pool, int64_t items, std::function<void(int64_t)> fn) {
+  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  remixer::ForEach(pool, items, std::min(items, threads) - 1, std::move(fn));
 }
 
 ffi::Error MakeProblem(const char* name, ffi::Buffer<ffi::F32>& w1, ffi::Buffer<ffi::F32>& x,
