@@ -225,7 +225,7 @@ model = built["model"]
 batch = bench_train.random_batch(model.module.config.vocab_size, 4, lengths)
 params = model.init_variables(jax.random.PRNGKey(0), {k: (1, v.shape[1]) for k, v in batch.items()})["params"]
 ids = lambda n, cuts: np.searchsorted(np.asarray(cuts), np.arange(n), side="right").astype(np.int32)
-pos = lambda seg: np.concatenate([np.arange((seg == s).sum()) for s in np.unique(seg)]).astype(np.int32)
+pos = lambda seg: np.array([i - np.argmax(seg == s) for i, s in enumerate(seg)], np.int32)  # from each start
 es, ds = ids(24, [0, 9, 17, 22]), ids(20, [0, 7, 15, 19])  # 3 examples a row, then padding (id 4 -> 0)
 es[es == 4], ds[ds == 4] = 0, 0
 batch.update(encoder_segment_ids=np.tile(es, (4, 1)), decoder_segment_ids=np.tile(ds, (4, 1)),
