@@ -10,6 +10,8 @@ and the loss of each step (finite and falling). Stages:
   on the host CPU from the same parameters and batch: loss, gradient norm and the updated parameters must agree.
 - one stage per base model at the pretraining settings (runs/pretrain.gin: batch 128, 512/114, Adafactor,
   bfloat16 activations, mesh 1x1 with the data rules: the `h100`/`h200` rows of the GPU cost table);
+- `hypermixing_kernel`: gpu_hypermixing's Pallas kernel against XLA's scan on this GPU (outputs and gradients),
+  and one causal layer's forward + backward timed both ways at base size;
 - `deviceless_<model>`: `remixer-t5 compile --topology <this GPU> --json` in a child with JAX_PLATFORMS=cpu, on
   the same machine, for the prediction of the same cell (needs the CUDA plugin; reported, never fatal).
 
@@ -47,6 +49,7 @@ MODELS = {
     "remixer_base": ("models/remixer/base.gin", [], "Remixer_Base"),
     "hypermixer_base_mb4": ("models/hypermixer/base.gin", ["trainer.train.num_microbatches=4"],
                             "HyperMixer-base, 4 microbatches"),
+    "hypermixer_base": ("models/hypermixer/base.gin", [], "HyperMixer-base"),
     "remixer_sbase_mb2": ("models/remixer/sbase.gin", ["trainer.train.num_microbatches=2"],
                           "Remixer_SBase, 2 microbatches"),
     "remixer_base_mb2": ("models/remixer/base.gin", ["trainer.train.num_microbatches=2"],
@@ -56,7 +59,7 @@ MODELS = {
 }
 DEFAULT_STAGES = ("parity", "t5_1_1_base", "deviceless_t5_1_1_base", "remixer_sbase", "remixer_base",
                   "hypermixer_base_mb4")
-TIMEOUTS = {"parity": 120, "init_rng": 120, "deviceless": 240}
+TIMEOUTS = {"parity": 120, "init_rng": 120, "hypermixing_kernel": 150, "deviceless": 240}
 MODEL_TIMEOUT = 200
 
 
@@ -306,6 +309,89 @@ def stage_parity() -> dict:
   return row
 
 
+def stage_hypermixing_kernel(timed: bool = True) -> dict:
+  """gpu_hypermixing's Pallas kernel on this GPU, against XLA's chunked scan (`HyperMixing._scan_causal`, what
+  GPUs ran before): outputs and the three gradients on small packed batches (float32, matmul precision
+  'highest'), then one causal layer's forward + backward timed at base size (a microbatch of 32 of
+  runs/pretrain.gin's 128 rows, 114 decoder positions, d' 2048, d 768, bfloat16), for a few tile shapes."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from remixer_t5 import gpu_hypermixing
+  from remixer_t5.config import T5Config
+  from remixer_t5.mixers.hypermixer import HyperMixing
+
+  rng = np.random.default_rng(0)
+
+  def inputs(b, n, h, d, dtype, pieces):
+    ends = np.sort(rng.choice(np.arange(1, n), size=(b, pieces - 1), replace=True), axis=1)
+    seg = 1 + (np.arange(n)[None, None, :] >= ends[:, :, None]).sum(1)
+    seg[:, n - n // 8:] = 0  # a padded tail
+    mask = (seg > 0).astype(np.float32)
+    w1, w2 = (jnp.asarray(rng.normal(size=(b, n, h)) * mask[:, :, None], dtype) for _ in range(2))
+    x = jnp.asarray(rng.normal(size=(b, n, d)), dtype)
+    return w1, x, w2, jnp.asarray(mask), jnp.asarray(seg, jnp.int32)
+
+  def layer(impl, ln, mask, seg):
+    scan = HyperMixing(T5Config(dtype="float32"), length_normalize=ln)._scan_causal
+    f = (lambda w1, x, w2: scan(w1, x, w2, mask, seg).astype(jnp.float32)) if impl == "scan" else (
+        lambda w1, x, w2: gpu_hypermixing.kernel(w1, x, w2, mask, seg, ln, **impl))
+    def loss(w1, x, w2, g):
+      return jnp.sum(f(w1, x, w2) * g)
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+
+  row = {"stage": "hypermixing_kernel", "device_kind": jax.devices()[0].device_kind, "checks": []}
+  with jax.default_matmul_precision("highest"):
+    for b, n, h, d, ln, pieces in ((3, 37, 96, 80, True, 3), (2, 114, 256, 128, False, 5)):
+      w1, x, w2, mask, seg = inputs(b, n, h, d, jnp.float32, pieces)
+      g = jnp.asarray(rng.normal(size=(b, n, d)), jnp.float32)
+      results = {}
+      on_cpu = {"interpret": True} if jax.default_backend() == "cpu" else {}  # a CPU run of this script
+      for name, impl in (("kernel", on_cpu), ("scan", "scan")):
+        fwd = jax.jit(lambda w1, x, w2, impl=impl: (
+            HyperMixing(T5Config(dtype="float32"), length_normalize=ln)._scan_causal(w1, x, w2, mask, seg)
+            if impl == "scan" else gpu_hypermixing.kernel(w1, x, w2, mask, seg, ln, **impl)))
+        results[name] = (fwd(w1, x, w2), layer(impl, ln, mask, seg)(w1, x, w2, g)[1])
+      rel = lambda a, r: float(jnp.max(jnp.abs(a - r)) / jnp.max(jnp.abs(r)))
+      check = {"shape": [b, n, h, d], "length_normalize": ln, "segments_a_row": pieces,
+               "out_rel": rel(results["kernel"][0], results["scan"][0]),
+               "grad_rel": [rel(a, r) for a, r in zip(results["kernel"][1], results["scan"][1])]}
+      check["ok"] = check["out_rel"] < 1e-4 and max(check["grad_rel"]) < 1e-4
+      row["checks"].append(check)
+      _progress(time.time(), f"check {check}")
+  row["ok"] = all(c["ok"] for c in row["checks"])
+  if not timed:
+    return row
+  b, n, h, d = 32, 114, 2048, 768
+  w1, x, w2, mask, seg = inputs(b, n, h, d, jnp.bfloat16, 6)
+  g = jnp.asarray(rng.normal(size=(b, n, d)), jnp.float32)
+  row["timed_shape"] = [b, n, h, d]
+  row["timings_ms"] = {}
+  variants = [("kernel 64x64 warps 4/8", dict(block_h=64, block_d=64, num_warps=(4, 8))),
+              ("kernel 32x64 warps 4/4", dict(block_h=32, block_d=64, num_warps=(4, 4))),
+              ("kernel 64x128 warps 8/8", dict(block_h=64, block_d=128, num_warps=(8, 8))),
+              ("kernel 128x64 warps 8/8", dict(block_h=128, block_d=64, num_warps=(8, 8))),
+              ("XLA scan (chunks of 8)", "scan")]
+  for name, impl in variants:
+    t0 = time.time()
+    try:
+      f = layer(impl, False, mask, seg)
+      jax.block_until_ready(f(w1, x, w2, g))
+      compile_s = time.time() - t0
+      times = []
+      for _ in range(3 if impl == "scan" else 5):
+        t = time.perf_counter()
+        jax.block_until_ready(f(w1, x, w2, g))
+        times.append(time.perf_counter() - t)
+      row["timings_ms"][name] = {"median": round(1e3 * statistics.median(times), 2),
+                                 "all": [round(1e3 * t, 2) for t in times], "first_call_s": round(compile_s, 1)}
+    except Exception as e:  # noqa: BLE001 - a tile shape that does not compile is a row, not the end
+      row["timings_ms"][name] = {"error": f"{type(e).__name__}: {e}"[:500]}
+    _progress(t0, f"{name}: {row['timings_ms'][name]}")
+  return row
+
+
 def stage_init_rng(model_gin: str = "models/t5_1_1/tiny.gin") -> dict:
   """`trainer.init_rng_as_kernel` on this device: the state's initialiser (`trainer._init_program`, one device,
   data rules) lowered with jax's threefry kernel and with XLA's inlined threefry, both compiled and run here.
@@ -401,6 +487,8 @@ def run_one(stage: str, steps: int, warmup: int, topology: str, init_on: str = "
     return stage_parity()
   if stage == "init_rng":
     return stage_init_rng()
+  if stage == "hypermixing_kernel":
+    return stage_hypermixing_kernel()
   if stage.startswith("deviceless_"):
     return stage_deviceless(stage[len("deviceless_"):], topology, TIMEOUTS["deviceless"] - 10)
   if stage in MODELS:
@@ -426,6 +514,11 @@ def summary(row: dict) -> str:
             f"{row['kernel_run_seconds']} / {row['inlined_run_seconds']} s; host CPU's initialiser max |diff| "
             f"{row['host_max_abs_diff']:.2e}, relative to each leaf {row['host_max_rel_diff']:.2e}: "
             f"{'OK' if row['ok'] else 'MISMATCH'}")
+  if s == "hypermixing_kernel":
+    return (f"hypermixing_kernel ({row['device_kind']}): kernel against XLA's scan "
+            + "; ".join(f"{c['shape']} out {c['out_rel']:.1e} grads {max(c['grad_rel']):.1e}" for c in row["checks"])
+            + f": {'OK' if row['ok'] else 'MISMATCH'}"
+            + "".join(f"\n    {k}: {v}" for k, v in row.get("timings_ms", {}).items()))
   if s.startswith("deviceless_"):
     step = (row.get("report") or {}).get("steps", {}).get("train", {})
     mem = step.get("memory", {})

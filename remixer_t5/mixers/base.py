@@ -129,6 +129,11 @@ def counting_model_flops():
     _COUNTING_FLOPS.reset(token)
 
 
+def counting_flops() -> bool:
+  """Whether mixers are being traced inside `counting_model_flops()` (kernels XLA cannot count step aside)."""
+  return _COUNTING_FLOPS.get()
+
+
 def scan(step: Callable, init: Any, xs: Any, *, remat: bool = False) -> tuple[Any, Any]:
   """`jax.lax.scan` for a mixer's chunk loop, its body rematerialised for the gradient when `remat`; fully
   unrolled and without the checkpoint inside `counting_model_flops()`."""

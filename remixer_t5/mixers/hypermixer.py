@@ -18,7 +18,8 @@ i.e. the full formula applied to every prefix. Its hidden state Σ_{j<=i} W1[j]^
 `chunk_size` positions carries that running sum and inside a chunk uses the masked lower-triangular sum, so
 memory is O(chunk × d' × d) (the chunk body is rematerialised for the gradient); on CPU-only runs the CLI
 swaps in a fused C++ loop that keeps one running state per sequence in cache (cpu_hypermixing.py, the same
-function, 3.5x faster at COGS's shapes). Decoding caches the running sum. Packed rows: the causal scan restarts the sum where the segment id changes (exact for contiguous
+function, 3.5x faster at COGS's shapes), and in programs lowered for GPUs a Pallas kernel that keeps each tile
+of the state on chip (gpu_hypermixing.py). Decoding caches the running sum. Packed rows: the causal scan restarts the sum where the segment id changes (exact for contiguous
 segments, as seqio packs them); the non-causal form (self or cross) computes one hidden state per segment id,
 `segment_block` ids at a time, skipping blocks above the batch's largest id, so its cost grows with the
 number of packed examples per row, not with the length squared (on CPU-only runs a C++ loop gives each
@@ -30,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from remixer_t5 import cpu_hypermixing, layers
+from remixer_t5 import cpu_hypermixing, gpu_hypermixing, layers
 from remixer_t5.mixers import base
 
 from remixer_t5.config import T5Config
@@ -209,12 +210,17 @@ class HyperMixing(nn.Module):
 
   def _causal(self, w1: Array, x: Array, w2: Array, mask: Array, segment_ids: Array | None) -> Array:
     """out_i = W2[i] GELU(Σ_{j<=i, same segment} W1[j]^T x_j): on CPU-only float32 runs through the fused C++
-    loop of cpu_hypermixing.py (the same function; armed by the CLI), else the chunked scan below."""
+    loop of cpu_hypermixing.py (the same function; armed by the CLI), in programs lowered for GPUs through the
+    Pallas kernel of gpu_hypermixing.py, else the chunked scan below."""
+    scan = self._scan_causal
+    other = scan
+    if gpu_hypermixing.enabled() and not base.counting_flops():  # XLA's FLOP count cannot see into a kernel
+      other = lambda w1, x, w2, mask, seg: gpu_hypermixing.causal(w1, x, w2, mask, seg, self.length_normalize,
+                                                                  scan)
     if cpu_hypermixing.usable(w1.dtype):
       seg = jnp.zeros(mask.shape, jnp.int32) if segment_ids is None else segment_ids
-      return cpu_hypermixing.causal(w1, x, w2, mask, seg, self.length_normalize, self._scan_causal).astype(
-          self.config.dtype)
-    return self._scan_causal(w1, x, w2, mask, segment_ids)
+      return cpu_hypermixing.causal(w1, x, w2, mask, seg, self.length_normalize, other).astype(self.config.dtype)
+    return other(w1, x, w2, mask, segment_ids).astype(self.config.dtype)
 
   def _scan_causal(self, w1: Array, x: Array, w2: Array, mask: Array, segment_ids: Array | None) -> Array:
     """out_i = W2[i] GELU(Σ_{j<=i, same segment} W1[j]^T x_j), chunk by chunk with a carried running sum."""

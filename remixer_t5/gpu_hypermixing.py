@@ -1,0 +1,191 @@
+"""HyperMixing's causal form as a Pallas (Triton) kernel on GPUs: one running d'×d state per sequence, in registers.
+
+The function is `mixers/hypermixer.py`'s causal form, out_i = W2[i] GELU(Σ_{j<=i, same segment} W1[j]^T x_j
+(/ their count)) (the module docstring there; HyperMixer, Mai et al. 2023, §2.3, applied to every prefix). XLA's
+form (`HyperMixing._scan_causal`) writes every position's d'×d state to memory: at base size (d' 2048, d 768,
+114 decoder positions) that is ~0.5 TB of traffic per decoder layer and batch of 128, forward alone, and on one
+H200 HyperMixer-base took more than 10 s a step (docs/benchmarks.md, third GPU measurement). Here each Triton
+program owns one (sequence, d'-block, d-block) tile of the state and walks the positions in order, so the
+state never leaves the chip; what it writes is each position's partial output, summed over the d'-blocks after.
+
+Forward, per program (row b, d'-block K, d-block D), for i = 0..n-1:
+    S  = S·[seg_i = seg_{i-1}] + W1[i, K] ⊗ x_i[D]          (the running sum restarts with each packed segment)
+    A  = GELU(S · r_i),  r_i = 1 / max(count_i, 1) with length normalisation, else 1
+    partial[K][b, i, D] = Σ_{k∈K} W2[i, k] A[k, :]
+Backward, in reverse (the adjoint R of the running sum accumulates dA·GELU'(S r_i)·r_i over i >= j):
+    dW2[i, K] += Σ_{c∈D} g_i[c] A[:, c];  R = R·[i is not its segment's last] + (W2[i, K] ⊗ g_i[D]) ⊙ GELU'(S r_i) r_i
+    dW1[i, K] += Σ_{c∈D} R[:, c] x_i[c];  dx_i[D] += Σ_{k∈K} R[k, :] W1[i, k]
+The state at i is the state at i + 1 less W1[i+1] ⊗ x_{i+1}; at a segment's last position it is summed afresh from
+the segment's start (a second pass over the positions in all, and the subtraction never crosses a segment).
+GELU's Φ and φ come from one exp (Abramowitz & Stegun 7.1.26, |error in erf| <= 1.5e-7, as csrc/hypermixing.cc).
+
+`causal` puts the kernel behind `lax.platform_dependent(cuda=...)`, so programs lowered for CPU or TPU never see
+it (they keep `fallback`). `$REMIXER_T5_GPU_HYPERMIXING=off` keeps XLA's form on GPUs too.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+ENV = "REMIXER_T5_GPU_HYPERMIXING"
+BLOCK_H = 64  # d' rows of the state tile (a power of 2: Triton's tensors)
+BLOCK_D = 64  # d columns
+f32 = jnp.float32
+
+
+def enabled(environ=None) -> bool:
+  """Whether programs lowered for GPUs use the kernel ($REMIXER_T5_GPU_HYPERMIXING: on (default) or off)."""
+  value = (os.environ if environ is None else environ).get(ENV, "on").strip().lower() or "on"
+  if value not in ("on", "off"):
+    raise ValueError(f"${ENV}={value!r}: expected on or off")
+  return value == "on"
+
+
+def _half_erfc(a):
+  """Φ(-|a|) and exp(-a²/2): Abramowitz & Stegun 7.1.26 for erfc(|a|/√2) / 2, one exp for both."""
+  z = jnp.abs(a) * 0.7071067811865476
+  t = 1.0 / (1.0 + 0.3275911 * z)
+  poly = ((((1.061405429 * t - 1.453152027) * t + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t
+  gauss = jnp.exp(-z * z)
+  return 0.5 * poly * gauss, gauss
+
+
+def gelu_and_grad(a):
+  """GELU(a) = a Φ(a) and GELU'(a) = Φ(a) + a φ(a)."""
+  tail, gauss = _half_erfc(a)
+  cdf = jnp.where(a < 0, tail, 1.0 - tail)
+  return a * cdf, cdf + a * gauss * 0.3989422804014327
+
+
+def _outer(w1_ref, x_ref, j):
+  return w1_ref[j, :].astype(f32)[:, None] * x_ref[j, :].astype(f32)[None, :]
+
+
+def _forward_kernel(w1_ref, x_ref, w2_ref, seg_ref, scale_ref, out_ref, *, n: int):
+  def body(i, carry):
+    state, prev = carry
+    seg = seg_ref[i]
+    state = state * (seg == prev).astype(f32) + _outer(w1_ref, x_ref, i)  # (scalar conditions as numbers)
+    act, _ = gelu_and_grad(state * scale_ref[i])
+    out_ref[i, :] = jnp.sum(w2_ref[i, :].astype(f32)[:, None] * act, axis=0)
+    return state, seg
+
+  zero = jnp.zeros((w1_ref.shape[-1], x_ref.shape[-1]), f32)
+  jax.lax.fori_loop(0, n, body, (zero, seg_ref[0]))
+
+
+def _backward_kernel(w1_ref, x_ref, w2_ref, seg_ref, scale_ref, start_ref, g_ref, dw1_ref, dx_ref, dw2_ref, *,
+                     n: int):
+  zero = jnp.zeros((w1_ref.shape[-1], x_ref.shape[-1]), f32)
+
+  def body(t, carry):
+    state, adj = carry  # the state at i + 1; the adjoint of the running sum summed over positions > i
+    i = n - 1 - t
+    after = jnp.minimum(i + 1, n - 1)
+    seg = seg_ref[i]
+    last = jnp.maximum((i == n - 1).astype(jnp.int32), (seg_ref[after] != seg).astype(jnp.int32))
+    # At a segment's last position sum its outer products afresh (an empty loop elsewhere); else subtract.
+    fresh = jax.lax.fori_loop(start_ref[i] * last, (i + 1) * last, lambda j, s: s + _outer(w1_ref, x_ref, j), zero)
+    keep = (1 - last).astype(f32)
+    state = fresh + keep * (state - _outer(w1_ref, x_ref, after))
+    scale = scale_ref[i]
+    act, slope = gelu_and_grad(state * scale)
+    g = g_ref[i, :].astype(f32)
+    dw2_ref[i, :] = jnp.sum(act * g[None, :], axis=1)
+    adj = keep * adj + (w2_ref[i, :].astype(f32)[:, None] * g[None, :]) * slope * scale
+    dw1_ref[i, :] = jnp.sum(adj * x_ref[i, :].astype(f32)[None, :], axis=1)
+    dx_ref[i, :] = jnp.sum(adj * w1_ref[i, :].astype(f32)[:, None], axis=0)
+    return state, adj
+
+  jax.lax.fori_loop(0, n, body, (zero, zero))
+
+
+def _segment_starts_and_scale(mask, seg, length_normalize: bool):
+  """Each position's segment start (the run of equal ids it belongs to) and r_i (1 / visible real keys)."""
+  n = seg.shape[1]
+  pos = jnp.arange(n, dtype=jnp.int32)
+  begins = jnp.concatenate([jnp.ones_like(seg[:, :1], bool), seg[:, 1:] != seg[:, :-1]], axis=1)
+  start = jax.lax.cummax(jnp.where(begins, pos, 0), axis=1)
+  if not length_normalize:
+    return start, jnp.ones(mask.shape, f32)
+  csum = jnp.cumsum(mask, axis=1)
+  before = jnp.where(start > 0, jnp.take_along_axis(csum, jnp.maximum(start - 1, 0), axis=1), 0.0)
+  return start, 1.0 / jnp.maximum(csum - before, 1.0)
+
+
+def _pad_to(a, axis: int, multiple: int):
+  pad = -a.shape[axis] % multiple
+  return a if not pad else jnp.pad(a, [(0, pad if k == axis else 0) for k in range(a.ndim)])
+
+
+def _calls(shape, block_h: int, block_d: int, num_warps: tuple[int, int], interpret: bool):
+  """The two pallas_calls for padded shapes (b, n, h, d)."""
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import triton as plt
+  b, n, h, d = shape
+  grid = (b, h // block_h, d // block_d)
+  rows_h = pl.BlockSpec((None, n, block_h), lambda r, k, c: (r, 0, k))
+  rows_d = pl.BlockSpec((None, n, block_d), lambda r, k, c: (r, 0, c))
+  per_row = pl.BlockSpec((None, n), lambda r, k, c: (r, 0))
+  parts_d = pl.BlockSpec((None, None, n, block_d), lambda r, k, c: (k, r, 0, c))  # summed over d'-blocks
+  parts_h = pl.BlockSpec((None, None, n, block_h), lambda r, k, c: (c, r, 0, k))  # summed over d-blocks
+  params = lambda warps: dict(compiler_params=plt.CompilerParams(num_warps=warps, num_stages=1))
+  forward = pl.pallas_call(
+      functools.partial(_forward_kernel, n=n), grid=grid,
+      in_specs=[rows_h, rows_d, rows_h, per_row, per_row], out_specs=parts_d,
+      out_shape=jax.ShapeDtypeStruct((h // block_h, b, n, d), f32), interpret=interpret,
+      name="hypermixing_causal", **params(num_warps[0]))
+  backward = pl.pallas_call(
+      functools.partial(_backward_kernel, n=n), grid=grid,
+      in_specs=[rows_h, rows_d, rows_h, per_row, per_row, per_row, rows_d],
+      out_specs=[parts_h, parts_d, parts_h],
+      out_shape=[jax.ShapeDtypeStruct((d // block_d, b, n, h), f32),
+                 jax.ShapeDtypeStruct((h // block_h, b, n, d), f32),
+                 jax.ShapeDtypeStruct((d // block_d, b, n, h), f32)],
+      interpret=interpret, name="hypermixing_causal_grad", **params(num_warps[1]))
+  return forward, backward
+
+
+def kernel(w1, x, w2, mask, segment_ids, length_normalize: bool, *, block_h: int = BLOCK_H,
+           block_d: int = BLOCK_D, num_warps: tuple[int, int] = (4, 8), interpret: bool = False):
+  """The causal form through the kernels (with their gradient), for any platform Pallas lowers to: a GPU, or
+  `interpret=True` anywhere (tests). w1, w2 [b, n, d'], x [b, n, d], mask [b, n] (real keys; w1 already
+  masked), segment_ids [b, n]; returns float32 [b, n, d]."""
+  b, n, h = w1.shape
+  d = x.shape[-1]
+  seg = jnp.asarray(segment_ids, jnp.int32)
+  start, scale = _segment_starts_and_scale(mask.astype(f32), seg, length_normalize)
+  forward, backward = _calls((b, n, h + -h % block_h, d + -d % block_d), block_h, block_d, num_warps, interpret)
+
+  # The segment ids, starts and scales are arguments, not closed over: a custom_vjp may not capture tracers.
+  @jax.custom_vjp
+  def run(w1, x, w2, seg, scale, start):
+    del start
+    return forward(_pad_to(w1, 2, block_h), _pad_to(x, 2, block_d), _pad_to(w2, 2, block_h), seg, scale
+                   ).sum(0)[:, :, :d]
+
+  def run_fwd(w1, x, w2, seg, scale, start):
+    return run(w1, x, w2, seg, scale, start), (w1, x, w2, seg, scale, start)
+
+  def run_bwd(residuals, g):
+    w1, x, w2, seg, scale, start = residuals
+    dw1, dx, dw2 = backward(_pad_to(w1, 2, block_h), _pad_to(x, 2, block_d), _pad_to(w2, 2, block_h), seg, scale,
+                            start, _pad_to(g.astype(f32), 2, block_d))
+    return (dw1.sum(0)[:, :, :h].astype(w1.dtype), dx.sum(0)[:, :, :d].astype(x.dtype),
+            dw2.sum(0)[:, :, :h].astype(w2.dtype), None, jnp.zeros_like(scale), None)
+
+  run.defvjp(run_fwd, run_bwd)
+  return run(w1, x, w2, seg, jax.lax.stop_gradient(scale), start)
+
+
+def causal(w1, x, w2, mask, segment_ids, length_normalize: bool, fallback: Callable):
+  """The kernel where the program is lowered for a GPU (CUDA), `fallback(w1, x, w2, mask, segment_ids)` on
+  every other platform; float32 output."""
+  seg = jnp.zeros(mask.shape, jnp.int32) if segment_ids is None else jnp.asarray(segment_ids, jnp.int32)
+  on_gpu = lambda w1, x, w2, mask, seg: kernel(w1, x, w2, mask, seg, length_normalize)
+  other = lambda w1, x, w2, mask, seg: fallback(w1, x, w2, mask, seg).astype(f32)
+  return jax.lax.platform_dependent(w1, x, w2, mask, seg, cuda=on_gpu, default=other)
