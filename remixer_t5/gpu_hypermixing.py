@@ -32,8 +32,8 @@ import jax
 import jax.numpy as jnp
 
 ENV = "REMIXER_T5_GPU_HYPERMIXING"
-BLOCK_H = 64  # d' rows of the state tile (a power of 2: Triton's tensors)
-BLOCK_D = 64  # d columns
+BLOCK_H = 32  # d' rows of the state tile (a power of 2: Triton's tensors); 32 x 64 with 4 warps timed fastest
+BLOCK_D = 64  # d columns                    of the 4 tiles tried on an H200 (docs/benchmarks.md)
 f32 = jnp.float32
 
 
@@ -151,7 +151,7 @@ def _calls(shape, block_h: int, block_d: int, num_warps: tuple[int, int], interp
 
 
 def kernel(w1, x, w2, mask, segment_ids, length_normalize: bool, *, block_h: int = BLOCK_H,
-           block_d: int = BLOCK_D, num_warps: tuple[int, int] = (4, 8), interpret: bool = False):
+           block_d: int = BLOCK_D, num_warps: tuple[int, int] = (4, 4), interpret: bool = False):
   """The causal form through the kernels (with their gradient), for any platform Pallas lowers to: a GPU, or
   `interpret=True` anywhere (tests). w1, w2 [b, n, d'], x [b, n, d], mask [b, n] (real keys; w1 already
   masked), segment_ids [b, n]; returns float32 [b, n, d]."""
