@@ -34,6 +34,9 @@ import jax.numpy as jnp
 ENV = "REMIXER_T5_GPU_HYPERMIXING"
 BLOCK_H = 32  # d' rows of the state tile (a power of 2: Triton's tensors); 32 x 64 with 4 warps timed fastest
 BLOCK_D = 64  # d columns                    of the 4 tiles tried on an H200 (docs/benchmarks.md)
+# The packed non-causal form evaluates GELU once per segment, not per position, so its time is the partial sums'
+# traffic (one [b, n, d] float32 partial output per d'-block): larger d'-blocks, fewer partials. Not yet timed.
+SEGMENTED_BLOCK_H = 64
 f32 = jnp.float32
 
 
@@ -104,6 +107,80 @@ def _backward_kernel(w1_ref, x_ref, w2_ref, seg_ref, scale_ref, start_ref, g_ref
   jax.lax.fori_loop(0, n, body, (zero, zero))
 
 
+def _run_ends(seg_ref, j, n: int):
+  """1 where position j ends its run of equal segment ids (or the row), else 0 (int32)."""
+  after = jnp.minimum(j + 1, n - 1)
+  return jnp.maximum((j == n - 1).astype(jnp.int32), (seg_ref[after] != seg_ref[j]).astype(jnp.int32))
+
+
+def _segmented_forward_kernel(w1_ref, x_ref, w2_ref, seg_ref, scale_ref, qlo_ref, qhi_ref, out_ref, *, nk: int,
+                              nq: int):
+  zero_row = jnp.zeros((x_ref.shape[-1],), f32)
+
+  def clear(i, carry):  # queries of an id without keys read GELU(0) = 0
+    out_ref[i, :] = zero_row
+    return carry
+
+  jax.lax.fori_loop(0, nq, clear, 0)
+
+  def body(j, state):
+    state = state + _outer(w1_ref, x_ref, j)
+    last = _run_ends(seg_ref, j, nk)
+
+    def emit(_, carry):  # once, at the run's last key: its queries read GELU of the run's sum
+      act, _ = gelu_and_grad(state * scale_ref[j])
+
+      def write(i, c):
+        out_ref[i, :] = jnp.sum(w2_ref[i, :].astype(f32)[:, None] * act, axis=0)
+        return c
+
+      return jax.lax.fori_loop(qlo_ref[j], qhi_ref[j], write, carry)
+
+    jax.lax.fori_loop(0, last, emit, 0)  # a loop of 0 or 1 trips: Triton's branch
+    return state * (1 - last).astype(f32)
+
+  jax.lax.fori_loop(0, nk, body, jnp.zeros((w1_ref.shape[-1], x_ref.shape[-1]), f32))
+
+
+def _segmented_backward_kernel(w1_ref, x_ref, w2_ref, seg_ref, scale_ref, start_ref, qlo_ref, qhi_ref, g_ref,
+                               dw1_ref, dx_ref, dw2_ref, *, nk: int, nq: int):
+  zero = jnp.zeros((w1_ref.shape[-1], x_ref.shape[-1]), f32)
+  zero_row = jnp.zeros((w1_ref.shape[-1],), f32)
+
+  def clear(i, carry):
+    dw2_ref[i, :] = zero_row
+    return carry
+
+  jax.lax.fori_loop(0, nq, clear, 0)
+
+  def body(j, state):
+    state = state + _outer(w1_ref, x_ref, j)
+    last = _run_ends(seg_ref, j, nk)
+
+    def emit(_, carry):
+      scale = scale_ref[j]
+      act, slope = gelu_and_grad(state * scale)
+
+      def read(i, gsum):  # dW2 of each query, and Σ_i W2[i] ⊗ g_i over the run's queries
+        g = g_ref[i, :].astype(f32)
+        dw2_ref[i, :] = jnp.sum(act * g[None, :], axis=1)
+        return gsum + w2_ref[i, :].astype(f32)[:, None] * g[None, :]
+
+      adj = jax.lax.fori_loop(qlo_ref[j], qhi_ref[j], read, zero) * slope * scale
+
+      def spread(k, c):  # every key of the run: dW1[k] = adj x_k, dx_k = adj^T W1[k]
+        dw1_ref[k, :] = jnp.sum(adj * x_ref[k, :].astype(f32)[None, :], axis=1)
+        dx_ref[k, :] = jnp.sum(adj * w1_ref[k, :].astype(f32)[:, None], axis=0)
+        return c
+
+      return jax.lax.fori_loop(start_ref[j], j + 1, spread, carry)
+
+    jax.lax.fori_loop(0, last, emit, 0)
+    return state * (1 - last).astype(f32)
+
+  jax.lax.fori_loop(0, nk, body, zero)
+
+
 def _segment_starts_and_scale(mask, seg, length_normalize: bool):
   """Each position's segment start (the run of equal ids it belongs to) and r_i (1 / visible real keys)."""
   n = seg.shape[1]
@@ -148,6 +225,93 @@ def _calls(shape, block_h: int, block_d: int, num_warps: tuple[int, int], interp
                  jax.ShapeDtypeStruct((d // block_d, b, n, h), f32)],
       interpret=interpret, name="hypermixing_causal_grad", **params(num_warps[1]))
   return forward, backward
+
+
+def _segmented_calls(shape, block_h: int, block_d: int, num_warps: tuple[int, int], interpret: bool):
+  """The packed non-causal form's two pallas_calls for padded shapes (b, nq, nk, h, d)."""
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import triton as plt
+  b, nq, nk, h, d = shape
+  grid = (b, h // block_h, d // block_d)
+  keys_h = pl.BlockSpec((None, nk, block_h), lambda r, k, c: (r, 0, k))
+  keys_d = pl.BlockSpec((None, nk, block_d), lambda r, k, c: (r, 0, c))
+  queries_h = pl.BlockSpec((None, nq, block_h), lambda r, k, c: (r, 0, k))
+  queries_d = pl.BlockSpec((None, nq, block_d), lambda r, k, c: (r, 0, c))
+  per_key = pl.BlockSpec((None, nk), lambda r, k, c: (r, 0))
+  parts = lambda n, block, over_h: pl.BlockSpec(
+      (None, None, n, block), (lambda r, k, c: (k, r, 0, c)) if over_h else (lambda r, k, c: (c, r, 0, k)))
+  params = lambda warps: dict(compiler_params=plt.CompilerParams(num_warps=warps, num_stages=1))
+  forward = pl.pallas_call(
+      functools.partial(_segmented_forward_kernel, nk=nk, nq=nq), grid=grid,
+      in_specs=[keys_h, keys_d, queries_h, per_key, per_key, per_key, per_key],
+      out_specs=parts(nq, block_d, True),
+      out_shape=jax.ShapeDtypeStruct((h // block_h, b, nq, d), f32), interpret=interpret,
+      name="hypermixing_segmented", **params(num_warps[0]))
+  backward = pl.pallas_call(
+      functools.partial(_segmented_backward_kernel, nk=nk, nq=nq), grid=grid,
+      in_specs=[keys_h, keys_d, queries_h, per_key, per_key, per_key, per_key, per_key, queries_d],
+      out_specs=[parts(nk, block_h, False), parts(nk, block_d, True), parts(nq, block_h, False)],
+      out_shape=[jax.ShapeDtypeStruct((d // block_d, b, nk, h), f32),
+                 jax.ShapeDtypeStruct((h // block_h, b, nk, d), f32),
+                 jax.ShapeDtypeStruct((d // block_d, b, nq, h), f32)],
+      interpret=interpret, name="hypermixing_segmented_grad", **params(num_warps[1]))
+  return forward, backward
+
+
+def _query_ranges(q_seg, kv_seg):
+  """For each key, the range [lo, hi) of the queries with its segment id (empty when there are none, and for
+  padding, id 0: its queries read 0 and its keys get no gradient, as in XLA's form)."""
+  nq = q_seg.shape[1]
+  same = q_seg[:, None, :] == kv_seg[:, :, None]  # [b, nk, nq]
+  has = same.any(-1) & (kv_seg > 0)
+  lo = jnp.argmax(same, axis=-1).astype(jnp.int32)
+  hi = (nq - jnp.argmax(same[:, :, ::-1], axis=-1)).astype(jnp.int32)
+  return jnp.where(has, lo, 0), jnp.where(has, hi, 0)
+
+
+def segmented_kernel(w1, x, w2, mask, q_segment_ids, kv_segment_ids, length_normalize: bool, *,
+                     block_h: int = SEGMENTED_BLOCK_H, block_d: int = BLOCK_D, num_warps: tuple[int, int] = (4, 4),
+                     interpret: bool = False):
+  """Packed non-causal HyperMixing through the kernels (with their gradient): query i reads GELU of the sum over
+  the keys of its segment, w1 [b, nk, d'] (masked), x [b, nk, d], w2 [b, nq, d'], mask [b, nk], segment ids
+  [b, nq] and [b, nk] (0 for padding); float32 [b, nq, d]. Each program sums a segment's keys in one pass and
+  writes its queries once, at the segment's last key, so the cost is one pass over keys and queries whatever the
+  number of segments. Segments must be contiguous on both sides (as seqio packs them)."""
+  b, nk, h = w1.shape
+  nq, d = w2.shape[1], x.shape[-1]
+  q_seg, kv_seg = jnp.asarray(q_segment_ids, jnp.int32), jnp.asarray(kv_segment_ids, jnp.int32)
+  start, scale = _segment_starts_and_scale(mask.astype(f32), kv_seg, length_normalize)
+  lo, hi = _query_ranges(q_seg, kv_seg)
+  forward, backward = _segmented_calls((b, nq, nk, h + -h % block_h, d + -d % block_d), block_h, block_d,
+                                       num_warps, interpret)
+
+  @jax.custom_vjp
+  def run(w1, x, w2, kv_seg, scale, start, lo, hi):
+    del start
+    return forward(_pad_to(w1, 2, block_h), _pad_to(x, 2, block_d), _pad_to(w2, 2, block_h), kv_seg, scale, lo, hi
+                   ).sum(0)[:, :, :d]
+
+  def run_fwd(*args):
+    return run(*args), args
+
+  def run_bwd(residuals, g):
+    w1, x, w2, kv_seg, scale, start, lo, hi = residuals
+    dw1, dx, dw2 = backward(_pad_to(w1, 2, block_h), _pad_to(x, 2, block_d), _pad_to(w2, 2, block_h), kv_seg,
+                            scale, start, lo, hi, _pad_to(g.astype(f32), 2, block_d))
+    return (dw1.sum(0)[:, :, :h].astype(w1.dtype), dx.sum(0)[:, :, :d].astype(x.dtype),
+            dw2.sum(0)[:, :, :h].astype(w2.dtype), None, jnp.zeros_like(scale), None, None, None)
+
+  run.defvjp(run_fwd, run_bwd)
+  return run(w1, x, w2, kv_seg, jax.lax.stop_gradient(scale), start, lo, hi)
+
+
+def segmented(w1, x, w2, mask, q_segment_ids, kv_segment_ids, length_normalize: bool, fallback: Callable):
+  """The packed non-causal kernel where the program is lowered for a GPU (CUDA), `fallback(w1, x, w2, mask,
+  q_segment_ids, kv_segment_ids)` on every other platform; float32 output."""
+  on_gpu = lambda *a: segmented_kernel(*a, length_normalize)
+  other = lambda *a: fallback(*a).astype(f32)
+  return jax.lax.platform_dependent(w1, x, w2, mask, jnp.asarray(q_segment_ids, jnp.int32),
+                                    jnp.asarray(kv_segment_ids, jnp.int32), cuda=on_gpu, default=other)
 
 
 def kernel(w1, x, w2, mask, segment_ids, length_normalize: bool, *, block_h: int = BLOCK_H,

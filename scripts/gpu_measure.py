@@ -59,7 +59,7 @@ MODELS = {
 }
 DEFAULT_STAGES = ("parity", "t5_1_1_base", "deviceless_t5_1_1_base", "remixer_sbase", "remixer_base",
                   "hypermixer_base_mb4")
-TIMEOUTS = {"parity": 120, "init_rng": 120, "hypermixing_kernel": 150, "deviceless": 240}
+TIMEOUTS = {"parity": 120, "init_rng": 120, "hypermixing_kernel": 150, "hypermixing_forms": 150, "deviceless": 240}
 MODEL_TIMEOUT = 200
 
 
@@ -390,6 +390,62 @@ def stage_hypermixing_kernel(timed: bool = True) -> dict:
   return row
 
 
+def stage_hypermixing_forms() -> dict:
+  """HyperMixing's non-causal forms on this GPU, one layer's forward + backward at base size (a microbatch of 32
+  of runs/pretrain.gin's rows, d' 2048, d 768, bfloat16): the packed form (`_block_segmented`) over the encoder's
+  512 positions with 1 and with 5 segments a row, the unpacked form, and the packed cross form (114 queries)."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from remixer_t5.config import T5Config
+  from remixer_t5.mixers.hypermixer import HyperMixing, _activate
+
+  rng = np.random.default_rng(0)
+  mixer = HyperMixing(T5Config(dtype="bfloat16"))
+  b, h, d = (32, 2048, 768) if jax.default_backend() != "cpu" else (2, 64, 32)  # a CPU run: a smoke test
+  row = {"stage": "hypermixing_forms", "device_kind": jax.devices()[0].device_kind, "timings_ms": {}}
+
+  def seg_ids(n, pieces):
+    ends = np.sort(rng.choice(np.arange(1, n), size=(b, pieces - 1), replace=False), axis=1) if pieces > 1 else \
+        np.zeros((b, 0), int)
+    return jnp.asarray(1 + (np.arange(n)[None, None, :] >= ends[:, :, None]).sum(1), jnp.int32)
+
+  def unpacked(w1, x, w2, kv_mask, q_seg, kv_seg):
+    hsum = jnp.einsum("bjh,bjd->bhd", w1, x, preferred_element_type=jnp.float32)
+    return jnp.einsum("bih,bhd->bid", w2, _activate(hsum, None, jnp.bfloat16))
+
+  cases = [("packed self, 512, 1 segment", 512, 512, 1, mixer._block_segmented),
+           ("packed self, 512, 5 segments", 512, 512, 5, mixer._block_segmented),
+           ("unpacked self, 512", 512, 512, 1, unpacked),
+           ("packed cross, 114 x 512, 5 segments", 114, 512, 5, mixer._block_segmented)]
+  for name, nq, nk, pieces, form in cases:
+    t0 = time.time()
+    try:
+      w1 = jnp.asarray(rng.normal(size=(b, nk, h)), jnp.bfloat16)
+      x = jnp.asarray(rng.normal(size=(b, nk, d)), jnp.bfloat16)
+      w2 = jnp.asarray(rng.normal(size=(b, nq, h)), jnp.bfloat16)
+      kv_seg = seg_ids(nk, pieces)
+      q_seg = kv_seg[:, :nq] if nq == nk else seg_ids(nq, pieces)
+      mask = jnp.ones((b, nk), jnp.float32)
+      g = jnp.asarray(rng.normal(size=(b, nq, d)), jnp.float32)
+      f = jax.jit(jax.value_and_grad(lambda w1, x, w2, form=form: jnp.sum(
+          form(w1, x, w2, mask, q_seg, kv_seg).astype(jnp.float32) * g), argnums=(0, 1, 2)))
+      jax.block_until_ready(f(w1, x, w2))
+      first = time.time() - t0
+      times = []
+      for _ in range(3):
+        t = time.perf_counter()
+        jax.block_until_ready(f(w1, x, w2))
+        times.append(time.perf_counter() - t)
+      row["timings_ms"][name] = {"median": round(1e3 * statistics.median(times), 2),
+                                 "all": [round(1e3 * t, 2) for t in times], "first_call_s": round(first, 1)}
+    except Exception as e:  # noqa: BLE001
+      row["timings_ms"][name] = {"error": f"{type(e).__name__}: {e}"[:500]}
+    _progress(t0, f"{name}: {row['timings_ms'][name]}")
+  return row
+
+
 def stage_init_rng(model_gin: str = "models/t5_1_1/tiny.gin") -> dict:
   """`trainer.init_rng_as_kernel` on this device: the state's initialiser (`trainer._init_program`, one device,
   data rules) lowered with jax's threefry kernel and with XLA's inlined threefry, both compiled and run here.
@@ -487,6 +543,8 @@ def run_one(stage: str, steps: int, warmup: int, topology: str, init_on: str = "
     return stage_init_rng()
   if stage == "hypermixing_kernel":
     return stage_hypermixing_kernel()
+  if stage == "hypermixing_forms":
+    return stage_hypermixing_forms()
   if stage.startswith("deviceless_"):
     return stage_deviceless(stage[len("deviceless_"):], topology, TIMEOUTS["deviceless"] - 10)
   if stage in MODELS:
@@ -512,6 +570,9 @@ def summary(row: dict) -> str:
             f"{row['kernel_run_seconds']} / {row['inlined_run_seconds']} s; host CPU's initialiser max |diff| "
             f"{row['host_max_abs_diff']:.2e}, relative to each leaf {row['host_max_rel_diff']:.2e}: "
             f"{'OK' if row['ok'] else 'MISMATCH'}")
+  if s == "hypermixing_forms":
+    return f"hypermixing_forms ({row['device_kind']}):" + "".join(
+        f"\n    {k}: {v}" for k, v in row["timings_ms"].items())
   if s == "hypermixing_kernel":
     return (f"hypermixing_kernel ({row['device_kind']}): kernel against XLA's scan "
             + "; ".join(f"{c['shape']} out {c['out_rel']:.1e} grads {max(c['grad_rel']):.1e}" for c in row["checks"])

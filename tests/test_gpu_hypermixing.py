@@ -1,0 +1,193 @@
+"""remixer_t5/gpu_hypermixing.py: HyperMixing's causal and packed non-causal forms as Pallas (Triton) kernels.
+
+The kernels run here in Pallas's interpreter (the same kernel bodies, executed by XLA:CPU) against numpy loops over
+the equations, against a jnp reference's gradients, and against the layer's own XLA forms; the routing is checked
+on lowered programs: a program lowered for CUDA calls the Triton kernels, one lowered for CPU or TPU does not.
+The kernels ran on an H200 against XLA's forms too (scripts/gpu_measure.py's `hypermixing_kernel` stage,
+docs/benchmarks.md)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.special import erf
+
+from remixer_t5 import gpu_hypermixing
+from remixer_t5.config import T5Config
+from remixer_t5.mixers import base
+from remixer_t5.mixers.hypermixer import HyperMixing
+
+
+def gelu_np(a):
+  return 0.5 * a * (1.0 + erf(a / np.sqrt(2.0)))
+
+
+def runs(seg):
+  """Each position's run (contiguous equal ids) start."""
+  start = np.zeros_like(seg)
+  for r in range(seg.shape[0]):
+    for i in range(1, seg.shape[1]):
+      start[r, i] = start[r, i - 1] if seg[r, i] == seg[r, i - 1] else i
+  return start
+
+
+def causal_np(w1, x, w2, mask, seg, ln):
+  """out_i = W2[i] GELU(Σ_{j<=i in i's run} W1[j]^T x_j / count), one query at a time."""
+  b, n, _ = w1.shape
+  start, out = runs(seg), np.zeros((b, n, x.shape[-1]))
+  for r in range(b):
+    for i in range(n):
+      js = range(start[r, i], i + 1)
+      state = sum(np.outer(w1[r, j], x[r, j]) for j in js)
+      count = max(sum(mask[r, j] for j in js), 1.0) if ln else 1.0
+      out[r, i] = w2[r, i] @ gelu_np(state / count)
+  return out
+
+
+def segmented_np(w1, x, w2, mask, q_seg, kv_seg, ln):
+  """Query i reads GELU(Σ_{real j, kv_seg_j = q_seg_i} W1[j]^T x_j / count); padding (id 0) reads 0."""
+  b, nq = q_seg.shape
+  out = np.zeros((b, nq, x.shape[-1]))
+  for r in range(b):
+    for i in range(nq):
+      js = [j for j in range(kv_seg.shape[1]) if kv_seg[r, j] == q_seg[r, i] and mask[r, j] > 0]
+      if q_seg[r, i] == 0 or not js:
+        continue
+      state = sum(np.outer(w1[r, j], x[r, j]) for j in js)
+      out[r, i] = w2[r, i] @ gelu_np(state / (len(js) if ln else 1.0))
+  return out
+
+
+def causal_jnp(w1, x, w2, mask, seg, ln):
+  """The same function with every prefix state materialised (differentiable: the gradients' reference)."""
+  n = seg.shape[1]
+  start = jnp.asarray(runs(np.asarray(seg)))
+  pos = jnp.arange(n)
+  vis = ((pos[None, None, :] <= pos[None, :, None]) & (pos[None, None, :] >= start[:, :, None])).astype(jnp.float32)
+  state = jnp.einsum("bij,bjh,bjd->bihd", vis, w1, x)
+  if ln:
+    state = state / jnp.maximum(jnp.einsum("bij,bj->bi", vis, mask), 1.0)[:, :, None, None]
+  return jnp.einsum("bih,bihd->bid", w2, jax.nn.gelu(state, approximate=False))
+
+
+def segments(rng, b, n, pieces, pad):
+  """Contiguous ids 1..pieces over the first n - pad positions of each row, 0 (padding) after."""
+  seg = np.zeros((b, n), np.int32)
+  for r in range(b):
+    ends = np.sort(rng.choice(np.arange(1, n - pad), size=pieces - 1, replace=False))
+    seg[r, :n - pad] = 1 + (np.arange(n - pad)[None, :] >= ends[:, None]).sum(0)
+  return seg
+
+
+def data(rng, b, nq, nk, h, d, kv_seg):
+  mask = (kv_seg > 0).astype(np.float32)
+  w1 = rng.normal(size=(b, nk, h)).astype(np.float32) * mask[:, :, None]
+  return (w1, rng.normal(size=(b, nk, d)).astype(np.float32), rng.normal(size=(b, nq, h)).astype(np.float32), mask,
+          rng.normal(size=(b, nq, d)).astype(np.float32))
+
+
+def rel(a, r):
+  return float(np.max(np.abs(np.asarray(a) - np.asarray(r))) / np.max(np.abs(np.asarray(r))))
+
+
+def xla_form(length_normalize, name):
+  """The layer's XLA form (what GPUs ran before the kernels), unbound: it reads only the module's fields."""
+  return getattr(HyperMixing(T5Config(dtype="float32"), length_normalize=length_normalize, chunk_size=4,
+                             segment_block=2), name)
+
+
+@pytest.mark.parametrize("b,n,h,d,ln,pieces,block_h,block_d", [
+    (2, 13, 48, 40, False, 3, 16, 16),  # d' and d padded up to whole tiles
+    (3, 9, 32, 32, True, 2, 32, 16),
+    (2, 17, 20, 24, True, 4, 8, 8),
+])
+def test_causal_kernel_against_the_equations_and_xla(b, n, h, d, ln, pieces, block_h, block_d):
+  rng = np.random.default_rng(n)
+  seg = segments(rng, b, n, pieces, pad=2)
+  w1, x, w2, mask, g = data(rng, b, n, n, h, d, seg)
+  with jax.default_matmul_precision("highest"):
+    kernel = lambda w1, x, w2: gpu_hypermixing.kernel(w1, x, w2, mask, seg, ln, block_h=block_h, block_d=block_d,
+                                                      interpret=True)
+    out, vjp = jax.vjp(kernel, w1, x, w2)
+    grads = vjp(g)
+    _, ref_vjp = jax.vjp(lambda *a: causal_jnp(*a, mask, seg, ln), w1, x, w2)
+    xla_out, xla_vjp = jax.vjp(lambda *a: xla_form(ln, "_scan_causal")(*a, mask, seg), w1, x, w2)
+    assert rel(out, causal_np(w1, x, w2, mask, seg, ln)) < 2e-6
+    assert rel(out, xla_out) < 2e-6
+    # XLA's scan also masks the keys it sums (its W1 gradient is 0 at padding); the layer masks W1 before either
+    keys = (mask[:, :, None], 1.0, 1.0)
+    for got, want, xla, m in zip(grads, ref_vjp(g), xla_vjp(g), keys):
+      assert rel(got, want) < 2e-6 and rel(got * m, xla) < 2e-6
+
+
+@pytest.mark.parametrize("b,nq,nk,h,d,ln,pieces,block_h", [
+    (2, 13, 13, 48, 40, False, 3, 16),  # self-mixing
+    (3, 9, 21, 32, 32, True, 3, 32),  # cross-mixing: 9 decoder queries, 21 encoder keys
+    (2, 17, 11, 20, 24, True, 3, 8),
+])
+def test_segmented_kernel_against_the_equations_and_xla(b, nq, nk, h, d, ln, pieces, block_h):
+  rng = np.random.default_rng(nq + nk)
+  kv_seg = segments(rng, b, nk, pieces, pad=2)
+  q_seg = kv_seg.copy() if nq == nk else segments(rng, b, nq, pieces, pad=1)
+  if nq != nk:
+    kv_seg[1][kv_seg[1] == 2] = 3  # row 1: id 2 has queries but no keys (they read 0)
+  w1, x, w2, mask, g = data(rng, b, nq, nk, h, d, kv_seg)
+  with jax.default_matmul_precision("highest"):
+    kernel = lambda w1, x, w2: gpu_hypermixing.segmented_kernel(w1, x, w2, mask, q_seg, kv_seg, ln,
+                                                                block_h=block_h, block_d=8, interpret=True)
+    out, vjp = jax.vjp(kernel, w1, x, w2)
+    xla_out, xla_vjp = jax.vjp(lambda *a: xla_form(ln, "_block_segmented")(*a, mask, q_seg, kv_seg), w1, x, w2)
+    assert rel(out, segmented_np(w1, x, w2, mask, q_seg, kv_seg, ln)) < 2e-6
+    assert rel(out, xla_out) < 2e-6
+    for got, want in zip(vjp(g), xla_vjp(g)):
+      assert rel(got, want) < 2e-6
+
+
+def test_gelu_and_its_slope():
+  a = np.linspace(-9, 9, 2001).astype(np.float32)
+  value, slope = gpu_hypermixing.gelu_and_grad(jnp.asarray(a))
+  assert np.max(np.abs(np.asarray(value) - gelu_np(a.astype(np.float64)))) < 2e-6
+  want = jax.vmap(jax.grad(lambda v: jax.nn.gelu(v, approximate=False)))(jnp.asarray(a, jnp.float32))
+  assert np.max(np.abs(np.asarray(slope) - np.asarray(want))) < 2e-6
+
+
+def lowered(platform, fn, *shapes):
+  return jax.jit(lambda *a: fn(*a)).trace(*shapes).lower(lowering_platforms=(platform,)).as_text()  # traced afresh
+
+
+def test_only_programs_lowered_for_cuda_call_the_kernels(monkeypatch):
+  """A HyperMixer layer's gradient, causal and packed non-causal: Triton calls when lowered for CUDA, none for
+  CPU or TPU (they keep XLA's forms), none with $REMIXER_T5_GPU_HYPERMIXING=off, none inside a FLOP count."""
+  cfg = T5Config(vocab_size=64, emb_dim=16, num_heads=2, num_encoder_layers=1, num_decoder_layers=1, head_dim=8,
+                 mlp_dim=32, dtype="float32")
+  b, n = 2, 12
+  x = jnp.ones((b, n, 16))
+  seg = jnp.asarray(np.repeat([[1] * 5 + [2] * 7], b, 0), jnp.int32)
+  pos = jnp.asarray(np.repeat([list(range(5)) + list(range(7))], b, 0), jnp.int32)
+  mod = HyperMixing(cfg)
+
+  def ctx(causal):
+    return base.MixerContext(q_mask=jnp.ones((b, n)), kv_mask=jnp.ones((b, n)), q_positions=pos, kv_positions=pos, q_segment_ids=seg,
+                             kv_segment_ids=seg, causal=causal)
+
+  params = mod.init(jax.random.PRNGKey(0), x, x, ctx(False))
+  S = jax.ShapeDtypeStruct
+  shapes = (jax.tree_util.tree_map(lambda a: S(a.shape, a.dtype), params), S(x.shape, x.dtype))
+  for causal in (True, False):
+    grad = jax.grad(lambda v, x: jnp.sum(mod.apply(v, x, x, ctx(causal)) ** 2), argnums=(0, 1))
+    want = "hypermixing_causal" if causal else "hypermixing_segmented"
+    cuda = lowered("cuda", grad, *shapes)
+    assert cuda.count("__gpu$xla.gpu.triton") == 2 and want in cuda and "stablehlo.while" not in cuda
+    for platform in ("cpu", "tpu"):
+      text = lowered(platform, grad, *shapes)
+      assert "triton" not in text and "stablehlo.while" in text  # the scan over chunks or id blocks
+    with base.counting_model_flops():
+      assert "triton" not in lowered("cuda", grad, *shapes)
+    monkeypatch.setenv(gpu_hypermixing.ENV, "off")
+    assert "triton" not in lowered("cuda", grad, *shapes)
+    monkeypatch.delenv(gpu_hypermixing.ENV)
+
+
+def test_bad_setting_is_named():
+  with pytest.raises(ValueError, match=r"\$REMIXER_T5_GPU_HYPERMIXING='fast': expected on or off"):
+    gpu_hypermixing.enabled({"REMIXER_T5_GPU_HYPERMIXING": "fast"})
+  assert gpu_hypermixing.enabled({}) and not gpu_hypermixing.enabled({"REMIXER_T5_GPU_HYPERMIXING": "OFF"})
