@@ -32,8 +32,9 @@ import jax
 import jax.numpy as jnp
 
 ENV = "REMIXER_T5_GPU_HYPERMIXING"
-BLOCK_H = 32  # d' rows of the state tile (a power of 2: Triton's tensors); 32 x 64 with 4 warps timed fastest
-BLOCK_D = 64  # d columns                    of the 4 tiles tried on an H200 (docs/benchmarks.md)
+BLOCK_H = 16  # d' rows of the causal state tile (a power of 2: Triton's tensors) and its d columns: 16 x 64 with
+BLOCK_D = 64  # 2 warps timed fastest of the 8 tiles tried on an H200 (docs/benchmarks.md, fourth GPU measurement)
+WARPS = 2
 # The packed non-causal form evaluates GELU once per segment, not per position, so its time is the partial sums'
 # traffic (one [b, n, d] float32 partial output per d'-block): larger d'-blocks, fewer partials. Not yet timed.
 SEGMENTED_BLOCK_H = 64
@@ -315,7 +316,7 @@ def segmented(w1, x, w2, mask, q_segment_ids, kv_segment_ids, length_normalize: 
 
 
 def kernel(w1, x, w2, mask, segment_ids, length_normalize: bool, *, block_h: int = BLOCK_H,
-           block_d: int = BLOCK_D, num_warps: tuple[int, int] = (4, 4), interpret: bool = False):
+           block_d: int = BLOCK_D, num_warps: tuple[int, int] = (WARPS, WARPS), interpret: bool = False):
   """The causal form through the kernels (with their gradient), for any platform Pallas lowers to: a GPU, or
   `interpret=True` anywhere (tests). w1, w2 [b, n, d'], x [b, n, d], mask [b, n] (real keys; w1 already
   masked), segment_ids [b, n]; returns float32 [b, n, d]."""

@@ -391,34 +391,41 @@ def stage_hypermixing_kernel(timed: bool = True) -> dict:
 
 
 def stage_hypermixing_forms() -> dict:
-  """HyperMixing's non-causal forms on this GPU, one layer's forward + backward at base size (a microbatch of 32
-  of runs/pretrain.gin's rows, d' 2048, d 768, bfloat16): the packed form (`_block_segmented`) over the encoder's
-  512 positions with 1 and with 5 segments a row, the unpacked form, and the packed cross form (114 queries)."""
+  """HyperMixing's packed non-causal form on this GPU, one layer's forward + backward at base size (a microbatch of
+  32 of runs/pretrain.gin's rows, d' 2048, d 768, bfloat16): XLA's form (`_block_segmented`, what GPUs ran before
+  gpu_hypermixing's kernel) and the kernel, over the encoder's 512 positions with 1 and with 5 segments a row and
+  for cross-mixing (114 queries), beside the unpacked form (one state a row: the floor)."""
   import jax
   import jax.numpy as jnp
   import numpy as np
 
+  from remixer_t5 import gpu_hypermixing
   from remixer_t5.config import T5Config
   from remixer_t5.mixers.hypermixer import HyperMixing, _activate
 
   rng = np.random.default_rng(0)
   mixer = HyperMixing(T5Config(dtype="bfloat16"))
-  b, h, d = (32, 2048, 768) if jax.default_backend() != "cpu" else (2, 64, 32)  # a CPU run: a smoke test
+  on_cpu = jax.default_backend() == "cpu"  # a CPU run of this script: small sizes, the kernel interpreted
+  b, h, d = (2, 64, 32) if on_cpu else (32, 2048, 768)
   row = {"stage": "hypermixing_forms", "device_kind": jax.devices()[0].device_kind, "timings_ms": {}}
 
   def seg_ids(n, pieces):
-    ends = np.sort(rng.choice(np.arange(1, n), size=(b, pieces - 1), replace=False), axis=1) if pieces > 1 else \
-        np.zeros((b, 0), int)
-    return jnp.asarray(1 + (np.arange(n)[None, None, :] >= ends[:, :, None]).sum(1), jnp.int32)
+    ids = np.ones((b, n), np.int32)
+    for r in range(b):
+      ends = np.sort(rng.choice(np.arange(1, n), size=pieces - 1, replace=False))
+      ids[r] = 1 + (np.arange(n)[None, :] >= ends[:, None]).sum(0)
+    return jnp.asarray(ids)
 
   def unpacked(w1, x, w2, kv_mask, q_seg, kv_seg):
     hsum = jnp.einsum("bjh,bjd->bhd", w1, x, preferred_element_type=jnp.float32)
     return jnp.einsum("bih,bhd->bid", w2, _activate(hsum, None, jnp.bfloat16))
 
-  cases = [("packed self, 512, 1 segment", 512, 512, 1, mixer._block_segmented),
-           ("packed self, 512, 5 segments", 512, 512, 5, mixer._block_segmented),
-           ("unpacked self, 512", 512, 512, 1, unpacked),
-           ("packed cross, 114 x 512, 5 segments", 114, 512, 5, mixer._block_segmented)]
+  kernel = lambda *a: gpu_hypermixing.segmented_kernel(*a, False, interpret=on_cpu)
+  cases = [(f"{form} {what}", nq, nk, pieces, fn)
+           for what, nq, nk, pieces in (("self, 512, 1 segment", 512, 512, 1), ("self, 512, 5 segments", 512, 512, 5),
+                                        ("cross, 114 x 512, 5 segments", 114, 512, 5))
+           for form, fn in (("XLA", mixer._block_segmented), ("kernel", kernel))]
+  cases.append(("unpacked self, 512", 512, 512, 1, unpacked))
   for name, nq, nk, pieces, form in cases:
     t0 = time.time()
     try:
@@ -440,7 +447,7 @@ def stage_hypermixing_forms() -> dict:
         times.append(time.perf_counter() - t)
       row["timings_ms"][name] = {"median": round(1e3 * statistics.median(times), 2),
                                  "all": [round(1e3 * t, 2) for t in times], "first_call_s": round(first, 1)}
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - one form that fails is a row, not the end
       row["timings_ms"][name] = {"error": f"{type(e).__name__}: {e}"[:500]}
     _progress(t0, f"{name}: {row['timings_ms'][name]}")
   return row
