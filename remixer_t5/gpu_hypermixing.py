@@ -25,6 +25,7 @@ it (they keep `fallback`). `$REMIXER_T5_GPU_HYPERMIXING=off` keeps XLA's form on
 from __future__ import annotations
 
 import functools
+import math
 import os
 from typing import Callable
 
@@ -309,7 +310,7 @@ def segmented_kernel(w1, x, w2, mask, q_segment_ids, kv_segment_ids, length_norm
 def segmented(w1, x, w2, mask, q_segment_ids, kv_segment_ids, length_normalize: bool, fallback: Callable):
   """The packed non-causal kernel where the program is lowered for a GPU (CUDA), `fallback(w1, x, w2, mask,
   q_segment_ids, kv_segment_ids)` on every other platform; float32 output."""
-  on_gpu = lambda *a: segmented_kernel(*a, length_normalize)
+  on_gpu = _per_batch_shard(lambda *a: segmented_kernel(*a, length_normalize))
   other = lambda *a: fallback(*a).astype(f32)
   return jax.lax.platform_dependent(w1, x, w2, mask, jnp.asarray(q_segment_ids, jnp.int32),
                                     jnp.asarray(kv_segment_ids, jnp.int32), cuda=on_gpu, default=other)
@@ -347,10 +348,37 @@ def kernel(w1, x, w2, mask, segment_ids, length_normalize: bool, *, block_h: int
   return run(w1, x, w2, seg, jax.lax.stop_gradient(scale), start)
 
 
+def _per_batch_shard(fn: Callable) -> Callable:
+  """`fn` on each device's own rows when the program is traced under a mesh whose rules shard the batch
+  (partitioning.activation_sharding): XLA does not partition a custom call, so without this every GPU would
+  gather the whole batch and run the kernel on all of it. Other dimensions are gathered (a 'model' axis sharding
+  d' is undone here). Batches the shards do not divide keep the unpartitioned call."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or mesh.size == 1:
+    return fn
+  from flax import linen as nn
+  rules = nn.get_logical_axis_rules()
+  axes = nn.logical_to_mesh_axes(("batch",), rules)[0] if rules else None
+  if axes is None:
+    return fn
+  axes = tuple(axes) if isinstance(axes, (tuple, list)) else (axes,)
+  shards = math.prod(dict(mesh.shape)[a] for a in axes)
+
+  def each_shard(*args):
+    if shards == 1 or args[0].shape[0] % shards:
+      return fn(*args)
+    spec = jax.sharding.PartitionSpec(axes)
+    if jax.sharding.AxisType.Explicit in mesh.axis_types:  # (partitioning's meshes are Auto)
+      args = tuple(jax.sharding.reshard(a, spec) for a in args)
+    return jax.shard_map(fn, mesh=mesh, in_specs=(spec,) * len(args), out_specs=spec, check_vma=False)(*args)
+
+  return each_shard
+
+
 def causal(w1, x, w2, mask, segment_ids, length_normalize: bool, fallback: Callable):
   """The kernel where the program is lowered for a GPU (CUDA), `fallback(w1, x, w2, mask, segment_ids)` on
   every other platform; float32 output."""
   seg = jnp.zeros(mask.shape, jnp.int32) if segment_ids is None else jnp.asarray(segment_ids, jnp.int32)
-  on_gpu = lambda w1, x, w2, mask, seg: kernel(w1, x, w2, mask, seg, length_normalize)
+  on_gpu = _per_batch_shard(lambda w1, x, w2, mask, seg: kernel(w1, x, w2, mask, seg, length_normalize))
   other = lambda w1, x, w2, mask, seg: fallback(w1, x, w2, mask, seg).astype(f32)
   return jax.lax.platform_dependent(w1, x, w2, mask, seg, cuda=on_gpu, default=other)
