@@ -191,3 +191,41 @@ def test_bad_setting_is_named():
   with pytest.raises(ValueError, match=r"\$REMIXER_T5_GPU_HYPERMIXING='fast': expected on or off"):
     gpu_hypermixing.enabled({"REMIXER_T5_GPU_HYPERMIXING": "fast"})
   assert gpu_hypermixing.enabled({}) and not gpu_hypermixing.enabled({"REMIXER_T5_GPU_HYPERMIXING": "OFF"})
+
+
+SHARDED = """
+import json, re
+import jax, jax.numpy as jnp, numpy as np
+from remixer_t5 import gpu_hypermixing, partitioning
+S = jax.ShapeDtypeStruct
+fall = lambda w1, x, w2, *a: jnp.zeros(w2.shape[:2] + x.shape[-1:], jnp.float32)
+def loss(w1, x, w2, mask, seg):
+  out = gpu_hypermixing.causal(w1, x, w2, mask, seg, True, fall)
+  return jnp.sum(out * gpu_hypermixing.segmented(w1, x, w2, mask, seg, seg, False, fall))
+args = (S((16, 9, 40), jnp.float32), S((16, 9, 24), jnp.float32), S((16, 9, 40), jnp.float32),
+        S((16, 9), jnp.float32), S((16, 9), jnp.int32))
+out = {}
+for rules in ("data", "fsdp"):
+  mesh = partitioning.make_mesh(1, "4x2", rules=rules)
+  with partitioning.activation_sharding(mesh):
+    text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  out[rules] = {"triton": text.count("__gpu$xla.gpu.triton"), "manual": text.count("manual_computation"),
+                "rows": sorted(set(re.findall(r"tensor<(\\d+)x9x40xf32>", text)))}
+print(json.dumps(out))
+"""
+
+
+def test_under_a_mesh_each_device_runs_the_kernels_on_its_own_rows():
+  """XLA does not partition a custom call: under the trainer's mesh (8 host devices, data-parallel rules) the
+  kernels run inside a shard_map over the batch axes, each device on its rows (16 / 8 = 2 with the 'data'
+  rules, whose batch spans both mesh axes; 16 / 4 = 4 with 'fsdp', whose batch is the 'data' axis only)."""
+  import json
+  import sys
+  sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+  from subprocess_util import run_py
+  proc = run_py(SHARDED, {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  got = json.loads(proc.stdout.strip().splitlines()[-1])
+  for rules, rows in (("data", "2"), ("fsdp", "4")):
+    assert got[rules]["triton"] == 4 and got[rules]["manual"] >= 2, got
+    assert rows in got[rules]["rows"], got
