@@ -261,8 +261,12 @@ def _gpu_cost(compiled) -> dict[str, Any]:
   cost = _jax.hlo_module_cost_analysis(jax.devices("cpu")[0].client, module)
   out = {"xla_flops_per_device": max(0.0, float(cost.get("flops", 0.0))),
          "bytes_accessed_per_device": max(0.0, float(cost.get("bytes accessed", 0.0))), "optimal_seconds": 0.0}
-  library = sorted({t for t in re.findall(r'custom_call_target="([^"]+)"', compiled.as_text())
+  text = compiled.as_text()
+  library = sorted({t for t in re.findall(r'custom_call_target="([^"]+)"', text)
                     if "cublas" in t.lower() or "cudnn" in t.lower()})
+  kernels = text.count('custom_call_target="__gpu$xla.gpu.triton"')  # Pallas kernels (gpu_hypermixing.py)
+  if kernels:
+    out["kernel_calls"] = kernels
   if library:
     out["flops_note"] = (f"XLA's count misses the FLOPs of {len(library)} library call kind(s) ({', '.join(library)}):"
                          " a lower bound")
@@ -509,6 +513,9 @@ def compile_run(settings: Mapping[str, Any], topology: str, *, num_slices: int =
             f"{'; ...' if len(loops) > 3 else ''})" if loops else None)
     if loop:
       row["estimate_note"] = f"{loop}: XLA's cost model counts the loop body once, so its time is not a step time"
+    elif row.get("kernel_calls"):
+      row["estimate_note"] = (f"the step calls {row['kernel_calls']} Pallas (Triton) kernel(s), whose FLOPs and "
+                              "bytes XLA's cost analysis does not see, so no step time is implied")
     elif row["optimal_seconds"] > 0:
       row["est_steps_per_s"] = 1.0 / row["optimal_seconds"]
     elif gpu and peak and row["xla_flops_per_device"] > 0:

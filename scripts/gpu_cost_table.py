@@ -96,6 +96,9 @@ def render(rows: list[dict]) -> str:
     notes = []
     if t.get("loops"):
       notes.append(f"{len(t['loops'])} while loop(s): no step time (a loop body counts once)")
+    if t.get("kernel_calls"):
+      notes.append(f"{t['kernel_calls']} Pallas kernel call(s): no step time (XLA counts neither their FLOPs nor "
+                   "their bytes)")
     if t.get("xla_options"):
       notes.append("cuBLAS GEMMs (Triton found no tiling without autotuning)")
     if t.get("roofline_note"):

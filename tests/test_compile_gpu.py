@@ -179,3 +179,18 @@ def test_the_init_compile_script_compiles_both_forms(tmp_path):
   assert set(rows) == {"kernel", "inlined"}
   assert rows["kernel"]["hlo_chars"] < rows["inlined"]["hlo_chars"]
   assert all(r["output_mib"] > 0 and r["lower_and_compile_seconds"] > 0 for r in rows.values())
+
+
+@needs_plugin
+def test_hypermixer_compiles_its_pallas_kernels_and_claims_no_step_time(capsys, monkeypatch):
+  """HyperMixing's causal and packed forms are Pallas (Triton) kernels in GPU programs (gpu_hypermixing.py): the
+  compile lowers them through Triton and ptxas, and since XLA's cost analysis sees neither their FLOPs nor their
+  bytes, the report implies no step time from it."""
+  monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+  tiny = ["--gin_file=models/hypermixer/tiny.gin", *TINY[1:]]
+  assert cli.main(["compile", *tiny, "--topology", "h100", "--json"]) == 0
+  train = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"]["train"]
+  assert train["fits"] and train["kernel_calls"] >= 4  # forward and gradient, causal and packed
+  assert not train.get("loops")  # XLA's chunked scan and id-block loop are gone
+  assert "roofline_seconds" not in train and "est_mfu" not in train
+  assert "Pallas (Triton) kernel" in train["estimate_note"]
