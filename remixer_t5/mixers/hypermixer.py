@@ -284,21 +284,24 @@ class HyperMixing(nn.Module):
                        ) -> Array:
     """Packed non-causal: query i reads GELU(Σ_{j real, seg_j = seg_i} W1[j]^T x_j), one state per segment id.
 
-    Segment ids are 1, 2, ... (0 is padding). Only ids up to min(q_len, kv_len) are looked for: a larger id has
-    no keys (its queries read GELU(0) = 0, as they would from a block) or no queries. A step handles
-    `segment_block` ids with one-hot sums; steps above the batch's largest query id are skipped. (Looking up to
-    max(q_len, kv_len) gave COGS's cross-mixing 80 steps for 64 encoder positions, 78 of them skipped, and the
-    skipped steps took ~60% of its time on XLA:CPU.)
+    Segment ids are 1, 2, ... (0 is padding). A step handles `segment_block` ids with one-hot sums, and only the
+    steps up to the batch's largest query id run: the loop's trip count is that id (at most min(q_len, kv_len):
+    a larger id has no keys or no queries, whose queries read GELU(0) = 0 as they would from a block). The
+    gradient is a loop of the same length that recomputes each step's block and adds its cotangents
+    (`custom_vjp`: XLA cannot differentiate a loop of data-dependent length, and the recomputation keeps
+    nothing per step). Before, a fixed-length scan of min(q_len, kv_len) / segment_block steps skipped the
+    unused ones in a `lax.cond`, and the skipped steps still cost most of the time: on one H200 a base-size
+    encoder layer's forward + backward took 247 ms with 1 segment a row against 1.4 ms unpacked
+    (docs/benchmarks.md, fourth GPU measurement).
     """
     b, nq, h = w2.shape
     d = x.shape[-1]
     k = max(1, self.segment_block)
-    steps = -(-min(nq, x.shape[1]) // k)
     q_seg, kv_seg = q_seg.astype(jnp.int32), kv_seg.astype(jnp.int32)
-    top = jnp.max(q_seg)
+    steps = jnp.clip(-(-jnp.max(q_seg) // k), 0, -(-min(nq, x.shape[1]) // k))  # blocks holding ids 1..top
     length_normalize, dtype = self.length_normalize, self.config.dtype
 
-    def block(start):
+    def block(start, w1, x, w2, kv_mask, q_seg, kv_seg):
       ids = start + 1 + jnp.arange(k)
       kv_hot = (kv_seg[:, :, None] == ids).astype(f32) * kv_mask[:, :, None]  # [b, j, s]
       # Two-operand contractions (XLA:CPU runs the three-operand einsums as slow generic loops): the block's
@@ -311,18 +314,28 @@ class HyperMixing(nn.Module):
       act = _activate(hsum, count, dtype).reshape(b, k * h, d)
       return jnp.einsum("bik,bkd->bid", hot_w2, act, preferred_element_type=f32)
 
-    skip = lambda _: jnp.zeros((b, nq, d), f32)
-    # The checkpoint wraps the cond, not the block inside it: a cond passes what its branches save out as
-    # per-step outputs, so a checkpointed block inside it made the scan keep a copy of W1, W2 and X for every
-    # step (3.1 GiB per base-size encoder layer at batch 4); around the cond the residuals are the step index
-    # and the loop-invariant inputs, which the scan keeps once.
-    stepped = jax.checkpoint(lambda start: jax.lax.cond(start < top, block, skip, start))
+    # The segment ids, mask and trip count are arguments, not closed over: a custom_vjp may not capture tracers.
+    @jax.custom_vjp
+    def run(w1, x, w2, kv_mask, q_seg, kv_seg, steps):
+      fold = lambda i, acc: acc + block(i * k, w1, x, w2, kv_mask, q_seg, kv_seg)
+      return jax.lax.fori_loop(0, steps, fold, jnp.zeros((b, nq, d), f32))
 
-    def step(acc, start):
-      return acc + stepped(start), None
+    def run_fwd(w1, x, w2, kv_mask, q_seg, kv_seg, steps):
+      return run(w1, x, w2, kv_mask, q_seg, kv_seg, steps), (w1, x, w2, kv_mask, q_seg, kv_seg, steps)
 
-    out, _ = jax.lax.scan(step, jnp.zeros((b, nq, d), f32), jnp.arange(steps) * k)
-    return out
+    def run_bwd(res, g):
+      w1, x, w2, kv_mask, q_seg, kv_seg, steps = res
+
+      def fold(i, grads):
+        _, pullback = jax.vjp(lambda a, c, e: block(i * k, a, c, e, kv_mask, q_seg, kv_seg), w1, x, w2)
+        return jax.tree_util.tree_map(jnp.add, grads, pullback(g))
+
+      zeros = tuple(jnp.zeros(a.shape, a.dtype) for a in (w1, x, w2))
+      dw1, dx, dw2 = jax.lax.fori_loop(0, steps, fold, zeros)
+      return dw1, dx, dw2, jnp.zeros_like(kv_mask), None, None, None
+
+    run.defvjp(run_fwd, run_bwd)
+    return run(w1, x, w2, jax.lax.stop_gradient(kv_mask), q_seg, kv_seg, steps)
 
   def _decode(self, h_in, h_out, inputs_q: Array, inputs_kv: Array, ctx: base.MixerContext,
               hidden: int) -> Array:
