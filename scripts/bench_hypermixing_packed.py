@@ -48,6 +48,17 @@ print(json.dumps(out))
 """
 
 
+def cpu_model() -> str:
+  try:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+      if line.startswith("model name"):
+        return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  import platform
+  return platform.processor() or platform.machine()
+
+
 def commit(repo: Path) -> str:
   return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True,
                         text=True).stdout.strip() or "?"
@@ -82,7 +93,8 @@ def main() -> int:
     for p, v in times[str(repo)].items():
       row = {"repo": repo.name, "commit": commit(repo), "shape": [b, n, h, d], "segments": int(p),
              "median_ms": round(1e3 * statistics.median(v), 2), "ms": [round(1e3 * t, 2) for t in v],
-             "cpu": os.cpu_count(), "load": os.getloadavg()[0]}
+             "cpu_model": cpu_model(), "cpus": os.cpu_count(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
+             "load": os.getloadavg()[0]}
       print(json.dumps(row) if args.json else
             f"{repo.name} ({row['commit']}), {p} segment(s) a row: {row['median_ms']} ms (rounds {row['ms']})")
   return 0
