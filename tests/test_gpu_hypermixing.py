@@ -229,3 +229,39 @@ def test_under_a_mesh_each_device_runs_the_kernels_on_its_own_rows():
   for rules, rows in (("data", "2"), ("fsdp", "4")):
     assert got[rules]["triton"] == 4 and got[rules]["manual"] >= 2, got
     assert rows in got[rules]["rows"], got
+
+
+def test_a_hypermixer_train_step_through_the_kernels_matches_xla(monkeypatch):
+  """The tiny HyperMixer's loss and every parameter's gradient on packed rows (3 examples a row, then padding)
+  with both kernels standing in where a GPU program would call them (run by Pallas's interpreter here): the
+  layer passes the kernels the right masks, ids and dtypes, through the model's remat and the loss."""
+  from remixer_t5 import bench_train, gin_utils
+  gin_utils.parse_gin(["models/hypermixer/tiny.gin"], ["DROPOUT_RATE=0.0"])
+  lengths = {"inputs": 24, "targets": 20}
+  model = bench_train.from_gin(4, lengths)["model"]
+  batch = bench_train.random_batch(model.module.config.vocab_size, 4, lengths)
+  params = model.init_variables(jax.random.PRNGKey(0), {k: (1, v.shape[1]) for k, v in batch.items()})["params"]
+  ids = lambda n, cuts: np.searchsorted(np.asarray(cuts), np.arange(n), side="right").astype(np.int32)
+  pos = lambda seg: np.array([i - np.argmax(seg == s) for i, s in enumerate(seg)], np.int32)
+  es, ds = ids(24, [0, 9, 17, 22]), ids(20, [0, 7, 15, 19])
+  es[es == 4], ds[ds == 4] = 0, 0
+  batch.update(encoder_segment_ids=np.tile(es, (4, 1)), decoder_segment_ids=np.tile(ds, (4, 1)),
+               encoder_positions=np.tile(pos(es), (4, 1)), decoder_positions=np.tile(pos(ds), (4, 1)))
+  batch = {k: jnp.asarray(v) for k, v in batch.items()}
+  step = lambda: jax.jit(jax.value_and_grad(lambda p: model.loss_fn(p, batch, None)[0]))
+  monkeypatch.setenv(gpu_hypermixing.ENV, "off")
+  with jax.default_matmul_precision("highest"):
+    ref_loss, ref_grads = step()(params)
+  calls = []
+  monkeypatch.setenv(gpu_hypermixing.ENV, "on")
+  monkeypatch.setattr(gpu_hypermixing, "causal", lambda w1, x, w2, mask, seg, ln, fallback: calls.append("causal")
+                      or gpu_hypermixing.kernel(w1, x, w2, mask, seg, ln, interpret=True))
+  monkeypatch.setattr(gpu_hypermixing, "segmented", lambda w1, x, w2, mask, qs, ks, ln, fallback: calls.append(
+      "segmented") or gpu_hypermixing.segmented_kernel(w1, x, w2, mask, qs, ks, ln, interpret=True))
+  with jax.default_matmul_precision("highest"):
+    loss, grads = step()(params)
+  assert calls.count("causal") >= 2 and calls.count("segmented") >= 4, calls  # every layer's slots
+  assert abs(float(loss) - float(ref_loss)) <= 1e-5 * abs(float(ref_loss))
+  worst = max(jax.tree.leaves(jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b)) / (jnp.max(jnp.abs(b)) + 1e-12)),
+                                           grads, ref_grads)))
+  assert worst < 1e-4
