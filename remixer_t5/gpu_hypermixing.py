@@ -115,72 +115,73 @@ def _run_ends(seg_ref, j, n: int):
   return jnp.maximum((j == n - 1).astype(jnp.int32), (seg_ref[after] != seg_ref[j]).astype(jnp.int32))
 
 
-def _segmented_forward_kernel(w1_ref, x_ref, w2_ref, seg_ref, scale_ref, qlo_ref, qhi_ref, out_ref, *, nk: int,
-                              nq: int):
-  zero_row = jnp.zeros((x_ref.shape[-1],), f32)
+def _clear_rows(ref, n: int):
+  """Zero rows 0..n-1 of `ref` (rows no segment writes: queries of an id without keys read GELU(0) = 0)."""
+  zero = jnp.zeros((ref.shape[-1],), f32)
 
-  def clear(i, carry):  # queries of an id without keys read GELU(0) = 0
-    out_ref[i, :] = zero_row
+  def clear(i, carry):
+    ref[i, :] = zero
     return carry
 
-  jax.lax.fori_loop(0, nq, clear, 0)
+  jax.lax.fori_loop(0, n, clear, 0)
 
+
+def _each_segment(w1_ref, x_ref, seg_ref, nk: int, at_end):
+  """Sum each run of keys' outer products W1[j] ⊗ x_j; at the run's last key j call `at_end(j, sum)` once."""
   def body(j, state):
     state = state + _outer(w1_ref, x_ref, j)
     last = _run_ends(seg_ref, j, nk)
 
-    def emit(_, carry):  # once, at the run's last key: its queries read GELU of the run's sum
-      act, _ = gelu_and_grad(state * scale_ref[j])
+    def once(_, carry):
+      at_end(j, state)
+      return carry
 
-      def write(i, c):
-        out_ref[i, :] = jnp.sum(w2_ref[i, :].astype(f32)[:, None] * act, axis=0)
-        return c
-
-      return jax.lax.fori_loop(qlo_ref[j], qhi_ref[j], write, carry)
-
-    jax.lax.fori_loop(0, last, emit, 0)  # a loop of 0 or 1 trips: Triton's branch
+    jax.lax.fori_loop(0, last, once, 0)  # a loop of 0 or 1 trips: Triton's branch
     return state * (1 - last).astype(f32)
 
   jax.lax.fori_loop(0, nk, body, jnp.zeros((w1_ref.shape[-1], x_ref.shape[-1]), f32))
 
 
+def _segmented_forward_kernel(w1_ref, x_ref, w2_ref, seg_ref, scale_ref, qlo_ref, qhi_ref, out_ref, *, nk: int,
+                              nq: int):
+  _clear_rows(out_ref, nq)
+
+  def at_end(j, state):  # the run's queries read GELU of the run's sum
+    act, _ = gelu_and_grad(state * scale_ref[j])
+
+    def write(i, c):
+      out_ref[i, :] = jnp.sum(w2_ref[i, :].astype(f32)[:, None] * act, axis=0)
+      return c
+
+    jax.lax.fori_loop(qlo_ref[j], qhi_ref[j], write, 0)
+
+  _each_segment(w1_ref, x_ref, seg_ref, nk, at_end)
+
+
 def _segmented_backward_kernel(w1_ref, x_ref, w2_ref, seg_ref, scale_ref, start_ref, qlo_ref, qhi_ref, g_ref,
                                dw1_ref, dx_ref, dw2_ref, *, nk: int, nq: int):
+  _clear_rows(dw2_ref, nq)
   zero = jnp.zeros((w1_ref.shape[-1], x_ref.shape[-1]), f32)
-  zero_row = jnp.zeros((w1_ref.shape[-1],), f32)
 
-  def clear(i, carry):
-    dw2_ref[i, :] = zero_row
-    return carry
+  def at_end(j, state):
+    scale = scale_ref[j]
+    act, slope = gelu_and_grad(state * scale)
 
-  jax.lax.fori_loop(0, nq, clear, 0)
+    def read(i, gsum):  # dW2 of each query, and Σ_i W2[i] ⊗ g_i over the run's queries
+      g = g_ref[i, :].astype(f32)
+      dw2_ref[i, :] = jnp.sum(act * g[None, :], axis=1)
+      return gsum + w2_ref[i, :].astype(f32)[:, None] * g[None, :]
 
-  def body(j, state):
-    state = state + _outer(w1_ref, x_ref, j)
-    last = _run_ends(seg_ref, j, nk)
+    adj = jax.lax.fori_loop(qlo_ref[j], qhi_ref[j], read, zero) * slope * scale
 
-    def emit(_, carry):
-      scale = scale_ref[j]
-      act, slope = gelu_and_grad(state * scale)
+    def spread(k, c):  # every key of the run: dW1[k] = adj x_k, dx_k = adj^T W1[k]
+      dw1_ref[k, :] = jnp.sum(adj * x_ref[k, :].astype(f32)[None, :], axis=1)
+      dx_ref[k, :] = jnp.sum(adj * w1_ref[k, :].astype(f32)[:, None], axis=0)
+      return c
 
-      def read(i, gsum):  # dW2 of each query, and Σ_i W2[i] ⊗ g_i over the run's queries
-        g = g_ref[i, :].astype(f32)
-        dw2_ref[i, :] = jnp.sum(act * g[None, :], axis=1)
-        return gsum + w2_ref[i, :].astype(f32)[:, None] * g[None, :]
+    jax.lax.fori_loop(start_ref[j], j + 1, spread, 0)
 
-      adj = jax.lax.fori_loop(qlo_ref[j], qhi_ref[j], read, zero) * slope * scale
-
-      def spread(k, c):  # every key of the run: dW1[k] = adj x_k, dx_k = adj^T W1[k]
-        dw1_ref[k, :] = jnp.sum(adj * x_ref[k, :].astype(f32)[None, :], axis=1)
-        dx_ref[k, :] = jnp.sum(adj * w1_ref[k, :].astype(f32)[:, None], axis=0)
-        return c
-
-      return jax.lax.fori_loop(start_ref[j], j + 1, spread, carry)
-
-    jax.lax.fori_loop(0, last, emit, 0)
-    return state * (1 - last).astype(f32)
-
-  jax.lax.fori_loop(0, nk, body, zero)
+  _each_segment(w1_ref, x_ref, seg_ref, nk, at_end)
 
 
 def _segment_starts_and_scale(mask, seg, length_normalize: bool):
