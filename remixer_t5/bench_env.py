@@ -3,7 +3,8 @@
 A CPU figure means little without what decided it: the CPU model and its vector extensions (AVX-512, AMX:
 which kernels XLA and PyTorch pick), the cores usable, the XLA flags in force (the CLI's XLA:CPU option),
 the library Dense's products ran on (`cpu_blas`: MKL's sgemm, or None for XLA's own), what causal HyperMixing
-ran on (`cpu_hypermixing`: the fused C++ loop, or None for XLA's scan), the host
+ran on (`cpu_hypermixing`: the fused C++ loop, or None for XLA's scan; on GPUs `gpu_hypermixing`: whether the
+Pallas kernels are on), the host
 allocator policy, the thread counts PyTorch and OpenMP/MKL use, the load average around the
 measurement, the commit, and the versions. `environment()` gathers them into the row.
 
@@ -158,6 +159,9 @@ def environment(with_torch: bool = False) -> dict[str, Any]:
       "git_commit": git_commit(), "jax_version": jax.__version__}
   if jax.default_backend() == "cpu":
     env["xla_denormals_flushed"] = denormals_flushed("xla")
+  if jax.default_backend() == "gpu":
+    from remixer_t5 import gpu_hypermixing
+    env["gpu_hypermixing"] = "Pallas kernels" if gpu_hypermixing.enabled() else None
   try:
     env["jaxlib_version"] = md.version("jaxlib")
   except md.PackageNotFoundError:  # pragma: no cover

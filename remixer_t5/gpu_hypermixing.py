@@ -21,6 +21,15 @@ GELU's Φ and φ come from one exp (Abramowitz & Stegun 7.1.26, |error in erf| <
 
 `causal` puts the kernel behind `lax.platform_dependent(cuda=...)`, so programs lowered for CPU or TPU never see
 it (they keep `fallback`). `$REMIXER_T5_GPU_HYPERMIXING=off` keeps XLA's form on GPUs too.
+
+The packed non-causal form (`segmented_kernel`) is a second pair of kernels: each program sums a segment's keys
+in one pass and writes that segment's queries once, at its last key.
+
+Memory: each call writes one float32 partial output per d'-block, summed after (no atomics, so the sums are
+deterministic): d'/16 x batch x length x d floats for the causal form (1.4 GB for a microbatch of 32 at base
+size, 114 positions), d'/64 x ... for the packed form. It grows with the length: `remixer-t5 compile --topology
+h100` counts it, and grouping d'-blocks per program would cut it (not done: it needs a GPU to tune).
+Under a mesh the kernels run per batch shard (`_per_batch_shard`): XLA does not partition a custom call.
 """
 from __future__ import annotations
 
