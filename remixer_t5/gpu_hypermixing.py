@@ -17,6 +17,8 @@ Backward, in reverse (the adjoint R of the running sum accumulates dA·GELU'(S r
     dW1[i, K] += Σ_{c∈D} R[:, c] x_i[c];  dx_i[D] += Σ_{k∈K} R[k, :] W1[i, k]
 The state at i is the state at i + 1 less W1[i+1] ⊗ x_{i+1}; at a segment's last position it is summed afresh from
 the segment's start (a second pass over the positions in all, and the subtraction never crosses a segment).
+Over one segment of 1024 positions the gradients stay within 2e-5 of a materialised reference
+(tests/test_gpu_hypermixing.py).
 GELU's Φ and φ come from one exp (Abramowitz & Stegun 7.1.26, |error in erf| <= 1.5e-7, as csrc/hypermixing.cc).
 
 `causal` puts the kernel behind `lax.platform_dependent(cuda=...)`, so programs lowered for CPU or TPU never see

@@ -265,3 +265,19 @@ def test_a_hypermixer_train_step_through_the_kernels_matches_xla(monkeypatch):
   worst = max(jax.tree.leaves(jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b)) / (jnp.max(jnp.abs(b)) + 1e-12)),
                                            grads, ref_grads)))
   assert worst < 1e-4
+
+
+def test_the_causal_gradient_holds_over_a_long_segment():
+  """The backward rebuilds each state by subtracting from the next one (only a segment's end is summed afresh):
+  over one segment of 1024 positions its gradients stay within 2e-5 of the materialised reference."""
+  rng = np.random.default_rng(7)
+  b, n, h, d = 1, 1024, 16, 16
+  seg, mask = np.ones((b, n), np.int32), np.ones((b, n), np.float32)
+  w1, x, w2 = (rng.normal(size=s).astype(np.float32) / 4 for s in ((b, n, h), (b, n, d), (b, n, h)))
+  g = rng.normal(size=(b, n, d)).astype(np.float32)
+  with jax.default_matmul_precision("highest"):
+    _, vjp = jax.vjp(lambda *a: gpu_hypermixing.kernel(*a, mask, seg, True, block_h=16, block_d=16,
+                                                       interpret=True), w1, x, w2)
+    _, ref_vjp = jax.vjp(lambda *a: causal_jnp(*a, mask, seg, True), w1, x, w2)
+    for got, want in zip(vjp(g), ref_vjp(g)):
+      assert rel(got, want) < 2e-5
