@@ -81,7 +81,15 @@ def _outer(w1_ref, x_ref, j):
   return w1_ref[j, :].astype(f32)[:, None] * x_ref[j, :].astype(f32)[None, :]
 
 
-def _forward_kernel(w1_ref, x_ref, w2_ref, seg_ref, scale_ref, out_ref, *, n: int):
+def _run_ends(seg_ref, j, n: int):
+  """1 where position j ends its run of equal segment ids (or the row), else 0 (int32)."""
+  after = jnp.minimum(j + 1, n - 1)
+  return jnp.maximum((j == n - 1).astype(jnp.int32), (seg_ref[after] != seg_ref[j]).astype(jnp.int32))
+
+
+def _forward_kernel(w1_ref, x_ref, w2_ref, seg_ref, scale_ref, out_ref, *, nk: int, nq: int):
+  del nq  # causal: the queries are the keys
+  n = nk
   def body(i, carry):
     state, prev = carry
     seg = seg_ref[i]
@@ -95,15 +103,16 @@ def _forward_kernel(w1_ref, x_ref, w2_ref, seg_ref, scale_ref, out_ref, *, n: in
 
 
 def _backward_kernel(w1_ref, x_ref, w2_ref, seg_ref, scale_ref, start_ref, g_ref, dw1_ref, dx_ref, dw2_ref, *,
-                     n: int):
+                     nk: int, nq: int):
+  del nq  # causal: the queries are the keys
+  n = nk
   zero = jnp.zeros((w1_ref.shape[-1], x_ref.shape[-1]), f32)
 
   def body(t, carry):
     state, adj = carry  # the state at i + 1; the adjoint of the running sum summed over positions > i
     i = n - 1 - t
     after = jnp.minimum(i + 1, n - 1)
-    seg = seg_ref[i]
-    last = jnp.maximum((i == n - 1).astype(jnp.int32), (seg_ref[after] != seg).astype(jnp.int32))
+    last = _run_ends(seg_ref, i, n)
     # At a segment's last position sum its outer products afresh (an empty loop elsewhere); else subtract.
     fresh = jax.lax.fori_loop(start_ref[i] * last, (i + 1) * last, lambda j, s: s + _outer(w1_ref, x_ref, j), zero)
     keep = (1 - last).astype(f32)
@@ -118,12 +127,6 @@ def _backward_kernel(w1_ref, x_ref, w2_ref, seg_ref, scale_ref, start_ref, g_ref
     return state, adj
 
   jax.lax.fori_loop(0, n, body, (zero, zero))
-
-
-def _run_ends(seg_ref, j, n: int):
-  """1 where position j ends its run of equal segment ids (or the row), else 0 (int32)."""
-  after = jnp.minimum(j + 1, n - 1)
-  return jnp.maximum((j == n - 1).astype(jnp.int32), (seg_ref[after] != seg_ref[j]).astype(jnp.int32))
 
 
 def _clear_rows(ref, n: int):
@@ -169,7 +172,7 @@ def _segmented_forward_kernel(w1_ref, x_ref, w2_ref, seg_ref, scale_ref, qlo_ref
   _each_segment(w1_ref, x_ref, seg_ref, nk, at_end)
 
 
-def _segmented_backward_kernel(w1_ref, x_ref, w2_ref, seg_ref, scale_ref, start_ref, qlo_ref, qhi_ref, g_ref,
+def _segmented_backward_kernel(w1_ref, x_ref, w2_ref, seg_ref, scale_ref, qlo_ref, qhi_ref, start_ref, g_ref,
                                dw1_ref, dx_ref, dw2_ref, *, nk: int, nq: int):
   _clear_rows(dw2_ref, nq)
   zero = jnp.zeros((w1_ref.shape[-1], x_ref.shape[-1]), f32)
@@ -213,63 +216,65 @@ def _pad_to(a, axis: int, multiple: int):
   return a if not pad else jnp.pad(a, [(0, pad if k == axis else 0) for k in range(a.ndim)])
 
 
-def _calls(shape, block_h: int, block_d: int, num_warps: tuple[int, int], interpret: bool):
-  """The two pallas_calls for padded shapes (b, n, h, d)."""
-  from jax.experimental import pallas as pl
-  from jax.experimental.pallas import triton as plt
-  b, n, h, d = shape
-  grid = (b, h // block_h, d // block_d)
-  rows_h = pl.BlockSpec((None, n, block_h), lambda r, k, c: (r, 0, k))
-  rows_d = pl.BlockSpec((None, n, block_d), lambda r, k, c: (r, 0, c))
-  per_row = pl.BlockSpec((None, n), lambda r, k, c: (r, 0))
-  parts_d = pl.BlockSpec((None, None, n, block_d), lambda r, k, c: (k, r, 0, c))  # summed over d'-blocks
-  parts_h = pl.BlockSpec((None, None, n, block_h), lambda r, k, c: (c, r, 0, k))  # summed over d-blocks
-  params = lambda warps: dict(compiler_params=plt.CompilerParams(num_warps=warps, num_stages=1))
-  forward = pl.pallas_call(
-      functools.partial(_forward_kernel, n=n), grid=grid,
-      in_specs=[rows_h, rows_d, rows_h, per_row, per_row], out_specs=parts_d,
-      out_shape=jax.ShapeDtypeStruct((h // block_h, b, n, d), f32), interpret=interpret,
-      name="hypermixing_causal", **params(num_warps[0]))
-  backward = pl.pallas_call(
-      functools.partial(_backward_kernel, n=n), grid=grid,
-      in_specs=[rows_h, rows_d, rows_h, per_row, per_row, per_row, rows_d],
-      out_specs=[parts_h, parts_d, parts_h],
-      out_shape=[jax.ShapeDtypeStruct((d // block_d, b, n, h), f32),
-                 jax.ShapeDtypeStruct((h // block_h, b, n, d), f32),
-                 jax.ShapeDtypeStruct((d // block_d, b, n, h), f32)],
-      interpret=interpret, name="hypermixing_causal_grad", **params(num_warps[1]))
-  return forward, backward
-
-
-def _segmented_calls(shape, block_h: int, block_d: int, num_warps: tuple[int, int], interpret: bool):
-  """The packed non-causal form's two pallas_calls for padded shapes (b, nq, nk, h, d)."""
+def _calls(forward_kernel, backward_kernel, name: str, shape, forward_aux: int, aux: int, block_h: int,
+           block_d: int, num_warps: tuple[int, int], interpret: bool):
+  """A form's two pallas_calls for padded shapes (b, nq, nk, h, d) (the causal form: nq = nk). Both take
+  W1, X, W2, then per-key arrays (the forward the first `forward_aux` of the backward's `aux`), the backward
+  also the output's cotangent; they return float32 partial sums, over d'-blocks [h / block_h, b, n, d] and over
+  d-blocks [d / block_d, b, n, h]."""
   from jax.experimental import pallas as pl
   from jax.experimental.pallas import triton as plt
   b, nq, nk, h, d = shape
   grid = (b, h // block_h, d // block_d)
-  keys_h = pl.BlockSpec((None, nk, block_h), lambda r, k, c: (r, 0, k))
-  keys_d = pl.BlockSpec((None, nk, block_d), lambda r, k, c: (r, 0, c))
-  queries_h = pl.BlockSpec((None, nq, block_h), lambda r, k, c: (r, 0, k))
-  queries_d = pl.BlockSpec((None, nq, block_d), lambda r, k, c: (r, 0, c))
+  rows = lambda n, block, over_h: pl.BlockSpec(
+      (None, n, block), (lambda r, k, c: (r, 0, k)) if over_h else (lambda r, k, c: (r, 0, c)))
   per_key = pl.BlockSpec((None, nk), lambda r, k, c: (r, 0))
-  parts = lambda n, block, over_h: pl.BlockSpec(
+  parts = lambda n, block, over_h: pl.BlockSpec(  # partial sums over d'-blocks (over_h) or d-blocks
       (None, None, n, block), (lambda r, k, c: (k, r, 0, c)) if over_h else (lambda r, k, c: (c, r, 0, k)))
+  inputs = [rows(nk, block_h, True), rows(nk, block_d, False), rows(nq, block_h, True)]
   params = lambda warps: dict(compiler_params=plt.CompilerParams(num_warps=warps, num_stages=1))
   forward = pl.pallas_call(
-      functools.partial(_segmented_forward_kernel, nk=nk, nq=nq), grid=grid,
-      in_specs=[keys_h, keys_d, queries_h, per_key, per_key, per_key, per_key],
-      out_specs=parts(nq, block_d, True),
-      out_shape=jax.ShapeDtypeStruct((h // block_h, b, nq, d), f32), interpret=interpret,
-      name="hypermixing_segmented", **params(num_warps[0]))
+      functools.partial(forward_kernel, nk=nk, nq=nq), grid=grid, in_specs=inputs + [per_key] * forward_aux,
+      out_specs=parts(nq, block_d, True), out_shape=jax.ShapeDtypeStruct((h // block_h, b, nq, d), f32),
+      interpret=interpret, name=name, **params(num_warps[0]))
   backward = pl.pallas_call(
-      functools.partial(_segmented_backward_kernel, nk=nk, nq=nq), grid=grid,
-      in_specs=[keys_h, keys_d, queries_h, per_key, per_key, per_key, per_key, per_key, queries_d],
+      functools.partial(backward_kernel, nk=nk, nq=nq), grid=grid,
+      in_specs=inputs + [per_key] * aux + [rows(nq, block_d, False)],
       out_specs=[parts(nk, block_h, False), parts(nk, block_d, True), parts(nq, block_h, False)],
       out_shape=[jax.ShapeDtypeStruct((d // block_d, b, nk, h), f32),
                  jax.ShapeDtypeStruct((h // block_h, b, nk, d), f32),
                  jax.ShapeDtypeStruct((d // block_d, b, nq, h), f32)],
-      interpret=interpret, name="hypermixing_segmented_grad", **params(num_warps[1]))
+      interpret=interpret, name=f"{name}_grad", **params(num_warps[1]))
   return forward, backward
+
+
+def _differentiable(kernels, name: str, w1, x, w2, aux: tuple, forward_aux: int, block_h: int, block_d: int,
+                    num_warps: tuple[int, int], interpret: bool):
+  """W1, X, W2 (padded to whole tiles) through the forward kernel of `kernels`, with the backward one as its
+  gradient; the partial sums summed and the padding cut off. The per-key arrays `aux` (the forward takes the
+  first `forward_aux`) are arguments, not closed over (a custom_vjp may not capture tracers), and get no
+  gradient."""
+  (b, nk, h), nq, d = w1.shape, w2.shape[1], x.shape[-1]
+  forward, backward = _calls(*kernels, name, (b, nq, nk, h + -h % block_h, d + -d % block_d), forward_aux,
+                             len(aux), block_h, block_d, num_warps, interpret)
+  pad = lambda w1, x, w2: (_pad_to(w1, 2, block_h), _pad_to(x, 2, block_d), _pad_to(w2, 2, block_h))
+
+  @jax.custom_vjp
+  def run(w1, x, w2, *aux):
+    return forward(*pad(w1, x, w2), *aux[:forward_aux]).sum(0)[:, :, :d]
+
+  def run_fwd(*args):
+    return run(*args), args
+
+  def run_bwd(residuals, g):
+    w1, x, w2, *aux = residuals
+    dw1, dx, dw2 = backward(*pad(w1, x, w2), *aux, _pad_to(g.astype(f32), 2, block_d))
+    none = tuple(jnp.zeros_like(a) if jnp.issubdtype(a.dtype, jnp.floating) else None for a in aux)
+    return (dw1.sum(0)[:, :, :h].astype(w1.dtype), dx.sum(0)[:, :, :d].astype(x.dtype),
+            dw2.sum(0)[:, :, :h].astype(w2.dtype)) + none
+
+  run.defvjp(run_fwd, run_bwd)
+  return run(w1, x, w2, *aux)
 
 
 def _query_ranges(q_seg, kv_seg):
@@ -291,32 +296,11 @@ def segmented_kernel(w1, x, w2, mask, q_segment_ids, kv_segment_ids, length_norm
   [b, nq] and [b, nk] (0 for padding); float32 [b, nq, d]. Each program sums a segment's keys in one pass and
   writes its queries once, at the segment's last key, so the cost is one pass over keys and queries whatever the
   number of segments. Segments must be contiguous on both sides (as seqio packs them)."""
-  b, nk, h = w1.shape
-  nq, d = w2.shape[1], x.shape[-1]
   q_seg, kv_seg = jnp.asarray(q_segment_ids, jnp.int32), jnp.asarray(kv_segment_ids, jnp.int32)
   start, scale = _segment_starts_and_scale(mask.astype(f32), kv_seg, length_normalize)
   lo, hi = _query_ranges(q_seg, kv_seg)
-  forward, backward = _segmented_calls((b, nq, nk, h + -h % block_h, d + -d % block_d), block_h, block_d,
-                                       num_warps, interpret)
-
-  @jax.custom_vjp
-  def run(w1, x, w2, kv_seg, scale, start, lo, hi):
-    del start
-    return forward(_pad_to(w1, 2, block_h), _pad_to(x, 2, block_d), _pad_to(w2, 2, block_h), kv_seg, scale, lo, hi
-                   ).sum(0)[:, :, :d]
-
-  def run_fwd(*args):
-    return run(*args), args
-
-  def run_bwd(residuals, g):
-    w1, x, w2, kv_seg, scale, start, lo, hi = residuals
-    dw1, dx, dw2 = backward(_pad_to(w1, 2, block_h), _pad_to(x, 2, block_d), _pad_to(w2, 2, block_h), kv_seg,
-                            scale, start, lo, hi, _pad_to(g.astype(f32), 2, block_d))
-    return (dw1.sum(0)[:, :, :h].astype(w1.dtype), dx.sum(0)[:, :, :d].astype(x.dtype),
-            dw2.sum(0)[:, :, :h].astype(w2.dtype), None, jnp.zeros_like(scale), None, None, None)
-
-  run.defvjp(run_fwd, run_bwd)
-  return run(w1, x, w2, kv_seg, jax.lax.stop_gradient(scale), start, lo, hi)
+  return _differentiable((_segmented_forward_kernel, _segmented_backward_kernel), "hypermixing_segmented", w1, x,
+                         w2, (kv_seg, scale, lo, hi, start), 4, block_h, block_d, num_warps, interpret)
 
 
 def segmented(w1, x, w2, mask, q_segment_ids, kv_segment_ids, length_normalize: bool, fallback: Callable):
@@ -333,31 +317,10 @@ def kernel(w1, x, w2, mask, segment_ids, length_normalize: bool, *, block_h: int
   """The causal form through the kernels (with their gradient), for any platform Pallas lowers to: a GPU, or
   `interpret=True` anywhere (tests). w1, w2 [b, n, d'], x [b, n, d], mask [b, n] (real keys; w1 already
   masked), segment_ids [b, n]; returns float32 [b, n, d]."""
-  b, n, h = w1.shape
-  d = x.shape[-1]
   seg = jnp.asarray(segment_ids, jnp.int32)
   start, scale = _segment_starts_and_scale(mask.astype(f32), seg, length_normalize)
-  forward, backward = _calls((b, n, h + -h % block_h, d + -d % block_d), block_h, block_d, num_warps, interpret)
-
-  # The segment ids, starts and scales are arguments, not closed over: a custom_vjp may not capture tracers.
-  @jax.custom_vjp
-  def run(w1, x, w2, seg, scale, start):
-    del start
-    return forward(_pad_to(w1, 2, block_h), _pad_to(x, 2, block_d), _pad_to(w2, 2, block_h), seg, scale
-                   ).sum(0)[:, :, :d]
-
-  def run_fwd(w1, x, w2, seg, scale, start):
-    return run(w1, x, w2, seg, scale, start), (w1, x, w2, seg, scale, start)
-
-  def run_bwd(residuals, g):
-    w1, x, w2, seg, scale, start = residuals
-    dw1, dx, dw2 = backward(_pad_to(w1, 2, block_h), _pad_to(x, 2, block_d), _pad_to(w2, 2, block_h), seg, scale,
-                            start, _pad_to(g.astype(f32), 2, block_d))
-    return (dw1.sum(0)[:, :, :h].astype(w1.dtype), dx.sum(0)[:, :, :d].astype(x.dtype),
-            dw2.sum(0)[:, :, :h].astype(w2.dtype), None, jnp.zeros_like(scale), None)
-
-  run.defvjp(run_fwd, run_bwd)
-  return run(w1, x, w2, seg, jax.lax.stop_gradient(scale), start)
+  return _differentiable((_forward_kernel, _backward_kernel), "hypermixing_causal", w1, x, w2, (seg, scale, start),
+                         2, block_h, block_d, num_warps, interpret)
 
 
 def _per_batch_shard(fn: Callable) -> Callable:

@@ -18,6 +18,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from remixer_t5 import bench_env
+
 ROOT = Path(__file__).resolve().parents[1]
 
 ONE = """
@@ -46,17 +48,6 @@ for pieces in {pieces}:
   out[str(pieces)] = (time.perf_counter() - t) / calls
 print(json.dumps(out))
 """
-
-
-def cpu_model() -> str:
-  try:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-      if line.startswith("model name"):
-        return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  import platform
-  return platform.processor() or platform.machine()
 
 
 def commit(repo: Path) -> str:
@@ -93,7 +84,7 @@ def main() -> int:
     for p, v in times[str(repo)].items():
       row = {"repo": repo.name, "commit": commit(repo), "shape": [b, n, h, d], "segments": int(p),
              "median_ms": round(1e3 * statistics.median(v), 2), "ms": [round(1e3 * t, 2) for t in v],
-             "cpu_model": cpu_model(), "cpus": os.cpu_count(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
+             "cpu_model": bench_env.cpu_model(), "cpus": os.cpu_count(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
              "load": os.getloadavg()[0]}
       print(json.dumps(row) if args.json else
             f"{repo.name} ({row['commit']}), {p} segment(s) a row: {row['median_ms']} ms (rounds {row['ms']})")
