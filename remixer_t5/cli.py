@@ -545,6 +545,9 @@ def main(argv: Sequence[str] | None = None) -> int:
       # causal HyperMixing as a fused C++ loop on CPU-only runs (built when a model first needs it)
       from remixer_t5 import cpu_hypermixing
       cpu_hypermixing.configure(log=lambda m: print(m, file=sys.stderr, flush=True))
+      # dropout's random bits: JAX's Threefry hash unrolled on CPU, so XLA fuses it (the same bits)
+      from remixer_t5 import cpu_threefry
+      cpu_threefry.configure(log=lambda m: print(m, file=sys.stderr, flush=True))
     if args.command in ("train", "eval"):
       from remixer_t5 import distributed
       distributed.maybe_initialize(args.coordinator_address, args.num_processes, args.process_id,

@@ -1,0 +1,162 @@
+"""Dropout's random bits on CPU: JAX's rolled Threefry loop against the unrolled hash of remixer_t5/cpu_threefry.py.
+
+For each model, the trainer's whole jitted step (`trainer.make_train_step`: loss, gradients, the run's optimizer
+update) of `repro cogs`'s config (models/<model>/cogs.gin + runs/cogs_scratch.gin: batch 4, 64/320, dropout 0.1)
+on random unpacked tokens, compiled twice in this one process: once with JAX's own CPU lowering of
+`threefry2x32_p` (a 5-iteration while loop) and once with `cpu_threefry`'s. Both start from the same state and
+batch and take the same number of steps, alternating rounds (this machine's speed moves between minutes; only
+interleaved timings compare), and the script checks that their last losses agree: the hash is the same function,
+so the dropout masks are the same bits, but XLA fuses the programs differently, which can move a loss in its
+last float bits (exit status 1 beyond 1e-5 relative).
+
+Each round prints one JSON row per (model, variant): the median of `--steps` timed steps after `--warmup`
+untimed ones, the compile time, the while loops left in the optimised program, the machine (bench_env), the
+load average. A summary gives each model's unrolled/rolled ratio (median over rounds). `--config tiny` (with
+`--unroll_min`, as its masks are small) is the test's (tests/test_cpu_threefry.py). Results: docs/benchmarks.md ("Dropout's random bits on CPU").
+
+  python scripts/bench_threefry_cpu.py --rounds 3 [--models t5_1_1,remixer] [--out docs/bench_threefry_cpu.jsonl]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MODELS = ("t5_1_1", "remixer", "mixer_encdec", "hypermixer")
+TINY = ["network.T5Config.emb_dim=32", "network.T5Config.mlp_dim=48", "network.T5Config.num_heads=2",
+        "network.T5Config.head_dim=16", "BATCH_SIZE=2", "TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 24}"]
+
+
+def use_lowering(unrolled: bool) -> None:
+  """Registers the CPU lowering of JAX's threefry2x32_p: cpu_threefry's, or JAX's own rolled one (an internal
+  name of jax 0.10.2: the benchmark needs both in one process)."""
+  from remixer_t5 import cpu_threefry
+  if unrolled:
+    cpu_threefry.register()
+    return
+  from jax._src.random import threefry2x32 as jax_threefry
+  from jax.extend.random import threefry2x32_p
+  from jax.interpreters import mlir
+  mlir.register_lowering(threefry2x32_p, jax_threefry._threefry2x32_cpu_lowering_rule, platform="cpu")
+
+
+def stepper(model, optimizer, batch):
+  """(a no-argument call running one jitted train step and returning its loss sum, compile seconds, while loops
+  in the optimised program). The state is donated and carried from call to call."""
+  import jax
+  import jax.numpy as jnp
+  from remixer_t5 import trainer
+  params = model.init_variables(jax.random.PRNGKey(0), {k: (1, v.shape[1]) for k, v in batch.items()})["params"]
+  state = trainer.TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=optimizer.init(params),
+                             rng=jax.random.PRNGKey(1))
+  data = {k: jnp.asarray(v) for k, v in batch.items()}
+  t0 = time.perf_counter()
+  compiled = jax.jit(trainer.make_train_step(model, optimizer, None), donate_argnums=0).lower(state, data).compile()
+  seconds = time.perf_counter() - t0
+  holder = {"state": state}
+
+  def run():
+    holder["state"], metrics = compiled(holder["state"], data)
+    return jax.block_until_ready(metrics["loss_sum"])
+  return run, seconds, compiled.as_text().count(" while(")
+
+
+def timed(fn, steps: int, warmup: int) -> tuple[float, float]:
+  """(median seconds of `steps` calls after `warmup` untimed ones, the last call's loss)."""
+  loss = None
+  for _ in range(warmup):
+    loss = fn()
+  times = []
+  for _ in range(steps):
+    t0 = time.perf_counter()
+    loss = fn()
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times), float(loss)
+
+
+def build(models, config: str):
+  """{(model, variant): (call, compile seconds, while loops)} for variant 'rolled' (JAX's) and 'unrolled'."""
+  from remixer_t5 import bench_train, gin_utils
+  steps = {}
+  for name in models:
+    gin_utils.parse_gin([f"models/{name}/cogs.gin", "runs/cogs_scratch.gin"], TINY if config == "tiny" else [],
+                        macro_defaults={"MODEL_DIR": "None"})
+    setup = bench_train.from_gin()
+    batch = bench_train.random_batch(setup["model"].module.config.vocab_size, setup["batch_size"],
+                                     setup["feature_lengths"])
+    for variant in ("rolled", "unrolled"):
+      use_lowering(variant == "unrolled")
+      steps[(name, variant)] = stepper(setup["model"], setup["optimizer"], batch)
+  use_lowering(True)
+  return steps
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--models", default=",".join(MODELS))
+  parser.add_argument("--config", choices=("cogs", "tiny"), default="cogs")
+  parser.add_argument("--rounds", type=int, default=3)
+  parser.add_argument("--steps", type=int, default=10)
+  parser.add_argument("--warmup", type=int, default=2)
+  parser.add_argument("--out", help="append the rows to this JSONL file")
+  parser.add_argument("--unroll_min", type=int, default=None,
+                      help="cpu_threefry.UNROLL_MIN for the unrolled variant (default: the module's)")
+  parser.add_argument("--tag", default="")
+  args = parser.parse_args(argv)
+  models = [m.strip() for m in args.models.split(",") if m.strip()]
+  unknown = sorted(set(models) - set(MODELS))
+  if unknown:
+    parser.error(f"--models: unknown {', '.join(unknown)}; expected some of {', '.join(MODELS)}")
+  sys.path.insert(0, str(REPO))
+  from remixer_t5 import bench_env, cpu_blas, cpu_hypermixing, cpu_threefry, host_memory, xla_cpu
+  log = lambda m: print(m, file=sys.stderr, flush=True)
+  # as the CLI does before JAX starts (each $REMIXER_T5_... variable still turns its route off)
+  host_memory.configure(log=log)
+  xla_cpu.configure(log=log)
+  cpu_blas.configure(log=log)
+  cpu_hypermixing.configure(log=log)
+  if not cpu_threefry.configure(log=log, environ={**os.environ, cpu_threefry.ENV: "on"}):
+    raise SystemExit("the CPU lowering needs a CPU-only JAX (JAX_PLATFORMS=cpu)")
+  if args.unroll_min is not None:
+    cpu_threefry.UNROLL_MIN = args.unroll_min
+  steps = build(models, args.config)
+  env = bench_env.environment()
+  medians: dict = {}
+  losses: dict = {}
+  for r in range(args.rounds):
+    order = sorted(steps) if r % 2 == 0 else sorted(steps, reverse=True)  # alternate who goes first
+    for key in order:
+      call, compile_s, loops = steps[key]
+      load = bench_env.loadavg()
+      seconds, losses[key] = timed(call, args.steps, args.warmup)
+      medians.setdefault(key, []).append(seconds)
+      row = dict(bench="threefry_cpu", config=args.config, model=key[0], variant=key[1], round=r + 1,
+                 median_s=round(seconds, 5), steps=args.steps, compile_s=round(compile_s, 2), while_loops=loops,
+                 unroll_min=cpu_threefry.UNROLL_MIN,
+                 loss_sum=losses[key], tag=args.tag, load_average_start=load, load_average_end=bench_env.loadavg(),
+                 **env)
+      print(json.dumps(row), flush=True)
+      if args.out:
+        with open(args.out, "a") as f:
+          f.write(json.dumps(row) + "\n")
+  agree = True
+  for name in models:
+    rolled, unrolled = (statistics.median(medians[(name, v)]) for v in ("rolled", "unrolled"))
+    a, b = losses[(name, "rolled")], losses[(name, "unrolled")]
+    diff = abs(a - b) / max(abs(a), 1e-30)
+    agree &= diff <= 1e-5
+    print(f"{name}: rolled {rolled * 1000:.1f} ms, unrolled {unrolled * 1000:.1f} ms, unrolled/rolled "
+          f"{unrolled / rolled:.3f} (median over {args.rounds} rounds); compile {steps[(name, 'rolled')][1]:.1f} "
+          f"-> {steps[(name, 'unrolled')][1]:.1f} s; while loops {steps[(name, 'rolled')][2]} -> "
+          f"{steps[(name, 'unrolled')][2]}; last loss {a!r} / {b!r} "
+          f"({'bit-identical' if a == b else f'relative difference {diff:.1e}'})", flush=True)
+  return 0 if agree else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())
