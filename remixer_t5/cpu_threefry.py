@@ -40,15 +40,17 @@ UNROLL_MIN = 1 << 16  # elements; `lowering`
 applied = False  # set by configure(); benchmark rows record it
 
 
-def _inject(x, ks, s):
-  """The key injection after the s-th group of 4 rounds (s = 1..5)."""
-  import numpy as np
-  return [x[0] + ks[s % 3], x[1] + ks[(s + 1) % 3] + np.uint32(s)]
-
-
 def _round(x, rot):
+  """One round: x0 += x1; x1 = rotl(x1, rot) ^ x0."""
   x0 = x[0] + x[1]
   return [x0, ((x[1] << rot) | (x[1] >> (32 - rot))) ^ x0]
+
+
+def _inject(x, ks, s):
+  """The key injection after the s-th group of 4 rounds (s = 1..5, an int or a traced one); `ks` stacks the
+  three key words."""
+  import jax.numpy as jnp
+  return [x[0] + ks[s % 3], x[1] + ks[(s + 1) % 3] + jnp.asarray(s, jnp.uint32)]
 
 
 def threefry_2x32(key1, key2, x1, x2, rolled: bool = False):
@@ -60,7 +62,7 @@ def threefry_2x32(key1, key2, x1, x2, rolled: bool = False):
   import numpy as np
   shape = jnp.broadcast_shapes(*(jnp.shape(a) for a in (key1, key2, x1, x2)))
   key1, key2, x1, x2 = (jnp.broadcast_to(jnp.asarray(a, jnp.uint32), shape) for a in (key1, key2, x1, x2))
-  ks = (key1, key2, key1 ^ key2 ^ np.uint32(PARITY))
+  ks = jnp.stack([key1, key2, key1 ^ key2 ^ np.uint32(PARITY)])
   x = [x1 + ks[0], x2 + ks[1]]
   if not rolled:
     for r in range(ROUNDS):
@@ -73,9 +75,7 @@ def threefry_2x32(key1, key2, x1, x2, rolled: bool = False):
   def group(g, x):  # g = 0..4: rounds 4g..4g+3, then injection g + 1
     for i in range(4):
       x = _round(x, rotations[(g % 2) * 4 + i])
-    s = (g + 1).astype(jnp.uint32)
-    stack = jnp.stack(ks)
-    return [x[0] + stack[(g + 1) % 3], x[1] + stack[(g + 2) % 3] + s]
+    return _inject(x, ks, g + 1)
   return tuple(jax.lax.fori_loop(0, ROUNDS // 4, group, x))
 
 
@@ -93,7 +93,7 @@ def lowering(*args):
 
 
 def register() -> None:
-  """Makes `threefry_2x32` the CPU lowering of JAX's `threefry2x32_p` for everything lowered from now on."""
+  """Makes `lowering` the CPU lowering of JAX's `threefry2x32_p` for everything lowered from now on."""
   from jax.extend.random import threefry2x32_p
   from jax.interpreters import mlir
   mlir.register_lowering(threefry2x32_p, mlir.lower_fun(lowering, multiple_results=True), platform="cpu")
@@ -101,14 +101,14 @@ def register() -> None:
 
 def configure(log: Callable[[str], None] | None = None, environ: MutableMapping[str, str] | None = None,
               cpu_only: bool | None = None) -> bool:
-  """Registers the unrolled hash when wanted (module docstring); returns whether it did. ValueError for a bad
-  value of $REMIXER_T5_CPU_THREEFRY."""
+  """Registers `lowering` when wanted (module docstring); returns whether it did. ValueError for a bad value of
+  $REMIXER_T5_CPU_THREEFRY."""
   global applied
   if cpu_ffi.wanted_mode(ENV, MODES, DEFAULT_MODE, environ, cpu_only) is None:
     return False
   register()
   applied = True
   if log:
-    log(f"random bits: Threefry unrolled on XLA:CPU, the same bits (remixer_t5/cpu_threefry.py; ${ENV}=off for "
-        "JAX's rolled loop)")
+    log(f"random bits: Threefry unrolled on XLA:CPU for arrays of {UNROLL_MIN:,}+ elements, the same bits "
+        f"(remixer_t5/cpu_threefry.py; ${ENV}=off for JAX's rolled loop)")
   return True

@@ -87,7 +87,7 @@ print(json.dumps({"same": same, "applied": cpu_threefry.applied,
 def test_same_bits_as_jax_and_large_arrays_without_its_loop():
   p = run_py(SAME_BITS, {})
   assert p.returncode == 0, p.stderr[-3000:]
-  assert "random bits: Threefry unrolled on XLA:CPU" in p.stdout
+  assert "random bits: Threefry unrolled on XLA:CPU for arrays of 65,536+ elements, the same bits" in p.stdout
   r = json.loads(p.stdout.strip().splitlines()[-1])
   assert r["same"] is True and r["applied"] is True
   assert r["large_before"] >= 3 and r["large_after"] == 0  # JAX's rolled loop for each draw, then none
