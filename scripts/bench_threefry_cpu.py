@@ -68,14 +68,8 @@ def stepper(model, optimizer, batch):
 
 def timed(fn, steps: int, warmup: int) -> tuple[float, float]:
   """(median seconds of `steps` calls after `warmup` untimed ones, the last call's loss)."""
-  loss = None
-  for _ in range(warmup):
-    loss = fn()
-  times = []
-  for _ in range(steps):
-    t0 = time.perf_counter()
-    loss = fn()
-    times.append(time.perf_counter() - t0)
+  from remixer_t5 import bench_train
+  times, loss = bench_train.time_calls(fn, steps, warmup)
   return statistics.median(times), float(loss)
 
 
