@@ -333,26 +333,31 @@ def stage_hypermixing_kernel(timed: bool = True) -> dict:
     x = jnp.asarray(rng.normal(size=(b, n, d)), dtype)
     return w1, x, w2, jnp.asarray(mask), jnp.asarray(seg, jnp.int32)
 
+  def causal_form(impl, ln, mask, seg):
+    """The causal layer f(w1, x, w2), float32: the kernel (`impl`: its keyword arguments) or XLA's scan."""
+    if impl == "scan":
+      scan = HyperMixing(T5Config(dtype="float32"), length_normalize=ln)._scan_causal
+      return lambda w1, x, w2: scan(w1, x, w2, mask, seg).astype(jnp.float32)
+    return lambda w1, x, w2: gpu_hypermixing.kernel(w1, x, w2, mask, seg, ln, **impl)
+
   def layer(impl, ln, mask, seg):
-    scan = HyperMixing(T5Config(dtype="float32"), length_normalize=ln)._scan_causal
-    f = (lambda w1, x, w2: scan(w1, x, w2, mask, seg).astype(jnp.float32)) if impl == "scan" else (
-        lambda w1, x, w2: gpu_hypermixing.kernel(w1, x, w2, mask, seg, ln, **impl))
-    def loss(w1, x, w2, g):
-      return jnp.sum(f(w1, x, w2) * g)
-    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+    """The timed step: the causal layer's value and gradients of sum(f * g), jitted, g an argument."""
+    f = causal_form(impl, ln, mask, seg)
+    return jax.jit(jax.value_and_grad(lambda w1, x, w2, g: jnp.sum(f(w1, x, w2) * g), argnums=(0, 1, 2)))
+
+  def out_and_grads(f, w1, x, w2, g):
+    """f(w1, x, w2), and the gradients of sum(f * g) for w1, x, w2; each jitted."""
+    return (jax.jit(f)(w1, x, w2),
+            jax.jit(jax.grad(lambda w1, x, w2: jnp.sum(f(w1, x, w2) * g), argnums=(0, 1, 2)))(w1, x, w2))
 
   row = {"stage": "hypermixing_kernel", "device_kind": jax.devices()[0].device_kind, "checks": []}
   with jax.default_matmul_precision("highest"):
     for b, n, h, d, ln, pieces in ((3, 37, 96, 80, True, 3), (2, 114, 256, 128, False, 5)):
       w1, x, w2, mask, seg = inputs(b, n, h, d, jnp.float32, pieces)
       g = jnp.asarray(rng.normal(size=(b, n, d)), jnp.float32)
-      results = {}
       on_cpu = {"interpret": True} if jax.default_backend() == "cpu" else {}  # a CPU run of this script
-      for name, impl in (("kernel", on_cpu), ("scan", "scan")):
-        fwd = jax.jit(lambda w1, x, w2, impl=impl: (
-            HyperMixing(T5Config(dtype="float32"), length_normalize=ln)._scan_causal(w1, x, w2, mask, seg)
-            if impl == "scan" else gpu_hypermixing.kernel(w1, x, w2, mask, seg, ln, **impl)))
-        results[name] = (fwd(w1, x, w2), layer(impl, ln, mask, seg)(w1, x, w2, g)[1])
+      forms = {"kernel": causal_form(on_cpu, ln, mask, seg), "scan": causal_form("scan", ln, mask, seg)}
+      results = {k: out_and_grads(f, w1, x, w2, g) for k, f in forms.items()}
       rel = lambda a, r: float(jnp.max(jnp.abs(a - r)) / jnp.max(jnp.abs(r)))
       check = {"shape": [b, n, h, d], "length_normalize": ln, "segments_a_row": pieces,
                "out_rel": rel(results["kernel"][0], results["scan"][0]),
@@ -370,12 +375,10 @@ def stage_hypermixing_kernel(timed: bool = True) -> dict:
       forms = {"kernel": lambda *a: gpu_hypermixing.segmented_kernel(*a, mask, q_seg, seg, ln, **on_cpu),
                "xla": lambda *a: HyperMixing(T5Config(dtype="float32"), length_normalize=ln)._block_segmented(
                    *a, mask, q_seg, seg)}
-      results = {k: jax.jit(lambda w1, x, w2, f=f: jax.vjp(f, w1, x, w2)[0])(w1, x, w2) for k, f in forms.items()}
-      grads = {k: jax.jit(jax.grad(lambda w1, x, w2, f=f: jnp.sum(f(w1, x, w2) * g), argnums=(0, 1, 2)))(w1, x, w2)
-               for k, f in forms.items()}
+      results = {k: out_and_grads(f, w1, x, w2, g) for k, f in forms.items()}
       check = {"form": "segmented", "shape": [b, nq, n, h, d], "length_normalize": ln, "segments_a_row": pieces,
-               "out_rel": rel(results["kernel"], results["xla"]),
-               "grad_rel": [rel(a, r) for a, r in zip(grads["kernel"], grads["xla"])]}
+               "out_rel": rel(results["kernel"][0], results["xla"][0]),
+               "grad_rel": [rel(a, r) for a, r in zip(results["kernel"][1], results["xla"][1])]}
       check["ok"] = check["out_rel"] < 1e-4 and max(check["grad_rel"]) < 1e-4
       row["checks"].append(check)
       _progress(time.time(), f"check {check}")
