@@ -20,7 +20,7 @@ from typing import Mapping
 
 import jax
 
-from remixer_t5.mixers import base as mixers_base
+from remixer_t5 import flop_count
 
 # (substring of jax.Device.device_kind, lower case) -> peak bf16 FLOP/s per JAX device. Order matters: the
 # first match wins, so more specific names come first.
@@ -86,7 +86,8 @@ def model_flops_per_step(model, batch: Mapping[str, jax.ShapeDtypeStruct]) -> fl
   same model unscanned and unrematerialised (see the module docstring). Divide by the device count for a
   per-device figure. Lowering traces the model once from shapes (no weights are allocated, nothing compiles).
   The batch is counted unpacked (segment ids and positions are dropped): the model's math, not a packing's
-  bookkeeping. Mixers' chunk scans are unrolled for the count (`mixers.base.counting_model_flops`), so each
+  bookkeeping. Mixers' chunk scans are unrolled for the count and CPU/GPU kernels (FFI custom calls, which
+  XLA's cost analysis counts as nothing) take their XLA form (`flop_count.counting_model_flops`), so each
   chunk counts once; `model_flops_and_loops` says whether any other loop was left (its body counted once).
   """
   return model_flops_and_loops(model, batch)[0]
@@ -104,7 +105,7 @@ def model_flops_and_loops(model, batch: Mapping[str, jax.ShapeDtypeStruct]) -> t
   params = jax.eval_shape(lambda rng: plain.init_variables(rng, input_shapes), jax.random.PRNGKey(0))["params"]
   grad = jax.grad(lambda p, b: plain.loss_fn(p, b, None)[0])
   def lower():
-    with mixers_base.counting_model_flops():  # mixers' chunk scans unrolled, without their own checkpoints
+    with flop_count.counting_model_flops():  # loops unrolled; kernels and custom calls in XLA's form
       lowered = jax.jit(grad).lower(params, dict(batch))
     cost = lowered.cost_analysis()
     if isinstance(cost, (list, tuple)):

@@ -15,13 +15,13 @@ in the 'static_cache' collection when the caller asks for it (see `static_cache`
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 from flax import struct
+
+from remixer_t5 import flop_count
 
 Array = jax.Array
 
@@ -114,30 +114,15 @@ def cache_index(module, name: str = "cache_index") -> Any:
   return module.variable("cache", name, lambda: jnp.array(0, dtype=jnp.int32))
 
 
-_COUNTING_FLOPS = contextvars.ContextVar("remixer_t5_counting_model_flops", default=False)
-
-
-@contextlib.contextmanager
-def counting_model_flops():
-  """Mixers traced inside this context loop the way a FLOP count needs: `scan` unrolls every chunk and drops
-  the body's checkpoint. XLA's cost analysis counts a while loop's body once and a recomputed forward twice, so
-  `mfu.model_flops_per_step` lowers the step inside it; nothing else does (a real step keeps its loops)."""
-  token = _COUNTING_FLOPS.set(True)
-  try:
-    yield
-  finally:
-    _COUNTING_FLOPS.reset(token)
-
-
-def counting_flops() -> bool:
-  """Whether mixers are being traced inside `counting_model_flops()` (kernels XLA cannot count step aside)."""
-  return _COUNTING_FLOPS.get()
+# The FLOP-counting context lives below layers and mixers (flop_count.py); mixers ask through these names.
+counting_model_flops = flop_count.counting_model_flops
+counting_flops = flop_count.counting
 
 
 def scan(step: Callable, init: Any, xs: Any, *, remat: bool = False) -> tuple[Any, Any]:
   """`jax.lax.scan` for a mixer's chunk loop, its body rematerialised for the gradient when `remat`; fully
   unrolled and without the checkpoint inside `counting_model_flops()`."""
-  if _COUNTING_FLOPS.get():  # a Python loop: lax.scan(unroll=True) still emits a while loop for one chunk
+  if flop_count.counting():  # a Python loop: lax.scan(unroll=True) still emits a while loop for one chunk
     carry, ys = init, []
     for i in range(jax.tree_util.tree_leaves(xs)[0].shape[0]):
       carry, y = step(carry, jax.tree_util.tree_map(lambda a: a[i], xs))

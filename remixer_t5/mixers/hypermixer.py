@@ -217,7 +217,7 @@ class HyperMixing(nn.Module):
     if gpu_hypermixing.enabled() and not base.counting_flops():  # XLA's FLOP count cannot see into a kernel
       other = lambda w1, x, w2, mask, seg: gpu_hypermixing.causal(w1, x, w2, mask, seg, self.length_normalize,
                                                                   scan)
-    if cpu_hypermixing.usable(w1.dtype):
+    if cpu_hypermixing.usable(w1.dtype) and not base.counting_flops():  # as the GPU kernel, above
       seg = jnp.zeros(mask.shape, jnp.int32) if segment_ids is None else segment_ids
       return cpu_hypermixing.causal(w1, x, w2, mask, seg, self.length_normalize, other).astype(self.config.dtype)
     return other(w1, x, w2, mask, segment_ids).astype(self.config.dtype)
@@ -275,7 +275,7 @@ class HyperMixing(nn.Module):
     other = blocks
     if gpu_hypermixing.enabled() and not base.counting_flops():
       other = lambda *a: gpu_hypermixing.segmented(*a, self.length_normalize, blocks)
-    if cpu_hypermixing.usable(w1.dtype):
+    if cpu_hypermixing.usable(w1.dtype) and not base.counting_flops():  # as the GPU kernel, above
       return cpu_hypermixing.segmented(w1, x, w2, kv_mask, q_seg, kv_seg, self.length_normalize,
                                        other).astype(self.config.dtype)
     return other(w1, x, w2, kv_mask, q_seg, kv_seg).astype(self.config.dtype)
