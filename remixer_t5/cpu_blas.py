@@ -23,8 +23,9 @@ MKL is an optional extra (`pip install -e '.[mkl]'`: the `mkl` wheel with intel-
 installed, x86-64 only), found in this environment's lib/ folder (or the user's, for `pip install --user`).
 
 When: `configure()` is called by the CLI for train, eval, bench and repro before JAX starts, and acts only when
-JAX will run on CPU alone. `$REMIXER_T5_CPU_BLAS` = `auto` (default: MKL when it is installed and the handler
-builds, else XLA's dots, saying why in one line when MKL is installed but unusable), `mkl` (MKL, or an error
+JAX will run on CPU alone. `$REMIXER_T5_CPU_BLAS` = `auto` (default: MKL when it is installed, the handler
+builds and the CPU is an Intel one (AUTO_VENDORS: on an AMD Zen 3 MKL made the step no faster), else XLA's
+dots, saying why in one line when MKL is installed but not used), `mkl` (MKL, or an error
 saying why not) or `off`. Even when configured, `matmul` uses the call only for float32 2-D products of at
 least MIN_FLOPS (below) in a process with one JAX device: the custom call cannot be partitioned, so meshes of
 several CPU devices (`--xla_force_host_platform_device_count`, multi-process gloo runs) keep XLA's dot.
@@ -58,6 +59,10 @@ MKL_LIB, MKL_PACKAGE = "libmkl_rt.so*", "-e '.[mkl]'"
 # slower with every product through MKL, 1.00x with this threshold; config A 0.99x with every product, 0.93x
 # with this threshold, 0.97x with 2e9), though MKL ran each product alone 1.2-2.5x faster.
 MIN_FLOPS = 300_000_000
+# `auto` uses MKL on these CPU vendors only. On a 2-core AMD EPYC (Zen 3) MKL's products made the whole step no
+# faster (config A 1.016x, B 1.046x and 1.12x XLA's dots, with ~158,000 page faults a B step against ~300, and
+# 3.8 GB more peak memory; docs/benchmarks.md, 2026-11-27 sixth session); `mkl` still forces it anywhere.
+AUTO_VENDORS = ("GenuineIntel",)
 applied = False  # set by configure()
 _loaded: dict = {}  # what load() registered: backend, description, threads
 
@@ -112,6 +117,18 @@ def find_sgemm(backend: str) -> tuple[ctypes.c_void_p, ctypes.c_void_p, str]:
   return _address(lib.cblas_sgemm_64), _address(lib.MKL_Set_Num_Threads_Local), f"{version} cblas_sgemm_64, GNU OpenMP"
 
 
+def cpu_vendor(cpuinfo: str = "/proc/cpuinfo") -> str | None:
+  """The CPU's vendor_id ("GenuineIntel", "AuthenticAMD", ...), or None where /proc/cpuinfo does not say."""
+  try:
+    with open(cpuinfo) as f:
+      for line in f:
+        if line.startswith("vendor_id"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return None
+
+
 def cache_dir(environ: MutableMapping[str, str] | None = None) -> Path:
   return cpu_ffi.cache_dir("cpu_blas", environ)
 
@@ -155,6 +172,16 @@ def configure(log: Callable[[str], None] | None = None, environ: MutableMapping[
   if mode is None:
     return False
   reasons = []
+  vendor = cpu_vendor()
+  if mode == "auto" and vendor is not None and vendor not in AUTO_VENDORS:
+    try:
+      _lib(MKL_LIB, MKL_PACKAGE)
+    except NotInstalled:
+      return False  # nothing installed: XLA's dots, silently (the plain default)
+    if log:
+      log(f"CPU matmuls: XLA's own (MKL is installed, but on {vendor} CPUs it made the step no faster; "
+          f"${ENV}=mkl to use it; see remixer_t5/cpu_blas.py)")
+    return False
   for backend in (BACKENDS if mode == "auto" else (mode,)):
     try:
       info = load(backend, env, log)

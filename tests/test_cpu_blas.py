@@ -54,7 +54,8 @@ def test_missing_library_is_named(monkeypatch, tmp_path):
 
 @pytest.mark.skipif(not shutil.which("false"), reason="no `false` program to stand in for a failing compiler")
 @pytest.mark.skipif(not AVAILABLE, reason="needs MKL in this venv (pip install -e '.[mkl]')")
-def test_installed_but_unusable_says_why_in_one_line(tmp_path):
+def test_installed_but_unusable_says_why_in_one_line(monkeypatch, tmp_path):
+  monkeypatch.setattr(cpu_blas, "cpu_vendor", lambda: "GenuineIntel")  # where `auto` would use MKL
   env = {"CXX": shutil.which("false"), "REMIXER_T5_CACHE_DIR": str(tmp_path)}
   logs = []  # auto: MKL is there but the handler does not build: XLA's dots, and one line saying why
   assert cpu_blas.configure(log=logs.append, environ=env, cpu_only=True) is False
@@ -62,6 +63,33 @@ def test_installed_but_unusable_says_why_in_one_line(tmp_path):
   assert logs[-1].startswith("CPU matmuls: XLA's own (mkl: building cpu_sgemm.cc with") and "failed (exit 1)" in logs[-1]
   with pytest.raises(ValueError, match=r"\$REMIXER_T5_CPU_BLAS=mkl: building cpu_sgemm.cc .* failed"):
     cpu_blas.configure(environ={**env, "REMIXER_T5_CPU_BLAS": "mkl"}, cpu_only=True)
+
+
+def test_cpu_vendor_is_read_from_cpuinfo(tmp_path):
+  info = tmp_path / "cpuinfo"
+  info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\n")
+  assert cpu_blas.cpu_vendor(str(info)) == "AuthenticAMD"
+  info.write_text("processor\t: 0\nCPU implementer\t: 0x41\n")  # an Arm machine names no vendor_id
+  assert cpu_blas.cpu_vendor(str(info)) is None
+  assert cpu_blas.cpu_vendor(str(tmp_path / "missing")) is None
+
+
+@pytest.mark.skipif(not AVAILABLE, reason="needs MKL in this venv (pip install -e '.[mkl]')")
+def test_auto_keeps_xla_dots_on_other_vendors_and_says_so(monkeypatch, tmp_path):
+  """`auto` uses MKL on Intel CPUs only (AUTO_VENDORS: on an AMD Zen 3 it made the step no faster); on an AMD
+  one it says so in one line, naming the way to force it, and builds and loads nothing."""
+  monkeypatch.setattr(cpu_blas, "applied", False)  # restored to False after the forced `mkl` below
+  monkeypatch.setattr(cpu_blas, "cpu_vendor", lambda: "AuthenticAMD")
+  monkeypatch.setattr(cpu_blas, "load", lambda *a, **k: pytest.fail("auto loaded MKL on an AMD CPU"))
+  logs = []
+  assert cpu_blas.configure(log=logs.append, environ={"REMIXER_T5_CACHE_DIR": str(tmp_path)}, cpu_only=True) is False
+  assert cpu_blas.applied is False and list(tmp_path.iterdir()) == []
+  assert logs == ["CPU matmuls: XLA's own (MKL is installed, but on AuthenticAMD CPUs it made the step no faster; "
+                  "$REMIXER_T5_CPU_BLAS=mkl to use it; see remixer_t5/cpu_blas.py)"]
+  loaded = []  # `mkl` forces it on any vendor
+  monkeypatch.setattr(cpu_blas, "load", lambda backend, *a, **k: loaded.append(backend) or {
+      "backend": backend, "description": "MKL", "threads": 2})
+  assert cpu_blas.configure(environ={"REMIXER_T5_CPU_BLAS": "mkl"}, cpu_only=True) is True and loaded == ["mkl"]
 
 
 def test_build_failure_and_missing_compiler_are_reported(tmp_path):
