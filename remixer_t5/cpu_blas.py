@@ -264,8 +264,9 @@ def matmul(x, w):
   global route
   import jax
   import jax.numpy as jnp
-  if not (applied and not flop_count.counting() and x.ndim == 2 and w.ndim == 2 and x.dtype == jnp.float32 and w.dtype == jnp.float32
-          and 2 * x.shape[0] * x.shape[1] * w.shape[1] >= MIN_FLOPS and jax.device_count() == 1):
+  if not (applied and not flop_count.counting() and x.ndim == 2 and w.ndim == 2 and x.dtype == jnp.float32
+          and w.dtype == jnp.float32 and 2 * x.shape[0] * x.shape[1] * w.shape[1] >= MIN_FLOPS
+          and jax.device_count() == 1):
     return jnp.dot(x, w)
   if route is None:
     route = make_matmul()
