@@ -171,9 +171,7 @@ def configure(log: Callable[[str], None] | None = None, environ: MutableMapping[
   mode = cpu_ffi.wanted_mode(ENV, MODES, DEFAULT_MODE, env, cpu_only)
   if mode is None:
     return False
-  reasons = []
-  vendor = cpu_vendor()
-  if mode == "auto" and vendor is not None and vendor not in AUTO_VENDORS:
+  if mode == "auto" and (vendor := cpu_vendor()) is not None and vendor not in AUTO_VENDORS:
     try:
       _lib(MKL_LIB, MKL_PACKAGE)
     except NotInstalled:
@@ -182,6 +180,7 @@ def configure(log: Callable[[str], None] | None = None, environ: MutableMapping[
       log(f"CPU matmuls: XLA's own (MKL is installed, but on {vendor} CPUs it made the step no faster; "
           f"${ENV}=mkl to use it; see remixer_t5/cpu_blas.py)")
     return False
+  reasons = []
   for backend in (BACKENDS if mode == "auto" else (mode,)):
     try:
       info = load(backend, env, log)
