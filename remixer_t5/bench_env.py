@@ -4,7 +4,8 @@ A CPU figure means little without what decided it: the CPU model and its vector 
 which kernels XLA and PyTorch pick), the cores usable, the XLA flags in force (the CLI's XLA:CPU option),
 the library Dense's products ran on (`cpu_blas`: MKL's sgemm, or None for XLA's own), what causal HyperMixing
 ran on (`cpu_hypermixing`: the fused C++ loop, or None for XLA's scan; on GPUs `gpu_hypermixing`: whether the
-Pallas kernels are on), whether dropout's random bits ran through the unrolled Threefry (`cpu_threefry`), the host
+Pallas kernels are on), whether dropout's random bits ran through the unrolled Threefry (`cpu_threefry`: "unrolled", and since
+2026-11-28 "unrolled, large masks hashed once" when they were), the host
 allocator policy, the thread counts PyTorch and OpenMP/MKL use, the load average around the
 measurement, the commit, and the versions. `environment()` gathers them into the row.
 
@@ -154,7 +155,7 @@ def environment(with_torch: bool = False) -> dict[str, Any]:
       "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
       "xla_flags": os.environ.get("XLA_FLAGS", ""), "xla_cpu_flags": xla_cpu.FLAG if xla_cpu.applied else None,
       "cpu_blas": cpu_blas.describe(), "cpu_hypermixing": cpu_hypermixing.describe(),
-      "cpu_threefry": "unrolled" if cpu_threefry.applied else None,
+      "cpu_threefry": cpu_threefry.describe(),
       "host_malloc_policy": host_memory.applied, "transparent_hugepages": transparent_hugepages(),
       "thread_env": {k: os.environ[k] for k in THREAD_ENV if k in os.environ},
       "git_commit": git_commit(), "jax_version": jax.__version__}

@@ -18,19 +18,34 @@ bit what JAX computes: runs keep their random streams (tests/test_cpu_threefry.p
 answers and JAX's own bits). XLA fuses the rest of the program differently, which can move a loss in its last
 float bits. Measured in docs/benchmarks.md ("Dropout's random bits on CPU"; scripts/bench_threefry_cpu.py).
 
+Once per mask: a dropout mask is read twice in a train step, by the forward select and by the backward one, and
+XLA fuses the unrolled hash into both (a T5.1.1 COGS step hashed each decoder attention mask, 1.6M elements,
+in a 5 ms forward loop and again in a 11-13 ms backward one). `materialize(mask)`, which `layers.Dropout` applies
+to masks of UNROLL_MIN+ elements, passes the mask through a custom call XLA cannot fuse through
+(`csrc/materialize.cc`: an identity on an aliased buffer, built on first use by cpu_ffi.py), so the hash and
+the comparison run once, in one loop that writes the boolean mask, and both selects read it. Only on CPU
+(`lax.platform_dependent`), in a process with one JAX device (a custom call cannot be partitioned over a
+mesh), and not inside `flop_count.counting_model_flops()`. The mask is the same, so the run is the same.
+
 When: `configure()` is called by the CLI for train, eval, bench and repro, and acts only when JAX will run on
-CPU alone; `$REMIXER_T5_CPU_THREEFRY` = `on` (default) or `off` (JAX's rolled loop everywhere). Programs
-lowered for TPU or GPU (`remixer-t5 compile`) never use the CPU rule.
+CPU alone; `$REMIXER_T5_CPU_THREEFRY` = `on` (default: the unrolled hash, large masks computed once where the
+custom call builds, else fused as in `fused`, saying why in one line), `fused` (the unrolled hash fused into
+every consumer: the behaviour before 2026-11-28) or `off` (JAX's rolled loop everywhere, masks as JAX leaves
+them). Programs lowered for TPU or GPU (`remixer-t5 compile`) never use the CPU rule.
 """
 from __future__ import annotations
 
+import ctypes
+import math
 from typing import Callable, MutableMapping
 
-from remixer_t5 import cpu_ffi
+from remixer_t5 import cpu_ffi, flop_count
 
 ENV = "REMIXER_T5_CPU_THREEFRY"
-MODES = ("on", "off")
+MODES = ("on", "fused", "off")
 DEFAULT_MODE = "on"
+MATERIALIZE = "remixer_materialize"  # the custom call's target name
+SOURCE = cpu_ffi.CSRC / "materialize.cc"
 # Threefry-2x32's rotation constants, rounds 0-7 (then repeating), and the key-schedule parity constant.
 ROTATIONS = (13, 15, 26, 6, 17, 29, 16, 24)
 PARITY = 0x1BD11BDA
@@ -38,6 +53,10 @@ ROUNDS = 20  # a key injection after every 4
 UNROLL_MIN = 1 << 16  # elements; `lowering`
 
 applied = False  # set by configure(); benchmark rows record it
+once = False  # set by configure() in `on`: large dropout masks go through `materialize`
+_state: dict = {}  # "registered" once the custom call is, "failed": why it could not be
+_log: Callable[[str], None] | None = None
+_environ: MutableMapping[str, str] | None = None
 
 
 def _round(x, rot):
@@ -101,14 +120,54 @@ def register() -> None:
 
 def configure(log: Callable[[str], None] | None = None, environ: MutableMapping[str, str] | None = None,
               cpu_only: bool | None = None) -> bool:
-  """Registers `lowering` when wanted (module docstring); returns whether it did. ValueError for a bad value of
-  $REMIXER_T5_CPU_THREEFRY."""
-  global applied
-  if cpu_ffi.wanted_mode(ENV, MODES, DEFAULT_MODE, environ, cpu_only) is None:
+  """Registers `lowering` when wanted (module docstring), and in `on` arms `materialize`; returns whether it
+  registered. ValueError for a bad value of $REMIXER_T5_CPU_THREEFRY."""
+  global applied, once, _log, _environ
+  chosen = cpu_ffi.wanted_mode(ENV, MODES, DEFAULT_MODE, environ, cpu_only)
+  if chosen is None:
     return False
   register()
-  applied = True
+  applied, once, _log, _environ = True, chosen == "on", log, environ
   if log:
-    log(f"random bits: Threefry unrolled on XLA:CPU for arrays of {UNROLL_MIN:,}+ elements, the same bits "
-        f"(remixer_t5/cpu_threefry.py; ${ENV}=off for JAX's rolled loop)")
+    log(f"random bits: Threefry unrolled on XLA:CPU for arrays of {UNROLL_MIN:,}+ elements, the same bits"
+        + (", each such dropout mask hashed once" if once else "")
+        + f" (remixer_t5/cpu_threefry.py; ${ENV}=off for JAX's rolled loop)")
   return True
+
+
+def _register() -> bool:
+  """Builds and registers the custom call once per process; False (after one line) if that fails."""
+  if _state.get("registered"):
+    return True
+  if "failed" in _state:
+    return False
+  import jax
+  try:
+    lib = ctypes.CDLL(str(cpu_ffi.build(SOURCE, "cpu_threefry", ("-O2",), _environ, _log, what="random bits")))
+  except (cpu_ffi.Unavailable, OSError) as e:
+    _state["failed"] = str(e)
+    if _log:
+      _log(f"random bits: dropout masks hashed in each loop that reads them ({e}); see remixer_t5/cpu_threefry.py")
+    return False
+  jax.ffi.register_ffi_target(MATERIALIZE, jax.ffi.pycapsule(lib.RemixerMaterialize), platform="cpu")
+  _state["registered"] = True
+  return True
+
+
+def describe() -> str | None:
+  """What dropout's random bits run on, for benchmark rows: None for JAX's rolled loop."""
+  if not applied:
+    return None
+  return "unrolled, large masks hashed once" if once and _state.get("registered") else "unrolled"
+
+
+def materialize(mask):
+  """`mask` itself, computed into one buffer on CPU-only runs in `on` mode when it has UNROLL_MIN+ elements, so
+  XLA hashes it once instead of in every loop that reads it (module docstring); elsewhere untouched."""
+  import jax
+  if not (once and math.prod(mask.shape) >= UNROLL_MIN and not flop_count.counting()
+          and jax.device_count() == 1 and _register()):
+    return mask
+  call = jax.ffi.ffi_call(MATERIALIZE, jax.ShapeDtypeStruct(mask.shape, mask.dtype),
+                          input_output_aliases={0: 0}, vmap_method="broadcast_all")
+  return jax.lax.platform_dependent(mask, cpu=call, default=lambda m: m)

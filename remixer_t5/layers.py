@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 from flax.linen import partitioning as nn_partitioning
 
-from remixer_t5 import cpu_blas
+from remixer_t5 import cpu_blas, cpu_threefry
 
 param_with_axes = nn_partitioning.param_with_axes
 with_sharding_constraint = nn_partitioning.with_sharding_constraint
@@ -63,6 +63,30 @@ class Dense(nn.Module):
     # On CPU-only runs the product may go to MKL's sgemm (cpu_blas.py; else it is jnp.dot).
     y = cpu_blas.matmul(x.reshape(-1, x.shape[-1]).astype(self.dtype), kernel.astype(self.dtype))
     return y.reshape(*x.shape[:-1], self.features)
+
+
+class Dropout(nn.Dropout):
+  """flax's `nn.Dropout`, the same mask from the same key and the same output, with the mask passed through
+  `cpu_threefry.materialize`: on CPU-only runs a large mask (attention weights) is hashed once per step instead
+  of in both the forward and the backward loop that read it. Named `Dropout` like flax's, so a module's
+  `Dropout_N` children, and their random streams, are the same."""
+
+  @nn.compact
+  def __call__(self, inputs, deterministic: bool | None = None, rng=None):
+    deterministic = nn.merge_param("deterministic", self.deterministic, deterministic)
+    if self.rate == 0.0 or deterministic:
+      return inputs
+    if self.rate == 1.0:  # flax's edge case: no NaN gradients
+      return jnp.zeros_like(inputs)
+    keep_prob = 1.0 - self.rate
+    if rng is None:
+      rng = self.make_rng(self.rng_collection)
+    shape = list(inputs.shape)
+    for dim in self.broadcast_dims:
+      shape[dim] = 1
+    mask = cpu_threefry.materialize(jax.random.bernoulli(rng, p=keep_prob, shape=shape))
+    mask = jnp.broadcast_to(mask, inputs.shape)
+    return jax.lax.select(mask, inputs / keep_prob, jnp.zeros_like(inputs))
 
 
 class Embed(nn.Module):

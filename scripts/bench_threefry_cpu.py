@@ -2,16 +2,18 @@
 
 For each model, the trainer's whole jitted step (`trainer.make_train_step`: loss, gradients, the run's optimizer
 update) of `repro cogs`'s config (models/<model>/cogs.gin + runs/cogs_scratch.gin: batch 4, 64/320, dropout 0.1)
-on random unpacked tokens, compiled twice in this one process: once with JAX's own CPU lowering of
-`threefry2x32_p` (a 5-iteration while loop) and once with `cpu_threefry`'s. Both start from the same state and
-batch and take the same number of steps, alternating rounds (this machine's speed moves between minutes; only
-interleaved timings compare), and the script checks that their last losses agree: the hash is the same function,
-so the dropout masks are the same bits, but XLA fuses the programs differently, which can move a loss in its
-last float bits (exit status 1 beyond 1e-5 relative).
+on random unpacked tokens, compiled three times in this one process: `rolled`, JAX's own CPU lowering of
+`threefry2x32_p` (a 5-iteration while loop); `fused`, `cpu_threefry`'s unrolled hash, which XLA fuses into every
+loop reading a mask; `once`, the same with large masks passed through `cpu_threefry.materialize` (hashed once a
+step; the CLI's default since 2026-11-28). All start from the same state and batch and take the same number of
+steps, alternating rounds (this machine's speed moves between minutes; only interleaved timings compare), and
+the script checks that their last losses agree: the hash is the same function, so the dropout masks are the
+same bits, but XLA fuses the programs differently, which can move a loss in its last float bits (exit status 1
+beyond 1e-5 relative).
 
 Each round prints one JSON row per (model, variant): the median of `--steps` timed steps after `--warmup`
 untimed ones, the compile time, the while loops left in the optimised program, the machine (bench_env), the
-load average. A summary gives each model's unrolled/rolled ratio (median over rounds). `--config tiny` (with
+load average. A summary gives each model's fused/rolled and once/fused ratios (medians over rounds). `--config tiny` (with
 `--unroll_min`, as its masks are small) is the test's (tests/test_cpu_threefry.py). Results: docs/benchmarks.md ("Dropout's random bits on CPU").
 
   python scripts/bench_threefry_cpu.py --rounds 3 [--models t5_1_1,remixer] [--out docs/bench_threefry_cpu.jsonl]
@@ -32,11 +34,16 @@ TINY = ["network.T5Config.emb_dim=32", "network.T5Config.mlp_dim=48", "network.T
         "network.T5Config.head_dim=16", "BATCH_SIZE=2", "TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 24}"]
 
 
-def use_lowering(unrolled: bool) -> None:
-  """Registers the CPU lowering of JAX's threefry2x32_p: cpu_threefry's, or JAX's own rolled one (an internal
-  name of jax 0.10.2: the benchmark needs both in one process)."""
+VARIANTS = ("rolled", "fused", "once")
+
+
+def use_lowering(variant: str) -> None:
+  """Sets up `variant` for what is traced next: cpu_threefry's lowering, with (`once`) or without (`fused`) its
+  masks hashed once, or JAX's own rolled one (`rolled`; an internal name of jax 0.10.2: the benchmark needs all
+  three in one process)."""
   from remixer_t5 import cpu_threefry
-  if unrolled:
+  cpu_threefry.once = variant == "once"
+  if variant != "rolled":
     cpu_threefry.register()
     return
   from jax._src.random import threefry2x32 as jax_threefry
@@ -47,7 +54,7 @@ def use_lowering(unrolled: bool) -> None:
 
 def stepper(model, optimizer, batch):
   """(a no-argument call running one jitted train step and returning its loss sum, compile seconds, while loops
-  in the optimised program). The state is donated and carried from call to call."""
+  and materialized masks in the optimised program). The state is donated and carried from call to call."""
   import jax
   import jax.numpy as jnp
   from remixer_t5 import trainer
@@ -63,7 +70,8 @@ def stepper(model, optimizer, batch):
   def run():
     holder["state"], metrics = compiled(holder["state"], data)
     return jax.block_until_ready(metrics["loss_sum"])
-  return run, seconds, compiled.as_text().count(" while(")
+  text = compiled.as_text()
+  return run, seconds, text.count(" while("), text.count('custom_call_target="remixer_materialize"')
 
 
 def timed(fn, steps: int, warmup: int) -> tuple[float, float]:
@@ -74,7 +82,7 @@ def timed(fn, steps: int, warmup: int) -> tuple[float, float]:
 
 
 def build(models, config: str):
-  """{(model, variant): (call, compile seconds, while loops)} for variant 'rolled' (JAX's) and 'unrolled'."""
+  """{(model, variant): (call, compile seconds, while loops)} for each of VARIANTS."""
   from remixer_t5 import bench_train, gin_utils
   steps = {}
   for name in models:
@@ -83,10 +91,10 @@ def build(models, config: str):
     setup = bench_train.from_gin()
     batch = bench_train.random_batch(setup["model"].module.config.vocab_size, setup["batch_size"],
                                      setup["feature_lengths"])
-    for variant in ("rolled", "unrolled"):
-      use_lowering(variant == "unrolled")
+    for variant in VARIANTS:
+      use_lowering(variant)
       steps[(name, variant)] = stepper(setup["model"], setup["optimizer"], batch)
-  use_lowering(True)
+  use_lowering("once")
   return steps
 
 
@@ -99,7 +107,7 @@ def main(argv=None) -> int:
   parser.add_argument("--warmup", type=int, default=2)
   parser.add_argument("--out", help="append the rows to this JSONL file")
   parser.add_argument("--unroll_min", type=int, default=None,
-                      help="cpu_threefry.UNROLL_MIN for the unrolled variant (default: the module's)")
+                      help="cpu_threefry.UNROLL_MIN for the fused and once variants (default: the module's)")
   parser.add_argument("--tag", default="")
   args = parser.parse_args(argv)
   models = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -125,13 +133,13 @@ def main(argv=None) -> int:
   for r in range(args.rounds):
     order = sorted(steps) if r % 2 == 0 else sorted(steps, reverse=True)  # alternate who goes first
     for key in order:
-      call, compile_s, loops = steps[key]
+      call, compile_s, loops, _ = steps[key]
       load = bench_env.loadavg()
       seconds, losses[key] = timed(call, args.steps, args.warmup)
       medians.setdefault(key, []).append(seconds)
       row = dict(bench="threefry_cpu", config=args.config, model=key[0], variant=key[1], round=r + 1,
                  median_s=round(seconds, 5), steps=args.steps, compile_s=round(compile_s, 2), while_loops=loops,
-                 unroll_min=cpu_threefry.UNROLL_MIN,
+                 unroll_min=cpu_threefry.UNROLL_MIN, materialized=steps[key][3],
                  loss_sum=losses[key], tag=args.tag, load_average_start=load, load_average_end=bench_env.loadavg(),
                  **env)
       print(json.dumps(row), flush=True)
@@ -140,15 +148,18 @@ def main(argv=None) -> int:
           f.write(json.dumps(row) + "\n")
   agree = True
   for name in models:
-    rolled, unrolled = (statistics.median(medians[(name, v)]) for v in ("rolled", "unrolled"))
-    a, b = losses[(name, "rolled")], losses[(name, "unrolled")]
-    diff = abs(a - b) / max(abs(a), 1e-30)
-    agree &= diff <= 1e-5
-    print(f"{name}: rolled {rolled * 1000:.1f} ms, unrolled {unrolled * 1000:.1f} ms, unrolled/rolled "
-          f"{unrolled / rolled:.3f} (median over {args.rounds} rounds); compile {steps[(name, 'rolled')][1]:.1f} "
-          f"-> {steps[(name, 'unrolled')][1]:.1f} s; while loops {steps[(name, 'rolled')][2]} -> "
-          f"{steps[(name, 'unrolled')][2]}; last loss {a!r} / {b!r} "
-          f"({'bit-identical' if a == b else f'relative difference {diff:.1e}'})", flush=True)
+    med = {v: statistics.median(medians[(name, v)]) for v in VARIANTS}
+    for v in VARIANTS[1:]:
+      a, b = losses[(name, "rolled")], losses[(name, v)]
+      diff = abs(a - b) / max(abs(a), 1e-30)
+      agree &= diff <= 1e-5
+    print(f"{name}: " + ", ".join(f"{v} {med[v] * 1000:.1f} ms" for v in VARIANTS)
+          + f"; fused/rolled {med['fused'] / med['rolled']:.3f}, once/fused {med['once'] / med['fused']:.3f} "
+          f"(medians over {args.rounds} rounds); compile "
+          + " -> ".join(f"{steps[(name, v)][1]:.1f}" for v in VARIANTS) + " s; while loops "
+          + " -> ".join(str(steps[(name, v)][2]) for v in VARIANTS) + "; masks hashed once "
+          + str(steps[(name, "once")][3]) + "; last loss " + " / ".join(repr(losses[(name, v)]) for v in VARIANTS),
+          flush=True)
   return 0 if agree else 1
 
 

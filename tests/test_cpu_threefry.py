@@ -44,7 +44,7 @@ def test_broadcasts_like_the_primitive():
 
 
 def test_modes():
-  with pytest.raises(ValueError, match=r"\$REMIXER_T5_CPU_THREEFRY='fast': expected one of on, off"):
+  with pytest.raises(ValueError, match=r"\$REMIXER_T5_CPU_THREEFRY='fast': expected one of on, fused, off"):
     cpu_threefry.configure(environ={"REMIXER_T5_CPU_THREEFRY": "fast"}, cpu_only=True)
   assert cpu_threefry.configure(environ={"REMIXER_T5_CPU_THREEFRY": "off"}, cpu_only=True) is False
   assert cpu_threefry.configure(environ={}, cpu_only=False) is False  # TPU or GPU: JAX's lowering
@@ -105,8 +105,86 @@ def test_train_steps_through_both_lowerings():
   assert p.returncode == 0, p.stderr[-3000:]
   rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
   by = {r["variant"]: r for r in rows}
-  assert set(by) == {"rolled", "unrolled"} and all(r["model"] == "t5_1_1" for r in rows)
-  assert by["rolled"]["while_loops"] > by["unrolled"]["while_loops"] > 0  # attention masks unrolled, keys not
-  assert by["unrolled"]["cpu_threefry"] == "unrolled"
-  assert abs(by["rolled"]["loss_sum"] - by["unrolled"]["loss_sum"]) <= 1e-6 * abs(by["rolled"]["loss_sum"])
+  assert set(by) == {"rolled", "fused", "once"} and all(r["model"] == "t5_1_1" for r in rows)
+  assert by["rolled"]["while_loops"] > by["fused"]["while_loops"] > 0  # attention masks unrolled, keys not
+  assert by["once"]["while_loops"] == by["fused"]["while_loops"]
+  assert by["rolled"]["materialized"] == by["fused"]["materialized"] == 0
+  assert by["once"]["materialized"] == 6  # the 2 layers' encoder, decoder and cross-attention masks (1,024+)
+  assert by["once"]["cpu_threefry"] == "unrolled, large masks hashed once"
+  for v in ("fused", "once"):
+    assert abs(by["rolled"]["loss_sum"] - by[v]["loss_sum"]) <= 1e-6 * abs(by["rolled"]["loss_sum"])
   assert "t5_1_1: rolled" in p.stdout
+
+
+ONCE = """
+import json, os, re
+import flax.linen as nn
+import jax, jax.numpy as jnp, numpy as np
+from remixer_t5 import cpu_threefry, flop_count, layers
+
+SHAPE = (4, 4, 96, 96)  # 147,456 elements: above UNROLL_MIN
+
+class Net(nn.Module):
+  ours: bool
+  @nn.compact
+  def __call__(self, x):
+    drop = layers.Dropout if self.ours else nn.Dropout
+    y = drop(0.1)(jnp.tanh(x), deterministic=False)  # an attention-sized mask, read by forward and backward
+    z = drop(0.1, broadcast_dims=(-2,))(y * 2.0, deterministic=False)  # a broadcast [4, 4, 1, 96] mask
+    return jnp.sum(z ** 2)
+
+def grad_fn(ours):
+  return jax.jit(jax.value_and_grad(lambda x, k: Net(ours).apply({}, x, rngs={"dropout": k})))
+
+def hashes(text):
+  # XLA fuses the unrolled hash: each copy is a fused computation with 20 rounds of u32 xors of the mask's shape
+  bodies = re.split(r"\\n(?=%?fused_computation)", text)
+  return sum(1 for b in bodies if b.count("u32[4,4,96,96]{3,2,1,0} xor(") >= 20)
+
+x = jnp.asarray(np.random.default_rng(0).normal(size=SHAPE), jnp.float32)
+key = jax.random.PRNGKey(5)
+ref = grad_fn(False)(x, key)  # flax's Dropout, before anything is configured
+out = {}
+assert cpu_threefry.configure(log=print, environ={"REMIXER_T5_CPU_THREEFRY": os.environ["ONCE_MODE"]}, cpu_only=True)
+for name, ours in (("flax", False), ("ours", True)):
+  fn = grad_fn(ours)
+  (v, g) = fn(x, key)
+  text = fn.lower(x, key).compile().as_text()
+  out[name] = {"same_value": bool(v == ref[0]), "same_grad": bool(np.array_equal(g, ref[1])),
+               "custom_calls": text.count('custom_call_target="remixer_materialize"'), "hashes": hashes(text)}
+with flop_count.counting_model_flops():
+  text = jax.jit(jax.value_and_grad(lambda x, k: Net(True).apply({}, x, rngs={"dropout": k}))).lower(x, key).as_text()
+out["counting_custom_calls"] = text.count("remixer_materialize")
+out["describe"] = cpu_threefry.describe()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("mode", ["on", "fused"])
+def test_large_masks_hashed_once(mode):
+  """layers.Dropout is flax's Dropout (same mask, value and gradient from the same key); in `on` mode its large
+  mask goes through the custom call and XLA hashes it once for forward and backward, where flax's Dropout, or
+  `fused` mode, hash it in more than one loop. The broadcast mask (small) keeps its loop either way, and inside
+  the FLOP-count context the custom call is left out."""
+  p = run_py(ONCE, {"ONCE_MODE": mode})
+  assert p.returncode == 0, p.stderr[-3000:]
+  r = json.loads(p.stdout.strip().splitlines()[-1])
+  assert r["flax"] == {**r["flax"], "same_value": True, "same_grad": True, "custom_calls": 0}
+  assert r["ours"]["same_value"] and r["ours"]["same_grad"]
+  assert r["flax"]["hashes"] >= 2  # forward and backward each hash the mask
+  if mode == "on":
+    assert "each such dropout mask hashed once" in p.stdout
+    assert r["ours"]["custom_calls"] == 1 and r["ours"]["hashes"] == 1
+    assert r["describe"] == "unrolled, large masks hashed once"
+  else:
+    assert r["ours"]["custom_calls"] == 0 and r["ours"]["hashes"] == r["flax"]["hashes"]
+    assert r["describe"] == "unrolled"
+  assert r["counting_custom_calls"] == 0
+
+
+def test_large_masks_left_alone_on_a_mesh():
+  """With more than one JAX device the custom call (which XLA cannot partition) is not used."""
+  p = run_py(ONCE, {"XLA_FLAGS": "--xla_force_host_platform_device_count=2", "ONCE_MODE": "on"})
+  assert p.returncode == 0, p.stderr[-3000:]
+  r = json.loads(p.stdout.strip().splitlines()[-1])
+  assert r["ours"]["same_value"] and r["ours"]["same_grad"] and r["ours"]["custom_calls"] == 0

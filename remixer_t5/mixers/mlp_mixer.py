@@ -91,7 +91,7 @@ class TokenMixingMlp(nn.Module):
     # Zeroed padding meets the first n rows of W1 only, so it adds nothing to the hidden units.
     x = x.astype(dt) * ctx.q_mask[:, :, None].astype(dt)
     h = jnp.einsum("bnd,nk->bkd", x, w1[:n].astype(dt)) + b1.astype(dt)[:, None]
-    h = nn.Dropout(cfg.dropout_rate)(_gelu(h), deterministic=deterministic)
+    h = layers.Dropout(cfg.dropout_rate)(_gelu(h), deterministic=deterministic)
     return jnp.einsum("bkd,kn->bnd", h, w2[:, :n].astype(dt)) + b2[:n].astype(dt)[:, None]
 
   def _window_params(self):
@@ -115,7 +115,7 @@ class TokenMixingMlp(nn.Module):
     dt = self.config.dtype
     w1, b1, w2 = self._window_params()
     h = jnp.einsum("bdno,ok->bdnk", windows.astype(dt), w1.astype(dt)) + b1.astype(dt)
-    h = nn.Dropout(self.config.dropout_rate)(_gelu(h), deterministic=deterministic)
+    h = layers.Dropout(self.config.dropout_rate)(_gelu(h), deterministic=deterministic)
     return jnp.swapaxes(jnp.einsum("bdnk,k->bdn", h, w2.astype(dt)), 1, 2)
 
   def _windowed(self, x: Array, mask: Array, segment_ids: Array | None, deterministic: bool) -> Array:
