@@ -35,6 +35,7 @@ TINY = ["network.T5Config.emb_dim=32", "network.T5Config.mlp_dim=48", "network.T
 
 
 VARIANTS = ("rolled", "fused", "once")
+DESCRIBE = {"rolled": None, "fused": "unrolled", "once": "unrolled, large masks hashed once"}  # bench_env's field
 
 
 def use_lowering(variant: str) -> None:
@@ -141,7 +142,7 @@ def main(argv=None) -> int:
                  median_s=round(seconds, 5), steps=args.steps, compile_s=round(compile_s, 2), while_loops=loops,
                  unroll_min=cpu_threefry.UNROLL_MIN, materialized=steps[key][3],
                  loss_sum=losses[key], tag=args.tag, load_average_start=load, load_average_end=bench_env.loadavg(),
-                 **env)
+                 **{**env, "cpu_threefry": DESCRIBE[key[1]]})  # the variant's, not the process's last setting
       print(json.dumps(row), flush=True)
       if args.out:
         with open(args.out, "a") as f:
