@@ -13,8 +13,9 @@ beyond 1e-5 relative).
 
 Each round prints one JSON row per (model, variant): the median of `--steps` timed steps after `--warmup`
 untimed ones, the compile time, the while loops left in the optimised program, the machine (bench_env), the
-load average. A summary gives each model's fused/rolled and once/fused ratios (medians over rounds). `--config tiny` (with
-`--unroll_min`, as its masks are small) is the test's (tests/test_cpu_threefry.py). Results: docs/benchmarks.md ("Dropout's random bits on CPU").
+load average. A summary gives each model's fused/rolled and once/fused ratios (medians over rounds).
+`--config tiny` (with `--unroll_min`, as its masks are small) is the test's (tests/test_cpu_threefry.py).
+Results: docs/benchmarks.md ("Dropout's random bits on CPU").
 
   python scripts/bench_threefry_cpu.py --rounds 3 [--models t5_1_1,remixer] [--out docs/bench_threefry_cpu.jsonl]
 """

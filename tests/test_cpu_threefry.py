@@ -146,7 +146,8 @@ x = jnp.asarray(np.random.default_rng(0).normal(size=SHAPE), jnp.float32)
 key = jax.random.PRNGKey(5)
 ref = grad_fn(False)(x, key)  # flax's Dropout, before anything is configured
 out = {}
-assert cpu_threefry.configure(log=print, environ={"REMIXER_T5_CPU_THREEFRY": os.environ["ONCE_MODE"]}, cpu_only=True)
+mode = {"REMIXER_T5_CPU_THREEFRY": os.environ["ONCE_MODE"]}
+assert cpu_threefry.configure(log=print, environ={**os.environ, **mode}, cpu_only=True)
 for name, ours in (("flax", False), ("ours", True)):
   fn = grad_fn(ours)
   (v, g) = fn(x, key)
@@ -189,3 +190,14 @@ def test_large_masks_left_alone_on_a_mesh():
   assert p.returncode == 0, p.stderr[-3000:]
   r = json.loads(p.stdout.strip().splitlines()[-1])
   assert r["ours"]["same_value"] and r["ours"]["same_grad"] and r["ours"]["custom_calls"] == 0
+
+
+def test_large_masks_fused_when_the_custom_call_cannot_build(tmp_path):
+  """No C++ compiler: one line saying so, and the masks stay as flax draws them (hashed in each reader)."""
+  p = run_py(ONCE, {"ONCE_MODE": "on", "CXX": str(tmp_path / "no-such-compiler"),
+                    "REMIXER_T5_CACHE_DIR": str(tmp_path / "cache")})
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert "random bits: dropout masks hashed in each loop that reads them (no C++ compiler" in p.stdout
+  r = json.loads(p.stdout.strip().splitlines()[-1])
+  assert r["ours"]["same_value"] and r["ours"]["same_grad"] and r["ours"]["custom_calls"] == 0
+  assert r["ours"]["hashes"] == r["flax"]["hashes"] >= 2 and r["describe"] == "unrolled"
