@@ -9,6 +9,7 @@ name and renamed: a failed or interrupted build leaves nothing behind.
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import platform
@@ -16,7 +17,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Callable, MutableMapping, Sequence
+from typing import Callable, Mapping, MutableMapping, Sequence
 
 CSRC = Path(__file__).with_name("csrc")
 
@@ -98,3 +99,25 @@ def build(source: Path, folder: str, flags: Sequence[str] = ("-O2",), environ: M
     raise Unavailable(f"building {source.name} with {cxx} failed (exit {proc.returncode}): {tail}")
   os.replace(tmp, target)
   return target
+
+
+def register_once(state: dict, build: Callable[[], Path], targets: Mapping[str, str],
+                  on_failure: Callable[[str], None]) -> bool:
+  """Loads the library `build()` returns and registers its handlers as CPU custom calls (target name -> the
+  library's symbol), once per process; `state` remembers the outcome ("registered", or "failed": why). A failed
+  build is tried once: `on_failure(why)` runs then (it may raise), and later calls return False at once."""
+  if state.get("registered"):
+    return True
+  if "failed" in state:
+    return False
+  import jax
+  try:
+    lib = ctypes.CDLL(str(build()))
+  except (Unavailable, OSError) as e:
+    state["failed"] = str(e)
+    on_failure(str(e))
+    return False
+  for target, symbol in targets.items():
+    jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
+  state["registered"] = True
+  return True

@@ -37,7 +37,6 @@ seqio numbers a row's examples 1, 2, ... (an id above the key length would have 
 """
 from __future__ import annotations
 
-import ctypes
 import platform
 from typing import Callable, MutableMapping
 
@@ -86,23 +85,16 @@ def _register() -> bool:
   """Builds and registers the handlers once per process; False (after one line, in `auto`) if that fails."""
   if _state.get("registered"):
     return True
-  if "failed" in _state:
-    return False
-  import jax
-  try:
-    lib = ctypes.CDLL(str(build(_environ, _log)))
-  except (cpu_ffi.Unavailable, OSError) as e:
-    _state["failed"] = str(e)
+
+  def failed(why: str) -> None:
     if mode == "on":
-      raise ValueError(f"${ENV}=on: {e}") from None
+      raise ValueError(f"${ENV}=on: {why}") from None
     if _log:
-      _log(f"HyperMixing: XLA's forms ({e}); see remixer_t5/cpu_hypermixing.py")
+      _log(f"HyperMixing: XLA's forms ({why}); see remixer_t5/cpu_hypermixing.py")
+  targets = {FORWARD: "RemixerHyperMixingCausal", BACKWARD: "RemixerHyperMixingCausalGrad",
+             SEGMENTED: "RemixerHyperMixingSegmented", SEGMENTED_GRAD: "RemixerHyperMixingSegmentedGrad"}
+  if not cpu_ffi.register_once(_state, lambda: build(_environ, _log), targets, failed):
     return False
-  jax.ffi.register_ffi_target(FORWARD, jax.ffi.pycapsule(lib.RemixerHyperMixingCausal), platform="cpu")
-  jax.ffi.register_ffi_target(BACKWARD, jax.ffi.pycapsule(lib.RemixerHyperMixingCausalGrad), platform="cpu")
-  jax.ffi.register_ffi_target(SEGMENTED, jax.ffi.pycapsule(lib.RemixerHyperMixingSegmented), platform="cpu")
-  jax.ffi.register_ffi_target(SEGMENTED_GRAD, jax.ffi.pycapsule(lib.RemixerHyperMixingSegmentedGrad), platform="cpu")
-  _state["registered"] = True
   if _log:
     _log(f"HyperMixing: fused C++ loops on CPU (remixer_t5/cpu_hypermixing.py; ${ENV}=off for XLA's forms)")
   return True

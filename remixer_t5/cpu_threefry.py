@@ -35,7 +35,6 @@ them). Programs lowered for TPU or GPU (`remixer-t5 compile`) never use the CPU 
 """
 from __future__ import annotations
 
-import ctypes
 import math
 from typing import Callable, MutableMapping
 
@@ -137,21 +136,12 @@ def configure(log: Callable[[str], None] | None = None, environ: MutableMapping[
 
 def _register() -> bool:
   """Builds and registers the custom call once per process; False (after one line) if that fails."""
-  if _state.get("registered"):
-    return True
-  if "failed" in _state:
-    return False
-  import jax
-  try:
-    lib = ctypes.CDLL(str(cpu_ffi.build(SOURCE, "cpu_threefry", ("-O2",), _environ, _log, what="random bits")))
-  except (cpu_ffi.Unavailable, OSError) as e:
-    _state["failed"] = str(e)
+  def failed(why: str) -> None:
     if _log:
-      _log(f"random bits: dropout masks hashed in each loop that reads them ({e}); see remixer_t5/cpu_threefry.py")
-    return False
-  jax.ffi.register_ffi_target(MATERIALIZE, jax.ffi.pycapsule(lib.RemixerMaterialize), platform="cpu")
-  _state["registered"] = True
-  return True
+      _log(f"random bits: dropout masks hashed in each loop that reads them ({why}); see remixer_t5/cpu_threefry.py")
+  return cpu_ffi.register_once(
+      _state, lambda: cpu_ffi.build(SOURCE, "cpu_threefry", ("-O2",), _environ, _log, what="random bits"),
+      {MATERIALIZE: "RemixerMaterialize"}, failed)
 
 
 def describe() -> str | None:
