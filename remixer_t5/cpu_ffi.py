@@ -1,4 +1,4 @@
-"""Builds the C++ XLA FFI handlers of remixer_t5/csrc/ on first use (cpu_blas.py, cpu_hypermixing.py).
+"""Builds the C++ XLA FFI handlers of remixer_t5/csrc/ on first use (cpu_blas.py, cpu_hypermixing.py, cpu_threefry.py).
 
 A handler is compiled with the system's C++ compiler ($CXX, else c++/g++) against jaxlib's FFI headers into
 `$REMIXER_T5_CACHE_DIR/<folder>/` (default ~/.cache/remixer_t5). The library is keyed by the source and the
