@@ -4,8 +4,8 @@ A CPU figure means little without what decided it: the CPU model and its vector 
 which kernels XLA and PyTorch pick), the cores usable, the XLA flags in force (the CLI's XLA:CPU option),
 the library Dense's products ran on (`cpu_blas`: MKL's sgemm, or None for XLA's own), what causal HyperMixing
 ran on (`cpu_hypermixing`: the fused C++ loop, or None for XLA's scan; on GPUs `gpu_hypermixing`: whether the
-Pallas kernels are on), whether dropout's random bits ran through the unrolled Threefry (`cpu_threefry`: "unrolled", and since
-2026-11-28 "unrolled, large masks hashed once" when they were), the host
+Pallas kernels are on), whether dropout's random bits ran through the unrolled Threefry (`cpu_threefry`:
+"unrolled", and since 2026-11-28 "unrolled, large masks hashed once" when they were), the host
 allocator policy, the thread counts PyTorch and OpenMP/MKL use, the load average around the
 measurement, the commit, and the versions. `environment()` gathers them into the row.
 

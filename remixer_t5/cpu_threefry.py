@@ -104,9 +104,7 @@ def lowering(*args):
   fusing the unrolled hash into each consumer, would hash every mask element once per position; the loop's
   output is written once and read."""
   import jax.numpy as jnp
-  size = 1
-  for n in jnp.broadcast_shapes(*(jnp.shape(a) for a in args)):
-    size *= n
+  size = math.prod(jnp.broadcast_shapes(*(jnp.shape(a) for a in args)))
   return threefry_2x32(*args, rolled=size < UNROLL_MIN)
 
 
