@@ -25,7 +25,11 @@ GELU's Φ and φ come from one exp (Abramowitz & Stegun 7.1.26, |error in erf| <
 it (they keep `fallback`). `$REMIXER_T5_GPU_HYPERMIXING=off` keeps XLA's form on GPUs too.
 
 The packed non-causal form (`segmented_kernel`) is a second pair of kernels: each program sums a segment's keys
-in one pass and writes that segment's queries once, at its last key.
+in one pass and writes that segment's queries once, at its last key. It is used only with
+`$REMIXER_T5_GPU_HYPERMIXING=all`: on an H200 one base-size layer (forward + backward) took 129 ms through it and
+5.8 ms through XLA's id-block loop (`HyperMixing._block_segmented`), whose data-dependent trip count came after
+the kernel was written; HyperMixer-base's step went from 11.7 s to 2.1 s without it (docs/benchmarks.md, fifth
+GPU measurement). Its likely cost is the partial sums' traffic below, the same for any number of segments.
 
 Memory: each call writes one float32 partial output per d'-block, summed after (no atomics, so the sums are
 deterministic): d'/16 x batch x length x d floats for the causal form (1.4 GB for a microbatch of 32 at base
@@ -48,17 +52,27 @@ BLOCK_H = 16  # d' rows of the causal state tile (a power of 2: Triton's tensors
 BLOCK_D = 64  # 2 warps timed fastest of the 8 tiles tried on an H200 (docs/benchmarks.md, fourth GPU measurement)
 WARPS = 2
 # The packed non-causal form evaluates GELU once per segment, not per position, so its time is the partial sums'
-# traffic (one [b, n, d] float32 partial output per d'-block): larger d'-blocks, fewer partials. Not yet timed.
+# traffic (one [b, n, d] float32 partial output per d'-block): larger d'-blocks, fewer partials. Timed at 64 only.
 SEGMENTED_BLOCK_H = 64
 f32 = jnp.float32
 
 
-def enabled(environ=None) -> bool:
-  """Whether programs lowered for GPUs use the kernel ($REMIXER_T5_GPU_HYPERMIXING: on (default) or off)."""
+def mode(environ=None) -> str:
+  """$REMIXER_T5_GPU_HYPERMIXING: `on` (default: the causal kernel), `all` (also the packed kernel) or `off`."""
   value = (os.environ if environ is None else environ).get(ENV, "on").strip().lower() or "on"
-  if value not in ("on", "off"):
-    raise ValueError(f"${ENV}={value!r}: expected on or off")
-  return value == "on"
+  if value not in ("on", "all", "off"):
+    raise ValueError(f"${ENV}={value!r}: expected on, all or off")
+  return value
+
+
+def enabled(environ=None) -> bool:
+  """Whether programs lowered for GPUs use the causal kernel (mode `on` or `all`)."""
+  return mode(environ) != "off"
+
+
+def segmented_enabled(environ=None) -> bool:
+  """Whether programs lowered for GPUs use the packed non-causal kernel (mode `all` only)."""
+  return mode(environ) == "all"
 
 
 def _half_erfc(a):

@@ -9,6 +9,7 @@ docs/benchmarks.md between its markers. Every row records the commit and any unc
 Run with the venv that has the plugin (`make gpu-compile-env`):
   nice -n 19 .venv-gpu/bin/python scripts/gpu_cost_table.py      # measure what is missing, then render
   .venv-gpu/bin/python scripts/gpu_cost_table.py --render        # only re-render
+  .venv-gpu/bin/python scripts/gpu_cost_table.py --redo hypermixer_base   # measure a changed model's cells again
 """
 from __future__ import annotations
 
@@ -45,6 +46,14 @@ def cells() -> list[tuple[str, str, str, str, str]]:
 
 def key(row) -> tuple:
   return (row["name"], row["topology"], row["rules"], row["mesh"], row["variant"])
+
+
+def todo(rows: list[dict], redo: list[str]) -> list[tuple]:
+  """The cells to compile: those with no row yet, and every cell of the models in `redo`."""
+  if unknown := sorted(set(redo) - set(MODELS)):
+    raise SystemExit(f"--redo: unknown model(s) {', '.join(unknown)}; expected some of {', '.join(MODELS)}")
+  done = {key(r) for r in rows if r["name"] not in redo}
+  return [c for c in cells() if c not in done]
 
 
 def load() -> list[dict]:
@@ -126,13 +135,14 @@ def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--render", action="store_true", help="only re-render the markdown table")
   ap.add_argument("--timeout", type=int, default=1800, help="seconds per compile")
+  ap.add_argument("--redo", default="", help=f"comma-separated models to compile again although measured "
+                  f"(after a change to them); of {', '.join(MODELS)}")
   args = ap.parse_args()
   rows = load()
   if not args.render:
-    done = {key(r) for r in rows}
-    todo = [c for c in cells() if c not in done]
-    for i, cell in enumerate(todo, 1):
-      print(f"[{i}/{len(todo)}] {' '.join(c for c in cell if c)} ...", file=sys.stderr, flush=True)
+    cells_left = todo(rows, [m for m in args.redo.split(",") if m])
+    for i, cell in enumerate(cells_left, 1):
+      print(f"[{i}/{len(cells_left)}] {' '.join(c for c in cell if c)} ...", file=sys.stderr, flush=True)
       row = measure(*cell, timeout=args.timeout)
       rows.append(row)
       with JSONL.open("a") as f:

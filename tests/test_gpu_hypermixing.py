@@ -155,8 +155,10 @@ def lowered(platform, fn, *shapes):
 
 
 def test_only_programs_lowered_for_cuda_call_the_kernels(monkeypatch):
-  """A HyperMixer layer's gradient, causal and packed non-causal: Triton calls when lowered for CUDA, none for
-  CPU or TPU (they keep XLA's forms), none with $REMIXER_T5_GPU_HYPERMIXING=off, none inside a FLOP count."""
+  """A HyperMixer layer's gradient, causal and packed non-causal, lowered for CUDA: by default ($..._HYPERMIXING
+  `on`) the causal form calls its Triton kernels and the packed form keeps XLA's id-block loop (the kernel was
+  22x slower on an H200); with `all` both call their kernels and neither loops. None for CPU or TPU (they keep
+  XLA's forms), none with `off`, none inside a FLOP count."""
   cfg = T5Config(vocab_size=64, emb_dim=16, num_heads=2, num_encoder_layers=1, num_decoder_layers=1, head_dim=8,
                  mlp_dim=32, dtype="float32")
   b, n = 2, 12
@@ -175,22 +177,30 @@ def test_only_programs_lowered_for_cuda_call_the_kernels(monkeypatch):
   for causal in (True, False):
     grad = jax.grad(lambda v, x: jnp.sum(mod.apply(v, x, x, ctx(causal)) ** 2), argnums=(0, 1))
     want = "hypermixing_causal" if causal else "hypermixing_segmented"
-    cuda = lowered("cuda", grad, *shapes)
-    assert cuda.count("__gpu$xla.gpu.triton") == 2 and want in cuda and "stablehlo.while" not in cuda
+    for mode in ("on", "all"):
+      monkeypatch.setenv(gpu_hypermixing.ENV, mode)
+      cuda = lowered("cuda", grad, *shapes)
+      if causal or mode == "all":
+        assert cuda.count("__gpu$xla.gpu.triton") == 2 and want in cuda and "stablehlo.while" not in cuda, mode
+      else:
+        assert "triton" not in cuda and "stablehlo.while" in cuda, mode  # XLA's loop over id blocks
+      with base.counting_model_flops():
+        assert "triton" not in lowered("cuda", grad, *shapes)
     for platform in ("cpu", "tpu"):
       text = lowered(platform, grad, *shapes)
       assert "triton" not in text and "stablehlo.while" in text  # the scan over chunks or id blocks
-    with base.counting_model_flops():
-      assert "triton" not in lowered("cuda", grad, *shapes)
     monkeypatch.setenv(gpu_hypermixing.ENV, "off")
     assert "triton" not in lowered("cuda", grad, *shapes)
     monkeypatch.delenv(gpu_hypermixing.ENV)
 
 
 def test_bad_setting_is_named():
-  with pytest.raises(ValueError, match=r"\$REMIXER_T5_GPU_HYPERMIXING='fast': expected on or off"):
+  with pytest.raises(ValueError, match=r"\$REMIXER_T5_GPU_HYPERMIXING='fast': expected on, all or off"):
     gpu_hypermixing.enabled({"REMIXER_T5_GPU_HYPERMIXING": "fast"})
-  assert gpu_hypermixing.enabled({}) and not gpu_hypermixing.enabled({"REMIXER_T5_GPU_HYPERMIXING": "OFF"})
+  modes = {v: (gpu_hypermixing.enabled({gpu_hypermixing.ENV: v}), gpu_hypermixing.segmented_enabled(
+      {gpu_hypermixing.ENV: v})) for v in ("on", "ALL", "off")}
+  assert modes == {"on": (True, False), "ALL": (True, True), "off": (False, False)}
+  assert gpu_hypermixing.mode({}) == "on"
 
 
 SHARDED = """
@@ -253,7 +263,7 @@ def test_a_hypermixer_train_step_through_the_kernels_matches_xla(monkeypatch):
   with jax.default_matmul_precision("highest"):
     ref_loss, ref_grads = step()(params)
   calls = []
-  monkeypatch.setenv(gpu_hypermixing.ENV, "on")
+  monkeypatch.setenv(gpu_hypermixing.ENV, "all")
   monkeypatch.setattr(gpu_hypermixing, "causal", lambda w1, x, w2, mask, seg, ln, fallback: calls.append("causal")
                       or gpu_hypermixing.kernel(w1, x, w2, mask, seg, ln, interpret=True))
   monkeypatch.setattr(gpu_hypermixing, "segmented", lambda w1, x, w2, mask, qs, ks, ln, fallback: calls.append(

@@ -269,11 +269,11 @@ class HyperMixing(nn.Module):
   def _segmented(self, w1: Array, x: Array, w2: Array, kv_mask: Array, q_seg: Array, kv_seg: Array) -> Array:
     """Packed non-causal: query i reads GELU(Σ_{j real, seg_j = seg_i} W1[j]^T x_j), one state per segment id;
     on CPU-only float32 runs through the C++ loop of cpu_hypermixing.py (armed by the CLI; each (row, id) touches
-    its own queries and keys only), in programs lowered for GPUs through the Pallas kernel of gpu_hypermixing.py
-    (one pass over keys and queries), else the blocks below."""
+    its own queries and keys only), else the blocks below (also on GPUs: gpu_hypermixing's packed kernel, one pass
+    over keys and queries, was 22x slower there and runs only with $REMIXER_T5_GPU_HYPERMIXING=all)."""
     blocks = self._block_segmented
     other = blocks
-    if gpu_hypermixing.enabled() and not base.counting_flops():
+    if gpu_hypermixing.segmented_enabled() and not base.counting_flops():
       other = lambda *a: gpu_hypermixing.segmented(*a, self.length_normalize, blocks)
     if cpu_hypermixing.usable(w1.dtype) and not base.counting_flops():  # as the GPU kernel, above
       return cpu_hypermixing.segmented(w1, x, w2, kv_mask, q_seg, kv_seg, self.length_normalize,
