@@ -60,9 +60,14 @@ _state: dict = {}  # 'registered': True, or 'failed': the reason
 
 
 def flags() -> tuple[str, ...]:
-  """-O3 for this CPU; on x86-64, 512-bit vectors where it has them (GCC prefers 256 by default)."""
+  """-O3 for this CPU; on x86-64, 512-bit vectors where it has them (GCC prefers 256 by default).
+
+  `-fno-trapping-math` (no code here reads floating-point exception flags) lets GCC if-convert the GELU's
+  selects (`a < 0 ? tail : 1 - tail`, the exp's clamp) into blends: without it GCC 12 vectorised the causal
+  forward and segmented GELU loops only with AVX-512's masks, so on AVX2 CPUs they ran scalar (the causal form
+  5.6x slower on a Zen 3 EPYC: docs/benchmarks.md, "HyperMixing on CPU")."""
   extra = ("-mprefer-vector-width=512",) if platform.machine() in ("x86_64", "AMD64") else ()
-  return ("-O3", "-march=native", "-fopenmp-simd", *extra)
+  return ("-O3", "-march=native", "-fopenmp-simd", "-fno-trapping-math", *extra)
 
 
 def build(environ: MutableMapping[str, str] | None = None, log: Callable[[str], None] | None = None,

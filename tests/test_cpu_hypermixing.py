@@ -267,6 +267,39 @@ def test_hypermixer_loss_and_gradients_match_the_scan(tmp_path):
 
 
 @needs_cxx
+def _gcc() -> str | None:
+  cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+  if not cxx:
+    return None
+  version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
+  return cxx if ("GCC" in version or "Free Software Foundation" in version) else None
+
+
+@pytest.mark.skipif(not (_gcc() and __import__("platform").machine() == "x86_64"),
+                    reason="needs GCC on x86-64 (its -fopt-info report)")
+def test_every_simd_loop_vectorises_with_avx2(tmp_path):
+  """Every `#pragma omp simd` loop of csrc/hypermixing.cc is vectorised under the module's flags for an AVX2 CPU
+  (-march=x86-64-v3 for -march=native, whatever CPU runs this): GCC's report names a vectorised loop within 3
+  lines of each pragma. Without -fno-trapping-math the GELU loops of the causal forward and the segmented form
+  ran scalar on AVX2 CPUs (AVX-512's masks hid it), 5.6x slower on a Zen 3."""
+  import re
+
+  import jax
+  flags = [("-march=x86-64-v3" if f == "-march=native" else f) for f in cpu_hypermixing.flags()
+           if not f.startswith("-mprefer-vector-width")]
+  source = cpu_hypermixing.SOURCE
+  proc = subprocess.run([_gcc(), *flags, "-std=c++17", "-shared", "-fPIC", "-w", f"-I{source.parent}",
+                         f"-I{jax.ffi.include_dir()}", "-fopt-info-vec-optimized", str(source), "-o",
+                         str(tmp_path / "h.so")], capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  done = {int(m) for m in re.findall(re.escape(source.name) + r":(\d+):\d+: optimized: loop vectorized",
+                                      proc.stdout + proc.stderr)}
+  pragmas = [i for i, line in enumerate(source.read_text().splitlines(), 1) if "#pragma omp simd" in line]
+  assert len(pragmas) >= 8
+  scalar = [p for p in pragmas if not any(p <= v <= p + 3 for v in done)]
+  assert not scalar, f"#pragma omp simd loops GCC left scalar at lines {scalar} of {source.name}"
+
+
 def test_benchmark_script_runs_both_variants(tmp_path):
   """scripts/bench_hypermixing_cpu.py (docs/benchmarks.md's figures) on its tiny config: every measurement in both
   variants, the kernel variants' programs calling the kernels and XLA's not, rows appended to --out."""
