@@ -511,11 +511,13 @@ def compile_run(settings: Mapping[str, Any], topology: str, *, num_slices: int =
             "decoding is a loop over target positions" if name == "decode" else
             f"the step runs {len(loops)} kind(s) of while loop ({'; '.join(loops[:3])}"
             f"{'; ...' if len(loops) > 3 else ''})" if loops else None)
+    kernels = (f"the step calls {row['kernel_calls']} Pallas (Triton) kernel(s), whose FLOPs and bytes XLA's "
+               "cost analysis does not see" if row.get("kernel_calls") else None)
     if loop:
-      row["estimate_note"] = f"{loop}: XLA's cost model counts the loop body once, so its time is not a step time"
-    elif row.get("kernel_calls"):
-      row["estimate_note"] = (f"the step calls {row['kernel_calls']} Pallas (Triton) kernel(s), whose FLOPs and "
-                              "bytes XLA's cost analysis does not see, so no step time is implied")
+      row["estimate_note"] = (f"{loop}: XLA's cost model counts the loop body once, so its time is not a step time"
+                              + (f"; and {kernels}" if kernels else ""))
+    elif kernels:
+      row["estimate_note"] = f"{kernels}, so no step time is implied"
     elif row["optimal_seconds"] > 0:
       row["est_steps_per_s"] = 1.0 / row["optimal_seconds"]
     elif gpu and peak and row["xla_flops_per_device"] > 0:
