@@ -266,7 +266,6 @@ def test_hypermixer_loss_and_gradients_match_the_scan(tmp_path):
   assert r["flops"] == r["ref_flops"] > 0, r
 
 
-@needs_cxx
 def _gcc() -> str | None:
   cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
   if not cxx:
@@ -300,6 +299,7 @@ def test_every_simd_loop_vectorises_with_avx2(tmp_path):
   assert not scalar, f"#pragma omp simd loops GCC left scalar at lines {scalar} of {source.name}"
 
 
+@needs_cxx
 def test_benchmark_script_runs_both_variants(tmp_path):
   """scripts/bench_hypermixing_cpu.py (docs/benchmarks.md's figures) on its tiny config: every measurement in both
   variants, the kernel variants' programs calling the kernels and XLA's not, rows appended to --out."""
