@@ -3,7 +3,7 @@
 A CPU figure means little without what decided it: the CPU model and its vector extensions (AVX-512, AMX:
 which kernels XLA and PyTorch pick), the cores usable, the XLA flags in force (the CLI's XLA:CPU option),
 the library Dense's products ran on (`cpu_blas`: MKL's sgemm, or None for XLA's own), what causal HyperMixing
-ran on (`cpu_hypermixing`: the fused C++ loop, or None for XLA's scan; on GPUs `gpu_hypermixing`: whether the
+ran on (`cpu_hypermixing`: the fused C++ loop, or None for XLA's scan; on GPUs `gpu_hypermixing`: which
 Pallas kernels are on), whether dropout's random bits ran through the unrolled Threefry (`cpu_threefry`:
 "unrolled", and since 2026-11-28 "unrolled, large masks hashed once" when they were), the host
 allocator policy, the thread counts PyTorch and OpenMP/MKL use, the load average around the
@@ -163,7 +163,7 @@ def environment(with_torch: bool = False) -> dict[str, Any]:
     env["xla_denormals_flushed"] = denormals_flushed("xla")
   if jax.default_backend() == "gpu":
     from remixer_t5 import gpu_hypermixing
-    env["gpu_hypermixing"] = "Pallas kernels" if gpu_hypermixing.enabled() else None
+    env["gpu_hypermixing"] = gpu_hypermixing.describe()
   try:
     env["jaxlib_version"] = md.version("jaxlib")
   except md.PackageNotFoundError:  # pragma: no cover

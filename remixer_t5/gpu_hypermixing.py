@@ -75,6 +75,11 @@ def segmented_enabled(environ=None) -> bool:
   return mode(environ) == "all"
 
 
+def describe(environ=None) -> str | None:
+  """What GPU programs lowered now run HyperMixing through, for benchmark rows (bench_env)."""
+  return {"on": "Pallas kernel: causal", "all": "Pallas kernels: causal and packed", "off": None}[mode(environ)]
+
+
 def _half_erfc(a):
   """Φ(-|a|) and exp(-a²/2): Abramowitz & Stegun 7.1.26 for erfc(|a|/√2) / 2, one exp for both."""
   z = jnp.abs(a) * 0.7071067811865476

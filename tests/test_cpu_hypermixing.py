@@ -267,8 +267,11 @@ def test_hypermixer_loss_and_gradients_match_the_scan(tmp_path):
 
 
 def _gcc() -> str | None:
-  cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-  if not cxx:
+  """The compiler cpu_ffi would build with, if it is GCC."""
+  from remixer_t5 import cpu_ffi
+  try:
+    cxx = cpu_ffi.compiler(os.environ, cpu_hypermixing.SOURCE)
+  except cpu_ffi.Unavailable:
     return None
   version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
   return cxx if ("GCC" in version or "Free Software Foundation" in version) else None

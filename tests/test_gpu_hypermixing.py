@@ -203,6 +203,11 @@ def test_bad_setting_is_named():
   assert gpu_hypermixing.mode({}) == "on"
 
 
+def test_benchmark_rows_name_the_kernels_each_mode_runs():
+  names = {v: gpu_hypermixing.describe({gpu_hypermixing.ENV: v}) for v in ("on", "all", "off")}
+  assert names == {"on": "Pallas kernel: causal", "all": "Pallas kernels: causal and packed", "off": None}
+
+
 SHARDED = """
 import json, re
 import jax, jax.numpy as jnp, numpy as np
