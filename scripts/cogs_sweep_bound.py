@@ -1,0 +1,225 @@
+"""How fast `repro cogs`'s default sweep could be on this machine: each model's train step against its matmuls alone.
+
+Issue 18 asks the full default sweep (4 models x 3 seeds x 12,000 steps) to fit in about 2 hours on 2 cores. This
+measures how far that is from what the machine can do at all. For each model it traces the trainer's whole
+jitted step (`trainer.make_train_step`: loss, gradients, the run's optimizer update) of the sweep's config
+(models/<model>/cogs.gin + runs/cogs_scratch.gin: batch 4, 64/320, dropout 0.1, random unpacked tokens as
+`bench train` uses), collects every `dot_general` of the traced step (forward, backward and optimizer, loops
+multiplied out), and times each distinct one alone: jitted by itself on random operands of its shapes, the
+median of `--repeats` calls with the dispatch of an empty jitted call subtracted. Their sum is the time the
+step's matmuls take when nothing else runs: no elementwise work, softmax, normalisation, dropout's random bits,
+HyperMixing's C++ loops (FFI calls, not dots) or optimizer arithmetic. No implementation of the same step can
+beat it on this machine without fewer FLOPs, so `seeds x steps x matmuls alone`, summed over the models, is a
+lower bound on the sweep's training time; `seeds x steps x step` (the whole step, timed in the same process) is
+what the sweep takes with the current code, decoding not included.
+
+  python scripts/cogs_sweep_bound.py [--models t5_1_1,remixer,mixer_encdec,hypermixer] [--steps 12000]
+      [--seeds 3] [--repeats 30] [--json] [--out FILE.jsonl]
+
+Run it as the sweep runs (`REMIXER_T5_XLA_CPU=off`), on idle cores. Prints one line per model and the totals;
+`--json` / `--out` add one JSON row per model with the machine (bench_env) and the load average. Results:
+docs/reproductions.md ("What 2 cores can do").
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MODELS = ("t5_1_1", "remixer", "mixer_encdec", "hypermixer")
+TARGET_HOURS = 2.0  # issue 18's "full default sweep fits in about 2 hours on 2 idle cores"
+
+
+def step_dots(fn, *args) -> tuple[dict[tuple, int], int]:
+  """({(lhs shape, rhs shape, dimension numbers, lhs dtype, rhs dtype, preferred type): how many times one call of
+  `fn(*args)` runs it}, while loops): every dot_general of the traced program, including those inside
+  sub-programs (jit, custom derivatives) and scans (times their length). Of a cond's branches the one with the
+  fewest dot FLOPs counts (a lower bound whichever runs). A while loop's body counts once (its trip count is not
+  known from the trace), so the count is then a lower bound too; `while_loops` in the row says how many."""
+  import jax
+  from jax.extend import core as jcore
+  loops = [0]
+
+  def sub_jaxprs(value):
+    if isinstance(value, jcore.ClosedJaxpr):
+      yield value.jaxpr
+    elif isinstance(value, jcore.Jaxpr):
+      yield value
+    elif isinstance(value, (tuple, list)):
+      for v in value:
+        yield from sub_jaxprs(v)
+
+  def walk(jaxpr, times: int, counts: dict) -> dict:
+    for eqn in jaxpr.eqns:
+      name = eqn.primitive.name
+      if name == "dot_general":
+        lhs, rhs = (v.aval for v in eqn.invars)
+        key = (tuple(lhs.shape), tuple(rhs.shape), eqn.params["dimension_numbers"], str(lhs.dtype),
+               str(rhs.dtype), str(eqn.params.get("preferred_element_type")))
+        counts[key] = counts.get(key, 0) + times
+      elif name == "cond":
+        branches = [walk(branch.jaxpr, times, {}) for branch in eqn.params["branches"]]
+        for k, n in min(branches, key=lambda c: sum(n * dot_flops(k) for k, n in c.items())).items():
+          counts[k] = counts.get(k, 0) + n
+      else:
+        loops[0] += name == "while"
+        inner = times * int(eqn.params.get("length", 1)) if name == "scan" else times
+        for value in eqn.params.values():
+          for sub in sub_jaxprs(value):
+            walk(sub, inner, counts)
+    return counts
+
+  counts = walk(jax.make_jaxpr(fn)(*args).jaxpr, 1, {})
+  return counts, loops[0]
+
+
+def dot_flops(key: tuple) -> float:
+  """2 x the product of the output's free dims, the batch dims and the contracted dims."""
+  import math
+  lhs, rhs, ((lc, rc), (lb, rb)), *_ = key
+  batch = math.prod(lhs[d] for d in lb)
+  contract = math.prod(lhs[d] for d in lc)
+  lhs_free = math.prod(s for d, s in enumerate(lhs) if d not in lc and d not in lb)
+  rhs_free = math.prod(s for d, s in enumerate(rhs) if d not in rc and d not in rb)
+  return 2.0 * batch * contract * lhs_free * rhs_free
+
+
+def median_call_s(call, repeats: int) -> float:
+  call()
+  call()
+  times = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    call()
+    times.append(time.perf_counter() - t)
+  return statistics.median(times)
+
+
+def time_dot(key: tuple, repeats: int, rng) -> float:
+  """Median seconds of the dot alone (its own jitted program, operands already on the device)."""
+  import functools
+  import jax
+  import jax.numpy as jnp
+  lhs, rhs, dims, lt, rt, pet = key
+  a = jnp.asarray(rng.standard_normal(lhs), dtype=lt)
+  b = jnp.asarray(rng.standard_normal(rhs), dtype=rt)
+  f = jax.jit(functools.partial(jax.lax.dot_general, dimension_numbers=dims,
+                                preferred_element_type=None if pet == "None" else jnp.dtype(pet)))
+  return median_call_s(lambda: f(a, b).block_until_ready(), repeats)
+
+
+def dispatch_s(repeats: int) -> float:
+  """Median seconds of an empty-ish jitted call: what time_dot's figures carry besides the dot."""
+  import jax
+  import jax.numpy as jnp
+  x = jnp.zeros((1,), jnp.float32)
+  f = jax.jit(lambda v: v + 1)
+  return median_call_s(lambda: f(x).block_until_ready(), repeats * 4)
+
+
+def measure(name: str, repeats: int, step_repeats: int) -> dict:
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from remixer_t5 import bench_train, gin_utils, mfu, trainer
+  gin_utils.parse_gin([f"models/{name}/cogs.gin", "runs/cogs_scratch.gin"], [], macro_defaults={"MODEL_DIR": "None"})
+  setup = bench_train.from_gin()
+  model, optimizer = setup["model"], setup["optimizer"]
+  batch = bench_train.random_batch(model.module.config.vocab_size, setup["batch_size"], setup["feature_lengths"])
+  params = model.init_variables(jax.random.PRNGKey(0), {k: (1, v.shape[1]) for k, v in batch.items()})["params"]
+  state = trainer.TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=optimizer.init(params),
+                             rng=jax.random.PRNGKey(1))
+  data = {k: jnp.asarray(v) for k, v in batch.items()}
+  step_fn = trainer.make_train_step(model, optimizer, None)
+  dots, loops = step_dots(step_fn, state, data)
+  base = dispatch_s(repeats)
+  rng = np.random.default_rng(0)
+  each = {key: max(time_dot(key, repeats, rng) - base, 0.0) for key in dots}
+  dot_s = sum(n * each[key] for key, n in dots.items())
+  compiled = jax.jit(step_fn, donate_argnums=0).lower(state, data).compile()
+  holder = {"state": state}
+
+  def run():
+    holder["state"], metrics = compiled(holder["state"], data)
+    jax.block_until_ready(metrics["loss_sum"])
+  step_s = median_call_s(run, step_repeats)
+  shapes = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in data.items()}
+  return {"model": name, "params": int(sum(x.size for x in jax.tree.leaves(params))),
+          "model_flops_per_step": mfu.model_flops_per_step(model, shapes),
+          "dot_flops_per_step": sum(n * dot_flops(k) for k, n in dots.items()),
+          "distinct_dots": len(dots), "dots_per_step": sum(dots.values()), "while_loops": loops,
+          "dispatch_ms": round(base * 1e3, 4), "dots_alone_ms": round(dot_s * 1e3, 3),
+          "step_ms": round(step_s * 1e3, 3), "step_over_dots": round(step_s / dot_s, 3) if dot_s else None,
+          "dots": sorted(({"lhs": k[0], "rhs": k[1], "contract": [list(k[2][0][0]), list(k[2][0][1])],
+                           "batch": [list(k[2][1][0]), list(k[2][1][1])], "per_step": n,
+                           "ms": round(each[k] * 1e3, 4), "gflop_s": round(dot_flops(k) / each[k] / 1e9, 1)
+                           if each[k] else None} for k, n in dots.items()), key=lambda d: -d["per_step"] * d["ms"])}
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--models", default=",".join(MODELS))
+  parser.add_argument("--steps", type=int, default=12000, help="training steps per run (repro cogs's default)")
+  parser.add_argument("--seeds", type=int, default=3, help="runs per model (repro cogs's default)")
+  parser.add_argument("--repeats", type=int, default=30, help="timed calls per distinct dot")
+  parser.add_argument("--step_repeats", type=int, default=20, help="timed whole steps per model")
+  parser.add_argument("--top", type=int, default=0, help="also print the N dots taking the most time a step")
+  parser.add_argument("--json", action="store_true", help="also print each model's row as JSON")
+  parser.add_argument("--out", help="append the rows to this JSONL file")
+  args = parser.parse_args(argv)
+  models = [m.strip() for m in args.models.split(",") if m.strip()]
+  unknown = sorted(set(models) - {p.parent.name for p in (REPO / "gin" / "models").glob("*/cogs.gin")})
+  if unknown:
+    parser.error(f"--models: no gin/models/<model>/cogs.gin for {', '.join(unknown)}")
+  for flag in ("steps", "seeds", "repeats", "step_repeats"):
+    if getattr(args, flag) < 1:
+      parser.error(f"--{flag} {getattr(args, flag)}: expected a positive count")
+  sys.path.insert(0, str(REPO))
+  from remixer_t5 import quiet
+  quiet.configure()  # as the CLI: TensorFlow's, XLA's and libtpu's start-up lines hidden ($REMIXER_T5_VERBOSE=1)
+  from remixer_t5 import bench_env, cpu_blas, cpu_hypermixing, cpu_threefry, host_memory, xla_cpu
+  log = lambda m: print(m, file=sys.stderr, flush=True)
+  host_memory.pin_cpu_without_tpu_chips()  # libtpu without TPU chips (the .[tpu] extra): no TPU runtime start
+  host_memory.configure(log=log)  # as the CLI does before JAX starts (each $REMIXER_T5_... still turns it off)
+  xla_cpu.configure(log=log)
+  cpu_blas.configure(log=log)
+  cpu_hypermixing.configure(log=log)
+  cpu_threefry.configure(log=log)
+  env = bench_env.environment()
+  bound_s = total_s = 0.0
+  for name in models:
+    load = bench_env.loadavg()
+    row = measure(name, args.repeats, args.step_repeats)
+    runs = args.seeds * args.steps
+    row.update(bench="cogs_sweep_bound", steps=args.steps, seeds=args.seeds,
+               sweep_dots_alone_h=round(runs * row["dots_alone_ms"] / 3.6e6, 3),
+               sweep_steps_h=round(runs * row["step_ms"] / 3.6e6, 3),
+               load_average_start=load, load_average_end=bench_env.loadavg(), **env)
+    bound_s += runs * row["dots_alone_ms"] / 1e3
+    total_s += runs * row["step_ms"] / 1e3
+    print(f"{name}: {row['params']:,} params; step {row['step_ms']:.1f} ms, its {row['dots_per_step']} matmuls "
+          f"({row['distinct_dots']} distinct, {row['dot_flops_per_step'] / 1e9:.2f} GFLOP) alone "
+          f"{row['dots_alone_ms']:.1f} ms ({row['dot_flops_per_step'] / row['dots_alone_ms'] / 1e6:.0f} GFLOP/s), "
+          f"step/matmuls {row['step_over_dots']}; {args.seeds} x {args.steps:,} steps: "
+          f">= {row['sweep_dots_alone_h']:.2f} h, now {row['sweep_steps_h']:.2f} h", flush=True)
+    for d in row["dots"][:args.top]:
+      print(f"  {d['per_step']} x {d['lhs']} . {d['rhs']} (contract {d['contract']}, batch {d['batch']}): "
+            f"{d['ms']:.3f} ms, {d['gflop_s']} GFLOP/s", flush=True)
+    if args.json:
+      print(json.dumps(row), flush=True)
+    if args.out:
+      with open(args.out, "a") as f:
+        f.write(json.dumps(row) + "\n")
+  print(f"sweep ({', '.join(models)}; {args.seeds} seeds x {args.steps:,} steps, training only): "
+        f">= {bound_s / 3600:.2f} h with nothing but the matmuls, {total_s / 3600:.2f} h with the current step; "
+        f"target ~{TARGET_HOURS:g} h", flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
