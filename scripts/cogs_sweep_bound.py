@@ -6,15 +6,16 @@ jitted step (`trainer.make_train_step`: loss, gradients, the run's optimizer upd
 (models/<model>/cogs.gin + runs/cogs_scratch.gin: batch 4, 64/320, dropout 0.1, random unpacked tokens as
 `bench train` uses), collects every `dot_general` of the traced step (forward, backward and optimizer, loops
 multiplied out), and times each distinct one alone: jitted by itself on random operands of its shapes, the
-median of `--repeats` calls with the dispatch of an empty jitted call subtracted. Their sum is the time the
-step's matmuls take when nothing else runs: no elementwise work, softmax, normalisation, dropout's random bits,
-HyperMixing's C++ loops (FFI calls, not dots) or optimizer arithmetic. No implementation of the same step can
-beat it on this machine without fewer FLOPs, so `seeds x steps x matmuls alone`, summed over the models, is a
-lower bound on the sweep's training time; `seeds x steps x step` (the whole step, timed in the same process) is
-what the sweep takes with the current code, decoding not included.
+fastest of `--rounds` interleaved medians of `--repeats` calls, less the dispatch of an almost empty jitted
+call. Their sum is the time the step's matmuls take when nothing else runs: no elementwise work, softmax,
+normalisation, dropout's random bits, HyperMixing's C++ loops (FFI calls, not dots) or optimizer arithmetic.
+With these matmul kernels no implementation of the same step beats it without fewer FLOPs, so
+`seeds x steps x matmuls alone`, summed over the models, is a lower bound on the sweep's training time;
+`seeds x steps x step` (the whole step, timed in the same process) is what the sweep takes with the current
+code, decoding not included.
 
   python scripts/cogs_sweep_bound.py [--models t5_1_1,remixer,mixer_encdec,hypermixer] [--steps 12000]
-      [--seeds 3] [--repeats 30] [--json] [--out FILE.jsonl]
+      [--seeds 3] [--repeats 30] [--rounds 3] [--top N] [--json] [--out FILE.jsonl]
 
 Run it as the sweep runs (`REMIXER_T5_XLA_CPU=off`), on idle cores. Prints one line per model and the totals;
 `--json` / `--out` add one JSON row per model with the machine (bench_env) and the load average. Results:
@@ -99,8 +100,8 @@ def median_call_s(call, repeats: int) -> float:
   return statistics.median(times)
 
 
-def time_dot(key: tuple, repeats: int, rng) -> float:
-  """Median seconds of the dot alone (its own jitted program, operands already on the device)."""
+def dot_call(key: tuple, rng):
+  """A no-argument call running the dot alone (its own jitted program, operands already on the device)."""
   import functools
   import jax
   import jax.numpy as jnp
@@ -109,11 +110,11 @@ def time_dot(key: tuple, repeats: int, rng) -> float:
   b = jnp.asarray(rng.standard_normal(rhs), dtype=rt)
   f = jax.jit(functools.partial(jax.lax.dot_general, dimension_numbers=dims,
                                 preferred_element_type=None if pet == "None" else jnp.dtype(pet)))
-  return median_call_s(lambda: f(a, b).block_until_ready(), repeats)
+  return lambda: f(a, b).block_until_ready()
 
 
 def dispatch_s(repeats: int) -> float:
-  """Median seconds of an empty-ish jitted call: what time_dot's figures carry besides the dot."""
+  """Median seconds of an almost empty jitted call: what a dot_call's time carries besides the dot."""
   import jax
   import jax.numpy as jnp
   x = jnp.zeros((1,), jnp.float32)
@@ -121,7 +122,7 @@ def dispatch_s(repeats: int) -> float:
   return median_call_s(lambda: f(x).block_until_ready(), repeats * 4)
 
 
-def measure(name: str, repeats: int, step_repeats: int) -> dict:
+def measure(name: str, repeats: int, rounds: int, step_repeats: int) -> dict:
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -136,9 +137,16 @@ def measure(name: str, repeats: int, step_repeats: int) -> dict:
   data = {k: jnp.asarray(v) for k, v in batch.items()}
   step_fn = trainer.make_train_step(model, optimizer, None)
   dots, loops = step_dots(step_fn, state, data)
-  base = dispatch_s(repeats)
   rng = np.random.default_rng(0)
-  each = {key: max(time_dot(key, repeats, rng) - base, 0.0) for key in dots}
+  calls = {key: dot_call(key, rng) for key in dots}
+  # The fastest of `rounds` interleaved medians (the machine's speed moves between seconds; a lower bound
+  # wants the fastest it ran), less the fastest dispatch of an almost empty program.
+  base = min(dispatch_s(repeats) for _ in range(rounds))
+  each = {key: float("inf") for key in dots}
+  for _ in range(rounds):
+    for key, call in calls.items():
+      each[key] = min(each[key], median_call_s(call, repeats))
+  each = {key: max(t - base, 0.0) for key, t in each.items()}
   dot_s = sum(n * each[key] for key, n in dots.items())
   compiled = jax.jit(step_fn, donate_argnums=0).lower(state, data).compile()
   holder = {"state": state}
@@ -165,7 +173,8 @@ def main(argv=None) -> int:
   parser.add_argument("--models", default=",".join(MODELS))
   parser.add_argument("--steps", type=int, default=12000, help="training steps per run (repro cogs's default)")
   parser.add_argument("--seeds", type=int, default=3, help="runs per model (repro cogs's default)")
-  parser.add_argument("--repeats", type=int, default=30, help="timed calls per distinct dot")
+  parser.add_argument("--repeats", type=int, default=30, help="timed calls per distinct dot and round")
+  parser.add_argument("--rounds", type=int, default=3, help="rounds over the distinct dots; each takes its fastest")
   parser.add_argument("--step_repeats", type=int, default=20, help="timed whole steps per model")
   parser.add_argument("--top", type=int, default=0, help="also print the N dots taking the most time a step")
   parser.add_argument("--json", action="store_true", help="also print each model's row as JSON")
@@ -175,7 +184,7 @@ def main(argv=None) -> int:
   unknown = sorted(set(models) - {p.parent.name for p in (REPO / "gin" / "models").glob("*/cogs.gin")})
   if unknown:
     parser.error(f"--models: no gin/models/<model>/cogs.gin for {', '.join(unknown)}")
-  for flag in ("steps", "seeds", "repeats", "step_repeats"):
+  for flag in ("steps", "seeds", "repeats", "rounds", "step_repeats"):
     if getattr(args, flag) < 1:
       parser.error(f"--{flag} {getattr(args, flag)}: expected a positive count")
   sys.path.insert(0, str(REPO))
@@ -193,9 +202,9 @@ def main(argv=None) -> int:
   bound_s = total_s = 0.0
   for name in models:
     load = bench_env.loadavg()
-    row = measure(name, args.repeats, args.step_repeats)
+    row = measure(name, args.repeats, args.rounds, args.step_repeats)
     runs = args.seeds * args.steps
-    row.update(bench="cogs_sweep_bound", steps=args.steps, seeds=args.seeds,
+    row.update(bench="cogs_sweep_bound", steps=args.steps, seeds=args.seeds, repeats=args.repeats, rounds=args.rounds,
                sweep_dots_alone_h=round(runs * row["dots_alone_ms"] / 3.6e6, 3),
                sweep_steps_h=round(runs * row["step_ms"] / 3.6e6, 3),
                load_average_start=load, load_average_end=bench_env.loadavg(), **env)

@@ -66,7 +66,7 @@ def test_batched_dot_flops_match_xla(bound):
 
 
 def test_a_cogs_model_row_and_the_sweep_line():
-  proc = run("--models", "t5_1_1", "--steps", "10", "--seeds", "2", "--repeats", "2", "--step_repeats", "2",
+  proc = run("--models", "t5_1_1", "--steps", "10", "--seeds", "2", "--repeats", "2", "--rounds", "2", "--step_repeats", "2",
              "--top", "3", "--json")
   assert proc.returncode == 0, proc.stderr[-3000:]
   rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -79,6 +79,7 @@ def test_a_cogs_model_row_and_the_sweep_line():
   assert row["dot_flops_per_step"] == pytest.approx(row["model_flops_per_step"], rel=0.1)
   assert row["sweep_steps_h"] == pytest.approx(2 * 10 * row["step_ms"] / 3.6e6, abs=1e-3)
   assert sum(d["per_step"] for d in row["dots"]) == row["dots_per_step"]
+  assert row["rounds"] == 2 and row["repeats"] == 2
   assert row["cpu_count"] and row["git_commit"] and row["load_average_start"] is not None
   assert "sweep (t5_1_1; 2 seeds x 10 steps, training only): >= " in proc.stdout
   assert proc.stdout.count(" x (") == 3  # --top 3
@@ -87,6 +88,7 @@ def test_a_cogs_model_row_and_the_sweep_line():
 @pytest.mark.parametrize("args, message", [
     (("--models", "t5_1_1,nope"), "no gin/models/<model>/cogs.gin for nope"),
     (("--seeds", "0"), "--seeds 0: expected a positive count"),
+    (("--rounds", "0"), "--rounds 0: expected a positive count"),
 ])
 def test_bad_flags_are_refused(args, message):
   proc = run(*args)
