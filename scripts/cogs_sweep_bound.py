@@ -199,7 +199,8 @@ def main(argv=None) -> int:
   cpu_hypermixing.configure(log=log)
   cpu_threefry.configure(log=log)
   env = bench_env.environment()
-  bound_s = total_s = 0.0
+  bound_s = total_s = dot_flops_total = 0.0
+  best_rate = 0.0
   for name in models:
     load = bench_env.loadavg()
     row = measure(name, args.repeats, args.rounds, args.step_repeats)
@@ -209,6 +210,8 @@ def main(argv=None) -> int:
                sweep_steps_h=round(runs * row["step_ms"] / 3.6e6, 3),
                load_average_start=load, load_average_end=bench_env.loadavg(), **env)
     bound_s += runs * row["dots_alone_ms"] / 1e3
+    dot_flops_total += runs * row["dot_flops_per_step"]
+    best_rate = max([best_rate] + [d["gflop_s"] * 1e9 for d in row["dots"] if d["gflop_s"]])
     total_s += runs * row["step_ms"] / 1e3
     print(f"{name}: {row['params']:,} params; step {row['step_ms']:.1f} ms, its {row['dots_per_step']} matmuls "
           f"({row['distinct_dots']} distinct, {row['dot_flops_per_step'] / 1e9:.2f} GFLOP) alone "
@@ -225,7 +228,8 @@ def main(argv=None) -> int:
         f.write(json.dumps(row) + "\n")
   print(f"sweep ({', '.join(models)}; {args.seeds} seeds x {args.steps:,} steps, training only): "
         f">= {bound_s / 3600:.2f} h with nothing but the matmuls, {total_s / 3600:.2f} h with the current step; "
-        f"target ~{TARGET_HOURS:g} h", flush=True)
+        f"target ~{TARGET_HOURS:g} h. Its {dot_flops_total / 1e12:,.0f} TFLOP of matmuls at the fastest rate any "
+        f"of them reached ({best_rate / 1e9:.0f} GFLOP/s): {dot_flops_total / best_rate / 3600:.2f} h", flush=True)
   return 0
 
 

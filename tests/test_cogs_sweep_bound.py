@@ -82,6 +82,7 @@ def test_a_cogs_model_row_and_the_sweep_line():
   assert row["rounds"] == 2 and row["repeats"] == 2
   assert row["cpu_count"] and row["git_commit"] and row["load_average_start"] is not None
   assert "sweep (t5_1_1; 2 seeds x 10 steps, training only): >= " in proc.stdout
+  assert "of matmuls at the fastest rate any of them reached" in proc.stdout
   assert proc.stdout.count(" x (") == 3  # --top 3
 
 
