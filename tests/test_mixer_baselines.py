@@ -178,6 +178,36 @@ def test_windowed_token_mlp_packing_equals_alone():
   np.testing.assert_allclose(*_packed_and_alone(WIN, v, [6, 5, 3], causal=True), **TOL)
 
 
+def test_windowed_token_mlp_gradients_equal_autodiff_of_the_equation():
+  """The window product's hand-written gradient (mlp_mixer._window_product) against JAX's autodiff of the
+  equation written per position, on packed rows with padding: every parameter and the input."""
+  import jax.numpy as jnp
+  seg = np.array([[1] * 6 + [2] * 5 + [0] * 2], np.int32)
+  mask = (seg > 0).astype(np.float32)
+  ctx = _ctx(mask, seg=seg, pos=[list(range(6)) + list(range(5)) + [0, 0]], causal=True)
+  x = _x(7, 1, 13)
+  v = _perturbed(_init(WIN, x, ctx))
+  cot = _x(8, 1, 13) * mask[:, :, None]
+
+  def equation(p, x):  # out_i = w2 . gelu(W1^T (x_i, .., x_{i-w+1}) + b1), other segments and padding zero
+    w = p["w1"].shape[0]
+    x = x * mask[:, :, None]
+    rows = []
+    for i in range(x.shape[1]):
+      u = jnp.stack([x[0, i - o] * float(i - o >= 0 and seg[0, i - o] == seg[0, i]) for o in range(w)])
+      rows.append(p["w2"] @ jax.nn.gelu(p["w1"].T @ u + p["b1"][:, None], approximate=True))
+    return jnp.stack(rows)[None]
+
+  def ours(p, x):
+    return WIN.apply({**v, "params": p}, x, x, ctx)
+  params = v["params"]
+  got = jax.grad(lambda p, x: jnp.sum(ours(p, x) * cot), argnums=(0, 1))(params, jnp.asarray(x))
+  want = jax.grad(lambda p, x: jnp.sum(equation(p, x) * cot), argnums=(0, 1))(params, jnp.asarray(x))
+  for g, r in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+    assert np.abs(np.asarray(r)).max() > 0
+    np.testing.assert_allclose(np.asarray(g), np.asarray(r), **TOL)
+
+
 def _decode_all(module, v, x):
   """Step-by-step decoding of x [b, n, d] with a jitted step; returns [b, n, d]."""
   n = x.shape[1]
