@@ -55,8 +55,9 @@ def _window_product_fwd(windows: Array, w1: Array):
 def _window_product_bwd(residuals, grad: Array):
   windows, w1 = residuals
   d_windows = jnp.einsum("bdnk,ok->bdno", grad, w1)
-  d_w1 = jnp.einsum("bdno,bdnk->bdok", windows, grad).sum((0, 1))
-  return d_windows, d_w1
+  # float32 partial products and sum (autodiff's single dot accumulates in float32 too, even for bfloat16)
+  d_w1 = jnp.einsum("bdno,bdnk->bdok", windows, grad, preferred_element_type=jnp.float32).sum((0, 1))
+  return d_windows, d_w1.astype(w1.dtype)
 
 
 _window_product.defvjp(_window_product_fwd, _window_product_bwd)
