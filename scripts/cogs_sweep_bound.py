@@ -15,7 +15,7 @@ With these matmul kernels no implementation of the same step beats it without fe
 code, decoding not included.
 
   python scripts/cogs_sweep_bound.py [--models t5_1_1,remixer,mixer_encdec,hypermixer] [--steps 12000]
-      [--seeds 3] [--repeats 30] [--rounds 3] [--top N] [--json] [--out FILE.jsonl]
+      [--seeds 3] [--repeats 30] [--rounds 3] [--gin BINDING ...] [--top N] [--json] [--out FILE.jsonl]
 
 Run it as the sweep runs (`REMIXER_T5_XLA_CPU=off`), on idle cores. Prints one line per model and the totals;
 `--json` / `--out` add one JSON row per model with the machine (bench_env) and the load average. Results:
@@ -27,7 +27,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,14 +89,9 @@ def dot_flops(key: tuple) -> float:
 
 
 def median_call_s(call, repeats: int) -> float:
-  call()
-  call()
-  times = []
-  for _ in range(repeats):
-    t = time.perf_counter()
-    call()
-    times.append(time.perf_counter() - t)
-  return statistics.median(times)
+  """Median seconds of `repeats` calls after two untimed ones."""
+  from remixer_t5 import bench_train
+  return statistics.median(bench_train.time_calls(call, repeats, warmup=2)[0])
 
 
 def dot_call(key: tuple, rng):
@@ -122,12 +116,13 @@ def dispatch_s(repeats: int) -> float:
   return median_call_s(lambda: f(x).block_until_ready(), repeats * 4)
 
 
-def measure(name: str, repeats: int, rounds: int, step_repeats: int) -> dict:
+def measure(name: str, repeats: int, rounds: int, step_repeats: int, bindings: list[str]) -> dict:
   import jax
   import jax.numpy as jnp
   import numpy as np
   from remixer_t5 import bench_train, gin_utils, mfu, trainer
-  gin_utils.parse_gin([f"models/{name}/cogs.gin", "runs/cogs_scratch.gin"], [], macro_defaults={"MODEL_DIR": "None"})
+  gin_utils.parse_gin([f"models/{name}/cogs.gin", "runs/cogs_scratch.gin"], bindings,
+                      macro_defaults={"MODEL_DIR": "None"})
   setup = bench_train.from_gin()
   model, optimizer = setup["model"], setup["optimizer"]
   batch = bench_train.random_batch(model.module.config.vocab_size, setup["batch_size"], setup["feature_lengths"])
@@ -176,6 +171,9 @@ def main(argv=None) -> int:
   parser.add_argument("--repeats", type=int, default=30, help="timed calls per distinct dot and round")
   parser.add_argument("--rounds", type=int, default=3, help="rounds over the distinct dots; each takes its fastest")
   parser.add_argument("--step_repeats", type=int, default=20, help="timed whole steps per model")
+  parser.add_argument("--gin", action="append", default=[], metavar="BINDING",
+                      help="a gin binding applied after each model's files, e.g. network.T5Config.emb_dim=64 "
+                           "(repeatable; recorded in the rows)")
   parser.add_argument("--top", type=int, default=0, help="also print the N dots taking the most time a step")
   parser.add_argument("--json", action="store_true", help="also print each model's row as JSON")
   parser.add_argument("--out", help="append the rows to this JSONL file")
@@ -203,9 +201,10 @@ def main(argv=None) -> int:
   best_rate = 0.0
   for name in models:
     load = bench_env.loadavg()
-    row = measure(name, args.repeats, args.rounds, args.step_repeats)
+    row = measure(name, args.repeats, args.rounds, args.step_repeats, args.gin)
     runs = args.seeds * args.steps
     row.update(bench="cogs_sweep_bound", steps=args.steps, seeds=args.seeds, repeats=args.repeats, rounds=args.rounds,
+               gin_bindings=args.gin,
                sweep_dots_alone_h=round(runs * row["dots_alone_ms"] / 3.6e6, 3),
                sweep_steps_h=round(runs * row["step_ms"] / 3.6e6, 3),
                load_average_start=load, load_average_end=bench_env.loadavg(), **env)

@@ -65,14 +65,23 @@ def test_batched_dot_flops_match_xla(bound):
   assert bound.dot_flops(key) == jax.jit(f).lower(a, b).compile().cost_analysis()["flops"] == 2 * 4 * 4 * 32 * 24 * 16
 
 
+TINY = ["network.T5Config.emb_dim=32", "network.T5Config.mlp_dim=48", "network.T5Config.num_heads=2",
+        "network.T5Config.head_dim=16", "BATCH_SIZE=2", "TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 24}"]
+
+
 def test_a_cogs_model_row_and_the_sweep_line():
-  proc = run("--models", "t5_1_1", "--steps", "10", "--seeds", "2", "--repeats", "2", "--rounds", "2", "--step_repeats", "2",
-             "--top", "3", "--json")
+  """The sweep's config with a tiny shape (--gin bindings, recorded in the row), to keep the test short."""
+  proc = run("--models", "t5_1_1", "--steps", "10", "--seeds", "2", "--repeats", "2", "--rounds", "2",
+             "--step_repeats", "2", "--top", "3", "--json", *(f"--gin={b}" for b in TINY))
   assert proc.returncode == 0, proc.stderr[-3000:]
   rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
   assert len(rows) == 1
   row = rows[0]
-  assert row["model"] == "t5_1_1" and row["params"] == 1_115_904  # models/t5_1_1/cogs.gin's documented size
+  assert row["model"] == "t5_1_1" and row["gin_bindings"] == TINY
+  # d 32, 2 + 2 layers, 2 heads of 16, gated-GELU 48, COGS's 1,280 ids: the bindings took effect
+  assert row["params"] == 1280 * 32 + 2 * (4 * 32 * 32 + 3 * 32 * 48 + 2 * 32) + 2 * (8 * 32 * 32 + 3 * 32 * 48
+                                                                                        + 3 * 32) + 2 * 32 \
+      + 32 * 1280 + 2 * 32 * 2  # embeddings, layers, final norms, logits, relative position biases (32 buckets)
   assert row["dots_alone_ms"] > 0 and row["step_ms"] > 0 and row["while_loops"] == 0
   assert row["dots_per_step"] >= 3 * 12 * 2  # forward, input and kernel gradient of 12+ Dense layers at least
   # The dots found cover the model's FLOPs as XLA counts them (forward + backward of the loss), within 10%.
