@@ -24,6 +24,16 @@ os.environ.setdefault("REMIXER_T5_CPU_BLAS", "off")
 # Likewise causal HyperMixing's fused C++ loop (cpu_hypermixing.py, on by default for CLI runs on a CPU): the suite
 # checks the layer's scan, and tests/test_cpu_hypermixing.py checks the loop against it.
 os.environ.setdefault("REMIXER_T5_CPU_HYPERMIXING", "off")
+# The suite's programs are compiled with LLVM at -O0 (XLA's HLO passes are unchanged, so are the programs' results
+# up to floating-point contraction): most test time is compiling hundreds of distinct small programs, which this
+# makes ~1.5x faster, and they run a few steps each. Benchmarks keep the optimised build: their scripts set
+# $XLA_FLAGS themselves (bench_env.set_xla_flags). Child processes inherit $XLA_FLAGS; helpers that give a child
+# flags of its own add these ($REMIXER_T5_TEST_XLA_FLAGS; tests/subprocess_util.py). Set it to '' for the
+# optimised build everywhere.
+TEST_XLA_FLAGS_ENV = "REMIXER_T5_TEST_XLA_FLAGS"
+os.environ.setdefault(TEST_XLA_FLAGS_ENV, "--xla_backend_optimization_level=0")
+if os.environ[TEST_XLA_FLAGS_ENV] and os.environ[TEST_XLA_FLAGS_ENV] not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {os.environ[TEST_XLA_FLAGS_ENV]}".strip()
 # One persistent XLA compilation cache for the whole run, shared by the xdist workers and the CLI subprocesses
 # the tests start (they inherit the environment): dozens of tests train the same tiny configurations, and each
 # distinct program then compiles once. Fresh per run (removed at exit), so no run reads another's programs; set

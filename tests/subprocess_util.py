@@ -9,10 +9,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
+def xla_flags(*flags: str) -> str:
+  """$XLA_FLAGS for a child process: the suite's own ($REMIXER_T5_TEST_XLA_FLAGS, set by tests/conftest.py:
+  LLVM at -O0) and `flags`, and nothing else of this process's."""
+  return " ".join([os.environ.get("REMIXER_T5_TEST_XLA_FLAGS", ""), *flags]).strip()
+
+
 def run_py(code: str, env_extra: dict, timeout=600):
-  """`code` in `python -c` from the repository root, JAX on CPU, $XLA_FLAGS only as env_extra gives it."""
+  """`code` in `python -c` from the repository root, JAX on CPU, $XLA_FLAGS only the suite's (xla_flags) and
+  what env_extra gives."""
   env = {**os.environ, "JAX_PLATFORMS": "cpu", **env_extra}
-  env.pop("XLA_FLAGS", None)
-  env.update({k: v for k, v in env_extra.items() if k == "XLA_FLAGS"})
+  env["XLA_FLAGS"] = xla_flags(env_extra.get("XLA_FLAGS", ""))
   return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                         timeout=timeout, env=env, cwd=REPO)

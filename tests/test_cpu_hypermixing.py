@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from subprocess_util import run_py
+from subprocess_util import run_py, xla_flags
 
 from remixer_t5 import cpu_hypermixing
 
@@ -333,7 +333,7 @@ def test_the_cli_arms_the_kernels_for_a_hypermixer_run(tmp_path, embedded_cache)
          "--gin.EVAL_PERIOD=0", "--gin.TRAIN_STEPS=4", f"--gin.MODEL_DIR={model_dir}"]
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "REMIXER_T5_CACHE_DIR": str(embedded_cache.root),
          "REMIXER_T5_CPU_HYPERMIXING": "auto"}
-  env.pop("XLA_FLAGS", None)
+  env["XLA_FLAGS"] = xla_flags()
   proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
   assert proc.returncode == 0, proc.stderr[-3000:]
   lines = proc.stderr.splitlines()

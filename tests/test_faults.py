@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from subprocess_util import xla_flags
 
 from remixer_t5 import checkpoints, cli
 
@@ -60,7 +61,7 @@ def _assert_same(a, b):
 @pytest.fixture(scope="module")
 def env(embedded_cache):
   e = dict(os.environ, REMIXER_T5_CACHE_DIR=str(embedded_cache.root), JAX_PLATFORMS="cpu")
-  e.pop("XLA_FLAGS", None)
+  e["XLA_FLAGS"] = xla_flags()
   return e
 
 

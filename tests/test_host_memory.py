@@ -7,6 +7,7 @@ from pathlib import Path
 
 import jax
 import pytest
+from subprocess_util import xla_flags
 
 from remixer_t5 import host_memory
 
@@ -35,7 +36,7 @@ print(json.dumps({"applied": applied, "temp_bytes": step.memory_analysis().temp_
 
 def _probe(mode: str) -> dict:
   env = dict(os.environ, REMIXER_T5_HOST_MALLOC=mode, JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
+  env["XLA_FLAGS"] = xla_flags()
   out = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   return json.loads(out.stdout.strip().splitlines()[-1])

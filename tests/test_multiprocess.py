@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from subprocess_util import xla_flags
 
 from remixer_t5 import checkpoints
 
@@ -50,7 +51,7 @@ def setup(tmp_path_factory, embedded_cache):
   for name in ("train.tsv", "dev.tsv", "test.tsv", "gen.tsv"):
     (cogs / name).write_text("".join("\t".join(r) + "\n" for r in ROWS), encoding="utf-8")
   env = dict(os.environ, REMIXER_T5_CACHE_DIR=str(embedded_cache.root), JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)  # one CPU device per process
+  env["XLA_FLAGS"] = xla_flags()  # one CPU device per process
   return root, env
 
 

@@ -218,7 +218,7 @@ def test_partitioning_gin_files_bind_the_trainer_mesh():
 
 SCRIPT = textwrap.dedent("""
     import os
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     import jax, numpy as np
     from jax.sharding import PartitionSpec as P
     from remixer_t5 import models, network, optim, partitioning, trainer

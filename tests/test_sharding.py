@@ -5,7 +5,7 @@ import textwrap
 
 SCRIPT = textwrap.dedent("""
     import os
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     import jax, jax.numpy as jnp, numpy as np
     from remixer_t5 import models, network, optim, partitioning, trainer
 
