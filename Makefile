@@ -7,7 +7,7 @@ MODEL ?= t5_1_1
 STAMP := $(VENV)/.installed
 TEST_WORKERS ?= 2  # pytest-xdist processes (CI has 2 cores); files stay whole so module fixtures run once
 
-.PHONY: demo compare-demo test install wheel-check clean-venv gpu-compile-env test-gpu-compile
+.PHONY: demo compare-demo test test-integration test-all install wheel-check clean-venv gpu-compile-env test-gpu-compile
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -43,8 +43,18 @@ compare-demo: $(STAMP)
 	done
 	$(VENV)/bin/remixer-t5 compare $(addprefix $(COMPARE_DIR)/,$(COMPARE_MODELS)) --out $(COMPARE_DIR)
 
+# `make test` (what CI runs) leaves out the tests marked `integration` (tests/conftest.py: end-to-end runs through
+# processes and scripts, and architecture sweeps whose one representative stays in `make test`); run them with
+# `make test-integration`, or the whole suite with `make test-all`.
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
+	$(PYTEST) -m "not integration" tests
+
+test-integration: $(STAMP)
+	$(PYTEST) -m integration tests
+
+test-all: $(STAMP)
+	$(PYTEST) tests
 
 # Build a wheel, install it into a fresh venv and run the CLI from outside the repository.
 wheel-check: $(STAMP)

@@ -43,6 +43,14 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "integration: an end-to-end run through processes, scripts or a sweep over every architecture, whose parts "
+        "`make test` checks in-process or on one representative; `make test` leaves these out (it stays near 15 "
+        "minutes on 2 cores), `make test-integration` runs only these, `make test-all` runs everything")
+
+
 @pytest.fixture(scope="session")
 def embedded_cache(tmp_path_factory):
     """Corpus + 2000-piece SentencePiece model prepared once per run in a temporary cache root (one for all

@@ -55,6 +55,7 @@ def _zero_after_eos(tokens):
   return np.where(np.concatenate([np.zeros_like(seen[:, :1]), seen[:, :-1]], axis=-1) > 0, 0, tokens)
 
 
+@pytest.mark.integration
 def test_cli_json_row_has_sane_fields(capsys):
   assert cli.main([*ARGS, "--json"]) == 0
   r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -139,6 +140,7 @@ def test_bad_flags_are_one_clear_error(capsys, flag, message):
   assert len(errors) == 1 and errors[0].startswith(f"remixer-t5: error: {message}"), errors
 
 
+@pytest.mark.integration
 def test_hf_reference_flushes_denormals_on_every_thread():
   """In a fresh process (the mode is per thread, and a test process's PyTorch threads may predate the setting):
   the default reference flushes subnormals wherever PyTorch computes, as XLA:CPU does."""

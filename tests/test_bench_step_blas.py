@@ -30,6 +30,7 @@ def _numpy_openblas() -> bool:
 
 @pytest.mark.skipif(not (os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")),
                     reason="no C++ compiler to build remixer_t5/csrc/cpu_sgemm.cc")
+@pytest.mark.integration
 @pytest.mark.skipif(not _numpy_openblas(), reason="this numpy carries no scipy-openblas64 library")
 def test_openblas_in_the_step_matches_xla_and_is_timed():
   proc = run("--config", "tiny", "--variants", "xla,openblas-pool", "--rounds", "1", "--steps", "2", "--warmup", "1",

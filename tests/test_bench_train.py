@@ -16,6 +16,7 @@ def _row(capsys) -> dict:
   return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
+@pytest.mark.integration
 def test_json_fields_and_reference(capsys):
   pytest.importorskip("torch", reason="the HF reference needs the optional .[hf] extra (PyTorch)")
   pytest.importorskip("transformers", reason="the HF reference needs the optional .[hf] extra (transformers)")
@@ -39,6 +40,7 @@ def test_json_fields_and_reference(capsys):
   assert r["torch_version"] and r["transformers_version"]
 
 
+@pytest.mark.integration
 def test_reference_in_this_process_on_request(capsys):
   pytest.importorskip("torch", reason="the HF reference needs the optional .[hf] extra (PyTorch)")
   pytest.importorskip("transformers", reason="the HF reference needs the optional .[hf] extra (transformers)")
@@ -47,6 +49,7 @@ def test_reference_in_this_process_on_request(capsys):
   assert r["hf_process"] == "shared" and r["hf_s_per_step"] > 0 and "torch_num_threads" in r
 
 
+@pytest.mark.integration
 def test_reference_process_is_another_and_its_failure_is_reported():
   pytest.importorskip("torch", reason="the HF reference needs the optional .[hf] extra (PyTorch)")
   pytest.importorskip("transformers", reason="the HF reference needs the optional .[hf] extra (transformers)")
@@ -67,6 +70,7 @@ def test_reference_process_is_another_and_its_failure_is_reported():
     bench_train._ChildReference({**cfg, "d_model": "wide"}, batch, seed=0, flush_denormal=True)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("mode, flushed", [("keep", False), ("flush", True), (None, True)])
 def test_hf_denormals_flag_sets_what_the_row_measures(mode, flushed):
   """In a fresh process each (the mode is per thread, and a test process's PyTorch threads may predate the
@@ -96,6 +100,7 @@ def test_bad_hf_denormals_is_a_clear_error(capsys, flags, message):
   assert message in capsys.readouterr().err
 
 
+@pytest.mark.integration
 def test_text_report_from_a_model_config_alone_has_no_cpu_mfu(capsys):
   assert cli.main(["bench", "train", "--gin_file=models/t5_1_1/tiny.gin", "--batch_size=2", "--lengths=16,8",
                    "--steps=2", "--rounds=1", "--warmup=0"]) == 0
@@ -149,6 +154,7 @@ def test_xla_cpu_flag_only_for_cpu_runs_on_a_known_jaxlib():
     xla_cpu.configure(environ={xla_cpu.ENV: "yes"})
 
 
+@pytest.mark.integration
 def test_rows_record_the_machine_flags_threads_and_load(capsys, monkeypatch):
   monkeypatch.setenv("OMP_NUM_THREADS", "2")
   assert cli.main([*ARGS, "--lengths=12,6", "--batch_size=2", "--json"]) == 0

@@ -140,6 +140,7 @@ def test_every_gin_file_parses():
     assert gin_utils.macro("MODEL") is not None
 
 
+@pytest.mark.integration
 def test_wheel_installs_and_runs_outside_the_repo():
   out = subprocess.run(["bash", str(REPO / "scripts" / "wheel_check.sh"), sys.executable], capture_output=True,
                        text=True, timeout=600)

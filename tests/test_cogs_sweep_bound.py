@@ -69,6 +69,7 @@ TINY = ["network.T5Config.emb_dim=32", "network.T5Config.mlp_dim=48", "network.T
         "network.T5Config.head_dim=16", "BATCH_SIZE=2", "TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 24}"]
 
 
+@pytest.mark.integration
 def test_a_cogs_model_row_and_the_sweep_line():
   """The sweep's config with a tiny shape (--gin bindings, recorded in the row), to keep the test short."""
   proc = run("--models", "t5_1_1", "--steps", "10", "--seeds", "2", "--repeats", "2", "--rounds", "2",

@@ -154,6 +154,7 @@ def test_a_batch_that_does_not_split_over_the_slice_is_refused_by_name(capsys):
   assert "multiple of 8" in err and "--gin.BATCH_SIZE=8 (or 16)" in err
 
 
+@pytest.mark.integration
 def test_a_scanned_stack_gets_no_step_time_from_a_loop_counted_once(capsys):
   # XLA's cost model counts a scanned stack's body once (issue 10: 0.035 s "estimated" for a 0.076 s step), so
   # the report must not turn it into steps/s or an MFU; memory and model FLOPs are still exact.
@@ -168,7 +169,8 @@ def test_a_scanned_stack_gets_no_step_time_from_a_loop_counted_once(capsys):
 
 
 @pytest.mark.parametrize("gin_file,extra,where", [
-    ("models/hypermixer/tiny.gin", [], "token_mixer._segmented"),   # packed HyperMixing scans segment ids
+    pytest.param("models/hypermixer/tiny.gin", [], "token_mixer._segmented",  # packed HyperMixing scans segment ids
+                 marks=pytest.mark.integration),
     ("models/t5_1_1/tiny.gin", ["--gin.trainer.train.num_microbatches=2"], "microbatch"),
 ])
 def test_any_loop_in_the_step_withholds_the_estimate_and_is_named(capsys, gin_file, extra, where):

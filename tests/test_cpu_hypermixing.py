@@ -202,6 +202,7 @@ def test_kernel_matches_the_equation_and_the_scan_and_tpu_keeps_the_scan(tmp_pat
     assert case["cpu_calls"] == 2 and case["tpu_calls"] == 0, case
 
 
+@pytest.mark.integration
 @needs_cxx
 def test_several_devices_keep_the_scan(tmp_path):
   proc = run_py(CHECK, {"REMIXER_T5_CPU_HYPERMIXING": "on", "REMIXER_T5_CACHE_DIR": str(tmp_path),
@@ -302,6 +303,7 @@ def test_every_simd_loop_vectorises_with_avx2(tmp_path):
   assert not scalar, f"#pragma omp simd loops GCC left scalar at lines {scalar} of {source.name}"
 
 
+@pytest.mark.integration
 @needs_cxx
 def test_benchmark_script_runs_both_variants(tmp_path):
   """scripts/bench_hypermixing_cpu.py (docs/benchmarks.md's figures) on its tiny config: every measurement in both
@@ -322,6 +324,7 @@ def test_benchmark_script_runs_both_variants(tmp_path):
   assert proc.stdout.count("kernel/XLA") == 3
 
 
+@pytest.mark.integration
 @needs_cxx
 def test_the_cli_arms_the_kernels_for_a_hypermixer_run(tmp_path, embedded_cache):
   """`remixer-t5 train` of a HyperMixer on packed demo rows, in a one-device CPU process: the CLI arms the

@@ -94,6 +94,7 @@ def test_same_bits_as_jax_and_large_arrays_without_its_loop():
   assert r["small_before"] > 0 and r["small_after"] == r["small_before"]  # small arrays keep a loop
 
 
+@pytest.mark.integration
 def test_train_steps_through_both_lowerings():
   """The benchmark script's tiny config: T5.1.1's whole train step (dropout 0.1) with JAX's loop and with this
   module's lowering in one process (attention masks of 2,304 elements unrolled): fewer while loops, and the same

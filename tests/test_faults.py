@@ -80,6 +80,7 @@ def reference(reference_dir):
   return _params(reference_dir)
 
 
+@pytest.mark.integration
 def test_kill_9_mid_save_then_restart_matches_uninterrupted(tmp_path, env, reference, monkeypatch,
                                                             embedded_cache, capsys):
   run = tmp_path / "run"
@@ -112,6 +113,7 @@ def test_kill_9_mid_save_then_restart_matches_uninterrupted(tmp_path, env, refer
   _assert_same(_params(run), reference)
 
 
+@pytest.mark.integration
 def test_sigterm_saves_exits_0_and_the_rerun_resumes_exactly(tmp_path, env, reference, monkeypatch,
                                                             embedded_cache, capsys):
   run = tmp_path / "run"

@@ -12,6 +12,9 @@ from remixer_t5 import checkpoints, cli, fixed_length, gin_utils, models, partit
 
 ARCHS = sorted(p.parent.name for p in gin_utils.gin_dir().glob("models/*/tiny.gin"))
 FIXED = ["amlp", "gmlp", "mixer_enc", "mixer_encdec", "remixer"]
+# `make test` finetunes the Remixer (both stacks have an L x L weight) and fits it and MLP-Mixer's encoder; the
+# other architectures run in the integration tier (`make test-integration`, tests/conftest.py).
+QUICK = ("remixer",)
 SHRINK = ["network.T5Config.emb_dim=16", "network.T5Config.num_heads=2", "network.T5Config.head_dim=8",
           "network.T5Config.mlp_dim=24", "network.T5Config.num_encoder_layers=1",
           "network.T5Config.num_decoder_layers=1"]
@@ -85,7 +88,8 @@ def _init(module, enc, dec):
                      jnp.ones((1, dec), jnp.int32), enable_dropout=False))()
 
 
-@pytest.mark.parametrize("arch", FIXED)
+@pytest.mark.parametrize("arch", [a if a in (*QUICK, "mixer_enc") else pytest.param(a, marks=pytest.mark.integration)
+                                  for a in FIXED])
 def test_fitted_checkpoint_gives_the_old_outputs_on_sequences_that_fit(arch, embedded_cache):
   """Params made at 16/8, fitted to 24/12 (grown) and 12/6 (shrunk): sequences of at most 12/6 tokens give
   the old logits exactly; a longer decoder sequence runs on the grown model."""
@@ -153,7 +157,8 @@ def _finetune(arch, root, data_dir, steps=2):
 LENGTH_BOUND = [a for a in ARCHS if a not in ("hypermixer", "linear_attention")]
 
 
-@pytest.mark.parametrize("arch", LENGTH_BOUND)
+@pytest.mark.parametrize("arch", [a if a in QUICK else pytest.param(a, marks=pytest.mark.integration)
+                                  for a in LENGTH_BOUND])
 def test_every_architecture_finetunes_at_cogs_lengths_from_a_512_114_checkpoint(arch, tmp_path, embedded_cache,
                                                                                  monkeypatch):
   """runs/cogs.gin's 128/512 from INIT_CHECKPOINT made at 512/114 (fake COGS rows: needs no shared data), for
@@ -173,6 +178,7 @@ def test_every_architecture_finetunes_at_cogs_lengths_from_a_512_114_checkpoint(
     assert np.all(np.isfinite(np.asarray(leaf)))
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not REAL_COGS.is_dir(), reason=f"real COGS data not found at {REAL_COGS}")
 def test_gmlp_finetunes_on_real_cogs_from_a_512_114_checkpoint(tmp_path, embedded_cache, monkeypatch):
   """The real COGS train split (2,357 of its targets are longer than 114 T5 tokens, the decoder's old L)."""

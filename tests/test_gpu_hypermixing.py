@@ -246,6 +246,7 @@ def test_under_a_mesh_each_device_runs_the_kernels_on_its_own_rows():
     assert rows in got[rules]["rows"], got
 
 
+@pytest.mark.integration
 def test_a_hypermixer_train_step_through_the_kernels_matches_xla(monkeypatch):
   """The tiny HyperMixer's loss and every parameter's gradient on packed rows (3 examples a row, then padding)
   with both kernels standing in where a GPU program would call them (run by Pallas's interpreter here): the

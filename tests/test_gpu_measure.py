@@ -46,6 +46,7 @@ def test_device_time_counts_overlapping_streams_once(tmp_path):
                                                        "busy_ms_per_step": 1.25, "span_ms": 4.0}
 
 
+@pytest.mark.integration
 def test_a_model_stage_compiles_times_and_profiles_the_trainer_step(tmp_path):
   """The tiny T5.1.1 stage end to end (batch 8 at 512/114 on the CPU): the row a GPU session reads."""
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO), "COMMIT": "test"}
@@ -76,6 +77,7 @@ def test_a_model_stage_compiles_times_and_profiles_the_trainer_step(tmp_path):
   assert "init_rng (cpu, models/t5_1_1/tiny.gin): kernel vs inlined threefry, 0 of" in proc.stdout
 
 
+@pytest.mark.integration
 def test_a_stage_out_of_time_keeps_its_phases(tmp_path):
   """A model stage killed at its time limit: the row says so and carries the phases it reached (stderr)."""
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO), "COMMIT": "test"}
@@ -89,6 +91,7 @@ def test_a_stage_out_of_time_keeps_its_phases(tmp_path):
   assert "compiling the train step" in proc.stdout  # the summary prints them too
 
 
+@pytest.mark.integration
 def test_the_hypermixing_stages_check_and_time_both_kernels_on_the_cpu():
   """The stages the next GPU lease runs first: on the CPU the kernels run in Pallas's interpreter, so the
   correctness checks (causal and packed, against XLA's forms) and the packed forms' timings run end to end."""

@@ -47,6 +47,7 @@ def _huge_pages_always() -> bool:
   return path.exists() and "[always]" in path.read_text()
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(host_memory._glibc() is None, reason="the allocator policy is for glibc (Linux) only")
 def test_scratch_is_not_page_faulted_in_every_step():
   on, off = _probe("on"), _probe("off")

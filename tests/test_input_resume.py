@@ -111,6 +111,7 @@ def test_mixture_resumes_exactly(data_dir, tmp_path):
   _assert_exact_resume(seqio.get_mixture_or_task(name), tmp_path, k=6)
 
 
+@pytest.mark.integration
 def test_each_process_restores_its_own_shard(data_dir, tmp_path):
   for task, k in ((_c4_task(), 4), (_cogs_task(), 3)):  # C4: files per process; COGS: rows per process
     for index in range(2):
@@ -172,6 +173,7 @@ def test_generator_source_is_not_checkpointable_and_says_so(embedded_env, tmp_pa
     batches.save(str(tmp_path / "it" / "iterator"))
 
 
+@pytest.mark.integration
 def test_restore_time_does_not_grow_with_the_position(embedded_env, tmp_path):
   """Time from a built pipeline to the batch at the position: restoring at position 2000 costs about what it
   costs at 2 (median of 3; a generous ratio), while replaying with skip grows with the position."""

@@ -55,6 +55,7 @@ def test_model_flops_are_counted_on_the_host_when_the_backend_counts_none(monkey
   assert len(calls) == 2 and calls[0] is None and calls[1].platform == "cpu"
 
 
+@pytest.mark.integration
 def test_model_flops_are_the_same_whether_the_stack_is_scanned_or_rematerialised():
   from remixer_t5 import optim, partitioning, trainer
   batch = trainer.batch_shapes({"inputs": 16, "targets": 8}, 4, pack=True)

@@ -76,6 +76,7 @@ def two_run(setup):
   return _two_processes(env, _args(root / "two", root / "data"))
 
 
+@pytest.mark.integration
 def test_two_processes_match_one_process_with_the_same_global_batch(setup, two_run):
   root, env = setup
   outs = two_run
@@ -102,6 +103,7 @@ def test_two_processes_match_one_process_with_the_same_global_batch(setup, two_r
   assert infer["two"][0]["exact_match"] == infer["one"][0]["exact_match"]
 
 
+@pytest.mark.integration
 def test_two_processes_resume_each_its_own_input_position(setup, two_run):
   """Stopped at step 3 and rerun to 5, each process restores its own shard's iterator state: the resumed steps
   have exactly the losses of the uninterrupted two-process run."""

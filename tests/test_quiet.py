@@ -21,6 +21,7 @@ def _run(code, **env):
   return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=300)
 
 
+@pytest.mark.integration
 def test_tensorflow_start_up_lines_are_hidden_unless_verbose():
   loud = _run(PROBE, REMIXER_T5_VERBOSE="1")
   quiet = _run(PROBE)

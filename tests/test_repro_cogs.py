@@ -206,6 +206,7 @@ def _toy_cogs(folder: Path) -> None:
         ("The dog slept .", "* dog ( x _ 1 ) ; sleep . agent ( x _ 2 , x _ 1 )", "seen")])
 
 
+@pytest.mark.integration
 def test_repro_cogs_end_to_end_through_the_trainer_and_resumes(tmp_path, monkeypatch, capsys):
   """Two models, 1 seed, a few steps on a toy in COGS's format: every row, the table and plot; a rerun keeps
   the finished runs; other settings in the same folder are refused."""
@@ -439,7 +440,7 @@ def test_decode_lengths_are_each_splits_longest_target():
   assert repro.decode_lengths(data, "gen") == {"inputs": 64, "targets": 400}
 
 
-@pytest.mark.parametrize("model", ["t5_1_1", "remixer"])
+@pytest.mark.parametrize("model", [pytest.param("t5_1_1", marks=pytest.mark.integration), "remixer"])
 def test_decoding_shorter_than_the_model_length_decodes_the_same_prefix(model):
   """Dev and test decode with a cache shorter than the model length (decode_lengths): the fixed-length
   Remixer (H sized 400) and T5 give the first tokens of the full-length decode, token for token."""
@@ -461,6 +462,7 @@ def test_decoding_shorter_than_the_model_length_decodes_the_same_prefix(model):
   np.testing.assert_array_equal(part, full[:, :short])
 
 
+@pytest.mark.integration
 def test_cogs_curve_script_decodes_every_kept_checkpoint(tmp_path):
   """scripts/cogs_curve.py: the sweep's training with every checkpoint kept, then test and gen decoded at each."""
   repo = Path(__file__).resolve().parents[1]

@@ -89,6 +89,7 @@ def test_bad_settings_name_the_problem():
     hs._ints("1k", "sizes")
 
 
+@pytest.mark.integration
 def test_tiny_run_prints_json_and_writes_pngs(tmp_path, capsys):
   from remixer_t5 import cli
   out = tmp_path / "out"
@@ -130,6 +131,7 @@ def test_every_model_uses_the_project_mixer(name, param):
   assert (jac[0, 20:].max() > 0) == (name != "none")
 
 
+@pytest.mark.integration
 def test_hypermixer_learns_what_no_mixer_cannot():
   """The task needs global mixing (each shape's target height depends on the other shape of its pair, tens of
   positions away), so a short run already separates HyperMixer from 'none' (five convolutions, a receptive

@@ -3,6 +3,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 SCRIPT = textwrap.dedent("""
     import os
     os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
@@ -45,6 +47,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.integration
 def test_train_step_on_8_device_meshes_matches_one_device():
   out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-4000:]

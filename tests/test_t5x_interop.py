@@ -242,7 +242,8 @@ def _expand_cache_like_t5x(cache, batch: int, beams: int):
   return jax.tree_util.tree_map_with_path(expand, cache)
 
 
-@pytest.mark.parametrize("gin_file", T5X_GIN)
+@pytest.mark.parametrize("gin_file", [g if g == "t5x/t5_1_1_base.gin" else pytest.param(g, marks=pytest.mark.integration)
+                                     for g in T5X_GIN])
 def test_module_answers_every_call_t5x_makes(gin_file, t5x_api):
   """The calls of t5x.models.EncoderDecoderModel (_compute_logits, encode, _compute_kv_cache through __call__
   with decode=True, _compute_logits_from_slice on a beam-expanded cache): teacher-forced decode steps give
