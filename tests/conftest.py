@@ -47,8 +47,8 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers",
         "integration: an end-to-end run through processes, scripts or a sweep over every architecture, whose parts "
-        "`make test` checks in-process or on one representative; `make test` leaves these out (it stays near 15 "
-        "minutes on 2 cores), `make test-integration` runs only these, `make test-all` runs everything")
+        "`make test` checks in-process or on one representative; `make test` leaves these out (to stay near the "
+        "~15-minute guideline on 2 cores), `make test-integration` runs only these, `make test-all` runs everything")
 
 
 @pytest.fixture(scope="session")
