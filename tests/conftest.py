@@ -30,7 +30,8 @@ os.environ.setdefault("REMIXER_T5_CPU_HYPERMIXING", "off")
 # $XLA_FLAGS themselves (bench_env.set_xla_flags). Child processes inherit $XLA_FLAGS; helpers that give a child
 # flags of its own add these ($REMIXER_T5_TEST_XLA_FLAGS; tests/subprocess_util.py). Set it to '' for the
 # optimised build everywhere.
-TEST_XLA_FLAGS_ENV = "REMIXER_T5_TEST_XLA_FLAGS"
+from subprocess_util import TEST_XLA_FLAGS_ENV  # noqa: E402 (tests/ is on sys.path, as for the test modules)
+
 os.environ.setdefault(TEST_XLA_FLAGS_ENV, "--xla_backend_optimization_level=0")
 if os.environ[TEST_XLA_FLAGS_ENV] and os.environ[TEST_XLA_FLAGS_ENV] not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {os.environ[TEST_XLA_FLAGS_ENV]}".strip()

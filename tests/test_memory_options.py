@@ -198,7 +198,7 @@ def test_remat_lowers_temporary_memory_of_a_scanned_stack():
 # flags are read once per process, hence the subprocess.
 UNROLLED_MEMORY = textwrap.dedent("""
     import os
-    os.environ["XLA_FLAGS"] += " --xla_cpu_enable_concurrency_optimized_scheduler=false"
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_cpu_enable_concurrency_optimized_scheduler=false"
     import dataclasses, sys
     sys.path.insert(0, os.path.dirname({test_file!r}))
     import test_memory_options as t
