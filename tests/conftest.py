@@ -24,15 +24,17 @@ os.environ.setdefault("REMIXER_T5_CPU_BLAS", "off")
 # Likewise causal HyperMixing's fused C++ loop (cpu_hypermixing.py, on by default for CLI runs on a CPU): the suite
 # checks the layer's scan, and tests/test_cpu_hypermixing.py checks the loop against it.
 os.environ.setdefault("REMIXER_T5_CPU_HYPERMIXING", "off")
-# The suite's programs are compiled with LLVM at -O0 (XLA's HLO passes are unchanged, so are the programs' results
-# up to floating-point contraction): most test time is compiling hundreds of distinct small programs, which this
-# makes ~1.5x faster, and they run a few steps each. Benchmarks keep the optimised build: their scripts set
-# $XLA_FLAGS themselves (bench_env.set_xla_flags). Child processes inherit $XLA_FLAGS; helpers that give a child
-# flags of its own add these ($REMIXER_T5_TEST_XLA_FLAGS; tests/subprocess_util.py). Set it to '' for the
-# optimised build everywhere.
+# The suite's programs are compiled with LLVM at -O0 and XLA:CPU's older elemental emitter in place of its MLIR
+# fusion emitters (XLA's HLO passes are unchanged, so are the programs' results up to floating-point
+# contraction): most test time is compiling hundreds of distinct small programs. -O0 makes that ~1.5x faster, the
+# elemental emitter ~1.35x more (backend compile time of five tiny models' init, forward and gradient, alternating
+# fresh processes: 21-25 s -> 15-18.5 s; the suite 1,923 -> 1,639 s of test time). They run a few steps each.
+# Benchmarks and runs keep XLA's defaults: benchmark scripts set $XLA_FLAGS themselves (bench_env.set_xla_flags).
+# Child processes inherit $XLA_FLAGS; helpers that give a child flags of its own add these
+# ($REMIXER_T5_TEST_XLA_FLAGS; tests/subprocess_util.py). Set it to '' to compile as a run does everywhere.
 from subprocess_util import TEST_XLA_FLAGS_ENV  # noqa: E402 (tests/ is on sys.path, as for the test modules)
 
-os.environ.setdefault(TEST_XLA_FLAGS_ENV, "--xla_backend_optimization_level=0")
+os.environ.setdefault(TEST_XLA_FLAGS_ENV, "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false")
 if os.environ[TEST_XLA_FLAGS_ENV] and os.environ[TEST_XLA_FLAGS_ENV] not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {os.environ[TEST_XLA_FLAGS_ENV]}".strip()
 # One persistent XLA compilation cache for the whole run, shared by the xdist workers and the CLI subprocesses

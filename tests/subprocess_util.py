@@ -7,13 +7,14 @@ import textwrap
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-# The suite's own XLA flags (tests/conftest.py sets them, LLVM at -O0, and adds them to $XLA_FLAGS).
+# The suite's own XLA flags (tests/conftest.py sets them, LLVM at -O0 and XLA:CPU's elemental emitter, and adds them
+# to $XLA_FLAGS).
 TEST_XLA_FLAGS_ENV = "REMIXER_T5_TEST_XLA_FLAGS"
 
 
 def xla_flags(*flags: str) -> str:
   """$XLA_FLAGS for a child process: the suite's own ($REMIXER_T5_TEST_XLA_FLAGS, set by tests/conftest.py:
-  LLVM at -O0) and `flags`, and nothing else of this process's."""
+  LLVM at -O0, the elemental emitter) and `flags`, and nothing else of this process's."""
   return " ".join([os.environ.get(TEST_XLA_FLAGS_ENV, ""), *flags]).strip()
 
 
