@@ -26,9 +26,9 @@ os.environ.setdefault("REMIXER_T5_CPU_BLAS", "off")
 os.environ.setdefault("REMIXER_T5_CPU_HYPERMIXING", "off")
 # The suite's programs are compiled with LLVM at -O0 and XLA:CPU's older elemental emitter in place of its MLIR
 # fusion emitters (XLA's HLO passes are unchanged, so are the programs' results up to floating-point
-# contraction): most test time is compiling hundreds of distinct small programs. -O0 makes that ~1.5x faster, the
-# elemental emitter ~1.35x more (backend compile time of five tiny models' init, forward and gradient, alternating
-# fresh processes: 21-25 s -> 15-18.5 s; `make test` in CI 991 -> 727 s of pytest). They run a few steps each.
+# contraction): most test time is compiling hundreds of distinct small programs, which run a few steps each. -O0
+# makes that ~1.5x faster, the elemental emitter ~1.35x more (backend compile time of five tiny models' init,
+# forward and gradient, alternating fresh processes: 21-25 s -> 15-18.5 s; `make test` in CI 991 -> 727 s).
 # Benchmarks and runs keep XLA's defaults: benchmark scripts set $XLA_FLAGS themselves (bench_env.set_xla_flags).
 # Child processes inherit $XLA_FLAGS; helpers that give a child flags of its own add these
 # ($REMIXER_T5_TEST_XLA_FLAGS; tests/subprocess_util.py). Set it to '' to compile as a run does everywhere.

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from remixer_t5 import checkpoints, cli, fixed_length, gin_utils, models, partitioning
+from tiers import tiered
 
 ARCHS = sorted(p.parent.name for p in gin_utils.gin_dir().glob("models/*/tiny.gin"))
 FIXED = ["amlp", "gmlp", "mixer_enc", "mixer_encdec", "remixer"]
@@ -19,11 +20,6 @@ SHRINK = ["network.T5Config.emb_dim=16", "network.T5Config.num_heads=2", "networ
           "network.T5Config.mlp_dim=24", "network.T5Config.num_encoder_layers=1",
           "network.T5Config.num_decoder_layers=1"]
 REAL_COGS = Path(__file__).resolve().parents[2] / "shared" / "data" / "cogs"
-
-
-def _tiered(archs, quick):
-  """`archs` as parameters: those in `quick` plain, the others marked integration."""
-  return [a if a in quick else pytest.param(a, marks=pytest.mark.integration) for a in archs]
 
 
 def _shapes(module, enc=8, dec=6):
@@ -93,7 +89,7 @@ def _init(module, enc, dec):
                      jnp.ones((1, dec), jnp.int32), enable_dropout=False))()
 
 
-@pytest.mark.parametrize("arch", _tiered(FIXED, (*QUICK, "mixer_enc")))
+@pytest.mark.parametrize("arch", tiered(FIXED, (*QUICK, "mixer_enc")))
 def test_fitted_checkpoint_gives_the_old_outputs_on_sequences_that_fit(arch, embedded_cache):
   """Params made at 16/8, fitted to 24/12 (grown) and 12/6 (shrunk): sequences of at most 12/6 tokens give
   the old logits exactly; a longer decoder sequence runs on the grown model."""
@@ -161,7 +157,7 @@ def _finetune(arch, root, data_dir, steps=2):
 LENGTH_BOUND = [a for a in ARCHS if a not in ("hypermixer", "linear_attention")]
 
 
-@pytest.mark.parametrize("arch", _tiered(LENGTH_BOUND, QUICK))
+@pytest.mark.parametrize("arch", tiered(LENGTH_BOUND, QUICK))
 def test_every_architecture_finetunes_at_cogs_lengths_from_a_512_114_checkpoint(arch, tmp_path, embedded_cache,
                                                                                  monkeypatch):
   """runs/cogs.gin's 128/512 from INIT_CHECKPOINT made at 512/114 (fake COGS rows: needs no shared data), for

@@ -24,6 +24,7 @@ from flax import serialization
 from flax.linen import partitioning as flax_partitioning
 
 from remixer_t5 import checkpoints, gin_utils, models, network, t5x_compat
+from tiers import tiered
 
 REAL_T5X = importlib.util.find_spec("t5x") is not None
 NO_T5X = "t5x is not installed (not on PyPI: pip install it from a clone of github.com/google-research/t5x)"
@@ -242,8 +243,7 @@ def _expand_cache_like_t5x(cache, batch: int, beams: int):
   return jax.tree_util.tree_map_with_path(expand, cache)
 
 
-@pytest.mark.parametrize("gin_file", [g if g == "t5x/t5_1_1_base.gin" else pytest.param(g, marks=pytest.mark.integration)
-                                     for g in T5X_GIN])
+@pytest.mark.parametrize("gin_file", tiered(T5X_GIN, ("t5x/t5_1_1_base.gin",)))
 def test_module_answers_every_call_t5x_makes(gin_file, t5x_api):
   """The calls of t5x.models.EncoderDecoderModel (_compute_logits, encode, _compute_kv_cache through __call__
   with decode=True, _compute_logits_from_slice on a beam-expanded cache): teacher-forced decode steps give
