@@ -5,6 +5,7 @@ PY := $(VENV)/bin/python
 MODEL_DIR ?= runs/demo_$(MODEL)
 MODEL ?= t5_1_1
 STAMP := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.installed-run
 TEST_WORKERS ?= 2  # pytest-xdist processes (CI has 2 cores); files stay whole so module fixtures run once
 
 .PHONY: demo compare-demo test test-integration test-all install wheel-check clean-venv gpu-compile-env test-gpu-compile
@@ -13,14 +14,19 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
 
-# Reinstall only when setup.py changes; the package itself is installed editable.
+# Reinstall only when setup.py changes; the package itself is installed editable. A run needs the package alone
+# (RUN_STAMP); the suite also its test extra (pytest, libtpu for the TPU compile tests).
+$(RUN_STAMP): setup.py | $(PY)
+	$(PY) -m pip install --quiet -e .
+	touch $(RUN_STAMP)
+
 $(STAMP): setup.py | $(PY)
 	$(PY) -m pip install --quiet -e '.[test]'
-	touch $(STAMP)
+	touch $(STAMP) $(RUN_STAMP)
 
 install: $(STAMP)
 
-demo: $(STAMP)
+demo: $(RUN_STAMP)
 	$(VENV)/bin/remixer-t5 train --gin_file=models/$(MODEL)/tiny.gin --gin_file=runs/demo.gin \
 	    --gin.MODEL_DIR="'$(MODEL_DIR)'"
 
@@ -31,7 +37,7 @@ COMPARE_DIR ?= runs/compare_demo
 COMPARE_MODELS ?= t5_1_1 remixer hypermixer
 COMPARE_STEPS ?= 100
 COMPARE_BATCH ?= 16
-compare-demo: $(STAMP)
+compare-demo: $(RUN_STAMP)
 	@mkdir -p $(COMPARE_DIR); for m in $(COMPARE_MODELS); do \
 	  echo "== training $$m tiny for $(COMPARE_STEPS) steps of $(COMPARE_BATCH) into $(COMPARE_DIR)/$$m"; \
 	  $(VENV)/bin/remixer-t5 train --gin_file=models/$$m/tiny.gin --gin_file=runs/demo.gin \

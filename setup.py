@@ -26,9 +26,6 @@ TPU_REQUIRES = ["jax[tpu]==0.10.2", "libtpu==0.0.42.1"]
 # the plugin installed, JAX tries (and fails) to start CUDA unless JAX_PLATFORMS=cpu (`make gpu-compile-env`).
 GPU_COMPILE_REQUIRES = ["jax-cuda12-plugin==0.10.2", "jax-cuda12-pjrt==0.10.2", "nvidia-cuda-nvcc-cu12==12.9.86"]
 
-# MKL's wheels exist for x86-64 (Linux and Windows); the route (remixer_t5/cpu_blas.py) loads its Linux library.
-MKL_REQUIRES = ["mkl==2026.2.0; sys_platform == 'linux' and platform_machine == 'x86_64'"]
-
 setuptools.setup(
     name="remixer_t5",
     version="0.1.0",
@@ -38,7 +35,7 @@ setuptools.setup(
     + ["remixer_t5.tasks", "remixer_t5.gin"],
     # tasks/ and gin/ are top-level folders in the repository but install inside the package.
     package_dir={"remixer_t5.tasks": "tasks", "remixer_t5.gin": "gin"},
-    package_data={"remixer_t5.gin": ["*.gin", "**/*.gin"], "remixer_t5": ["gpu_targets/*.txtpb", "csrc/*.cc", "csrc/*.h"]},
+    package_data={"remixer_t5.gin": ["*.gin", "**/*.gin"], "remixer_t5": ["gpu_targets/*.txtpb", "kernels/cpu/csrc/*.cc", "kernels/cpu/csrc/*.h"]},
     include_package_data=False,
     install_requires=INSTALL_REQUIRES,
     extras_require={
@@ -46,13 +43,10 @@ setuptools.setup(
         "tpu": TPU_REQUIRES,
         "gpu-compile": GPU_COMPILE_REQUIRES,
         # The test suite compiles for a TPU topology (tests/test_compile.py), so CI installs libtpu too;
-        # tokenizers reads the tokenizer.json that export-hf writes (tests/test_hf_tokenizer.py); MKL lets
-        # tests/test_cpu_blas.py check the MKL route (the suite itself runs with it off, tests/conftest.py).
-        "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "tokenizers==0.23.3"] + TPU_REQUIRES + MKL_REQUIRES,
+        # tokenizers reads the tokenizer.json that export-hf writes (tests/test_hf_tokenizer.py).
+        "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "tokenizers==0.23.3"] + TPU_REQUIRES,
         # Only for scripts/make_hf_fixture.py and reading pytorch_model.bin checkpoints.
         "hf": ["torch==2.13.0", "transformers"],
-        # CPU runs: layers.Dense's products through MKL's sgemm (remixer_t5/cpu_blas.py); ~690 MB installed.
-        "mkl": MKL_REQUIRES,
     },
     entry_points={"console_scripts": ["remixer-t5=remixer_t5.cli:main"]},
 )

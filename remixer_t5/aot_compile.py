@@ -264,7 +264,7 @@ def _gpu_cost(compiled) -> dict[str, Any]:
   text = compiled.as_text()
   library = sorted({t for t in re.findall(r'custom_call_target="([^"]+)"', text)
                     if "cublas" in t.lower() or "cudnn" in t.lower()})
-  kernels = text.count('custom_call_target="__gpu$xla.gpu.triton"')  # Pallas kernels (gpu_hypermixing.py)
+  kernels = text.count('custom_call_target="__gpu$xla.gpu.triton"')  # Pallas kernels (kernels/gpu/)
   if kernels:
     out["kernel_calls"] = kernels
   if library:

@@ -19,7 +19,7 @@ stays the token mixer of a Remixer layer); it is measured alone, as "remixer".
 
 A row: mixer, length, batch, d_model, ms (median; None with timing=False), ms_min, flops, params, temp_mb (XLA's
 scratch allocation of the compiled fwd+bwd, i.e. activations and gradients), compile_s and host_malloc (whether
-host_memory's allocator policy was applied: the CLI does, see host_memory.py; without it scratch above 32 MiB is
+runtime's allocator policy was applied: the CLI does, see runtime.py; without it scratch above 32 MiB is
 page-faulted in on every call). Results and the command behind them: docs/benchmarks.md.
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from remixer_t5 import host_memory, layers
+from remixer_t5 import runtime, layers
 from remixer_t5.mixers import base
 
 DEFAULT_LENGTHS = (128, 256, 512, 1024, 2048, 4096)
@@ -128,7 +128,7 @@ def measure(mixer: str, length: int, *, config=None, batch: int = 1, repeats: in
   row = {"mixer": mixer, "length": int(length), "batch": int(batch), "d_model": int(cfg.emb_dim),
          "ms": None, "flops": _flops(compiled),
          "params": int(sum(np.size(a) for a in jax.tree_util.tree_leaves(params))),
-         "temp_mb": _temp_mb(compiled), "compile_s": round(compile_s, 3), "host_malloc": host_memory.applied}
+         "temp_mb": _temp_mb(compiled), "compile_s": round(compile_s, 3), "host_malloc": runtime.applied}
   if timing:
     for _ in range(max(warmup, 0)):
       jax.block_until_ready(compiled(params, x, cot))

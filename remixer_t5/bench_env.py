@@ -1,12 +1,9 @@
 """The machine and software a benchmark row was measured with (`bench train`, `bench decode`).
 
 A CPU figure means little without what decided it: the CPU model and its vector extensions (AVX-512, AMX:
-which kernels XLA and PyTorch pick), the cores usable, the XLA flags in force (the CLI's XLA:CPU option),
-the library Dense's products ran on (`cpu_blas`: MKL's sgemm, or None for XLA's own), what causal HyperMixing
-ran on (`cpu_hypermixing`: the fused C++ loop, or None for XLA's scan; on GPUs `gpu_hypermixing`: which
-Pallas kernels are on), whether dropout's random bits ran through the unrolled Threefry (`cpu_threefry`:
-"unrolled", and since 2026-11-28 "unrolled, large masks hashed once" when they were), the host
-allocator policy, the thread counts PyTorch and OpenMP/MKL use, the load average around the
+which kernels XLA and PyTorch pick), the cores usable, the XLA flags in force, what HyperMixing's CPU kernels
+ran (`cpu_hypermixing`: the fused C++ loops, or None when no program used them), what dropout's CPU mask ran
+(`cpu_threefry`), the host allocator policy, the thread counts PyTorch and OpenMP/MKL use, the load average around the
 measurement, the commit, and the versions. `environment()` gathers them into the row.
 
 And whether each side flushes subnormal floats to zero. XLA:CPU runs its kernels with flush-to-zero and
@@ -91,11 +88,10 @@ def git_commit() -> str | None:
 
 
 def set_xla_flags(flags: str | None) -> str:
-  """A benchmark script's XLA_FLAGS, set before JAX starts its CPU client: `flags`, or the CLI's CPU flag
-  (remixer_t5/xla_cpu.py) when None ("" for XLA's own default); JAX_PLATFORMS=cpu unless the caller set one.
-  Returns the flags in force."""
-  from remixer_t5 import xla_cpu
-  os.environ["XLA_FLAGS"] = xla_cpu.FLAG if flags is None else flags
+  """A benchmark script's XLA_FLAGS, set before JAX starts its CPU client: `flags`, or XLA's own defaults ("")
+  when None, so a benchmark times what a run compiles; JAX_PLATFORMS=cpu unless the caller set one. Returns the
+  flags in force."""
+  os.environ["XLA_FLAGS"] = "" if flags is None else flags
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   return os.environ["XLA_FLAGS"]
 
@@ -132,7 +128,7 @@ def denormals_flushed(side: str) -> bool:
 def transparent_hugepages() -> str | None:
   """The kernel's transparent huge page mode ('always', 'madvise' or 'never'), or None off Linux. With 'always' a
   freshly mapped buffer faults in 2 MiB pages (512x fewer faults), which changes what an unmapped-and-remapped
-  scratch costs a step (host_memory.py, docs/benchmarks.md)."""
+  scratch costs a step (runtime.py, docs/benchmarks.md)."""
   try:
     text = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
   except OSError:
@@ -147,23 +143,21 @@ def environment(with_torch: bool = False) -> dict[str, Any]:
 
   import jax
 
-  from remixer_t5 import cpu_blas, cpu_hypermixing, cpu_threefry, host_memory, xla_cpu
+  from remixer_t5 import runtime
+  from remixer_t5.kernels.cpu import hypermixing as cpu_hypermixing
+  from remixer_t5.kernels.cpu import threefry as cpu_threefry
   info = _cpuinfo()
   env: dict[str, Any] = {
       "cpu_model": cpu_model(), "cpu_id": cpu_id(), "cpu_flags": cpu_flags(), "cpu_cache": info.get("cache size"),
       "cpu_count": os.cpu_count(),
       "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-      "xla_flags": os.environ.get("XLA_FLAGS", ""), "xla_cpu_flags": xla_cpu.FLAG if xla_cpu.applied else None,
-      "cpu_blas": cpu_blas.describe(), "cpu_hypermixing": cpu_hypermixing.describe(),
-      "cpu_threefry": cpu_threefry.describe(),
-      "host_malloc_policy": host_memory.applied, "transparent_hugepages": transparent_hugepages(),
+      "xla_flags": os.environ.get("XLA_FLAGS", ""),
+      "cpu_hypermixing": cpu_hypermixing.describe(), "cpu_threefry": cpu_threefry.describe(),
+      "host_malloc_policy": runtime.applied, "transparent_hugepages": transparent_hugepages(),
       "thread_env": {k: os.environ[k] for k in THREAD_ENV if k in os.environ},
       "git_commit": git_commit(), "jax_version": jax.__version__}
   if jax.default_backend() == "cpu":
     env["xla_denormals_flushed"] = denormals_flushed("xla")
-  if jax.default_backend() == "gpu":
-    from remixer_t5 import gpu_hypermixing
-    env["gpu_hypermixing"] = gpu_hypermixing.describe()
   try:
     env["jaxlib_version"] = md.version("jaxlib")
   except md.PackageNotFoundError:  # pragma: no cover

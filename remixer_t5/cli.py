@@ -17,10 +17,10 @@ from typing import Sequence
 from remixer_t5 import quiet
 
 quiet.configure()  # before anything imports JAX or TensorFlow: their native start-up lines hidden (quiet.py)
-from remixer_t5 import xla_cpu  # noqa: E402 - imports nothing heavy
+from remixer_t5 import runtime  # noqa: E402 - imports nothing heavy
 
 try:  # $REMIXER_T5_CPUS: before any thread pool starts (numpy's, XLA's, TensorFlow's)
-  _PINNED, _PIN_ERROR = xla_cpu.pin_from_env(), None
+  _PINNED, _PIN_ERROR = runtime.pin_from_env(), None
 except ValueError as _e:  # reported by main() like any bad input
   _PINNED, _PIN_ERROR = None, _e
 
@@ -57,15 +57,30 @@ def _configured(fn, command: str):
   return call
 
 
+def _start_line(command: str) -> None:
+  """One line at the start of a run: the devices, and the kernel choices the config makes (kernels/)."""
+  import gin
+  import jax
+  devices = jax.devices()
+  kinds = sorted({d.device_kind for d in devices})
+  chosen = [line.strip() for line in gin.config_str().splitlines()
+            if any(k in line for k in ("attention_impl", "dropout_impl", "HyperMixing.impl")) and "'auto'" not in line]
+  print(f"remixer-t5 {command}: {len(devices)} {devices[0].platform} device(s) ({', '.join(kinds)}) in "
+        f"{jax.process_count()} process(es); kernels: {'; '.join(chosen) or 'auto (by platform)'}",
+        file=sys.stderr, flush=True)
+
+
 def cmd_train(_: argparse.Namespace) -> int:
   import gin
   from remixer_t5 import trainer
+  _start_line("train")
   _configured(trainer.train, "train")(config_text=gin.config_str())
   return 0
 
 
 def cmd_eval(_: argparse.Namespace) -> int:
   from remixer_t5 import trainer
+  _start_line("eval")
   metrics = _configured(trainer.evaluate_checkpoint, "eval")()
   print(json.dumps(metrics))
   return 0
@@ -400,6 +415,8 @@ def build_parser() -> argparse.ArgumentParser:
     cmd.add_argument("--process_id", "--process-id", type=int, help="(or $REMIXER_T5_PROCESS_ID)")
     cmd.add_argument("--distributed", action="store_true",
                      help="let JAX detect the cluster (TPU VM slice, SLURM, Open MPI); or $REMIXER_T5_DISTRIBUTED=auto")
+    cmd.add_argument("--verbose", "-v", action="store_true",
+                     help="say how the process was set up (host allocator, ...) besides the one start line")
   t = sub.add_parser("tasks", help="list registered tasks and mixtures, or show NAME's preprocessed examples")
   t.add_argument("name", nargs="?", help="a task or mixture: show its first examples as text and token ids")
   t.add_argument("--split", default="train")
@@ -529,25 +546,13 @@ def main(argv: Sequence[str] | None = None) -> int:
       check_bench_flags(args.what, rest)
     if _PIN_ERROR is not None:
       raise _PIN_ERROR
-    if _PINNED:
-      print(f"cores: this process runs on {','.join(map(str, _PINNED))} (${xla_cpu.CPUS_ENV})", file=sys.stderr,
+    if _PINNED and getattr(args, "verbose", False):
+      print(f"cores: this process runs on {','.join(map(str, _PINNED))} (${runtime.CPUS_ENV})", file=sys.stderr,
             flush=True)
-    from remixer_t5 import host_memory
-    host_memory.pin_cpu_without_tpu_chips()  # libtpu without TPU chips (the .[tpu] extra): no TPU runtime start
+    runtime.pin_cpu_without_tpu_chips()  # libtpu without TPU chips (the .[tpu] extra): no TPU runtime start
     if args.command in ("train", "eval", "plot", "bench", "repro"):
-      # before JAX starts its threads: see host_memory's docstring
-      host_memory.configure(log=lambda m: print(m, file=sys.stderr, flush=True))
-      # before JAX starts its backend: XLA reads $XLA_FLAGS once
-      xla_cpu.configure(log=lambda m: print(m, file=sys.stderr, flush=True))
-      # Dense's larger float32 products through MKL's sgemm on CPU-only runs, where MKL is installed
-      from remixer_t5 import cpu_blas
-      cpu_blas.configure(log=lambda m: print(m, file=sys.stderr, flush=True))
-      # causal HyperMixing as a fused C++ loop on CPU-only runs (built when a model first needs it)
-      from remixer_t5 import cpu_hypermixing
-      cpu_hypermixing.configure(log=lambda m: print(m, file=sys.stderr, flush=True))
-      # dropout's random bits: JAX's Threefry hash unrolled on CPU, so XLA fuses it (the same bits)
-      from remixer_t5 import cpu_threefry
-      cpu_threefry.configure(log=lambda m: print(m, file=sys.stderr, flush=True))
+      # before JAX starts its threads: see runtime's docstring
+      runtime.configure(log=lambda m: print(m, file=sys.stderr, flush=True), verbose=getattr(args, "verbose", False))
     if args.command in ("train", "eval"):
       from remixer_t5 import distributed
       distributed.maybe_initialize(args.coordinator_address, args.num_processes, args.process_id,

@@ -35,6 +35,10 @@ class T5Config:
   scan_layers: bool = False
   # How each layer wires norms and residuals around its slots (LAYER_LAYOUTS; HyperMixer paper App. F).
   layer_layout: str = "pre_norm"
+  # Which implementation computes attention and dropout's keep mask (remixer_t5/kernels/: 'auto' picks by the
+  # platform the program is lowered for; 'xla' is the plain-JAX reference everywhere).
+  attention_impl: str = "auto"
+  dropout_impl: str = "auto"
 
   def __post_init__(self):
     object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
@@ -42,10 +46,18 @@ class T5Config:
       raise ValueError(f"T5Config.remat_policy must be one of {sorted(REMAT_POLICIES)}, got {self.remat_policy!r}")
     if self.layer_layout not in LAYER_LAYOUTS:
       raise ValueError(f"T5Config.layer_layout must be one of {LAYER_LAYOUTS}, got {self.layer_layout!r}")
+    for name, choices in (("attention_impl", ATTENTION_IMPLS), ("dropout_impl", DROPOUT_IMPLS)):
+      if getattr(self, name) not in choices:
+        raise ValueError(f"T5Config.{name} must be one of {choices}, got {getattr(self, name)!r}")
     for name in ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim"):
       if getattr(self, name) <= 0:
         raise ValueError(f"T5Config.{name} must be positive, got {getattr(self, name)}")
 
+
+# Implementations (remixer_t5/kernels/__init__.py): 'pallas_gpu' is a fused attention for CUDA GPUs (Pallas,
+# Triton), 'cpu' dropout's mask with an unrolled hash computed once (kernels/cpu/threefry.py).
+ATTENTION_IMPLS = ("auto", "xla", "pallas_gpu")
+DROPOUT_IMPLS = ("auto", "xla", "cpu")
 
 # Layer layouts, as the HyperMixer paper's App. F writes them (TM = token mixing, FM = feature mixing, N = the
 # stack's norm; decoder layers chain their self and cross slots as token-mixing slots):

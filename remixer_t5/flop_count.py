@@ -1,10 +1,9 @@
 """The context in which a model's FLOPs are counted (`mfu.model_flops_per_step`), for the code that must know.
 
 XLA's cost analysis counts a while loop's body once, a recomputed forward twice and a custom call (an FFI
-kernel: `cpu_blas.py`'s sgemm, `cpu_hypermixing.py`'s loops, a Pallas kernel) not at all. So the model's FLOPs
-are counted on a lowering of the step traced inside `counting_model_flops()`, where each such piece takes its
-plain XLA form: `mixers.base.scan` unrolls its chunks without their checkpoint, `cpu_blas.matmul` keeps
-`jnp.dot`, and HyperMixer keeps its XLA scan instead of a CPU or GPU kernel. Nothing else runs inside it: a
+kernel, a Pallas kernel) not at all. So the model's FLOPs are counted on a lowering of the step traced inside
+`counting_model_flops()`, where each such piece takes its plain XLA form: `mixers.base.scan` unrolls its chunks
+without their checkpoint, and every operation of kernels/ takes its `xla` implementation. Nothing else runs inside it: a
 real step keeps its loops and kernels. It sits below layers and mixers so that both can ask.
 """
 from __future__ import annotations

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 from flax.linen import partitioning as nn_partitioning
 
-from remixer_t5 import cpu_blas, cpu_threefry
+from remixer_t5 import kernels
 
 param_with_axes = nn_partitioning.param_with_axes
 with_sharding_constraint = nn_partitioning.with_sharding_constraint
@@ -60,16 +60,14 @@ class Dense(nn.Module):
     # contracts over two of them and XLA:CPU then materialises a transposed copy of the activation gradient
     # for every kernel gradient (~1.6x slower MLP forward + backward at config A's shapes, docs/benchmarks.md).
     # Only the batch and length axes are merged, neither or only the batch axis sharded (partitioning.py).
-    # On CPU-only runs the product may go to MKL's sgemm (cpu_blas.py; else it is jnp.dot).
-    y = cpu_blas.matmul(x.reshape(-1, x.shape[-1]).astype(self.dtype), kernel.astype(self.dtype))
+    y = jnp.dot(x.reshape(-1, x.shape[-1]).astype(self.dtype), kernel.astype(self.dtype))
     return y.reshape(*x.shape[:-1], self.features)
 
 
 class Dropout(nn.Dropout):
-  """flax's `nn.Dropout`, the same mask from the same key and the same output, with the mask passed through
-  `cpu_threefry.materialize`: on CPU-only runs a large mask (attention weights) is hashed once per step instead
-  of in both the forward and the backward loop that read it. Named `Dropout` like flax's, so a module's
-  `Dropout_N` children, and their random streams, are the same."""
+  """flax's `nn.Dropout` (the same mask from the same key, the same output, the same `Dropout_N` names and random
+  streams), its keep mask computed by the implementation `impl` names (`T5Config.dropout_impl`; kernels/)."""
+  impl: str = "auto"
 
   @nn.compact
   def __call__(self, inputs, deterministic: bool | None = None, rng=None):
@@ -84,9 +82,18 @@ class Dropout(nn.Dropout):
     shape = list(inputs.shape)
     for dim in self.broadcast_dims:
       shape[dim] = 1
-    mask = cpu_threefry.materialize(jax.random.bernoulli(rng, p=keep_prob, shape=shape))
+    mask = keep_mask(rng, keep_prob, tuple(shape), impl=self.impl)
     mask = jnp.broadcast_to(mask, inputs.shape)
     return jax.lax.select(mask, inputs / keep_prob, jnp.zeros_like(inputs))
+
+
+def keep_mask(rng: Array, keep_prob: float, shape: tuple[int, ...], impl: str = "auto") -> Array:
+  """Dropout's boolean keep mask, `jax.random.bernoulli(rng, keep_prob, shape)`; `impl` 'auto', 'xla' or 'cpu'
+  (the same bits through an unrolled hash, kernels/cpu/threefry.py)."""
+  kernels.check("dropout_impl", impl, ("cpu",))
+  reference = lambda key: jax.random.bernoulli(key, p=keep_prob, shape=shape)
+  return kernels.choose(impl, reference, {"cpu": "cpu.threefry:keep_mask"}, {"cpu": "cpu"},
+                        keep_prob=keep_prob, shape=shape)(rng)
 
 
 class Embed(nn.Module):

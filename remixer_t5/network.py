@@ -59,7 +59,7 @@ def _apply_slot(layer: nn.Module, x, factory: Factory, role: str, kv, ctx, deter
     y = mixer(y, ctx, deterministic=deterministic)
   else:
     y = mixer(y, y if kv is None else kv, ctx, deterministic=deterministic)
-  y = layers.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(y, deterministic=deterministic)
+  y = layers.Dropout(cfg.dropout_rate, broadcast_dims=(-2,), impl=cfg.dropout_impl)(y, deterministic=deterministic)
   if post:
     return layers.RMSNorm(cfg.layer_norm_epsilon, cfg.dtype, name=f"post_{name}_layer_norm")(x + y)
   return (x if residual is None else residual) + y
@@ -263,12 +263,12 @@ class Encoder(nn.Module):
     else:
       x = self.shared_embedding(tokens.astype(jnp.int32))
     x = _add_position_embeddings(self, x, pos)
-    x = layers.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
+    x = layers.Dropout(cfg.dropout_rate, broadcast_dims=(-2,), impl=cfg.dropout_impl)(x, deterministic=deterministic)
     x = layers.with_sharding_constraint(x, ("batch", "length", "embed"))
     x = _run_layers(self, EncoderLayer, dict(token_mixer=self.token_mixer, feature_mixer=self.feature_mixer),
                     cfg.num_encoder_layers, relpos, x, (ctx,), 0, deterministic)
     x = layers.RMSNorm(cfg.layer_norm_epsilon, cfg.dtype, name="encoder_norm")(x)
-    return layers.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
+    return layers.Dropout(cfg.dropout_rate, broadcast_dims=(-2,), impl=cfg.dropout_impl)(x, deterministic=deterministic)
 
 
 class Decoder(nn.Module):
@@ -320,13 +320,13 @@ class Decoder(nn.Module):
         y = _add_position_embeddings(self, y, pos[:, :y.shape[1]])
     else:
       y = _add_position_embeddings(self, y, pos)
-    y = layers.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(y, deterministic=deterministic)
+    y = layers.Dropout(cfg.dropout_rate, broadcast_dims=(-2,), impl=cfg.dropout_impl)(y, deterministic=deterministic)
     y = layers.with_sharding_constraint(y, ("batch", "length", "embed"))
     y = _run_layers(self, DecoderLayer, dict(token_mixer=self.token_mixer, cross_mixer=self.cross_mixer,
                                              feature_mixer=self.feature_mixer),
                     cfg.num_decoder_layers, relpos, y, (encoded, self_ctx, cross_ctx), 1, deterministic, decode)
     y = layers.RMSNorm(cfg.layer_norm_epsilon, cfg.dtype, name="decoder_norm")(y)
-    y = layers.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(y, deterministic=deterministic)
+    y = layers.Dropout(cfg.dropout_rate, broadcast_dims=(-2,), impl=cfg.dropout_impl)(y, deterministic=deterministic)
     # Logits in float32 whatever the activation dtype: the softmax over the vocabulary needs the range.
     logits = layers.Dense(cfg.vocab_size, ("embed", "vocab"), dtype="float32", name="logits_dense")(y)
     return layers.with_sharding_constraint(logits, ("batch", "length", "vocab"))

@@ -14,7 +14,7 @@ untimed ones, the machine (bench_env.environment(): CPU, flags, threads, commit)
 gives the median over rounds and each kernel/XLA ratio. `--config tiny` is the test's (tests/test_cpu_hypermixing.py).
 Results: docs/benchmarks.md ("HyperMixing on CPU").
 
-  REMIXER_T5_XLA_CPU=off python scripts/bench_hypermixing_cpu.py --rounds 3 [--out docs/bench_hypermixing_cpu.jsonl]
+  REMIXER_T5_XLA_CPU=off python scripts/bench_hypermixing_cpu.py --rounds 3 [--out docs/data/bench_hypermixing_cpu.jsonl]
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ load average. A summary gives each model's fused/rolled and once/fused ratios (m
 `--config tiny` (with `--unroll_min`, as its masks are small) is the test's (tests/test_cpu_threefry.py).
 Results: docs/benchmarks.md ("Dropout's random bits on CPU").
 
-  python scripts/bench_threefry_cpu.py --rounds 3 [--models t5_1_1,remixer] [--out docs/bench_threefry_cpu.jsonl]
+  python scripts/bench_threefry_cpu.py --rounds 3 [--models t5_1_1,remixer] [--out docs/data/bench_threefry_cpu.jsonl]
 """
 from __future__ import annotations
 

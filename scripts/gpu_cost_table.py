@@ -3,7 +3,7 @@
 Each cell is one `remixer-t5 compile --topology h100[x8] ... --json` (remixer_t5/aot_compile.py: XLA's CUDA
 compiler through the jax-cuda12 plugin) in its own process, one at a time: pretraining settings
 (runs/pretrain.gin: batch 128, lengths 512/114, Adafactor) with bfloat16 activations. Rows are appended to
-docs/gpu_cost_table.jsonl (an interrupted run resumes); `--render` writes the markdown table into
+docs/data/gpu_cost_table.jsonl (an interrupted run resumes); `--render` writes the markdown table into
 docs/benchmarks.md between its markers. Every row records the commit and any uncommitted model files.
 
 Run with the venv that has the plugin (`make gpu-compile-env`):
@@ -24,7 +24,7 @@ from pathlib import Path
 from tpu_cost_table import git_state  # scripts/: the same commit record as the TPU table's rows
 
 ROOT = Path(__file__).resolve().parents[1]
-JSONL = ROOT / "docs" / "gpu_cost_table.jsonl"
+JSONL = ROOT / "docs" / "data" / "gpu_cost_table.jsonl"
 DOC = ROOT / "docs" / "benchmarks.md"
 START, END = "<!-- gpu-cost-table:start -->", "<!-- gpu-cost-table:end -->"
 

@@ -3,8 +3,9 @@
 Each cell is one `remixer-t5 compile ... --json` (remixer_t5/aot_compile.py) in its own process, run one at a
 time (a base-size compile takes minutes and 7-9 GiB of RAM on a CPU): pretraining settings (runs/pretrain.gin:
 batch 128, lengths 512/114, Adafactor) with bfloat16 activations, for each model, slice, rule set and memory
-variant. Results are appended as JSON lines to docs/tpu_cost_table.jsonl, so an interrupted run resumes where it
-stopped; `--render` writes the markdown table into docs/benchmarks.md between its markers. Every row records
+variant. Results are appended as JSON lines to docs/data/tpu_cost_table.jsonl, so an interrupted run resumes where
+it stopped; `--render` writes the summary (the fastest fitting setting per model and slice) into docs/benchmarks.md
+between its markers and every cell into docs/data/tpu_cost_table.md. Every row records
 the git commit it was measured at and which model files had uncommitted changes then.
 
   nice -n 19 python scripts/tpu_cost_table.py            # measure what is missing, v3-32 first, then render
@@ -24,8 +25,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-JSONL = ROOT / "docs" / "tpu_cost_table.jsonl"
+JSONL = ROOT / "docs" / "data" / "tpu_cost_table.jsonl"
 DOC = ROOT / "docs" / "benchmarks.md"
+CELLS_DOC = ROOT / "docs" / "data" / "tpu_cost_table.md"  # every cell; DOC holds the summary
 START, END = "<!-- tpu-cost-table:start -->", "<!-- tpu-cost-table:end -->"
 
 # name -> (gin file, label, the Remixer paper's Table 1 steps/s on 16 v3 chips, or None)
@@ -241,8 +243,18 @@ def summary(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
+CELLS_HEAD = """# TPU cost table: every cell
+
+Written by `python scripts/tpu_cost_table.py --render` from `tpu_cost_table.jsonl` (beside this page); the columns
+and the settings are explained in [Benchmarks](../benchmarks.md#tpu-compiled-without-a-tpu), which shows the fastest
+fitting setting per model and slice.
+
+"""
+
+
 def write_doc(rows: list[dict]) -> None:
-  table = render(rows) + "\n\n" + summary(rows)
+  CELLS_DOC.write_text(CELLS_HEAD + render(rows) + "\n")
+  table = summary(rows)
   text = DOC.read_text()
   if START not in text:
     raise SystemExit(f"{DOC} has no {START} marker: add the section first")
@@ -253,7 +265,7 @@ def write_doc(rows: list[dict]) -> None:
 
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--render", action="store_true", help="only render docs/benchmarks.md from the JSON lines")
+  p.add_argument("--render", action="store_true", help="only render docs/benchmarks.md and docs/data/tpu_cost_table.md from the JSON lines")
   p.add_argument("--redo", nargs="*", default=[], help="model names whose rows are measured again")
   p.add_argument("--again", nargs="*", default=[], help="model names measured again first (their rows stay "
                  "until the new ones land; the newest row of a cell is the one rendered)")

@@ -14,16 +14,11 @@ import pytest
 # load libtpu (it allows one process at a time unless told otherwise).
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-# The CLI's host allocator policy keeps a process's heap at its peak (host_memory.py); a pytest worker runs
+# The CLI's host allocator policy keeps a process's heap at its peak (runtime.py; it changes no program, only
+# where XLA's scratch lives); a pytest worker runs
 # hundreds of CLI calls in-process and would keep the largest one's memory (5-6 GiB per worker seen). Tests of
 # the policy set $REMIXER_T5_HOST_MALLOC themselves.
 os.environ.setdefault("REMIXER_T5_HOST_MALLOC", "off")
-# The CLI sends Dense's products to MKL when the venv has it (cpu_blas.py; the test extra installs it): the suite
-# runs XLA's own dots, as a default install does, and tests/test_cpu_blas.py turns MKL on where it checks it.
-os.environ.setdefault("REMIXER_T5_CPU_BLAS", "off")
-# Likewise causal HyperMixing's fused C++ loop (cpu_hypermixing.py, on by default for CLI runs on a CPU): the suite
-# checks the layer's scan, and tests/test_cpu_hypermixing.py checks the loop against it.
-os.environ.setdefault("REMIXER_T5_CPU_HYPERMIXING", "off")
 # The suite's programs are compiled with LLVM at -O0 and XLA:CPU's older elemental emitter in place of its MLIR
 # fusion emitters (XLA's HLO passes are unchanged, so are the programs' results up to floating-point
 # contraction): most test time is compiling hundreds of distinct small programs, which run a few steps each. -O0

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from remixer_t5 import bench, checkpoints, cli, host_memory, models, plots
+from remixer_t5 import bench, checkpoints, cli, runtime, models, plots
 from remixer_t5.mixers import base
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -88,10 +88,10 @@ def test_cli_bench_json_lines_and_plot(tmp_path, capsys):
                                                        ("attention", 32), ("attention", 64)]
   assert all(r["ms"] > 0 and r["flops"] > 0 for r in rows)
   assert err.count("bench ") == 4  # one progress line per measurement
-  # The CLI applies the host allocator policy on glibc CPU hosts (host_memory.py), and the rows say so.
-  mode = os.environ.get(host_memory.ENV, "auto")
-  wanted = mode == "on" or (mode == "auto" and host_memory.jax_runs_on_cpu_only())
-  expected = wanted and host_memory._glibc() is not None
+  # The CLI applies the host allocator policy on glibc CPU hosts (runtime.py), and the rows say so.
+  mode = os.environ.get(runtime.ENV, "auto")
+  wanted = mode == "on" or (mode == "auto" and runtime.jax_runs_on_cpu_only())
+  expected = wanted and runtime._glibc() is not None
   assert all(r["host_malloc"] is expected for r in rows) and ("host allocator" in err) is expected
   assert _is_png(tmp_path / "mixing_bench.png") and str(tmp_path / "mixing_bench.png") in err
 

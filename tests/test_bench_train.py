@@ -211,9 +211,9 @@ def test_cores_env_pins_the_cli_before_its_thread_pools_start(tmp_path):
 
 def test_cores_env_refuses_cores_this_process_may_not_use():
   from remixer_t5 import xla_cpu
-  assert xla_cpu.pin_from_env({}) is None and xla_cpu.pin_from_env({"REMIXER_T5_CPUS": " "}) is None
+  assert runtime.pin_from_env({}) is None and runtime.pin_from_env({"REMIXER_T5_CPUS": " "}) is None
   with pytest.raises(ValueError, match=r"\$REMIXER_T5_CPUS='100000': this process may use cores"):
-    xla_cpu.pin_from_env({"REMIXER_T5_CPUS": "100000"})
+    runtime.pin_from_env({"REMIXER_T5_CPUS": "100000"})
 
 
 def test_set_xla_flags_defaults_to_the_cli_flag_and_keeps_a_chosen_platform(monkeypatch):

@@ -206,7 +206,7 @@ class GatedMlpBlock(nn.Module):
     if attn:
       gate = gate + self._tiny_attention(q, k, v, visible, half)
     y = z1 * gate
-    y = layers.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(y, deterministic=deterministic)
+    y = layers.Dropout(cfg.dropout_rate, broadcast_dims=(-2,), impl=cfg.dropout_impl)(y, deterministic=deterministic)
     y = layers.with_sharding_constraint(y, ("batch", "length", "mlp"))
     return layers.Dense(x.shape[-1], ("mlp", "embed"), dtype=cfg.dtype, name="proj_out")(y)
 

@@ -16,14 +16,14 @@ Beyond the paper (which leaves decoders to future work): a causal form out_i = W
 i.e. the full formula applied to every prefix. Its hidden state Σ_{j<=i} W1[j]^T x_j is a d'×d matrix per query
 (the GELU sits between the two sums, so nothing factors as in linear attention); a lax.scan over chunks of
 `chunk_size` positions carries that running sum and inside a chunk uses the masked lower-triangular sum, so
-memory is O(chunk × d' × d) (the chunk body is rematerialised for the gradient); on CPU-only runs the CLI
-swaps in a fused C++ loop that keeps one running state per sequence in cache (cpu_hypermixing.py, the same
-function, 3.5x faster at COGS's shapes), and in programs lowered for GPUs a Pallas kernel that keeps each tile
-of the state on chip (gpu_hypermixing.py). Decoding caches the running sum. Packed rows: the causal scan restarts the sum where the segment id changes (exact for contiguous
+memory is O(chunk × d' × d) (the chunk body is rematerialised for the gradient). Faster kernels of the same
+function are named implementations (`impl`, kernels/__init__.py): a fused C++ loop on CPUs that keeps one running
+state per sequence in cache (kernels/cpu/hypermixing.py), a Pallas kernel on GPUs that keeps each tile of the
+state on chip (kernels/gpu/hypermixing.py). Decoding caches the running sum. Packed rows: the causal scan restarts the sum where the segment id changes (exact for contiguous
 segments, as seqio packs them); the non-causal form (self or cross) computes one hidden state per segment id,
 `segment_block` ids at a time, skipping blocks above the batch's largest id, so its cost grows with the
-number of packed examples per row, not with the length squared (on CPU-only runs a C++ loop gives each
-(row, id) its own state and queries instead: cpu_hypermixing.py).
+number of packed examples per row, not with the length squared (the `cpu` implementation gives each (row, id)
+its own state and queries instead).
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from remixer_t5 import cpu_hypermixing, gpu_hypermixing, layers
+from remixer_t5 import kernels, layers
 from remixer_t5.mixers import base
 
 from remixer_t5.config import T5Config
@@ -123,10 +123,12 @@ class HyperMixing(nn.Module):
     chunk_size: positions per step of the causal scan. The chunk's states take batch × chunk × d' × d floats
       and its masked sum batch × length × (chunk + 1) × d' × d multiply-adds (the carried sum is one more key
       row), so small chunks are cheaper in both: at base size (d' 2048, d 768, 114 decoder positions, batch 4
-      per core) a layer's gradient needed 9.1 GiB of temporaries at 64 and 1.5 GiB at 8 (fa49a5d, before the
-      carried row joined the chunk's matmul).
+      per core) a layer's gradient needs several times the temporaries at 64 than at 8.
     segment_block: segment ids handled per step of the packed non-causal form (a step costs about
       segment_block times an unpacked pass; steps above the batch's largest segment id are skipped).
+    impl: which implementation computes the causal and the packed non-causal forms (kernels/__init__.py):
+      'auto' (by the platform the program is lowered for), 'xla' (the scan and the id blocks below), 'cpu'
+      (fused C++ loops, float32, one device) or 'pallas_gpu' (the causal form's Pallas kernel).
 
   Parameters (d = emb_dim, e = hyper_hidden_dim): per hypernetwork `wi` [d, e] ('embed','mlp'), `wi_bias` [e]
   ('mlp',), `wo` [e, d'] ('mlp','mix_hidden'), `wo_bias` [d'] ('mix_hidden',), under `hypernetwork_in` (h_1)
@@ -145,12 +147,18 @@ class HyperMixing(nn.Module):
   scale_inputs: bool = False
   chunk_size: int = 8
   segment_block: int = 4
+  impl: str = "auto"
+
+  CAUSAL_KERNELS = {"cpu": "cpu.hypermixing:causal", "pallas_gpu": "gpu.hypermixing:causal"}
+  SEGMENTED_KERNELS = {"cpu": "cpu.hypermixing:segmented"}
+  AUTO = {"cpu": "cpu", "cuda": "pallas_gpu"}
 
   @nn.compact
   def __call__(self, inputs_q: Array, inputs_kv: Array, ctx: base.MixerContext, *,
                deterministic: bool = True) -> Array:
     del deterministic  # the paper puts dropout at the layer input, which the stack owns
     cfg = self.config
+    kernels.check("HyperMixing.impl", self.impl, ("cpu", "pallas_gpu"))
     if self.position_features not in ("none", "sinusoidal"):
       raise ValueError(f"HyperMixing.position_features must be 'none' or 'sinusoidal', "
                        f"got {self.position_features!r}")
@@ -209,18 +217,10 @@ class HyperMixing(nn.Module):
     return (x.astype(f32) + sinusoidal_features(positions, x.shape[-1])).astype(self.config.dtype)
 
   def _causal(self, w1: Array, x: Array, w2: Array, mask: Array, segment_ids: Array | None) -> Array:
-    """out_i = W2[i] GELU(Σ_{j<=i, same segment} W1[j]^T x_j): on CPU-only float32 runs through the fused C++
-    loop of cpu_hypermixing.py (the same function; armed by the CLI), in programs lowered for GPUs through the
-    Pallas kernel of gpu_hypermixing.py, else the chunked scan below."""
-    scan = self._scan_causal
-    other = scan
-    if gpu_hypermixing.enabled() and not base.counting_flops():  # XLA's FLOP count cannot see into a kernel
-      other = lambda w1, x, w2, mask, seg: gpu_hypermixing.causal(w1, x, w2, mask, seg, self.length_normalize,
-                                                                  scan)
-    if cpu_hypermixing.usable(w1.dtype) and not base.counting_flops():  # as the GPU kernel, above
-      seg = jnp.zeros(mask.shape, jnp.int32) if segment_ids is None else segment_ids
-      return cpu_hypermixing.causal(w1, x, w2, mask, seg, self.length_normalize, other).astype(self.config.dtype)
-    return other(w1, x, w2, mask, segment_ids).astype(self.config.dtype)
+    """out_i = W2[i] GELU(Σ_{j<=i, same segment} W1[j]^T x_j) through the implementation `impl` chooses."""
+    fn = kernels.choose(self.impl, self._scan_causal, self.CAUSAL_KERNELS, self.AUTO,
+                        length_normalize=self.length_normalize)
+    return fn(w1, x, w2, mask, segment_ids).astype(self.config.dtype)
 
   def _scan_causal(self, w1: Array, x: Array, w2: Array, mask: Array, segment_ids: Array | None) -> Array:
     """out_i = W2[i] GELU(Σ_{j<=i, same segment} W1[j]^T x_j), chunk by chunk with a carried running sum."""
@@ -267,18 +267,11 @@ class HyperMixing(nn.Module):
     return jnp.moveaxis(out, 0, 1).reshape(b, m * c, d)[:, :n]
 
   def _segmented(self, w1: Array, x: Array, w2: Array, kv_mask: Array, q_seg: Array, kv_seg: Array) -> Array:
-    """Packed non-causal: query i reads GELU(Σ_{j real, seg_j = seg_i} W1[j]^T x_j), one state per segment id;
-    on CPU-only float32 runs through the C++ loop of cpu_hypermixing.py (armed by the CLI; each (row, id) touches
-    its own queries and keys only), else the blocks below (also on GPUs: gpu_hypermixing's packed kernel, one pass
-    over keys and queries, was 22x slower there and runs only with $REMIXER_T5_GPU_HYPERMIXING=all)."""
-    blocks = self._block_segmented
-    other = blocks
-    if gpu_hypermixing.segmented_enabled() and not base.counting_flops():
-      other = lambda *a: gpu_hypermixing.segmented(*a, self.length_normalize, blocks)
-    if cpu_hypermixing.usable(w1.dtype) and not base.counting_flops():  # as the GPU kernel, above
-      return cpu_hypermixing.segmented(w1, x, w2, kv_mask, q_seg, kv_seg, self.length_normalize,
-                                       other).astype(self.config.dtype)
-    return other(w1, x, w2, kv_mask, q_seg, kv_seg).astype(self.config.dtype)
+    """Packed non-causal: query i reads GELU(Σ_{j real, seg_j = seg_i} W1[j]^T x_j), one state per segment id,
+    through the implementation `impl` chooses (the id blocks below on every platform but a CPU's `cpu`)."""
+    fn = kernels.choose(self.impl, self._block_segmented, self.SEGMENTED_KERNELS, self.AUTO,
+                        length_normalize=self.length_normalize)
+    return fn(w1, x, w2, kv_mask, q_seg, kv_seg).astype(self.config.dtype)
 
   def _block_segmented(self, w1: Array, x: Array, w2: Array, kv_mask: Array, q_seg: Array, kv_seg: Array
                        ) -> Array:
@@ -289,10 +282,7 @@ class HyperMixing(nn.Module):
     a larger id has no keys or no queries, whose queries read GELU(0) = 0 as they would from a block). The
     gradient is a loop of the same length that recomputes each step's block and adds its cotangents
     (`custom_vjp`: XLA cannot differentiate a loop of data-dependent length, and the recomputation keeps
-    nothing per step). Before, a fixed-length scan of min(q_len, kv_len) / segment_block steps skipped the
-    unused ones in a `lax.cond`, and the skipped steps still cost most of the time: on one H200 a base-size
-    encoder layer's forward + backward took 247 ms with 1 segment a row against 1.4 ms unpacked
-    (docs/benchmarks.md, fourth GPU measurement).
+    nothing per step). A fixed-length scan whose unused steps sit in a `lax.cond` still pays for most of them.
     """
     b, nq, h = w2.shape
     d = x.shape[-1]

@@ -119,7 +119,7 @@ class TokenMixingMlp(nn.Module):
     # Zeroed padding meets the first n rows of W1 only, so it adds nothing to the hidden units.
     x = x.astype(dt) * ctx.q_mask[:, :, None].astype(dt)
     h = jnp.einsum("bnd,nk->bkd", x, w1[:n].astype(dt)) + b1.astype(dt)[:, None]
-    h = layers.Dropout(cfg.dropout_rate)(_gelu(h), deterministic=deterministic)
+    h = layers.Dropout(cfg.dropout_rate, impl=cfg.dropout_impl)(_gelu(h), deterministic=deterministic)
     return jnp.einsum("bkd,kn->bnd", h, w2[:, :n].astype(dt)) + b2[:n].astype(dt)[:, None]
 
   def _window_params(self):
@@ -143,7 +143,7 @@ class TokenMixingMlp(nn.Module):
     dt = self.config.dtype
     w1, b1, w2 = self._window_params()
     h = _window_product(windows.astype(dt), w1.astype(dt)) + b1.astype(dt)
-    h = layers.Dropout(self.config.dropout_rate)(_gelu(h), deterministic=deterministic)
+    h = layers.Dropout(self.config.dropout_rate, impl=self.config.dropout_impl)(_gelu(h), deterministic=deterministic)
     return jnp.swapaxes(jnp.einsum("bdnk,k->bdn", h, w2.astype(dt)), 1, 2)
 
   def _windowed(self, x: Array, mask: Array, segment_ids: Array | None, deterministic: bool) -> Array:

@@ -107,7 +107,7 @@ class RemixerBlock(nn.Module):
 
     if ctx.decode and self.has_variable("cache", "cached_glu"):
       weights, values = self._decode_step(h, xp)
-      weights = layers.Dropout(self.remix_dropout)(weights, deterministic=deterministic)
+      weights = layers.Dropout(self.remix_dropout, impl=cfg.dropout_impl)(weights, deterministic=deterministic)
       xs = jnp.einsum("bqk,bkw->bqw", weights.astype(cfg.dtype), values.astype(cfg.dtype))
     else:
       base.check_length(x.shape[1], self.max_length, "RemixerBlock")
@@ -121,7 +121,7 @@ class RemixerBlock(nn.Module):
       xc = a * (xs * xp) + (1 - a) * (xp - xs)
     else:
       xc = xs
-    drop = lambda y: layers.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(y, deterministic=deterministic)
+    drop = lambda y: layers.Dropout(cfg.dropout_rate, broadcast_dims=(-2,), impl=cfg.dropout_impl)(y, deterministic=deterministic)
     if self.width == "model":
       return dense(x.shape[-1], ("mlp", "embed"), "wo")(drop(xc)) + xp
     return dense(x.shape[-1], ("mlp", "embed"), "wo")(drop(xc + xp))
@@ -165,7 +165,7 @@ class RemixerBlock(nn.Module):
     p = jnp.where(mask, base.slice_gather(_row_exp(h), pos).astype(cfg.dtype), 0)             # [b, L, L]
     denom = jnp.sum(p.astype(jnp.float32), axis=-1)
     # Dropping entries before normalising equals dropping them after: the denominators stay undropped.
-    p = layers.Dropout(self.remix_dropout)(p, deterministic=deterministic)
+    p = layers.Dropout(self.remix_dropout, impl=cfg.dropout_impl)(p, deterministic=deterministic)
     numer = jnp.einsum("bqk,bkw->bqw", p, xp.astype(cfg.dtype))
     scale = jnp.where(denom > 0, 1.0 / jnp.where(denom > 0, denom, 1.0), 0.0)
     return numer * scale[:, :, None].astype(cfg.dtype)

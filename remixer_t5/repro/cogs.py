@@ -231,7 +231,7 @@ def _run_child(cmd: list[str], log_path: Path, cpus: Sequence[int] | None, progr
   with open(log_path, "a") as log:
     log.write("$ " + " ".join(cmd) + "\n")  # a pinned child logs its own cores (the CLI's 'cores:' line)
     log.flush()
-    env = {**os.environ, xla_cpu.CPUS_ENV: ",".join(map(str, cpus))} if cpus else os.environ
+    env = {**os.environ, runtime.CPUS_ENV: ",".join(map(str, cpus))} if cpus else os.environ
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     _CHILDREN.add(proc)
     try:

@@ -15,19 +15,17 @@ queries only; the file's header has the equations. At COGS's shapes a causal lay
 80 ms against the scan's 274, and the packed train step 0.26 s against 0.86 (docs/benchmarks.md, "HyperMixing
 on CPU"; scripts/bench_hypermixing_cpu.py).
 
-How: the handlers are compiled on first use (cpu_ffi.py: the system's C++ compiler, `-O3 -march=native`,
+How: the handlers are compiled on first use (ffi.py: the system's C++ compiler, `-O3 -march=native`,
 cached under `$REMIXER_T5_CACHE_DIR/cpu_hypermixing/`) and registered as four custom calls on CPU
 (`remixer_hypermixing_{causal,segmented}` and their `_grad`s). `causal(...)` and `segmented(...)` are
-`custom_vjp`s over them, behind `lax.platform_dependent`: a program lowered for TPU or GPU (`remixer-t5
-compile`) keeps the layer's XLA forms. Work (sequences; (row, id) groups) is shared out over XLA's intra-op
+`custom_vjp`s over them. Work (sequences; (row, id) groups) is shared out over XLA's intra-op
 threads.
 
-When: `configure()` is called by the CLI for train, eval, bench and repro, and arms the route only when JAX will
-run on CPU alone; `$REMIXER_T5_CPU_HYPERMIXING` = `auto` (default: the kernels when they build, else XLA's
-forms, saying why in one line), `on` (the kernels, or an error saying why not) or `off`. They are built the
-first time a HyperMixing layer needs them (a T5 run never builds them), and used only for float32 in a process
-with one JAX device (a custom call cannot be partitioned over a mesh). Unpacked non-causal mixing (two
-einsums) and decoding (one position added to a cached state) keep XLA's forms.
+When: `causal` and `segmented` are the `cpu` implementation of `HyperMixing.impl` (kernels/__init__.py: `auto`
+takes them in programs lowered for CPUs). They are built the first time a program needs them, and run float32
+in a process with one JAX device (a custom call cannot be partitioned over a mesh); otherwise, or where the C++
+does not build, the layer's XLA forms run. Unpacked non-causal mixing (two einsums) and decoding (one position
+added to a cached state) are XLA's forms everywhere.
 
 Numerics: the same sums in another order, and the GELU's Φ from Abramowitz & Stegun 7.1.26 (|error| ≤ 1.5e-7
 in erf) instead of XLA's erf: outputs and gradients within ~1e-6 of XLA's forms, relative to their largest
@@ -40,22 +38,15 @@ from __future__ import annotations
 import platform
 from typing import Callable, MutableMapping
 
-from remixer_t5 import cpu_ffi
+from remixer_t5.kernels.cpu import ffi
 
-ENV = "REMIXER_T5_CPU_HYPERMIXING"
-MODES = ("auto", "on", "off")
-DEFAULT_MODE = "auto"
-SOURCE = cpu_ffi.CSRC / "hypermixing.cc"
+SOURCE = ffi.CSRC / "hypermixing.cc"
 FORWARD, BACKWARD = "remixer_hypermixing_causal", "remixer_hypermixing_causal_grad"
 SEGMENTED, SEGMENTED_GRAD = "remixer_hypermixing_segmented", "remixer_hypermixing_segmented_grad"
 # States saved for the backward pass every BLOCK positions; the backward recomputes a block's states from
 # there (BLOCK × d' × d floats a thread, 1.2 MB at COGS's d' 288, d 128).
 BLOCK = 8
 
-armed = False  # configure() allows the kernels; they are built when first needed
-mode = "off"
-_log: Callable[[str], None] | None = None
-_environ: MutableMapping[str, str] | None = None
 _state: dict = {}  # 'registered': True, or 'failed': the reason
 
 
@@ -72,49 +63,24 @@ def flags() -> tuple[str, ...]:
 
 def build(environ: MutableMapping[str, str] | None = None, log: Callable[[str], None] | None = None,
           out_dir=None):
-  return cpu_ffi.build(SOURCE, "cpu_hypermixing", flags(), environ, log, out_dir, what="HyperMixing")
-
-
-def configure(log: Callable[[str], None] | None = None, environ: MutableMapping[str, str] | None = None,
-              cpu_only: bool | None = None) -> bool:
-  """Arms the kernel when wanted (module docstring); returns whether it did. ValueError for a bad mode."""
-  global armed, mode, _log, _environ
-  chosen = cpu_ffi.wanted_mode(ENV, MODES, DEFAULT_MODE, environ, cpu_only)
-  if chosen is None:
-    return False
-  armed, mode, _log, _environ = True, chosen, log, environ
-  return True
-
-
-def _register() -> bool:
-  """Builds and registers the handlers once per process; False (after one line, in `auto`) if that fails."""
-  if _state.get("registered"):
-    return True
-
-  def failed(why: str) -> None:
-    if mode == "on":
-      raise ValueError(f"${ENV}=on: {why}") from None
-    if _log:
-      _log(f"HyperMixing: XLA's forms ({why}); see remixer_t5/cpu_hypermixing.py")
-  targets = {FORWARD: "RemixerHyperMixingCausal", BACKWARD: "RemixerHyperMixingCausalGrad",
-             SEGMENTED: "RemixerHyperMixingSegmented", SEGMENTED_GRAD: "RemixerHyperMixingSegmentedGrad"}
-  if not cpu_ffi.register_once(_state, lambda: build(_environ, _log), targets, failed):
-    return False
-  if _log:
-    _log(f"HyperMixing: fused C++ loops on CPU (remixer_t5/cpu_hypermixing.py; ${ENV}=off for XLA's forms)")
-  return True
+  return ffi.build(SOURCE, "cpu_hypermixing", flags(), environ, log, out_dir, what="HyperMixing")
 
 
 def usable(dtype) -> bool:
-  """Whether HyperMixing of `dtype` runs through the kernels in this process (building them if needed)."""
+  """Whether HyperMixing of `dtype` can run through the kernels in this process (building them if needed)."""
   import jax
   import jax.numpy as jnp
-  return armed and jnp.dtype(dtype) == jnp.float32 and jax.device_count() == 1 and _register()
+  targets = {FORWARD: "RemixerHyperMixingCausal", BACKWARD: "RemixerHyperMixingCausalGrad",
+             SEGMENTED: "RemixerHyperMixingSegmented", SEGMENTED_GRAD: "RemixerHyperMixingSegmentedGrad"}
+  return (jnp.dtype(dtype) == jnp.float32 and jax.device_count() == 1
+          and ffi.register_once(_state, build, targets, lambda why: None))
 
 
 def describe() -> str | None:
-  """What HyperMixing's causal and segmented forms run on, for benchmark rows: None for XLA's forms."""
-  return "fused C++ loops via FFI" if armed and _state.get("registered") else None
+  """What the CPU form of HyperMixing ran, for benchmark rows: None before the kernels were registered."""
+  if _state.get("registered"):
+    return "fused C++ loops via FFI"
+  return f"XLA's forms ({_state['failed']})" if "failed" in _state else None
 
 
 def _calls(length_normalize: bool, block: int):
@@ -136,12 +102,16 @@ def _calls(length_normalize: bool, block: int):
   return forward, backward
 
 
-def causal(w1, x, w2, mask, segment_ids, length_normalize: bool, fallback: Callable, block: int = BLOCK):
+def causal(w1, x, w2, mask, segment_ids, *, reference: Callable, length_normalize: bool, block: int = BLOCK):
   """out_i = W2[i] GELU(Σ_{j<=i, same segment, real} W1[j]^T x_j (/ their count)), w1, w2 [b, n, d'], x [b, n, d],
-  mask [b, n] (1 for real keys), segment_ids [b, n]: through the kernel on CPU, `fallback(w1, x, w2, mask,
-  segment_ids)` (the scan) on any other platform."""
+  mask [b, n] (1 for real keys), segment_ids [b, n] or None: float32, through the kernel where it can run (`usable`),
+  else `reference(w1, x, w2, mask, segment_ids)` (the layer's scan)."""
   import jax
   import jax.numpy as jnp
+  if not usable(w1.dtype):
+    return reference(w1, x, w2, mask, segment_ids)
+  if segment_ids is None:
+    segment_ids = jnp.zeros(mask.shape, jnp.int32)
   forward, backward = _calls(length_normalize, block)
   f32 = lambda a: a.astype(jnp.float32)
 
@@ -160,16 +130,19 @@ def causal(w1, x, w2, mask, segment_ids, length_normalize: bool, fallback: Calla
 
   kernel.defvjp(kernel_fwd, kernel_bwd)
   seg = jnp.asarray(segment_ids, jnp.int32)
-  return jax.lax.platform_dependent(f32(w1), f32(x), f32(w2), f32(mask), seg, cpu=kernel, default=fallback)
+  return kernel(f32(w1), f32(x), f32(w2), f32(mask), seg)
 
 
-def segmented(w1, x, w2, mask, q_segment_ids, kv_segment_ids, length_normalize: bool, fallback: Callable):
+def segmented(w1, x, w2, mask, q_segment_ids, kv_segment_ids, *, reference: Callable, length_normalize: bool):
   """Packed non-causal HyperMixing: out_i = W2[i] GELU(Σ_{j real, kv_seg_j = q_seg_i} W1[j]^T x_j (/ their
   count)) for queries of id >= 1 (0 for padding), w1 [b, nk, d'], x [b, nk, d], w2 [b, nq, d'], mask [b, nk]:
-  through the kernel on CPU, `fallback(w1, x, w2, mask, q_segment_ids, kv_segment_ids)` elsewhere."""
+  float32, through the kernel where it can run (`usable`), else `reference(w1, x, w2, mask, q_segment_ids,
+  kv_segment_ids)`."""
   import jax
   import jax.numpy as jnp
   import numpy as np
+  if not usable(w1.dtype):
+    return reference(w1, x, w2, mask, q_segment_ids, kv_segment_ids)
   attrs = dict(length_normalize=np.int64(length_normalize))
   f32 = lambda a: a.astype(jnp.float32)
 
@@ -193,5 +166,4 @@ def segmented(w1, x, w2, mask, q_segment_ids, kv_segment_ids, length_normalize: 
 
   kernel.defvjp(kernel_fwd, kernel_bwd)
   q_seg, kv_seg = jnp.asarray(q_segment_ids, jnp.int32), jnp.asarray(kv_segment_ids, jnp.int32)
-  return jax.lax.platform_dependent(f32(w1), f32(x), f32(w2), f32(mask), q_seg, kv_seg, cpu=kernel,
-                                    default=fallback)
+  return kernel(f32(w1), f32(x), f32(w2), f32(mask), q_seg, kv_seg)

@@ -4,7 +4,7 @@ The function is `mixers/hypermixer.py`'s causal form, out_i = W2[i] GELU(Σ_{j<=
 (/ their count)) (the module docstring there; HyperMixer, Mai et al. 2023, §2.3, applied to every prefix). XLA's
 form (`HyperMixing._scan_causal`) writes every position's d'×d state to memory: at base size (d' 2048, d 768,
 114 decoder positions) that is ~0.5 TB of traffic per decoder layer and batch of 128, forward alone, and on one
-H200 HyperMixer-base took more than 10 s a step (docs/benchmarks.md, third GPU measurement). Here each Triton
+H200 HyperMixer-base took more than 10 s a step (docs/benchmarks.md). Here each Triton
 program owns one (sequence, d'-block, d-block) tile of the state and walks the positions in order, so the
 state never leaves the chip; what it writes is each position's partial output, summed over the d'-blocks after.
 
@@ -21,63 +21,29 @@ Over one segment of 1024 positions the gradients stay within 2e-5 of a materiali
 (tests/test_gpu_hypermixing.py).
 GELU's Φ and φ come from one exp (Abramowitz & Stegun 7.1.26, |error in erf| <= 1.5e-7, as csrc/hypermixing.cc).
 
-`causal` puts the kernel behind `lax.platform_dependent(cuda=...)`, so programs lowered for CPU or TPU never see
-it (they keep `fallback`). `$REMIXER_T5_GPU_HYPERMIXING=off` keeps XLA's form on GPUs too.
-
-The packed non-causal form (`segmented_kernel`) is a second pair of kernels: each program sums a segment's keys
-in one pass and writes that segment's queries once, at its last key. It is used only with
-`$REMIXER_T5_GPU_HYPERMIXING=all`: on an H200 one base-size layer (forward + backward) took 129 ms through it and
-5.8 ms through XLA's id-block loop (`HyperMixing._block_segmented`), whose data-dependent trip count came after
-the kernel was written; HyperMixer-base's step went from 11.7 s to 2.1 s without it (docs/benchmarks.md, fifth
-GPU measurement). Its likely cost is the partial sums' traffic below, the same for any number of segments.
+`causal` is the `pallas_gpu` implementation of `HyperMixing.impl` (kernels/__init__.py: `auto` takes it in
+programs lowered for CUDA GPUs). The packed non-causal form keeps XLA's id-block loop on GPUs
+(`HyperMixing._block_segmented`), which timed faster there than a one-pass kernel (docs/benchmarks.md).
 
 Memory: each call writes one float32 partial output per d'-block, summed after (no atomics, so the sums are
-deterministic): d'/16 x batch x length x d floats for the causal form (1.4 GB for a microbatch of 32 at base
-size, 114 positions), d'/64 x ... for the packed form. It grows with the length: `remixer-t5 compile --topology
+deterministic): d'/16 x batch x length x d floats (1.4 GB for a microbatch of 32 at base size, 114
+positions). It grows with the length: `remixer-t5 compile --topology
 h100` counts it, and grouping d'-blocks per program would cut it (not done: it needs a GPU to tune).
-Under a mesh the kernels run per batch shard (`_per_batch_shard`): XLA does not partition a custom call.
+Under a mesh the kernel runs per batch shard (`_per_batch_shard`): XLA does not partition a custom call.
 """
 from __future__ import annotations
 
 import functools
 import math
-import os
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 
-ENV = "REMIXER_T5_GPU_HYPERMIXING"
 BLOCK_H = 16  # d' rows of the causal state tile (a power of 2: Triton's tensors) and its d columns: 16 x 64 with
-BLOCK_D = 64  # 2 warps timed fastest of the 8 tiles tried on an H200 (docs/benchmarks.md, fourth GPU measurement)
+BLOCK_D = 64  # 2 warps timed fastest of the 8 tiles tried on an H200 (docs/benchmarks.md)
 WARPS = 2
-# The packed non-causal form evaluates GELU once per segment, not per position, so its time is the partial sums'
-# traffic (one [b, n, d] float32 partial output per d'-block): larger d'-blocks, fewer partials. Timed at 64 only.
-SEGMENTED_BLOCK_H = 64
 f32 = jnp.float32
-
-
-def mode(environ=None) -> str:
-  """$REMIXER_T5_GPU_HYPERMIXING: `on` (default: the causal kernel), `all` (also the packed kernel) or `off`."""
-  value = (os.environ if environ is None else environ).get(ENV, "on").strip().lower() or "on"
-  if value not in ("on", "all", "off"):
-    raise ValueError(f"${ENV}={value!r}: expected on, all or off")
-  return value
-
-
-def enabled(environ=None) -> bool:
-  """Whether programs lowered for GPUs use the causal kernel (mode `on` or `all`)."""
-  return mode(environ) != "off"
-
-
-def segmented_enabled(environ=None) -> bool:
-  """Whether programs lowered for GPUs use the packed non-causal kernel (mode `all` only)."""
-  return mode(environ) == "all"
-
-
-def describe(environ=None) -> str | None:
-  """What GPU programs lowered now run HyperMixing through, for benchmark rows (bench_env)."""
-  return {"on": "Pallas kernel: causal", "all": "Pallas kernels: causal and packed", "off": None}[mode(environ)]
 
 
 def _half_erfc(a):
@@ -146,75 +112,6 @@ def _backward_kernel(w1_ref, x_ref, w2_ref, seg_ref, scale_ref, start_ref, g_ref
     return state, adj
 
   jax.lax.fori_loop(0, n, body, (zero, zero))
-
-
-def _clear_rows(ref, n: int):
-  """Zero rows 0..n-1 of `ref` (rows no segment writes: queries of an id without keys read GELU(0) = 0)."""
-  zero = jnp.zeros((ref.shape[-1],), f32)
-
-  def clear(i, carry):
-    ref[i, :] = zero
-    return carry
-
-  jax.lax.fori_loop(0, n, clear, 0)
-
-
-def _each_segment(w1_ref, x_ref, seg_ref, nk: int, at_end):
-  """Sum each run of keys' outer products W1[j] ⊗ x_j; at the run's last key j call `at_end(j, sum)` once."""
-  def body(j, state):
-    state = state + _outer(w1_ref, x_ref, j)
-    last = _run_ends(seg_ref, j, nk)
-
-    def once(_, carry):
-      at_end(j, state)
-      return carry
-
-    jax.lax.fori_loop(0, last, once, 0)  # a loop of 0 or 1 trips: Triton's branch
-    return state * (1 - last).astype(f32)
-
-  jax.lax.fori_loop(0, nk, body, jnp.zeros((w1_ref.shape[-1], x_ref.shape[-1]), f32))
-
-
-def _segmented_forward_kernel(w1_ref, x_ref, w2_ref, seg_ref, scale_ref, qlo_ref, qhi_ref, out_ref, *, nk: int,
-                              nq: int):
-  _clear_rows(out_ref, nq)
-
-  def at_end(j, state):  # the run's queries read GELU of the run's sum
-    act, _ = gelu_and_grad(state * scale_ref[j])
-
-    def write(i, c):
-      out_ref[i, :] = jnp.sum(w2_ref[i, :].astype(f32)[:, None] * act, axis=0)
-      return c
-
-    jax.lax.fori_loop(qlo_ref[j], qhi_ref[j], write, 0)
-
-  _each_segment(w1_ref, x_ref, seg_ref, nk, at_end)
-
-
-def _segmented_backward_kernel(w1_ref, x_ref, w2_ref, seg_ref, scale_ref, qlo_ref, qhi_ref, start_ref, g_ref,
-                               dw1_ref, dx_ref, dw2_ref, *, nk: int, nq: int):
-  _clear_rows(dw2_ref, nq)
-  zero = jnp.zeros((w1_ref.shape[-1], x_ref.shape[-1]), f32)
-
-  def at_end(j, state):
-    scale = scale_ref[j]
-    act, slope = gelu_and_grad(state * scale)
-
-    def read(i, gsum):  # dW2 of each query, and Σ_i W2[i] ⊗ g_i over the run's queries
-      g = g_ref[i, :].astype(f32)
-      dw2_ref[i, :] = jnp.sum(act * g[None, :], axis=1)
-      return gsum + w2_ref[i, :].astype(f32)[:, None] * g[None, :]
-
-    adj = jax.lax.fori_loop(qlo_ref[j], qhi_ref[j], read, zero) * slope * scale
-
-    def spread(k, c):  # every key of the run: dW1[k] = adj x_k, dx_k = adj^T W1[k]
-      dw1_ref[k, :] = jnp.sum(adj * x_ref[k, :].astype(f32)[None, :], axis=1)
-      dx_ref[k, :] = jnp.sum(adj * w1_ref[k, :].astype(f32)[:, None], axis=0)
-      return c
-
-    jax.lax.fori_loop(start_ref[j], j + 1, spread, 0)
-
-  _each_segment(w1_ref, x_ref, seg_ref, nk, at_end)
 
 
 def _segment_starts_and_scale(mask, seg, length_normalize: bool):
@@ -296,41 +193,6 @@ def _differentiable(kernels, name: str, w1, x, w2, aux: tuple, forward_aux: int,
   return run(w1, x, w2, *aux)
 
 
-def _query_ranges(q_seg, kv_seg):
-  """For each key, the range [lo, hi) of the queries with its segment id (empty when there are none, and for
-  padding, id 0: its queries read 0 and its keys get no gradient, as in XLA's form)."""
-  nq = q_seg.shape[1]
-  same = q_seg[:, None, :] == kv_seg[:, :, None]  # [b, nk, nq]
-  has = same.any(-1) & (kv_seg > 0)
-  lo = jnp.argmax(same, axis=-1).astype(jnp.int32)
-  hi = (nq - jnp.argmax(same[:, :, ::-1], axis=-1)).astype(jnp.int32)
-  return jnp.where(has, lo, 0), jnp.where(has, hi, 0)
-
-
-def segmented_kernel(w1, x, w2, mask, q_segment_ids, kv_segment_ids, length_normalize: bool, *,
-                     block_h: int = SEGMENTED_BLOCK_H, block_d: int = BLOCK_D, num_warps: tuple[int, int] = (4, 4),
-                     interpret: bool = False):
-  """Packed non-causal HyperMixing through the kernels (with their gradient): query i reads GELU of the sum over
-  the keys of its segment, w1 [b, nk, d'] (masked), x [b, nk, d], w2 [b, nq, d'], mask [b, nk], segment ids
-  [b, nq] and [b, nk] (0 for padding); float32 [b, nq, d]. Each program sums a segment's keys in one pass and
-  writes its queries once, at the segment's last key, so the cost is one pass over keys and queries whatever the
-  number of segments. Segments must be contiguous on both sides (as seqio packs them)."""
-  q_seg, kv_seg = jnp.asarray(q_segment_ids, jnp.int32), jnp.asarray(kv_segment_ids, jnp.int32)
-  start, scale = _segment_starts_and_scale(mask.astype(f32), kv_seg, length_normalize)
-  lo, hi = _query_ranges(q_seg, kv_seg)
-  return _differentiable((_segmented_forward_kernel, _segmented_backward_kernel), "hypermixing_segmented", w1, x,
-                         w2, (kv_seg, scale, lo, hi, start), 4, block_h, block_d, num_warps, interpret)
-
-
-def segmented(w1, x, w2, mask, q_segment_ids, kv_segment_ids, length_normalize: bool, fallback: Callable):
-  """The packed non-causal kernel where the program is lowered for a GPU (CUDA), `fallback(w1, x, w2, mask,
-  q_segment_ids, kv_segment_ids)` on every other platform; float32 output."""
-  on_gpu = _per_batch_shard(lambda *a: segmented_kernel(*a, length_normalize))
-  other = lambda *a: fallback(*a).astype(f32)
-  return jax.lax.platform_dependent(w1, x, w2, mask, jnp.asarray(q_segment_ids, jnp.int32),
-                                    jnp.asarray(kv_segment_ids, jnp.int32), cuda=on_gpu, default=other)
-
-
 def kernel(w1, x, w2, mask, segment_ids, length_normalize: bool, *, block_h: int = BLOCK_H,
            block_d: int = BLOCK_D, num_warps: tuple[int, int] = (WARPS, WARPS), interpret: bool = False):
   """The causal form through the kernels (with their gradient), for any platform Pallas lowers to: a GPU, or
@@ -369,10 +231,10 @@ def _per_batch_shard(fn: Callable) -> Callable:
   return each_shard
 
 
-def causal(w1, x, w2, mask, segment_ids, length_normalize: bool, fallback: Callable):
-  """The kernel where the program is lowered for a GPU (CUDA), `fallback(w1, x, w2, mask, segment_ids)` on
-  every other platform; float32 output."""
+def causal(w1, x, w2, mask, segment_ids, *, reference: Callable, length_normalize: bool):
+  """The causal form through the kernel, its rows split over the devices that shard the batch; float32 output.
+  Only in programs lowered for CUDA GPUs (`HyperMixing.impl`: kernels/__init__.py); `reference` is not used."""
+  del reference
   seg = jnp.zeros(mask.shape, jnp.int32) if segment_ids is None else jnp.asarray(segment_ids, jnp.int32)
   on_gpu = _per_batch_shard(lambda w1, x, w2, mask, seg: kernel(w1, x, w2, mask, seg, length_normalize))
-  other = lambda w1, x, w2, mask, seg: fallback(w1, x, w2, mask, seg).astype(f32)
-  return jax.lax.platform_dependent(w1, x, w2, mask, seg, cuda=on_gpu, default=other)
+  return on_gpu(w1, x, w2, mask, seg)

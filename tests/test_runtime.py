@@ -1,4 +1,4 @@
-"""host_memory: XLA:CPU's per-step scratch stays on the heap (no page faults per step) once configured."""
+"""runtime: XLA:CPU's per-step scratch stays on the heap (no page faults per step) once configured."""
 import json
 import os
 import subprocess
@@ -9,13 +9,13 @@ import jax
 import pytest
 from subprocess_util import xla_flags
 
-from remixer_t5 import host_memory
+from remixer_t5 import runtime
 
 # A fwd+bwd whose scratch (48 MiB) is above glibc's largest adaptive mmap threshold (32 MiB).
 _PROBE = r"""
 import json, resource, statistics, jax, jax.numpy as jnp
-from remixer_t5 import host_memory
-applied = host_memory.configure()
+from remixer_t5 import runtime
+applied = runtime.configure()
 w = jnp.eye(64) * 0.5
 def loss(x):
   for _ in range(3):
@@ -48,7 +48,7 @@ def _huge_pages_always() -> bool:
 
 
 @pytest.mark.integration
-@pytest.mark.skipif(host_memory._glibc() is None, reason="the allocator policy is for glibc (Linux) only")
+@pytest.mark.skipif(runtime._glibc() is None, reason="the allocator policy is for glibc (Linux) only")
 def test_scratch_is_not_page_faulted_in_every_step():
   on, off = _probe("on"), _probe("off")
   pages = on["temp_bytes"] / 4096
@@ -73,50 +73,50 @@ class _FakeLibc:
 
 def _fake(monkeypatch, cpu_only=True, result=1):
   libc = _FakeLibc(result)
-  monkeypatch.setattr(host_memory, "_glibc", lambda: libc)
-  monkeypatch.setattr(host_memory, "jax_runs_on_cpu_only", lambda: cpu_only)
-  monkeypatch.setattr(host_memory, "applied", False)
+  monkeypatch.setattr(runtime, "_glibc", lambda: libc)
+  monkeypatch.setattr(runtime, "jax_runs_on_cpu_only", lambda: cpu_only)
+  monkeypatch.setattr(runtime, "applied", False)
   return libc
 
 
 def test_auto_turns_mmap_chunks_and_trimming_off_with_one_arena_on_cpu(monkeypatch):
   libc = _fake(monkeypatch, cpu_only=True)
-  monkeypatch.delenv(host_memory.ENV, raising=False)
+  monkeypatch.delenv(runtime.ENV, raising=False)
   lines = []
-  assert host_memory.configure(lines.append)
+  assert runtime.configure(lines.append)
   # no mmap chunks (a threshold is an int: it cannot cover a scratch above 2 GiB), no trimming, one arena
-  assert sorted(libc.calls) == sorted([(host_memory.M_MMAP_MAX, 0), (host_memory.M_TRIM_THRESHOLD, -1),
-                                       (host_memory.M_ARENA_MAX, 1)])
-  assert host_memory.applied and "heap" in lines[0] and host_memory.ENV in lines[0]
+  assert sorted(libc.calls) == sorted([(runtime.M_MMAP_MAX, 0), (runtime.M_TRIM_THRESHOLD, -1),
+                                       (runtime.M_ARENA_MAX, 1)])
+  assert runtime.applied and "heap" in lines[0] and runtime.ENV in lines[0]
 
 
 def test_auto_leaves_accelerator_hosts_alone_and_off_wins(monkeypatch):
   libc = _fake(monkeypatch, cpu_only=False)
-  monkeypatch.setenv(host_memory.ENV, "auto")
-  assert not host_memory.configure() and libc.calls == []
-  monkeypatch.setenv(host_memory.ENV, "on")  # forced on an accelerator host
-  assert host_memory.configure() and len(libc.calls) == 3
+  monkeypatch.setenv(runtime.ENV, "auto")
+  assert not runtime.configure() and libc.calls == []
+  monkeypatch.setenv(runtime.ENV, "on")  # forced on an accelerator host
+  assert runtime.configure() and len(libc.calls) == 3
   libc = _fake(monkeypatch, cpu_only=True)
-  monkeypatch.setenv(host_memory.ENV, "off")
-  assert not host_memory.configure() and libc.calls == []
+  monkeypatch.setenv(runtime.ENV, "off")
+  assert not runtime.configure() and libc.calls == []
 
 
 def test_refused_setting_is_reported(monkeypatch):
   _fake(monkeypatch, result=0)
-  monkeypatch.setenv(host_memory.ENV, "on")
+  monkeypatch.setenv(runtime.ENV, "on")
   lines = []
-  assert not host_memory.configure(lines.append)
-  assert "refused" in lines[0] and not host_memory.applied
+  assert not runtime.configure(lines.append)
+  assert "refused" in lines[0] and not runtime.applied
 
 
 def test_not_glibc_and_bad_values(monkeypatch):
-  monkeypatch.setattr(host_memory, "_glibc", lambda: None)
-  monkeypatch.setenv(host_memory.ENV, "on")
+  monkeypatch.setattr(runtime, "_glibc", lambda: None)
+  monkeypatch.setenv(runtime.ENV, "on")
   lines = []
-  assert not host_memory.configure(lines.append) and "not glibc" in lines[0]
-  monkeypatch.setenv(host_memory.ENV, "yes please")
+  assert not runtime.configure(lines.append) and "not glibc" in lines[0]
+  monkeypatch.setenv(runtime.ENV, "yes please")
   with pytest.raises(ValueError, match=r"REMIXER_T5_HOST_MALLOC='yes please'.*'auto', 'on' or 'off'"):
-    host_memory.configure()
+    runtime.configure()
 
 
 @pytest.mark.parametrize("platforms,expected", [("cpu", True), ("cuda,cpu", False), ("tpu", False), (" cpu ", True)])
@@ -124,7 +124,7 @@ def test_jax_platforms_decides(platforms, expected):
   saved = jax.config.jax_platforms
   try:
     jax.config.update("jax_platforms", platforms)
-    assert host_memory.jax_runs_on_cpu_only() is expected
+    assert runtime.jax_runs_on_cpu_only() is expected
   finally:
     jax.config.update("jax_platforms", saved)
 
@@ -133,42 +133,42 @@ def test_without_platforms_installed_accelerator_support_decides(monkeypatch):
   saved = jax.config.jax_platforms
   try:
     jax.config.update("jax_platforms", None)
-    monkeypatch.setattr(host_memory.importlib.metadata, "entry_points", lambda group: [])
+    monkeypatch.setattr(runtime.importlib.metadata, "entry_points", lambda group: [])
     monkeypatch.setitem(sys.modules, "jax_plugins", None)  # import fails: no plugin namespace
-    monkeypatch.setattr(host_memory, "_ACCELERATOR_MODULES", ("no_such_module_remixer_t5",))
-    assert host_memory.jax_runs_on_cpu_only() is True
-    monkeypatch.setattr(host_memory, "_ACCELERATOR_MODULES", ("json",))  # stands in for an installed libtpu
-    monkeypatch.setattr(host_memory, "tpu_chips_present", lambda: True)
-    assert host_memory.jax_runs_on_cpu_only() is False
-    monkeypatch.setattr(host_memory, "tpu_chips_present", lambda: False)  # libtpu only to compile for TPUs
-    assert host_memory.jax_runs_on_cpu_only() is True
-    monkeypatch.setattr(host_memory, "_ACCELERATOR_MODULES", ("no_such_module_remixer_t5",))
-    monkeypatch.setattr(host_memory.importlib.metadata, "entry_points", lambda group: ["jax_cuda12_plugin"])
-    monkeypatch.setattr(host_memory, "tpu_chips_present", lambda: True)
-    assert host_memory.jax_runs_on_cpu_only() is False
+    monkeypatch.setattr(runtime, "_ACCELERATOR_MODULES", ("no_such_module_remixer_t5",))
+    assert runtime.jax_runs_on_cpu_only() is True
+    monkeypatch.setattr(runtime, "_ACCELERATOR_MODULES", ("json",))  # stands in for an installed libtpu
+    monkeypatch.setattr(runtime, "tpu_chips_present", lambda: True)
+    assert runtime.jax_runs_on_cpu_only() is False
+    monkeypatch.setattr(runtime, "tpu_chips_present", lambda: False)  # libtpu only to compile for TPUs
+    assert runtime.jax_runs_on_cpu_only() is True
+    monkeypatch.setattr(runtime, "_ACCELERATOR_MODULES", ("no_such_module_remixer_t5",))
+    monkeypatch.setattr(runtime.importlib.metadata, "entry_points", lambda group: ["jax_cuda12_plugin"])
+    monkeypatch.setattr(runtime, "tpu_chips_present", lambda: True)
+    assert runtime.jax_runs_on_cpu_only() is False
   finally:
     jax.config.update("jax_platforms", saved)
 
 
 def test_tpu_chips_are_found_by_their_device_files(monkeypatch, tmp_path):
   (tmp_path / "accel0").touch()
-  monkeypatch.setattr(host_memory, "_TPU_DEVICE_GLOBS", (str(tmp_path / "accel*"),))
-  assert host_memory.tpu_chips_present()
-  monkeypatch.setattr(host_memory, "_TPU_DEVICE_GLOBS", (str(tmp_path / "vfio" / "[0-9]*"),))
-  assert not host_memory.tpu_chips_present()
+  monkeypatch.setattr(runtime, "_TPU_DEVICE_GLOBS", (str(tmp_path / "accel*"),))
+  assert runtime.tpu_chips_present()
+  monkeypatch.setattr(runtime, "_TPU_DEVICE_GLOBS", (str(tmp_path / "vfio" / "[0-9]*"),))
+  assert not runtime.tpu_chips_present()
 
 
 def test_libtpu_without_chips_pins_jax_to_the_cpu(monkeypatch):
   saved = jax.config.jax_platforms
   try:
-    monkeypatch.setattr(host_memory.importlib.metadata, "entry_points", lambda group: [])
+    monkeypatch.setattr(runtime.importlib.metadata, "entry_points", lambda group: [])
     monkeypatch.setitem(sys.modules, "jax_plugins", None)
-    monkeypatch.setattr(host_memory, "_ACCELERATOR_MODULES", ("json",))  # stands in for an installed libtpu
+    monkeypatch.setattr(runtime, "_ACCELERATOR_MODULES", ("json",))  # stands in for an installed libtpu
     jax.config.update("jax_platforms", None)
-    monkeypatch.setattr(host_memory, "tpu_chips_present", lambda: True)  # a TPU VM: JAX picks the TPU itself
-    assert not host_memory.pin_cpu_without_tpu_chips() and not jax.config.jax_platforms
-    monkeypatch.setattr(host_memory, "tpu_chips_present", lambda: False)
-    assert host_memory.pin_cpu_without_tpu_chips() and jax.config.jax_platforms == "cpu"
-    assert not host_memory.pin_cpu_without_tpu_chips()  # already set: left alone
+    monkeypatch.setattr(runtime, "tpu_chips_present", lambda: True)  # a TPU VM: JAX picks the TPU itself
+    assert not runtime.pin_cpu_without_tpu_chips() and not jax.config.jax_platforms
+    monkeypatch.setattr(runtime, "tpu_chips_present", lambda: False)
+    assert runtime.pin_cpu_without_tpu_chips() and jax.config.jax_platforms == "cpu"
+    assert not runtime.pin_cpu_without_tpu_chips()  # already set: left alone
   finally:
     jax.config.update("jax_platforms", saved)

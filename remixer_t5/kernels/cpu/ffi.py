@@ -1,4 +1,4 @@
-"""Builds the C++ XLA FFI handlers of remixer_t5/csrc/ on first use (cpu_blas.py, cpu_hypermixing.py, cpu_threefry.py).
+"""Builds the C++ XLA FFI handlers of csrc/ on first use (hypermixing.py, threefry.py).
 
 A handler is compiled with the system's C++ compiler ($CXX, else c++/g++) against jaxlib's FFI headers into
 `$REMIXER_T5_CACHE_DIR/<folder>/` (default ~/.cache/remixer_t5). The library is keyed by the source and the
@@ -24,22 +24,6 @@ CSRC = Path(__file__).with_name("csrc")
 
 class Unavailable(RuntimeError):
   """A library or a handler cannot be used here; the message says why."""
-
-
-def wanted_mode(name: str, modes: Sequence[str], default: str, environ: MutableMapping[str, str] | None = None,
-                cpu_only: bool | None = None) -> str | None:
-  """The mode $name asks for (one of `modes`, `default` when unset), or None when the route stays off: the
-  mode is 'off', or JAX will not run on CPU alone. ValueError naming the variable for any other value."""
-  env = os.environ if environ is None else environ
-  mode = env.get(name, default).strip().lower() or default
-  if mode not in modes:
-    raise ValueError(f"${name}={env[name]!r}: expected one of {', '.join(modes)}")
-  if mode == "off":
-    return None
-  if cpu_only is None:
-    from remixer_t5 import host_memory
-    cpu_only = host_memory.jax_runs_on_cpu_only()
-  return mode if cpu_only else None
 
 
 def compiler(environ: MutableMapping[str, str], source: Path) -> str:

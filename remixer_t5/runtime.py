@@ -1,4 +1,10 @@
-"""Host allocator policy for CPU runs: keep XLA's large scratch buffers on the heap between steps.
+"""The process's runtime before JAX starts: which platform JAX will use, the cores, and the host allocator.
+
+- `jax_runs_on_cpu_only()` / `pin_cpu_without_tpu_chips()`: the platform, decided without starting a backend.
+- `pin_from_env()`: the cores this process runs on ($REMIXER_T5_CPUS; `repro cogs --jobs` sets it per run).
+- `configure()`: the host allocator policy for CPU runs, below.
+
+Host allocator policy for CPU runs: keep XLA's large scratch buffers on the heap between steps.
 
 XLA:CPU allocates a compiled function's scratch (activations and gradients) with malloc on every call. glibc
 serves a request above its mmap threshold (adaptive, at most 32 MiB) with a fresh mmap and unmaps it on free,
@@ -81,6 +87,33 @@ def pin_cpu_without_tpu_chips() -> bool:
   return True
 
 
+CPUS_ENV = "REMIXER_T5_CPUS"
+
+
+def pin_from_env(environ: MutableMapping[str, str] | None = None) -> list[int] | None:
+  """Pins this process to the cores listed in $REMIXER_T5_CPUS (e.g. '0,1'; `repro cogs --jobs` sets it for
+  each run) and returns them; None when it is unset or empty. Call it before anything starts a thread pool:
+  XLA's, TensorFlow's and OpenBLAS's size themselves to the cores the process may use, and threads made
+  before the call would keep every core. ValueError naming the variable for a bad list, or where cores cannot
+  be pinned (no sched_setaffinity, e.g. macOS)."""
+  env = os.environ if environ is None else environ
+  text = env.get(CPUS_ENV, "").strip()
+  if not text:
+    return None
+  try:
+    cpus = sorted({int(c) for c in text.split(",") if c.strip()})
+  except ValueError:
+    raise ValueError(f"${CPUS_ENV}={text!r}: expected comma-separated core numbers, e.g. '0,1'") from None
+  if not hasattr(os, "sched_setaffinity"):
+    raise ValueError(f"${CPUS_ENV}={text!r}: this platform cannot pin a process to cores; unset it")
+  allowed = os.sched_getaffinity(0)
+  if not cpus or not set(cpus) <= allowed:
+    raise ValueError(f"${CPUS_ENV}={text!r}: this process may use cores {sorted(allowed)}")
+  os.sched_setaffinity(0, cpus)
+  return cpus
+
+
+
 def _glibc() -> ctypes.CDLL | None:
   try:
     libc = ctypes.CDLL(None)
@@ -91,7 +124,7 @@ def _glibc() -> ctypes.CDLL | None:
     return None
 
 
-def configure(log: Callable[[str], None] | None = None) -> bool:
+def configure(log: Callable[[str], None] | None = None, verbose: bool = False) -> bool:
   """Applies the policy when it is wanted (see the module docstring); returns whether it was applied."""
   global applied
   mode = os.environ.get(ENV, "auto").strip().lower() or "auto"
@@ -101,13 +134,13 @@ def configure(log: Callable[[str], None] | None = None) -> bool:
     return False
   libc = _glibc()
   if libc is None:
-    if mode == "on" and log:
+    if mode == "on" and log:  # asked for and not applied: always said
       log(f"${ENV}=on: not applied, the C library is not glibc")
     return False
   libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
   ok = all(libc.mallopt(param, value) == 1 for param, value in SETTINGS)
   applied = applied or ok
-  if log:
+  if log and verbose:
     log("host allocator: XLA scratch kept on the heap between steps (glibc: no mmap chunks, no trimming, "
         f"one arena){'' if ok else ' -- glibc refused a setting'}; ${ENV}=off to leave malloc alone")
   return ok

@@ -1,0 +1,70 @@
+"""The seam between the model's plain-JAX operations and each platform's faster kernels.
+
+Model code (`layers.py`, `mixers/`) writes every operation in plain JAX: the paper's equation, which XLA compiles
+on every platform and which is the reference each kernel is tested against. Where a platform has a faster form
+of the same function, the operation takes a named implementation from an explicit config field, bindable in gin:
+
+| operation | field | implementations | `auto` picks |
+|---|---|---|---|
+| attention, softmax(q k^T + bias) v | `T5Config.attention_impl` | `xla`, `pallas_gpu` | `pallas_gpu` on CUDA GPUs, else `xla` |
+| HyperMixing's causal and packed forms | `HyperMixing.impl` | `xla`, `cpu`, `pallas_gpu` | `cpu` on CPUs, `pallas_gpu` (causal) on CUDA GPUs |
+| dropout's keep mask | `T5Config.dropout_impl` | `xla`, `cpu` | `cpu` on CPUs, else `xla` |
+
+`auto` resolves when the program is lowered, from the platform it is lowered for (`jax.lax.platform_dependent`):
+a program compiled on a CPU host for a TPU slice or a GPU (`remixer-t5 compile`) gets that platform's choice,
+and the same gin files give the same program from the CLI, from Python and under t5x. Nothing a command line
+sets changes the choice. Inside `flop_count.counting_model_flops()` every operation takes its XLA form, whose
+FLOPs XLA's cost analysis can count (it counts a custom call as none).
+
+Kernels live in `cpu/` (C++ through XLA's FFI), `gpu/` (Pallas, Triton) and `tpu/`, are imported only when a
+program uses them, and import nothing of the model.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Callable, Mapping
+
+from remixer_t5 import flop_count
+
+
+def load(name: str) -> Callable:
+  """A kernel by its 'module:function' name under remixer_t5/kernels/ (imported on first use)."""
+  module, function = name.split(":")
+  return getattr(importlib.import_module(f"remixer_t5.kernels.{module}"), function)
+
+
+def check(field: str, impl: str, names: tuple[str, ...]) -> None:
+  """ValueError naming the field and the choices for an unknown implementation name."""
+  if impl not in ("auto", "xla", *names):
+    raise ValueError(f"{field}={impl!r}: expected one of {('auto', 'xla', *names)}")
+
+
+def choose(impl: str, reference: Callable, kernels: Mapping[str, str], auto: Mapping[str, str],
+           **static) -> Callable:
+  """The function computing an operation with implementation `impl`.
+
+  reference: the plain-JAX form (`xla`). kernels: implementation name -> 'module:function' of a kernel called
+  as `kernel(*args, reference=reference, **static)` (it may hand back to the reference for inputs it does not
+  take, e.g. a dtype). auto: platform ('cpu', 'cuda', 'rocm', 'tpu') -> implementation name for `auto`. An
+  implementation this operation has no kernel for computes the reference.
+  """
+  if impl == "xla" or flop_count.counting():
+    return reference
+
+  def kernel(name: str) -> Callable:
+    if name not in kernels:
+      return reference
+    fn = load(kernels[name])
+    return lambda *args: fn(*args, reference=reference, **static)
+
+  if impl != "auto":
+    return kernel(impl)
+  branches = {platform: kernel(name) for platform, name in auto.items() if name in kernels}
+  if not branches:
+    return reference
+  return lambda *args: _platform_dependent(args, reference, branches)
+
+
+def _platform_dependent(args, reference, branches):
+  import jax
+  return jax.lax.platform_dependent(*args, default=reference, **branches)

@@ -1,0 +1,1 @@
+"""Kernels for TPUs: Pallas (Mosaic) kernels, used in programs lowered for TPUs."""
