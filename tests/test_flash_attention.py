@@ -1,0 +1,214 @@
+"""remixer_t5/kernels/gpu/flash_attention.py: T5's attention (relative position bias, segment ids, causal, dropout
+mask) as Pallas (Triton) flash-attention kernels, forward and gradient.
+
+The kernels run here in Pallas's interpreter (the same kernel bodies, executed by XLA:CPU) against
+`flash_attention.reference`, the plain-JAX composition: the output on real query rows and the gradients of query,
+key, value and bias, with the output's cotangent zero on padding rows (as the loss makes it). Blocks of 16 make
+several blocks out of small lengths that are not multiples of them. Programs lowered for CUDA are checked for
+the kernels' custom calls and the absence of [b, h, q, k] arrays; with XLA's CUDA compiler plugin (`make
+gpu-compile-env`, run in .venv-gpu) they are compiled for an H100 too.
+"""
+import importlib.util
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from remixer_t5.kernels.gpu import flash_attention as fa
+
+
+def segments(rng, b, n, pieces, pad):
+  """Contiguous ids 1..pieces over the first n - pad[r] positions of row r, 0 (padding) after."""
+  seg = np.zeros((b, n), np.int32)
+  for r in range(b):
+    real = n - (pad[r] if isinstance(pad, (list, tuple)) else pad)
+    ends = np.sort(rng.choice(np.arange(2, real - 1), size=pieces - 1, replace=False)) if pieces > 1 else []
+    seg[r, :real] = 1 + (np.arange(real)[None, :] >= np.asarray(ends)[:, None]).sum(0) if pieces > 1 else 1
+  return seg
+
+
+# name: (b, nq, nk, h, d, causal, bias batch (None: no bias), q pieces, q padding, kv pieces, kv padding)
+CASES = {
+    "packed": (2, 37, 37, 2, 24, False, 1, 3, 4, 3, 4),  # d 24 padded to 32 inside
+    "padded": (3, 29, 29, 2, 16, False, 1, 1, [0, 5, 11], 1, [0, 5, 11]),  # unpacked rows: 1 real, 0 padding
+    "causal": (2, 37, 37, 2, 16, True, 1, 2, 3, 2, 3),  # decoder self-attention
+    "cross": (2, 21, 45, 2, 16, False, None, 2, 3, 2, 6),  # decoder queries, encoder keys, packed, no bias
+    "head_dim_64": (2, 40, 40, 2, 64, True, 1, 2, 5, 2, 5),
+    "per_example_bias": (2, 20, 20, 2, 16, False, 2, 2, 3, 2, 3),  # a [b, h, q, k] bias: its own gradient
+}
+
+
+def make(name, dtype=jnp.float32, dropout_rate=0.0, seed=0):
+  b, nq, nk, h, d, causal, bias_batch, qp, qpad, kp, kpad = CASES[name]
+  rng = np.random.default_rng(seed)
+  q_seg = segments(rng, b, nq, qp, qpad)
+  kv_seg = q_seg if (nq == nk and qp == kp and qpad == kpad) else segments(rng, b, nk, kp, kpad)
+  normal = lambda *s: jnp.asarray(rng.normal(size=s), jnp.float32)
+  inputs = dict(query=normal(b, nq, h, d).astype(dtype), key=normal(b, nk, h, d).astype(dtype),
+                value=normal(b, nk, h, d).astype(dtype),
+                bias=None if bias_batch is None else 2 * normal(bias_batch, h, nq, nk))
+  static = dict(q_segment_ids=jnp.asarray(q_seg), kv_segment_ids=jnp.asarray(kv_seg), causal=causal, dtype=dtype,
+                dropout_rate=dropout_rate,
+                dropout_mask=jnp.asarray(rng.random((b, h, nq, nk)) >= dropout_rate) if dropout_rate else None)
+  real = (q_seg > 0)[:, :, None, None]
+  cotangent = (normal(b, nq, h, d) * real).astype(dtype)
+  return inputs, static, real, cotangent
+
+
+def value_and_grads(fn, inputs, static, cotangent):
+  """fn's output and the gradients of every input (bias included) for the cotangent, in one jitted program."""
+  names = [k for k, v in inputs.items() if v is not None]
+
+  @jax.jit
+  def run(arrays):
+    out, vjp = jax.vjp(lambda a: fn(**{**inputs, **a}, **static), arrays)
+    return out, vjp(cotangent)[0]
+  return run({k: inputs[k] for k in names})
+
+
+def rel(got, want, where=True):
+  got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+  return float(np.max(np.abs(np.where(where, got - want, 0))) / np.max(np.abs(np.where(where, want, 0))))
+
+
+def check(name, *, dtype=jnp.float32, dropout_rate=0.0, tol=1e-5, blocks=16):
+  inputs, static, real, g = make(name, dtype, dropout_rate)
+  kernel = lambda **kw: fa.attention(**kw, interpret=True, block_q=blocks, block_k=blocks)
+  out, grads = value_and_grads(kernel, inputs, static, g)
+  with jax.default_matmul_precision("highest"):
+    want_out, want_grads = value_and_grads(fa.reference, inputs, static, g)
+  assert out.dtype == dtype and out.shape == want_out.shape
+  assert all(bool(jnp.all(jnp.isfinite(x))) for x in [out, *grads.values()])  # padding rows included
+  errors = {"out": rel(out, want_out, real)}
+  errors.update({k: rel(grads[k], want_grads[k]) for k in want_grads})
+  assert set(grads) == set(want_grads) and all(grads[k].shape == inputs[k].shape for k in grads)
+  assert max(errors.values()) < tol, errors
+  return errors
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_matches_the_reference_in_float32(name):
+  check(name)
+
+
+@pytest.mark.parametrize("name", ["packed", "causal"])
+def test_a_dropout_mask_is_applied_as_the_reference_applies_it(name):
+  check(name, dropout_rate=0.3)
+
+
+def test_bfloat16_within_bfloat16_tolerance():
+  """bfloat16 inputs and weights: the kernel rounds its tiles' operands (dS included) where the reference rounds
+  whole arrays; output and gradients stay within ~1 bfloat16 step (2^-7 = 7.8e-3) of the reference's bfloat16
+  ones, relative to each array's largest magnitude (8.4e-3 at most over the float32 cases' shapes)."""
+  check("causal", dtype=jnp.bfloat16, tol=2e-2)
+
+
+def test_the_default_blocks_shrink_for_short_sequences():
+  """At the default 64 x 64 blocks a 70-position row is two blocks (padded to 128); 20 positions take one
+  block of 32."""
+  assert (fa._block(fa.BLOCK_Q, 70), fa._block(fa.BLOCK_Q, 20), fa._block(fa.BLOCK_Q, 3)) == (64, 32, 16)
+  check("per_example_bias", blocks=fa.BLOCK_Q)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("seed", [1, 2])
+def test_sweep_of_seeds_blocks_and_dropout(name, seed):
+  inputs, static, real, g = make(name, jnp.float32, 0.2, seed)
+  for bq, bk in ((16, 32), (32, 16)):
+    kernel = lambda **kw: fa.attention(**kw, interpret=True, block_q=bq, block_k=bk)
+    out, grads = value_and_grads(kernel, inputs, static, g)
+    with jax.default_matmul_precision("highest"):
+      want_out, want_grads = value_and_grads(fa.reference, inputs, static, g)
+    assert rel(out, want_out, real) < 1e-5
+    assert max(rel(grads[k], want_grads[k]) for k in want_grads) < 1e-5
+
+
+def test_bad_shapes_are_named():
+  q = jnp.zeros((2, 8, 2, 16))
+  with pytest.raises(ValueError, match=r"bias \(1, 1, 8, 8\) must be \[1, 2, 8, 8\] or \[2, 2, 8, 8\]"):
+    fa.attention(q, q, q, bias=jnp.zeros((1, 1, 8, 8)), interpret=True)
+  with pytest.raises(ValueError, match=r"dropout_mask \(2, 1, 8, 8\) must be \[2, 2, 8, 8\]"):
+    fa.attention(q, q, q, dropout_mask=jnp.ones((2, 1, 8, 8), bool), dropout_rate=0.1, interpret=True)
+  with pytest.raises(ValueError, match="must be"):
+    fa.attention(q, q[:, :, :1], q, interpret=True)
+
+
+# T5.1.1-base: batch 8, 12 heads of 64, encoder 512 positions, decoder 114.
+BASE = dict(b=8, h=12, d=64)
+
+
+def _base_program(nq, nk, causal, bias, dropout):
+  """The kernels' forward and gradient at T5.1.1-base shapes in bfloat16, and its arguments' shapes."""
+  b, h, d = BASE["b"], BASE["h"], BASE["d"]
+  S = jax.ShapeDtypeStruct
+  args = [S((b, nq, h, d), jnp.bfloat16), S((b, nk, h, d), jnp.bfloat16), S((b, nk, h, d), jnp.bfloat16),
+          S((1, h, nq, nk), jnp.float32) if bias else None, S((b, nq), jnp.int32), S((b, nk), jnp.int32),
+          S((b, h, nq, nk), jnp.bool_) if dropout else None, S((b, nq, h, d), jnp.bfloat16)]
+
+  def program(q, k, v, bias, q_seg, kv_seg, mask, g):
+    fn = lambda q, k, v, bias: fa.attention(q, k, v, bias=bias, q_segment_ids=q_seg, kv_segment_ids=kv_seg,
+                                            causal=causal, dropout_mask=mask, dropout_rate=0.1 if dropout else 0.0,
+                                            dtype=jnp.bfloat16)
+    out, vjp = jax.vjp(fn, q, k, v, bias)
+    return out, vjp(g)
+  return program, args
+
+
+# (q, k, causal, bias, dropout): the encoder's self-attention, the decoder's (finetuning: with dropout), and
+# cross-attention.
+BASE_FORMS = {"encoder": (512, 512, False, True, False), "decoder_dropout": (114, 114, True, True, True),
+              "cross": (114, 512, False, False, False)}
+
+
+@pytest.mark.parametrize("form", list(BASE_FORMS))
+def test_programs_lowered_for_cuda_call_the_kernels_and_hold_no_attention_matrix(form):
+  """Pallas lowers the kernels to Triton IR here (no GPU or plugin needed): the forward and the three gradient
+  kernels (dK/dV, dQ, and the bias's when there is one) are custom calls, and no [b, h, q, k] float array is in
+  the program; the dropout mask is the only [b, h, q, k] array, read as it is given."""
+  nq, nk, causal, bias, dropout = BASE_FORMS[form]
+  program, args = _base_program(nq, nk, causal, bias, dropout)
+  text = jax.jit(program).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  assert text.count("__gpu$xla.gpu.triton") == (4 if bias else 3)
+  for name in ["flash_attention_fwd", "flash_attention_dkv", "flash_attention_dq"] + (
+      ["flash_attention_dbias"] if bias else []):
+    assert name in text
+  b, h = BASE["b"], BASE["h"]
+  square = [t for t in re.findall(rf"tensor<{b}x{h}x(\d+)x(\d+)x(\w+)>", text) if t[2] != "i1"]
+  assert not square, square
+
+
+def _plugin() -> bool:
+  try:
+    return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+  except ModuleNotFoundError:
+    return False
+
+
+needs_plugin = pytest.mark.skipif(not _plugin(), reason="XLA's CUDA compiler plugin is not installed (the "
+                                  "gpu-compile extra): run in .venv-gpu (`make gpu-compile-env`)")
+
+
+@needs_plugin
+@pytest.mark.parametrize("form", ["encoder", "decoder_dropout"])
+def test_the_kernels_compile_for_an_h100_without_a_gpu(form):
+  """Deviceless: XLA:GPU compiles the program for an H100 target (Triton to PTX, ptxas): the optimised HLO
+  keeps the kernels' custom calls, and its largest float buffers are the [b, q, h, d] arrays and the [1, h, q, k]
+  bias and its gradient; scratch memory is the softmax statistics, ~100 bytes a query row and head."""
+  from remixer_t5 import aot_compile
+  device = aot_compile.gpu_topology_devices(aot_compile.accelerator("h100"))[0]
+  sharding = jax.sharding.SingleDeviceSharding(device)
+  nq, nk, causal, bias, dropout = BASE_FORMS[form]
+  program, args = _base_program(nq, nk, causal, bias, dropout)
+  args = [None if a is None else jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding) for a in args]
+  compiled = jax.jit(program).trace(*args).lower().compile()
+  text = compiled.as_text()
+  assert text.count("__gpu$xla.gpu.triton") == 4
+  b, h, d = BASE["b"], BASE["h"], BASE["d"]
+  floats = {tuple(map(int, s.split(","))) for s in re.findall(r"\b(?:f32|bf16|f16)\[([\d,]+)\]", text)}
+  assert max(np.prod(s) for s in floats) <= max(b * nq * h * d, h * nq * nk), sorted(floats)
+  assert not [s for s in floats if len(s) == 4 and s[0] == b and s[1] == h], sorted(floats)
+  memory = compiled.memory_analysis()
+  assert memory.temp_size_in_bytes < 128 * b * h * max(nq, 128), memory.temp_size_in_bytes
