@@ -69,6 +69,11 @@ class Dropout(nn.Dropout):
   streams), its keep mask computed by the implementation `impl` names (`T5Config.dropout_impl`; kernels/)."""
   impl: str = "auto"
 
+  def keep(self, shape: tuple[int, ...]) -> Array:
+    """The keep mask this module's call would draw for inputs of `shape` (no broadcast dims), from the same
+    random stream: for operations that apply dropout inside (the attention operation's kernels)."""
+    return keep_mask(self.make_rng(self.rng_collection), 1.0 - self.rate, tuple(shape), impl=self.impl)
+
   @nn.compact
   def __call__(self, inputs, deterministic: bool | None = None, rng=None):
     deterministic = nn.merge_param("deterministic", self.deterministic, deterministic)

@@ -153,13 +153,11 @@ def test_permutation_equivariant_without_position_information():
     assert np.allclose(y_perm, y[:, perm], rtol=1e-5, atol=1e-5) == equivariant, name
 
 
-def test_cost_is_linear_in_length_and_causal_memory_is_bounded_by_the_chunk(monkeypatch):
-  # XLA's forms (the jaxpr also holds the GPU kernels' branch, whose padded [b, n, 64] tiles match a length of
-  # 64; tests/test_gpu_hypermixing.py checks the kernels)
-  monkeypatch.setenv("REMIXER_T5_GPU_HYPERMIXING", "off")
+def test_cost_is_linear_in_length_and_causal_memory_is_bounded_by_the_chunk():
+  # XLA's forms (impl='xla'; tests/test_cpu_hypermixing.py and test_gpu_hypermixing.py check the kernels)
   batch, length = 2, 64
   x = inputs(batch, length)
-  mod = module("tied_ln")
+  mod = module("tied_ln", impl="xla")
   for causal in (False, True):
     fn = lambda v, x: mod.apply(v, x, x, ctx_for(np.ones((batch, length)), causal=causal))
     eqns = list(eqns_in(jax.make_jaxpr(fn)(params("tied_ln"), x).jaxpr))
@@ -172,17 +170,16 @@ def test_cost_is_linear_in_length_and_causal_memory_is_bounded_by_the_chunk(monk
     assert ((batch, CHUNK, D, H) in shapes) == causal
 
 
-def test_causal_gradient_moves_no_state_sized_array_by_transpose_or_sum(monkeypatch):
+def test_causal_gradient_moves_no_state_sized_array_by_transpose_or_sum():
   """The causal form's backward touches each chunk's d×d' states only with matmuls and elementwise ops: a
   transpose of them (the W2 read's gradient in a [d', d] layout) or a sum over them (the carried sum added as a
   broadcast product, the outer products' gradients) was XLA:CPU's slowest part of the layer (361 of 500 ms a
   decoder layer at COGS's shapes)."""
-  monkeypatch.setenv("REMIXER_T5_GPU_HYPERMIXING", "off")  # XLA's forms (the GPU kernels' own partial sums
-  # are [blocks, batch, length, d'] arrays that this size check would count; test_gpu_hypermixing.py checks them)
+  # XLA's forms (impl='xla'): the kernels' own buffers are checked in test_cpu/gpu_hypermixing.py
   batch, length = 2, 32
   x = inputs(batch, length)
   seg = np.repeat(np.arange(1, 5), length // 4)[None].repeat(batch, 0)
-  mod = module("untied_lennorm")
+  mod = module("untied_lennorm", impl="xla")
   ctx = ctx_for(np.ones((batch, length)), q_seg=seg, causal=True)
   grad = jax.make_jaxpr(jax.grad(lambda v, x: jnp.sum(mod.apply(v, x, x, ctx) ** 2), argnums=(0, 1)))
   eqns = list(eqns_in(grad(params("untied_lennorm"), x).jaxpr))

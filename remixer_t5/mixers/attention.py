@@ -6,16 +6,22 @@ self-attention only, softmax in float32.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from remixer_t5 import layers
+from remixer_t5 import kernels, layers
 from remixer_t5.mixers import base
 
 Array = jax.Array
+
+
+# The attention operation's kernels (kernels/__init__.py) and what `auto` picks on each platform.
+ATTENTION_KERNELS = {"pallas_gpu": "gpu.flash_attention:seam"}
+ATTENTION_AUTO: dict[str, str] = {}
 
 
 class Attention(nn.Module):
@@ -53,37 +59,50 @@ class Attention(nn.Module):
       key, value = project("key"), project("value")
     if ctx.decode:
       key, value, bias, kv_spec = self._decode_step(key, value, ctx, use_relpos)
+    elif not ctx.static_kv:
+      # One sequence (or packed segments) against itself or the encoder output: the attention operation of
+      # kernels/, in the implementation T5Config.attention_impl names.
+      # The relative position bias from row indices, not the (packed) positions: a packed segment's positions are
+      # consecutive, so key_pos - query_pos = key_idx - query_idx on every pair the mask keeps, as t5x/flaxformer
+      # compute it from the lengths alone. Per-example positions would build a [batch, heads, q, k] bias per
+      # layer, and a scatter of batch x q x k updates into the small table in the backward pass.
+      relpos = (ctx.relpos(inputs_q.shape[1], inputs_kv.shape[1], bidirectional=not ctx.causal).astype(jnp.float32)
+                if use_relpos else None)
+      segment = lambda ids, mask: (ids if ids is not None else mask).astype(jnp.int32)  # 0: padding
+      keep = None
+      if not deterministic and cfg.dropout_rate > 0:
+        keep = layers.Dropout(cfg.dropout_rate, impl=cfg.dropout_impl).keep(
+            (query.shape[0], heads, query.shape[1], key.shape[1]))
+      static = dict(causal=ctx.causal, dropout_rate=cfg.dropout_rate, dtype=cfg.dtype,
+                    float32_logits=cfg.float32_attention_logits)
+      fn = kernels.choose(cfg.attention_impl, functools.partial(dot_product_attention, **static), ATTENTION_KERNELS,
+                          ATTENTION_AUTO, **static)
+      out = fn(query, key, value, relpos, segment(ctx.q_segment_ids, ctx.q_mask),
+               segment(ctx.kv_segment_ids, ctx.kv_mask), keep)
+      return self._project_out(out, inputs_q, inner, kernel_init)
     else:
       bias = layers.mask_to_bias(base.pairwise_mask(ctx), jnp.float32)
-      if use_relpos:  # [b|1, 1, q, k] + [1, h, q, k]: the position bias's gradient sums over the batch
-        # From row indices, not the (packed) positions: a packed segment's positions are consecutive, so
-        # key_pos - query_pos = key_idx - query_idx on every pair the mask keeps, as t5x/flaxformer compute it
-        # from the lengths alone. Per-example positions would build a [batch, heads, q, k] bias per layer,
-        # and a scatter of batch x q x k updates into the small table in the backward pass.
-        bias = layers.add_bias(bias, ctx.relpos(inputs_q.shape[1], inputs_kv.shape[1],
-                                                bidirectional=not ctx.causal).astype(bias.dtype))
 
-    # Beam search: queries are [batch * beams] rows, a static key/value cache [batch] rows (the beams of a row
-    # share its encoder output). Each row's beams then attend as extra query positions, reading it once.
+    # Decoding: the cache's keys and values, or the encoder's in the cache's layout. Beam search: queries are
+    # [batch * beams] rows, a static key/value cache [batch] rows (the beams of a row share its encoder output).
+    # Each row's beams then attend as extra query positions, reading it once.
     beams = query.shape[0] // key.shape[0]
     if beams > 1:
       query = _beams_to_queries(query, beams)
       bias = _beams_to_queries(jnp.swapaxes(bias, 1, 2), beams).swapaxes(1, 2)  # [b*k, h|1, q, kv]
     logits = jnp.einsum(f"bqhd,{kv_spec}->bhqk", query, key,
                         preferred_element_type=jnp.float32 if cfg.float32_attention_logits else None)
-    logits = layers.add_bias(logits, bias.astype(logits.dtype))  # logits + bias (faster gradient on CPU)
+    logits = logits + bias.astype(logits.dtype)
     weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(cfg.dtype)
-    if not deterministic and cfg.dropout_rate > 0:
-      weights = layers.Dropout(cfg.dropout_rate, impl=cfg.dropout_impl)(weights, deterministic=False)
-    # [b, h, q, d] (dot_general's own output order), then [b, q, h, d]: asked for `bqhd` directly, jnp.einsum puts
-    # the values first and transposes a [b, h, d, q] product back, which XLA:CPU ran 2x slower (T5.1.1-small's
-    # encoder, batch 8 x 512: 34.5 against 16.0 ms forward).
     out = jnp.swapaxes(jnp.einsum(f"bhqk,{kv_spec}->bhqd", weights, value), 1, 2)
     if beams > 1:
       out = out.reshape((-1, out.shape[1] // beams) + out.shape[2:])  # back to [b * k, q, h, d]
+    return self._project_out(out, inputs_q, inner, kernel_init)
+
+  def _project_out(self, out: Array, inputs_q: Array, inner: int, kernel_init) -> Array:
     out = out.reshape(inputs_q.shape[:-1] + (inner,))
-    return layers.Dense(inputs_q.shape[-1], ("joined_kv", "embed"), kernel_init=kernel_init, dtype=cfg.dtype,
-                        name="out")(out)
+    return layers.Dense(inputs_q.shape[-1], ("joined_kv", "embed"), kernel_init=kernel_init,
+                        dtype=self.config.dtype, name="out")(out)
 
   def _decode_step(self, key: Array, value: Array, ctx: base.MixerContext, use_relpos: bool):
     """Autoregressive cache of keys/values, stored [batch, heads, max_len, head_dim] (HF's layout).
@@ -130,3 +149,32 @@ class Attention(nn.Module):
 def _beams_to_queries(x: Array, beams: int) -> Array:
   """[batch * beams, q, ...] -> [batch, beams * q, ...] (beam-major query positions)."""
   return x.reshape((x.shape[0] // beams, beams * x.shape[1]) + x.shape[2:])
+
+
+def dot_product_attention(query: Array, key: Array, value: Array, bias: Array | None, q_segment_ids: Array,
+                          kv_segment_ids: Array, keep: Array | None, *, causal: bool, dropout_rate: float,
+                          dtype, float32_logits: bool = True) -> Array:
+  """softmax(q k^T + bias + mask) v with T5's conventions, in plain JAX: the reference (`xla`) implementation of
+  the attention operation, which every kernel of it is tested against (kernels/__init__.py).
+
+  query [b, q, h, d], key and value [b, k, h, d]; bias None or [1|b, h, q, k] float32 (T5's relative position
+  bias); segment ids [b, q] and [b, k], int32, 0 for padding (unpacked rows: 1 for real tokens): a query sees the
+  real keys of its own segment, and with `causal` keys j <= i only; `keep` None or dropout's boolean keep mask
+  [b, h, q, k] (rate `dropout_rate`). No 1/sqrt(d) (T5 keeps it in the query initializer); logits and softmax in
+  float32 (`float32_logits`). Returns [b, q, h, d] in `dtype`.
+  """
+  mask = (q_segment_ids[:, :, None] == kv_segment_ids[:, None, :]) & (q_segment_ids[:, :, None] > 0) \
+      & (kv_segment_ids[:, None, :] > 0)
+  if causal:
+    mask &= jnp.arange(key.shape[1])[None, None, :] <= jnp.arange(query.shape[1])[None, :, None]
+  bias_all = layers.mask_to_bias(mask[:, None].astype(jnp.float32), jnp.float32)
+  if bias is not None:  # [b, 1, q, k] + [1, h, q, k]: the position bias's gradient sums over the batch
+    bias_all = layers.add_bias(bias_all, bias.astype(bias_all.dtype))
+  logits = jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32 if float32_logits else None)
+  logits = layers.add_bias(logits, bias_all.astype(logits.dtype))  # logits + bias (faster gradient on CPU)
+  weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(dtype)
+  if keep is not None:
+    weights = jax.lax.select(keep, weights / (1.0 - dropout_rate), jnp.zeros_like(weights))
+  # [b, h, q, d] (dot_general's own output order), then [b, q, h, d]: asked for `bqhd` directly, jnp.einsum puts
+  # the values first and transposes a [b, h, d, q] product back, which XLA:CPU ran 2x slower.
+  return jnp.swapaxes(jnp.einsum("bhqk,bkhd->bhqd", weights, value), 1, 2)
