@@ -196,7 +196,10 @@ needs_plugin = pytest.mark.skipif(not _plugin(), reason="XLA's CUDA compiler plu
 def test_the_kernels_compile_for_an_h100_without_a_gpu(form):
   """Deviceless: XLA:GPU compiles the program for an H100 target (Triton to PTX, ptxas): the optimised HLO
   keeps the kernels' custom calls, and its largest float buffers are the [b, q, h, d] arrays and the [1, h, q, k]
-  bias and its gradient; scratch memory is the softmax statistics, ~100 bytes a query row and head."""
+  bias and its gradient (at lengths padded to whole blocks). Scratch memory: at 512 positions (whole blocks)
+  the softmax statistics only, 8 bytes a query row and head (393 KB); the decoder's 114 positions pad to 128,
+  and the padded copies of q, k, v, the cotangent, the mask and the gradients before slicing take ~8 arrays of
+  [b, 128, h, d] (12.6 MB)."""
   from remixer_t5 import aot_compile
   device = aot_compile.gpu_topology_devices(aot_compile.accelerator("h100"))[0]
   sharding = jax.sharding.SingleDeviceSharding(device)
@@ -208,7 +211,11 @@ def test_the_kernels_compile_for_an_h100_without_a_gpu(form):
   assert text.count("__gpu$xla.gpu.triton") == 4
   b, h, d = BASE["b"], BASE["h"], BASE["d"]
   floats = {tuple(map(int, s.split(","))) for s in re.findall(r"\b(?:f32|bf16|f16)\[([\d,]+)\]", text)}
-  assert max(np.prod(s) for s in floats) <= max(b * nq * h * d, h * nq * nk), sorted(floats)
+  pq, pk = (-(-n // fa.BLOCK_Q) * fa.BLOCK_Q for n in (nq, nk))  # the lengths padded to whole blocks
+  assert max(np.prod(s) for s in floats) <= max(b * pq * h * d, h * pq * pk), sorted(floats)
   assert not [s for s in floats if len(s) == 4 and s[0] == b and s[1] == h], sorted(floats)
-  memory = compiled.memory_analysis()
-  assert memory.temp_size_in_bytes < 128 * b * h * max(nq, 128), memory.temp_size_in_bytes
+  temp = compiled.memory_analysis().temp_size_in_bytes
+  if (pq, pk) == (nq, nk):
+    assert temp <= 8 * b * h * nq + 4096, temp  # the log-sum-exp L and D = rowsum(O dO), float32 [b, h, q]
+  else:
+    assert temp <= 10 * b * pq * h * d * 2, temp  # padded bfloat16 copies

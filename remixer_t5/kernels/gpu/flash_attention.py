@@ -236,7 +236,7 @@ def _dbias_kernel(q_ref, k_ref, v_ref, bias_ref, qseg_ref, kvseg_ref, drop_ref, 
     jax.lax.fori_loop(0, batch, write, 0)
   else:
     # Above the diagonal every logit is masked and dS is 0: the loop over the batch is skipped.
-    trips = jnp.where(kb * block_k <= qb * block_q + block_q - 1, batch, 0) if causal else batch
+    trips = batch * (kb * block_k < (qb + 1) * block_q).astype(jnp.int32) if causal else batch
     total = jax.lax.fori_loop(0, trips, lambda r, acc: acc + tile(r), jnp.zeros((block_q, block_k), f32))
     db_ref[...] = total.astype(db_ref.dtype)
 
