@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-run
 TEST_WORKERS ?= 2  # pytest-xdist processes (CI has 2 cores); files stay whole so module fixtures run once
 
-.PHONY: demo compare-demo test test-integration test-all install wheel-check clean-venv gpu-compile-env test-gpu-compile
+.PHONY: demo compare-demo test test-integration test-all install wheel-check clean-venv gpu-compile-env test-gpu-compile docs
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,16 @@ test-integration: $(STAMP)
 
 test-all: $(STAMP)
 	$(PYTEST) tests
+
+# The manual (docs/, mkdocs.yml) as a site in $(DOCS_SITE); strict: a broken link, a missing page or anchor fails.
+DOCS_SITE ?= site
+DOCS_STAMP := $(VENV)/.installed-docs
+$(DOCS_STAMP): setup.py | $(PY)
+	$(PY) -m pip install --quiet -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	$(VENV)/bin/mkdocs build --strict --site-dir $(DOCS_SITE)
 
 # Build a wheel, install it into a fresh venv and run the CLI from outside the repository.
 wheel-check: $(STAMP)

@@ -26,6 +26,9 @@ TPU_REQUIRES = ["jax[tpu]==0.10.2", "libtpu==0.0.42.1"]
 # the plugin installed, JAX tries (and fails) to start CUDA unless JAX_PLATFORMS=cpu (`make gpu-compile-env`).
 GPU_COMPILE_REQUIRES = ["jax-cuda12-plugin==0.10.2", "jax-cuda12-pjrt==0.10.2", "nvidia-cuda-nvcc-cu12==12.9.86"]
 
+# `make docs`: the manual under docs/ as a site (mkdocs.yml); tests/test_docs.py builds it strictly when installed.
+DOCS_REQUIRES = ["mkdocs==1.6.1"]
+
 setuptools.setup(
     name="remixer_t5",
     version="0.1.0",
@@ -43,8 +46,10 @@ setuptools.setup(
         "tpu": TPU_REQUIRES,
         "gpu-compile": GPU_COMPILE_REQUIRES,
         # The test suite compiles for a TPU topology (tests/test_compile.py), so CI installs libtpu too;
-        # tokenizers reads the tokenizer.json that export-hf writes (tests/test_hf_tokenizer.py).
-        "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "tokenizers==0.23.3"] + TPU_REQUIRES,
+        # tokenizers reads the tokenizer.json that export-hf writes (tests/test_hf_tokenizer.py); MkDocs lets
+        # tests/test_docs.py build the manual strictly.
+        "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "tokenizers==0.23.3"] + TPU_REQUIRES + DOCS_REQUIRES,
+        "docs": DOCS_REQUIRES,
         # Only for scripts/make_hf_fixture.py and reading pytorch_model.bin checkpoints.
         "hf": ["torch==2.13.0", "transformers"],
     },
