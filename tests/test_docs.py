@@ -239,6 +239,26 @@ def test_named_paths_and_images_exist():
   assert not missing, "paths the docs name that the repository does not have:\n" + "\n".join(missing)
 
 
+def _anchors(page: Path) -> set[str]:
+  """The ids Python-Markdown's toc extension (MkDocs's) gives the page's headings."""
+  from markdown.extensions.toc import slugify
+  return {slugify(m.group(1).strip(), "-") for m in re.finditer(r"^#{1,6}\s+(.+?)\s*#*$", _prose(_text(page)), re.M)}
+
+
+def test_linked_anchors_exist():
+  """README's links into the manual (MkDocs checks the manual's own, when it is installed)."""
+  broken = []
+  for page in PAGES:
+    for _, target in LINK.findall(_prose(_text(page))):
+      path, _, anchor = target.partition("#")
+      if not anchor or re.match(r"^[a-z]+:", target):
+        continue
+      doc = (page.parent / path).resolve() if path else page
+      if doc.suffix == ".md" and doc.exists() and anchor not in _anchors(doc):
+        broken.append(f"{_rel(page)}: {target}")
+  assert not broken, "links to headings that do not exist:\n" + "\n".join(broken)
+
+
 def test_every_page_is_in_the_nav():
   nav = _text(ROOT / "mkdocs.yml")
   listed = set(re.findall(r"^\s*-\s*[^:\n]+:\s*(\S+\.md)\s*$", nav, re.M))
