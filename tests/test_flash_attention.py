@@ -7,6 +7,9 @@ key, value and bias, with the output's cotangent zero on padding rows (as the lo
 several blocks out of small lengths that are not multiples of them. Programs lowered for CUDA are checked for
 the kernels' custom calls and the absence of [b, h, q, k] arrays; with XLA's CUDA compiler plugin (`make
 gpu-compile-env`, run in .venv-gpu) they are compiled for an H100 too.
+
+kernels/tpu/flash_attention.py (JAX's TPU flash attention behind the same contract) runs in Pallas's TPU
+interpreter against the same reference, and is compiled through libtpu for TPU generations without a TPU.
 """
 import importlib.util
 import re
@@ -17,6 +20,7 @@ import numpy as np
 import pytest
 
 from remixer_t5.kernels.gpu import flash_attention as fa
+from tiers import tiered
 
 
 def segments(rng, b, n, pieces, pad):
@@ -219,3 +223,70 @@ def test_the_kernels_compile_for_an_h100_without_a_gpu(form):
     assert temp <= 8 * b * h * nq + 4096, temp  # the log-sum-exp L and D = rowsum(O dO), float32 [b, h, q]
   else:
     assert temp <= 10 * b * pq * h * d * 2, temp  # padded bfloat16 copies
+
+
+# --- TPU: kernels/tpu/flash_attention.py, JAX's Pallas (Mosaic) flash attention behind the same contract --------
+
+@pytest.mark.parametrize("name", tiered(["causal", "packed", "cross", "padded"], quick=["causal"]))
+def test_the_tpu_wrapper_matches_the_reference_in_tpu_interpret_mode(name):
+  """JAX's TPU kernel run by Pallas's TPU interpreter on this CPU, through the wrapper's transposes, padding to
+  128-position blocks, segment ids and bias broadcast: output and gradients (the bias's summed over the batch)."""
+  from jax.experimental.pallas import tpu as pltpu
+
+  from remixer_t5.kernels.tpu import flash_attention as tpu_fa
+  inputs, static, real, g = make(name)
+  with pltpu.force_tpu_interpret_mode():
+    out, grads = value_and_grads(tpu_fa.attention, inputs, static, g)
+  with jax.default_matmul_precision("highest"):
+    want_out, want_grads = value_and_grads(fa.reference, inputs, static, g)
+  assert rel(out, want_out, real) < 1e-5
+  assert max(rel(grads[k], want_grads[k]) for k in want_grads) < 1e-5
+
+
+def test_the_tpu_wrapper_refuses_a_dropout_mask():
+  from remixer_t5.kernels.tpu import flash_attention as tpu_fa
+  q = jnp.zeros((1, 8, 1, 16))
+  with pytest.raises(NotImplementedError, match="no dropout mask"):
+    tpu_fa.attention(q, q, q, dropout_mask=jnp.ones((1, 1, 8, 8), bool), dropout_rate=0.1)
+
+
+def _tpu_compile(topology, form, operand_dtype=None):
+  """The TPU wrapper's forward and gradient at T5.1.1-base shapes (bfloat16 arrays), compiled for one device of
+  `topology` through libtpu without a TPU; the optimised HLO's text."""
+  from remixer_t5 import aot_compile
+  from remixer_t5.kernels.tpu import flash_attention as tpu_fa
+  device = aot_compile.topology_devices(aot_compile.accelerator(topology))[0]
+  sharding = jax.sharding.SingleDeviceSharding(device)
+  nq, nk, causal, bias, _ = BASE_FORMS[form]
+  b, h, d = BASE["b"], BASE["h"], BASE["d"]
+  S = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+  args = [S((b, nq, h, d), jnp.bfloat16), S((b, nk, h, d), jnp.bfloat16), S((b, nk, h, d), jnp.bfloat16),
+          S((1, h, nq, nk), jnp.float32) if bias else None, S((b, nq), jnp.int32), S((b, nk), jnp.int32),
+          S((b, nq, h, d), jnp.bfloat16)]
+
+  def program(q, k, v, bias, q_seg, kv_seg, g):
+    fn = lambda q, k, v, bias: tpu_fa.attention(q, k, v, bias=bias, q_segment_ids=q_seg, kv_segment_ids=kv_seg,
+                                                causal=causal, dtype=jnp.bfloat16, operand_dtype=operand_dtype)
+    out, vjp = jax.vjp(fn, q, k, v, bias)
+    return out, vjp(g)
+  return jax.jit(program).trace(*args).lower().compile().as_text()
+
+
+TPU_COMPILES = [(t, form) for t in ("v5e-1", "v4-8", "v5p-8", "v6e-1") for form in ("encoder", "cross")]
+
+
+@pytest.mark.parametrize("case", tiered(TPU_COMPILES, quick=TPU_COMPILES[:1]), ids="-".join)
+def test_the_tpu_wrapper_compiles_with_bfloat16_operands_from_v4_on(case):
+  """Deviceless (libtpu): the encoder's self-attention (bias) and cross-attention (none) compile to Mosaic
+  kernels, forward and both gradient kernels (the bias's gradient comes from the dQ kernel)."""
+  topology, form = case
+  assert _tpu_compile(topology, form).count('custom_call_target="tpu_custom_call"') == 3
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("topology", ["v2-8", "v3-8"])
+def test_v2_and_v3_take_the_tpu_wrapper_with_float32_operands_only(topology):
+  """Mosaic on v2/v3 (libtpu 0.0.42.1) refuses bfloat16 matmul operands; with float32 ones it compiles."""
+  with pytest.raises(Exception, match="Unsupported matmul RHS type"):
+    _tpu_compile(topology, "decoder_dropout")
+  assert _tpu_compile(topology, "decoder_dropout", jnp.float32).count('"tpu_custom_call"') == 3

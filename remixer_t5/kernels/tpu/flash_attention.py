@@ -1,0 +1,68 @@
+"""T5's attention on TPUs through JAX's Pallas (Mosaic) flash attention, `jax.experimental.pallas.ops.tpu.
+flash_attention`, with the contract of `kernels/gpu/flash_attention.py` (whose `reference` is the function).
+
+That kernel takes an additive bias `ab` and returns its gradient, q and kv segment ids, and causal masking, with
+a softmax scale (1 here: T5 does not scale its logits). This wrapper does the layout and the shapes:
+  - [b, q, h, d] inputs are transposed to its [b, h, q, d] and the output back;
+  - it takes `ab` only as [b, h, q, k], so T5's [1, h, q, k] bias is broadcast over the batch, and its gradient
+    comes back as a [b, h, q, k] array that the broadcast's transpose sums over the batch: unlike the GPU kernel,
+    the bias and its gradient are materialised per example (the softmax's weights are not);
+  - lengths are padded to whole 128-position blocks (its key blocks must divide the length, and its backward
+    needs blocks of at least 128) with segment id 0;
+  - segment ids are always passed (ones where the caller gives none), so padding never mixes with real tokens.
+    Its mask is q_seg == kv_seg: padding queries (id 0) attend to padding keys, which changes nothing a real
+    row reads (their outputs are any finite values, as the contract allows).
+Generations: libtpu 0.0.42.1 compiles it (forward and gradient, T5.1.1-base shapes, deviceless) for v4, v5e, v5p
+and v6e with bfloat16 operands; v2 and v3 refuse bfloat16 matmul operands in Mosaic ("Unsupported matmul RHS
+type"), and compile it with float32 operands (`operand_dtype=jnp.float32`) (tests/test_flash_attention.py).
+
+Not supported: a dropout mask (the kernel draws no dropout and takes none: finetuning with attention dropout
+keeps the XLA form), and a bias without a head axis. Numerics: float32 logits and statistics; masked logits
+are replaced by -0.7 * float32 max where the reference adds -1e10 (identical on rows with an allowed key).
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+BLOCK = 128  # JAX's default blocks; its backward needs key blocks of at least 128 (its MIN_BLOCK_SIZE)
+
+
+def _pad(a, axis: int, size: int):
+  pad = size - a.shape[axis]
+  return a if not pad else jnp.pad(a, [(0, pad if i == axis else 0) for i in range(a.ndim)])
+
+
+def attention(query, key, value, *, bias=None, q_segment_ids=None, kv_segment_ids=None, causal: bool = False,
+              dropout_mask=None, dropout_rate: float = 0.0, dtype=jnp.float32, operand_dtype=None,
+              block: int = BLOCK):
+  """`kernels.gpu.flash_attention.reference(...)` through JAX's TPU flash attention (differentiable in query,
+  key, value and bias). query [b, q, h, d]; key, value [b, k, h, d]; bias None, [1, h, q, k] or [b, h, q, k];
+  segment ids [b, q], [b, k] (0 = padding); returns [b, q, h, d] in `dtype`. operand_dtype: what query, key
+  and value are cast to for the kernel (None: as given); v2 and v3 need float32, their Mosaic compiler takes no
+  bfloat16 matmul operands."""
+  if dropout_mask is not None or dropout_rate:
+    raise NotImplementedError("TPU flash attention takes no dropout mask (JAX's Pallas TPU kernel has no "
+                              "dropout): use the XLA attention when attention dropout is on")
+  from jax.experimental.pallas.ops.tpu import flash_attention as tpu
+  b, nq, h, d = query.shape
+  nk = key.shape[1]
+  if key.shape != (b, nk, h, d) or value.shape != key.shape:
+    raise ValueError(f"flash attention: query {query.shape}, key {key.shape} and value {value.shape} must be "
+                     f"[b, q, h, d], [b, k, h, d], [b, k, h, d]")
+  if bias is not None and (bias.ndim != 4 or bias.shape[0] not in (1, b) or bias.shape[1:] != (h, nq, nk)):
+    raise ValueError(f"flash attention: bias {bias.shape} must be [1, {h}, {nq}, {nk}] or [{b}, {h}, {nq}, {nk}]")
+  pq, pk = -(-nq // block) * block, -(-nk // block) * block
+  q_seg = jnp.ones((b, nq), jnp.int32) if q_segment_ids is None else jnp.asarray(q_segment_ids, jnp.int32)
+  kv_seg = jnp.ones((b, nk), jnp.int32) if kv_segment_ids is None else jnp.asarray(kv_segment_ids, jnp.int32)
+  cast = (lambda x: x) if operand_dtype is None else (lambda x: x.astype(operand_dtype))
+  heads_first = lambda x, n: jnp.swapaxes(_pad(cast(x), 1, n), 1, 2)  # [b, n, h, d] -> [b, h, n_padded, d]
+  ab = None
+  if bias is not None:
+    ab = jnp.broadcast_to(_pad(_pad(bias, 2, pq), 3, pk), (b, h, pq, pk))
+  sizes = tpu.BlockSizes(block_q=block, block_k_major=block, block_k=block, block_b=1, block_q_major_dkv=block,
+                         block_k_major_dkv=block, block_k_dkv=block, block_q_dkv=block, block_k_major_dq=block,
+                         block_k_dq=block, block_q_dq=block)
+  out = tpu.flash_attention(heads_first(query, pq), heads_first(key, pk), heads_first(value, pk), ab,
+                            tpu.SegmentIds(q=_pad(q_seg, 1, pq), kv=_pad(kv_seg, 1, pk)), causal=causal,
+                            sm_scale=1.0, block_sizes=sizes)
+  return jnp.swapaxes(out, 1, 2)[:, :nq].astype(dtype)
