@@ -23,9 +23,12 @@ in three kernels:
     bias gradient in registers, writing it once. T5's bias is [1, h, q, k], shared by the batch, so its gradient
     is a sum over the batch; summing inside the program needs no [b, h, q, k] buffer and no atomics (the sum is
     deterministic). It recomputes QK^T and dO V^T for its tile (two of the backward's seven tile products,
-    ~30% more backward FLOPs): on an H100 that costs less than carrying dS between the kernels through memory,
-    whether as a [b, h, q, k] array or as read-modify-writes of dQ/dK accumulators per batch element. A bias
-    with its own batch axis ([b, h, q, k]) gets its gradient per element from the same kernel.
+    ~30% more backward FLOPs). The alternatives move dS through memory: as a [b, h, q, k] array, or, with the
+    batch looped inside the dQ or dK/dV programs, as read-modify-writes of per-example accumulators. By the
+    H100's ~300 bfloat16 FLOPs per byte of memory traffic, a 64 x 64 tile's two recomputed products (1 MFLOP)
+    cost about what 3.5 KB of traffic does, where its dS or a 64 x 64 float32 accumulator is 16 KB each way
+    (an estimate, not measured on a GPU). A bias with its own batch axis ([b, h, q, k]) gets its gradient per
+    element from the same kernel.
 The split of dK/dV and dQ into two kernels (JAX's Pallas attention fuses them into one program when q and k
 have as many blocks) keeps q != k (cross-attention) and causal bounds simple; each kernel skips the tiles that
 causality masks entirely.
@@ -39,6 +42,11 @@ different head dimensions for values, grouped keys/values, higher-order derivati
 not partition a custom call, so under a mesh the caller runs it per batch shard (and sums the bias gradient
 over the shards).
 
+Padding: lengths that are not whole blocks are padded by copies (q, k, v, the cotangent, the bias and the mask)
+and the outputs sliced: nothing at T5's 512 encoder positions; at its 114 decoder positions (padded to 128),
+12.6 MB of scratch per attention at batch 8, base size (tests/test_flash_attention.py, deviceless H100 compile).
+Masked loads in the kernels would avoid the copies.
+
 Numerics: logits, softmax statistics and every accumulator are float32; the softmax runs in base 2 (logits times
 log2(e), Triton's exp2 is one instruction where exp is a range reduction plus exp2); the weights are rounded to
 `dtype` before the product with V, as the reference rounds them; with bfloat16 inputs the tile products take
@@ -47,6 +55,15 @@ by NEG_INF (the reference adds it): identical wherever a row has an allowed key.
 queries) gets uniform weights over all keys: finite, and with a zero cotangent on such rows (the loss ignores
 padding) it adds nothing to any gradient. In float32 (interpret mode) the output and the four gradients match the
 reference to ~1e-6 of each array's largest magnitude (tests/test_flash_attention.py).
+
+Why a kernel of our own (jax 0.10.2): JAX's Pallas GPU attention (`jax.experimental.pallas.ops.gpu.attention`)
+takes no bias, one segment-id array for queries and keys (self-attention only) and lengths that are whole
+blocks. axlearn's port of it (`axlearn/common/flash_attention/gpu_attention.py`) adds a bias and dropout but
+returns no gradient for the bias. cuDNN's fused attention (`jax.nn.dot_product_attention(implementation=
+"cudnn")`) takes bfloat16/float16 only, returns a [1, h, q, k] bias's gradient in that dtype, takes segment ids
+only as a dense mask (folded into a [b, h, q, k] bias, whose gradient is then [b, h, q, k] too) or as packed
+offsets (refused unless a Hopper GPU is visible, so not deviceless), draws dropout from its own seed (no given
+mask), and needs the cuDNN library when the program is traced (not in the gpu-compile extra).
 """
 from __future__ import annotations
 
@@ -287,11 +304,15 @@ class _Calls:
             None if self.bias_batch is None else pl.BlockSpec(*bias), pl.BlockSpec(*qseg), pl.BlockSpec(*kvseg),
             pl.BlockSpec(*drop) if self.has_drop else None]
 
+  @property
+  def per_example(self) -> bool:
+    """Whether the bias has a batch axis of its own (else one [1, h, q, k] bias is shared by the batch)."""
+    return self.bias_batch == self.shape[0] and self.shape[0] > 1
+
   def forward(self, q, k, v, bias, qseg, kvseg, drop, out_dtype):
     from jax.experimental import pallas as pl
     b, nq, nk, h, d = self.shape
-    bq, bk = self.block_q, self.block_k
-    per_example = self.bias_batch == b and b > 1
+    bq, per_example = self.block_q, self.per_example
     in_specs = self._specs(
         ((None, bq, None, d), lambda r, i, hh: (r, i, hh, 0)),
         ((None, nk, None, d), lambda r, i, hh: (r, 0, hh, 0)),
@@ -310,8 +331,7 @@ class _Calls:
   def dkv(self, *args):
     from jax.experimental import pallas as pl
     b, nq, nk, h, d = self.shape
-    bq, bk = self.block_q, self.block_k
-    per_example = self.bias_batch == b and b > 1
+    bk, per_example = self.block_k, self.per_example
     rows = ((None, nq, None, d), lambda r, j, hh: (r, 0, hh, 0))
     keys = ((None, bk, None, d), lambda r, j, hh: (r, j, hh, 0))
     in_specs = self._specs(
@@ -323,7 +343,7 @@ class _Calls:
     stats = pl.BlockSpec((None, None, nq), lambda r, j, hh: (r, hh, 0))
     in_specs += [pl.BlockSpec(*rows), stats, stats]
     out_specs = [pl.BlockSpec(*keys), pl.BlockSpec(*keys)]
-    q, k, v = args[:3]
+    k, v = args[1:3]
     out_shape = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
     return self._call(functools.partial(_dkv_kernel, **self.static), "flash_attention_dkv", (b, nk // bk, h),
                       in_specs, out_specs, out_shape, args)
@@ -331,8 +351,7 @@ class _Calls:
   def dq(self, *args):
     from jax.experimental import pallas as pl
     b, nq, nk, h, d = self.shape
-    bq, bk = self.block_q, self.block_k
-    per_example = self.bias_batch == b and b > 1
+    bq, per_example = self.block_q, self.per_example
     rows = ((None, bq, None, d), lambda r, i, hh: (r, i, hh, 0))
     in_specs = self._specs(
         rows,
@@ -350,8 +369,7 @@ class _Calls:
   def dbias(self, *args, bias_dtype):
     from jax.experimental import pallas as pl
     b, nq, nk, h, d = self.shape
-    bq, bk = self.block_q, self.block_k
-    per_example = self.bias_batch == b and b > 1
+    bq, bk, per_example = self.block_q, self.block_k, self.per_example
     rows = ((b, bq, None, d), lambda i, j, hh: (0, i, hh, 0))
     in_specs = self._specs(
         rows,
