@@ -117,6 +117,12 @@ def read_cogs_tsv(path: str | os.PathLike) -> list[tuple[str, str, str]]:
     Blank lines are skipped; any other line must have exactly 3 tab-separated
     fields, else ValueError naming the file and (1-based) line number.
     """
+    return [row for _, row in read_cogs_tsv_lines(path)]
+
+
+def read_cogs_tsv_lines(path: str | os.PathLike) -> list[tuple[int, tuple[str, str, str]]]:
+    """``read_cogs_tsv``'s rows, each with its 1-based line number in the file
+    (blank lines skipped, so a row's index and its line may differ)."""
     rows = []
     with open(path, encoding="utf-8", newline="") as f:
         for lineno, line in enumerate(f, start=1):
@@ -129,7 +135,7 @@ def read_cogs_tsv(path: str | os.PathLike) -> list[tuple[str, str, str]]:
                     f"{path}:{lineno}: malformed COGS row: expected {NUM_FIELDS} tab-separated "
                     f"fields (sentence, logical form, category), got {len(fields)}: {line[:120]!r}"
                 )
-            rows.append((fields[0], fields[1], fields[2]))
+            rows.append((lineno, (fields[0], fields[1], fields[2])))
     return rows
 
 

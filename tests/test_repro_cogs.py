@@ -443,7 +443,8 @@ def test_decode_lengths_are_each_splits_longest_target():
 @pytest.mark.parametrize("model", [pytest.param("t5_1_1", marks=pytest.mark.integration), "remixer"])
 def test_decoding_shorter_than_the_model_length_decodes_the_same_prefix(model):
   """Dev and test decode with a cache shorter than the model length (decode_lengths): the fixed-length
-  Remixer (H sized 400) and T5 give the first tokens of the full-length decode, token for token."""
+  Remixer (the decoder's H sized to the declared 576) and T5 give the first tokens of the full-length decode,
+  token for token."""
   import jax
   from remixer_t5 import gin_utils
   from remixer_t5.repro import cogs as repro

@@ -115,6 +115,15 @@ def test_malformed_row_names_file_and_line(embedded_env, tmp_path, monkeypatch):
     assert str(cogs / "dev.tsv") in str(err.value)
 
 
+def test_rows_keep_their_file_line_numbers_across_blank_lines(tmp_path):
+    from remixer_t5.tasks.cogs import read_cogs_tsv, read_cogs_tsv_lines
+
+    path = tmp_path / "gen.tsv"
+    path.write_text("A b .\tb ( x _ 1 )\tc\n\n  \nC d .\td ( x _ 1 )\tc\r\n", encoding="utf-8")
+    assert read_cogs_tsv_lines(path) == [(1, ("A b .", "b ( x _ 1 )", "c")), (4, ("C d .", "d ( x _ 1 )", "c"))]
+    assert read_cogs_tsv(path) == [row for _, row in read_cogs_tsv_lines(path)]
+
+
 def test_missing_data_errors(embedded_env, tmp_path, monkeypatch):
     monkeypatch.delenv("REMIXER_T5_DATA_DIR", raising=False)
     with pytest.raises(FileNotFoundError, match="REMIXER_T5_DATA_DIR is not set"):

@@ -14,7 +14,11 @@ Protocol (written down in docs/reproductions.md, "COGS", with the reasons):
     dev set (Csordás et al. 2021, §3: dev accuracy saturates long before gen accuracy does);
   - Adafactor, T5's inverse-square-root schedule (0.058 for the first `warmup` (300) steps, then 1/sqrt(step)), dropout 0.1, no
     label smoothing (the loss is the project's cross-entropy with z-loss 1e-4);
-  - fixed-length mixers sized to the longest input and target of every split (``MODEL_LENGTHS``).
+  - one recipe whatever evaluation files sit beside train: the model's lengths are declared for the COGS
+    release (``MODEL_LENGTHS``: they size the fixed-length mixers) and training rows are packed at lengths
+    fixed from the train split (``TRAIN_LENGTHS``); an evaluation file with a row longer than the model's
+    lengths is refused (``check_lengths``), never met by another model. Each split decodes only to its own
+    longest target (``decode_lengths``).
 
 Outputs (``--out DIR``, rewritten after every run; a rerun skips the finished runs):
 ``cogs.jsonl`` (one row per model, seed and split or gen category), ``cogs_table.md`` (mean and range over
@@ -86,7 +90,27 @@ class Settings:
       raise ValueError(f"--eval_examples must be positive, got {self.eval_examples}")
 
 
-# Packed training rows (runs/cogs_scratch.gin's), never longer than the model lengths (fixed-length mixers).
+# The model's lengths (tokens with EOS under the `cogs_words` vocabulary), declared once for the COGS release
+# and never measured from the files at hand: they size the fixed-length mixers (Remixer's H, the MLP-Mixer
+# encoder's token MLP), so lengths measured from the data would let whichever gen file a user has change the
+# model. They hold the longest example of the full release, its 21,000 gen rows included:
+#   inputs 64: the longest sentence, a cp_recursion row of 61 words, is 62 tokens (pp_recursion 54, train 23,
+#     dev 22, test 20): 2 spare. The sentences are the release's own, so this length is exact.
+#   targets 576: the longest logical form, a cp_recursion row of depth 12, is 539 tokens (pp_recursion 385,
+#     dev 173, train 166, test 138): 37 spare (7%), about one more level of nesting (a clause level adds 27-39
+#     tokens, by whether its subject is a name or a common noun).
+# Both are the release's longest rounded up to a multiple of 64. Only gen_sample.tsv (obj_to_subj_common and
+# pp_recursion) ships here; cp_recursion's lengths were measured on a public variable-free copy of gen.tsv with
+# the release's 21,000 sentences (github.com/ykyaol7/template_tuning, data/cogs/gen.tsv), its logical forms
+# rebuilt in COGS's format (variables are word positions), a rebuild that gives the release's tokens on every
+# row of gen_sample.tsv and on every train row but the primitives. runs/cogs_scratch.gin binds the same values
+# (a test holds them equal).
+MODEL_LENGTHS = {"inputs": 64, "targets": 576}
+# The release's longest input and target (above); tests hold MODEL_LENGTHS to them.
+RELEASE_LONGEST = {"inputs": 62, "targets": 539}
+# Packed training rows (runs/cogs_scratch.gin's TASK_FEATURE_LENGTHS), fixed from the train split alone: its
+# examples average 9.7 input and 44.7 target tokens with EOS, so a row holds ~6.4 of them; its longest example
+# (23 / 166) fits a row. A train example longer than a row is refused (check_lengths), never cut.
 TRAIN_LENGTHS = {"inputs": 64, "targets": 320}
 QUICK = dict(models=("t5_1_1", "remixer"), seeds=(0,), steps=1800)
 QUICK_JOBS = 2  # --quick's two runs side by side (jobs_from_args): one ~1.1M-parameter run keeps 2 cores ~1.4 busy
@@ -105,8 +129,10 @@ def model_gin(model: str) -> str:
 # --- data -------------------------------------------------------------------------------------------------
 def measure_splits(progress: Callable[[str], None] = print, eval_examples: int | None = None) -> dict:
   """Per split: rows, examples that do not round-trip through the vocabulary, the longest input and target
-  (tokens with EOS); and the model lengths that hold every split (rounded up to a multiple of 16). For gen,
-  `categories` counts the rows of each category that are decoded (the first `eval_examples` of the file)."""
+  (tokens with EOS); the model lengths (`MODEL_LENGTHS`, declared: not measured) and the packed training rows'
+  (`TRAIN_LENGTHS`). ValueError naming the file, line, length and limit when a row does not fit
+  (check_lengths). For gen, `categories` counts the rows of each category that are decoded (the first
+  `eval_examples` of the file)."""
   from remixer_t5.data import word_vocab
   from remixer_t5.tasks import cogs
   vocab = cogs.cogs_word_vocabulary()
@@ -114,13 +140,17 @@ def measure_splits(progress: Callable[[str], None] = print, eval_examples: int |
   out = {"gen_file": portable_path(gen), "gen_digest": word_vocab.file_digest(gen),
          "vocab_size": int(vocab.vocab_size), "splits": {}}
   for split in ("train",) + SPLITS:
-    rows = cogs.read_cogs_tsv(cogs.split_path(split))
+    path = cogs.split_path(split)
+    numbered = cogs.read_cogs_tsv_lines(path)
+    rows = [r for _, r in numbered]
     texts = [t for r in rows for t in r[:2]]
     bad = word_vocab.round_trip_failures(vocab, texts)
     enc = vocab.tokenizer.encode([r[0] for r in rows]), vocab.tokenizer.encode([r[1] for r in rows])
+    lengths = {"inputs": [len(e) + 1 for e in enc[0]], "targets": [len(e) + 1 for e in enc[1]]}  # with EOS
+    check_lengths(path, split, [n for n, _ in numbered], lengths)
     info = {"rows": len(rows), "round_trip_failures": len(bad),
-            "max_input_tokens": max(len(e) for e in enc[0]) + 1, "max_target_tokens": max(len(e) for e in enc[1]) + 1,
-            "mean_target_tokens": round(float(np.mean([len(e) for e in enc[1]])) + 1, 1)}
+            "max_input_tokens": max(lengths["inputs"]), "max_target_tokens": max(lengths["targets"]),
+            "mean_target_tokens": round(float(np.mean(lengths["targets"])), 1)}
     if split == "gen":
       decoded = rows[:eval_examples] if eval_examples else rows
       info["categories"] = {c: sum(r[2] == c for r in decoded) for c in sorted({r[2] for r in decoded})}
@@ -128,10 +158,32 @@ def measure_splits(progress: Callable[[str], None] = print, eval_examples: int |
     progress(f"cogs {SPLIT_LABELS.get(split, split)}: {len(rows)} rows, {len(bad)} do not round-trip, longest "
              f"input {info['max_input_tokens']} and target {info['max_target_tokens']} tokens (with EOS)"
              + (f" [{out['gen_file']}]" if split == "gen" else ""))
-  out["model_lengths"] = {
-      "inputs": _up16(max(s["max_input_tokens"] for s in out["splits"].values())),
-      "targets": _up16(max(s["max_target_tokens"] for s in out["splits"].values()))}
+  out["model_lengths"] = dict(MODEL_LENGTHS)
+  out["train_lengths"] = dict(TRAIN_LENGTHS)
   return out
+
+
+def check_lengths(path: str | os.PathLike, split: str, lines: Sequence[int], lengths: dict[str, list[int]]) -> None:
+  """ValueError when a row of `path` (split `split`; `lines[i]` the file line of row i) is longer, in tokens
+  with EOS (`lengths[feature][i]`), than the recipe holds: a train row than a packed training row
+  (TRAIN_LENGTHS), a row of dev, test or gen than the model (MODEL_LENGTHS). The message names the file, the
+  first such line, its length and the limit, and counts the rows that do not fit. The lengths are declared,
+  not fitted to the files: seqio would cut such a row short (a wrong target to score or train on), and fitting
+  the model to it would make the files at hand change the model."""
+  limits, name = (TRAIN_LENGTHS, "TRAIN_LENGTHS") if split == "train" else (MODEL_LENGTHS, "MODEL_LENGTHS")
+  over = sorted((i, f) for f in ("inputs", "targets") for i, n in enumerate(lengths[f]) if n > limits[f])
+  if not over:
+    return
+  i, f = over[0]
+  what = {"inputs": "input (sentence)", "targets": "target (logical form)"}[f]
+  n = len({i for i, _ in over})
+  why = ("a packed training row's length" if split == "train" else
+         "the model's length, declared for the full COGS release: it does not follow the evaluation files at hand")
+  raise ValueError(
+      f"{path}:{lines[i]}: this {SPLIT_LABELS.get(split, split)} row's {what} is {lengths[f][i]} tokens with EOS "
+      f"(cogs_words vocabulary), longer than the {limits[f]} of {name}[{f!r}] (remixer_t5/repro/cogs.py), "
+      f"{why}; {n} row{'s' * (n > 1)} of this file {'do' if n > 1 else 'does'} not fit. Remove or shorten "
+      "such rows (the COGS release has none).")
 
 
 def portable_path(path: str | os.PathLike) -> str:
@@ -166,6 +218,8 @@ def decode_lengths(data: dict, split: str) -> dict:
 
 # --- one run ----------------------------------------------------------------------------------------------
 def _gin_args(model: str, model_dir: Path, seed: int, settings: Settings, lengths: dict) -> list[str]:
+  """The gin flags of `model`'s run: `lengths` the model's (MODEL_LENGTHS; a run folder's recorded ones when it
+  is decoded), the training rows packed at TRAIN_LENGTHS whatever they are."""
   return [f"--gin_file={model_gin(model)}", f"--gin_file={RUN_FILE}",
           f"--gin.MODEL_DIR='{model_dir}'", f"--gin.RANDOM_SEED={seed}", f"--gin.TRAIN_STEPS={settings.steps}",
           f"--gin.BATCH_SIZE={settings.batch_size}",
@@ -173,19 +227,21 @@ def _gin_args(model: str, model_dir: Path, seed: int, settings: Settings, length
           "--gin.EVAL_PERIOD=0", f"--gin.optim.rsqrt_schedule.warmup_steps={settings.warmup}",
           *([f"--gin.optim.rsqrt_schedule.cooldown_steps={settings.cooldown}"] if settings.cooldown else []),
           *([f"--gin.optim.rsqrt_schedule.base_learning_rate={settings.base_lr!r}"] if settings.base_lr != 1.0 else []),
-          f"--gin.MODEL_LENGTHS={json.dumps(lengths)}",
-          f"--gin.TASK_FEATURE_LENGTHS={json.dumps({k: min(v, lengths[k]) for k, v in TRAIN_LENGTHS.items()})}"]
+          f"--gin.MODEL_LENGTHS={json.dumps(lengths)}", f"--gin.TASK_FEATURE_LENGTHS={json.dumps(TRAIN_LENGTHS)}"]
 
 
 def settings_match(path: Path, record: dict) -> bool:
   """Whether the settings.json at `path` records `record`'s settings; a setting the file lacks (a folder made
   before it existed) counts as its default. The gen file is the same when its bytes are (`gen_digest`: the first
   12 hex digits of their sha256), wherever it lies and however `--gen` named it; a folder from before the
-  digest was recorded compares the file's name."""
-  old = json.loads(path.read_text())
+  digest was recorded compares the file's name. A folder from before `train_lengths` was recorded packed its
+  rows at TRAIN_LENGTHS cut to its model lengths."""
+  old, new = json.loads(path.read_text()), json.loads(json.dumps(record))
   for f in dataclasses.fields(Settings):
     old.get("settings", {}).setdefault(f.name, f.default)
-  new = json.loads(json.dumps(record))
+  for r in (old, new):
+    if "model_lengths" in r and "train_lengths" not in r:
+      r["train_lengths"] = {k: min(v, r["model_lengths"][k]) for k, v in TRAIN_LENGTHS.items()}
   old_gen, new_gen = old.pop("gen_file", None), new.pop("gen_file", None)
   new_digest = new.pop("gen_digest", None)
   if "gen_digest" in old:
@@ -227,7 +283,7 @@ def _run_child(cmd: list[str], log_path: Path, cpus: Sequence[int] | None, progr
   one of `forward` passed to `progress`; `cpus` pins it ($REMIXER_T5_CPUS: the CLI pins itself before any thread
   pool starts, and XLA sizes its pool to them). Stopped (Interrupted at a progress line, Ctrl-C) it gets SIGTERM.
   RuntimeError naming `what` and the log when it fails."""
-  from remixer_t5 import xla_cpu
+  from remixer_t5 import runtime
   with open(log_path, "a") as log:
     log.write("$ " + " ".join(cmd) + "\n")  # a pinned child logs its own cores (the CLI's 'cores:' line)
     log.flush()
@@ -427,11 +483,12 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
   if bad:
     raise ValueError(f"COGS examples that do not round-trip through the word vocabulary: {bad}")
   lengths = data["model_lengths"]
-  progress(f"model lengths (longest of every split, rounded up to 16): {lengths}")
+  progress(f"model lengths {lengths} (declared for the COGS release), training rows packed at {TRAIN_LENGTHS}")
   work = Path(out_dir) if out_dir is not None else Path(os.environ.get("TMPDIR", "/tmp")) / "remixer_t5_cogs"
   work.mkdir(parents=True, exist_ok=True)
   record = {"settings": dataclasses.asdict(settings) | {"models": None, "seeds": None},
-            "gen_file": data["gen_file"], "gen_digest": data["gen_digest"], "model_lengths": lengths}
+            "gen_file": data["gen_file"], "gen_digest": data["gen_digest"], "model_lengths": lengths,
+            "train_lengths": dict(TRAIN_LENGTHS)}
   if settings.gen_file:
     record["settings"]["gen_file"] = portable_path(settings.gen_file)
   settings_path = work / "settings.json"
@@ -688,7 +745,9 @@ def add_arguments(p) -> None:
   p.add_argument("--eval_batch_size", "--eval-batch-size", type=int,
                  help=f"examples decoded at once (default {Settings.eval_batch_size})")
   p.add_argument("--eval_examples", "--eval-examples", type=int, help="decode only the first N of each split")
-  p.add_argument("--gen", help="the gen file (default: <data>/cogs/gen.tsv, else gen_sample.tsv)")
+  p.add_argument("--gen", help="the gen file (default: <data>/cogs/gen.tsv, else gen_sample.tsv); it is scored, "
+                 "never trained on: a row longer than the model's declared lengths "
+                 f"({MODEL_LENGTHS['inputs']} / {MODEL_LENGTHS['targets']} tokens) is an error")
   p.add_argument("--data_dir", "--data-dir", help="folder holding cogs/ (default: $REMIXER_T5_DATA_DIR)")
   p.add_argument("--json", action="store_true", help="one JSON line per model, seed and split or gen category")
   p.add_argument("--out", help="directory for cogs.jsonl, cogs_table.md, cogs.png and the runs (resumable)")
