@@ -546,7 +546,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       check_bench_flags(args.what, rest)
     if _PIN_ERROR is not None:
       raise _PIN_ERROR
-    if _PINNED and getattr(args, "verbose", False):
+    if _PINNED:
       print(f"cores: this process runs on {','.join(map(str, _PINNED))} (${runtime.CPUS_ENV})", file=sys.stderr,
             flush=True)
     runtime.pin_cpu_without_tpu_chips()  # libtpu without TPU chips (the .[tpu] extra): no TPU runtime start

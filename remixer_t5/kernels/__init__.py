@@ -10,10 +10,11 @@ of the same function, the operation takes a named implementation from an explici
 | HyperMixing's causal and packed forms | `HyperMixing.impl` | `xla`, `cpu`, `pallas_gpu` | `cpu` on CPUs, `pallas_gpu` (causal) on CUDA GPUs |
 | dropout's keep mask | `T5Config.dropout_impl` | `xla`, `cpu` | `cpu` on CPUs, else `xla` |
 
-`auto` resolves when the program is lowered, from the platform it is lowered for (`jax.lax.platform_dependent`):
-a program compiled on a CPU host for a TPU slice or a GPU (`remixer-t5 compile`) gets that platform's choice,
-and the same gin files give the same program from the CLI, from Python and under t5x. Nothing a command line
-sets changes the choice. Inside `flop_count.counting_model_flops()` every operation takes its XLA form, whose
+`auto` picks by the platform the program is compiled for: traced under a mesh (as the trainer and `remixer-t5
+compile` trace every step), that of the mesh's devices, read at trace time; otherwise the choice is left to
+lowering (`jax.lax.platform_dependent`, which traces every platform's form and keeps the one lowered for). A
+program compiled on a CPU host for a TPU slice or a GPU gets that platform's choice, and the same gin files give
+the same program from the CLI, from Python and under t5x. Nothing a command line sets changes the choice. Inside `flop_count.counting_model_flops()` every operation takes its XLA form, whose
 FLOPs XLA's cost analysis can count (it counts a custom call as none).
 
 Kernels live in `cpu/` (C++ through XLA's FFI), `gpu/` (Pallas, Triton) and `tpu/`, are imported only when a
@@ -59,10 +60,23 @@ def choose(impl: str, reference: Callable, kernels: Mapping[str, str], auto: Map
 
   if impl != "auto":
     return kernel(impl)
-  branches = {platform: kernel(name) for platform, name in auto.items() if name in kernels}
-  if not branches:
+  names = {platform: name for platform, name in auto.items() if name in kernels}
+  target = target_platform()
+  if target in ("cpu", "tpu"):
+    return kernel(names[target]) if target in names else reference
+  if target == "gpu":  # CUDA or ROCm: the device kind does not say which; lowering does
+    names = {p: n for p, n in names.items() if p in ("cuda", "rocm")}
+  if not names:
     return reference
+  branches = {platform: kernel(name) for platform, name in names.items()}
   return lambda *args: _platform_dependent(args, reference, branches)
+
+
+def target_platform() -> str | None:
+  """The platform ('cpu', 'gpu', 'tpu') of the devices of the mesh being traced under, or None without one."""
+  import jax
+  device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
+  return None if device is None else device.platform
 
 
 def _platform_dependent(args, reference, branches):

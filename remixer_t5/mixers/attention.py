@@ -21,7 +21,7 @@ Array = jax.Array
 
 # The attention operation's kernels (kernels/__init__.py) and what `auto` picks on each platform.
 ATTENTION_KERNELS = {"pallas_gpu": "gpu.flash_attention:seam"}
-ATTENTION_AUTO: dict[str, str] = {}
+ATTENTION_AUTO = {"cuda": "pallas_gpu"}
 
 
 class Attention(nn.Module):

@@ -73,6 +73,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from remixer_t5.kernels.gpu import sharding
+
 f32 = jnp.float32
 NEG_INF = -1e10  # layers.NEG_INF: the mask value of the reference (finite, so fully masked rows stay finite)
 LOG2E = math.log2(math.e)
@@ -452,3 +454,16 @@ def attention(query, key, value, *, bias=None, q_segment_ids=None, kv_segment_id
 
   run.defvjp(run_fwd, run_bwd)
   return run(query, key, value, bias, q_seg, kv_seg, drop)
+
+
+def seam(query, key, value, bias, q_segment_ids, kv_segment_ids, keep, *, reference, causal: bool,
+         dropout_rate: float, dtype, float32_logits: bool = True):
+  """The `pallas_gpu` implementation of the model's attention operation (`T5Config.attention_impl`; the
+  reference is `mixers.attention.dot_product_attention`, whose positional arguments these are), each device's
+  batch rows through the kernels under a mesh. Logits are float32 in the kernels whatever `float32_logits`."""
+  del reference, float32_logits
+  run = lambda q, k, v, b, qs, ks, m: attention(q, k, v, bias=b, q_segment_ids=qs, kv_segment_ids=ks,
+                                                  causal=causal, dropout_mask=m, dropout_rate=dropout_rate,
+                                                  dtype=dtype)
+  shared = (3,) if bias is not None and bias.shape[0] == 1 else ()
+  return sharding.per_batch_shard(run, shared)(query, key, value, bias, q_segment_ids, kv_segment_ids, keep)

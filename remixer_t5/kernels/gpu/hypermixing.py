@@ -29,7 +29,7 @@ Memory: each call writes one float32 partial output per d'-block, summed after (
 deterministic): d'/16 x batch x length x d floats (1.4 GB for a microbatch of 32 at base size, 114
 positions). It grows with the length: `remixer-t5 compile --topology
 h100` counts it, and grouping d'-blocks per program would cut it (not done: it needs a GPU to tune).
-Under a mesh the kernel runs per batch shard (`_per_batch_shard`): XLA does not partition a custom call.
+Under a mesh the kernel runs per batch shard (`sharding.per_batch_shard`): XLA does not partition a custom call.
 """
 from __future__ import annotations
 
@@ -39,6 +39,8 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+
+from remixer_t5.kernels.gpu import sharding
 
 BLOCK_H = 16  # d' rows of the causal state tile (a power of 2: Triton's tensors) and its d columns: 16 x 64 with
 BLOCK_D = 64  # 2 warps timed fastest of the 8 tiles tried on an H200 (docs/benchmarks.md)
@@ -204,37 +206,10 @@ def kernel(w1, x, w2, mask, segment_ids, length_normalize: bool, *, block_h: int
                          2, block_h, block_d, num_warps, interpret)
 
 
-def _per_batch_shard(fn: Callable) -> Callable:
-  """`fn` on each device's own rows when the program is traced under a mesh whose rules shard the batch
-  (partitioning.activation_sharding): XLA does not partition a custom call, so without this every GPU would
-  gather the whole batch and run the kernel on all of it. Other dimensions are gathered (a 'model' axis sharding
-  d' is undone here). Batches the shards do not divide keep the unpartitioned call."""
-  mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty or mesh.size == 1:
-    return fn
-  from flax import linen as nn
-  rules = nn.get_logical_axis_rules()
-  axes = nn.logical_to_mesh_axes(("batch",), rules)[0] if rules else None
-  if axes is None:
-    return fn
-  axes = tuple(axes) if isinstance(axes, (tuple, list)) else (axes,)
-  shards = math.prod(dict(mesh.shape)[a] for a in axes)
-
-  def each_shard(*args):
-    if shards == 1 or args[0].shape[0] % shards:
-      return fn(*args)
-    spec = jax.sharding.PartitionSpec(axes)
-    if jax.sharding.AxisType.Explicit in mesh.axis_types:  # (partitioning's meshes are Auto)
-      args = tuple(jax.sharding.reshard(a, spec) for a in args)
-    return jax.shard_map(fn, mesh=mesh, in_specs=(spec,) * len(args), out_specs=spec, check_vma=False)(*args)
-
-  return each_shard
-
-
 def causal(w1, x, w2, mask, segment_ids, *, reference: Callable, length_normalize: bool):
   """The causal form through the kernel, its rows split over the devices that shard the batch; float32 output.
   Only in programs lowered for CUDA GPUs (`HyperMixing.impl`: kernels/__init__.py); `reference` is not used."""
   del reference
   seg = jnp.zeros(mask.shape, jnp.int32) if segment_ids is None else jnp.asarray(segment_ids, jnp.int32)
-  on_gpu = _per_batch_shard(lambda w1, x, w2, mask, seg: kernel(w1, x, w2, mask, seg, length_normalize))
+  on_gpu = sharding.per_batch_shard(lambda w1, x, w2, mask, seg: kernel(w1, x, w2, mask, seg, length_normalize))
   return on_gpu(w1, x, w2, mask, seg)
