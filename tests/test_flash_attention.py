@@ -2,7 +2,7 @@
 mask) as Pallas (Triton) flash-attention kernels, forward and gradient.
 
 The kernels run here in Pallas's interpreter (the same kernel bodies, executed by XLA:CPU) against
-`flash_attention.reference`, the plain-JAX composition: the output on real query rows and the gradients of query,
+`reference`, the model's plain-JAX attention operation (`mixers.attention.dot_product_attention`): the output on real query rows and the gradients of query,
 key, value and bias, with the output's cotangent zero on padding rows (as the loss makes it). Blocks of 16 make
 several blocks out of small lengths that are not multiples of them. Programs lowered for CUDA are checked for
 the kernels' custom calls and the absence of [b, h, q, k] arrays; with XLA's CUDA compiler plugin (`make
@@ -20,7 +20,18 @@ import numpy as np
 import pytest
 
 from remixer_t5.kernels.gpu import flash_attention as fa
+from remixer_t5.mixers.attention import dot_product_attention
 from tiers import tiered
+
+
+def reference(query, key, value, *, bias=None, q_segment_ids=None, kv_segment_ids=None, causal=False,
+              dropout_mask=None, dropout_rate=0.0, dtype=jnp.float32):
+  """The model's attention operation in the kernel's keyword form (segment ids None: every position real)."""
+  b, nq, nk = query.shape[0], query.shape[1], key.shape[1]
+  q_seg = jnp.ones((b, nq), jnp.int32) if q_segment_ids is None else jnp.asarray(q_segment_ids, jnp.int32)
+  kv_seg = jnp.ones((b, nk), jnp.int32) if kv_segment_ids is None else jnp.asarray(kv_segment_ids, jnp.int32)
+  return dot_product_attention(query, key, value, bias, q_seg, kv_seg, dropout_mask, causal=causal,
+                               dropout_rate=dropout_rate, dtype=dtype)
 
 
 def segments(rng, b, n, pieces, pad):
@@ -82,7 +93,7 @@ def check(name, *, dtype=jnp.float32, dropout_rate=0.0, tol=1e-5, blocks=16):
   kernel = lambda **kw: fa.attention(**kw, interpret=True, block_q=blocks, block_k=blocks)
   out, grads = value_and_grads(kernel, inputs, static, g)
   with jax.default_matmul_precision("highest"):
-    want_out, want_grads = value_and_grads(fa.reference, inputs, static, g)
+    want_out, want_grads = value_and_grads(reference, inputs, static, g)
   assert out.dtype == dtype and out.shape == want_out.shape
   assert all(bool(jnp.all(jnp.isfinite(x))) for x in [out, *grads.values()])  # padding rows included
   errors = {"out": rel(out, want_out, real)}
@@ -125,7 +136,7 @@ def test_sweep_of_seeds_blocks_and_dropout(name, seed):
     kernel = lambda **kw: fa.attention(**kw, interpret=True, block_q=bq, block_k=bk)
     out, grads = value_and_grads(kernel, inputs, static, g)
     with jax.default_matmul_precision("highest"):
-      want_out, want_grads = value_and_grads(fa.reference, inputs, static, g)
+      want_out, want_grads = value_and_grads(reference, inputs, static, g)
     assert rel(out, want_out, real) < 1e-5
     assert max(rel(grads[k], want_grads[k]) for k in want_grads) < 1e-5
 
@@ -238,7 +249,7 @@ def test_the_tpu_wrapper_matches_the_reference_in_tpu_interpret_mode(name):
   with pltpu.force_tpu_interpret_mode():
     out, grads = value_and_grads(tpu_fa.attention, inputs, static, g)
   with jax.default_matmul_precision("highest"):
-    want_out, want_grads = value_and_grads(fa.reference, inputs, static, g)
+    want_out, want_grads = value_and_grads(reference, inputs, static, g)
   assert rel(out, want_out, real) < 1e-5
   assert max(rel(grads[k], want_grads[k]) for k in want_grads) < 1e-5
 

@@ -90,28 +90,6 @@ NUM_WARPS = 4
 NUM_STAGES = 2  # the key-block loop's loads are double-buffered
 
 
-def reference(query, key, value, *, bias=None, q_segment_ids=None, kv_segment_ids=None, causal=False,
-              dropout_mask=None, dropout_rate=0.0, dtype=jnp.float32):
-  """The plain-JAX composition the kernels compute (query [b, q, h, d], key/value [b, k, h, d] -> [b, q, h, d])."""
-  b, nq, nk = query.shape[0], query.shape[1], key.shape[1]
-  q_seg = jnp.ones((b, nq), jnp.int32) if q_segment_ids is None else q_segment_ids
-  kv_seg = jnp.ones((b, nk), jnp.int32) if kv_segment_ids is None else kv_segment_ids
-  allowed = (q_seg[:, :, None] == kv_seg[:, None, :]) & (kv_seg[:, None, :] != 0) & (q_seg[:, :, None] != 0)
-  if causal:
-    allowed = allowed & (jnp.arange(nk)[None, None, :] <= jnp.arange(nq)[None, :, None])
-  logits = jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=f32)
-  if bias is not None:
-    logits = logits + bias
-  logits = logits + jnp.where(allowed, 0.0, NEG_INF)[:, None]
-  weights = jax.nn.softmax(logits, axis=-1).astype(dtype)
-  if dropout_mask is not None:
-    weights = jnp.where(dropout_mask, weights / (1 - dropout_rate), 0).astype(dtype)
-  return jnp.einsum("bhqk,bkhd->bqhd", weights, value).astype(dtype)
-
-
-# --- kernel bodies -------------------------------------------------------------------------------------------
-# Logits are kept in base 2 (times log2(e)); L, written by the forward, is the base-2 log-sum-exp.
-
 def _scaled_logits(q, k, bias, q_seg, kv_seg, rows, cols, causal: bool):
   """log2(e) (q k^T + bias) where allowed, else NEG_INF: a [block_q, block_k] float32 tile."""
   from jax.experimental.pallas import triton as plt
@@ -394,7 +372,7 @@ def attention(query, key, value, *, bias=None, q_segment_ids=None, kv_segment_id
               dropout_mask=None, dropout_rate: float = 0.0, dtype=jnp.float32, interpret: bool = False,
               block_q: int = BLOCK_Q, block_k: int = BLOCK_K, num_warps: int = NUM_WARPS,
               num_stages: int = NUM_STAGES):
-  """`reference(...)` through the kernels, with a custom gradient for query, key, value and bias.
+  """The model's attention operation (`mixers.attention.dot_product_attention`) through the kernels, with a custom gradient for query, key, value and bias.
 
   query [b, q, h, d]; key, value [b, k, h, d]; bias None, [1, h, q, k] or [b, h, q, k] (float); segment ids
   [b, q] and [b, k] (int, 0 = padding; None: every position real); dropout_mask None or [b, h, q, k] bool, with

@@ -1,5 +1,5 @@
 """T5's attention on TPUs through JAX's Pallas (Mosaic) flash attention, `jax.experimental.pallas.ops.tpu.
-flash_attention`, with the contract of `kernels/gpu/flash_attention.py` (whose `reference` is the function).
+flash_attention`, with the contract of `kernels/gpu/flash_attention.py` (the model's `mixers.attention.dot_product_attention` is the function).
 
 That kernel takes an additive bias `ab` and returns its gradient, q and kv segment ids, and causal masking, with
 a softmax scale (1 here: T5 does not scale its logits). This wrapper does the layout and the shapes:
@@ -35,7 +35,7 @@ def _pad(a, axis: int, size: int):
 def attention(query, key, value, *, bias=None, q_segment_ids=None, kv_segment_ids=None, causal: bool = False,
               dropout_mask=None, dropout_rate: float = 0.0, dtype=jnp.float32, operand_dtype=None,
               block: int = BLOCK):
-  """`kernels.gpu.flash_attention.reference(...)` through JAX's TPU flash attention (differentiable in query,
+  """The model's attention operation (`mixers.attention.dot_product_attention`) through JAX's TPU flash attention (differentiable in query,
   key, value and bias). query [b, q, h, d]; key, value [b, k, h, d]; bias None, [1, h, q, k] or [b, h, q, k];
   segment ids [b, q], [b, k] (0 = padding); returns [b, q, h, d] in `dtype`. operand_dtype: what query, key
   and value are cast to for the kernel (None: as given); v2 and v3 need float32, their Mosaic compiler takes no
