@@ -7,7 +7,7 @@
 # HF_DENORMALS=keep runs PyTorch with its own default (subnormal floats computed, not flushed as XLA:CPU does;
 # several times slower on Intel CPUs once Adafactor makes them, docs/benchmarks.md); the default is flush.
 # HF_PROCESS=shared runs the reference in our process, as the rows before commit 040acd3 did (default: its own).
-# Our Dense products go to MKL where the venv has it (remixer_t5/cpu_blas.py); REMIXER_T5_CPU_BLAS=off for XLA's.
+# Our step runs with $XLA_FLAGS as given (unset: XLA's defaults) and the config's kernel choices (remixer_t5/kernels/).
 # Each config prints its JSON row to $OUT/<config>.json and a summary line to stdout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +30,7 @@ r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
 print(f"{sys.argv[2]}: ours {r['ours_s_per_step']:.3f} s/step ({r['ours_tokens_per_s']:,.0f} tok/s), "
       f"HF {r['hf_s_per_step']:.3f} s/step ({r.get('hf_process', 'shared')} process), ours/HF {r['ratio_ours_to_hf']:.3f}; rounds ours "
       f"{[round(x, 3) for x in r['ours_round_medians']]} HF {[round(x, 3) for x in r['hf_round_medians']]}; "
-      f"xla flags {r.get('xla_cpu_flags')}, dense products {r.get('cpu_blas') or 'XLA'}, host malloc {r.get('host_malloc_policy')}, THP {r.get('transparent_hugepages')}, "
+      f"xla flags {r.get('xla_flags')!r}, host malloc {r.get('host_malloc_policy')}, THP {r.get('transparent_hugepages')}, "
       f"denormals flushed: XLA {r.get('xla_denormals_flushed')}, torch {r.get('torch_denormals_flushed')}")
 print(f"  per timed step: cores busy ours {r.get('ours_cores_busy') or 0:.2f} HF {r.get('hf_cores_busy') or 0:.2f}; "
       f"system s ours {r.get('ours_system_s_per_step', 0):.3f} HF {r.get('hf_system_s_per_step', 0):.3f}; "

@@ -1,10 +1,11 @@
-"""HyperMixing on CPU: the fused C++ loops of remixer_t5/cpu_hypermixing.py against the layer's XLA forms.
+"""HyperMixing on CPU: the fused C++ loops of remixer_t5/kernels/cpu/hypermixing.py against the layer's XLA forms.
 
 Two measurements, each with both variants compiled in this one process and timed in alternating rounds (this
-machine's speed moves by up to 25% between minutes; only interleaved timings compare):
+machine's speed moves by up to 25% between minutes; only interleaved timings compare). The variants are the
+layer's implementation choice: `kernel` is `HyperMixing.impl='cpu'`, `xla` is `impl='xla'`.
 
   layer  causal HyperMixing's forward + backward (`HyperMixing._causal`, the decoder's self-mixing) on packed
-         rows: kernel (`cpu_hypermixing`) against the chunked scan
+         rows: the kernel against the chunked scan
   step   a whole HyperMixer train step (loss and gradients, jitted, no optimizer) of `repro cogs`'s model
          (models/hypermixer/cogs.gin, batch 4, 64/320, dropout off) on packed rows (7 examples a row, as COGS
          packs) and on unpacked ones: every HyperMixing form through the kernels against XLA's
@@ -14,17 +15,15 @@ untimed ones, the machine (bench_env.environment(): CPU, flags, threads, commit)
 gives the median over rounds and each kernel/XLA ratio. `--config tiny` is the test's (tests/test_cpu_hypermixing.py).
 Results: docs/benchmarks.md ("HyperMixing on CPU").
 
-  REMIXER_T5_XLA_CPU=off python scripts/bench_hypermixing_cpu.py --rounds 3 [--out docs/data/bench_hypermixing_cpu.jsonl]
+  python scripts/bench_hypermixing_cpu.py --rounds 3 [--out docs/data/bench_hypermixing_cpu.jsonl]
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
-import types
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,6 +33,7 @@ CONFIGS = {
     "tiny": ((2, 24, 16, 8), ["network.T5Config.emb_dim=32", "network.T5Config.mlp_dim=48",
                              "network.T5Config.num_heads=2", "network.T5Config.head_dim=16"], 2, 16, 24, 3),
 }
+VARIANTS = {"kernel": "cpu", "xla": "xla"}  # variant: HyperMixing.impl
 
 
 def packed_ids(batch: int, length: int, examples: int, pad: int):
@@ -63,11 +63,12 @@ def timed(fn, steps: int, warmup: int) -> float:
 
 def build(config: str):
   """{(measurement, variant): a no-argument call running it}, each compiled once, and {(measurement, variant):
-  the custom calls to the kernels in its program} (0 for every `xla` variant, else the swap did not take)."""
+  the custom calls to the kernels in its program} (0 for every `xla` variant, else the choice did not take)."""
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from remixer_t5 import bench_train, cpu_hypermixing, gin_utils
+  from remixer_t5 import bench_train, gin_utils
+  from remixer_t5.config import T5Config
   from remixer_t5.mixers import hypermixer
   (b, n, h, d), bindings, batch_size, inputs, targets, examples = CONFIGS[config]
   calls, kernel_calls = {}, {}
@@ -80,37 +81,38 @@ def build(config: str):
   w2 = jnp.asarray(rng.standard_normal((b, n, h)).astype(np.float32) * 0.1)
   x = jnp.asarray(rng.standard_normal((b, n, d)).astype(np.float32))
   g = jnp.asarray(rng.standard_normal((b, n, d)).astype(np.float32))
-  # The layer's causal form outside a model: _causal reads these fields only (the defaults of HyperMixing).
-  mixer = types.SimpleNamespace(chunk_size=hypermixer.HyperMixing.chunk_size, length_normalize=False,
-                                config=types.SimpleNamespace(dtype="float32"))
-  mixer._scan_causal = lambda *a: hypermixer.HyperMixing._scan_causal(mixer, *a)
-  mixer._causal = lambda *a: hypermixer.HyperMixing._causal(mixer, *a)
-  for variant, armed in (("kernel", True), ("xla", False)):
-    cpu_hypermixing.armed = armed
-    fn = jax.jit(jax.grad(lambda w1, x, w2: jnp.sum(mixer._causal(w1, x, w2, jnp.asarray(mask), jnp.asarray(seg))
-                                                    * g), argnums=(0, 1, 2)))
-    fn(w1, x, w2)  # compiled with this variant now: `armed` is read at trace time
+  for variant, impl in VARIANTS.items():
+    # The layer's causal form outside a model (an unbound module: _causal reads only its fields, HyperMixing's
+    # defaults but the implementation).
+    mixer = hypermixer.HyperMixing(T5Config(dtype="float32"), impl=impl)
+    fn = jax.jit(jax.grad(lambda w1, x, w2, mixer=mixer: jnp.sum(
+        mixer._causal(w1, x, w2, jnp.asarray(mask), jnp.asarray(seg)) * g), argnums=(0, 1, 2)))
+    fn(w1, x, w2)
     calls[("layer", variant)] = lambda fn=fn: fn(w1, x, w2)
     kernel_calls[("layer", variant)] = fn.lower(w1, x, w2).as_text().count("@remixer_hypermixing")
 
-  # The step: the repro's model, loss and gradients.
-  gin_utils.parse_gin(["models/hypermixer/cogs.gin"], ["DROPOUT_RATE=0.0", *bindings])
+  # The step: the repro's model, loss and gradients, its HyperMixing layers built with each variant's
+  # implementation (bound in gin, and compiled while that config is in force).
   lengths = {"inputs": inputs, "targets": targets}
-  model = bench_train.from_gin(batch_size, lengths)["model"]
-  batch = bench_train.random_batch(model.module.config.vocab_size, batch_size, lengths)
-  es, ep = packed_ids(batch_size, inputs, examples, 4 if inputs > 20 else 1)
-  ds, dp = packed_ids(batch_size, targets, examples, 10 if targets > 40 else 2)
-  packed = dict(batch, encoder_segment_ids=es, decoder_segment_ids=ds, encoder_positions=ep, decoder_positions=dp)
-  params = model.init_variables(jax.random.PRNGKey(0), {k: (1, v.shape[1]) for k, v in batch.items()})["params"]
-  for rows, data in (("packed", packed), ("unpacked", batch)):
-    data = {k: jnp.asarray(v) for k, v in data.items()}
-    for variant, armed in (("kernel", True), ("xla", False)):
-      cpu_hypermixing.armed = armed
-      fn = jax.jit(jax.value_and_grad(lambda p, b: model.loss_fn(p, b, None)[0]))
+  params = datas = None
+  for variant, impl in VARIANTS.items():
+    gin_utils.parse_gin(["models/hypermixer/cogs.gin"],
+                        ["DROPOUT_RATE=0.0", *bindings, f"hypermixer.HyperMixing.impl='{impl}'"])
+    model = bench_train.from_gin(batch_size, lengths)["model"]
+    if params is None:  # the same parameters and batches for both variants
+      batch = bench_train.random_batch(model.module.config.vocab_size, batch_size, lengths)
+      es, ep = packed_ids(batch_size, inputs, examples, 4 if inputs > 20 else 1)
+      ds, dp = packed_ids(batch_size, targets, examples, 10 if targets > 40 else 2)
+      packed = dict(batch, encoder_segment_ids=es, decoder_segment_ids=ds, encoder_positions=ep,
+                    decoder_positions=dp)
+      params = model.init_variables(jax.random.PRNGKey(0), {k: (1, v.shape[1]) for k, v in batch.items()})["params"]
+      datas = {rows: {k: jnp.asarray(v) for k, v in data.items()} for rows, data in (("packed", packed),
+                                                                                    ("unpacked", batch))}
+    for rows, data in datas.items():
+      fn = jax.jit(jax.value_and_grad(lambda p, b, model=model: model.loss_fn(p, b, None)[0]))
       fn(params, data)
       calls[(f"step_{rows}", variant)] = lambda fn=fn, data=data: fn(params, data)
       kernel_calls[(f"step_{rows}", variant)] = fn.lower(params, data).as_text().count("@remixer_hypermixing")
-  cpu_hypermixing.armed = True
   return calls, kernel_calls
 
 
@@ -124,12 +126,13 @@ def main(argv=None) -> int:
   parser.add_argument("--tag", default="")
   args = parser.parse_args(argv)
   sys.path.insert(0, str(REPO))
-  from remixer_t5 import bench_env, cpu_hypermixing, host_memory, xla_cpu
-  log = lambda m: print(m, file=sys.stderr, flush=True)
-  host_memory.configure(log=log)
-  xla_cpu.configure(log=log)  # as the CLI does before JAX starts ($REMIXER_T5_XLA_CPU=off leaves XLA alone)
-  if not cpu_hypermixing.configure(log=log, environ={**os.environ, cpu_hypermixing.ENV: "on"}, cpu_only=True):
-    raise SystemExit("the kernels need a CPU-only JAX (JAX_PLATFORMS=cpu)")
+  from remixer_t5 import bench_env, runtime
+  runtime.configure(log=lambda m: print(m, file=sys.stderr, flush=True))  # as the CLI does before JAX starts
+  import jax
+  from remixer_t5.kernels.cpu import hypermixing as cpu_hypermixing
+  if jax.default_backend() != "cpu" or not cpu_hypermixing.usable("float32"):
+    raise SystemExit("the kernels need JAX on one CPU device (JAX_PLATFORMS=cpu) and a C++ compiler: "
+                     f"{jax.device_count()} {jax.default_backend()} device(s); {cpu_hypermixing.describe()}")
   calls, kernel_calls = build(args.config)
   env = bench_env.environment()
   medians: dict = {}

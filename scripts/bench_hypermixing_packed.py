@@ -1,9 +1,9 @@
 """Time HyperMixing's XLA packed (segmented) form, one layer's forward + backward, in one or more checkouts.
 
-The XLA form (`HyperMixing._block_segmented`) is what TPUs run, and CPUs and GPUs when their kernels are off
-(`$REMIXER_T5_CPU_HYPERMIXING=off`, `$REMIXER_T5_GPU_HYPERMIXING=off`, or more than one CPU device). To compare two
-commits, give both checkouts: each round runs every checkout in its own process (alternating, so drift in the
-machine's speed falls on both), and the rows print each checkout's commit and median.
+The XLA form (`HyperMixing._block_segmented`, called directly here) is what TPUs and GPUs run, and CPUs with
+`HyperMixing.impl='xla'` or more than one device. To compare two commits, give both checkouts: each round runs
+every checkout in its own process (alternating, so drift in the machine's speed falls on both), and the rows print
+each checkout's commit and median.
 
   python scripts/bench_hypermixing_packed.py --repos OLD_CHECKOUT NEW_CHECKOUT [--rounds 3] [--json]
 """
@@ -71,7 +71,7 @@ def main() -> int:
   times = {str(r): {str(p): [] for p in pieces} for r in repos}
   for rnd in range(args.rounds):
     for repo in repos:
-      env = {**os.environ, "PYTHONPATH": str(repo), "JAX_PLATFORMS": "cpu", "REMIXER_T5_CPU_HYPERMIXING": "off"}
+      env = {**os.environ, "PYTHONPATH": str(repo), "JAX_PLATFORMS": "cpu"}
       proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=repo)
       if proc.returncode:
         sys.exit(f"{repo}: {proc.stderr[-2000:]}")

@@ -1,19 +1,18 @@
-"""Dropout's random bits on CPU: JAX's rolled Threefry loop against the unrolled hash of remixer_t5/cpu_threefry.py.
+"""Dropout's keep masks on CPU: `T5Config.dropout_impl` 'xla' (JAX's bernoulli) against 'cpu' (kernels/cpu/threefry.py).
 
 For each model, the trainer's whole jitted step (`trainer.make_train_step`: loss, gradients, the run's optimizer
 update) of `repro cogs`'s config (models/<model>/cogs.gin + runs/cogs_scratch.gin: batch 4, 64/320, dropout 0.1)
-on random unpacked tokens, compiled three times in this one process: `rolled`, JAX's own CPU lowering of
-`threefry2x32_p` (a 5-iteration while loop); `fused`, `cpu_threefry`'s unrolled hash, which XLA fuses into every
-loop reading a mask; `once`, the same with large masks passed through `cpu_threefry.materialize` (hashed once a
-step; the CLI's default since 2026-11-28). All start from the same state and batch and take the same number of
-steps, alternating rounds (this machine's speed moves between minutes; only interleaved timings compare), and
-the script checks that their last losses agree: the hash is the same function, so the dropout masks are the
-same bits, but XLA fuses the programs differently, which can move a loss in its last float bits (exit status 1
-beyond 1e-5 relative).
+on random unpacked tokens, compiled twice in this one process, with the dropout implementation bound in gin:
+`xla`, `jax.random.bernoulli`, whose hash XLA:CPU runs as JAX's rolled loop (a 5-iteration while loop per mask);
+`cpu`, the same bits from the unrolled hash, large masks computed once a step (`threefry.materialize`). Both
+start from the same state and batch and take the same number of steps, alternating rounds (this machine's speed
+moves between minutes; only interleaved timings compare), and the script checks that their last losses agree:
+the dropout masks are the same bits, but XLA fuses the programs differently, which can move a loss in its last
+float bits (exit status 1 beyond 1e-5 relative).
 
 Each round prints one JSON row per (model, variant): the median of `--steps` timed steps after `--warmup`
-untimed ones, the compile time, the while loops left in the optimised program, the machine (bench_env), the
-load average. A summary gives each model's fused/rolled and once/fused ratios (medians over rounds).
+untimed ones, the compile time, the while loops left in the optimised program, the masks computed once, the
+machine (bench_env), the load average. A summary gives each model's cpu/xla ratio (medians over rounds).
 `--config tiny` (with `--unroll_min`, as its masks are small) is the test's (tests/test_cpu_threefry.py).
 Results: docs/benchmarks.md ("Dropout's random bits on CPU").
 
@@ -23,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -35,23 +33,7 @@ TINY = ["network.T5Config.emb_dim=32", "network.T5Config.mlp_dim=48", "network.T
         "network.T5Config.head_dim=16", "BATCH_SIZE=2", "TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 24}"]
 
 
-VARIANTS = ("rolled", "fused", "once")
-DESCRIBE = {"rolled": None, "fused": "unrolled", "once": "unrolled, large masks hashed once"}  # bench_env's field
-
-
-def use_lowering(variant: str) -> None:
-  """Sets up `variant` for what is traced next: cpu_threefry's lowering, with (`once`) or without (`fused`) its
-  masks hashed once, or JAX's own rolled one (`rolled`; an internal name of jax 0.10.2: the benchmark needs all
-  three in one process)."""
-  from remixer_t5 import cpu_threefry
-  cpu_threefry.once = variant == "once"
-  if variant != "rolled":
-    cpu_threefry.register()
-    return
-  from jax._src.random import threefry2x32 as jax_threefry
-  from jax.extend.random import threefry2x32_p
-  from jax.interpreters import mlir
-  mlir.register_lowering(threefry2x32_p, jax_threefry._threefry2x32_cpu_lowering_rule, platform="cpu")
+VARIANTS = ("xla", "cpu")  # T5Config.dropout_impl
 
 
 def stepper(model, optimizer, batch):
@@ -84,19 +66,21 @@ def timed(fn, steps: int, warmup: int) -> tuple[float, float]:
 
 
 def build(models, config: str):
-  """{(model, variant): (call, compile seconds, while loops)} for each of VARIANTS."""
+  """{(model, variant): (call, compile seconds, while loops, materialized masks)} for each of VARIANTS: the model
+  built with that dropout implementation (bound in gin) and its step compiled while that config is in force."""
   from remixer_t5 import bench_train, gin_utils
   steps = {}
   for name in models:
-    gin_utils.parse_gin([f"models/{name}/cogs.gin", "runs/cogs_scratch.gin"], TINY if config == "tiny" else [],
-                        macro_defaults={"MODEL_DIR": "None"})
-    setup = bench_train.from_gin()
-    batch = bench_train.random_batch(setup["model"].module.config.vocab_size, setup["batch_size"],
-                                     setup["feature_lengths"])
+    batch = None
     for variant in VARIANTS:
-      use_lowering(variant)
+      gin_utils.parse_gin([f"models/{name}/cogs.gin", "runs/cogs_scratch.gin"],
+                          [*(TINY if config == "tiny" else []), f"network.T5Config.dropout_impl='{variant}'"],
+                          macro_defaults={"MODEL_DIR": "None"})
+      setup = bench_train.from_gin()
+      if batch is None:  # the same batch for both variants
+        batch = bench_train.random_batch(setup["model"].module.config.vocab_size, setup["batch_size"],
+                                         setup["feature_lengths"])
       steps[(name, variant)] = stepper(setup["model"], setup["optimizer"], batch)
-  use_lowering("once")
   return steps
 
 
@@ -109,7 +93,8 @@ def main(argv=None) -> int:
   parser.add_argument("--warmup", type=int, default=2)
   parser.add_argument("--out", help="append the rows to this JSONL file")
   parser.add_argument("--unroll_min", type=int, default=None,
-                      help="cpu_threefry.UNROLL_MIN for the fused and once variants (default: the module's)")
+                      help="threefry.UNROLL_MIN, the smallest mask the cpu variant hashes unrolled (default: the "
+                           "module's)")
   parser.add_argument("--tag", default="")
   args = parser.parse_args(argv)
   models = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -117,19 +102,17 @@ def main(argv=None) -> int:
   if unknown:
     parser.error(f"--models: unknown {', '.join(unknown)}; expected some of {', '.join(MODELS)}")
   sys.path.insert(0, str(REPO))
-  from remixer_t5 import bench_env, cpu_blas, cpu_hypermixing, cpu_threefry, host_memory, xla_cpu
-  log = lambda m: print(m, file=sys.stderr, flush=True)
-  # as the CLI does before JAX starts (each $REMIXER_T5_... variable still turns its route off)
-  host_memory.configure(log=log)
-  xla_cpu.configure(log=log)
-  cpu_blas.configure(log=log)
-  cpu_hypermixing.configure(log=log)
-  if not cpu_threefry.configure(log=log, environ={**os.environ, cpu_threefry.ENV: "on"}):
-    raise SystemExit("the CPU lowering needs a CPU-only JAX (JAX_PLATFORMS=cpu)")
+  from remixer_t5 import bench_env, runtime
+  runtime.configure(log=lambda m: print(m, file=sys.stderr, flush=True))  # as the CLI does before JAX starts
+  import jax
+  from remixer_t5.kernels.cpu import threefry
+  if jax.default_backend() != "cpu":
+    raise SystemExit("dropout_impl='cpu' is for CPU programs: run with JAX_PLATFORMS=cpu")
   if args.unroll_min is not None:
-    cpu_threefry.UNROLL_MIN = args.unroll_min
+    threefry.UNROLL_MIN = args.unroll_min  # read when a mask is traced
   steps = build(models, args.config)
   env = bench_env.environment()
+  describe = {"xla": None, "cpu": threefry.describe()}  # bench_env's field: what each variant's masks ran
   medians: dict = {}
   losses: dict = {}
   for r in range(args.rounds):
@@ -141,9 +124,9 @@ def main(argv=None) -> int:
       medians.setdefault(key, []).append(seconds)
       row = dict(bench="threefry_cpu", config=args.config, model=key[0], variant=key[1], round=r + 1,
                  median_s=round(seconds, 5), steps=args.steps, compile_s=round(compile_s, 2), while_loops=loops,
-                 unroll_min=cpu_threefry.UNROLL_MIN, materialized=steps[key][3],
+                 unroll_min=threefry.UNROLL_MIN, materialized=steps[key][3],
                  loss_sum=losses[key], tag=args.tag, load_average_start=load, load_average_end=bench_env.loadavg(),
-                 **{**env, "cpu_threefry": DESCRIBE[key[1]]})  # the variant's, not the process's last setting
+                 **{**env, "cpu_threefry": describe[key[1]]})  # the variant's, not the process's
       print(json.dumps(row), flush=True)
       if args.out:
         with open(args.out, "a") as f:
@@ -151,16 +134,13 @@ def main(argv=None) -> int:
   agree = True
   for name in models:
     med = {v: statistics.median(medians[(name, v)]) for v in VARIANTS}
-    for v in VARIANTS[1:]:
-      a, b = losses[(name, "rolled")], losses[(name, v)]
-      diff = abs(a - b) / max(abs(a), 1e-30)
-      agree &= diff <= 1e-5
+    a, b = losses[(name, "xla")], losses[(name, "cpu")]
+    agree &= abs(a - b) / max(abs(a), 1e-30) <= 1e-5
     print(f"{name}: " + ", ".join(f"{v} {med[v] * 1000:.1f} ms" for v in VARIANTS)
-          + f"; fused/rolled {med['fused'] / med['rolled']:.3f}, once/fused {med['once'] / med['fused']:.3f} "
-          f"(medians over {args.rounds} rounds); compile "
+          + f"; cpu/xla {med['cpu'] / med['xla']:.3f} (medians over {args.rounds} rounds); compile "
           + " -> ".join(f"{steps[(name, v)][1]:.1f}" for v in VARIANTS) + " s; while loops "
-          + " -> ".join(str(steps[(name, v)][2]) for v in VARIANTS) + "; masks hashed once "
-          + str(steps[(name, "once")][3]) + "; last loss " + " / ".join(repr(losses[(name, v)]) for v in VARIANTS),
+          + " -> ".join(str(steps[(name, v)][2]) for v in VARIANTS) + "; masks computed once "
+          + str(steps[(name, "cpu")][3]) + "; last loss " + " / ".join(repr(losses[(name, v)]) for v in VARIANTS),
           flush=True)
   return 0 if agree else 1
 

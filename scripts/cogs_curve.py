@@ -8,7 +8,7 @@ a run of s steps ends with), but keeps a checkpoint every `--every` steps, then 
   curve.png    exact match against steps, one line per split / gen category
 Resumable: training resumes from its last checkpoint, decoded (step, split) pairs are kept.
 
-  REMIXER_T5_XLA_CPU=off python scripts/cogs_curve.py --model t5_1_1 --seed 0 --steps 12000 --every 2000 \\
+  python scripts/cogs_curve.py --model t5_1_1 --seed 0 --steps 12000 --every 2000 \\
       --out DIR
 """
 from __future__ import annotations

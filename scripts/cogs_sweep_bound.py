@@ -17,9 +17,8 @@ code, decoding not included.
   python scripts/cogs_sweep_bound.py [--models t5_1_1,remixer,mixer_encdec,hypermixer] [--steps 12000]
       [--seeds 3] [--repeats 30] [--rounds 3] [--gin BINDING ...] [--top N] [--json] [--out FILE.jsonl]
 
-Run it as the sweep runs (`REMIXER_T5_XLA_CPU=off`), on idle cores. Prints one line per model and the totals;
-`--json` / `--out` add one JSON row per model with the machine (bench_env) and the load average. Results:
-docs/reproductions.md ("What 2 cores can do").
+Run it on idle cores. Prints one line per model and the totals; `--json` / `--out` add one JSON row per model
+with the machine (bench_env) and the load average. Results: docs/reproductions.md ("What 2 cores can do").
 """
 from __future__ import annotations
 
@@ -183,14 +182,12 @@ def main(argv=None) -> int:
   sys.path.insert(0, str(REPO))
   from remixer_t5 import quiet
   quiet.configure()  # as the CLI: TensorFlow's, XLA's and libtpu's start-up lines hidden ($REMIXER_T5_VERBOSE=1)
-  from remixer_t5 import bench_env, cpu_blas, cpu_hypermixing, cpu_threefry, host_memory, xla_cpu
+  from remixer_t5 import bench_env, runtime
   log = lambda m: print(m, file=sys.stderr, flush=True)
-  host_memory.pin_cpu_without_tpu_chips()  # libtpu without TPU chips (the .[tpu] extra): no TPU runtime start
-  host_memory.configure(log=log)  # as the CLI does before JAX starts (each $REMIXER_T5_... still turns it off)
-  xla_cpu.configure(log=log)
-  cpu_blas.configure(log=log)
-  cpu_hypermixing.configure(log=log)
-  cpu_threefry.configure(log=log)
+  runtime.pin_cpu_without_tpu_chips()  # libtpu without TPU chips (the .[tpu] extra): no TPU runtime start
+  # The host allocator policy, as the CLI sets it before JAX starts ($REMIXER_T5_HOST_MALLOC=off leaves malloc
+  # alone). The kernels are the config's choice (`auto`: the CPU's, kernels/__init__.py), as in the sweep.
+  runtime.configure(log=log)
   env = bench_env.environment()
   rows = []
   for name in models:

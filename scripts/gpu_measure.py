@@ -10,8 +10,10 @@ and the loss of each step (finite and falling). Stages:
   on the host CPU from the same parameters and batch: loss, gradient norm and the updated parameters must agree.
 - one stage per base model at the pretraining settings (runs/pretrain.gin: batch 128, 512/114, Adafactor,
   bfloat16 activations, mesh 1x1 with the data rules: the `h100`/`h200` rows of the GPU cost table);
-- `hypermixing_kernel`: gpu_hypermixing's Pallas kernel against XLA's scan on this GPU (outputs and gradients),
-  and one causal layer's forward + backward timed both ways at base size;
+- `hypermixing_kernel`: kernels/gpu/hypermixing.py's Pallas kernel (HyperMixing's causal form) against XLA's scan
+  on this GPU (outputs and gradients), and one causal layer's forward + backward timed both ways at base size;
+- `hypermixing_forms`: the packed non-causal form (XLA's id blocks, what GPUs run) timed at base size beside the
+  unpacked form;
 - `deviceless_<model>`: `remixer-t5 compile --topology <this GPU> --json` in a child with JAX_PLATFORMS=cpu, on
   the same machine, for the prediction of the same cell (needs the CUDA plugin; reported, never fatal).
 
@@ -310,16 +312,16 @@ def stage_parity() -> dict:
 
 
 def stage_hypermixing_kernel(timed: bool = True) -> dict:
-  """gpu_hypermixing's Pallas kernel on this GPU, against XLA's chunked scan (`HyperMixing._scan_causal`, what
-  GPUs ran before): outputs and the three gradients on small packed batches (float32, matmul precision
+  """kernels/gpu/hypermixing.py's Pallas kernel on this GPU, against XLA's chunked scan (`HyperMixing._scan_causal`,
+  `HyperMixing.impl='xla'`): outputs and the three gradients on small packed batches (float32, matmul precision
   'highest'), then one causal layer's forward + backward timed at base size (a microbatch of 32 of
   runs/pretrain.gin's 128 rows, 114 decoder positions, d' 2048, d 768, bfloat16), for a few tile shapes."""
   import jax
   import jax.numpy as jnp
   import numpy as np
 
-  from remixer_t5 import gpu_hypermixing
   from remixer_t5.config import T5Config
+  from remixer_t5.kernels.gpu import hypermixing as gpu_hypermixing
   from remixer_t5.mixers.hypermixer import HyperMixing
 
   rng = np.random.default_rng(0)
@@ -365,23 +367,6 @@ def stage_hypermixing_kernel(timed: bool = True) -> dict:
       check["ok"] = check["out_rel"] < 1e-4 and max(check["grad_rel"]) < 1e-4
       row["checks"].append(check)
       _progress(time.time(), f"check {check}")
-    # The packed non-causal kernel against XLA's form: self-mixing, and cross-mixing (fewer queries than keys).
-    for b, nq, n, h, d, ln, pieces in ((3, 37, 37, 96, 80, True, 3), (2, 29, 114, 256, 128, False, 4)):
-      w1, x, _, mask, seg = inputs(b, n, h, d, jnp.float32, pieces)
-      q_seg = seg if nq == n else jnp.sort(seg[:, ::n // nq][:, :nq], axis=1)  # the same ids, fewer queries
-      w2 = jnp.asarray(rng.normal(size=(b, nq, h)), jnp.float32)
-      g = jnp.asarray(rng.normal(size=(b, nq, d)), jnp.float32)
-      on_cpu = {"interpret": True} if jax.default_backend() == "cpu" else {}
-      forms = {"kernel": lambda *a: gpu_hypermixing.segmented_kernel(*a, mask, q_seg, seg, ln, **on_cpu),
-               "xla": lambda *a: HyperMixing(T5Config(dtype="float32"), length_normalize=ln)._block_segmented(
-                   *a, mask, q_seg, seg)}
-      results = {k: out_and_grads(f, w1, x, w2, g) for k, f in forms.items()}
-      check = {"form": "segmented", "shape": [b, nq, n, h, d], "length_normalize": ln, "segments_a_row": pieces,
-               "out_rel": rel(results["kernel"][0], results["xla"][0]),
-               "grad_rel": [rel(a, r) for a, r in zip(results["kernel"][1], results["xla"][1])]}
-      check["ok"] = check["out_rel"] < 1e-4 and max(check["grad_rel"]) < 1e-4
-      row["checks"].append(check)
-      _progress(time.time(), f"check {check}")
   row["ok"] = all(c["ok"] for c in row["checks"])
   if not timed:
     return row
@@ -414,20 +399,19 @@ def stage_hypermixing_kernel(timed: bool = True) -> dict:
 
 def stage_hypermixing_forms() -> dict:
   """HyperMixing's packed non-causal form on this GPU, one layer's forward + backward at base size (a microbatch of
-  32 of runs/pretrain.gin's rows, d' 2048, d 768, bfloat16): XLA's form (`_block_segmented`, what GPUs ran before
-  gpu_hypermixing's kernel) and the kernel, over the encoder's 512 positions with 1 and with 5 segments a row and
-  for cross-mixing (114 queries), beside the unpacked form (one state a row: the floor)."""
+  32 of runs/pretrain.gin's rows, d' 2048, d 768, bfloat16): XLA's form (`_block_segmented`, what GPUs run: there
+  is no GPU kernel for it) over the encoder's 512 positions with 1 and with 5 segments a row and for cross-mixing
+  (114 queries), beside the unpacked form (one state a row: the floor)."""
   import jax
   import jax.numpy as jnp
   import numpy as np
 
-  from remixer_t5 import gpu_hypermixing
   from remixer_t5.config import T5Config
   from remixer_t5.mixers.hypermixer import HyperMixing, _activate
 
   rng = np.random.default_rng(0)
   mixer = HyperMixing(T5Config(dtype="bfloat16"))
-  on_cpu = jax.default_backend() == "cpu"  # a CPU run of this script: small sizes, the kernel interpreted
+  on_cpu = jax.default_backend() == "cpu"  # a CPU run of this script: small sizes
   b, h, d = (2, 64, 32) if on_cpu else (32, 2048, 768)
   shrink = 8 if on_cpu else 1  # on the CPU the lengths too (the names keep the GPU's)
   row = {"stage": "hypermixing_forms", "device_kind": jax.devices()[0].device_kind, "timings_ms": {},
@@ -444,11 +428,9 @@ def stage_hypermixing_forms() -> dict:
     hsum = jnp.einsum("bjh,bjd->bhd", w1, x, preferred_element_type=jnp.float32)
     return jnp.einsum("bih,bhd->bid", w2, _activate(hsum, None, jnp.bfloat16))
 
-  kernel = lambda *a: gpu_hypermixing.segmented_kernel(*a, False, interpret=on_cpu)
-  cases = [(f"{form} {what}", nq, nk, pieces, fn)
+  cases = [(f"XLA {what}", nq, nk, pieces, mixer._block_segmented)
            for what, nq, nk, pieces in (("self, 512, 1 segment", 512, 512, 1), ("self, 512, 5 segments", 512, 512, 5),
-                                        ("cross, 114 x 512, 5 segments", 114, 512, 5))
-           for form, fn in (("XLA", mixer._block_segmented), ("kernel", kernel))]
+                                        ("cross, 114 x 512, 5 segments", 114, 512, 5))]
   cases.append(("unpacked self, 512", 512, 512, 1, unpacked))
   for name, nq, nk, pieces, form in cases:
     t0 = time.time()

@@ -68,7 +68,8 @@ def test_cli_json_row_has_sane_fields(capsys):
   assert not any(k.startswith(("hf_", "ratio_")) for k in r)  # no reference asked for
   assert r["cpu_model"] and r["cpu_count"] >= 1 and 1 <= r["cpus_usable"] <= r["cpu_count"]
   assert len(r["load_average_start"]) == 3 and len(r["load_average_end"]) == 3
-  assert isinstance(r["host_malloc_policy"], bool) and "xla_flags" in r and "xla_cpu_flags" in r
+  assert isinstance(r["host_malloc_policy"], bool) and "xla_flags" in r
+  assert "cpu_hypermixing" in r and "cpu_threefry" in r  # what the CPU kernels ran (None: not used)
   assert r["git_commit"] is None or len(r["git_commit"].split("+")[0]) == 40
   assert r["activation_dtype"] == "float32" and r["vocab_size"] == 2176
 

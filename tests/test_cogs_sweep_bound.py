@@ -21,7 +21,7 @@ def bound(monkeypatch):
 
 
 def run(*args):
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "REMIXER_T5_XLA_CPU": "off"}
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600, env=env)
 
 

@@ -182,25 +182,29 @@ def test_the_init_compile_script_compiles_both_forms(tmp_path):
 
 
 @needs_plugin
-def test_hypermixer_compiles_its_pallas_kernels_and_claims_no_step_time(capsys, monkeypatch):
-  """HyperMixing's causal form is a Pallas (Triton) kernel in GPU programs (gpu_hypermixing.py), and with
-  $REMIXER_T5_GPU_HYPERMIXING=all its packed form too: the compile lowers them through Triton and ptxas, and
-  since XLA's cost analysis sees neither their FLOPs nor their bytes, the report implies no step time from it.
-  By default the packed form keeps XLA's id-block loop (faster on an H200), which the report names."""
+@pytest.mark.parametrize("impl", ["auto", "xla"])
+def test_hypermixer_compiles_its_pallas_kernel_and_claims_no_step_time(capsys, monkeypatch, impl):
+  """HyperMixing.impl (bound in gin): with 'auto' a GPU program's causal form is a Pallas (Triton) kernel
+  (kernels/gpu/hypermixing.py), which the compile lowers through Triton and ptxas; since XLA's cost analysis sees
+  neither its FLOPs nor its bytes, the report implies no step time from it. The packed form keeps XLA's id-block
+  loop, which the report names. With 'xla' there is no kernel: the causal form's chunked scan is a loop too (32
+  targets: 4 chunks of 8, where one chunk would leave no loop)."""
   monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
-  tiny = ["--gin_file=models/hypermixer/tiny.gin", *TINY[1:]]
-  for mode in ("on", "all"):
-    monkeypatch.setenv("REMIXER_T5_GPU_HYPERMIXING", mode)
-    assert cli.main(["compile", *tiny, "--topology", "h100", "--json"]) == 0
-    train = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"]["train"]
-    if mode == "all":
-      assert train["fits"] and train["kernel_calls"] >= 4  # forward and gradient, causal and packed
-      assert not train.get("loops")  # XLA's chunked scan and id-block loop are gone
-    else:
-      assert train["fits"] and train["kernel_calls"] >= 2  # the causal form's forward and gradient
-      assert train.get("loops") and all("_block_segmented" in loop for loop in train["loops"]), train.get("loops")
-    assert "roofline_seconds" not in train and "est_mfu" not in train
+  tiny = ["--gin_file=models/hypermixer/tiny.gin", *TINY[1:3],
+          "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 32}", f"--gin.hypermixer.HyperMixing.impl='{impl}'"]
+  assert cli.main(["compile", *tiny, "--topology", "h100", "--json"]) == 0
+  train = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"]["train"]
+  assert train["fits"] and "roofline_seconds" not in train and "est_mfu" not in train
+  loops = train.get("loops") or []
+  assert any("_block_segmented" in loop for loop in loops), loops
+  if impl == "auto":
+    assert train["kernel_calls"] >= 2  # the causal form's forward and gradient
+    assert all("_block_segmented" in loop for loop in loops), loops  # no scan left
     assert "Pallas (Triton) kernel" in train["estimate_note"]
+  else:
+    assert "kernel_calls" not in train
+    assert any("_scan_causal" in loop for loop in loops), loops
+    assert "Pallas (Triton) kernel" not in train["estimate_note"]
 
 
 def test_cost_table_compiles_what_is_missing_and_what_redo_names():

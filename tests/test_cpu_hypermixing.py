@@ -1,8 +1,9 @@
-"""remixer_t5/cpu_hypermixing.py: HyperMixing's causal and packed (segmented) forms as fused C++ loops on CPU.
+"""remixer_t5/kernels/cpu/hypermixing.py: HyperMixing's causal and packed (segmented) forms as fused C++ loops on CPU.
 
-The numerical checks run in a fresh process (custom calls are registered once per process, and the suite's own
-processes have 8 host devices, where the kernels are off by design) against numpy loops over every query (the
-equations themselves) and against the layer's own XLA forms."""
+The numerical checks run in a fresh process (custom calls are registered once per process, and the kernels run only
+in a process with one JAX device) against numpy loops over every query (the equations themselves) and against the
+layer's own XLA forms: the kernels called directly, and the layer's forms through `HyperMixing.impl` 'cpu' and
+'auto' against 'xla'."""
 import json
 import os
 import shutil
@@ -10,10 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import pytest
 from subprocess_util import run_py, xla_flags
 
-from remixer_t5 import cpu_hypermixing
+from remixer_t5.kernels.cpu import ffi
+from remixer_t5.kernels.cpu import hypermixing as cpu_hypermixing
 
 REPO = Path(__file__).resolve().parents[1]
 HAS_CXX = bool(os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++"))
@@ -22,46 +26,55 @@ needs_cxx = pytest.mark.skipif(not HAS_CXX, reason="needs a C++ compiler (c++, g
 
 @pytest.fixture
 def fresh(monkeypatch):
-  """The module's process-wide state, restored after the test."""
-  for name, value in (("armed", False), ("mode", "off"), ("_log", None), ("_environ", None), ("_state", {})):
-    monkeypatch.setattr(cpu_hypermixing, name, value)
+  """The module's process-wide state (nothing built or registered yet), restored after the test."""
+  monkeypatch.setattr(cpu_hypermixing, "_state", {})
   return cpu_hypermixing
 
 
-def test_bad_mode_off_and_non_cpu_runs(fresh):
-  with pytest.raises(ValueError, match=r"\$REMIXER_T5_CPU_HYPERMIXING='fast': expected one of auto, on, off"):
-    fresh.configure(environ={"REMIXER_T5_CPU_HYPERMIXING": "fast"}, cpu_only=True)
-  assert fresh.configure(environ={"REMIXER_T5_CPU_HYPERMIXING": "off"}, cpu_only=True) is False
-  assert fresh.configure(environ={"REMIXER_T5_CPU_HYPERMIXING": "on"}, cpu_only=False) is False  # TPU or GPU
-  assert fresh.armed is False and fresh.describe() is None
-  assert fresh.usable("float32") is False  # not armed: the scan, and nothing is built
+def _args(b=2, n=5, h=3, d=4, dtype=jnp.float32):
+  w1, x, w2 = (jnp.ones(s, dtype) for s in ((b, n, h), (b, n, d), (b, n, h)))
+  return w1, x, w2, jnp.ones((b, n), jnp.float32), jnp.ones((b, n), jnp.int32)
+
+
+def test_other_dtypes_take_the_reference_without_building(fresh):
+  calls = []
+  reference = lambda *a: calls.append(len(a)) or "reference"
+  args = _args(dtype=jnp.bfloat16)
+  assert fresh.causal(*args, reference=reference, length_normalize=False) == "reference"
+  assert fresh.segmented(*args[:4], args[4], args[4], reference=reference, length_normalize=True) == "reference"
+  assert calls == [5, 6]  # each reference gets the kernel's own arguments
+  assert fresh.usable("bfloat16") is False and fresh._state == {} and fresh.describe() is None  # nothing built
 
 
 @pytest.mark.skipif(not shutil.which("false"), reason="no `false` program to stand in for a failing compiler")
-def test_failing_build_falls_back_in_one_line_or_is_an_error(fresh, tmp_path):
-  env = {"CXX": shutil.which("false"), "REMIXER_T5_CACHE_DIR": str(tmp_path)}
-  logs = []
-  assert fresh.configure(log=logs.append, environ=env, cpu_only=True) is True  # armed; built when first needed
-  assert fresh._register() is False and fresh._register() is False  # tried once
-  assert len([m for m in logs if "XLA's forms" in m]) == 1
-  assert logs[-1].startswith("HyperMixing: XLA's forms (building hypermixing.cc with") and \
-      "failed (exit 1)" in logs[-1]
+def test_a_failing_build_takes_the_reference_once_and_says_why(fresh, tmp_path, monkeypatch):
+  monkeypatch.setenv("CXX", shutil.which("false"))
+  monkeypatch.setenv("REMIXER_T5_CACHE_DIR", str(tmp_path))
+  monkeypatch.setattr(jax, "device_count", lambda *a: 1)  # the kernels' one-device condition, whatever this process has
+  reference = lambda *a: "reference"
+  assert fresh.causal(*_args(), reference=reference, length_normalize=False) == "reference"
+  assert fresh.usable("float32") is False  # tried once: the failure is remembered
+  assert fresh.describe().startswith("XLA's forms (building hypermixing.cc with") and \
+      "failed (exit 1)" in fresh.describe()
   assert list((tmp_path / "cpu_hypermixing").iterdir()) == []  # nothing half-written in the cache
-  fresh._state.clear()
-  assert fresh.configure(environ={**env, "REMIXER_T5_CPU_HYPERMIXING": "on"}, cpu_only=True) is True
-  with pytest.raises(ValueError, match=r"\$REMIXER_T5_CPU_HYPERMIXING=on: building hypermixing.cc .* failed"):
-    fresh._register()
-  with pytest.raises(fresh.cpu_ffi.Unavailable, match=r"no C\+\+ compiler \(\$CXX='/nonexistent/cxx'"):
+  with pytest.raises(ffi.Unavailable, match=r"no C\+\+ compiler \(\$CXX='/nonexistent/cxx'"):
     fresh.build(environ={"CXX": "/nonexistent/cxx"}, out_dir=tmp_path)
 
 
+def test_several_devices_take_the_reference_without_building(fresh, monkeypatch):
+  monkeypatch.setattr(jax, "device_count", lambda *a: 2)
+  assert fresh.causal(*_args(), reference=lambda *a: "reference", length_normalize=True) == "reference"
+  assert fresh._state == {} and fresh.describe() is None
+
+
 CHECK = """
-import json, math, types
+import json, math, os
 import jax, jax.numpy as jnp, numpy as np
-from remixer_t5 import cpu_hypermixing
-from remixer_t5.mixers import hypermixer
-logs = []
-armed = cpu_hypermixing.configure(log=logs.append)
+from remixer_t5.config import T5Config
+from remixer_t5.kernels.cpu import hypermixing as cpu_hypermixing
+from remixer_t5.mixers.hypermixer import HyperMixing
+# The kernels called directly (they must not hand back to the reference), unless CHECK_DIRECT=0; the layer's forms.
+KERNELS = ("direct", "cpu", "auto") if os.environ.get("CHECK_DIRECT", "1") == "1" else ("cpu", "auto")
 
 
 def numpy_causal(w1, x, w2, mask, seg, length_normalize):
@@ -98,25 +111,21 @@ def numpy_segmented(w1, x, w2, mask, q_seg, kv_seg, length_normalize):
   return out
 
 
-def segmented_layer(length_normalize, segment_block=4):
-  self = types.SimpleNamespace(segment_block=segment_block, length_normalize=length_normalize,
-                               config=types.SimpleNamespace(dtype="float32"))
-  self._block_segmented = lambda *a: hypermixer.HyperMixing._block_segmented(self, *a)
-  return (lambda *a: hypermixer.HyperMixing._segmented(self, *a)), self._block_segmented
+def layer(impl, length_normalize):
+  # HyperMixing's causal and packed forms through `impl`, unbound (they read only the module's fields).
+  mixer = HyperMixing(T5Config(dtype="float32"), length_normalize=length_normalize, chunk_size=8, segment_block=4,
+                      impl=impl)
+  return mixer._causal, mixer._segmented
 
 
-def layer(length_normalize, chunk_size=8):
-  self = types.SimpleNamespace(chunk_size=chunk_size, length_normalize=length_normalize,
-                               config=types.SimpleNamespace(dtype="float32"))
-  self._scan_causal = lambda *a: hypermixer.HyperMixing._scan_causal(self, *a)
-  return (lambda *a: hypermixer.HyperMixing._causal(self, *a)), self._scan_causal
+def unused(*args):
+  raise AssertionError("the kernel handed back to the reference")
 
 
 rng = np.random.default_rng(0)
 results = []
 for b, n, h, d, block, ln in ((3, 37, 20, 16, 8, True), (1, 9, 7, 5, 1, False), (5, 26, 12, 24, 3, False),
                               (2, 40, 16, 8, 64, True)):
-  cpu_hypermixing.BLOCK = block
   seg = np.zeros((b, n), np.int32)
   for r in range(b):  # packed rows: segments of random lengths, then padding (id 0)
     cuts = np.sort(rng.choice(np.arange(1, n), size=min(3, n - 1), replace=False))
@@ -128,22 +137,29 @@ for b, n, h, d, block, ln in ((3, 37, 20, 16, 8, True), (1, 9, 7, 5, 1, False), 
   w2 = rng.standard_normal((b, n, h)).astype(np.float32)
   x = rng.standard_normal((b, n, d)).astype(np.float32)
   g = rng.standard_normal((b, n, d)).astype(np.float32)
-  fn, scan = layer(ln)
+  # The kernel called directly (with this case's checkpoint block), and the layer's form through impl='cpu'
+  # (the default block) and 'auto', against impl='xla' (the chunked scan).
+  direct = lambda *a: cpu_hypermixing.causal(*a, reference=unused, length_normalize=ln, block=block)
+  forms = {"direct": direct, **{impl: layer(impl, ln)[0] for impl in ("cpu", "auto", "xla")}}
+  forms = {k: f for k, f in forms.items() if k in KERNELS + ("xla",)}
   def with_grads(f):
     def run(w1, x, w2):
       out, vjp = jax.vjp(lambda a, c, e: f(a, c, e, jnp.asarray(mask), jnp.asarray(seg)), w1, x, w2)
       return (out, *vjp(jnp.asarray(g)))
     return jax.jit(run)(jnp.asarray(w1), jnp.asarray(x), jnp.asarray(w2))
-  ours, ref = with_grads(fn), with_grads(scan)
+  got = {name: with_grads(f) for name, f in forms.items()}
   rel = lambda a, c: float(jnp.max(jnp.abs(a - c)) / jnp.max(jnp.abs(c)))
   exact = numpy_causal(w1, x, w2, mask, seg, ln)
-  hlo = jax.jit(jax.grad(lambda a: jnp.sum(fn(a, jnp.asarray(x), jnp.asarray(w2), jnp.asarray(mask),
-                                               jnp.asarray(seg)))))
-  lowered = hlo.trace(jnp.asarray(w1))
-  results.append({"case": [b, n, h, d, block, ln], "vs_numpy": rel(ours[0], exact),
-                  "scan_vs_numpy": rel(ref[0], exact), "vs_scan": [rel(a, c) for a, c in zip(ours, ref)],
-                  "cpu_calls": lowered.lower().as_text().count("@remixer_hypermixing_causal"),
-                  "tpu_calls": lowered.lower(lowering_platforms=("tpu",)).as_text().count("remixer_hypermixing"),
+  def calls(f, platform):
+    hlo = jax.jit(jax.grad(lambda a: jnp.sum(f(a, jnp.asarray(x), jnp.asarray(w2), jnp.asarray(mask),
+                                                   jnp.asarray(seg)))))
+    return hlo.trace(jnp.asarray(w1)).lower(lowering_platforms=(platform,)).as_text().count(
+        "@remixer_hypermixing_causal")
+  results.append({"case": [b, n, h, d, block, ln], "scan_vs_numpy": rel(got["xla"][0], exact),
+                  **{f"{k}_vs_numpy": rel(got[k][0], exact) for k in KERNELS},
+                  **{f"{k}_vs_scan": [rel(a, c) for a, c in zip(got[k], got["xla"])] for k in KERNELS},
+                  "cpu_calls": {k: calls(f, "cpu") for k, f in forms.items()},
+                  "tpu_calls": calls(forms["auto"], "tpu"),
                   "state_max": float(np.max(np.abs(np.cumsum(w1[..., :, None] * x[..., None, :], axis=1))))})
 segmented = []
 for b, nq, nk, h, d, ln in ((3, 29, 13, 10, 6, False), (2, 40, 40, 16, 8, True), (1, 7, 30, 5, 12, True)):
@@ -158,71 +174,91 @@ for b, nq, nk, h, d, ln in ((3, 29, 13, 10, 6, False), (2, 40, 40, 16, 8, True),
   w2 = rng.standard_normal((b, nq, h)).astype(np.float32)
   x = rng.standard_normal((b, nk, d)).astype(np.float32)
   g = rng.standard_normal((b, nq, d)).astype(np.float32)
-  fn, blocks = segmented_layer(ln)
   args = [jnp.asarray(a) for a in (mask, q_seg, kv_seg)]
+  direct = lambda *a: cpu_hypermixing.segmented(*a, reference=unused, length_normalize=ln)
+  forms = {"direct": direct, **{impl: layer(impl, ln)[1] for impl in ("cpu", "auto", "xla")}}
+  forms = {k: f for k, f in forms.items() if k in KERNELS + ("xla",)}
   def with_grads(f):
     def run(w1, x, w2):
       out, vjp = jax.vjp(lambda a, c, e: f(a, c, e, *args), w1, x, w2)
       return (out, *vjp(jnp.asarray(g)))
     return jax.jit(run)(jnp.asarray(w1), jnp.asarray(x), jnp.asarray(w2))
-  ours, ref = with_grads(fn), with_grads(blocks)
+  got = {name: with_grads(f) for name, f in forms.items()}
   rel = lambda a, c: float(jnp.max(jnp.abs(a - c)) / jnp.max(jnp.abs(c)))
-  lowered = jax.jit(jax.value_and_grad(lambda a: jnp.sum(fn(a, jnp.asarray(x), jnp.asarray(w2), *args)))).trace(
-      jnp.asarray(w1))
-  segmented.append({"case": [b, nq, nk, h, d, ln], "vs_numpy": rel(ours[0], numpy_segmented(w1, x, w2, mask, q_seg, kv_seg, ln)),
-                    "vs_xla": [rel(a, c) for a, c in zip(ours, ref)],
-                    "cpu_calls": lowered.lower().as_text().count("@remixer_hypermixing_segmented"),
-                    "tpu_calls": lowered.lower(lowering_platforms=("tpu",)).as_text().count("remixer_hypermixing")})
-print(json.dumps({"armed": armed, "logs": logs, "devices": jax.device_count(), "describe": cpu_hypermixing.describe(),
-                  "results": results, "segmented": segmented}))
+  exact = numpy_segmented(w1, x, w2, mask, q_seg, kv_seg, ln)
+  def calls(f, platform):
+    hlo = jax.jit(jax.value_and_grad(lambda a: jnp.sum(f(a, jnp.asarray(x), jnp.asarray(w2), *args))))
+    return hlo.trace(jnp.asarray(w1)).lower(lowering_platforms=(platform,)).as_text().count(
+        "@remixer_hypermixing_segmented")
+  segmented.append({"case": [b, nq, nk, h, d, ln], "xla_vs_numpy": rel(got["xla"][0], exact),
+                    **{f"{k}_vs_numpy": rel(got[k][0], exact) for k in KERNELS},
+                    **{f"{k}_vs_xla": [rel(a, c) for a, c in zip(got[k], got["xla"])] for k in KERNELS},
+                    "cpu_calls": {k: calls(f, "cpu") for k, f in forms.items()},
+                    "tpu_calls": calls(forms["auto"], "tpu")})
+print(json.dumps({"devices": jax.device_count(), "describe": cpu_hypermixing.describe(), "results": results,
+                  "segmented": segmented}))
 """
 
 
 @needs_cxx
-def test_kernel_matches_the_equation_and_the_scan_and_tpu_keeps_the_scan(tmp_path):
-  proc = run_py(CHECK, {"REMIXER_T5_CPU_HYPERMIXING": "on", "REMIXER_T5_CACHE_DIR": str(tmp_path)})
+def test_kernels_match_the_equations_and_xla_and_tpu_keeps_xla(tmp_path):
+  proc = run_py(CHECK, {"REMIXER_T5_CACHE_DIR": str(tmp_path)})
   assert proc.returncode == 0, proc.stderr[-3000:]
   r = json.loads(proc.stdout.strip().splitlines()[-1])
-  assert r["armed"] is True and r["devices"] == 1 and r["describe"] == "fused C++ loops via FFI"
-  assert any("building hypermixing.cc" in m for m in r["logs"])  # built into the given cache, once
-  assert len(list((tmp_path / "cpu_hypermixing").glob("hypermixing-*.so"))) == 1
+  assert r["devices"] == 1 and r["describe"] == "fused C++ loops via FFI"
+  assert len(list((tmp_path / "cpu_hypermixing").glob("hypermixing-*.so"))) == 1  # built into the given cache, once
   for case in r["results"]:
     # Packed rows (segments restart the sum, padding adds nothing), length normalisation on and off, lengths
     # that are not a multiple of the block, blocks of 1 and longer than the row, more rows than threads.
     assert case["state_max"] > 5, case  # states large enough to reach the GELU's tails
-    assert case["vs_numpy"] < 2e-6 and case["scan_vs_numpy"] < 2e-6, case
-    assert max(case["vs_scan"]) < 2e-6, case  # output, dW1, dX, dW2
-    # Under grad the CPU program calls the forward and the backward once each; a TPU lowering has neither.
-    assert case["cpu_calls"] == 2 and case["tpu_calls"] == 0, case
+    assert case["scan_vs_numpy"] < 2e-6, case
+    for form in ("direct", "cpu", "auto"):
+      assert case[f"{form}_vs_numpy"] < 2e-6, (form, case)
+      assert max(case[f"{form}_vs_scan"]) < 2e-6, (form, case)  # output, dW1, dX, dW2
+    # Under grad a CPU program through the kernel calls its forward and its backward once each; impl='xla', and
+    # 'auto' lowered for a TPU, have neither.
+    assert case["cpu_calls"] == {"direct": 2, "cpu": 2, "auto": 2, "xla": 0} and case["tpu_calls"] == 0, case
   for case in r["segmented"]:
     # Packed rows of 1-4 examples, ids with keys but no queries and with queries but no keys, padding on both
     # sides, queries longer and shorter than the keys, length normalisation on and off.
-    assert case["vs_numpy"] < 2e-6, case
-    assert max(case["vs_xla"]) < 2e-6, case  # output, dW1, dX, dW2
-    assert case["cpu_calls"] == 2 and case["tpu_calls"] == 0, case
+    assert case["xla_vs_numpy"] < 2e-6, case
+    for form in ("direct", "cpu", "auto"):
+      assert case[f"{form}_vs_numpy"] < 2e-6, (form, case)
+      assert max(case[f"{form}_vs_xla"]) < 2e-6, (form, case)  # output, dW1, dX, dW2
+    assert case["cpu_calls"] == {"direct": 2, "cpu": 2, "auto": 2, "xla": 0} and case["tpu_calls"] == 0, case
 
 
 @pytest.mark.integration
 @needs_cxx
-def test_several_devices_keep_the_scan(tmp_path):
-  proc = run_py(CHECK, {"REMIXER_T5_CPU_HYPERMIXING": "on", "REMIXER_T5_CACHE_DIR": str(tmp_path),
+def test_several_devices_keep_xlas_forms(tmp_path):
+  """With two JAX devices (a custom call cannot be partitioned) impl 'cpu' and 'auto' compute XLA's forms, the
+  same numbers as impl='xla', and nothing is built."""
+  proc = run_py(CHECK, {"REMIXER_T5_CACHE_DIR": str(tmp_path), "CHECK_DIRECT": "0",
                         "XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
   assert proc.returncode == 0, proc.stderr[-3000:]
   r = json.loads(proc.stdout.strip().splitlines()[-1])
-  assert r["armed"] is True and r["devices"] == 2 and r["describe"] is None
-  assert all(c["cpu_calls"] == 0 and c["vs_scan"] == [0.0] * 4 for c in r["results"])
-  assert all(c["cpu_calls"] == 0 and c["vs_xla"] == [0.0] * 4 for c in r["segmented"])
+  assert r["devices"] == 2 and r["describe"] is None
+  assert all(c["cpu_calls"] == {"cpu": 0, "auto": 0, "xla": 0} and c["cpu_vs_scan"] == [0.0] * 4
+             and c["auto_vs_scan"] == [0.0] * 4 for c in r["results"])
+  assert all(c["cpu_calls"] == {"cpu": 0, "auto": 0, "xla": 0} and c["cpu_vs_xla"] == [0.0] * 4
+             for c in r["segmented"])
   assert not list(tmp_path.glob("**/*.so"))  # never needed, never built
 
 
 TRAIN = """
 import json, jax, jax.numpy as jnp, numpy as np
-from remixer_t5 import bench_train, cpu_hypermixing, gin_utils
-armed = cpu_hypermixing.configure()
-gin_utils.parse_gin(["models/hypermixer/tiny.gin"], ["DROPOUT_RATE=0.0"])
+from remixer_t5 import bench_train, gin_utils, mfu, trainer
 lengths = {"inputs": 24, "targets": 20}
-built = bench_train.from_gin(4, lengths)
-model = built["model"]
+shapes = trainer.batch_shapes(lengths, 4, pack=True)  # model FLOPs drop the segment ids: the causal kernel's case
+
+def build(impl):
+  # The model with HyperMixing.impl bound in gin, traced and lowered while that config is in force.
+  gin_utils.parse_gin(["models/hypermixer/tiny.gin"], ["DROPOUT_RATE=0.0", f"hypermixer.HyperMixing.impl='{impl}'"])
+  model = bench_train.from_gin(4, lengths)["model"]
+  step = jax.jit(jax.value_and_grad(lambda p, batch: model.loss_fn(p, batch, None)[0]))
+  return model, step
+
+model, _ = build("xla")
 batch = bench_train.random_batch(model.module.config.vocab_size, 4, lengths)
 params = model.init_variables(jax.random.PRNGKey(0), {k: (1, v.shape[1]) for k, v in batch.items()})["params"]
 ids = lambda n, cuts: np.searchsorted(np.asarray(cuts), np.arange(n), side="right").astype(np.int32)
@@ -232,47 +268,46 @@ es[es == 4], ds[ds == 4] = 0, 0
 batch.update(encoder_segment_ids=np.tile(es, (4, 1)), decoder_segment_ids=np.tile(ds, (4, 1)),
              encoder_positions=np.tile(pos(es), (4, 1)), decoder_positions=np.tile(pos(ds), (4, 1)))
 batch = {k: jnp.asarray(v) for k, v in batch.items()}
-step = lambda: jax.jit(jax.value_and_grad(lambda p: model.loss_fn(p, batch, None)[0]))
-cpu_hypermixing.armed = False
-ref_loss, ref_grads = step()(params)
-cpu_hypermixing.armed = armed
-loss, grads = step()(params)
-hlo = jax.jit(jax.grad(lambda p: model.loss_fn(p, batch, None)[0])).lower(params).as_text()
-diffs = jax.tree.leaves(jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b)) / (jnp.max(jnp.abs(b)) + 1e-12)),
-                                     grads, ref_grads))
-from remixer_t5 import mfu, trainer
-shapes = trainer.batch_shapes(lengths, 4, pack=True)  # model FLOPs drop the segment ids: the causal kernel's case
-cpu_hypermixing.armed = False
-ref_flops = mfu.model_flops_per_step(model, shapes)
-cpu_hypermixing.armed = armed
-flops = mfu.model_flops_per_step(model, shapes)
-print(json.dumps({"armed": armed, "loss": float(loss), "ref_loss": float(ref_loss), "worst_grad": max(diffs),
-                  "calls": hlo.count("@remixer_hypermixing_causal"), "segmented": hlo.count("@remixer_hypermixing_segmented"),
-                  "flops": flops, "ref_flops": ref_flops}))
+out = {}
+for impl in ("xla", "cpu", "auto"):
+  model, step = build(impl)
+  loss, grads = step(params, batch)
+  hlo = step.lower(params, batch).as_text()
+  out[impl] = {"loss": float(loss), "grads": grads, "flops": mfu.model_flops_per_step(model, shapes),
+               "calls": hlo.count("@remixer_hypermixing_causal"),
+               "segmented": hlo.count("@remixer_hypermixing_segmented")}
+ref_grads = out["xla"]["grads"]
+worst = lambda g: max(jax.tree.leaves(jax.tree.map(
+    lambda a, b: float(jnp.max(jnp.abs(a - b)) / (jnp.max(jnp.abs(b)) + 1e-12)), g, ref_grads)))
+for impl in out:
+  out[impl]["worst_grad"] = worst(out[impl].pop("grads"))
+print(json.dumps(out))
 """
 
 
 @needs_cxx
-def test_hypermixer_loss_and_gradients_match_the_scan(tmp_path):
-  """A HyperMixer tiny train step on packed rows: its loss and every parameter's gradient through the kernels
-  (causal decoder self-mixing; segmented encoder self-mixing and cross-mixing) match XLA's forms."""
-  proc = run_py(TRAIN, {"REMIXER_T5_CPU_HYPERMIXING": "on", "REMIXER_T5_CACHE_DIR": str(tmp_path)})
+def test_hypermixer_loss_and_gradients_match_xla(tmp_path):
+  """A HyperMixer tiny train step on packed rows with HyperMixing.impl 'cpu' and 'auto' (gin): its loss and every
+  parameter's gradient through the kernels (causal decoder self-mixing; segmented encoder self-mixing and
+  cross-mixing) match impl='xla', whose program calls no kernel."""
+  proc = run_py(TRAIN, {"REMIXER_T5_CACHE_DIR": str(tmp_path)})
   assert proc.returncode == 0, proc.stderr[-3000:]
   r = json.loads(proc.stdout.strip().splitlines()[-1])
-  # forward and backward in each of the 2 decoder layers; and in the 2 encoder layers and 2 cross slots
-  assert r["armed"] is True and r["calls"] >= 4 and r["segmented"] >= 8, r
-  assert abs(r["loss"] - r["ref_loss"]) <= 1e-5 * abs(r["ref_loss"])
-  assert r["worst_grad"] < 1e-4
-  # XLA's cost analysis counts a custom call as no FLOPs: model FLOPs are counted on the scan (flop_count.py)
-  assert r["flops"] == r["ref_flops"] > 0, r
+  assert r["xla"]["calls"] == r["xla"]["segmented"] == 0 and r["xla"]["worst_grad"] == 0.0, r
+  for impl in ("cpu", "auto"):
+    # forward and backward in each of the 2 decoder layers; and in the 2 encoder layers and 2 cross slots
+    assert r[impl]["calls"] >= 4 and r[impl]["segmented"] >= 8, r
+    assert abs(r[impl]["loss"] - r["xla"]["loss"]) <= 1e-5 * abs(r["xla"]["loss"]), r
+    assert r[impl]["worst_grad"] < 1e-4, r
+    # XLA's cost analysis counts a custom call as no FLOPs: model FLOPs are counted on XLA's forms (flop_count.py)
+    assert r[impl]["flops"] == r["xla"]["flops"] > 0, r
 
 
 def _gcc() -> str | None:
-  """The compiler cpu_ffi would build with, if it is GCC."""
-  from remixer_t5 import cpu_ffi
+  """The compiler ffi.py would build with, if it is GCC."""
   try:
-    cxx = cpu_ffi.compiler(os.environ, cpu_hypermixing.SOURCE)
-  except cpu_ffi.Unavailable:
+    cxx = ffi.compiler(os.environ, cpu_hypermixing.SOURCE)
+  except ffi.Unavailable:
     return None
   version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
   return cxx if ("GCC" in version or "Free Software Foundation" in version) else None
@@ -306,8 +341,9 @@ def test_every_simd_loop_vectorises_with_avx2(tmp_path):
 @pytest.mark.integration
 @needs_cxx
 def test_benchmark_script_runs_both_variants(tmp_path):
-  """scripts/bench_hypermixing_cpu.py (docs/benchmarks.md's figures) on its tiny config: every measurement in both
-  variants, the kernel variants' programs calling the kernels and XLA's not, rows appended to --out."""
+  """scripts/bench_hypermixing_cpu.py (docs/benchmarks.md's figures) on its tiny config: every measurement with
+  HyperMixing.impl 'cpu' (the kernel variant) and 'xla', the kernel variants' programs calling the kernels and
+  XLA's not, rows appended to --out."""
   out = tmp_path / "rows.jsonl"
   proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_hypermixing_cpu.py"), "--config", "tiny",
                          "--rounds", "1", "--steps", "1", "--warmup", "0", "--out", str(out)],
@@ -326,22 +362,24 @@ def test_benchmark_script_runs_both_variants(tmp_path):
 
 @pytest.mark.integration
 @needs_cxx
-def test_the_cli_arms_the_kernels_for_a_hypermixer_run(tmp_path, embedded_cache):
-  """`remixer-t5 train` of a HyperMixer on packed demo rows, in a one-device CPU process: the CLI arms the
-  kernels, builds them once, says so in one line, and the run trains and checkpoints."""
+def test_the_cli_runs_the_kernels_for_a_hypermixer_run(tmp_path, embedded_cache):
+  """`remixer-t5 train` of a HyperMixer on packed demo rows, in a one-device CPU process, with the config's
+  default HyperMixing.impl ('auto'): the start line says the kernels are chosen by platform, the run builds the
+  CPU kernels (the first program that needs them), trains and checkpoints."""
   model_dir = tmp_path / "run"
+  cache = tmp_path / "cache"
+  shutil.copytree(embedded_cache.root, cache)  # the embedded corpus, and no kernel built yet
   cmd = [sys.executable, "-m", "remixer_t5", "train", "--gin_file=models/hypermixer/tiny.gin",
          "--gin_file=runs/demo.gin", "--gin.BATCH_SIZE=4", "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 16}",
          "--gin.network.T5Config.emb_dim=32", "--gin.network.T5Config.mlp_dim=48", "--gin.LOG_PERIOD=2",
          "--gin.EVAL_PERIOD=0", "--gin.TRAIN_STEPS=4", f"--gin.MODEL_DIR={model_dir}"]
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "REMIXER_T5_CACHE_DIR": str(embedded_cache.root),
-         "REMIXER_T5_CPU_HYPERMIXING": "auto"}
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "REMIXER_T5_CACHE_DIR": str(cache)}
   env["XLA_FLAGS"] = xla_flags()
   proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  lines = proc.stderr.splitlines()
-  assert sum("HyperMixing: fused C++ loops on CPU" in line for line in lines) == 1, proc.stderr[-3000:]
+  assert "remixer-t5 train: 1 cpu device(s)" in proc.stderr and "kernels: auto (by platform)" in proc.stderr, \
+      proc.stderr[-3000:]
   rows = [json.loads(line) for line in (model_dir / "metrics.jsonl").read_text().splitlines()]
   losses = [r["loss"] for r in rows if r.get("split") == "train"]
   assert losses and all(0 < loss < 100 for loss in losses)
-  assert list((embedded_cache.root / "cpu_hypermixing").glob("hypermixing-*.so"))
+  assert len(list((cache / "cpu_hypermixing").glob("hypermixing-*.so"))) == 1

@@ -1,19 +1,23 @@
-"""remixer_t5/cpu_threefry.py: JAX's Threefry-2x32 hash unrolled as its CPU lowering, the same bits.
+"""remixer_t5/kernels/cpu/threefry.py: dropout's keep mask with JAX's Threefry-2x32 hash unrolled, the same bits.
 
-The hash is checked against Random123's published known answers (an independent reference), and the registered
-lowering against JAX's own rolled loop on every random function the models use, in a fresh process (a lowering
-registration is process-wide)."""
+The hash is checked against Random123's published known answers (an independent reference), the keep mask against
+`jax.random.bernoulli` bit for bit, and the choice of implementation (`T5Config.dropout_impl`, `layers.keep_mask`)
+on lowered and compiled programs. What needs the materialize custom call runs in a fresh process with one JAX
+device (a custom call is registered once per process and is used only with one device)."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from subprocess_util import run_py
 
-from remixer_t5 import cpu_threefry
+from remixer_t5 import layers
+from remixer_t5.kernels.cpu import threefry
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -25,118 +29,120 @@ KNOWN_ANSWERS = [
 ]
 
 
-@pytest.mark.parametrize("rolled", [False, True])
 @pytest.mark.parametrize("counter,key,expected", KNOWN_ANSWERS)
-def test_known_answers(counter, key, expected, rolled):
-  out = cpu_threefry.threefry_2x32(np.uint32(key[0]), np.uint32(key[1]), jnp.asarray([counter[0]], jnp.uint32),
-                                   jnp.asarray([counter[1]], jnp.uint32), rolled=rolled)
+def test_known_answers(counter, key, expected):
+  out = threefry.threefry_2x32(np.uint32(key[0]), np.uint32(key[1]), jnp.asarray([counter[0]], jnp.uint32),
+                               jnp.asarray([counter[1]], jnp.uint32))
   assert [int(o[0]) for o in out] == list(expected)
   assert all(o.dtype == jnp.uint32 and o.shape == (1,) for o in out)
 
 
-def test_broadcasts_like_the_primitive():
+def test_broadcasts_its_operands():
   k1, k2 = np.uint32(7), np.uint32(11)
   x1 = jnp.arange(6, dtype=jnp.uint32).reshape(2, 3)
-  out = cpu_threefry.threefry_2x32(k1, k2, x1, jnp.uint32(5))
+  out = threefry.threefry_2x32(k1, k2, x1, jnp.uint32(5))
   assert [o.shape for o in out] == [(2, 3), (2, 3)]
-  one = cpu_threefry.threefry_2x32(k1, k2, jnp.asarray([4], jnp.uint32), jnp.asarray([5], jnp.uint32))
+  one = threefry.threefry_2x32(k1, k2, jnp.asarray([4], jnp.uint32), jnp.asarray([5], jnp.uint32))
   assert int(out[0][1, 1]) == int(one[0][0]) and int(out[1][1, 1]) == int(one[1][0])
 
 
-def test_modes():
-  with pytest.raises(ValueError, match=r"\$REMIXER_T5_CPU_THREEFRY='fast': expected one of on, fused, off"):
-    cpu_threefry.configure(environ={"REMIXER_T5_CPU_THREEFRY": "fast"}, cpu_only=True)
-  assert cpu_threefry.configure(environ={"REMIXER_T5_CPU_THREEFRY": "off"}, cpu_only=True) is False
-  assert cpu_threefry.configure(environ={}, cpu_only=False) is False  # TPU or GPU: JAX's lowering
+def bernoulli(keep_prob, shape):
+  return lambda key: jax.random.bernoulli(key, keep_prob, shape)
 
 
-SAME_BITS = """
+@pytest.mark.parametrize("typed", [False, True])
+@pytest.mark.parametrize("shape,unroll_min", [
+    ((4, 4, 96, 96), None),  # an attention-sized mask: the unrolled hash at the module's threshold
+    ((3, 65537), None),  # an odd element count
+    ((4, 7, 33), 1),  # small masks, unrolled here by lowering the threshold: the hash itself on other shapes
+    ((7,), 1),
+    ((5, 1, 3), 1),
+])
+def test_keep_mask_is_jaxs_bernoulli_bit_for_bit(shape, unroll_min, typed, monkeypatch):
+  if unroll_min is not None:
+    monkeypatch.setattr(threefry, "UNROLL_MIN", unroll_min)
+  for seed, keep_prob in ((0, 0.9), (3, 0.5), (2**31 - 1, 0.1)):
+    key = jax.random.key(seed) if typed else jax.random.PRNGKey(seed)
+    fell_back = []
+    reference = lambda k: fell_back.append(k) or jax.random.bernoulli(k, keep_prob, shape)
+    ours = jax.jit(lambda k: threefry.keep_mask(k, keep_prob, shape, reference=reference))(key)
+    assert not fell_back  # the unrolled hash, not the reference
+    want = np.asarray(jax.random.bernoulli(key, keep_prob, shape))
+    assert ours.shape == shape and ours.dtype == jnp.bool_
+    assert np.array_equal(np.asarray(ours), want), (shape, seed, keep_prob)
+    assert 0 < want.mean() < 1 or want.size < 16
+    for impl in ("cpu", "auto"):  # and through the model's dropout operation
+      assert np.array_equal(np.asarray(jax.jit(lambda k: layers.keep_mask(k, keep_prob, shape, impl=impl))(key)), want)
+
+
+def test_small_masks_take_the_reference():
+  """Below UNROLL_MIN elements (T5's broadcast [batch, 1, d] masks) the hash would be fused into every reader and
+  run once per position reading the mask: JAX's own form is used."""
+  key = jax.random.PRNGKey(1)
+  shape = (4, 1, 512)
+  assert 4 * 512 < threefry.UNROLL_MIN
+  assert threefry.keep_mask(key, 0.9, shape, reference=lambda k: "reference") == "reference"
+  assert np.array_equal(layers.keep_mask(key, 0.9, shape, impl="cpu"), jax.random.bernoulli(key, 0.9, shape))
+
+
+def test_an_unknown_implementation_is_named():
+  with pytest.raises(ValueError, match=r"dropout_impl='pallas_gpu': expected one of \('auto', 'xla', 'cpu'\)"):
+    layers.keep_mask(jax.random.PRNGKey(0), 0.9, (4,), impl="pallas_gpu")
+
+
+LOWERED = """
 import json
-import jax, jax.numpy as jnp, numpy as np
-from remixer_t5 import cpu_threefry
-
-def small(key):  # keys and arrays below UNROLL_MIN elements: the loop
-  k1, k2 = jax.random.split(key)
-  return {"split": jax.random.key_data(jax.random.split(jax.random.wrap_key_data(key), 5)),
-          "fold_in": jax.random.fold_in(key, 7), "bernoulli": jax.random.bernoulli(k2, 0.9, (4, 7, 33)),
-          "uniform": jax.random.uniform(k1, (257,)), "normal": jax.random.normal(k2, (5, 3)),
-          "bits_odd": jax.random.bits(k2, (7,))}
-
-def large(key):  # at or above it (the hash of a bits draw covers half its elements): unrolled, fused
-  return {"bits": jax.random.bits(key, (3, 2**16 + 1)), "bernoulli": jax.random.bernoulli(key, 0.9, (4, 4, 96, 96)),
-          "masked": jnp.where(jax.random.bernoulli(key, 0.9, (512, 300)), 2.0, 0.0)}
-
-def run(draws, key):
-  fn = jax.jit(lambda k: draws(k))  # a new function object: traced and lowered with the rule in force now
-  return {k: np.asarray(v) for k, v in fn(key).items()}, fn.lower(key).compile().as_text().count(" while(")
-
-keys = [jax.random.PRNGKey(s) for s in (0, 3, 2**31 - 1)]
+import jax, jax.numpy as jnp
+from remixer_t5 import flop_count, layers
+from remixer_t5.kernels.cpu import threefry
+key = jax.random.PRNGKey(0)
 out = {}
-for name, draws in (("small", small), ("large", large)):
-  out[name + "_before"] = [run(draws, k) for k in keys]
-assert cpu_threefry.configure(log=print, environ={}, cpu_only=True)
-for name, draws in (("small", small), ("large", large)):
-  out[name + "_after"] = [run(draws, k) for k in keys]
-same = all(np.array_equal(b[0][n], a[0][n]) for kind in ("small", "large")
-           for b, a in zip(out[kind + "_before"], out[kind + "_after"]) for n in b[0])
-print(json.dumps({"same": same, "applied": cpu_threefry.applied,
-                  **{k: v[0][1] for k, v in out.items()}}))
+for shape in ((4, 4, 96, 96), (4, 1, 96)):  # above UNROLL_MIN, and a small (broadcast) mask
+  for impl in ("auto", "cpu", "xla"):
+    fn = jax.jit(lambda k: layers.keep_mask(k, 0.9, shape, impl=impl))
+    lowered = {p: fn.trace(key).lower(lowering_platforms=(p,)).as_text() for p in ("cpu", "tpu")}
+    with flop_count.counting_model_flops():
+      counting = jax.jit(lambda k: layers.keep_mask(k, 0.9, shape, impl=impl)).lower(key).as_text()
+    out[f"{shape[1]}/{impl}"] = {"cpu": lowered["cpu"].count("remixer_materialize"),
+                                 "tpu": lowered["tpu"].count("remixer_materialize"),
+                                 "counting": counting.count("remixer_materialize"),
+                                 "same": bool((fn(key) == jax.random.bernoulli(key, 0.9, shape)).all())}
+out["describe"] = threefry.describe()
+out["devices"] = jax.device_count()
+print(json.dumps(out))
 """
 
 
-def test_same_bits_as_jax_and_large_arrays_without_its_loop():
-  p = run_py(SAME_BITS, {})
+def test_the_materialize_call_is_in_cpu_programs_of_large_masks_only(tmp_path):
+  """layers.keep_mask with impl 'auto' or 'cpu' lowered for a CPU passes a large mask through the materialize
+  custom call; impl 'xla', a small mask, 'auto' lowered for a TPU and a FLOP count do not. The bits are JAX's."""
+  p = run_py(LOWERED, {"REMIXER_T5_CACHE_DIR": str(tmp_path)})
   assert p.returncode == 0, p.stderr[-3000:]
-  assert "random bits: Threefry unrolled on XLA:CPU for arrays of 65,536+ elements, the same bits" in p.stdout
   r = json.loads(p.stdout.strip().splitlines()[-1])
-  assert r["same"] is True and r["applied"] is True
-  assert r["large_before"] >= 3 and r["large_after"] == 0  # JAX's rolled loop for each draw, then none
-  assert r["small_before"] > 0 and r["small_after"] == r["small_before"]  # small arrays keep a loop
-
-
-@pytest.mark.integration
-def test_train_steps_through_both_lowerings():
-  """The benchmark script's tiny config: T5.1.1's whole train step (dropout 0.1) with JAX's loop and with this
-  module's lowering in one process (attention masks of 2,304 elements unrolled): fewer while loops, and the same
-  losses up to XLA's fusion order."""
-  p = subprocess.run([sys.executable, "scripts/bench_threefry_cpu.py", "--config", "tiny", "--models", "t5_1_1",
-                      "--rounds", "1", "--steps", "2", "--warmup", "1", "--unroll_min", "1000"], capture_output=True, text=True,
-                     timeout=600, cwd=REPO, env={**__import__("os").environ, "JAX_PLATFORMS": "cpu",
-                                                 "XLA_FLAGS": ""})
-  assert p.returncode == 0, p.stderr[-3000:]
-  rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
-  by = {r["variant"]: r for r in rows}
-  assert set(by) == {"rolled", "fused", "once"} and all(r["model"] == "t5_1_1" for r in rows)
-  assert by["rolled"]["while_loops"] > by["fused"]["while_loops"] > 0  # attention masks unrolled, keys not
-  assert by["once"]["while_loops"] == by["fused"]["while_loops"]
-  assert by["rolled"]["materialized"] == by["fused"]["materialized"] == 0
-  assert by["once"]["materialized"] == 6  # the 2 layers' encoder, decoder and cross-attention masks (1,024+)
-  assert [by[v]["cpu_threefry"] for v in ("rolled", "fused", "once")] == [None, "unrolled",
-                                                                           "unrolled, large masks hashed once"]
-  for v in ("fused", "once"):
-    assert abs(by["rolled"]["loss_sum"] - by[v]["loss_sum"]) <= 1e-6 * abs(by["rolled"]["loss_sum"])
-  assert "t5_1_1: rolled" in p.stdout
+  assert r.pop("devices") == 1 and r.pop("describe") == "unrolled hash, large masks computed once"
+  assert all(v["same"] and v["counting"] == 0 for v in r.values()), r
+  assert {k: v["cpu"] > 0 for k, v in r.items()} == {"4/auto": True, "4/cpu": True, "4/xla": False,
+                                                     "1/auto": False, "1/cpu": False, "1/xla": False}
+  assert r["4/auto"]["tpu"] == 0 and r["4/xla"]["tpu"] == 0
 
 
 ONCE = """
 import json, os, re
 import flax.linen as nn
 import jax, jax.numpy as jnp, numpy as np
-from remixer_t5 import cpu_threefry, flop_count, layers
+from remixer_t5 import layers
+from remixer_t5.kernels.cpu import threefry
 
 SHAPE = (4, 4, 96, 96)  # 147,456 elements: above UNROLL_MIN
 
 class Net(nn.Module):
-  ours: bool
+  impl: str  # 'flax': flax's own Dropout
   @nn.compact
   def __call__(self, x):
-    drop = layers.Dropout if self.ours else nn.Dropout
+    drop = nn.Dropout if self.impl == "flax" else lambda *a, **k: layers.Dropout(*a, **k, impl=self.impl)
     y = drop(0.1)(jnp.tanh(x), deterministic=False)  # an attention-sized mask, read by forward and backward
     z = drop(0.1, broadcast_dims=(-2,))(y * 2.0, deterministic=False)  # a broadcast [4, 4, 1, 96] mask
     return jnp.sum(z ** 2)
-
-def grad_fn(ours):
-  return jax.jit(jax.value_and_grad(lambda x, k: Net(ours).apply({}, x, rngs={"dropout": k})))
 
 def hashes(text):
   # XLA fuses the unrolled hash: each copy is a fused computation with 20 rounds of u32 xors of the mask's shape
@@ -145,60 +151,115 @@ def hashes(text):
 
 x = jnp.asarray(np.random.default_rng(0).normal(size=SHAPE), jnp.float32)
 key = jax.random.PRNGKey(5)
-ref = grad_fn(False)(x, key)  # flax's Dropout, before anything is configured
 out = {}
-mode = {"REMIXER_T5_CPU_THREEFRY": os.environ["ONCE_MODE"]}
-assert cpu_threefry.configure(log=print, environ={**os.environ, **mode}, cpu_only=True)
-for name, ours in (("flax", False), ("ours", True)):
-  fn = grad_fn(ours)
-  (v, g) = fn(x, key)
+for impl in ("flax", "xla", "cpu", "auto"):
+  fn = jax.jit(jax.value_and_grad(lambda x, k: Net(impl).apply({}, x, rngs={"dropout": k})))
+  v, g = fn(x, key)
+  if impl == "flax":
+    ref = (v, g)
   text = fn.lower(x, key).compile().as_text()
-  out[name] = {"same_value": bool(v == ref[0]), "same_grad": bool(np.array_equal(g, ref[1])),
+  out[impl] = {"same_value": bool(v == ref[0]), "same_grad": bool(np.array_equal(g, ref[1])),
                "custom_calls": text.count('custom_call_target="remixer_materialize"'), "hashes": hashes(text)}
-with flop_count.counting_model_flops():
-  text = jax.jit(jax.value_and_grad(lambda x, k: Net(True).apply({}, x, rngs={"dropout": k}))).lower(x, key).as_text()
-out["counting_custom_calls"] = text.count("remixer_materialize")
-out["describe"] = cpu_threefry.describe()
+out["describe"] = threefry.describe()
 print(json.dumps(out))
 """
 
 
-@pytest.mark.parametrize("mode", ["on", "fused"])
-def test_large_masks_hashed_once(mode):
-  """layers.Dropout is flax's Dropout (same mask, value and gradient from the same key); in `on` mode its large
-  mask goes through the custom call and XLA hashes it once for forward and backward, where flax's Dropout, or
-  `fused` mode, hash it in more than one loop. The broadcast mask (small) keeps its loop either way, and inside
-  the FLOP-count context the custom call is left out."""
-  p = run_py(ONCE, {"ONCE_MODE": mode})
+def test_large_masks_hashed_once():
+  """layers.Dropout is flax's Dropout (the same mask, value and gradient from the same key) with every impl;
+  with 'cpu' and 'auto' on a CPU its large mask goes through the custom call and XLA hashes it once for forward
+  and backward, where the unrolled hash alone would be fused into both. The broadcast mask (small) keeps JAX's
+  form, and 'xla' (JAX's rolled loop, no unrolled hash) has no custom call."""
+  p = run_py(ONCE, {})
   assert p.returncode == 0, p.stderr[-3000:]
   r = json.loads(p.stdout.strip().splitlines()[-1])
-  assert r["flax"] == {**r["flax"], "same_value": True, "same_grad": True, "custom_calls": 0}
-  assert r["ours"]["same_value"] and r["ours"]["same_grad"]
-  assert r["flax"]["hashes"] >= 2  # forward and backward each hash the mask
-  if mode == "on":
-    assert "each such dropout mask hashed once" in p.stdout
-    assert r["ours"]["custom_calls"] == 1 and r["ours"]["hashes"] == 1
-    assert r["describe"] == "unrolled, large masks hashed once"
-  else:
-    assert r["ours"]["custom_calls"] == 0 and r["ours"]["hashes"] == r["flax"]["hashes"]
-    assert r["describe"] == "unrolled"
-  assert r["counting_custom_calls"] == 0
+  for impl in ("xla", "cpu", "auto"):
+    assert r[impl]["same_value"] and r[impl]["same_grad"], (impl, r)
+  assert r["flax"]["custom_calls"] == r["xla"]["custom_calls"] == 0 and r["xla"]["hashes"] == 0, r
+  assert r["cpu"] == r["auto"] == {**r["cpu"], "custom_calls": 1, "hashes": 1}, r
+  assert r["describe"] == "unrolled hash, large masks computed once"
 
 
+@pytest.mark.integration
 def test_large_masks_left_alone_on_a_mesh():
-  """With more than one JAX device the custom call (which XLA cannot partition) is not used."""
-  p = run_py(ONCE, {"XLA_FLAGS": "--xla_force_host_platform_device_count=2", "ONCE_MODE": "on"})
+  """With more than one JAX device the custom call (which XLA cannot partition) is not used: the unrolled hash is
+  fused into each reader, the same bits."""
+  p = run_py(ONCE, {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
   assert p.returncode == 0, p.stderr[-3000:]
   r = json.loads(p.stdout.strip().splitlines()[-1])
-  assert r["ours"]["same_value"] and r["ours"]["same_grad"] and r["ours"]["custom_calls"] == 0
+  for impl in ("cpu", "auto"):
+    assert r[impl]["same_value"] and r[impl]["same_grad"] and r[impl]["custom_calls"] == 0, (impl, r)
+    assert r[impl]["hashes"] >= 2, (impl, r)  # forward and backward each hash the mask
+  assert r["describe"] == "unrolled hash"
 
 
 def test_large_masks_fused_when_the_custom_call_cannot_build(tmp_path):
-  """No C++ compiler: one line saying so, and the masks stay as flax draws them (hashed in each reader)."""
-  p = run_py(ONCE, {"ONCE_MODE": "on", "CXX": str(tmp_path / "no-such-compiler"),
-                    "REMIXER_T5_CACHE_DIR": str(tmp_path / "cache")})
+  """No C++ compiler: the masks stay the unrolled hash, fused into each reader, the same bits."""
+  p = run_py(ONCE, {"CXX": str(tmp_path / "no-such-compiler"), "REMIXER_T5_CACHE_DIR": str(tmp_path / "cache")})
   assert p.returncode == 0, p.stderr[-3000:]
-  assert "random bits: dropout masks hashed in each loop that reads them (no C++ compiler" in p.stdout
   r = json.loads(p.stdout.strip().splitlines()[-1])
-  assert r["ours"]["same_value"] and r["ours"]["same_grad"] and r["ours"]["custom_calls"] == 0
-  assert r["ours"]["hashes"] == r["flax"]["hashes"] >= 2 and r["describe"] == "unrolled"
+  for impl in ("cpu", "auto"):
+    assert r[impl]["same_value"] and r[impl]["same_grad"] and r[impl]["custom_calls"] == 0, (impl, r)
+    assert r[impl]["hashes"] >= 2, (impl, r)
+  assert r["describe"] == "unrolled hash"
+
+
+STEP = """
+import json
+import jax, jax.numpy as jnp, numpy as np
+from remixer_t5 import bench_train, gin_utils
+from remixer_t5.kernels.cpu import threefry
+threefry.UNROLL_MIN = 1000  # the tiny model's attention masks (2 x 2 x 16 x 16 and up) through the unrolled hash
+lengths = {"inputs": 16, "targets": 24}
+out = {}
+for impl in ("xla", "cpu"):
+  # The model built with T5Config.dropout_impl bound in gin, traced while that config is in force.
+  gin_utils.parse_gin(["models/t5_1_1/tiny.gin"], ["DROPOUT_RATE=0.1", f"network.T5Config.dropout_impl='{impl}'"])
+  model = bench_train.from_gin(2, lengths)["model"]
+  if impl == "xla":
+    batch = {k: jnp.asarray(v) for k, v in bench_train.random_batch(model.module.config.vocab_size, 2, lengths).items()}
+    params = model.init_variables(jax.random.PRNGKey(0), {k: (1, v.shape[1]) for k, v in batch.items()})["params"]
+  step = jax.jit(jax.value_and_grad(lambda p, k: model.loss_fn(p, batch, k)[0]))
+  losses = [step(params, jax.random.PRNGKey(s)) for s in (1, 2)]
+  text = step.lower(params, jax.random.PRNGKey(1)).compile().as_text()
+  out[impl] = {"losses": [float(l) for l, _ in losses], "grads": [g for _, g in losses],
+               "materialized": text.count('custom_call_target="remixer_materialize"')}
+worst = max(float(jnp.max(jnp.abs(a - b)) / (jnp.max(jnp.abs(b)) + 1e-12))
+            for a_tree, b_tree in zip(out["cpu"].pop("grads"), out["xla"].pop("grads"))
+            for a, b in zip(jax.tree.leaves(a_tree), jax.tree.leaves(b_tree)))
+print(json.dumps({**out, "worst_grad": worst}))
+"""
+
+
+def test_a_train_step_with_either_implementation_has_the_same_loss(tmp_path):
+  """The tiny T5.1.1's loss and gradients (dropout 0.1) with T5Config.dropout_impl 'xla' and 'cpu', from the same
+  keys: the same dropout masks, so the same loss (to the bit); the 'cpu' program computes its attention masks once (the
+  materialize call) and the 'xla' one does not. Another key gives another loss (the masks are used)."""
+  p = run_py(STEP, {"REMIXER_T5_CACHE_DIR": str(tmp_path)})
+  assert p.returncode == 0, p.stderr[-3000:]
+  r = json.loads(p.stdout.strip().splitlines()[-1])
+  assert r["xla"]["materialized"] == 0 and r["cpu"]["materialized"] >= 6, r  # 2 layers' 3 attention masks
+  assert r["cpu"]["losses"] == r["xla"]["losses"], r
+  assert r["worst_grad"] < 1e-5, r  # (XLA fuses the two programs differently: gradients within float rounding)
+  assert r["xla"]["losses"][0] != r["xla"]["losses"][1]
+
+
+@pytest.mark.integration
+def test_the_benchmark_script_runs_both_implementations(tmp_path):
+  """scripts/bench_threefry_cpu.py's tiny config (with --unroll_min, as its masks are small): T5.1.1's whole train
+  step (dropout 0.1) with dropout_impl 'xla' and 'cpu' in one process, the masks computed once in the 'cpu' one,
+  and the same losses up to XLA's fusion order."""
+  p = subprocess.run([sys.executable, "scripts/bench_threefry_cpu.py", "--config", "tiny", "--models", "t5_1_1",
+                      "--rounds", "1", "--steps", "2", "--warmup", "1", "--unroll_min", "1000"], capture_output=True,
+                     text=True, timeout=600, cwd=REPO, env={**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "",
+                                                            "REMIXER_T5_CACHE_DIR": str(tmp_path)})
+  assert p.returncode == 0, p.stderr[-3000:]
+  rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+  by = {r["variant"]: r for r in rows}
+  assert set(by) == {"xla", "cpu"} and all(r["model"] == "t5_1_1" for r in rows)
+  assert by["xla"]["materialized"] == 0
+  assert by["cpu"]["materialized"] == 6  # the 2 layers' encoder, decoder and cross-attention masks (1,000+)
+  assert by["xla"]["while_loops"] > by["cpu"]["while_loops"]  # JAX's rolled hash of the attention masks
+  assert [by[v]["cpu_threefry"] for v in ("xla", "cpu")] == [None, "unrolled hash, large masks computed once"]
+  assert abs(by["xla"]["loss_sum"] - by["cpu"]["loss_sum"]) <= 1e-6 * abs(by["xla"]["loss_sum"])
+  assert "t5_1_1: xla" in p.stdout

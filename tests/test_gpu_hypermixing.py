@@ -1,17 +1,18 @@
-"""remixer_t5/gpu_hypermixing.py: HyperMixing's causal and packed non-causal forms as Pallas (Triton) kernels.
+"""remixer_t5/kernels/gpu/hypermixing.py: HyperMixing's causal form as a Pallas (Triton) kernel.
 
-The kernels run here in Pallas's interpreter (the same kernel bodies, executed by XLA:CPU) against numpy loops over
-the equations, against a jnp reference's gradients, and against the layer's own XLA forms; the routing is checked
-on lowered programs: a program lowered for CUDA calls the Triton kernels, one lowered for CPU or TPU does not.
-The kernels ran on an H200 against XLA's forms too (scripts/gpu_measure.py's `hypermixing_kernel` stage,
-docs/benchmarks.md)."""
+The kernel runs here in Pallas's interpreter (the same kernel bodies, executed by XLA:CPU) against numpy loops over
+the equation, against a jnp reference's gradients, and against the layer's own XLA form; the choice is checked on
+lowered programs (`HyperMixing.impl`): with 'auto' a program lowered for CUDA calls the Triton kernel for the
+causal form and keeps XLA's id blocks for the packed one, one lowered for CPU or TPU calls no Triton kernel, and
+'xla' calls none anywhere. The kernel ran on an H200 against XLA's forms too (scripts/gpu_measure.py's
+`hypermixing_kernel` stage, docs/benchmarks.md)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy.special import erf
 
-from remixer_t5 import gpu_hypermixing
+from remixer_t5.kernels.gpu import hypermixing as gpu_hypermixing
 from remixer_t5.config import T5Config
 from remixer_t5.mixers import base
 from remixer_t5.mixers.hypermixer import HyperMixing
@@ -40,20 +41,6 @@ def causal_np(w1, x, w2, mask, seg, ln):
       state = sum(np.outer(w1[r, j], x[r, j]) for j in js)
       count = max(sum(mask[r, j] for j in js), 1.0) if ln else 1.0
       out[r, i] = w2[r, i] @ gelu_np(state / count)
-  return out
-
-
-def segmented_np(w1, x, w2, mask, q_seg, kv_seg, ln):
-  """Query i reads GELU(Σ_{real j, kv_seg_j = q_seg_i} W1[j]^T x_j / count); padding (id 0) reads 0."""
-  b, nq = q_seg.shape
-  out = np.zeros((b, nq, x.shape[-1]))
-  for r in range(b):
-    for i in range(nq):
-      js = [j for j in range(kv_seg.shape[1]) if kv_seg[r, j] == q_seg[r, i] and mask[r, j] > 0]
-      if q_seg[r, i] == 0 or not js:
-        continue
-      state = sum(np.outer(w1[r, j], x[r, j]) for j in js)
-      out[r, i] = w2[r, i] @ gelu_np(state / (len(js) if ln else 1.0))
   return out
 
 
@@ -119,29 +106,6 @@ def test_causal_kernel_against_the_equations_and_xla(b, n, h, d, ln, pieces, blo
       assert rel(got, want) < 2e-6 and rel(got * m, xla) < 2e-6
 
 
-@pytest.mark.parametrize("b,nq,nk,h,d,ln,pieces,block_h", [
-    (2, 13, 13, 48, 40, False, 3, 16),  # self-mixing
-    (3, 9, 21, 32, 32, True, 3, 32),  # cross-mixing: 9 decoder queries, 21 encoder keys
-    (2, 17, 11, 20, 24, True, 3, 8),
-])
-def test_segmented_kernel_against_the_equations_and_xla(b, nq, nk, h, d, ln, pieces, block_h):
-  rng = np.random.default_rng(nq + nk)
-  kv_seg = segments(rng, b, nk, pieces, pad=2)
-  q_seg = kv_seg.copy() if nq == nk else segments(rng, b, nq, pieces, pad=1)
-  if nq != nk:
-    kv_seg[1][kv_seg[1] == 2] = 3  # row 1: id 2 has queries but no keys (they read 0)
-  w1, x, w2, mask, g = data(rng, b, nq, nk, h, d, kv_seg)
-  with jax.default_matmul_precision("highest"):
-    kernel = lambda w1, x, w2: gpu_hypermixing.segmented_kernel(w1, x, w2, mask, q_seg, kv_seg, ln,
-                                                                block_h=block_h, block_d=8, interpret=True)
-    out, vjp = jax.vjp(kernel, w1, x, w2)
-    xla_out, xla_vjp = jax.vjp(lambda *a: xla_form(ln, "_block_segmented")(*a, mask, q_seg, kv_seg), w1, x, w2)
-    assert rel(out, segmented_np(w1, x, w2, mask, q_seg, kv_seg, ln)) < 2e-6
-    assert rel(out, xla_out) < 2e-6
-    for got, want in zip(vjp(g), xla_vjp(g)):
-      assert rel(got, want) < 2e-6
-
-
 def test_gelu_and_its_slope():
   a = np.linspace(-9, 9, 2001).astype(np.float32)
   value, slope = gpu_hypermixing.gelu_and_grad(jnp.asarray(a))
@@ -154,18 +118,20 @@ def lowered(platform, fn, *shapes):
   return jax.jit(lambda *a: fn(*a)).trace(*shapes).lower(lowering_platforms=(platform,)).as_text()  # traced afresh
 
 
-def test_only_programs_lowered_for_cuda_call_the_kernels(monkeypatch):
-  """A HyperMixer layer's gradient, causal and packed non-causal, lowered for CUDA: by default ($..._HYPERMIXING
-  `on`) the causal form calls its Triton kernels and the packed form keeps XLA's id-block loop (the kernel was
-  22x slower on an H200); with `all` both call their kernels and neither loops. None for CPU or TPU (they keep
-  XLA's forms), none with `off`, none inside a FLOP count."""
+@pytest.mark.parametrize("impl", ["auto", "pallas_gpu", "xla"])
+def test_only_programs_lowered_for_cuda_call_the_kernel(impl):
+  """A HyperMixer layer's gradient, causal and packed non-causal, lowered for CUDA: with HyperMixing.impl 'auto'
+  or 'pallas_gpu' the causal form calls its Triton kernel (forward and backward) in place of XLA's chunked scan,
+  and the packed form keeps XLA's id-block loop (there is no GPU kernel for it); with 'xla' both keep XLA's
+  loops. 'auto' and 'xla' lowered for CPU or TPU call no Triton kernel (a TPU keeps XLA's loops), and inside a
+  FLOP count no program does."""
   cfg = T5Config(vocab_size=64, emb_dim=16, num_heads=2, num_encoder_layers=1, num_decoder_layers=1, head_dim=8,
                  mlp_dim=32, dtype="float32")
   b, n = 2, 12
   x = jnp.ones((b, n, 16))
   seg = jnp.asarray(np.repeat([[1] * 5 + [2] * 7], b, 0), jnp.int32)
   pos = jnp.asarray(np.repeat([list(range(5)) + list(range(7))], b, 0), jnp.int32)
-  mod = HyperMixing(cfg)
+  mod = HyperMixing(cfg, impl=impl)
 
   def ctx(causal):
     return base.MixerContext(q_mask=jnp.ones((b, n)), kv_mask=jnp.ones((b, n)), q_positions=pos, kv_positions=pos, q_segment_ids=seg,
@@ -176,47 +142,29 @@ def test_only_programs_lowered_for_cuda_call_the_kernels(monkeypatch):
   shapes = (jax.tree_util.tree_map(lambda a: S(a.shape, a.dtype), params), S(x.shape, x.dtype))
   for causal in (True, False):
     grad = jax.grad(lambda v, x: jnp.sum(mod.apply(v, x, x, ctx(causal)) ** 2), argnums=(0, 1))
-    want = "hypermixing_causal" if causal else "hypermixing_segmented"
-    for mode in ("on", "all"):
-      monkeypatch.setenv(gpu_hypermixing.ENV, mode)
-      cuda = lowered("cuda", grad, *shapes)
-      if causal or mode == "all":
-        assert cuda.count("__gpu$xla.gpu.triton") == 2 and want in cuda and "stablehlo.while" not in cuda, mode
-      else:
-        assert "triton" not in cuda and "stablehlo.while" in cuda, mode  # XLA's loop over id blocks
-      with base.counting_model_flops():
-        assert "triton" not in lowered("cuda", grad, *shapes)
-    for platform in ("cpu", "tpu"):
-      text = lowered(platform, grad, *shapes)
-      assert "triton" not in text and "stablehlo.while" in text  # the scan over chunks or id blocks
-    monkeypatch.setenv(gpu_hypermixing.ENV, "off")
-    assert "triton" not in lowered("cuda", grad, *shapes)
-    monkeypatch.delenv(gpu_hypermixing.ENV)
-
-
-def test_bad_setting_is_named():
-  with pytest.raises(ValueError, match=r"\$REMIXER_T5_GPU_HYPERMIXING='fast': expected on, all or off"):
-    gpu_hypermixing.enabled({"REMIXER_T5_GPU_HYPERMIXING": "fast"})
-  modes = {v: (gpu_hypermixing.enabled({gpu_hypermixing.ENV: v}), gpu_hypermixing.segmented_enabled(
-      {gpu_hypermixing.ENV: v})) for v in ("on", "ALL", "off")}
-  assert modes == {"on": (True, False), "ALL": (True, True), "off": (False, False)}
-  assert gpu_hypermixing.mode({}) == "on"
-
-
-def test_benchmark_rows_name_the_kernels_each_mode_runs():
-  names = {v: gpu_hypermixing.describe({gpu_hypermixing.ENV: v}) for v in ("on", "all", "off")}
-  assert names == {"on": "Pallas kernel: causal", "all": "Pallas kernels: causal and packed", "off": None}
+    cuda = lowered("cuda", grad, *shapes)
+    if causal and impl != "xla":
+      assert cuda.count("__gpu$xla.gpu.triton") == 2 and "hypermixing_causal" in cuda, impl
+      assert "stablehlo.while" not in cuda, impl  # the chunked scan is gone
+    else:
+      assert "triton" not in cuda and "stablehlo.while" in cuda, (impl, causal)  # the scan, or the id blocks
+    with base.counting_model_flops():
+      assert "triton" not in lowered("cuda", grad, *shapes)
+    if impl != "pallas_gpu":  # (an explicit 'pallas_gpu' is for GPU programs: Pallas lowers it nowhere else)
+      for platform in ("cpu", "tpu"):
+        assert "triton" not in lowered(platform, grad, *shapes), (impl, platform)
+      assert "stablehlo.while" in lowered("tpu", grad, *shapes)
 
 
 SHARDED = """
 import json, re
 import jax, jax.numpy as jnp, numpy as np
-from remixer_t5 import gpu_hypermixing, partitioning
+from remixer_t5 import partitioning
+from remixer_t5.kernels.gpu import hypermixing as gpu_hypermixing
 S = jax.ShapeDtypeStruct
-fall = lambda w1, x, w2, *a: jnp.zeros(w2.shape[:2] + x.shape[-1:], jnp.float32)
+fall = lambda w1, x, w2, *a: jnp.zeros(w2.shape[:2] + x.shape[-1:], jnp.float32)  # never called
 def loss(w1, x, w2, mask, seg):
-  out = gpu_hypermixing.causal(w1, x, w2, mask, seg, True, fall)
-  return jnp.sum(out * gpu_hypermixing.segmented(w1, x, w2, mask, seg, seg, False, fall))
+  return jnp.sum(gpu_hypermixing.causal(w1, x, w2, mask, seg, reference=fall, length_normalize=True) ** 2)
 args = (S((16, 9, 40), jnp.float32), S((16, 9, 24), jnp.float32), S((16, 9, 40), jnp.float32),
         S((16, 9), jnp.float32), S((16, 9), jnp.int32))
 out = {}
@@ -230,10 +178,11 @@ print(json.dumps(out))
 """
 
 
-def test_under_a_mesh_each_device_runs_the_kernels_on_its_own_rows():
+def test_under_a_mesh_each_device_runs_the_kernel_on_its_own_rows():
   """XLA does not partition a custom call: under the trainer's mesh (8 host devices, data-parallel rules) the
-  kernels run inside a shard_map over the batch axes, each device on its rows (16 / 8 = 2 with the 'data'
-  rules, whose batch spans both mesh axes; 16 / 4 = 4 with 'fsdp', whose batch is the 'data' axis only)."""
+  kernel's forward and backward run inside a shard_map over the batch axes, each device on its rows (16 / 8 = 2
+  with the 'data' rules, whose batch spans both mesh axes; 16 / 4 = 4 with 'fsdp', whose batch is the 'data' axis
+  only)."""
   import json
   import sys
   sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
@@ -242,19 +191,26 @@ def test_under_a_mesh_each_device_runs_the_kernels_on_its_own_rows():
   assert proc.returncode == 0, proc.stderr[-3000:]
   got = json.loads(proc.stdout.strip().splitlines()[-1])
   for rules, rows in (("data", "2"), ("fsdp", "4")):
-    assert got[rules]["triton"] == 4 and got[rules]["manual"] >= 2, got
+    assert got[rules]["triton"] == 2 and got[rules]["manual"] >= 2, got
     assert rows in got[rules]["rows"], got
 
 
 @pytest.mark.integration
-def test_a_hypermixer_train_step_through_the_kernels_matches_xla(monkeypatch):
+def test_a_hypermixer_train_step_through_the_kernel_matches_xla(monkeypatch):
   """The tiny HyperMixer's loss and every parameter's gradient on packed rows (3 examples a row, then padding)
-  with both kernels standing in where a GPU program would call them (run by Pallas's interpreter here): the
-  layer passes the kernels the right masks, ids and dtypes, through the model's remat and the loss."""
+  with HyperMixing.impl='pallas_gpu', the kernel run by Pallas's interpreter here, against impl='xla': the layer
+  passes the kernel the right masks, ids and dtypes, through the model's remat and the loss."""
   from remixer_t5 import bench_train, gin_utils
-  gin_utils.parse_gin(["models/hypermixer/tiny.gin"], ["DROPOUT_RATE=0.0"])
   lengths = {"inputs": 24, "targets": 20}
-  model = bench_train.from_gin(4, lengths)["model"]
+
+  def step(impl):
+    """The jitted loss and gradient of the model built with `impl` (traced while its gin config is in force)."""
+    gin_utils.parse_gin(["models/hypermixer/tiny.gin"], ["DROPOUT_RATE=0.0", f"hypermixer.HyperMixing.impl='{impl}'"])
+    model = bench_train.from_gin(4, lengths)["model"]
+    fn = jax.jit(jax.value_and_grad(lambda p, batch: model.loss_fn(p, batch, None)[0]))
+    return model, fn
+
+  model, ref_step = step("xla")
   batch = bench_train.random_batch(model.module.config.vocab_size, 4, lengths)
   params = model.init_variables(jax.random.PRNGKey(0), {k: (1, v.shape[1]) for k, v in batch.items()})["params"]
   ids = lambda n, cuts: np.searchsorted(np.asarray(cuts), np.arange(n), side="right").astype(np.int32)
@@ -264,19 +220,18 @@ def test_a_hypermixer_train_step_through_the_kernels_matches_xla(monkeypatch):
   batch.update(encoder_segment_ids=np.tile(es, (4, 1)), decoder_segment_ids=np.tile(ds, (4, 1)),
                encoder_positions=np.tile(pos(es), (4, 1)), decoder_positions=np.tile(pos(ds), (4, 1)))
   batch = {k: jnp.asarray(v) for k, v in batch.items()}
-  step = lambda: jax.jit(jax.value_and_grad(lambda p: model.loss_fn(p, batch, None)[0]))
-  monkeypatch.setenv(gpu_hypermixing.ENV, "off")
   with jax.default_matmul_precision("highest"):
-    ref_loss, ref_grads = step()(params)
+    ref_loss, ref_grads = ref_step(params, batch)
   calls = []
-  monkeypatch.setenv(gpu_hypermixing.ENV, "all")
-  monkeypatch.setattr(gpu_hypermixing, "causal", lambda w1, x, w2, mask, seg, ln, fallback: calls.append("causal")
-                      or gpu_hypermixing.kernel(w1, x, w2, mask, seg, ln, interpret=True))
-  monkeypatch.setattr(gpu_hypermixing, "segmented", lambda w1, x, w2, mask, qs, ks, ln, fallback: calls.append(
-      "segmented") or gpu_hypermixing.segmented_kernel(w1, x, w2, mask, qs, ks, ln, interpret=True))
+  real = gpu_hypermixing.kernel
+  # The seam calls kernels/gpu/hypermixing.py's `causal`, which would lower the kernel for a GPU: here it runs
+  # the same kernel in Pallas's interpreter.
+  monkeypatch.setattr(gpu_hypermixing, "kernel", lambda *a, **k: calls.append("causal") or real(
+      *a, **{**k, "interpret": True}))
+  _, kernel_step = step("pallas_gpu")
   with jax.default_matmul_precision("highest"):
-    loss, grads = step()(params)
-  assert calls.count("causal") >= 2 and calls.count("segmented") >= 4, calls  # every layer's slots
+    loss, grads = kernel_step(params, batch)
+  assert calls.count("causal") >= 2, calls  # each decoder layer's self-mixing (the packed forms keep XLA's)
   assert abs(float(loss) - float(ref_loss)) <= 1e-5 * abs(float(ref_loss))
   worst = max(jax.tree.leaves(jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b)) / (jnp.max(jnp.abs(b)) + 1e-12)),
                                            grads, ref_grads)))

@@ -92,12 +92,12 @@ def test_a_stage_out_of_time_keeps_its_phases(tmp_path):
 
 
 @pytest.mark.integration
-def test_the_hypermixing_stages_check_and_time_both_kernels_on_the_cpu():
-  """The stages the next GPU lease runs first: on the CPU the kernels run in Pallas's interpreter, so the
-  correctness checks (causal and packed, against XLA's forms) and the packed forms' timings run end to end."""
+def test_the_hypermixing_stages_check_the_kernel_and_time_the_forms_on_the_cpu():
+  """The stages the next GPU lease runs first: on the CPU the causal kernel runs in Pallas's interpreter, so its
+  correctness checks against XLA's scan and the packed forms' timings run end to end."""
   row = gpu_measure.stage_hypermixing_kernel(timed=False)
-  assert row["ok"] and [c.get("form", "causal") for c in row["checks"]] == ["causal"] * 2 + ["segmented"] * 2
+  assert row["ok"] and len(row["checks"]) == 2 and all(c["out_rel"] < 1e-4 for c in row["checks"]), row
   assert "hypermixing_kernel (cpu)" in gpu_measure.summary(row)
   forms = gpu_measure.stage_hypermixing_forms()
-  assert len(forms["timings_ms"]) == 7 and all(t.get("median", 0) > 0 for t in forms["timings_ms"].values()), forms
-  assert "kernel cross, 114 x 512, 5 segments" in gpu_measure.summary(forms)
+  assert len(forms["timings_ms"]) == 4 and all(t.get("median", 0) > 0 for t in forms["timings_ms"].values()), forms
+  assert "XLA cross, 114 x 512, 5 segments" in gpu_measure.summary(forms)

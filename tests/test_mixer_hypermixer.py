@@ -502,15 +502,15 @@ def test_unknown_layer_layout_is_refused():
     T5Config(layer_layout="sandwich")
 
 
-def test_packed_form_loops_only_over_the_blocks_that_hold_ids(monkeypatch):
+def test_packed_form_loops_only_over_the_blocks_that_hold_ids():
   """The XLA packed form's forward and gradient are loops whose trip count comes from the batch's largest id
   (a fixed-length scan whose unused steps sat in a cond cost 180x the unpacked layer on a GPU): no cond, and
-  the loops' bounds are computed from a max over the ids."""
-  monkeypatch.setenv("REMIXER_T5_GPU_HYPERMIXING", "off")
+  the loops' bounds are computed from a max over the ids. (impl='xla': with 'auto' the jaxpr also holds the
+  platform choice, a cond between XLA's form and the CPU kernel.)"""
   batch, length = 2, 32
   x = inputs(batch, length)
   seg = np.repeat(np.arange(1, 5), length // 4)[None].repeat(batch, 0)
-  mod, p = module("tied_ln"), params("tied_ln")
+  mod, p = module("tied_ln", impl="xla"), params("tied_ln")
   ctx = ctx_for(np.ones((batch, length)), q_seg=seg)
   grad = jax.make_jaxpr(jax.grad(lambda v, x: jnp.sum(mod.apply(v, x, x, ctx) ** 2), argnums=(0, 1)))
   eqns = list(eqns_in(grad(p, x).jaxpr))
