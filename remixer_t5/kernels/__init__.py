@@ -80,5 +80,9 @@ def target_platform() -> str | None:
 
 
 def _platform_dependent(args, reference, branches):
+  """Every branch's output in the reference's dtypes (lax.platform_dependent wants them alike; a float32 kernel
+  beside a bfloat16 reference is cast back)."""
   import jax
-  return jax.lax.platform_dependent(*args, default=reference, **branches)
+  like = jax.eval_shape(reference, *args)
+  cast = lambda fn: lambda *a: jax.tree_util.tree_map(lambda y, o: y.astype(o.dtype), fn(*a), like)
+  return jax.lax.platform_dependent(*args, default=reference, **{p: cast(f) for p, f in branches.items()})
