@@ -309,7 +309,7 @@ def train_settings() -> dict[str, Any]:
   optimizer, schedule, mesh and microbatches (bound in gin; else trainer.train's defaults)."""
   import gin
 
-  from remixer_t5 import trainer
+  from remixer_t5.training import trainer
   defaults = {k: p.default for k, p in inspect.signature(trainer.train).parameters.items()}
 
   def value(name):
@@ -425,7 +425,7 @@ def compile_run(settings: Mapping[str, Any], topology: str, *, num_slices: int =
   """
   import jax
 
-  from remixer_t5 import mfu, partitioning, trainer
+  from remixer_t5.training import mfu, partitioning, trainer
   acc = accelerator(topology)
   if jax.config.jax_platforms is None:
     jax.config.update("jax_platforms", "cpu")  # the host compiles; never look for a TPU or GPU runtime
@@ -568,7 +568,7 @@ def compile_run(settings: Mapping[str, Any], topology: str, *, num_slices: int =
 
 
 def _default_optimizer():
-  from remixer_t5 import optim
+  from remixer_t5.training import optim
   return optim.adafactor
 
 

@@ -24,7 +24,7 @@ try:  # $REMIXER_T5_CPUS: before any thread pool starts (numpy's, XLA's, TensorF
 except ValueError as _e:  # reported by main() like any bad input
   _PINNED, _PIN_ERROR = None, _e
 
-from remixer_t5.checkpoints import IncompatibleModelDirError  # noqa: E402 - after quiet.configure()
+from remixer_t5.training.checkpoints import IncompatibleModelDirError  # noqa: E402 - after quiet.configure()
 from remixer_t5.gin_utils import GinError, gin_dir, parse_gin, split_flags  # noqa: E402
 from remixer_t5.gin_utils import macro as _macro  # noqa: E402
 
@@ -65,21 +65,25 @@ def _start_line(command: str) -> None:
   kinds = sorted({d.device_kind for d in devices})
   chosen = [line.strip() for line in gin.config_str().splitlines()
             if any(k in line for k in ("attention_impl", "dropout_impl", "HyperMixing.impl")) and "'auto'" not in line]
+  try:
+    out = f"; output: {_macro('MODEL_DIR')}"
+  except Exception:  # noqa: BLE001 - a config without MODEL_DIR: nothing to name
+    out = ""
   print(f"remixer-t5 {command}: {len(devices)} {devices[0].platform} device(s) ({', '.join(kinds)}) in "
-        f"{jax.process_count()} process(es); kernels: {'; '.join(chosen) or 'auto (by platform)'}",
+        f"{jax.process_count()} process(es); kernels: {'; '.join(chosen) or 'auto (by platform)'}{out}",
         file=sys.stderr, flush=True)
 
 
 def cmd_train(_: argparse.Namespace) -> int:
   import gin
-  from remixer_t5 import trainer
+  from remixer_t5.training import trainer
   _start_line("train")
   _configured(trainer.train, "train")(config_text=gin.config_str())
   return 0
 
 
 def cmd_eval(_: argparse.Namespace) -> int:
-  from remixer_t5 import trainer
+  from remixer_t5.training import trainer
   _start_line("eval")
   metrics = _configured(trainer.evaluate_checkpoint, "eval")()
   print(json.dumps(metrics))
@@ -126,7 +130,8 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_import_hf(args: argparse.Namespace) -> int:
-  from remixer_t5 import checkpoints, hf
+  from remixer_t5.training import checkpoints
+  from remixer_t5.interop import hf
   out = Path(args.out_dir)
   if out.exists() and any(out.iterdir()):
     raise FileExistsError(f"{out} exists and is not empty; choose a new OUT_DIR")
@@ -147,7 +152,8 @@ def cmd_import_hf(args: argparse.Namespace) -> int:
 
 
 def cmd_export_hf(args: argparse.Namespace) -> int:
-  from remixer_t5 import checkpoints, hf
+  from remixer_t5.training import checkpoints
+  from remixer_t5.interop import hf
   ckpt = Path(args.checkpoint)
   model = _model_for_checkpoint(ckpt)
   params = checkpoints.restore_any_params(ckpt)
@@ -224,7 +230,7 @@ def _plot_tokens(args: argparse.Namespace, vocab_size: int):
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-  from remixer_t5 import checkpoints, plots
+  from remixer_t5.training import checkpoints, plots
   ckpt = Path(args.checkpoint)
   module = _model_for_checkpoint(ckpt).module
   params = checkpoints.restore_any_params(ckpt)
@@ -244,7 +250,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_input(args: argparse.Namespace) -> int:
-  from remixer_t5 import bench_input
+  from remixer_t5.bench import input as bench_input
   hosts = args.hosts or bench_input.PAPER_HOSTS
   kwargs = bench_input.from_gin()
   report = bench_input.bench_input(
@@ -268,7 +274,7 @@ def _hf_flush_denormal(args: argparse.Namespace, reference: str | None) -> bool:
 
 
 def cmd_bench_train(args: argparse.Namespace) -> int:
-  from remixer_t5 import bench_train
+  from remixer_t5.bench import train as bench_train
   reference = None if args.reference in (None, "none") else args.reference
   if reference not in bench_train.REFERENCES:  # before the model is built
     raise ValueError(f"unknown --reference {args.reference!r}; expected 'hf' or 'none'")
@@ -276,7 +282,7 @@ def cmd_bench_train(args: argparse.Namespace) -> int:
   if args.hf_process is not None and reference != "hf":
     raise ValueError(f"--hf_process={args.hf_process} places the HF reference; it needs --reference hf")
   setup = bench_train.from_gin(args.batch_size, _parse_lengths(args.lengths))
-  from remixer_t5 import bench_env
+  from remixer_t5.bench import env as bench_env
   load_start = bench_env.loadavg()
   row = bench_train.bench_train(**setup, steps=20 if args.steps is None else args.steps,
                                 warmup=5 if args.warmup is None else args.warmup,
@@ -293,7 +299,7 @@ def cmd_bench_train(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_decode(args: argparse.Namespace) -> int:
-  from remixer_t5 import bench_decode
+  from remixer_t5.bench import decode as bench_decode
   d = bench_decode.DEFAULTS
   reference = None if args.reference in (None, "none") else args.reference
   modes = tuple(m.strip() for m in (args.modes or ",".join(bench_decode.MODES)).split(",") if m.strip())
@@ -304,7 +310,7 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
   model = bench_decode.model_from_gin()
   params = None
   if args.checkpoint:
-    from remixer_t5 import checkpoints
+    from remixer_t5.training import checkpoints
     params = checkpoints.restore_any_params(Path(args.checkpoint))
   row = bench_decode.bench_decode(model, params, modes=modes, reference=reference, log=bench_decode.stderr_log,
                                   hf_flush_denormal=flush, **kwargs)
@@ -347,7 +353,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return cmd_bench_train(args)
   if args.what == "decode":
     return cmd_bench_decode(args)
-  from remixer_t5 import bench
+  from remixer_t5.bench import mixing as bench
   mixers = [m for m in args.mixers.split(",") if m]
   unknown = [m for m in mixers if m not in bench.MIXERS]
   if unknown:
@@ -390,8 +396,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def model_gin(cfg, source: str = "") -> str:
   """A standalone model gin file for a T5Config (written by import-hf)."""
   lines = [f"# T5.1.1 model imported from {source}" if source else "# T5.1.1 model",
-           "from __gin__ import dynamic_registration", "from remixer_t5 import models",
-           "from remixer_t5 import network", "",
+           "from __gin__ import dynamic_registration", "from remixer_t5.model import models",
+           "from remixer_t5.model import network", "",
            "MODEL = @models.EncoderDecoderModel()",
            "models.EncoderDecoderModel.module = @network.Transformer()",
            "network.Transformer.config = @network.T5Config()"]
@@ -554,7 +560,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       # before JAX starts its threads: see runtime's docstring
       runtime.configure(log=lambda m: print(m, file=sys.stderr, flush=True), verbose=getattr(args, "verbose", False))
     if args.command in ("train", "eval"):
-      from remixer_t5 import distributed
+      from remixer_t5.training import distributed
       distributed.maybe_initialize(args.coordinator_address, args.num_processes, args.process_id,
                                    args.distributed)
     if files or bindings:

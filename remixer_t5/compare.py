@@ -391,7 +391,7 @@ def plot(runs: Sequence[Run], path: str | Path) -> Path:
                 family="monospace")
   table_ax.set_title("final numbers (compare.md / compare.csv)")
   fig.tight_layout()
-  from remixer_t5 import plots
+  from remixer_t5.training import plots
   return plots.save_png(fig, path)
 
 

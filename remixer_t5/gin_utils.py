@@ -12,6 +12,21 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 
+def _moved_hint(message: str) -> str:
+  """For an import of a module that moved when the package was divided, the line to write instead."""
+  import re
+
+  import remixer_t5
+  m = re.search(r"No module named 'remixer_t5\.(\w+)'", message)
+  if not m or m.group(1) not in remixer_t5.MOVED:
+    return ""
+  try:
+    getattr(remixer_t5, m.group(1))
+  except ImportError as e:
+    return f" ({e})"
+  return ""
+
+
 def gin_dir() -> Path:
   """The gin configs: the repository's top-level gin/ in a checkout, remixer_t5/gin in an installed wheel."""
   here = Path(__file__).resolve().parent
@@ -192,7 +207,7 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Seque
     except (SyntaxError, tokenize.TokenError) as e:
       raise _syntax_error(e, f"{f} (or a file it includes)", path, search) from e
     except (ValueError, KeyError, ImportError, NameError, IOError) as e:
-      raise GinError(f"in gin file {f}: {e}") from e
+      raise GinError(f"in gin file {f}: {e}{_moved_hint(str(e))}") from e
   # Bindings see the files' imports, so `--gin.VOCABULARY=@vocab.get_vocabulary()` resolves as in the files.
   prelude = _import_lines(imports)
   macros = {name for (name, kind) in gin.config._CONFIG if kind == "gin.macro"}  # noqa: SLF001

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from remixer_t5 import optim, partitioning
+from remixer_t5.training import optim, partitioning
 
 
 def _shapes(model, lengths):

@@ -67,9 +67,10 @@ def build(config: str):
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from remixer_t5 import bench_train, gin_utils
-  from remixer_t5.config import T5Config
-  from remixer_t5.mixers import hypermixer
+  from remixer_t5.bench import train as bench_train
+  from remixer_t5 import gin_utils
+  from remixer_t5.model.config import T5Config
+  from remixer_t5.model.mixers import hypermixer
   (b, n, h, d), bindings, batch_size, inputs, targets, examples = CONFIGS[config]
   calls, kernel_calls = {}, {}
 
@@ -126,7 +127,8 @@ def main(argv=None) -> int:
   parser.add_argument("--tag", default="")
   args = parser.parse_args(argv)
   sys.path.insert(0, str(REPO))
-  from remixer_t5 import bench_env, runtime
+  from remixer_t5.bench import env as bench_env
+  from remixer_t5 import runtime
   runtime.configure(log=lambda m: print(m, file=sys.stderr, flush=True))  # as the CLI does before JAX starts
   import jax
   from remixer_t5.kernels.cpu import hypermixing as cpu_hypermixing

@@ -18,15 +18,15 @@ import sys
 import textwrap
 from pathlib import Path
 
-from remixer_t5 import bench_env
+from remixer_t5.bench import env as bench_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
 ONE = """
 import json, os, time
 import jax, jax.numpy as jnp, numpy as np
-from remixer_t5.config import T5Config
-from remixer_t5.mixers.hypermixer import HyperMixing
+from remixer_t5.model.config import T5Config
+from remixer_t5.model.mixers.hypermixer import HyperMixing
 b, n, h, d, calls = {b}, {n}, {h}, {d}, {calls}
 rng = np.random.default_rng(0)
 mixer = HyperMixing(T5Config(dtype="float32"))

@@ -67,7 +67,8 @@ def build(files, bindings, batch_size, lengths):
   """(model, optimizer, batch size, feature lengths) from gin, as `remixer-t5 bench train` reads them."""
   import gin
 
-  from remixer_t5 import bench_train, gin_utils
+  from remixer_t5.bench import train as bench_train
+  from remixer_t5 import gin_utils
   gin.clear_config()
   gin_utils.parse_gin(files, bindings, [], macro_defaults={"MODEL_DIR": "None"})
   got = bench_train.from_gin(batch_size, lengths)
@@ -79,7 +80,8 @@ def stepper(model, optimizer, batch, plain_bias: bool):
   import jax
   import jax.numpy as jnp
 
-  from remixer_t5 import layers, trainer
+  from remixer_t5.model import layers
+  from remixer_t5.training import trainer
   params = model.init_variables(jax.random.PRNGKey(0), {k: (1, v.shape[1]) for k, v in batch.items()})["params"]
   state = trainer.TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=optimizer.init(params),
                              rng=jax.random.PRNGKey(1))
@@ -112,10 +114,12 @@ def main(argv=None) -> int:
   if args.rounds < 1 or args.steps < 1 or args.warmup < 0:
     p.error("--rounds and --steps must be at least 1, --warmup at least 0")
   sys.path.insert(0, str(REPO))
-  from remixer_t5 import bench_env, runtime
+  from remixer_t5.bench import env as bench_env
+  from remixer_t5 import runtime
   runtime.configure()  # as the CLI does before JAX starts (the host allocator policy on CPU)
   bench_env.set_xla_flags(None)
-  from remixer_t5 import bench_train, gin_utils
+  from remixer_t5.bench import train as bench_train
+  from remixer_t5 import gin_utils
   env = bench_env.environment()
   out = open(args.out, "a") if args.out else None
   for name in args.workloads.split(","):

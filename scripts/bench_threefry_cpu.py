@@ -41,7 +41,7 @@ def stepper(model, optimizer, batch):
   and materialized masks in the optimised program). The state is donated and carried from call to call."""
   import jax
   import jax.numpy as jnp
-  from remixer_t5 import trainer
+  from remixer_t5.training import trainer
   params = model.init_variables(jax.random.PRNGKey(0), {k: (1, v.shape[1]) for k, v in batch.items()})["params"]
   state = trainer.TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=optimizer.init(params),
                              rng=jax.random.PRNGKey(1))
@@ -60,7 +60,7 @@ def stepper(model, optimizer, batch):
 
 def timed(fn, steps: int, warmup: int) -> tuple[float, float]:
   """(median seconds of `steps` calls after `warmup` untimed ones, the last call's loss)."""
-  from remixer_t5 import bench_train
+  from remixer_t5.bench import train as bench_train
   times, loss = bench_train.time_calls(fn, steps, warmup)
   return statistics.median(times), float(loss)
 
@@ -68,7 +68,8 @@ def timed(fn, steps: int, warmup: int) -> tuple[float, float]:
 def build(models, config: str):
   """{(model, variant): (call, compile seconds, while loops, materialized masks)} for each of VARIANTS: the model
   built with that dropout implementation (bound in gin) and its step compiled while that config is in force."""
-  from remixer_t5 import bench_train, gin_utils
+  from remixer_t5.bench import train as bench_train
+  from remixer_t5 import gin_utils
   steps = {}
   for name in models:
     batch = None
@@ -102,7 +103,8 @@ def main(argv=None) -> int:
   if unknown:
     parser.error(f"--models: unknown {', '.join(unknown)}; expected some of {', '.join(MODELS)}")
   sys.path.insert(0, str(REPO))
-  from remixer_t5 import bench_env, runtime
+  from remixer_t5.bench import env as bench_env
+  from remixer_t5 import runtime
   runtime.configure(log=lambda m: print(m, file=sys.stderr, flush=True))  # as the CLI does before JAX starts
   import jax
   from remixer_t5.kernels.cpu import threefry

@@ -89,7 +89,7 @@ def dot_flops(key: tuple) -> float:
 
 def median_call_s(call, repeats: int) -> float:
   """Median seconds of `repeats` calls after two untimed ones."""
-  from remixer_t5 import bench_train
+  from remixer_t5.bench import train as bench_train
   return statistics.median(bench_train.time_calls(call, repeats, warmup=2)[0])
 
 
@@ -119,7 +119,9 @@ def measure(name: str, repeats: int, rounds: int, step_repeats: int, bindings: l
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from remixer_t5 import bench_train, gin_utils, mfu, trainer
+  from remixer_t5.bench import train as bench_train
+  from remixer_t5 import gin_utils
+  from remixer_t5.training import mfu, trainer
   gin_utils.parse_gin([f"models/{name}/cogs.gin", "runs/cogs_scratch.gin"], bindings,
                       macro_defaults={"MODEL_DIR": "None"})
   setup = bench_train.from_gin()
@@ -182,7 +184,8 @@ def main(argv=None) -> int:
   sys.path.insert(0, str(REPO))
   from remixer_t5 import quiet
   quiet.configure()  # as the CLI: TensorFlow's, XLA's and libtpu's start-up lines hidden ($REMIXER_T5_VERBOSE=1)
-  from remixer_t5 import bench_env, runtime
+  from remixer_t5.bench import env as bench_env
+  from remixer_t5 import runtime
   log = lambda m: print(m, file=sys.stderr, flush=True)
   runtime.pin_cpu_without_tpu_chips()  # libtpu without TPU chips (the .[tpu] extra): no TPU runtime start
   # The host allocator policy, as the CLI sets it before JAX starts ($REMIXER_T5_HOST_MALLOC=off leaves malloc

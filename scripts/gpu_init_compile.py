@@ -25,7 +25,8 @@ def initialiser(model_gin: str, run_gin: str, topology: str, bindings=()):
   jitted initialiser, its key's abstract value, and the state's shardings."""
   import jax
 
-  from remixer_t5 import aot_compile, gin_utils, partitioning, trainer
+  from remixer_t5 import aot_compile, gin_utils
+  from remixer_t5.training import partitioning, trainer
   gin_utils.parse_gin([model_gin, run_gin], list(bindings), macro_defaults={"MODEL_DIR": "None"})
   s = aot_compile.train_settings()
   acc = aot_compile.accelerator(topology)
@@ -49,7 +50,8 @@ def main() -> None:
 
   import jax
 
-  from remixer_t5 import aot_compile, trainer
+  from remixer_t5 import aot_compile
+  from remixer_t5.training import trainer
   init, key, shardings = initialiser(args.model, args.run, args.topology, ["ACTIVATION_DTYPE='bfloat16'"])
   forms = {"kernel": lambda: trainer.init_rng_as_kernel(shardings), "inlined": contextlib.nullcontext}
   for form in [args.only] if args.only else ["kernel", "inlined"]:

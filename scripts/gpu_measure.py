@@ -97,7 +97,7 @@ def _random_batch(shapes: dict, vocab_size: int, seed: int = 0) -> dict:
   and loss weights where `shapes` (trainer.batch_shapes) has them."""
   import numpy as np
 
-  from remixer_t5 import bench_train
+  from remixer_t5.bench import train as bench_train
   b = shapes["encoder_input_tokens"].shape[0]
   lengths = {"inputs": shapes["encoder_input_tokens"].shape[1], "targets": shapes["decoder_target_tokens"].shape[1]}
   out = bench_train.random_batch(vocab_size, b, lengths, seed)
@@ -170,7 +170,8 @@ def stage_model(name: str, steps: int, warmup: int, profile_dir: str | None = No
   import jax
   import numpy as np
 
-  from remixer_t5 import aot_compile, mfu, partitioning, trainer
+  from remixer_t5 import aot_compile
+  from remixer_t5.training import mfu, partitioning, trainer
   model_gin, bindings, label = MODELS[name]
   settings = _parse(model_gin, bindings)
   model = settings["model"]
@@ -276,7 +277,8 @@ def stage_parity() -> dict:
   import jax.numpy as jnp
   import numpy as np
 
-  from remixer_t5 import gin_utils, optim, trainer
+  from remixer_t5 import gin_utils
+  from remixer_t5.training import optim, trainer
   jax.config.update("jax_default_matmul_precision", "highest")
   gin_utils.parse_gin(["models/t5_1_1/tiny.gin"], ["DROPOUT_RATE=0.0"])
   model = gin_utils.macro("MODEL")
@@ -320,9 +322,9 @@ def stage_hypermixing_kernel(timed: bool = True) -> dict:
   import jax.numpy as jnp
   import numpy as np
 
-  from remixer_t5.config import T5Config
+  from remixer_t5.model.config import T5Config
   from remixer_t5.kernels.gpu import hypermixing as gpu_hypermixing
-  from remixer_t5.mixers.hypermixer import HyperMixing
+  from remixer_t5.model.mixers.hypermixer import HyperMixing
 
   rng = np.random.default_rng(0)
 
@@ -406,8 +408,8 @@ def stage_hypermixing_forms() -> dict:
   import jax.numpy as jnp
   import numpy as np
 
-  from remixer_t5.config import T5Config
-  from remixer_t5.mixers.hypermixer import HyperMixing, _activate
+  from remixer_t5.model.config import T5Config
+  from remixer_t5.model.mixers.hypermixer import HyperMixing, _activate
 
   rng = np.random.default_rng(0)
   mixer = HyperMixing(T5Config(dtype="bfloat16"))
@@ -470,7 +472,8 @@ def stage_init_rng(model_gin: str = "models/t5_1_1/tiny.gin") -> dict:
   import jax
   import numpy as np
 
-  from remixer_t5 import aot_compile, partitioning, trainer
+  from remixer_t5 import aot_compile
+  from remixer_t5.training import partitioning, trainer
   settings = _parse(model_gin, [])
   model, lengths = settings["model"], dict(settings["feature_lengths"])
   dev, cpu = jax.devices()[0], jax.devices("cpu")[0]

@@ -10,7 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from remixer_t5 import gin_utils, models, partitioning
+from remixer_t5 import gin_utils
+from remixer_t5.model import models
+from remixer_t5.training import partitioning
 
 ARCHS = sorted(p.parent.name for p in gin_utils.gin_dir().glob("models/*/tiny.gin"))
 SHRINK = ["network.T5Config.vocab_size=40", "network.T5Config.emb_dim=16", "network.T5Config.num_heads=2",

@@ -8,7 +8,10 @@ import jax
 import numpy as np
 import pytest
 
-from remixer_t5 import bench_decode, cli, evaluation, models, network
+from remixer_t5.bench import decode as bench_decode
+from remixer_t5 import cli
+from remixer_t5.training import evaluation
+from remixer_t5.model import models, network
 
 ARGS = ["bench", "decode", "--gin_file=models/t5_1_1/tiny.gin", "--batch_size=3", "--input_length=12",
         "--new_tokens=6", "--steps=1", "--rounds=1", "--warmup=1"]

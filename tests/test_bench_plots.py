@@ -10,8 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from remixer_t5 import bench, checkpoints, cli, runtime, models, plots
-from remixer_t5.mixers import base
+from remixer_t5.bench import mixing as bench
+from remixer_t5.training import checkpoints, plots
+from remixer_t5 import cli, runtime
+from remixer_t5.model import models
+from remixer_t5.model.mixers import base
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 TINY = dict(d_model=16, hidden=32, num_heads=1, head_dim=16)

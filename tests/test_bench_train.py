@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from remixer_t5 import bench_train, cli
+from remixer_t5.bench import train as bench_train
+from remixer_t5 import cli
 
 ARGS = ["bench", "train", "--gin_file=models/t5_1_1/tiny.gin", "--gin_file=runs/demo.gin", "--gin.BATCH_SIZE=2",
         "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}", "--steps=2", "--rounds=1", "--warmup=1",
@@ -54,7 +55,8 @@ def test_reference_process_is_another_and_its_failure_is_reported():
   pytest.importorskip("torch", reason="the HF reference needs the optional .[hf] extra (PyTorch)")
   pytest.importorskip("transformers", reason="the HF reference needs the optional .[hf] extra (transformers)")
   import os
-  from remixer_t5 import config, hf
+  from remixer_t5.model import config
+  from remixer_t5.interop import hf
   batch = bench_train.random_batch(64, 2, {"inputs": 6, "targets": 4})
   cfg = hf.config_to_hf(config.T5Config(vocab_size=64, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=32,
                                          num_encoder_layers=1, num_decoder_layers=1))
@@ -140,7 +142,7 @@ def test_rows_record_the_machine_flags_threads_and_load(capsys, monkeypatch):
   monkeypatch.setenv("OMP_NUM_THREADS", "2")
   assert cli.main([*ARGS, "--lengths=12,6", "--batch_size=2", "--json"]) == 0
   r = _row(capsys)
-  from remixer_t5 import bench_env
+  from remixer_t5.bench import env as bench_env
   cpuinfo = open("/proc/cpuinfo").read() if __import__("os").path.exists("/proc/cpuinfo") else ""
   if cpuinfo:
     first = next(line for line in cpuinfo.splitlines() if line.lower().startswith("model name"))
@@ -200,7 +202,7 @@ def test_cores_env_refuses_cores_this_process_may_not_use():
 
 def test_set_xla_flags_defaults_to_xlas_own_and_keeps_a_chosen_platform(monkeypatch):
   """The benchmark scripts' XLA_FLAGS: XLA's own defaults ("") unless given, whatever the process had."""
-  from remixer_t5 import bench_env
+  from remixer_t5.bench import env as bench_env
   monkeypatch.setenv("XLA_FLAGS", "--stale")
   monkeypatch.delenv("JAX_PLATFORMS", raising=False)
   assert bench_env.set_xla_flags(None) == "" == os.environ["XLA_FLAGS"]

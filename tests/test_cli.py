@@ -152,7 +152,7 @@ def test_gin_search_paths_find_user_configs(tmp_path, capsys):
   (tmp_path / "mine").mkdir()
   (tmp_path / "mine" / "model.gin").write_text(
       "include 'models/t5_1_1/tiny.gin'\nfrom __gin__ import dynamic_registration\n"
-      "from remixer_t5 import network\nnetwork.T5Config.num_encoder_layers = 1\n")
+      "from remixer_t5.model import network\nnetwork.T5Config.num_encoder_layers = 1\n")
   assert cli.main(["info", "--gin_file=mine/model.gin", f"--gin_search_paths={tmp_path}", "--json"]) == 0
   one = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["params"]
   assert one < _info(capsys, "tiny")["params"]

@@ -16,8 +16,8 @@ from remixer_t5 import cli, compare
 
 TINY_T5_GIN = """\
 from __gin__ import dynamic_registration
-from remixer_t5 import models
-from remixer_t5 import network
+from remixer_t5.model import models
+from remixer_t5.model import network
 
 MODEL = @models.EncoderDecoderModel()
 MODEL_DIR = '/somewhere/else'

@@ -124,7 +124,7 @@ def test_compiling_imports_no_tensorflow_or_seqio():
 
 
 def test_a_multislice_mesh_puts_the_slices_on_the_data_axis():
-  from remixer_t5 import partitioning
+  from remixer_t5.training import partitioning
   devices = aot_compile.topology_devices(aot_compile.accelerator("v3-8"), num_slices=2)
   mesh = partitioning.make_mesh(1, (8, 2), devices)
   slices = [[d.slice_index for d in row] for row in mesh.devices]
@@ -136,7 +136,7 @@ def test_a_multislice_mesh_puts_the_slices_on_the_data_axis():
 @pytest.mark.parametrize("pack", [True, False])
 def test_the_compiled_batch_is_the_one_the_input_pipeline_gives(pack, embedded_env):
   # compile lowers the step for trainer.batch_shapes; train calls it with get_batches' arrays: same features.
-  from remixer_t5 import trainer
+  from remixer_t5.training import trainer
   lengths = {"inputs": 32, "targets": 8}
   task = trainer.get_task("embedded_span_corruption")
   real = next(trainer.get_batches(task, lengths, "validation", 4, seed=0, shuffle=False, repeat=False, pack=pack))

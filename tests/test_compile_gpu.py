@@ -123,7 +123,7 @@ def test_a_near_miss_says_the_prediction_can_be_wrong_by_that_much(capsys, monke
 def test_an_out_of_memory_error_without_numbers_is_still_a_refusal(capsys, monkeypatch):
   # XLA's RESOURCE_EXHAUSTED in a form _oom_numbers cannot read (the H100's "while trying to allocate 77.43GiB"):
   # the row has no sizes, so there is no near-miss to judge, and the command refuses with XLA's words.
-  from remixer_t5 import trainer
+  from remixer_t5.training import trainer
 
   def exhausted(self, step, *args, compiler_options=None):
     raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 77.43GiB")
@@ -149,7 +149,7 @@ def _tiny_init_for_h100():
 def test_the_initialiser_draws_its_bits_with_the_threefry_kernel_on_gpus():
   """trainer.init_rng_as_kernel: the GPU initialiser's threefry is jax's kernel (a custom call), so XLA:GPU
   does not compile every parameter's stream unrolled; outside the block the inlined form is back."""
-  from remixer_t5 import trainer
+  from remixer_t5.training import trainer
   init, key = _tiny_init_for_h100()
   with trainer.init_rng_as_kernel():
     kernel = init.lower(key).as_text()

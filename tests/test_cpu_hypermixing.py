@@ -70,9 +70,9 @@ def test_several_devices_take_the_reference_without_building(fresh, monkeypatch)
 CHECK = """
 import json, math, os
 import jax, jax.numpy as jnp, numpy as np
-from remixer_t5.config import T5Config
+from remixer_t5.model.config import T5Config
 from remixer_t5.kernels.cpu import hypermixing as cpu_hypermixing
-from remixer_t5.mixers.hypermixer import HyperMixing
+from remixer_t5.model.mixers.hypermixer import HyperMixing
 # The kernels called directly (they must not hand back to the reference), unless CHECK_DIRECT=0; the layer's forms.
 KERNELS = ("direct", "cpu", "auto") if os.environ.get("CHECK_DIRECT", "1") == "1" else ("cpu", "auto")
 
@@ -247,7 +247,9 @@ def test_several_devices_keep_xlas_forms(tmp_path):
 
 TRAIN = """
 import json, jax, jax.numpy as jnp, numpy as np
-from remixer_t5 import bench_train, gin_utils, mfu, trainer
+from remixer_t5.bench import train as bench_train
+from remixer_t5 import gin_utils
+from remixer_t5.training import mfu, trainer
 lengths = {"inputs": 24, "targets": 20}
 shapes = trainer.batch_shapes(lengths, 4, pack=True)  # model FLOPs drop the segment ids: the causal kernel's case
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from subprocess_util import run_py
 
-from remixer_t5 import layers
+from remixer_t5.model import layers
 from remixer_t5.kernels.cpu import threefry
 
 REPO = Path(__file__).resolve().parents[1]
@@ -93,7 +93,8 @@ def test_an_unknown_implementation_is_named():
 LOWERED = """
 import json
 import jax, jax.numpy as jnp
-from remixer_t5 import flop_count, layers
+from remixer_t5 import flop_count
+from remixer_t5.model import layers
 from remixer_t5.kernels.cpu import threefry
 key = jax.random.PRNGKey(0)
 out = {}
@@ -130,7 +131,7 @@ ONCE = """
 import json, os, re
 import flax.linen as nn
 import jax, jax.numpy as jnp, numpy as np
-from remixer_t5 import layers
+from remixer_t5.model import layers
 from remixer_t5.kernels.cpu import threefry
 
 SHAPE = (4, 4, 96, 96)  # 147,456 elements: above UNROLL_MIN
@@ -207,7 +208,8 @@ def test_large_masks_fused_when_the_custom_call_cannot_build(tmp_path):
 STEP = """
 import json
 import jax, jax.numpy as jnp, numpy as np
-from remixer_t5 import bench_train, gin_utils
+from remixer_t5.bench import train as bench_train
+from remixer_t5 import gin_utils
 from remixer_t5.kernels.cpu import threefry
 threefry.UNROLL_MIN = 1000  # the tiny model's attention masks (2 x 2 x 16 x 16 and up) through the unrolled hash
 lengths = {"inputs": 16, "targets": 24}

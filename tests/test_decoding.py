@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from remixer_t5 import decoding, models, network
+from remixer_t5.model import decoding, models, network
 
 TINY = network.T5Config(vocab_size=24, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=24, num_encoder_layers=1,
                         num_decoder_layers=2)
@@ -141,7 +141,7 @@ def test_cross_attention_keys_and_values_are_computed_once_per_decode():
   collection) and the steps read them: steps run with NaN cross key/value kernels still give the tokens of
   the unbroken model. A caller that makes only 'cache' mutable (t5x's decoding) gets no static cache."""
   from flax import traverse_util
-  from remixer_t5.mixers import base
+  from remixer_t5.model.mixers import base
   model, params, enc = _model_and_batch()
   enc = jnp.asarray(enc)
   max_len = 5

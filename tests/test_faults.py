@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 from subprocess_util import xla_flags
 
-from remixer_t5 import checkpoints, cli
+from remixer_t5.training import checkpoints
+from remixer_t5 import cli
 
 RUN = ["--gin_file=models/t5_1_1/tiny.gin", "--gin_file=runs/demo.gin", "--gin.BATCH_SIZE=2",
        "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}", "--gin.LOG_PERIOD=1", "--gin.EVAL_PERIOD=0",
@@ -176,7 +177,8 @@ def test_corrupt_latest_checkpoint_is_reported_and_the_previous_one_restored(tmp
 def test_nan_loss_stops_the_run_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch,
                                                                                  embedded_cache):
   monkeypatch.setenv("REMIXER_T5_CACHE_DIR", str(embedded_cache.root))
-  from remixer_t5 import gin_utils, trainer
+  from remixer_t5 import gin_utils
+  from remixer_t5.training import trainer
   gin_utils.parse_gin(["models/t5_1_1/tiny.gin"], ["network.T5Config.emb_dim=32", "network.T5Config.mlp_dim=48",
                                                    "network.T5Config.num_encoder_layers=1",
                                                    "network.T5Config.num_decoder_layers=1"])

@@ -7,7 +7,8 @@ import jax
 import numpy as np
 import pytest
 
-from remixer_t5 import checkpoints, cli
+from remixer_t5.training import checkpoints
+from remixer_t5 import cli
 
 TINY = ["--gin_file=models/t5_1_1/tiny.gin", "--gin.network.T5Config.emb_dim=32",
         "--gin.network.T5Config.mlp_dim=48", "--gin.network.T5Config.num_encoder_layers=1",
@@ -114,7 +115,7 @@ def test_predict_fn_groups_batches_by_length_and_keeps_each_output_with_its_exam
   """make_predict_fn decodes examples sorted by input length (batches of like lengths) but every output is
   returned with its own example index, and the generated-token count covers exactly the real examples."""
   import tensorflow as tf
-  from remixer_t5 import evaluation
+  from remixer_t5.training import evaluation
 
   class Echo:  # "decodes" its input: the output is the input tokens (EOS included), so pairing is checkable
     pass

@@ -1,5 +1,5 @@
 """Fixed-length mixers follow the run's TASK_FEATURE_LENGTHS, and INIT_CHECKPOINTs trained at other lengths
-are fitted (remixer_t5/fixed_length.py): rules, refusals, exactness on short sequences, and every tiny
+are fitted (remixer_t5/model/fixed_length.py): rules, refusals, exactness on short sequences, and every tiny
 architecture finetuning a few steps at runs/cogs.gin's lengths from a checkpoint made at 512/114."""
 from pathlib import Path
 
@@ -8,7 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from remixer_t5 import checkpoints, cli, fixed_length, gin_utils, models, partitioning
+from remixer_t5.training import checkpoints, partitioning
+from remixer_t5 import cli, gin_utils
+from remixer_t5.model import fixed_length, models
 from tiers import tiered
 
 ARCHS = sorted(p.parent.name for p in gin_utils.gin_dir().glob("models/*/tiny.gin"))

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from remixer_t5.kernels.gpu import flash_attention as fa
-from remixer_t5.mixers.attention import dot_product_attention
+from remixer_t5.model.mixers.attention import dot_product_attention
 from tiers import tiered
 
 

@@ -13,9 +13,9 @@ import pytest
 from scipy.special import erf
 
 from remixer_t5.kernels.gpu import hypermixing as gpu_hypermixing
-from remixer_t5.config import T5Config
-from remixer_t5.mixers import base
-from remixer_t5.mixers.hypermixer import HyperMixing
+from remixer_t5.model.config import T5Config
+from remixer_t5.model.mixers import base
+from remixer_t5.model.mixers.hypermixer import HyperMixing
 
 
 def gelu_np(a):
@@ -159,7 +159,7 @@ def test_only_programs_lowered_for_cuda_call_the_kernel(impl):
 SHARDED = """
 import json, re
 import jax, jax.numpy as jnp, numpy as np
-from remixer_t5 import partitioning
+from remixer_t5.training import partitioning
 from remixer_t5.kernels.gpu import hypermixing as gpu_hypermixing
 S = jax.ShapeDtypeStruct
 fall = lambda w1, x, w2, *a: jnp.zeros(w2.shape[:2] + x.shape[-1:], jnp.float32)  # never called
@@ -200,7 +200,8 @@ def test_a_hypermixer_train_step_through_the_kernel_matches_xla(monkeypatch):
   """The tiny HyperMixer's loss and every parameter's gradient on packed rows (3 examples a row, then padding)
   with HyperMixing.impl='pallas_gpu', the kernel run by Pallas's interpreter here, against impl='xla': the layer
   passes the kernel the right masks, ids and dtypes, through the model's remat and the loss."""
-  from remixer_t5 import bench_train, gin_utils
+  from remixer_t5.bench import train as bench_train
+  from remixer_t5 import gin_utils
   lengths = {"inputs": 24, "targets": 20}
 
   def step(impl):

@@ -1,4 +1,4 @@
-"""Hugging Face T5 v1.1 interop (remixer_t5.hf) against a fixture made by transformers.
+"""Hugging Face T5 v1.1 interop (remixer_t5.interop.hf) against a fixture made by transformers.
 
 tests/fixtures/hf_t5_v1_1_tiny.npz comes from scripts/make_hf_fixture.py (random tiny T5 v1.1, untied
 lm_head, encoder length 150 > relpos max distance, padded second rows). Only numpy + safetensors + jax here;
@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from remixer_t5 import hf, network
+from remixer_t5.interop import hf
+from remixer_t5.model import network
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "hf_t5_v1_1_tiny.npz")
 ENC_ATOL = 1e-5
@@ -358,7 +359,8 @@ def test_export_loads_in_transformers(fx, loaded, tmp_path):
 
 def test_cli_import_hf_checkpoint_and_gin_reproduce_hf_logits(fx, tmp_path, capsys):
   """`remixer-t5 import-hf` -> orbax checkpoint + model.gin -> the same logits as Hugging Face."""
-  from remixer_t5 import checkpoints, cli, gin_utils
+  from remixer_t5.training import checkpoints
+  from remixer_t5 import cli, gin_utils
   hf_dir = write_hf_dir(tmp_path / "hf", fx)
   out = tmp_path / "imported"
   assert cli.main(["import-hf", hf_dir, str(out)]) == 0

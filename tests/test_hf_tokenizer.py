@@ -14,7 +14,9 @@ from pathlib import Path
 import jax
 import pytest
 
-from remixer_t5 import checkpoints, cli, gin_utils, hf
+from remixer_t5.training import checkpoints
+from remixer_t5 import cli, gin_utils
+from remixer_t5.interop import hf
 
 SENTENCES = ["The quick brown fox jumps over the lazy dog.",
              "Australian authorities are to be granted access to David Hicks, arrested in 1999!"]

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from remixer_t5 import layers
+from remixer_t5.model import layers
 from jaxpr_util import eqns_in
 
 

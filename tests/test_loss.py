@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from remixer_t5 import models
+from remixer_t5.model import models
 
 
 def _data(seed=0, shape=(3, 5), vocab=11):

@@ -17,8 +17,9 @@ import optax
 import pytest
 from flax import traverse_util
 
-from remixer_t5 import accumulate, models, network, optim, partitioning
-from remixer_t5.mixers import linear_attention
+from remixer_t5.training import accumulate, optim, partitioning
+from remixer_t5.model import models, network
+from remixer_t5.model.mixers import linear_attention
 
 CFG = network.T5Config(vocab_size=40, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=24, num_encoder_layers=2,
                        num_decoder_layers=2)
@@ -292,7 +293,7 @@ def test_scanned_stack_trains_like_the_unrolled_one_with_layerwise_adafactor(t5,
 
 
 def test_training_a_scanned_model_uses_layerwise_adafactor():
-  from remixer_t5 import trainer
+  from remixer_t5.training import trainer
   tx = trainer._optimizer(models.EncoderDecoderModel(network.Transformer(SCAN_CFG)), optim.adafactor, 1e-2)
   state = jax.eval_shape(tx.init, _abstract_init(network.Transformer(SCAN_CFG))["params"])
   assert set(state.inner_states) == {"layers", "rest"}

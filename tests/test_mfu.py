@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from remixer_t5 import mfu
+from remixer_t5.training import mfu
 
 
 @pytest.mark.parametrize("kind,peak", [("TPU v3", 61.5e12), ("TPU v4", 275e12), ("TPU v5 lite", 197e12),
@@ -32,7 +32,7 @@ def test_compiled_flops_count_a_matmul_and_mfu_divides_by_the_peak():
 
 def _tiny(**overrides):
   import dataclasses
-  from remixer_t5 import models, network
+  from remixer_t5.model import models, network
   cfg = network.T5Config(vocab_size=64, emb_dim=32, num_heads=2, head_dim=16, num_encoder_layers=2,
                          num_decoder_layers=2, mlp_dim=64)
   return models.EncoderDecoderModel(network.Transformer(dataclasses.replace(cfg, **overrides)))
@@ -41,7 +41,7 @@ def _tiny(**overrides):
 def test_model_flops_are_counted_on_the_host_when_the_backend_counts_none(monkeypatch):
   """On an H200 (jax 0.11.2, scripts/gpu_measure.py) a lowered step's cost analysis had no FLOPs, and `train`
   stopped at its start computing MFU: the count falls back to the same math lowered for the host."""
-  from remixer_t5 import trainer
+  from remixer_t5.training import trainer
   batch = trainer.batch_shapes({"inputs": 16, "targets": 8}, 4, pack=False)
   expected = mfu.model_flops_per_step(_tiny(), batch)
   real, calls = jax.stages.Lowered.cost_analysis, []
@@ -57,7 +57,7 @@ def test_model_flops_are_counted_on_the_host_when_the_backend_counts_none(monkey
 
 @pytest.mark.integration
 def test_model_flops_are_the_same_whether_the_stack_is_scanned_or_rematerialised():
-  from remixer_t5 import optim, partitioning, trainer
+  from remixer_t5.training import optim, partitioning, trainer
   batch = trainer.batch_shapes({"inputs": 16, "targets": 8}, 4, pack=True)
   plain = mfu.model_flops_per_step(_tiny(), batch)
   for overrides in ({"scan_layers": True}, {"remat_policy": "full"}, {"remat_policy": "dots"},
@@ -93,7 +93,7 @@ def _hand_count(d, hd, f, v, L, T, n, encoder_layers, decoder_layers, remix_widt
 
 def test_model_flops_match_a_hand_count_of_the_matmuls():
   # Independent check: the count is the hand count plus a little elementwise work (norms, softmax, loss).
-  from remixer_t5 import trainer
+  from remixer_t5.training import trainer
   L, T, n = 16, 8, 4
   expected = _hand_count(32, 2 * 16, 64, 64, L, T, n, 2, 2)
   got = mfu.model_flops_per_step(_tiny(), trainer.batch_shapes({"inputs": L, "targets": T}, n, pack=False))
@@ -108,7 +108,8 @@ def test_base_model_flops_match_a_hand_count(config, encoder_layers, decoder_lay
   # block (§2.1, width d_ff) is T5.1.1's gated MLP plus the remix. These counts put Remixer_SBase (18 + 3
   # layers, §2) at 1.27x T5.1.1-base's model FLOPs per step, the floor under its step-time ratio, and T5.1.1's
   # blocks at those depths at 1.13x (docs/architectures.md, "Remixer speed").
-  from remixer_t5 import models, trainer
+  from remixer_t5.model import models
+  from remixer_t5.training import trainer
   L, T, n, f = 512, 114, 128, 2048
   expected = _hand_count(768, 12 * 64, f, 32128, L, T, n, encoder_layers, decoder_layers, f if remix else 0)
   model = models.EncoderDecoderModel(models.from_gin(config))
@@ -136,7 +137,7 @@ def _dot_flops(jaxpr) -> float:
 
 
 def _looping(mixer):
-  from remixer_t5 import models, network
+  from remixer_t5.model import models, network
   cfg = network.T5Config(vocab_size=64, emb_dim=32, num_heads=2, head_dim=16, num_encoder_layers=1,
                          num_decoder_layers=2, mlp_dim=64)
   return models.EncoderDecoderModel(network.Transformer(
@@ -147,8 +148,8 @@ def test_mixers_that_loop_are_counted_every_chunk():
   # Causal linear attention scans its decoder in chunks (4 positions, 32 targets: 8 chunks). XLA's cost analysis
   # counts a loop's body once, so the count unrolls the chunks; checked against a walk of the jaxpr's matmuls.
   import functools
-  from remixer_t5 import trainer
-  from remixer_t5.mixers.linear_attention import LinearAttention
+  from remixer_t5.training import trainer
+  from remixer_t5.model.mixers.linear_attention import LinearAttention
   model = _looping(functools.partial(LinearAttention, chunk_size=4))
   batch = trainer.batch_shapes({"inputs": 16, "targets": 32}, 2, pack=False)
   flops, loops = mfu.model_flops_and_loops(model, batch)
@@ -166,8 +167,8 @@ def test_hypermixer_is_counted_unpacked_and_without_its_loops():
   # Packed HyperMixing scans segment ids a block at a time (implementation work, not the model's math) and its
   # causal form scans chunks: the count is the unpacked step's, with no loop left.
   import functools
-  from remixer_t5 import trainer
-  from remixer_t5.mixers.hypermixer import HyperMixing
+  from remixer_t5.training import trainer
+  from remixer_t5.model.mixers.hypermixer import HyperMixing
   model = _looping(functools.partial(HyperMixing, chunk_size=4))
   lengths = {"inputs": 16, "targets": 32}
   packed, loops = mfu.model_flops_and_loops(model, trainer.batch_shapes(lengths, 2, pack=True))

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from remixer_t5.mixers import base
-from remixer_t5.mixers.fnet import FourierMixing
-from remixer_t5.mixers.linear_attention import LinearAttention
-from remixer_t5.mixers.mlp_mixer import TokenMixingMlp
-from remixer_t5.network import T5Config
+from remixer_t5.model.mixers import base
+from remixer_t5.model.mixers.fnet import FourierMixing
+from remixer_t5.model.mixers.linear_attention import LinearAttention
+from remixer_t5.model.mixers.mlp_mixer import TokenMixingMlp
+from remixer_t5.model.network import T5Config
 
 CFG = T5Config(vocab_size=32, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=24, num_encoder_layers=1,
                num_decoder_layers=1)
@@ -377,14 +377,14 @@ def _vaswani(positions, d):
 
 
 def test_sinusoidal_features_are_vaswanis():
-  from remixer_t5 import layers
+  from remixer_t5.model import layers
   pos = np.array([[0, 1, 2, 7, 100, 511]])
   for d in (16, 7):
     np.testing.assert_allclose(layers.sinusoidal_features(jnp.asarray(pos), d), _vaswani(pos, d), atol=1e-5)
 
 
 def _pos_model(enc="none", dec="none", layers_=(0, 0), **kw):
-  from remixer_t5 import network
+  from remixer_t5.model import network
   cfg = T5Config(vocab_size=32, emb_dim=D, num_heads=2, head_dim=8, mlp_dim=24, num_encoder_layers=layers_[0],
                  num_decoder_layers=layers_[1])
   return network.Transformer(cfg, encoder_position_embeddings=enc, decoder_position_embeddings=dec,

@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from remixer_t5.mixers import base
-from remixer_t5.mixers.gmlp import GatedMlpBlock
-from remixer_t5.network import T5Config
+from remixer_t5.model.mixers import base
+from remixer_t5.model.mixers.gmlp import GatedMlpBlock
+from remixer_t5.model.network import T5Config
 
 from jaxpr_util import eqns_in
 

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from remixer_t5 import network
-from remixer_t5.config import LAYER_LAYOUTS
-from remixer_t5.mixers import base
-from remixer_t5.mixers.hypermixer import HyperMixing
-from remixer_t5.network import T5Config
+from remixer_t5.model import network
+from remixer_t5.model.config import LAYER_LAYOUTS
+from remixer_t5.model.mixers import base
+from remixer_t5.model.mixers.hypermixer import HyperMixing
+from remixer_t5.model.network import T5Config
 
 from jaxpr_util import eqns_in
 

@@ -6,9 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from remixer_t5.mixers import base
-from remixer_t5.mixers.remixer import RemixerBlock
-from remixer_t5.network import T5Config
+from remixer_t5.model.mixers import base
+from remixer_t5.model.mixers.remixer import RemixerBlock
+from remixer_t5.model.network import T5Config
 
 CFG = T5Config(vocab_size=32, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=24, num_encoder_layers=1,
                num_decoder_layers=1)

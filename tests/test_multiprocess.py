@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from subprocess_util import xla_flags
 
-from remixer_t5 import checkpoints
+from remixer_t5.training import checkpoints
 
 ROWS = [(f"Emma saw {n} cats .", f"see . agent ( x _ 1 , Emma ) AND see . theme ( x _ 1 , {n} )", "in_distribution")
         for n in ("two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven")]

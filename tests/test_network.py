@@ -6,7 +6,8 @@ import pytest
 from flax import traverse_util
 from jaxpr_util import eqns_in
 
-from remixer_t5 import models, network, partitioning
+from remixer_t5.model import models, network
+from remixer_t5.training import partitioning
 
 CFG = network.T5Config(vocab_size=40, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=24, num_encoder_layers=2,
                        num_decoder_layers=2)

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from remixer_t5 import optim
+from remixer_t5.training import optim
 
 
 def test_rsqrt_schedule_is_0_01_for_10k_steps_then_inverse_sqrt():

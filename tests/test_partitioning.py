@@ -12,7 +12,9 @@ import pytest
 from jax.sharding import PartitionSpec as P
 from optax import FactoredState
 
-from remixer_t5 import info, models, network, optim, partitioning
+from remixer_t5 import info
+from remixer_t5.model import models, network
+from remixer_t5.training import optim, partitioning
 
 # t5x standard_logical_axis_rules (t5x/partitioning.py) for activation_partitioning_dims=1 and
 # parameter_partitioning_dims 1 and 2, copied as the reference.
@@ -98,7 +100,7 @@ def test_indivisible_dimensions_fall_back_to_replicated_and_are_logged(caplog):
   model = tiny(vocab_size=66, num_heads=3, emb_dim=9)  # 66 % 4, 3 % 4 and 9 % 2 do not divide
   v = abstract_variables(model)
   mesh = partitioning.abstract_mesh(shape=(2, 4), rules="fsdp")
-  with caplog.at_level(logging.WARNING, logger="remixer_t5.partitioning"):
+  with caplog.at_level(logging.WARNING, logger="remixer_t5.training.partitioning"):
     sh = partitioning.param_shardings(v["params_axes"], mesh, params=v["params"])
   assert sh["token_embedder"]["embedding"].spec == P(None, None)              # (vocab 66, embed 9)
   assert sh["encoder"]["relpos_bias"]["rel_embedding"].spec == P(None, None)  # (heads 3, buckets)
@@ -221,7 +223,8 @@ SCRIPT = textwrap.dedent("""
     os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     import jax, numpy as np
     from jax.sharding import PartitionSpec as P
-    from remixer_t5 import models, network, optim, partitioning, trainer
+    from remixer_t5.model import models, network
+    from remixer_t5.training import optim, partitioning, trainer
 
     def tiny(**kw):
       cfg = dict(vocab_size=64, emb_dim=16, num_heads=4, head_dim=8, mlp_dim=32, num_encoder_layers=1,

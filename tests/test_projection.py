@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from remixer_t5 import projection as pj
-from remixer_t5.mixers import base
-from remixer_t5.network import T5Config
+from remixer_t5.model import projection as pj
+from remixer_t5.model.mixers import base
+from remixer_t5.model.network import T5Config
 
 CFG = T5Config(vocab_size=32, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=24, num_encoder_layers=1,
                num_decoder_layers=1)
@@ -264,7 +264,7 @@ def test_defaults_are_the_papers_and_base_configs_resolve_the_vocabulary_locally
   np.testing.assert_array_equal(np.asarray(feats).sum(-1)[0, :4], 256)  # each filter holds the 256 hashes
   # small/base read T5's vocabulary the way every other config does ($REMIXER_T5_VOCAB, else GCS), not a
   # hard-coded gs:// path.
-  from remixer_t5 import models
+  from remixer_t5.model import models
   monkeypatch.setenv("REMIXER_T5_VOCAB", "/somewhere/local/t5.model")
   for size in ("small", "base"):
     model = models.from_gin(f"models/pnlp_mixer/{size}.gin")

@@ -167,7 +167,7 @@ def test_table_gives_mean_and_range_over_seeds_per_category(tmp_path):
 
 
 def test_decode_stats_count_tokens_up_to_eos():
-  from remixer_t5 import evaluation
+  from remixer_t5.training import evaluation
   tokens = np.array([[5, 6, 1, 0, 0], [5, 1, 0, 0, 0], [4, 4, 4, 4, 4]])
   assert evaluation._generated(tokens).tolist() == [3, 2, 5]
 
@@ -492,7 +492,7 @@ def _trainers_schedule(tmp_path, settings):
   flags = repro._gin_args("t5_1_1", tmp_path, 0, settings, {"inputs": 64, "targets": 400})
   gin_utils.parse_gin([f[len("--gin_file="):] for f in flags if f.startswith("--gin_file=")],
                       [f[len("--gin."):] for f in flags if f.startswith("--gin.")])
-  return flags, gin.query_parameter("remixer_t5.trainer.train.learning_rate").scoped_configurable_fn()
+  return flags, gin.query_parameter("remixer_t5.training.trainer.train.learning_rate").scoped_configurable_fn()
 
 
 def _old_folder_resumes(tmp_path, key, default, other):
@@ -512,7 +512,7 @@ def test_cooldown_reaches_the_trainers_schedule_and_old_folders_still_resume(tmp
   """--cooldown binds the schedule the trainer is given (through the run's gin flags): T5's rsqrt until the
   last N steps, then linearly to 0 at the final step. A folder made before the setting existed resumes."""
   import gin
-  from remixer_t5 import optim
+  from remixer_t5.training import optim
   from remixer_t5.repro import cogs as repro
   for bad in (101, 1, -1):
     with pytest.raises(ValueError, match="--cooldown must be 0 .none. or 2 to --steps"):
@@ -532,7 +532,7 @@ def test_base_lr_scales_the_trainers_schedule_and_old_folders_still_resume(tmp_p
   """--base_lr is the base of the rsqrt schedule the trainer is given (through the run's gin flags): every
   step's rate scales with it; the default passes no flag, and a folder from before the setting resumes."""
   import gin
-  from remixer_t5 import optim
+  from remixer_t5.training import optim
   from remixer_t5.repro import cogs as repro
   for bad in (0.0, -1.0, float("nan"), float("inf")):
     with pytest.raises(ValueError, match="--base_lr must be a positive finite number"):

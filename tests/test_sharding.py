@@ -9,7 +9,8 @@ SCRIPT = textwrap.dedent("""
     import os
     os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     import jax, jax.numpy as jnp, numpy as np
-    from remixer_t5 import models, network, optim, partitioning, trainer
+    from remixer_t5.model import models, network
+    from remixer_t5.training import optim, partitioning, trainer
 
     cfg = network.T5Config(vocab_size=64, emb_dim=16, num_heads=4, head_dim=8, mlp_dim=32,
                            num_encoder_layers=1, num_decoder_layers=1)

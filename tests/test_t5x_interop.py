@@ -1,4 +1,4 @@
-"""t5x interop (remixer_t5/t5x_compat.py, gin/t5x/): t5x's trainer runs our module; t5x checkpoints load.
+"""t5x interop (remixer_t5/interop/t5x.py, gin/t5x/): t5x's trainer runs our module; t5x checkpoints load.
 
 t5x is not on PyPI. Without it, stand-ins with the signatures of t5x's configurables (google-research/t5x at
 cc342d4: models.EncoderDecoderModel, adafactor.Adafactor, decoding.beam_search,
@@ -23,7 +23,10 @@ import pytest
 from flax import serialization
 from flax.linen import partitioning as flax_partitioning
 
-from remixer_t5 import checkpoints, gin_utils, models, network, t5x_compat
+from remixer_t5.training import checkpoints
+from remixer_t5 import gin_utils
+from remixer_t5.model import models, network
+from remixer_t5.interop import t5x as t5x_compat
 from tiers import tiered
 
 REAL_T5X = importlib.util.find_spec("t5x") is not None

@@ -6,7 +6,8 @@ import jax
 import numpy as np
 import pytest
 
-from remixer_t5 import checkpoints, cli, gin_utils
+from remixer_t5.training import checkpoints
+from remixer_t5 import cli, gin_utils
 
 SMALL_RUN = ["--gin_file=models/t5_1_1/tiny.gin", "--gin_file=runs/demo.gin", "--gin.BATCH_SIZE=4",
              "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}", "--gin.LOG_PERIOD=2",
@@ -64,7 +65,7 @@ def test_train_logs_evaluates_and_checkpoints(trained):
 def test_a_preempted_run_logs_its_last_partial_window(tmp_path, monkeypatch, embedded_cache):
   """SIGTERM between two log steps: the trainer saves and logs the steps since the last row (their time counts
   in a resumed run's total, repro cogs' training_seconds)."""
-  from remixer_t5 import trainer
+  from remixer_t5.training import trainer
   monkeypatch.setenv("REMIXER_T5_CACHE_DIR", str(embedded_cache.root))
   polls = []
   monkeypatch.setattr(trainer._PreemptionWatch, "requested", lambda self: polls.append(1) or len(polls) >= 3)
@@ -139,7 +140,7 @@ T5_VOCAB = Path(__file__).resolve().parents[2] / "shared" / "vocab" / "t5_cc_all
 
 @pytest.mark.skipif(not T5_VOCAB.exists(), reason=f"real T5 vocabulary not found at {T5_VOCAB}")
 def test_a_config_can_name_a_real_vocabulary(tmp_path, capsys, monkeypatch, embedded_cache):
-  from remixer_t5 import trainer
+  from remixer_t5.training import trainer
   from remixer_t5.data import vocab
   monkeypatch.setenv("REMIXER_T5_CACHE_DIR", str(embedded_cache.root))
   task = trainer.get_task("embedded_span_corruption", vocab.get_vocabulary(str(T5_VOCAB)))
@@ -160,7 +161,7 @@ def test_the_initialisers_rng_option_is_on_only_inside_the_block(monkeypatch):
   """trainer.init_rng_as_kernel turns jax's GPU threefry kernel on while `_init_state` lowers the initialiser
   (its GPU lowering is checked on a deviceless H100 in tests/test_compile_gpu.py), only when the state is whole
   on every device, and restores the setting after, also when the block raises."""
-  from remixer_t5 import trainer
+  from remixer_t5.training import trainer
   option = trainer.RNG_KERNEL_OPTION
   before = getattr(jax.config, option)
   with trainer.init_rng_as_kernel():

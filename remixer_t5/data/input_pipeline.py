@@ -6,7 +6,7 @@ batching, prefetch) and returns ``Batches``, an iterator of numpy batches that c
 offsets, shuffle buffers and their RNG state, packing and span-corruption buffers, the prefetched batches).
 Restoring costs the same at step 500,000 as at step 1; the time of ``Dataset.skip(n)``, the fallback for
 pipelines that cannot be checkpointed (a ``from_generator`` source) and for checkpoints of older runs, grows
-with n. Where the files live and when they are written: remixer_t5/checkpoints.py (``*_input_state``); the
+with n. Where the files live and when they are written: remixer_t5/training/checkpoints.py (``*_input_state``); the
 choice of route: docs/architecture.md, "Input position".
 """
 from __future__ import annotations

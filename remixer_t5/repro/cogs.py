@@ -327,7 +327,7 @@ def train_run(model: str, seed: int, settings: Settings, lengths: dict, run_dir:
   _run_child(cmd, run_dir / "train.log", cpus, lambda line: progress(f"{model} seed {seed}: {line}"),
              ("[train]", "[validation]", "model:"), f"training {model} seed {seed}")
   # A trainer stopped by SIGTERM saves, says so and exits 0: decoding that checkpoint would report a short run.
-  from remixer_t5 import checkpoints
+  from remixer_t5.training import checkpoints
   ckpt = checkpoints.Checkpointer(run_dir)
   reached = ckpt.latest_step()
   ckpt.close()
@@ -343,7 +343,8 @@ def evaluate_run(model: str, seed: int, settings: Settings, data: dict, run_dir:
   """Decode `splits` (dev, test and gen) with the run's checkpoint of `step` (None: the last), each at
   `decode_lengths`; {split: {metrics..., stats...}}."""
   lengths = data["model_lengths"]
-  from remixer_t5 import checkpoints, evaluation, gin_utils
+  from remixer_t5.training import checkpoints, evaluation
+  from remixer_t5 import gin_utils
   flags = _gin_args(model, run_dir, seed, settings, lengths)
   gin_utils.parse_gin([f[len("--gin_file="):] for f in flags if f.startswith("--gin_file=")],
                       [f[len("--gin."):] for f in flags if f.startswith("--gin.")])
@@ -682,7 +683,7 @@ def plot(records: Sequence[dict], path: Path) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  from remixer_t5 import plots
+  from remixer_t5.training import plots
   cols = _columns(records)
   by = _by_model(records)
   models = [m for m in (DEFAULT_MODELS + tuple(LABELS)) if m in by] + [m for m in by if m not in LABELS]

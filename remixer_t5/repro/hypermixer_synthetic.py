@@ -133,12 +133,12 @@ def _build_model(mixer: str, channels: int, hidden: int, length: int):
   import jax.numpy as jnp
   from flax import linen as nn
 
-  from remixer_t5 import layers
-  from remixer_t5.config import T5Config
-  from remixer_t5.mixers import base
-  from remixer_t5.mixers.attention import Attention
-  from remixer_t5.mixers.hypermixer import HyperMixing
-  from remixer_t5.mixers.mlp_mixer import TokenMixingMlp
+  from remixer_t5.model import layers
+  from remixer_t5.model.config import T5Config
+  from remixer_t5.model.mixers import base
+  from remixer_t5.model.mixers.attention import Attention
+  from remixer_t5.model.mixers.hypermixer import HyperMixing
+  from remixer_t5.model.mixers.mlp_mixer import TokenMixingMlp
 
   if mixer not in MODELS:
     raise ValueError(f"unknown model {mixer!r}; expected one of {', '.join(MODELS)}")
@@ -402,7 +402,7 @@ def plot_errors(records: Sequence[dict], path: Path) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  from remixer_t5 import plots
+  from remixer_t5.training import plots
   fig, ax = plt.subplots(figsize=(5.5, 4))
   by: dict[str, dict[int, list[float]]] = {}
   for r in records:
@@ -433,7 +433,7 @@ def plot_maps(maps: dict, test: dict, settings: SweepSettings, map_size: int, pa
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  from remixer_t5 import plots
+  from remixer_t5.training import plots
   L = settings.spec.length
   panels = []
   if "attention" in maps:

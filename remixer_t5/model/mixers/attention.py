@@ -13,8 +13,9 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from remixer_t5 import kernels, layers
-from remixer_t5.mixers import base
+from remixer_t5 import kernels
+from remixer_t5.model import layers
+from remixer_t5.model.mixers import base
 
 Array = jax.Array
 

@@ -18,9 +18,10 @@ import numpy as np
 import optax
 from flax import struct
 
-from remixer_t5 import accumulate, checkpoints, fixed_length, optim, partitioning, plots
-from remixer_t5 import mfu as mfu_lib
-from remixer_t5.models import EncoderDecoderModel
+from remixer_t5.training import accumulate, checkpoints, optim, partitioning, plots
+from remixer_t5.model import fixed_length
+from remixer_t5.training import mfu as mfu_lib
+from remixer_t5.model.models import EncoderDecoderModel
 
 if TYPE_CHECKING:
   import seqio
@@ -34,7 +35,7 @@ def __getattr__(name: str):
     from remixer_t5.data import task_lookup
     return getattr(task_lookup, name)
   raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-from remixer_t5.metrics_log import MetricsLogger, format_duration
+from remixer_t5.training.metrics_log import MetricsLogger, format_duration
 
 
 # Config fields that may change between runs in one MODEL_DIR (they do not change the parameters).
@@ -85,7 +86,7 @@ def _real_tokens(batch: Mapping[str, np.ndarray]) -> int:
 def make_train_step(model: EncoderDecoderModel, optimizer: optax.GradientTransformation,
                     schedule: Callable | None, num_microbatches: int | None = None):
   """One optimizer step; with `num_microbatches` > 1 the batch's gradient is accumulated over microbatches
-  (remixer_t5/accumulate.py: the same gradient as the whole batch at once, in less memory)."""
+  (remixer_t5/training/accumulate.py: the same gradient as the whole batch at once, in less memory)."""
   grad_fn = accumulate.value_and_grad(model.loss_fn, num_microbatches,
                                       loss_normalizing_factor=model.loss_normalizing_factor)
 
@@ -399,8 +400,8 @@ def _restore_batches(task, feature_lengths, batch_size, seed, shuffle, pack, pos
 
 def _infer_eval(model, params, task_name, feature_lengths, batch_size, num_examples, model_dir, step, seed,
                 batch_sh, log, split="validation", beam_size=1, progress=None) -> dict[str, dict[str, float]]:
-  """Decode-and-score evaluation (remixer_t5.evaluation) logged as metrics.jsonl rows `infer/<task>`."""
-  from remixer_t5 import evaluation
+  """Decode-and-score evaluation (remixer_t5.training.evaluation) logged as metrics.jsonl rows `infer/<task>`."""
+  from remixer_t5.training import evaluation
   per_task = evaluation.infer_eval(
       model, params, task_name, batch_size=batch_size, feature_lengths=feature_lengths, split=split,
       num_examples=num_examples, log_dir=str(Path(model_dir) / "inference_eval"), step=step, seed=seed,

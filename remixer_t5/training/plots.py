@@ -59,7 +59,7 @@ def remix_matrices(params) -> list[tuple[str, "np.ndarray"]]:
   """
   import jax.numpy as jnp
   import numpy as np
-  from remixer_t5.mixers.remixer import _masked_softmax
+  from remixer_t5.model.mixers.remixer import _masked_softmax
 
   out = []
   for stack in ("encoder", "decoder"):
@@ -111,8 +111,8 @@ def attention_maps(module, params, tokens) -> list[tuple[str, "np.ndarray"]]:
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from remixer_t5 import layers
-  from remixer_t5.mixers import base
+  from remixer_t5.model import layers
+  from remixer_t5.model.mixers import base
 
   slots = [(layer, slot) for layer, slot in _encoder_slots(params, "query")
            if "key" in params["encoder"][layer][slot]]

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from remixer_t5 import partitioning
+from remixer_t5.training import partitioning
 
 # Adafactor factorisation of the logical axes our mixers add to t5x's (t5x's `adafactor.FactorDim` member
 # names). Rows and columns as for a dense kernel (input ROW, output COLUMN); t5x falls back to its size

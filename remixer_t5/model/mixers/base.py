@@ -75,7 +75,7 @@ def check_length(length: int, max_length: int, what: str) -> None:
     raise ValueError(f"{what} mixes at most {max_length} positions but got a sequence of length {length}; "
                      f"the model configs take max_length from TASK_FEATURE_LENGTHS (load the run's gin file after "
                      f"the model's, or pass --gin.TASK_FEATURE_LENGTHS), and an INIT_CHECKPOINT made at other "
-                     f"lengths is fitted on load (remixer_t5/fixed_length.py)")
+                     f"lengths is fitted on load (remixer_t5/model/fixed_length.py)")
 
 
 def slice_gather(table: Array, pos: Array) -> Array:

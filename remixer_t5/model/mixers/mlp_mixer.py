@@ -21,10 +21,10 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from remixer_t5 import layers
-from remixer_t5.mixers import base
+from remixer_t5.model import layers
+from remixer_t5.model.mixers import base
 
-from remixer_t5.config import T5Config
+from remixer_t5.model.config import T5Config
 
 Array = jax.Array
 

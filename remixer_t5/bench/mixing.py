@@ -34,8 +34,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from remixer_t5 import runtime, layers
-from remixer_t5.mixers import base
+from remixer_t5 import runtime
+from remixer_t5.model import layers
+from remixer_t5.model.mixers import base
 
 DEFAULT_LENGTHS = (128, 256, 512, 1024, 2048, 4096)
 
@@ -43,7 +44,7 @@ DEFAULT_LENGTHS = (128, 256, 512, 1024, 2048, 4096)
 def _registry() -> dict[str, tuple[str, Callable[[int], Callable[..., nn.Module]]]]:
   """name -> (role, length -> factory(config=, name=)); role 'token' or 'feature'."""
   import functools
-  from remixer_t5.mixers import attention, fnet, gmlp, hypermixer, linear_attention, mlp_mixer, remixer
+  from remixer_t5.model.mixers import attention, fnet, gmlp, hypermixer, linear_attention, mlp_mixer, remixer
   p = functools.partial
   return {
       "attention": ("token", lambda n: attention.Attention),
@@ -63,7 +64,7 @@ DEFAULT_MIXERS = ("attention", "hypermixer", "linear_attention", "fnet", "mlp_mi
 
 
 def default_config(d_model: int = 256, hidden: int = 512, num_heads: int = 4, head_dim: int = 64):
-  from remixer_t5.config import T5Config
+  from remixer_t5.model.config import T5Config
   return T5Config(vocab_size=128, emb_dim=d_model, num_heads=num_heads, head_dim=head_dim, mlp_dim=hidden,
                   num_encoder_layers=1, num_decoder_layers=1, dropout_rate=0.0, dtype="float32")
 
@@ -245,7 +246,7 @@ def plot_bench(rows: Sequence[dict], path) -> str:
   fig.suptitle(f"one token-mixing layer, batch {r0.get('batch')}, d_model {r0.get('d_model')}, "
                f"{jax.default_backend()}")
   fig.tight_layout()
-  from remixer_t5 import plots
+  from remixer_t5.training import plots
   return str(plots.save_png(fig, path))
 
 

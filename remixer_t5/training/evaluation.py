@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import seqio
 
-from remixer_t5.models import EncoderDecoderModel
+from remixer_t5.model.models import EncoderDecoderModel
 
 
 def make_predict_fn(model: EncoderDecoderModel, params, batch_size: int, *, beam_size: int = 1,

@@ -39,7 +39,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from remixer_t5 import network
+from remixer_t5.model import network
 
 SUPPORTED_FEED_FORWARD_PROJ = ("gated-gelu",)
 SUPPORTED_MODEL_TYPES = ("t5", "mt5")

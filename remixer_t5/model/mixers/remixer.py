@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from remixer_t5 import layers
-from remixer_t5.mixers import base
+from remixer_t5.model import layers
+from remixer_t5.model.mixers import base
 
 Array = jax.Array
 
@@ -81,7 +81,7 @@ class RemixerBlock(nn.Module):
   'learned_vector', alpha_gate kernel [d, w] ('embed','mlp') for 'gated', nothing for a fixed float or when
   not compositional. Per layer: 3·d·w + L² + {1, w, d·w, 0}, with w = d_ff ('mlp') or d ('model').
   """
-  config: Any  # remixer_t5.config.T5Config
+  config: Any  # remixer_t5.model.config.T5Config
   width: str = "mlp"
   alpha: str | float = "learned_scalar"
   compositional: bool = True

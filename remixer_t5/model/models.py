@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from remixer_t5 import decoding
-from remixer_t5.mixers import base
+from remixer_t5.model import decoding
+from remixer_t5.model.mixers import base
 
 Array = jax.Array
 Batch = Mapping[str, Array]

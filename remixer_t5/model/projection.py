@@ -35,9 +35,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from remixer_t5 import layers
-from remixer_t5.mixers import base
-from remixer_t5.mixers.gmlp import LayerNorm
+from remixer_t5.model import layers
+from remixer_t5.model.mixers import base
+from remixer_t5.model.mixers.gmlp import LayerNorm
 
 Array = jax.Array
 
@@ -300,7 +300,7 @@ class ProjectionEmbed(nn.Module):
   Parameters: bottleneck kernel [m·k·(2w+1), d] ('projection','embed') with k = 2 for 'piece+word' else 1,
   bottleneck_bias [d] ('embed',), bottleneck_norm scale and bias [d] ('embed',). Count: m·k·(2w+1)·d + 3d.
   """
-  config: Any  # remixer_t5.config.T5Config
+  config: Any  # remixer_t5.model.config.T5Config
   vocab_model: str = ""
   extra_ids: int = 100
   table: FingerprintTable | None = None

@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from remixer_t5 import bench_env, bench_train
+from remixer_t5.bench import env as bench_env, train as bench_train
 
 REFERENCES = (None, "hf")
 MODES = ("greedy", "beam")
@@ -63,7 +63,7 @@ def random_inputs(vocab_size: int, batch_size: int, input_length: int, seed: int
 def ours(model, params, enc: np.ndarray, new_tokens: int, beam_size: int = 1) -> Callable[[], np.ndarray]:
   """A zero-argument callable: the evaluator's jitted decode of `enc` (EOS disabled), tokens on the host
   [batch, new_tokens] (the best beam)."""
-  from remixer_t5 import evaluation
+  from remixer_t5.training import evaluation
   predict = evaluation._jit_predict(model, beam_size, NO_EOS)
   device_enc = jnp.asarray(enc)
 
@@ -87,7 +87,8 @@ def hf_model(config, params, flush_denormal: bool = True):
   before PyTorch is imported (so it is also the error without the .[hf] extra). PyTorch's subnormal mode
   (`flush_denormal`, bench_env) is set after that check and before the load, PyTorch's first operation: the mode
   is per thread and threads started earlier keep theirs."""
-  from remixer_t5 import hf, network
+  from remixer_t5.interop import hf
+  from remixer_t5.model import network
   need = ("--reference hf needs a T5.1.1 model (self-attention and a gated-GELU MLP, e.g. "
           "models/t5_1_1/small.gin)")
   if not isinstance(config, network.T5Config):
@@ -155,7 +156,7 @@ def bench_decode(model, params=None, *, batch_size: int = 32, input_length: int 
 
   `params`: None initialises the model (seed `seed`). `outputs`, when given, receives each side's tokens per
   mode (`ours_greedy`, `hf_beam`, ...: [batch, new_tokens]) and the inputs (`inputs`)."""
-  from remixer_t5 import evaluation  # noqa: F401 - seqio, hence TensorFlow, before transformers (see below)
+  from remixer_t5.training import evaluation  # noqa: F401 - seqio, hence TensorFlow, before transformers (see below)
   modes = tuple(modes)
   check_settings(batch_size, input_length, new_tokens, beam_size, modes, steps, rounds, warmup, reference)
   cfg = model.module.config
@@ -216,7 +217,7 @@ def bench_decode(model, params=None, *, batch_size: int = 32, input_length: int 
   return row
 
 
-# The machine record: remixer_t5/bench_env.py.
+# The machine record: remixer_t5/bench/env.py.
 def model_from_gin():
   """The model `train` would build: trainer.train's `model` binding when a run config binds it, else MODEL."""
   import gin

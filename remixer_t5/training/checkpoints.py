@@ -198,7 +198,7 @@ def atomic_write_text(path: Path, text: str) -> None:
 def restore_any_params(path: str | os.PathLike) -> Any:
   """Params from an import-hf output dir, a train MODEL_DIR (latest step), a step dir or a params checkpoint."""
   path = Path(path).absolute()
-  from remixer_t5 import t5x_compat  # a t5x MODEL_DIR or step directory (legacy msgpack or orbax layout)
+  from remixer_t5.interop import t5x as t5x_compat  # a t5x MODEL_DIR or step directory (legacy msgpack or orbax layout)
   if t5x_compat.is_t5x_checkpoint(path):
     return t5x_compat.load_t5x_params(path)
   if (path / "checkpoint").is_dir():

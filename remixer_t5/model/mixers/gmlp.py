@@ -30,8 +30,8 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from remixer_t5 import layers
-from remixer_t5.mixers import base
+from remixer_t5.model import layers
+from remixer_t5.model.mixers import base
 
 Array = jax.Array
 
@@ -127,7 +127,7 @@ class GatedMlpBlock(nn.Module):
   Per layer: 1.5·d·h + h + L + (L² | 2L-1 | L), plus 3·d·a + a·h/2 for aMLP. U and V are bias-free as in Eq. 1;
   the activation is the exact (erf) GELU; dropout (cfg.dropout_rate) acts on s(Z), like T5's MLP hidden dropout.
   """
-  config: Any  # remixer_t5.config.T5Config
+  config: Any  # remixer_t5.model.config.T5Config
   max_length: int = 512
   hidden_dim: int = 0
   tiny_attention_dim: int = 0

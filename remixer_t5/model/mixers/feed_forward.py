@@ -4,8 +4,8 @@ from __future__ import annotations
 import jax
 from flax import linen as nn
 
-from remixer_t5 import layers
-from remixer_t5.mixers import base
+from remixer_t5.model import layers
+from remixer_t5.model.mixers import base
 
 
 class GatedMlp(nn.Module):

@@ -72,7 +72,7 @@ def process_usage() -> tuple[float, float, int]:
 
 def ours(model, optimizer, batch: Mapping[str, np.ndarray], seed: int = 0) -> Callable[[], Any]:
   """A zero-argument callable that runs (and waits for) one of the trainer's jitted train steps."""
-  from remixer_t5 import trainer
+  from remixer_t5.training import trainer
   shapes = {k: (1, v.shape[1]) for k, v in batch.items()}
   params = model.init_variables(jax.random.PRNGKey(seed), shapes)["params"]
   state = trainer.TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=optimizer.init(params),
@@ -101,7 +101,7 @@ def hf_reference(config, batch: Mapping[str, np.ndarray], learning_rate: float =
     from transformers.optimization import Adafactor
   except ImportError as e:  # pragma: no cover - depends on the optional extra
     raise RuntimeError("--reference hf needs PyTorch and transformers: pip install -e '.[hf]'") from e
-  from remixer_t5 import bench_env
+  from remixer_t5.bench import env as bench_env
   bench_env.set_torch_flush_denormal(flush_denormal)
   torch.manual_seed(seed)
   hf_config = transformers.T5Config(**{k: v for k, v in _hf_values(config).items() if k != "architectures"})
@@ -122,7 +122,7 @@ def hf_reference(config, batch: Mapping[str, np.ndarray], learning_rate: float =
 
 def _hf_values(config) -> dict:
   """The HF config's values: `config` itself when already in that form (what the reference's process gets)."""
-  from remixer_t5 import hf
+  from remixer_t5.interop import hf
   return config if isinstance(config, dict) else hf.config_to_hf(config)
 
 
@@ -138,7 +138,7 @@ def timed_round(run: Callable[[], Any], warmup: int, steps: int) -> tuple[list[f
 def _hf_child(conn, hf_config: dict, batch: Mapping[str, np.ndarray], seed: int, flush_denormal: bool) -> None:
   """The reference's own process: builds it, reports PyTorch's settings, then times one round per request."""
   try:
-    from remixer_t5 import bench_env
+    from remixer_t5.bench import env as bench_env
     run = hf_reference(hf_config, batch, seed=seed, flush_denormal=flush_denormal)
     conn.send(("ready", bench_env.torch_environment()))
     while (request := conn.recv()) is not None:
@@ -269,7 +269,8 @@ def from_gin(batch_size: int | None = None, feature_lengths: Mapping[str, int] |
 
   import gin
 
-  from remixer_t5 import gin_utils, optim, trainer
+  from remixer_t5 import gin_utils
+  from remixer_t5.training import optim, trainer
   defaults = {k: p.default for k, p in inspect.signature(trainer.train).parameters.items()}
 
   def bound(name, macro=None):
@@ -304,7 +305,7 @@ def from_gin(batch_size: int | None = None, feature_lengths: Mapping[str, int] |
 def add_mfu(row: dict[str, Any], model, peak: float | None = None) -> dict[str, Any]:
   """Adds model FLOPs per step (mfu.model_flops_per_step: forward + backward, no optimizer) and, where the
   device's peak is known (never for a CPU unless `peak` is given), MFU of our step and the reference's."""
-  from remixer_t5 import mfu, trainer
+  from remixer_t5.training import mfu, trainer
   shapes = trainer.batch_shapes({"inputs": row["inputs_length"], "targets": row["targets_length"]},
                                 row["batch_size"], pack=False)
   flops = mfu.model_flops_per_step(model, shapes)

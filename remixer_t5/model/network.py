@@ -2,7 +2,7 @@
 
 With the defaults this is T5.1.1 (Raffel et al. 2020 + the T5.1.1 changes: gated-GELU feed-forward, untied
 embedding and output layer, RMS norms without bias, relative position biases shared per stack) with t5x's
-parameter names. The mixers of each stack come from gin (`remixer_t5/mixers/`, one file per paper); a layer is
+parameter names. The mixers of each stack come from gin (`remixer_t5/model/mixers/`, one file per paper); a layer is
 "token mixing + feature mixing" (HyperMixer paper, Fig. 1), each slot norm + mixer + dropout + residual. The
 wiring is `T5Config.layer_layout` (HyperMixer paper App. F): 'pre_norm' (T5's, the default; Wang et al. 2019),
 'post_norm' (Vaswani et al. 2017) or 'serialized' (the layout of Fig. 1 and every HyperMixer experiment).
@@ -19,11 +19,11 @@ import jax.numpy as jnp
 from flax import linen as nn
 from flax.linen import partitioning as nn_partitioning
 
-from remixer_t5 import layers
-from remixer_t5.config import REMAT_POLICIES, T5Config  # noqa: F401  (gin files name network.T5Config)
-from remixer_t5.mixers import base
-from remixer_t5.mixers.attention import Attention
-from remixer_t5.mixers.feed_forward import GatedMlp
+from remixer_t5.model import layers
+from remixer_t5.model.config import REMAT_POLICIES, T5Config  # noqa: F401  (gin files name network.T5Config)
+from remixer_t5.model.mixers import base
+from remixer_t5.model.mixers.attention import Attention
+from remixer_t5.model.mixers.feed_forward import GatedMlp
 
 Array = jax.Array
 Factory = Callable[..., nn.Module]
