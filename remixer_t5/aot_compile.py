@@ -3,7 +3,7 @@
 In the spirit of MaxText's `train_compile.py`: libtpu describes a slice's topology
 (`jax.experimental.topologies.get_topology_desc`), a mesh is built from its devices with the run's own
 partitioning (partitioning.make_mesh: the mesh preset and rule set that `train` would use), and the step that
-`train` runs (`trainer.program`: the same jitted function, state shapes and shardings) is lowered from shapes
+`train` runs (`programs.program`: the same jitted function, state shapes and shardings) is lowered from shapes
 and compiled by XLA's TPU compiler. Nothing runs; nothing is allocated but the compiler's own memory.
 
 Per device (a JAX device: one TensorCore on v2/v3, one chip from v4 on) it reports XLA's buffer assignment
@@ -425,7 +425,7 @@ def compile_run(settings: Mapping[str, Any], topology: str, *, num_slices: int =
   """
   import jax
 
-  from remixer_t5.training import mfu, partitioning, trainer
+  from remixer_t5.training import mfu, partitioning, programs, trainer, validation
   acc = accelerator(topology)
   if jax.config.jax_platforms is None:
     jax.config.update("jax_platforms", "cpu")  # the host compiles; never look for a TPU or GPU runtime
@@ -440,13 +440,13 @@ def compile_run(settings: Mapping[str, Any], topology: str, *, num_slices: int =
   lengths = dict(settings["feature_lengths"])
   batch_size = int(settings["batch_size"])
   partitioning.check_batch_size(batch_size, jmesh)
-  pack = trainer._packing(model, settings.get("pack", True) is not False)
-  tx = trainer._optimizer(model, settings.get("optimizer") or _default_optimizer(), settings.get("learning_rate"))
+  pack = trainer.packing(model, settings.get("pack", True) is not False)
+  tx = programs.optimizer(model, settings.get("optimizer") or _default_optimizer(), settings.get("learning_rate"))
   schedule = settings.get("learning_rate") if callable(settings.get("learning_rate")) else None
   microbatches = settings.get("num_microbatches")
-  prog = trainer.program(model, tx, schedule, lengths, jmesh, microbatches)
+  prog = programs.program(model, tx, schedule, lengths, jmesh, microbatches)
   batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=prog.batch_sharding)
-           for k, v in trainer.batch_shapes(lengths, batch_size, pack).items()}
+           for k, v in programs.batch_shapes(lengths, batch_size, pack).items()}
   peak = mfu.peak_flops_per_device(devices[0], override=settings.get("peak_flops_per_device"))
   cfg = getattr(model.module, "config", None)
   report: dict[str, Any] = {
@@ -532,7 +532,7 @@ def compile_run(settings: Mapping[str, Any], topology: str, *, num_slices: int =
     if name == "train":
       row = one("train", prog.train_step, prog.state, batch)
       t0 = time.time()
-      model_flops, model_loops = mfu.model_flops_and_loops(model, trainer.batch_shapes(lengths, batch_size, pack))
+      model_flops, model_loops = mfu.model_flops_and_loops(model, programs.batch_shapes(lengths, batch_size, pack))
       row.update(model_flops_per_step=model_flops, model_flops_per_device=model_flops / len(devices),
                  model_flops_per_token=model_flops / tokens, model_flops_seconds=time.time() - t0)
       if model_loops:
@@ -551,7 +551,7 @@ def compile_run(settings: Mapping[str, Any], topology: str, *, num_slices: int =
       row = one("eval", prog.eval_step, prog.state.params, batch)
     elif name == "decode":
       enc = {"encoder_input_tokens": batch["encoder_input_tokens"]}
-      row = one("decode", trainer._jit_predict(model), prog.state.params, enc, lengths["targets"])
+      row = one("decode", validation.jit_predict(model), prog.state.params, enc, lengths["targets"])
     else:
       raise ValueError(f"unknown step {name!r}; expected train, eval or decode")
     report["steps"][name] = row

@@ -30,7 +30,7 @@ import glob
 import importlib.metadata
 import importlib.util
 import os
-from typing import Callable
+from typing import Callable, MutableMapping
 
 ENV = "REMIXER_T5_HOST_MALLOC"
 # mallopt parameters from glibc's <malloc.h>, and the policy's values: no mmap chunks, no trimming, one arena.

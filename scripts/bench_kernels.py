@@ -1,7 +1,7 @@
 """Each platform kernel against plain JAX, on the work it exists for, side by side in one process.
 
 A kernel (remixer_t5/kernels/) stays only if it makes one of these workloads at least 1.2x faster: the trainer's
-whole jitted step (`trainer.make_train_step`: loss, gradients, the run's optimizer update) of
+whole jitted step (`programs.make_train_step`: loss, gradients, the run's optimizer update) of
 - each COGS model (`models/<model>/cogs.gin` + `runs/cogs_scratch.gin`: batch 4, 64/320, dropout 0.1), and
 - config A (T5.1.1, d 256, 4+4 layers, batch 16, 128/32) and config B (T5.1.1-small, batch 8, 512/114) of
   `scripts/bench_cpu_vs_hf.sh`, dropout 0,
@@ -81,9 +81,9 @@ def stepper(model, optimizer, batch, plain_bias: bool):
   import jax.numpy as jnp
 
   from remixer_t5.model import layers
-  from remixer_t5.training import trainer
+  from remixer_t5.training import programs, train_state
   params = model.init_variables(jax.random.PRNGKey(0), {k: (1, v.shape[1]) for k, v in batch.items()})["params"]
-  state = trainer.TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=optimizer.init(params),
+  state = train_state.TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=optimizer.init(params),
                              rng=jax.random.PRNGKey(1))
   data = {k: jnp.asarray(v) for k, v in batch.items()}
   add_bias = layers.add_bias
@@ -91,7 +91,7 @@ def stepper(model, optimizer, batch, plain_bias: bool):
     layers.add_bias = lambda x, bias: x + bias
   try:
     t0 = time.perf_counter()
-    compiled = jax.jit(trainer.make_train_step(model, optimizer, None), donate_argnums=0).lower(state, data).compile()
+    compiled = jax.jit(programs.make_train_step(model, optimizer, None), donate_argnums=0).lower(state, data).compile()
     seconds = time.perf_counter() - t0
   finally:
     layers.add_bias = add_bias
@@ -119,7 +119,6 @@ def main(argv=None) -> int:
   runtime.configure()  # as the CLI does before JAX starts (the host allocator policy on CPU)
   bench_env.set_xla_flags(None)
   from remixer_t5.bench import train as bench_train
-  from remixer_t5 import gin_utils
   env = bench_env.environment()
   out = open(args.out, "a") if args.out else None
   for name in args.workloads.split(","):

@@ -1,6 +1,6 @@
 """Dropout's keep masks on CPU: `T5Config.dropout_impl` 'xla' (JAX's bernoulli) against 'cpu' (kernels/cpu/threefry.py).
 
-For each model, the trainer's whole jitted step (`trainer.make_train_step`: loss, gradients, the run's optimizer
+For each model, the trainer's whole jitted step (`programs.make_train_step`: loss, gradients, the run's optimizer
 update) of `repro cogs`'s config (models/<model>/cogs.gin + runs/cogs_scratch.gin: batch 4, 64/320, dropout 0.1)
 on random unpacked tokens, compiled twice in this one process, with the dropout implementation bound in gin:
 `xla`, `jax.random.bernoulli`, whose hash XLA:CPU runs as JAX's rolled loop (a 5-iteration while loop per mask);
@@ -41,13 +41,13 @@ def stepper(model, optimizer, batch):
   and materialized masks in the optimised program). The state is donated and carried from call to call."""
   import jax
   import jax.numpy as jnp
-  from remixer_t5.training import trainer
+  from remixer_t5.training import programs, train_state
   params = model.init_variables(jax.random.PRNGKey(0), {k: (1, v.shape[1]) for k, v in batch.items()})["params"]
-  state = trainer.TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=optimizer.init(params),
+  state = train_state.TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=optimizer.init(params),
                              rng=jax.random.PRNGKey(1))
   data = {k: jnp.asarray(v) for k, v in batch.items()}
   t0 = time.perf_counter()
-  compiled = jax.jit(trainer.make_train_step(model, optimizer, None), donate_argnums=0).lower(state, data).compile()
+  compiled = jax.jit(programs.make_train_step(model, optimizer, None), donate_argnums=0).lower(state, data).compile()
   seconds = time.perf_counter() - t0
   holder = {"state": state}
 

@@ -2,7 +2,7 @@
 
 Issue 18 asks the full default sweep (4 models x 3 seeds x 12,000 steps) to fit in about 2 hours on 2 cores. This
 measures how far that is from what the machine can do at all. For each model it traces the trainer's whole
-jitted step (`trainer.make_train_step`: loss, gradients, the run's optimizer update) of the sweep's config
+jitted step (`programs.make_train_step`: loss, gradients, the run's optimizer update) of the sweep's config
 (models/<model>/cogs.gin + runs/cogs_scratch.gin: batch 4, 64/320, dropout 0.1, random unpacked tokens as
 `bench train` uses), collects every `dot_general` of the traced step (forward, backward and optimizer, loops
 multiplied out), and times each distinct one alone: jitted by itself on random operands of its shapes, the
@@ -121,7 +121,7 @@ def measure(name: str, repeats: int, rounds: int, step_repeats: int, bindings: l
   import numpy as np
   from remixer_t5.bench import train as bench_train
   from remixer_t5 import gin_utils
-  from remixer_t5.training import mfu, trainer
+  from remixer_t5.training import mfu, programs, train_state
   gin_utils.parse_gin([f"models/{name}/cogs.gin", "runs/cogs_scratch.gin"], bindings,
                       macro_defaults={"MODEL_DIR": "None"})
   setup = bench_train.from_gin()
@@ -131,10 +131,10 @@ def measure(name: str, repeats: int, rounds: int, step_repeats: int, bindings: l
   # Traced from shapes alone; bench_train.ours below builds and runs the real step.
   params = jax.eval_shape(lambda: model.init_variables(jax.random.PRNGKey(0),
                                                        {k: (1, v.shape[1]) for k, v in batch.items()})["params"])
-  state = trainer.TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params,
+  state = train_state.TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params,
                              opt_state=jax.eval_shape(optimizer.init, params), rng=jax.eval_shape(
                                  lambda: jax.random.PRNGKey(1)))
-  dots, loops = step_dots(trainer.make_train_step(model, optimizer, None), state, shapes)
+  dots, loops = step_dots(programs.make_train_step(model, optimizer, None), state, shapes)
   rng = np.random.default_rng(0)
   calls = {key: dot_call(key, rng) for key in dots}
   # The fastest of `rounds` interleaved medians (the machine's speed moves between seconds; a lower bound

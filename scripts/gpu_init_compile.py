@@ -1,6 +1,6 @@
 """Deviceless: how long XLA:GPU takes to compile the trainer's initialiser, with and without the threefry kernel.
 
-`trainer._init_state` lowers the state's initialiser inside `trainer.init_rng_as_kernel()`, which makes jax
+`train_state.init_state` lowers the state's initialiser inside `train_state.init_rng_as_kernel()`, which makes jax
 draw the parameters' random bits with its threefry kernel (a custom call) on GPUs instead of XLA's inlined
 threefry. This compiles that program for a GPU target config (`remixer-t5 compile`'s deviceless topology, no
 GPU needed) both ways, one after the other in this process, and prints for each the compile seconds, the
@@ -21,20 +21,20 @@ import time
 
 
 def initialiser(model_gin: str, run_gin: str, topology: str, bindings=()):
-  """`trainer._init_program` of the configuration for one GPU of `topology` (deviceless, data rules): the
+  """`train_state.init_program` of the configuration for one GPU of `topology` (deviceless, data rules): the
   jitted initialiser, its key's abstract value, and the state's shardings."""
   import jax
 
   from remixer_t5 import aot_compile, gin_utils
-  from remixer_t5.training import partitioning, trainer
+  from remixer_t5.training import partitioning, programs, train_state
   gin_utils.parse_gin([model_gin, run_gin], list(bindings), macro_defaults={"MODEL_DIR": "None"})
   s = aot_compile.train_settings()
   acc = aot_compile.accelerator(topology)
   mesh = partitioning.make_mesh(1, "1x1", aot_compile.gpu_topology_devices(acc)[:1], rules="data")
   model, lengths = s["model"], dict(s["feature_lengths"])
-  tx = trainer._optimizer(model, s.get("optimizer") or aot_compile._default_optimizer(), s.get("learning_rate"))
-  prog = trainer.program(model, tx, None, lengths, mesh, s.get("num_microbatches"))
-  init, rng = trainer._init_program(model, tx, trainer._input_shapes(lengths), prog.shardings, 0)
+  tx = programs.optimizer(model, s.get("optimizer") or aot_compile._default_optimizer(), s.get("learning_rate"))
+  prog = programs.program(model, tx, None, lengths, mesh, s.get("num_microbatches"))
+  init, rng = train_state.init_program(model, tx, train_state.input_shapes(lengths), prog.shardings, 0)
   key = jax.ShapeDtypeStruct(rng.shape, rng.dtype,
                              sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
   return init, key, prog.shardings
@@ -51,9 +51,9 @@ def main() -> None:
   import jax
 
   from remixer_t5 import aot_compile
-  from remixer_t5.training import trainer
+  from remixer_t5.training import train_state
   init, key, shardings = initialiser(args.model, args.run, args.topology, ["ACTIVATION_DTYPE='bfloat16'"])
-  forms = {"kernel": lambda: trainer.init_rng_as_kernel(shardings), "inlined": contextlib.nullcontext}
+  forms = {"kernel": lambda: train_state.init_rng_as_kernel(shardings), "inlined": contextlib.nullcontext}
   for form in [args.only] if args.only else ["kernel", "inlined"]:
     t0 = time.time()
     with forms[form]():

@@ -1,6 +1,6 @@
 """On a real GPU: measure what `remixer-t5 compile --topology h100/h200` predicts without one.
 
-For each configuration below this compiles the trainer's own train step (`trainer.program`, the step `train`
+For each configuration below this compiles the trainer's own train step (`programs.program`, the step `train`
 runs and `remixer-t5 compile` compiles ahead of time) for the GPU in hand, reports XLA's buffer assignment of the
 real compile beside the deviceless prediction, then runs it on random tokens and times it: the measured step
 time, tokens/s and MFU (model FLOPs, mfu.py, against the GPU's bf16 dense peak), the allocator's peak memory,
@@ -94,7 +94,7 @@ def _parse(model_gin: str, bindings: list[str]) -> dict:
 
 def _random_batch(shapes: dict, vocab_size: int, seed: int = 0) -> dict:
   """bench_train's random tokens, every position real, with the packed layout's features (one segment a row)
-  and loss weights where `shapes` (trainer.batch_shapes) has them."""
+  and loss weights where `shapes` (programs.batch_shapes) has them."""
   import numpy as np
 
   from remixer_t5.bench import train as bench_train
@@ -171,7 +171,7 @@ def stage_model(name: str, steps: int, warmup: int, profile_dir: str | None = No
   import numpy as np
 
   from remixer_t5 import aot_compile
-  from remixer_t5.training import mfu, partitioning, trainer
+  from remixer_t5.training import mfu, partitioning, programs, train_state, trainer
   model_gin, bindings, label = MODELS[name]
   settings = _parse(model_gin, bindings)
   model = settings["model"]
@@ -179,12 +179,12 @@ def stage_model(name: str, steps: int, warmup: int, profile_dir: str | None = No
   mesh = partitioning.make_mesh(1, "1x1", devices[:1], rules="data")
   lengths = dict(settings["feature_lengths"])
   batch_size = int(settings["batch_size"])
-  pack = trainer._packing(model, settings.get("pack", True) is not False)
-  tx = trainer._optimizer(model, settings.get("optimizer") or aot_compile._default_optimizer(),
+  pack = trainer.packing(model, settings.get("pack", True) is not False)
+  tx = programs.optimizer(model, settings.get("optimizer") or aot_compile._default_optimizer(),
                           settings.get("learning_rate"))
   schedule = settings.get("learning_rate") if callable(settings.get("learning_rate")) else None
-  prog = trainer.program(model, tx, schedule, lengths, mesh, settings.get("num_microbatches"))
-  shapes = trainer.batch_shapes(lengths, batch_size, pack)
+  prog = programs.program(model, tx, schedule, lengths, mesh, settings.get("num_microbatches"))
+  shapes = programs.batch_shapes(lengths, batch_size, pack)
   abstract = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=prog.batch_sharding) for k, v in shapes.items()}
   row = {"stage": name, "label": label, "batch_size": batch_size, "feature_lengths": lengths, "pack": pack,
          "num_microbatches": settings.get("num_microbatches"), "device_kind": devices[0].device_kind}
@@ -201,19 +201,19 @@ def stage_model(name: str, steps: int, warmup: int, profile_dir: str | None = No
   except Exception as e:  # noqa: BLE001 - the timing still counts without an MFU
     flops, model_loops, row["model_flops_error"] = None, None, f"{type(e).__name__}: {e}"
   row["model_flops_per_step"], row["model_flops_loops"] = flops, model_loops
-  # trainer._init_state's program, its compile and its run timed apart; on the host CPU (then copied to the
+  # train_state.init_state's program, its compile and its run timed apart; on the host CPU (then copied to the
   # device) where the stage asks, to spare device time (XLA:GPU took minutes over the init's RNG fusions before
-  # trainer.init_rng_as_kernel)
+  # train_state.init_rng_as_kernel)
   row["init_on"] = init_on
   _progress(start, f"compiling the initialiser ({init_on})")
   init_shardings = prog.shardings
   if init_on == "host":
     init_shardings = _on_host(prog.shardings)
   t0 = time.time()
-  init, init_rng = trainer._init_program(model, tx, trainer._input_shapes(lengths), init_shardings, 0)
+  init, init_rng = train_state.init_program(model, tx, train_state.input_shapes(lengths), init_shardings, 0)
   if init_on == "host":
     init_rng = jax.device_put(init_rng, jax.devices("cpu")[0])
-  with trainer.init_rng_as_kernel(init_shardings):  # as the trainer compiles it
+  with train_state.init_rng_as_kernel(init_shardings):  # as the trainer compiles it
     init_compiled = init.lower(init_rng).compile()
   row["init_compile_seconds"] = round(time.time() - t0, 1)
   t0 = time.time()
@@ -278,25 +278,25 @@ def stage_parity() -> dict:
   import numpy as np
 
   from remixer_t5 import gin_utils
-  from remixer_t5.training import optim, trainer
+  from remixer_t5.training import optim, programs, train_state
   jax.config.update("jax_default_matmul_precision", "highest")
   gin_utils.parse_gin(["models/t5_1_1/tiny.gin"], ["DROPOUT_RATE=0.0"])
   model = gin_utils.macro("MODEL")
   lengths = {"inputs": 64, "targets": 32}
-  shapes = trainer.batch_shapes(lengths, 8, pack=False)
+  shapes = programs.batch_shapes(lengths, 8, pack=False)
   batch = _random_batch(shapes, model.module.config.vocab_size)
   tx = optim.adafactor(learning_rate=1e-2)
   gpu, cpu = jax.devices()[0], jax.devices("cpu")[0]
   with jax.default_device(cpu):
     params = model.init_variables(jax.random.PRNGKey(0), {k: (1, v.shape[1]) for k, v in shapes.items()})["params"]
-  step = trainer.make_train_step(model, tx, None)
+  step = programs.make_train_step(model, tx, None)
   out = {}
   for dev in (cpu, gpu):
     p = jax.device_put(params, dev)
-    state = trainer.TrainState(step=jax.device_put(jnp.array(0, jnp.int32), dev), params=p,
+    state = train_state.TrainState(step=jax.device_put(jnp.array(0, jnp.int32), dev), params=p,
                                opt_state=jax.jit(tx.init)(p), rng=jax.device_put(jax.random.PRNGKey(1), dev))
     b = jax.device_put(batch, dev)
-    metrics = jax.jit(trainer.make_eval_step(model))(p, b)
+    metrics = jax.jit(programs.make_eval_step(model))(p, b)
     new_state, train_metrics = jax.jit(step)(state, b)
     out[dev.platform] = (jax.device_get(metrics), jax.device_get(train_metrics),
                          jax.device_get(new_state.params))
@@ -463,7 +463,7 @@ def stage_hypermixing_forms() -> dict:
 
 
 def stage_init_rng(model_gin: str = "models/t5_1_1/tiny.gin") -> dict:
-  """`trainer.init_rng_as_kernel` on this device: the state's initialiser (`trainer._init_program`, one device,
+  """`train_state.init_rng_as_kernel` on this device: the state's initialiser (`train_state.init_program`, one device,
   data rules) lowered with jax's threefry kernel and with XLA's inlined threefry, both compiled and run here.
   The kernel computes the same threefry2x32 function, so every value of the two states must be bit-identical;
   the host CPU's initialiser (inlined threefry, the CPU's own float transforms) is compared too, each leaf's
@@ -473,34 +473,34 @@ def stage_init_rng(model_gin: str = "models/t5_1_1/tiny.gin") -> dict:
   import numpy as np
 
   from remixer_t5 import aot_compile
-  from remixer_t5.training import partitioning, trainer
+  from remixer_t5.training import partitioning, programs, train_state
   settings = _parse(model_gin, [])
   model, lengths = settings["model"], dict(settings["feature_lengths"])
   dev, cpu = jax.devices()[0], jax.devices("cpu")[0]
-  tx = trainer._optimizer(model, settings.get("optimizer") or aot_compile._default_optimizer(),
+  tx = programs.optimizer(model, settings.get("optimizer") or aot_compile._default_optimizer(),
                           settings.get("learning_rate"))
-  prog = trainer.program(model, tx, None, lengths, partitioning.make_mesh(1, "1x1", [dev], rules="data"),
+  prog = programs.program(model, tx, None, lengths, partitioning.make_mesh(1, "1x1", [dev], rules="data"),
                          settings.get("num_microbatches"))
   on_cpu = _on_host(prog.shardings)
   row = {"stage": "init_rng", "model": model_gin, "device_kind": dev.device_kind,
-         "rng_option": trainer.RNG_KERNEL_OPTION}
+         "rng_option": train_state.RNG_KERNEL_OPTION}
   states = {}
 
   @contextlib.contextmanager
   def inlined():  # the option off whatever the environment set (JAX_THREEFRY_GPU_KERNEL_LOWERING)
-    was = getattr(jax.config, trainer.RNG_KERNEL_OPTION)
-    jax.config.update(trainer.RNG_KERNEL_OPTION, False)
+    was = getattr(jax.config, train_state.RNG_KERNEL_OPTION)
+    jax.config.update(train_state.RNG_KERNEL_OPTION, False)
     try:
       yield
     finally:
-      jax.config.update(trainer.RNG_KERNEL_OPTION, was)
+      jax.config.update(train_state.RNG_KERNEL_OPTION, was)
 
   for form, shardings in (("kernel", prog.shardings), ("inlined", prog.shardings), ("host", on_cpu)):
-    init, rng = trainer._init_program(model, tx, trainer._input_shapes(lengths), shardings, 0)
+    init, rng = train_state.init_program(model, tx, train_state.input_shapes(lengths), shardings, 0)
     if form == "host":
       rng = jax.device_put(rng, cpu)
     t0 = time.time()
-    with trainer.init_rng_as_kernel(shardings) if form == "kernel" else inlined():
+    with train_state.init_rng_as_kernel(shardings) if form == "kernel" else inlined():
       lowered = init.lower(rng)
     text = lowered.as_text()
     compiled = lowered.compile()

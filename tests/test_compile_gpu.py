@@ -123,11 +123,11 @@ def test_a_near_miss_says_the_prediction_can_be_wrong_by_that_much(capsys, monke
 def test_an_out_of_memory_error_without_numbers_is_still_a_refusal(capsys, monkeypatch):
   # XLA's RESOURCE_EXHAUSTED in a form _oom_numbers cannot read (the H100's "while trying to allocate 77.43GiB"):
   # the row has no sizes, so there is no near-miss to judge, and the command refuses with XLA's words.
-  from remixer_t5.training import trainer
+  from remixer_t5.training import programs
 
   def exhausted(self, step, *args, compiler_options=None):
     raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 77.43GiB")
-  monkeypatch.setattr(trainer.Program, "compile", exhausted)
+  monkeypatch.setattr(programs.Program, "compile", exhausted)
   assert cli.main(["compile", *TINY, "--topology", "a100", "--json"]) == 1
   err = capsys.readouterr().err
   assert "does not fit on a100: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 77.43GiB" in err
@@ -135,7 +135,7 @@ def test_an_out_of_memory_error_without_numbers_is_still_a_refusal(capsys, monke
 
 
 def _tiny_init_for_h100():
-  """The tiny model's `trainer._init_program` on a deviceless H100 (scripts/gpu_init_compile.py's setup)."""
+  """The tiny model's `train_state.init_program` on a deviceless H100 (scripts/gpu_init_compile.py's setup)."""
   import sys
   from pathlib import Path
   sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
@@ -147,11 +147,11 @@ def _tiny_init_for_h100():
 
 @needs_plugin
 def test_the_initialiser_draws_its_bits_with_the_threefry_kernel_on_gpus():
-  """trainer.init_rng_as_kernel: the GPU initialiser's threefry is jax's kernel (a custom call), so XLA:GPU
+  """train_state.init_rng_as_kernel: the GPU initialiser's threefry is jax's kernel (a custom call), so XLA:GPU
   does not compile every parameter's stream unrolled; outside the block the inlined form is back."""
-  from remixer_t5.training import trainer
+  from remixer_t5.training import train_state
   init, key = _tiny_init_for_h100()
-  with trainer.init_rng_as_kernel():
+  with train_state.init_rng_as_kernel():
     kernel = init.lower(key).as_text()
   inlined = init.lower(key).as_text()
   calls = [line for line in kernel.splitlines() if "custom_call" in line and "threefry2x32" in line]

@@ -249,9 +249,9 @@ TRAIN = """
 import json, jax, jax.numpy as jnp, numpy as np
 from remixer_t5.bench import train as bench_train
 from remixer_t5 import gin_utils
-from remixer_t5.training import mfu, trainer
+from remixer_t5.training import mfu, programs
 lengths = {"inputs": 24, "targets": 20}
-shapes = trainer.batch_shapes(lengths, 4, pack=True)  # model FLOPs drop the segment ids: the causal kernel's case
+shapes = programs.batch_shapes(lengths, 4, pack=True)  # model FLOPs drop the segment ids: the causal kernel's case
 
 def build(impl):
   # The model with HyperMixing.impl bound in gin, traced and lowered while that config is in force.

@@ -41,8 +41,8 @@ def _tiny(**overrides):
 def test_model_flops_are_counted_on_the_host_when_the_backend_counts_none(monkeypatch):
   """On an H200 (jax 0.11.2, scripts/gpu_measure.py) a lowered step's cost analysis had no FLOPs, and `train`
   stopped at its start computing MFU: the count falls back to the same math lowered for the host."""
-  from remixer_t5.training import trainer
-  batch = trainer.batch_shapes({"inputs": 16, "targets": 8}, 4, pack=False)
+  from remixer_t5.training import programs
+  batch = programs.batch_shapes({"inputs": 16, "targets": 8}, 4, pack=False)
   expected = mfu.model_flops_per_step(_tiny(), batch)
   real, calls = jax.stages.Lowered.cost_analysis, []
 
@@ -57,8 +57,8 @@ def test_model_flops_are_counted_on_the_host_when_the_backend_counts_none(monkey
 
 @pytest.mark.integration
 def test_model_flops_are_the_same_whether_the_stack_is_scanned_or_rematerialised():
-  from remixer_t5.training import optim, partitioning, trainer
-  batch = trainer.batch_shapes({"inputs": 16, "targets": 8}, 4, pack=True)
+  from remixer_t5.training import optim, partitioning, programs
+  batch = programs.batch_shapes({"inputs": 16, "targets": 8}, 4, pack=True)
   plain = mfu.model_flops_per_step(_tiny(), batch)
   for overrides in ({"scan_layers": True}, {"remat_policy": "full"}, {"remat_policy": "dots"},
                     {"scan_layers": True, "remat_policy": "full"}):
@@ -67,7 +67,7 @@ def test_model_flops_are_the_same_whether_the_stack_is_scanned_or_rematerialised
   # What the compiled steps count instead: a scanned stack's body once, rematerialised layers twice.
   def compiled(model):
     mesh = partitioning.make_mesh(1, devices=jax.devices()[:1])
-    prog = trainer.program(model, trainer._optimizer(model, optim.adafactor, 1e-2), None,
+    prog = programs.program(model, programs.optimizer(model, optim.adafactor, 1e-2), None,
                            {"inputs": 16, "targets": 8}, mesh)
     b = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=prog.batch_sharding) for k, v in batch.items()}
     return mfu.compiled_flops(prog.compile(prog.train_step, prog.state, b))
@@ -93,10 +93,10 @@ def _hand_count(d, hd, f, v, L, T, n, encoder_layers, decoder_layers, remix_widt
 
 def test_model_flops_match_a_hand_count_of_the_matmuls():
   # Independent check: the count is the hand count plus a little elementwise work (norms, softmax, loss).
-  from remixer_t5.training import trainer
+  from remixer_t5.training import programs
   L, T, n = 16, 8, 4
   expected = _hand_count(32, 2 * 16, 64, 64, L, T, n, 2, 2)
-  got = mfu.model_flops_per_step(_tiny(), trainer.batch_shapes({"inputs": L, "targets": T}, n, pack=False))
+  got = mfu.model_flops_per_step(_tiny(), programs.batch_shapes({"inputs": L, "targets": T}, n, pack=False))
   assert expected < got < 1.08 * expected
 
 
@@ -109,11 +109,11 @@ def test_base_model_flops_match_a_hand_count(config, encoder_layers, decoder_lay
   # layers, §2) at 1.27x T5.1.1-base's model FLOPs per step, the floor under its step-time ratio, and T5.1.1's
   # blocks at those depths at 1.13x (docs/architectures.md, "Remixer speed").
   from remixer_t5.model import models
-  from remixer_t5.training import trainer
+  from remixer_t5.training import programs
   L, T, n, f = 512, 114, 128, 2048
   expected = _hand_count(768, 12 * 64, f, 32128, L, T, n, encoder_layers, decoder_layers, f if remix else 0)
   model = models.EncoderDecoderModel(models.from_gin(config))
-  got = mfu.model_flops_per_step(model, trainer.batch_shapes({"inputs": L, "targets": T}, n, pack=True))
+  got = mfu.model_flops_per_step(model, programs.batch_shapes({"inputs": L, "targets": T}, n, pack=True))
   assert expected < got < 1.02 * expected
 
 
@@ -148,10 +148,10 @@ def test_mixers_that_loop_are_counted_every_chunk():
   # Causal linear attention scans its decoder in chunks (4 positions, 32 targets: 8 chunks). XLA's cost analysis
   # counts a loop's body once, so the count unrolls the chunks; checked against a walk of the jaxpr's matmuls.
   import functools
-  from remixer_t5.training import trainer
+  from remixer_t5.training import programs
   from remixer_t5.model.mixers.linear_attention import LinearAttention
   model = _looping(functools.partial(LinearAttention, chunk_size=4))
-  batch = trainer.batch_shapes({"inputs": 16, "targets": 32}, 2, pack=False)
+  batch = programs.batch_shapes({"inputs": 16, "targets": 32}, 2, pack=False)
   flops, loops = mfu.model_flops_and_loops(model, batch)
   assert loops == 0
   params = jax.eval_shape(lambda r: model.init_variables(r, {k: (1,) + v.shape[1:] for k, v in batch.items()}),
@@ -167,10 +167,10 @@ def test_hypermixer_is_counted_unpacked_and_without_its_loops():
   # Packed HyperMixing scans segment ids a block at a time (implementation work, not the model's math) and its
   # causal form scans chunks: the count is the unpacked step's, with no loop left.
   import functools
-  from remixer_t5.training import trainer
+  from remixer_t5.training import programs
   from remixer_t5.model.mixers.hypermixer import HyperMixing
   model = _looping(functools.partial(HyperMixing, chunk_size=4))
   lengths = {"inputs": 16, "targets": 32}
-  packed, loops = mfu.model_flops_and_loops(model, trainer.batch_shapes(lengths, 2, pack=True))
+  packed, loops = mfu.model_flops_and_loops(model, programs.batch_shapes(lengths, 2, pack=True))
   assert loops == 0
-  assert packed == mfu.model_flops_per_step(model, trainer.batch_shapes(lengths, 2, pack=False))
+  assert packed == mfu.model_flops_per_step(model, programs.batch_shapes(lengths, 2, pack=False))

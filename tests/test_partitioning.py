@@ -224,7 +224,7 @@ SCRIPT = textwrap.dedent("""
     import jax, numpy as np
     from jax.sharding import PartitionSpec as P
     from remixer_t5.model import models, network
-    from remixer_t5.training import optim, partitioning, trainer
+    from remixer_t5.training import batches, optim, partitioning, programs, train_state, trainer
 
     def tiny(**kw):
       cfg = dict(vocab_size=64, emb_dim=16, num_heads=4, head_dim=8, mlp_dim=32, num_encoder_layers=1,
@@ -234,7 +234,7 @@ SCRIPT = textwrap.dedent("""
 
     model = tiny()
     tx = optim.adafactor(optim.constant_schedule(1e-2), min_dim_size_to_factor=4)
-    shapes = trainer._input_shapes({"inputs": 12, "targets": 6})
+    shapes = train_state.input_shapes({"inputs": 12, "targets": 6})
     SHARDED = %(sharded)r
     # (path, logical axes, shape); the expected shard divides each dim by its mesh axis under the kind.
     PARAMS = [(("encoder", "layers_0", "mlp", "wi_0", "kernel"), ("embed", "mlp"), (16, 32)),
@@ -248,12 +248,12 @@ SCRIPT = textwrap.dedent("""
                           if hasattr(x, "v_row")][0]
 
     # One host copy of the state, placed by each mesh's shardings (what _create_state's jit outputs use).
-    host_state, _ = trainer._create_state(model, tx, shapes, partitioning.make_mesh(1, devices=jax.devices()[:1]), 0)
+    host_state, _ = train_state.create_state(model, tx, shapes, partitioning.make_mesh(1, devices=jax.devices()[:1]), 0)
     for shape in [(8, 1), (4, 2), (2, 4)]:
       for kind in ["data", "data_model", "fsdp"]:
         mesh = partitioning.make_mesh(shape=shape, rules=kind)
         size = dict(mesh.shape)
-        _, shardings = trainer._abstract_state(model, tx, shapes, mesh)
+        _, shardings = train_state.abstract_state(model, tx, shapes, mesh)
         state = jax.device_put(host_state, shardings)
         fs = factored(state.opt_state)
         for path, names, full in PARAMS:
@@ -290,16 +290,16 @@ SCRIPT = textwrap.dedent("""
                       "decoder_target_tokens": tgt})
 
     def run(mesh, constrained=False):
-      _, sh = trainer._abstract_state(model, tx, shapes, mesh)
+      _, sh = train_state.abstract_state(model, tx, shapes, mesh)
       state = jax.device_put(host_state, sh)
       bsh = partitioning.data_sharding(mesh)
-      step = jax.jit(trainer.make_train_step(model, tx, None), in_shardings=(sh, bsh), out_shardings=(sh, None))
+      step = jax.jit(programs.make_train_step(model, tx, None), in_shardings=(sh, bsh), out_shardings=(sh, None))
       ctx = partitioning.activation_sharding(mesh) if constrained else __import__("contextlib").nullcontext()
       losses = []
       with ctx:
-        n_constraints = step.lower(state, trainer._global_batch(batches[0], bsh)).as_text().count("sdy.sharding_constraint")
+        n_constraints = step.lower(state, batches.global_batch(batches[0], bsh)).as_text().count("sdy.sharding_constraint")
         for b in batches:
-          state, m = step(state, trainer._global_batch(b, bsh))
+          state, m = step(state, batches.global_batch(b, bsh))
           losses.append(float(m["loss_sum"] / m["weight_sum"]))
       return losses, n_constraints
 

@@ -10,13 +10,13 @@ SCRIPT = textwrap.dedent("""
     os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     import jax, jax.numpy as jnp, numpy as np
     from remixer_t5.model import models, network
-    from remixer_t5.training import optim, partitioning, trainer
+    from remixer_t5.training import batches, optim, partitioning, programs, train_state
 
     cfg = network.T5Config(vocab_size=64, emb_dim=16, num_heads=4, head_dim=8, mlp_dim=32,
                            num_encoder_layers=1, num_decoder_layers=1)
     model = models.EncoderDecoderModel(network.Transformer(cfg))
     tx = optim.adafactor(optim.constant_schedule(1e-2))
-    shapes = trainer._input_shapes({"inputs": 12, "targets": 6})
+    shapes = train_state.input_shapes({"inputs": 12, "targets": 6})
     rng = np.random.RandomState(0)
     batches = []
     for _ in range(3):
@@ -26,12 +26,12 @@ SCRIPT = textwrap.dedent("""
                       "decoder_target_tokens": tgt})
 
     def run(mesh):
-      state, sh = trainer._create_state(model, tx, shapes, mesh, seed=0)
+      state, sh = train_state.create_state(model, tx, shapes, mesh, seed=0)
       bsh = partitioning.data_sharding(mesh)
-      step = jax.jit(trainer.make_train_step(model, tx, None), in_shardings=(sh, bsh), out_shardings=(sh, None))
+      step = jax.jit(programs.make_train_step(model, tx, None), in_shardings=(sh, bsh), out_shardings=(sh, None))
       losses = []
       for b in batches:
-        state, m = step(state, trainer._global_batch(b, bsh))
+        state, m = step(state, batches.global_batch(b, bsh))
         losses.append(float(m["loss_sum"] / m["weight_sum"]))
       return state, losses
 

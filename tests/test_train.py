@@ -140,12 +140,12 @@ T5_VOCAB = Path(__file__).resolve().parents[2] / "shared" / "vocab" / "t5_cc_all
 
 @pytest.mark.skipif(not T5_VOCAB.exists(), reason=f"real T5 vocabulary not found at {T5_VOCAB}")
 def test_a_config_can_name_a_real_vocabulary(tmp_path, capsys, monkeypatch, embedded_cache):
-  from remixer_t5.training import trainer
-  from remixer_t5.data import vocab
+  from remixer_t5.training import batches
+  from remixer_t5.data import task_lookup, vocab
   monkeypatch.setenv("REMIXER_T5_CACHE_DIR", str(embedded_cache.root))
-  task = trainer.get_task("embedded_span_corruption", vocab.get_vocabulary(str(T5_VOCAB)))
+  task = task_lookup.get_task("embedded_span_corruption", vocab.get_vocabulary(str(T5_VOCAB)))
   assert task.output_features["inputs"].vocabulary.vocab_size == 32100
-  batch = next(trainer.get_batches(task, {"inputs": 64, "targets": 16}, "validation", 2, seed=0, shuffle=False,
+  batch = next(batches.get_batches(task, {"inputs": 64, "targets": 16}, "validation", 2, seed=0, shuffle=False,
                                    repeat=False, pack=False))
   assert batch["encoder_input_tokens"].max() > 2100  # T5 ids, e.g. its sentinels from 32099 down
   # The tiny model's 2,176-row embedding cannot hold that vocabulary: a clear refusal, nothing written.
@@ -158,17 +158,17 @@ def test_a_config_can_name_a_real_vocabulary(tmp_path, capsys, monkeypatch, embe
 
 
 def test_the_initialisers_rng_option_is_on_only_inside_the_block(monkeypatch):
-  """trainer.init_rng_as_kernel turns jax's GPU threefry kernel on while `_init_state` lowers the initialiser
+  """train_state.init_rng_as_kernel turns jax's GPU threefry kernel on while `_init_state` lowers the initialiser
   (its GPU lowering is checked on a deviceless H100 in tests/test_compile_gpu.py), only when the state is whole
   on every device, and restores the setting after, also when the block raises."""
-  from remixer_t5.training import trainer
-  option = trainer.RNG_KERNEL_OPTION
+  from remixer_t5.training import train_state, trainer
+  option = train_state.RNG_KERNEL_OPTION
   before = getattr(jax.config, option)
-  with trainer.init_rng_as_kernel():
+  with train_state.init_rng_as_kernel():
     assert getattr(jax.config, option) is True
   assert getattr(jax.config, option) is before
   with pytest.raises(RuntimeError, match="boom"):
-    with trainer.init_rng_as_kernel():
+    with train_state.init_rng_as_kernel():
       raise RuntimeError("boom")
   assert getattr(jax.config, option) is before
 
@@ -184,6 +184,6 @@ def test_the_initialisers_rng_option_is_on_only_inside_the_block(monkeypatch):
     is_fully_replicated = False
   monkeypatch.setattr(trainer, "_init_program", program)
   cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
-  trainer._init_state(None, None, {}, {"params": {"w": cpu, "b": cpu}}, 0)
-  trainer._init_state(None, None, {}, {"params": {"w": Sharded(), "b": cpu}}, 1)
+  train_state.init_state(None, None, {}, {"params": {"w": cpu, "b": cpu}}, 0)
+  train_state.init_state(None, None, {}, {"params": {"w": Sharded(), "b": cpu}}, 1)
   assert seen == [True, False] and getattr(jax.config, option) is before

@@ -1,7 +1,7 @@
 """`remixer-t5 bench train`: the time of one training step of a gin-configured model, optionally beside
 Hugging Face transformers' PyTorch T5 on the same shapes.
 
-Our step is exactly the trainer's (`trainer.make_train_step`: loss + z-loss, gradient, the run's optimizer
+Our step is exactly the trainer's (`programs.make_train_step`: loss + z-loss, gradient, the run's optimizer
 update, jitted with the state donated) on random tokens of the run's batch size and feature lengths, unpacked,
 every token real. Dropout is whatever the gin config binds (use `--gin.DROPOUT_RATE=0.0` for a like-for-like
 comparison).
@@ -72,12 +72,12 @@ def process_usage() -> tuple[float, float, int]:
 
 def ours(model, optimizer, batch: Mapping[str, np.ndarray], seed: int = 0) -> Callable[[], Any]:
   """A zero-argument callable that runs (and waits for) one of the trainer's jitted train steps."""
-  from remixer_t5.training import trainer
+  from remixer_t5.training import programs, train_state
   shapes = {k: (1, v.shape[1]) for k, v in batch.items()}
   params = model.init_variables(jax.random.PRNGKey(seed), shapes)["params"]
-  state = trainer.TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=optimizer.init(params),
+  state = train_state.TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=optimizer.init(params),
                              rng=jax.random.PRNGKey(seed + 1))
-  step_fn = jax.jit(trainer.make_train_step(model, optimizer, None), donate_argnums=0)
+  step_fn = jax.jit(programs.make_train_step(model, optimizer, None), donate_argnums=0)
   device_batch = {k: jnp.asarray(v) for k, v in batch.items()}
   holder = {"state": state}
 
@@ -263,14 +263,14 @@ def from_gin(batch_size: int | None = None, feature_lengths: Mapping[str, int] |
   """bench_train's model, optimizer, batch size and feature lengths from the parsed gin config, as `train` reads
   them: trainer.train's bindings when a run config binds them (model, feature_lengths, batch_size, optimizer,
   learning_rate), else the MODEL, TASK_FEATURE_LENGTHS and BATCH_SIZE macros and Adafactor; the optimizer is
-  built as trainer.train builds it (trainer._optimizer). `batch_size`/`feature_lengths` override the config.
+  built as trainer.train builds it (programs.optimizer). `batch_size`/`feature_lengths` override the config.
   """
   import inspect
 
   import gin
 
   from remixer_t5 import gin_utils
-  from remixer_t5.training import optim, trainer
+  from remixer_t5.training import optim, programs, trainer
   defaults = {k: p.default for k, p in inspect.signature(trainer.train).parameters.items()}
 
   def bound(name, macro=None):
@@ -297,7 +297,7 @@ def from_gin(batch_size: int | None = None, feature_lengths: Mapping[str, int] |
     raise ValueError(f"batch size {batch}: expected a positive integer")
   optimizer = bound("optimizer") or optim.adafactor
   learning_rate = bound("learning_rate")
-  return {"model": model, "optimizer": trainer._optimizer(model, optimizer, learning_rate),
+  return {"model": model, "optimizer": programs.optimizer(model, optimizer, learning_rate),
           "batch_size": int(batch), "feature_lengths": {"inputs": int(lengths["inputs"]),
                                                         "targets": int(lengths["targets"])}}
 
@@ -305,8 +305,8 @@ def from_gin(batch_size: int | None = None, feature_lengths: Mapping[str, int] |
 def add_mfu(row: dict[str, Any], model, peak: float | None = None) -> dict[str, Any]:
   """Adds model FLOPs per step (mfu.model_flops_per_step: forward + backward, no optimizer) and, where the
   device's peak is known (never for a CPU unless `peak` is given), MFU of our step and the reference's."""
-  from remixer_t5.training import mfu, trainer
-  shapes = trainer.batch_shapes({"inputs": row["inputs_length"], "targets": row["targets_length"]},
+  from remixer_t5.training import mfu, programs
+  shapes = programs.batch_shapes({"inputs": row["inputs_length"], "targets": row["targets_length"]},
                                 row["batch_size"], pack=False)
   flops = mfu.model_flops_per_step(model, shapes)
   peak = mfu.peak_flops_per_device(override=peak)

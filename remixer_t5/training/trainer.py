@@ -1,13 +1,13 @@
-"""Training and evaluation loops: jit-compiled steps with NamedShardings over a device mesh.
+"""The trainer: `train` (a run's setup and restore, the loop, its evaluation and checkpoint hooks) and
+`evaluate_checkpoint`, both gin-configured entry points of `remixer-t5 train` / `eval`.
 
-The same code runs on one CPU and on a TPU slice: the state is created directly in its shardings, batches are
-global arrays assembled from process-local data, and only process 0 writes summaries.
+The same code runs on one CPU and on a TPU slice: the state is created directly in its shardings
+(train_state.py), batches are global arrays assembled from process-local data (batches.py), the steps are
+programs.py's, evaluation validation.py's, and only process 0 writes summaries.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
@@ -16,12 +16,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import struct
 
-from remixer_t5.training import accumulate, checkpoints, optim, partitioning, plots
-from remixer_t5.model import fixed_length
-from remixer_t5.training import mfu as mfu_lib
 from remixer_t5.model.models import EncoderDecoderModel
+from remixer_t5.training import checkpoints, optim, partitioning, plots, programs, validation
+from remixer_t5.training import mfu as mfu_lib
+from remixer_t5.training.batches import get_batches, global_batch, real_tokens
+from remixer_t5.training.programs import batch_shapes, program, summarize
+from remixer_t5.training.train_state import abstract, fit_lengths, init_state, input_shapes
 
 if TYPE_CHECKING:
   import seqio
@@ -30,135 +31,11 @@ if TYPE_CHECKING:
 # (`remixer-t5 compile`, remixer_t5/aot_compile.py) never loads TensorFlow.
 
 
-def __getattr__(name: str):
-  if name in ("get_task", "with_vocabulary"):  # trainer.get_task(...), as before the imports became lazy
-    from remixer_t5.data import task_lookup
-    return getattr(task_lookup, name)
-  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 from remixer_t5.training.metrics_log import MetricsLogger, format_duration
 
 
 # Config fields that may change between runs in one MODEL_DIR (they do not change the parameters).
 _RESUMABLE_FIELDS = ("dropout_rate", "dtype", "remat_policy")
-
-
-class TrainState(struct.PyTreeNode):
-  step: jax.Array
-  params: Any
-  opt_state: Any
-  rng: jax.Array
-
-
-# --- data ------------------------------------------------------------------------------------------------
-def get_batches(task, feature_lengths: Mapping[str, int], split: str, batch_size: int, *, seed: int,
-                shuffle: bool, repeat: bool, pack: bool, skip_batches: int = 0):
-  """Iterator of numpy batches in the model's feature format (t5x's EncDecFeatureConverter): this process's
-  shard of the global `batch_size`; its position can be saved and restored in constant time
-  (remixer_t5/data/input_pipeline.py)."""
-  from remixer_t5.data import input_pipeline
-  return input_pipeline.get_batches(task, feature_lengths, split, batch_size, seed=seed, shuffle=shuffle,
-                                    repeat=repeat, pack=pack, skip_batches=skip_batches)
-
-
-def global_from_host(x: np.ndarray, sharding) -> jax.Array:
-  """A global array from a host array that every process holds in full (identical on all processes)."""
-  x = np.asarray(x)
-  return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
-
-
-def to_host(array: jax.Array) -> np.ndarray:
-  """The whole value of a (possibly multi-process) global array, on every process."""
-  if array.is_fully_addressable:
-    return np.asarray(jax.device_get(array))
-  from jax.experimental import multihost_utils
-  return np.asarray(multihost_utils.process_allgather(array, tiled=True))
-
-
-def _global_batch(batch: Mapping[str, np.ndarray], sharding) -> dict[str, jax.Array]:
-  return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
-
-
-def _real_tokens(batch: Mapping[str, np.ndarray]) -> int:
-  return int((batch["encoder_input_tokens"] > 0).sum() + (batch["decoder_target_tokens"] > 0).sum())
-
-
-# --- steps -----------------------------------------------------------------------------------------------
-def make_train_step(model: EncoderDecoderModel, optimizer: optax.GradientTransformation,
-                    schedule: Callable | None, num_microbatches: int | None = None):
-  """One optimizer step; with `num_microbatches` > 1 the batch's gradient is accumulated over microbatches
-  (remixer_t5/training/accumulate.py: the same gradient as the whole batch at once, in less memory)."""
-  grad_fn = accumulate.value_and_grad(model.loss_fn, num_microbatches,
-                                      loss_normalizing_factor=model.loss_normalizing_factor)
-
-  def train_step(state: TrainState, batch):
-    dropout_rng = jax.random.fold_in(state.rng, state.step)
-    (_, metrics), grads = grad_fn(state.params, batch, dropout_rng)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    # Counted every step, checked on the host at log and save points: a bad update is never checkpointed.
-    metrics["nonfinite"] = jnp.logical_not(jnp.isfinite(metrics["loss_sum"]) & jnp.isfinite(
-        optax.tree.norm(updates))).astype(jnp.int32)
-    if schedule is not None:
-      metrics["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)
-    metrics["grad_norm"] = optax.tree.norm(grads)
-    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
-  return train_step
-
-
-def make_eval_step(model: EncoderDecoderModel):
-  def eval_step(params, batch):
-    return model.loss_fn(params, batch, None)[1]
-  return eval_step
-
-
-# --- the program: one place for what `train` compiles and what `remixer-t5 compile` compiles ahead of time -
-def batch_shapes(feature_lengths: Mapping[str, int], batch_size: int, pack: bool
-                 ) -> dict[str, jax.ShapeDtypeStruct]:
-  """The global batch the steps take, as shapes: seqio.EncDecFeatureConverter's int32 features."""
-  enc, dec = feature_lengths["inputs"], feature_lengths["targets"]
-  lengths = {"encoder_input_tokens": enc, "decoder_target_tokens": dec, "decoder_input_tokens": dec,
-             "decoder_loss_weights": dec}
-  if pack:
-    lengths.update(encoder_segment_ids=enc, encoder_positions=enc, decoder_segment_ids=dec,
-                   decoder_positions=dec)
-  return {k: jax.ShapeDtypeStruct((batch_size, n), jnp.int32) for k, n in lengths.items()}
-
-
-@dataclasses.dataclass(frozen=True)
-class Program:
-  """The jitted steps of a run and the abstract state and shardings they take.
-
-  `train`, `evaluate_checkpoint` and `remixer-t5 compile` (aot_compile.py) all build it with `program`, so the
-  ahead-of-time compile is of exactly the step `train` runs.
-  """
-  mesh: Any
-  state: TrainState  # abstract: ShapeDtypeStructs carrying their shardings
-  shardings: TrainState
-  batch_sharding: Any
-  train_step: Any  # jitted make_train_step, state donated
-  eval_step: Any  # jitted make_eval_step (params, batch)
-
-  def compile(self, step, *args, compiler_options: dict | None = None):
-    """`step` lowered and compiled under the mesh's activation rules (constraints placed as t5x does);
-    `compiler_options`: XLA debug options for this compile only (e.g. {'xla_gpu_enable_triton_gemm': False})."""
-    with partitioning.activation_sharding(self.mesh):
-      return step.lower(*args).compile(compiler_options)
-
-
-def program(model: EncoderDecoderModel, tx: optax.GradientTransformation, schedule: Callable | None,
-            feature_lengths: Mapping[str, int], mesh, num_microbatches: int | None = None) -> Program:
-  abstract, shardings = _abstract_state(model, tx, _input_shapes(feature_lengths), mesh)
-  batch_sh = partitioning.data_sharding(mesh)
-  train_step = jax.jit(make_train_step(model, tx, schedule, num_microbatches),
-                       in_shardings=(shardings, batch_sh), out_shardings=(shardings, None), donate_argnums=0)
-  eval_step = jax.jit(make_eval_step(model), in_shardings=(shardings.params, batch_sh))
-  return Program(mesh, abstract, shardings, batch_sh, train_step, eval_step)
-
-
-def summarize(sums: Mapping[str, float]) -> dict[str, float]:
-  w = max(float(sums["weight_sum"]), 1.0)
-  return {"loss": float(sums["loss_sum"]) / w, "z_loss": float(sums["z_loss_sum"]) / w,
-          "accuracy": float(sums["correct_sum"]) / w}
 
 
 # --- the loop --------------------------------------------------------------------------------------------
@@ -197,7 +74,7 @@ def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature
   _check_vocab_fits(model, task)
   infer_task_name = with_vocabulary(infer_eval_task, vocab) if infer_eval_task else task_name
   get_task(infer_task_name)  # an unknown name fails here, not at the first evaluation
-  pack = _packing(model, pack)
+  pack = packing(model, pack)
   signature = dict(run_signature or {})
   signature.update(task=task_name, feature_lengths=dict(feature_lengths), vocab_size=vocab.vocab_size,
                    model=type(model.module).__name__)
@@ -215,24 +92,24 @@ def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature
   mesh = partitioning.make_mesh(num_partitions, mesh_shape)
   partitioning.check_batch_size(batch_size, mesh)
   schedule = learning_rate if callable(learning_rate) else None
-  tx = _optimizer(model, optimizer, learning_rate)
+  tx = programs.optimizer(model, optimizer, learning_rate)
   prog = program(model, tx, schedule, feature_lengths, mesh, num_microbatches)
   shardings = prog.shardings
-  state = _init_state(model, tx, _input_shapes(feature_lengths), shardings, random_seed)
+  state = init_state(model, tx, input_shapes(feature_lengths), shardings, random_seed)
   log = MetricsLogger(model_dir)
   ckpt = checkpoints.Checkpointer(model_dir, keep=keep_checkpoints)
 
   position = 0  # input batches consumed so far (the pipeline is deterministic given the seed)
   input_state = None  # this process's saved tf.data iterator state at the restored step
-  restored = ckpt.restore_latest_good(_abstract(state, shardings), log=log.info)
+  restored = ckpt.restore_latest_good(abstract(state, shardings), log=log.info)
   if restored is not None:
     state, extra, at = restored
     position = int(extra.get("data_position", {}).get("batches", int(state.step)))
     input_state = checkpoints.input_state_prefix(model_dir, at)
     log.info(f"resumed from {ckpt.directory}/{at} (input position: {position} batches)")
   elif init_checkpoint:
-    fit = lambda p: _fit_lengths(model, feature_lengths, state.params, p, log)
-    params = checkpoints.restore_init_params(init_checkpoint, _abstract(state.params, shardings.params), fit)
+    fit = lambda p: fit_lengths(model, feature_lengths, state.params, p, log)
+    params = checkpoints.restore_init_params(init_checkpoint, abstract(state.params, shardings.params), fit)
     state = state.replace(params=params)
     log.info(f"initialised params from {init_checkpoint} (fresh optimizer state and step)")
   start = int(state.step)
@@ -241,7 +118,7 @@ def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature
            f"batch {batch_size} | lengths {dict(feature_lengths)} | steps {start}->{train_steps}")
 
   batch_sh, eval_step = prog.batch_sharding, prog.eval_step
-  evaluate = lambda st: _evaluate(model, eval_step, st, task, vocab, feature_lengths, batch_size, eval_steps,
+  evaluate = lambda st: validation.evaluate(model, eval_step, st, task, vocab, feature_lengths, batch_size, eval_steps,
                                   num_decoded_examples, random_seed, pack, batch_sh, log)
 
   if start == 0 and eval_period:
@@ -284,8 +161,8 @@ def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature
     while step < train_steps:
       host_batch = next(batches)
       position += 1
-      tokens += _real_tokens(host_batch)
-      batch = _global_batch(host_batch, batch_sh)
+      tokens += real_tokens(host_batch)
+      batch = global_batch(host_batch, batch_sh)
       if compiled is None:
         compiled = prog.compile(prog.train_step, state, batch)
         # XLA's count is the step's only without loops (scanned layers, microbatches, a mixer's scans).
@@ -333,7 +210,7 @@ def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature
       if eval_period and (step % eval_period == 0 or step == train_steps):
         last.update({f"validation_{k}": v for k, v in evaluate(state).items()})
       if infer_eval_period and (step % infer_eval_period == 0 or step == train_steps):
-        _infer_eval(model, state.params, infer_task_name, feature_lengths, batch_size, infer_examples, model_dir,
+        validation.infer_eval(model, state.params, infer_task_name, feature_lengths, batch_size, infer_examples, model_dir,
                     step, random_seed, batch_sh, log)
       if due_save:
         save(step, state)
@@ -398,20 +275,7 @@ def _restore_batches(task, feature_lengths, batch_size, seed, shuffle, pack, pos
                                     repeat=True, pack=pack, skip_batches=position)
 
 
-def _infer_eval(model, params, task_name, feature_lengths, batch_size, num_examples, model_dir, step, seed,
-                batch_sh, log, split="validation", beam_size=1, progress=None) -> dict[str, dict[str, float]]:
-  """Decode-and-score evaluation (remixer_t5.training.evaluation) logged as metrics.jsonl rows `infer/<task>`."""
-  from remixer_t5.training import evaluation
-  per_task = evaluation.infer_eval(
-      model, params, task_name, batch_size=batch_size, feature_lengths=feature_lengths, split=split,
-      num_examples=num_examples, log_dir=str(Path(model_dir) / "inference_eval"), step=step, seed=seed,
-      beam_size=beam_size, put=lambda x: global_from_host(x, batch_sh), fetch=to_host, progress=progress)
-  for name, metrics in per_task.items():
-    log.write(step, f"infer/{name}", metrics)
-  return per_task
-
-
-def _packing(model: EncoderDecoderModel, pack: bool) -> bool:
+def packing(model: EncoderDecoderModel, pack: bool) -> bool:
   if pack and not getattr(model.module, "packable", True):
     print("packing off: a mixer of this model cannot mix packed examples exactly", flush=True)
     return False
@@ -425,156 +289,6 @@ def _check_vocab_fits(model: EncoderDecoderModel, task) -> None:
       raise ValueError(f"the {name!r} vocabulary has {feature.vocabulary.vocab_size} ids but the model's "
                        f"vocab_size is {cfg.vocab_size}; use a model config with vocab_size >= "
                        f"{feature.vocabulary.vocab_size}")
-
-
-def _input_shapes(feature_lengths: Mapping[str, int]) -> dict[str, tuple[int, int]]:
-  return {"encoder_input_tokens": (1, feature_lengths["inputs"]),
-          "decoder_input_tokens": (1, feature_lengths["targets"]),
-          "decoder_target_tokens": (1, feature_lengths["targets"])}
-
-
-def _abstract_state(model, tx, input_shapes, mesh) -> tuple[TrainState, TrainState]:
-  """(abstract TrainState carrying its shardings, the shardings), from shapes alone."""
-  abstract_vars = jax.eval_shape(lambda rng: model.init_variables(rng, input_shapes), jax.random.PRNGKey(0))
-  param_sh = partitioning.param_shardings(abstract_vars["params_axes"], mesh, params=abstract_vars["params"])
-  abstract_opt = jax.eval_shape(tx.init, abstract_vars["params"])
-  opt_sh = partitioning.opt_state_shardings(abstract_opt, abstract_vars["params"], param_sh, mesh)
-  rep = partitioning.replicated(mesh)
-  shardings = TrainState(step=rep, params=param_sh, opt_state=opt_sh, rng=rep)
-  shapes = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract_vars["params"],
-                      opt_state=abstract_opt, rng=jax.eval_shape(lambda: jax.random.PRNGKey(0)))
-  return _abstract(shapes, shardings), shardings
-
-
-def _create_state(model, tx, input_shapes, mesh, seed):
-  """Initialise params and optimizer state directly in their shardings (nothing is built replicated)."""
-  _, shardings = _abstract_state(model, tx, input_shapes, mesh)
-  return _init_state(model, tx, input_shapes, shardings, seed), shardings
-
-
-def _init_program(model, tx, input_shapes, shardings, seed):
-  """The state's initialiser, jitted into `shardings`, and the key it takes (scripts/gpu_measure.py times its
-  compile and its run apart). Lower or call it inside `init_rng_as_kernel(shardings)`, as `_init_state` does."""
-  init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(seed))
-
-  def init(rng):
-    params = model.init_variables(rng, input_shapes)["params"]
-    return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params),
-                      rng=dropout_rng)
-
-  return jax.jit(init, out_shardings=shardings), init_rng
-
-
-RNG_KERNEL_OPTION = "jax_threefry_gpu_kernel_lowering"
-
-
-@contextlib.contextmanager
-def init_rng_as_kernel(shardings=None):
-  """Inside the block, jitted code lowered for a GPU draws its threefry bits with jax's threefry kernel (one
-  custom call per draw) instead of XLA's inlined threefry; for the initialiser, which is compiled once.
-
-  Inlined, every parameter's threefry stream is unrolled into XLA:GPU's fusions: deviceless for one H100 on a
-  2-core host, T5.1.1-base's initialiser took 177 s to lower and compile, 14.9 s with the kernel
-  (docs/benchmarks.md, "Initialising on a GPU"). The kernel computes the same threefry2x32 function (jax's
-  GPU lowering before the inlined one became its default): on an H200 the tiny model's state came out
-  bit-identical both ways (scripts/gpu_measure.py's init_rng stage, docs/benchmarks.md). It writes each draw's
-  bits to memory before they are transformed, which costs the initialiser temporaries once, before training
-  (471 MiB for T5.1.1-base on one device).
-
-  Only where `shardings` (the state's) keep every value whole on each device: one device, or replicated
-  parameters (the data-parallel rules). XLA does not partition the kernel's custom call, so under sharded
-  parameters (fsdp, model rules) every device would draw every parameter in full; there, and with a jax
-  without the option (its CHANGELOG says it may go), the inlined form stays. The train step (dropout) always
-  keeps it; CPUs and TPUs are unaffected (the option picks only the GPU lowering). It sets jax's global
-  option: not for initialisers lowered in several threads at once."""
-  whole = shardings is None or all(s.is_fully_replicated for s in jax.tree_util.tree_leaves(shardings))
-  try:
-    was = getattr(jax.config, RNG_KERNEL_OPTION)
-  except AttributeError:
-    whole = False
-  if not whole:
-    yield
-    return
-  jax.config.update(RNG_KERNEL_OPTION, True)
-  try:
-    yield
-  finally:
-    jax.config.update(RNG_KERNEL_OPTION, was)
-
-
-def _init_state(model, tx, input_shapes, shardings, seed):
-  init, rng = _init_program(model, tx, input_shapes, shardings, seed)
-  with init_rng_as_kernel(shardings):
-    return init(rng)
-
-
-def _fit_lengths(model, feature_lengths, fresh, params, log):
-  """INIT_CHECKPOINT's fixed-length mixer matrices fitted to this run's lengths (see `fixed_length`)."""
-  variables = jax.eval_shape(lambda rng: model.init_variables(rng, _input_shapes(feature_lengths)),
-                             jax.random.PRNGKey(0))
-  params, resized = fixed_length.fit_params(params, fresh, partitioning.logical_axes(variables["params_axes"]))
-  for line in resized:
-    log.info(f"INIT_CHECKPOINT resized to this run's lengths: {line}")
-  return params
-
-
-def _abstract(tree, shardings):
-  return jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree,
-                                shardings)
-
-
-def _evaluate(model, eval_step, state, task, vocab, feature_lengths, batch_size, eval_steps,
-              num_decoded_examples, seed, pack, batch_sh, log) -> dict[str, float]:
-  """Loss/accuracy over the first `eval_steps` validation batches, plus a few greedy decodes."""
-  sums, first = None, None
-  t0 = time.time()
-  for i, host_batch in enumerate(get_batches(task, feature_lengths, "validation", batch_size, seed=seed,
-                                             shuffle=False, repeat=False, pack=pack)):
-    if i >= eval_steps:
-      break
-    first = first if first is not None else host_batch
-    m = eval_step(state.params, _global_batch(host_batch, batch_sh))
-    sums = m if sums is None else jax.tree_util.tree_map(jnp.add, sums, m)
-  if sums is None:
-    raise ValueError(f"the validation split of {task.name!r} gave no full batch of {batch_size}; lower "
-                     "BATCH_SIZE or TASK_FEATURE_LENGTHS")
-  row = summarize(jax.device_get(sums))
-  examples = (_decode_examples(model, state.params, first, vocab, num_decoded_examples, pack, batch_sh.mesh)
-              if num_decoded_examples else [])
-  row["eval_seconds"] = time.time() - t0
-  log.write(int(state.step), "validation", row, examples=examples)
-  return {k: v for k, v in row.items() if k in ("loss", "accuracy")}
-
-
-def _decode_examples(model, params, batch, vocab, n, pack, mesh):
-  """Greedy decodes of the first `n` validation examples (unpacked: the first segment of each row)."""
-  enc, tgt = batch["encoder_input_tokens"][:n], batch["decoder_target_tokens"][:n]
-  if pack:  # keep only each row's first example so the decode sees what a user would feed it
-    enc = np.where(batch["encoder_segment_ids"][:n] == 1, enc, 0)
-    tgt = np.where(batch["decoder_segment_ids"][:n] == 1, tgt, 0)
-  if jax.process_count() > 1:  # every process decodes process 0's rows (their local batches differ)
-    from jax.experimental import multihost_utils
-    enc, tgt = multihost_utils.broadcast_one_to_all((enc, tgt))
-  replicated = partitioning.replicated(mesh)
-  preds = to_host(_jit_predict(model)(params, {"encoder_input_tokens": global_from_host(enc, replicated)},
-                                      tgt.shape[-1]))
-  out = []
-  for e, t, p in zip(enc, tgt, preds):
-    out.append({"inputs": vocab.decode(_strip(e)), "targets": vocab.decode(_strip(t)),
-                "prediction": vocab.decode(_strip(p))})
-  return out
-
-
-@functools.lru_cache(maxsize=4)
-def _jit_predict(model):
-  return jax.jit(lambda p, b, n: model.predict_batch(p, b, max_decode_length=n), static_argnums=2)
-
-
-def _strip(ids) -> list[int]:
-  ids = [int(i) for i in ids]
-  if 1 in ids:
-    ids = ids[:ids.index(1)]
-  return [i for i in ids if i > 0]
 
 
 def evaluate_checkpoint(*, model_dir: str, model: EncoderDecoderModel, task_name: str,
@@ -599,19 +313,19 @@ def evaluate_checkpoint(*, model_dir: str, model: EncoderDecoderModel, task_name
   task_name = with_vocabulary(task_name, vocabulary)
   task = get_task(task_name)
   vocab = task.output_features["targets"].vocabulary
-  pack = _packing(model, pack)
+  pack = packing(model, pack)
   mesh = partitioning.make_mesh(num_partitions, mesh_shape)
   partitioning.check_batch_size(batch_size, mesh)
   ckpt = checkpoints.Checkpointer(model_dir)
   if ckpt.latest_step() is None:
     raise FileNotFoundError(f"no checkpoint in {ckpt.directory}; train first or pass the right MODEL_DIR")
-  prog = program(model, _optimizer(model, optimizer, learning_rate), None, feature_lengths, mesh)
+  prog = program(model, programs.optimizer(model, optimizer, learning_rate), None, feature_lengths, mesh)
   state, _ = ckpt.restore(prog.state, checkpoint_step)
   ckpt.close()
   batch_sh, eval_step = prog.batch_sharding, prog.eval_step
   log = MetricsLogger(model_dir)
   try:
-    results: dict[str, Any] = {"validation": _evaluate(
+    results: dict[str, Any] = {"validation": validation.evaluate(
         model, eval_step, state, task, vocab, feature_lengths, batch_size, eval_steps, num_decoded_examples,
         random_seed, pack, batch_sh, log)}
     infer_name = with_vocabulary(infer_task, vocab) if infer_task else task_name
@@ -619,17 +333,12 @@ def evaluate_checkpoint(*, model_dir: str, model: EncoderDecoderModel, task_name
     if infer is None:
       infer = any(t.metric_fns for t in (infer_of.tasks if isinstance(infer_of, seqio.Mixture) else [infer_of]))
     if infer:
-      results.update(_infer_eval(model, state.params, infer_name, feature_lengths, batch_size, infer_examples,
+      results.update(validation.infer_eval(model, state.params, infer_name, feature_lengths, batch_size, infer_examples,
                                  model_dir, int(state.step), random_seed, batch_sh, log, infer_split, beam_size,
                                  log.info))
     return results
   finally:
     log.close()
-
-
-def _optimizer(model, optimizer, learning_rate) -> optax.GradientTransformation:
-  """The run's optimizer; a scanned model's stacked layers are optimised layer by layer (optim.layerwise)."""
-  return optim.for_model(optimizer(learning_rate=learning_rate), model.module)
 
 
 def _set_data_dir(data_dir: str | None) -> None:

@@ -34,7 +34,6 @@ Under a mesh the kernel runs per batch shard (`sharding.per_batch_shard`): XLA d
 from __future__ import annotations
 
 import functools
-import math
 from typing import Callable
 
 import jax
