@@ -1,33 +1,27 @@
 """`remixer-t5 compile`: compile a run's steps for a TPU slice or a GPU host on a machine without one.
 
-In the spirit of MaxText's `train_compile.py`: libtpu describes a slice's topology
+As MaxText's `train_compile.py` does: libtpu describes a slice's topology
 (`jax.experimental.topologies.get_topology_desc`), a mesh is built from its devices with the run's own
-partitioning (partitioning.make_mesh: the mesh preset and rule set that `train` would use), and the step that
-`train` runs (`programs.program`: the same jitted function, state shapes and shardings) is lowered from shapes
-and compiled by XLA's TPU compiler. Nothing runs; nothing is allocated but the compiler's own memory.
+partitioning (partitioning.make_mesh), and the step that `train` runs (`programs.program`: the same jitted
+function, state shapes and shardings) is lowered from shapes and compiled by XLA's TPU compiler. Nothing runs;
+nothing is allocated but the compiler's own memory.
 
-Per device (a JAX device: one TensorCore on v2/v3, one chip from v4 on) it reports XLA's buffer assignment
-(`memory_analysis`: arguments, outputs, temporaries, code; total = arguments + outputs - aliased (the donated
-state) + temporaries + code) against the device's usable HBM, FLOPs per step and per token, and XLA's cost model
-(`cost_analysis`: `optimal_seconds`, a roofline-style estimate of the step time from FLOPs and bytes accessed;
-an estimate, not a measured step), with the steps/s and MFU it implies. MFU counts model FLOPs
-(mfu.model_flops_per_step: the same whether the stack is scanned or rematerialised); HFU counts XLA's compiled
-FLOPs. XLA counts a while loop's body once, so a step with loops (scanned layers, microbatches, a mixer's
-chunked scan: `loops` in the report names them) gets no time estimate, MFU or HFU from it, and a model that
-loops in its own mixers gets model FLOPs marked as a lower bound (`model_flops_note`).
+Per device (one TensorCore on v2/v3, one chip from v4 on) the report gives XLA's buffer assignment
+(`memory_analysis`; total = arguments + outputs - aliased (the donated state) + temporaries + code) against the
+usable HBM, FLOPs per step and per token, and XLA's cost model (`optimal_seconds`, a roofline estimate from FLOPs
+and bytes accessed, not a measured step) with the steps/s and MFU it implies. MFU counts model FLOPs
+(mfu.model_flops_per_step), HFU XLA's compiled FLOPs. XLA counts a while loop's body once, so a step with loops
+(`loops` in the report) gets no time estimate, MFU or HFU, and a model that loops in its own mixers gets its
+model FLOPs marked as a lower bound (`model_flops_note`).
 
-GPUs (`--topology h100`, `h100x8`, `a100x8`, `h200`: one process's 1-8 GPUs) go the same way through XLA's
-CUDA compiler, the jax-cuda12 PJRT plugin (the optional extra `.[gpu-compile]`, in its own venv: `make
-gpu-compile-env`), with a GPU target config from remixer_t5/gpu_targets/ in place of libtpu's topology (openxla
-PR 16913: deviceless GPU compilation). Three differences from TPUs, all named in the report: XLA:GPU compiles a
-program that does not fit (it only logs), so `fits` compares XLA's buffer sizes with the memory a JAX process
-gets (device memory x $XLA_PYTHON_CLIENT_MEM_FRACTION, JAX's default 0.75); the compiled executable has no
-cost analysis, so FLOPs and bytes come from XLA's HLO cost analysis of the optimised per-device GPU module
-(cuBLAS calls, when XLA picks them over its own Triton GEMMs, count no FLOPs: the report says so); and there
-is no `optimal_seconds`, so the step time is a roofline, max(FLOPs / bf16 peak, bytes / memory bandwidth).
+GPUs (`--topology h100`, `h100x8`, `a100x8`, `h200`: one process's 1-8 GPUs) go through XLA's CUDA compiler (the
+`gpu-compile` extra, in its own venv: `make gpu-compile-env`) with a target config from remixer_t5/gpu_targets/
+in place of libtpu's topology. XLA:GPU compiles a program that does not fit, so `fits` compares XLA's buffers
+with JAX's share of device memory ($XLA_PYTHON_CLIENT_MEM_FRACTION, default 0.75); FLOPs and bytes come from
+XLA's HLO cost analysis of the optimised module, which counts none for cuBLAS calls (the report says so); the
+step time is a roofline, max(FLOPs / bf16 peak, bytes / memory bandwidth).
 
-The compile path imports no TensorFlow or seqio (tests/test_compile.py checks); libtpu is the optional extra
-`pip install -e '.[tpu]'`.
+The compile path imports no TensorFlow or seqio (tests/test_compile.py checks); libtpu is the `tpu` extra.
 """
 from __future__ import annotations
 
@@ -50,9 +44,8 @@ class Generation:
 
   `count`: what N in the accelerator name 'vX-N' counts ('cores': N/2 chips on v2, v3, v4, v5p; 'chips' on
   v5e, v6e). `devices_per_chip`: JAX devices per chip (2 on v2/v3: one per TensorCore; 1 with megacore).
-  `hbm_gib`: usable HBM per JAX device as XLA's TPU compiler states it ("exceeds available HBM (15.48G)"),
-  measured with libtpu 0.0.42.1 by compiling a program too big for each generation. `layouts`: chips -> libtpu
-  topology ('4x4' = 16 chips).
+  `hbm_gib`: usable HBM per JAX device as XLA's TPU compiler states it for a program too big ("exceeds
+  available HBM (15.48G)"). `layouts`: chips -> libtpu topology ('4x4' = 16 chips).
   """
   name: str
   count: str
@@ -335,11 +328,10 @@ def train_settings() -> dict[str, Any]:
 # --- compiling ------------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def _without_persistent_cache():
-  """Nothing of a deviceless compile goes into JAX's persistent compilation cache ($JAX_COMPILATION_CACHE_DIR):
-  its executable cannot be read back without a runtime client (a second compile of the same program warned
-  "Error reading persistent compilation cache entry ... PjRtCompiler must be constructed with a Client"), and a
-  cache hit would report a read as the compile time. JAX decides once per process whether the cache is used,
-  so the switch is the minimum compile time an entry needs to be written."""
+  """Nothing of a deviceless compile goes into JAX's persistent compilation cache ($JAX_COMPILATION_CACHE_DIR): its
+  executable cannot be read back without a runtime client ("PjRtCompiler must be constructed with a Client"), and a
+  cache hit would report a read as the compile time. JAX decides once per process whether the cache is used, so the
+  switch is the minimum compile time an entry needs to be written."""
   import jax
   was = jax.config.jax_persistent_cache_min_compile_time_secs
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 1e30)
@@ -385,9 +377,8 @@ def _oom_numbers(message: str) -> tuple[float, float] | None:
   return None
 
 
-# How far a deviceless GPU memory prediction (no autotuning; cuBLAS for the GEMMs Triton could not tile) has
-# been from the real GPU compile of the same step: 6.1% over (T5.1.1-base, one H100, jax 0.11.2 there) to 2.5%
-# under (one H200, same jax on both sides); docs/benchmarks.md, "GPU memory: predicted and real".
+# How far either way a deviceless GPU memory prediction (no autotuning; cuBLAS for the GEMMs Triton could not
+# tile) can be from the real GPU compile of the same step (docs/benchmarks.md, "GPU, compiled without a GPU").
 GPU_PREDICTION_MARGIN = 0.07
 
 

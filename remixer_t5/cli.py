@@ -499,7 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "train step then runs several times slower once subnormals appear)")
   ben.add_argument("--hf_process", "--hf-process", choices=("own", "shared"),
                    help="train with --reference hf: 'own' (default) runs the reference in a process of its own, "
-                   "so the two share no heap or threads; 'shared' runs it in this one (rows before commit 040acd3)")
+                   "so the two share no heap or threads; 'shared' runs it in this one")
   ben.add_argument("--batch_size", "--batch-size", type=int,
                    help="train: override BATCH_SIZE; decode: examples per batch (default 32)")
   ben.add_argument("--input_length", "--input-length", type=int, help="decode: input tokens per example (default 128)")

@@ -8,15 +8,12 @@ Host allocator policy for CPU runs: keep XLA's large scratch buffers on the heap
 
 XLA:CPU allocates a compiled function's scratch (activations and gradients) with malloc on every call. glibc
 serves a request above its mmap threshold (adaptive, at most 32 MiB) with a fresh mmap and unmaps it on free,
-so every step page-faults the whole buffer in again (a 40 MiB scratch is ~10,000 minor faults per step,
-each zeroing a 4 KiB page). That, not the cache, made HyperMixing's fwd+bwd grow 2.4-2.5x from 2048 to 4096
-tokens on CPU (docs/benchmarks.md). The policy turns glibc's mmap chunks off (every request comes from the
-heap, whatever its size: mallopt's mmap threshold is an int, so a threshold cannot reach T5.1.1-small's 3.8 GiB
-scratch at batch 8 x 512/114, which faulted ~970,000 pages and spent ~4 s of system time a step), never trims
-the heap, and uses one arena so buffers beyond a thread arena's 64 MiB heap limit live there too; databases
-with the same pattern (ClickHouse) keep large buffers on the heap the same way. The cost is resident memory:
-the heap keeps its peak (XLA frees a step's buffers asynchronously, so a few steps' scratch) until the process
-ends.
+so every step page-faults the whole buffer in again, zeroing it a 4 KiB page at a time in system time. The
+policy turns glibc's mmap chunks off (every request comes from the heap, whatever its size: mallopt's mmap
+threshold is an int, so a threshold cannot cover a scratch above 2 GiB), never trims the heap, and uses one
+arena so buffers beyond a thread arena's 64 MiB heap limit live there too; databases with the same pattern
+(ClickHouse) keep large buffers on the heap the same way. The cost is resident memory: the heap keeps its peak
+(XLA frees a step's buffers asynchronously, so a few steps' scratch) until the process ends.
 
 `configure()` is called by the CLI before JAX starts its thread pools (an arena limit only binds threads that
 have not allocated yet). It acts only when JAX will run on CPU alone and the C library is glibc;

@@ -3,14 +3,12 @@
 A CPU figure means little without what decided it: the CPU model and its vector extensions (AVX-512, AMX:
 which kernels XLA and PyTorch pick), the cores usable, the XLA flags in force, what HyperMixing's CPU kernels
 ran (`cpu_hypermixing`: the fused C++ loops, or None when no program used them), what dropout's CPU mask ran
-(`cpu_threefry`), the host allocator policy, the thread counts PyTorch and OpenMP/MKL use, the load average around the
-measurement, the commit, and the versions. `environment()` gathers them into the row.
+(`cpu_threefry`), the host allocator policy, the thread counts PyTorch and OpenMP/MKL use, the load average
+around the measurement, the commit, and the versions. `environment()` gathers them into the row.
 
 And whether each side flushes subnormal floats to zero. XLA:CPU runs its kernels with flush-to-zero and
-denormals-are-zero set; PyTorch by default does not, and on Intel CPUs an operation on a subnormal float takes
-~100 cycles. A T5 train step with Adafactor makes subnormals within a few steps, so HF's reference step took
-2.9-6.6 s instead of 1.2-1.6 s on a 2-core Cascade Lake Xeon (config A of docs/benchmarks.md; AMD's Zen cores
-pay far less for subnormals). The references therefore run with
+denormals-are-zero set; PyTorch by default does not, and on Intel CPUs an operation on a subnormal float is
+very slow. A T5 train step with Adafactor makes subnormals within a few steps, so the references run with
 `torch.set_flush_denormal(True)` (`set_torch_flush_denormal`) unless asked not to, and the row records what
 each side actually does (`denormals_flushed`, a computation, not a setting).
 """
@@ -128,7 +126,7 @@ def denormals_flushed(side: str) -> bool:
 def transparent_hugepages() -> str | None:
   """The kernel's transparent huge page mode ('always', 'madvise' or 'never'), or None off Linux. With 'always' a
   freshly mapped buffer faults in 2 MiB pages (512x fewer faults), which changes what an unmapped-and-remapped
-  scratch costs a step (runtime.py, docs/benchmarks.md)."""
+  scratch costs a step (runtime.py)."""
   try:
     text = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
   except OSError:

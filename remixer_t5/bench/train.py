@@ -17,10 +17,8 @@ the median over rounds of the per-round medians, and the ratio is ours / referen
 
 Where the reference runs (`hf_process`): `own` (default) is a child process of its own (spawned, driven round by
 round over a pipe), so neither side's heap, allocator or thread pools can disturb the other's timings. `shared`
-runs both in this process, as every row before commit 040acd3 did. The reference's process usage (busy cores, system
-time, faults) and its PyTorch settings are measured in the process it runs in. (Our side of config B took ~52k
-minor page faults a step either way, against ~230 with no reference at all: docs/benchmarks.md, 2026-11-27,
-fourth session; not explained.)
+runs both in this process. The reference's process usage (busy cores, system time, faults) and its PyTorch
+settings are measured in the process it runs in.
 """
 from __future__ import annotations
 
@@ -93,7 +91,7 @@ def hf_reference(config, batch: Mapping[str, np.ndarray], learning_rate: float =
   T5Config, or its HF form from `hf.config_to_hf`, as the reference's own process receives it).
 
   `flush_denormal`: PyTorch flushes subnormal floats to zero, as XLA:CPU does (bench_env's docstring: without
-  it the step ran 2-6x slower on an Intel CPU once Adafactor made subnormals). Set before PyTorch's first
+  it the step slows down on Intel CPUs once Adafactor makes subnormals). Set before PyTorch's first
   operation in the process (bench_env.set_torch_flush_denormal: the mode is per thread)."""
   try:
     import torch
@@ -246,7 +244,7 @@ def bench_train(model, optimizer, *, batch_size: int, feature_lengths: Mapping[s
     row[f"{name}_s_per_step"] = s
     row[f"{name}_tokens_per_s"] = tokens / s
     row[f"{name}_round_medians"] = per_round
-    cpu, system, faults, wall = usage[name]  # what decides a CPU step besides the kernels: see docs/benchmarks.md
+    cpu, system, faults, wall = usage[name]  # what decides a CPU step besides the kernels
     row[f"{name}_cores_busy"] = cpu / wall if wall > 0 else None
     row[f"{name}_system_s_per_step"] = system / (steps * rounds)
     row[f"{name}_minor_faults_per_step"] = faults / (steps * rounds)

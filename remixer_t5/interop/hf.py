@@ -1,28 +1,19 @@
 """Hugging Face T5 v1.1 interop: read/write `T5ForConditionalGeneration` checkpoints as `network.Transformer`.
 
 Only T5 v1.1-style models (`feed_forward_proj: "gated-gelu"`, e.g. google/t5-v1_1-*, mT5) map onto
-`network.Transformer`. Parameter names: see `_weight_map`; torch `Linear` weights are (out, in), our Dense
-kernels are (in, out), so every kernel is the transpose of its HF weight; relative position tables are
-(buckets, heads) in HF and (heads, buckets) here.
+`network.Transformer` (parameter names: `_weight_map`). Torch `Linear` weights are (out, in) and our Dense kernels
+(in, out), so every kernel is the transpose of its HF weight; relative position tables are (buckets, heads) in HF
+and (heads, buckets) here.
 
-Output layer conventions on import (`lm_head_convention`):
-
-* transformers 4.x writes T5 v1.1 configs with `tie_word_embeddings: false` (as in the published
-  google/t5-v1_1-* checkpoints) and a separate `lm_head.weight`: logits = decoder_output @ lm_head.weight.T.
-* transformers 5.x always ties in its config object and writes `tie_word_embeddings: true` together with
-  `scale_decoder_outputs: false`, again with a separate `lm_head.weight`; the logits are the same as above.
-* The original T5 (1.0) ties the output layer to the input embedding and scales the decoder output by
-  `d_model**-0.5`: config `tie_word_embeddings: true` without a `scale_decoder_outputs` key (4.x semantics),
-  or `scale_decoder_outputs: true`.
-
-Rule: the output weight is `lm_head.weight` when the checkpoint has it (used untied even if the config says
-tied, as transformers 5.x does when both tensors are present and differ), else `shared.weight` if the config
-ties embeddings (a missing-weight error otherwise). The output is scaled by `d_model**-0.5` when the config
-says `scale_decoder_outputs: true`, or when it has no `scale_decoder_outputs` key and `tie_word_embeddings`
-is not false. Since `network.Transformer` has an untied `logits_dense` without scaling, a scaled output is
-folded into the kernel: `logits_dense/kernel = W.T * d_model**-0.5`. Export always writes the v1.1 form
-(untied `lm_head.weight`, `tie_word_embeddings: false`, `scale_decoder_outputs: false`), which transformers
-4.x and 5.x both load as the same model.
+The output layer on import (`lm_head_convention`): `lm_head.weight` when the checkpoint has it (untied even if
+the config says tied, as transformers 5.x does when both tensors are present and differ), else `shared.weight`
+if the config ties embeddings (a missing-weight error otherwise). It is scaled by `d_model**-0.5` (the original
+T5 1.0's tied head) when the config says `scale_decoder_outputs: true`, or has no such key and
+`tie_word_embeddings` is not false; the scale is folded into `logits_dense/kernel = W.T * d_model**-0.5`. So
+transformers 4.x's v1.1 configs (`tie_word_embeddings: false`), 5.x's (`tie_word_embeddings: true` with
+`scale_decoder_outputs: false`) and T5 1.0's each read as the model they describe. Export always writes the v1.1
+form (untied `lm_head.weight`, `tie_word_embeddings: false`, `scale_decoder_outputs: false`), which
+transformers 4.x and 5.x both load as the same model.
 
 Import needs only numpy + safetensors (+ jax/flax for the module); torch is imported lazily, only to read
 `pytorch_model.bin` checkpoints (`pip install remixer_t5[hf]`).

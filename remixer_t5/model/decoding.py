@@ -26,8 +26,7 @@ def log_softmax(logits: Array) -> Array:
   """log_softmax over the last axis in float32, as `logits - logsumexp(logits)`.
 
   The same values as jax.nn.log_softmax up to rounding, written so XLA:CPU does not fuse the max it subtracts
-  into the output layer's dot: with `jax.nn.log_softmax` (jaxlib 0.10.2) the [128, 512] x [512, 32128] dot of
-  a T5.1.1-small beam-4 step and the max took 46-50 ms instead of 17 + 3 (docs/benchmarks.md).
+  into the output layer's dot, a fusion that runs slower than the dot and the max apart.
   """
   logits = logits.astype(jnp.float32)
   return logits - jax.nn.logsumexp(logits, axis=-1, keepdims=True)
@@ -38,8 +37,7 @@ def argmax_and_log_prob(logits: Array) -> tuple[Array, Array]:
 
   The token is the argmax of the raw logits (as HF's greedy search takes it), found as the first index holding
   the row's max; its log-probability is max - logsumexp, the same float as log_softmax(logits)[token]. Two
-  plain reductions vectorise on XLA:CPU where `jnp.argmax`'s (value, index) pair reduction does not: 0.86 ms
-  against 2.2 ms for a [32, 32128] row block (T5.1.1-small greedy at batch 32, ~3% of a step).
+  plain reductions vectorise on XLA:CPU where `jnp.argmax`'s (value, index) pair reduction does not.
   """
   logits = logits.astype(jnp.float32)
   top = jnp.max(logits, axis=-1, keepdims=True)
@@ -84,7 +82,7 @@ def _gather_beams(tree, beam_indices: Array, batch_size: int, old_beams: int, ne
   [batch, new_beams] beam indices."""
   flat_idx = (jnp.arange(batch_size)[:, None] * old_beams + beam_indices).reshape(-1)
   # The indices are in range by construction: mode="clip" spares the bounds check and NaN fill of the default
-  # mode, which made each [128, 6, 64, 64] cache gather of a T5.1.1-small beam-4 step ~1.5x slower on CPU.
+  # mode, which slow every cache gather on CPU.
   take = lambda x: jnp.take(x, flat_idx, axis=0, mode="clip")
 
   def gather(x):

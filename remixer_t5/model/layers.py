@@ -58,8 +58,8 @@ class Dense(nn.Module):
     # One 2-D matmul over all leading axes (tokens x features), reshaped back. Same result as the batched
     # dot, but the kernel gradient becomes a plain tokens-contracting matmul: with the leading axes kept, jax
     # contracts over two of them and XLA:CPU then materialises a transposed copy of the activation gradient
-    # for every kernel gradient (~1.6x slower MLP forward + backward at config A's shapes, docs/benchmarks.md).
-    # Only the batch and length axes are merged, neither or only the batch axis sharded (partitioning.py).
+    # for every kernel gradient. Only the batch and length axes are merged, neither or only the batch axis
+    # sharded (partitioning.py).
     y = jnp.dot(x.reshape(-1, x.shape[-1]).astype(self.dtype), kernel.astype(self.dtype))
     return y.reshape(*x.shape[:-1], self.features)
 
@@ -225,8 +225,7 @@ class RelativePositionBiases(nn.Module):
     - 1 of them, by a product with their buckets' one-hot), then laid out as the Toeplitz matrix by
     broadcasting, reshaping and slicing. Exact; and the table's gradient is sums over rows and one small
     product, where `take` over [q, k] buckets is a scatter-add of q x k x heads updates into heads x buckets
-    addresses (on one H100 it and its transpose were 18.7 ms of T5.1.1-base's 292 ms step: docs/benchmarks.md).
-    """
+    addresses."""
     n = q_len + k_len - 1
     offsets = jnp.arange(n, dtype=jnp.int32) - (q_len - 1)
     buckets = relative_position_bucket(offsets, bidirectional, self.num_buckets, self.max_distance)
@@ -263,11 +262,10 @@ def add_bias(x: Array, bias: Array) -> Array:
   """`x + bias` for arrays of the same rank whose size-1 axes broadcast (attention logits and their biases).
 
   The same value and gradients as `x + bias`; only how a gradient's sum over broadcast axes is written
-  differs. XLA:CPU (jaxlib 0.10.2) hands a plain sum over a leading axis to YNNPACK, which runs it ~50x slower
-  than a memory-bound pass (a [8, 6, 512, 512] sum over the batch: 94-137 ms against 2.7 ms on a 2-core AMD
-  EPYC), and T5's relative position bias [1, heads, q, k] takes that sum in every attention layer's backward
-  (docs/benchmarks.md, config B). Here those sums are pairwise halvings (elementwise adds; XLA rewrites a
-  contraction with a vector of ones back into the slow reduce) on a CPU, and a plain sum on other platforms.
+  differs. XLA:CPU hands a plain sum over a leading axis to YNNPACK, which runs it far slower than a
+  memory-bound pass, and T5's relative position bias [1, heads, q, k] takes that sum in every attention layer's
+  backward. Here those sums are pairwise halvings (elementwise adds; XLA rewrites a contraction with a vector of
+  ones back into the slow reduce) on a CPU, and a plain sum on other platforms.
   """
   return x + bias
 

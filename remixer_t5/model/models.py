@@ -25,10 +25,9 @@ _MODULE_KEYS = ("encoder_segment_ids", "decoder_segment_ids", "encoder_positions
 def target_logits(logits: Array, targets: Array) -> Array:
   """logits[..., targets] ([..., V], [...] -> [...]); 0 for an id outside [0, V), as one_hot(targets) . logits.
 
-  A gather instead of the [..., V] product one_hot(targets, V) * logits, which XLA:CPU materialises (a 66 MB
-  buffer for batch 16 x 32 targets over T5's 32,128 ids). Its gradient is g * one_hot(targets, V), written so
-  that XLA fuses it into the softmax gradient's elementwise pass (the default gather gradient is a scatter into
-  a zero [..., V] buffer and a second pass to add it).
+  A gather instead of the [..., V] product one_hot(targets, V) * logits, which XLA:CPU materialises. Its gradient is g *
+  one_hot(targets, V), written so that XLA fuses it into the softmax gradient's elementwise pass (the default gather
+  gradient is a scatter into a zero [..., V] buffer and a second pass to add it).
   """
   picked = jnp.take_along_axis(logits, targets[..., None], axis=-1, mode="fill", fill_value=0)[..., 0]
   return jnp.where(targets >= 0, picked, 0)  # take_along_axis would wrap a negative id around
@@ -50,8 +49,8 @@ def correct_predictions(logits: Array, targets: Array) -> Array:
   """argmax(logits, -1) == targets (bool [...]), exactly, first index winning ties, without an argmax.
 
   argmax(l) == t  <=>  no id scores above l[t] and no earlier id ties with it. XLA:CPU runs this any-reduce
-  over the vocabulary ~10x faster than argmax's (value, index) reduce (268 vs 21 ms for 16 x 32 x 32,128 float32
-  logits on 2 cores), and the accuracy metric is computed in every train step.
+  over the vocabulary far faster than argmax's (value, index) reduce, and the accuracy metric is computed in
+  every train step.
   """
   target = target_logits(jax.lax.stop_gradient(logits), targets)[..., None]
   ids = jax.lax.broadcasted_iota(targets.dtype, logits.shape, logits.ndim - 1)

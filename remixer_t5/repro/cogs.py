@@ -1,28 +1,20 @@
 """COGS from scratch on a CPU (Kim & Linzen, "COGS", EMNLP 2020; the Remixer paper's §3.4 and Table 4).
 
-For each model (a folder of gin/models/ with a ``cogs.gin``) and seed, the project's own trainer trains the
-model from scratch on COGS's train split (``remixer-t5 train`` with ``models/<model>/cogs.gin`` and
-``runs/cogs_scratch.gin``, one subprocess per run, its log in ``<out>/runs/<model>-seed<seed>/train.log``);
-then the run's last checkpoint decodes dev, test and the generalization file greedily with the cache
-(``evaluation.infer_eval``: seqio's Evaluator, the task's postprocessor and ``cogs_accuracy``; with ``--jobs``
-> 1 in a child process on the cores the run trained on, its log in ``<run>/decode.log``), and every split and
-gen category gets an exact-match score.
+For each model (a folder of gin/models/ with a ``cogs.gin``) and seed, ``remixer-t5 train`` trains the model
+from scratch on COGS's train split in a subprocess (``models/<model>/cogs.gin`` and ``runs/cogs_scratch.gin``,
+its log in ``<out>/runs/<model>-seed<seed>/train.log``); the run's last checkpoint then decodes dev, test and the
+generalization file greedily (``evaluation.infer_eval``; with ``--jobs`` > 1 in a child process on the run's
+cores, its log in ``<run>/decode.log``), and every split and gen category gets an exact-match score.
 
-Protocol (written down in docs/reproductions.md, "COGS", with the reasons):
-  - the word vocabulary of COGS's train split (task ``cogs_words``), not T5's 32k pieces;
-  - a fixed step budget and the LAST checkpoint: no early stopping or model selection on the in-distribution
-    dev set (Csordás et al. 2021, §3: dev accuracy saturates long before gen accuracy does);
-  - Adafactor, T5's inverse-square-root schedule (0.058 for the first `warmup` (300) steps, then 1/sqrt(step)), dropout 0.1, no
-    label smoothing (the loss is the project's cross-entropy with z-loss 1e-4);
-  - one recipe whatever evaluation files sit beside train: the model's lengths are declared for the COGS
-    release (``MODEL_LENGTHS``: they size the fixed-length mixers) and training rows are packed at lengths
-    fixed from the train split (``TRAIN_LENGTHS``); an evaluation file with a row longer than the model's
-    lengths is refused (``check_lengths``), never met by another model. Each split decodes only to its own
-    longest target (``decode_lengths``).
+The protocol, with its reasons, is docs/reproductions.md's "COGS from scratch": the train split's word
+vocabulary (task ``cogs_words``); a fixed step budget and the LAST checkpoint, no model selection on dev
+(Csordás et al. 2021, §3); Adafactor with T5's inverse-square-root schedule, dropout 0.1, no label smoothing;
+the model's lengths declared for the release (``MODEL_LENGTHS``), training rows packed at lengths fixed from
+the train split (``TRAIN_LENGTHS``), a longer row refused (``check_lengths``); each split decoded only to its
+own longest target (``decode_lengths``).
 
-Outputs (``--out DIR``, rewritten after every run; a rerun skips the finished runs):
-``cogs.jsonl`` (one row per model, seed and split or gen category), ``cogs_table.md`` (mean and range over
-seeds) and ``cogs.png`` (exact match per category and model).
+Outputs (``--out DIR``, rewritten after every run; a rerun skips the finished runs): ``cogs.jsonl`` (a row per
+model, seed and split or gen category), ``cogs_table.md`` (mean and range over seeds) and ``cogs.png``.
 """
 from __future__ import annotations
 
@@ -47,7 +39,7 @@ SPLITS = ("validation", "test", "gen")
 SPLIT_LABELS = {"validation": "dev", "test": "test", "gen": "gen"}
 MODEL_FILE = "cogs.gin"
 RUN_FILE = "runs/cogs_scratch.gin"
-# Steps between a run's checkpoints (4.4 MB each at these sizes, kept 3): a run killed without SIGTERM's save
+# Steps between a run's checkpoints (the last 3 kept): a run killed without SIGTERM's save
 # (a closed session, the OOM killer) loses at most this many steps when rerun.
 CHECKPOINT_EVERY = 1000
 
@@ -60,9 +52,8 @@ REFERENCES = (("Kim & Linzen 2020 Transformer (9.5M, from scratch)", 35.0),
 class Settings:
   models: tuple[str, ...] = DEFAULT_MODELS
   seeds: tuple[int, ...] = (0, 1, 2)
-  # Optimisation steps per run (batch rows of packed examples): at 3,000 (~3 epochs) neither T5.1.1 nor the
-  # Remixer generalises (gen 2.6-29.2%, seeds far apart); at 12,000 (~13 epochs) 3 seeds each give
-  # 48.7-50.3% with test ~99% (docs/reproductions.md, "Results: 12,000 steps").
+  # Optimisation steps per run (batch rows of packed examples): far fewer leave T5.1.1 and the Remixer short
+  # of generalising (docs/reproductions.md, "How many steps gen needs").
   steps: int = 12000
   batch_size: int = 4          # packed rows per step (~6.4 examples each: ~26 examples per step)
   warmup: int = 300            # rsqrt schedule: base / sqrt(max(step, warmup))
@@ -90,20 +81,13 @@ class Settings:
       raise ValueError(f"--eval_examples must be positive, got {self.eval_examples}")
 
 
-# The model's lengths (tokens with EOS under the `cogs_words` vocabulary), declared once for the COGS release
-# and never measured from the files at hand: they size the fixed-length mixers (Remixer's H, the MLP-Mixer
-# encoder's token MLP), so lengths measured from the data would let whichever gen file a user has change the
-# model. They hold the longest example of the full release, its 21,000 gen rows included:
-#   inputs 64: the longest sentence, a cp_recursion row of 61 words, is 62 tokens (pp_recursion 54, train 23,
-#     dev 22, test 20): 2 spare. The sentences are the release's own, so this length is exact.
-#   targets 576: the longest logical form, a cp_recursion row of depth 12, is 539 tokens (pp_recursion 385,
-#     dev 173, train 166, test 138): 37 spare (7%), about one more level of nesting (a clause level adds 27-39
-#     tokens, by whether its subject is a name or a common noun).
-# Both are the release's longest rounded up to a multiple of 64. Only gen_sample.tsv (obj_to_subj_common and
-# pp_recursion) ships here; cp_recursion's lengths were measured on a public variable-free copy of gen.tsv with
-# the release's 21,000 sentences (github.com/ykyaol7/template_tuning, data/cogs/gen.tsv), its logical forms
-# rebuilt in COGS's format (variables are word positions), a rebuild that gives the release's tokens on every
-# row of gen_sample.tsv and on every train row but the primitives. runs/cogs_scratch.gin binds the same values
+# The model's lengths (tokens with EOS under the `cogs_words` vocabulary), declared for the COGS release and
+# never measured from the files at hand: they size the fixed-length mixers (Remixer's H, the MLP-Mixer encoder's
+# token MLP), so the gen file a user has must not change the model. They are the release's longest input and
+# target (RELEASE_LONGEST, both cp_recursion rows of its 21,000 gen rows) rounded up to a multiple of 64; the
+# targets' spare tokens allow about one more level of nesting. Only gen_sample.tsv ships here: cp_recursion's
+# lengths come from a public variable-free copy of the release's gen.tsv (github.com/ykyaol7/template_tuning,
+# data/cogs/gen.tsv), its logical forms rebuilt in COGS's format. runs/cogs_scratch.gin binds the same values
 # (a test holds them equal).
 MODEL_LENGTHS = {"inputs": 64, "targets": 576}
 # The release's longest input and target (above); tests hold MODEL_LENGTHS to them.
@@ -113,7 +97,7 @@ RELEASE_LONGEST = {"inputs": 62, "targets": 539}
 # (23 / 166) fits a row. A train example longer than a row is refused (check_lengths), never cut.
 TRAIN_LENGTHS = {"inputs": 64, "targets": 320}
 QUICK = dict(models=("t5_1_1", "remixer"), seeds=(0,), steps=1800)
-QUICK_JOBS = 2  # --quick's two runs side by side (jobs_from_args): one ~1.1M-parameter run keeps 2 cores ~1.4 busy
+QUICK_JOBS = 2  # --quick's two runs side by side (jobs_from_args): one small run does not keep 2 cores busy
 
 
 def model_gin(model: str) -> str:
@@ -375,9 +359,8 @@ def decode_run(model: str, seed: int, settings: Settings, data: dict, run_dir: P
   macOS, where several runs may be unpinned at once) it decodes in this process, holding `lock` (gin's
   configuration is global: one such decode at a time). Pinned, it decodes in a child process on the run's own
   cores (`remixer-t5 repro cogs --decode_spec`, its output in run_dir/decode.log), so runs trained side by side
-  also decode side by side: a greedy decode barely gains from a second core (COGS's T5.1.1, 250 x 160 tokens:
-  10.9-12.0k tokens/s on one core or two; docs/reproductions.md, "Decoding side by side"), so two at once take
-  about half the time of one after the other."""
+  also decode side by side: a greedy decode barely gains from a second core, so two at once take about half
+  the time of one after the other."""
   if not cpus:
     import contextlib
     with lock or contextlib.nullcontext():
@@ -464,8 +447,7 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
   its share while it decodes, in a child process pinned there (decode_run; unpinned, without affinity support,
   the driver decodes one run at a time), then the next run starts there. Rows then
   come in the order runs finish and carry `jobs` (their timings shared the machine). XLA splits its sums
-  differently over fewer threads, so a run is not bit-identical to the same run with `jobs` 1 (measured: two
-  T5.1.1 seeds at 1,000 steps, test exact match 68/81% on 100 examples alone, 75/86% pinned to one core each).
+  differently over fewer threads, so a run is not bit-identical to the same run with `jobs` 1.
   A run that fails does not stop the others; the failures are raised together at the end. Interrupted (Ctrl-C),
   the runs not started stay unstarted, a decode stops at its next batch (a decoding child gets SIGTERM) and a
   training child gets SIGTERM (the trainer saves a checkpoint and exits); rerunning the command resumes them."""
@@ -763,11 +745,8 @@ def add_arguments(p) -> None:
 
 def jobs_from_args(args) -> int:
   """--jobs as given; unset, QUICK_JOBS for --quick where this process may use that many cores and can pin its
-  runs to them (Linux), else 1. `run` lowers it to the number of runs left to train.
-
-  --quick's 15-minute budget needs it on 2 cores: one run after the other took 16.0 min (2-core Emerald Rapids
-  Xeon, commit 17db979: training 277 + 307 s, decoding 105 + 131 s, the rest start-ups and compiles), side by
-  side 11.3 min (docs/reproductions.md, "Results: --quick")."""
+  runs to them (Linux), else 1. `run` lowers it to the number of runs left to train. On 2 cores --quick fits its
+  15-minute budget only side by side (docs/reproductions.md, "Results: `--quick`")."""
   if args.jobs is not None:
     return args.jobs
   if not args.quick or not hasattr(os, "sched_setaffinity"):  # unpinned side by side (macOS): never measured

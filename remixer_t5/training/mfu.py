@@ -114,8 +114,8 @@ def model_flops_and_loops(model, batch: Mapping[str, jax.ShapeDtypeStruct]) -> t
 
   lowered, flops = lower()
   if flops <= 0 and jax.default_backend() != "cpu":
-    # The GPU backend's lowered cost analysis counts nothing (jax 0.11.2 on an H200); the math is the same
-    # lowered for the host, whose cost analysis counts it.
+    # The GPU backend's lowered cost analysis can count nothing; the math is the same lowered for the host,
+    # whose cost analysis counts it.
     with jax.default_device(jax.devices("cpu")[0]):
       lowered, flops = lower()
   if flops <= 0:

@@ -20,33 +20,15 @@ Presets (`make_mesh(shape=NAME)`, `mesh_spec(preset=NAME)`, gin/partitioning/NAM
   tpu_v3_128_xl 128 cores (32, 4)        fsdp        v3-128 for xl-sized models
   gpu_8       8 GPUs      (8, 1)         fsdp        one 8-GPU host (ZeRO-3-like parameter sharding)
 
-How the TPU presets were chosen: for each slice and model size, the fastest setting that fits, by XLA's
-estimate of the compiled pretraining step (batch 128, 512/114, bf16 activations, Adafactor; `remixer-t5
-compile`; the rows below are from the table in docs/benchmarks.md that scripts/tpu_cost_table.py makes, step
-time and GiB per core):
-
-  slice   T5.1.1   fsdp (N, 1)       data (N, 1)     data_model (N/4, 4)   fsdp (N/4, 4)   fsdp + remat 'full'
-  v3-8    base     287.1 ms 13.6     297.0 ms 9.4    541.3 ms 11.0         -               -
-  v3-8    large    needs 19.3 GiB    -               needs 19.9 GiB        -               1129.5 ms 12.9
-  v3-8    xl       needs 42.6 GiB    -               -                     -               needs 18.6 GiB
-  v3-32   base     75.9 ms 3.4       -               138.8 ms 6.5          -               -
-  v3-32   large    211.2 ms 7.1      -               339.3 ms 11.4         -               -
-  v3-32   xl       571.8 ms 12.3     -               737.0 ms 13.8         -               -
-  v3-128  base     27.6 ms 1.6       -               38.5 ms 1.8           36.6 ms 1.7     -
-  v3-128  large    78.1 ms 4.2       -               -                     86.7 ms 3.3     -
-  v3-128  xl       207.8 ms 7.4      -               -                     185.6 ms 5.3    -
-
-fsdp over every core is the fastest wherever it fits, with one exception: T5.1.1-xl on a v3-128 is faster with
-a 4-way 'model' axis (185.6 against 207.8 ms), hence the tpu_v3_128_xl preset. At base and large sizes a
-'model' axis only adds communication.
-T5.1.1-large does not fit a v3-8 without rematerialisation, so gin/partitioning/tpu_v3_8_large.gin adds
-`T5Config.remat_policy='full'` to tpu_v3_8. T5.1.1-xl does not fit a v3-8 even rematerialised (18.6 GiB per core
-at batch 128; microbatches untried): use a bigger slice. The cells marked '-' are in docs/benchmarks.md's table (every
-slice, rule set and variant); check a run with `remixer-t5 compile --topology ...` before paying for a
-slice; when it does not fit, the command's hints name remat, microbatches and bigger slices. With one mesh axis
-data_model is pure data parallelism (the same program as data), and fsdp also shards the parameters and
-Adafactor statistics over 'data'. A slice's global batch must
-be a multiple of its data axis (128 on v3-128: `check_batch_size` says so by name).
+The TPU presets are, per slice and model size, the fastest setting that fits by XLA's estimate of the compiled
+pretraining step (`remixer-t5 compile`; docs/benchmarks.md, "TPU, compiled without a TPU"): fsdp over every core
+wherever it fits, except T5.1.1-xl on a v3-128, faster with a 4-way 'model' axis (tpu_v3_128_xl); at base and
+large sizes a 'model' axis only adds communication. T5.1.1-large fits a v3-8 only rematerialised
+(gin/partitioning/tpu_v3_8_large.gin adds `T5Config.remat_policy='full'`); T5.1.1-xl does not fit a v3-8 even
+so. Check a run with `remixer-t5 compile --topology ...` before paying for a slice: when it does not fit, its
+hints name remat, microbatches and bigger slices. With one mesh axis data_model is pure data parallelism (the
+same program as data), and fsdp also shards the parameters and Adafactor statistics over 'data'. A slice's
+global batch must be a multiple of its data axis (`check_batch_size` says so by name).
 
 A dimension that its mesh axes do not divide is replicated instead (logged per parameter): jit refuses
 uneven parameter shardings. `make_mesh` remembers the rules it was asked for, and the functions below default

@@ -71,13 +71,10 @@ def init_rng_as_kernel(shardings=None):
   """Inside the block, jitted code lowered for a GPU draws its threefry bits with jax's threefry kernel (one
   custom call per draw) instead of XLA's inlined threefry; for the initialiser, which is compiled once.
 
-  Inlined, every parameter's threefry stream is unrolled into XLA:GPU's fusions: deviceless for one H100 on a
-  2-core host, T5.1.1-base's initialiser took 177 s to lower and compile, 14.9 s with the kernel
-  (docs/benchmarks.md, "Initialising on a GPU"). The kernel computes the same threefry2x32 function (jax's
-  GPU lowering before the inlined one became its default): on an H200 the tiny model's state came out
-  bit-identical both ways (scripts/gpu_measure.py's init_rng stage, docs/benchmarks.md). It writes each draw's
-  bits to memory before they are transformed, which costs the initialiser temporaries once, before training
-  (471 MiB for T5.1.1-base on one device).
+  Inlined, every parameter's threefry stream is unrolled into XLA:GPU's fusions, which makes the initialiser slow
+  to lower and compile. The kernel computes the same threefry2x32 function (jax's earlier GPU lowering), so the
+  state comes out bit-identical both ways (scripts/gpu_measure.py's init_rng stage). It writes each draw's bits
+  to memory before they are transformed, which costs the initialiser temporaries once, before training.
 
   Only where `shardings` (the state's) keep every value whole on each device: one device, or replicated
   parameters (the data-parallel rules). XLA does not partition the kernel's custom call, so under sharded

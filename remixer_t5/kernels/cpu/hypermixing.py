@@ -2,24 +2,19 @@
 
 Why: two of the layer's three forms spend XLA:CPU's time on memory, not arithmetic.
 - Causal (`HyperMixing._causal`, the decoder's self-mixing): the hidden state is a d'×d matrix per position,
-  and the chunked scan writes every position's state to memory and runs the GELU over it from there (at
-  COGS's shapes, batch 4 × 320 positions × d' 288 × d 128, 47M floats per layer pass).
+  and the chunked scan writes every position's state to memory and runs the GELU over it from there.
 - Segmented (`_segmented`, packed rows without a causal mask: the encoder's self-mixing and the cross-mixing):
   XLA's form handles `segment_block` segment ids per step over every query and key, so its cost grows with
-  the number of examples packed in a row (~7 in COGS).
-Together they made HyperMixer's COGS train step 0.86 s on 2 cores against T5.1.1's ~0.13 s, and its
-12,000-step runs ~2.8 h (docs/reproductions.md). `csrc/hypermixing.cc` keeps one running state per sequence
-in cache and walks the positions (its gradient walks them in reverse from states saved every `BLOCK`
-positions), and gives each (row, segment id) its own state built from that segment's keys and read by its
-queries only; the file's header has the equations. At COGS's shapes a causal layer's forward + backward took
-80 ms against the scan's 274, and the packed train step 0.26 s against 0.86 (docs/benchmarks.md, "HyperMixing
-on CPU"; scripts/bench_hypermixing_cpu.py).
+  the number of examples packed in a row.
+`csrc/hypermixing.cc` keeps one running state per sequence in cache and walks the positions (its gradient walks
+them in reverse from states saved every `BLOCK` positions), and gives each (row, segment id) its own state built
+from that segment's keys and read by its queries only; the file's header has the equations. What it saves:
+docs/benchmarks.md, "Kernels against plain JAX" (scripts/bench_hypermixing_cpu.py).
 
 How: the handlers are compiled on first use (ffi.py: the system's C++ compiler, `-O3 -march=native`,
 cached under `$REMIXER_T5_CACHE_DIR/cpu_hypermixing/`) and registered as four custom calls on CPU
 (`remixer_hypermixing_{causal,segmented}` and their `_grad`s). `causal(...)` and `segmented(...)` are
-`custom_vjp`s over them. Work (sequences; (row, id) groups) is shared out over XLA's intra-op
-threads.
+`custom_vjp`s over them. Work (sequences; (row, id) groups) is shared out over XLA's intra-op threads.
 
 When: `causal` and `segmented` are the `cpu` implementation of `HyperMixing.impl` (kernels/__init__.py: `auto`
 takes them in programs lowered for CPUs). They are built the first time a program needs them, and run float32
@@ -44,7 +39,7 @@ SOURCE = ffi.CSRC / "hypermixing.cc"
 FORWARD, BACKWARD = "remixer_hypermixing_causal", "remixer_hypermixing_causal_grad"
 SEGMENTED, SEGMENTED_GRAD = "remixer_hypermixing_segmented", "remixer_hypermixing_segmented_grad"
 # States saved for the backward pass every BLOCK positions; the backward recomputes a block's states from
-# there (BLOCK × d' × d floats a thread, 1.2 MB at COGS's d' 288, d 128).
+# there (BLOCK × d' × d floats a thread).
 BLOCK = 8
 
 _state: dict = {}  # 'registered': True, or 'failed': the reason
@@ -54,9 +49,8 @@ def flags() -> tuple[str, ...]:
   """-O3 for this CPU; on x86-64, 512-bit vectors where it has them (GCC prefers 256 by default).
 
   `-fno-trapping-math` (no code here reads floating-point exception flags) lets GCC if-convert the GELU's
-  selects (`a < 0 ? tail : 1 - tail`, the exp's clamp) into blends: without it GCC 12 vectorised the causal
-  forward and segmented GELU loops only with AVX-512's masks, so on AVX2 CPUs they ran scalar (the causal form
-  5.6x slower on a Zen 3 EPYC: docs/benchmarks.md, "HyperMixing on CPU")."""
+  selects (`a < 0 ? tail : 1 - tail`, the exp's clamp) into blends: without it GCC 12 vectorises the causal
+  forward and segmented GELU loops only with AVX-512's masks, so on AVX2 CPUs they run scalar."""
   extra = ("-mprefer-vector-width=512",) if platform.machine() in ("x86_64", "AMD64") else ()
   return ("-O3", "-march=native", "-fopenmp-simd", "-fno-trapping-math", *extra)
 

@@ -2,7 +2,7 @@
 
 JAX lowers its counter-based PRNG hash (`threefry2x32_p`) on CPU as a loop of 5 groups of 4 rounds, to keep
 compile times short; TPUs and GPUs get it unrolled. On XLA:CPU each loop iteration is a handful of separate passes
-over the whole array, so every attention-dropout mask ([batch, heads, q, k]) went through memory several times a
+over the whole array, so every attention-dropout mask ([batch, heads, q, k]) goes through memory several times a
 step. `keep_mask` computes the same mask as `jax.random.bernoulli(key, keep_prob, shape)`, bit for bit, with
 `threefry_2x32` below: Threefry-2x32 with 20 rounds (Salmon, Moraes, Dror & Shaw 2011, "Parallel random numbers:
 as easy as 1, 2, 3", §3; Random123's threefry2x32_R(20, ...)) written as plain jnp operations, unrolled, on JAX's

@@ -22,13 +22,10 @@ in three kernels:
   - `dbias`: one program per (query block, key block, head) walks the batch and accumulates that tile of the
     bias gradient in registers, writing it once. T5's bias is [1, h, q, k], shared by the batch, so its gradient
     is a sum over the batch; summing inside the program needs no [b, h, q, k] buffer and no atomics (the sum is
-    deterministic). It recomputes QK^T and dO V^T for its tile (two of the backward's seven tile products,
-    ~30% more backward FLOPs). The alternatives move dS through memory: as a [b, h, q, k] array, or, with the
-    batch looped inside the dQ or dK/dV programs, as read-modify-writes of per-example accumulators. By the
-    H100's ~300 bfloat16 FLOPs per byte of memory traffic, a 64 x 64 tile's two recomputed products (1 MFLOP)
-    cost about what 3.5 KB of traffic does, where its dS or a 64 x 64 float32 accumulator is 16 KB each way
-    (an estimate, not measured on a GPU). A bias with its own batch axis ([b, h, q, k]) gets its gradient per
-    element from the same kernel.
+    deterministic). It recomputes QK^T and dO V^T for its tile (two of the backward's seven tile products), which
+    costs less than moving dS through memory, as a [b, h, q, k] array or as per-example accumulators in the dQ
+    or dK/dV programs. A bias with its own batch axis ([b, h, q, k]) gets its gradient per element from the same
+    kernel.
 The split of dK/dV and dQ into two kernels (JAX's Pallas attention fuses them into one program when q and k
 have as many blocks) keeps q != k (cross-attention) and causal bounds simple; each kernel skips the tiles that
 causality masks entirely.
@@ -43,9 +40,8 @@ not partition a custom call, so under a mesh the caller runs it per batch shard 
 over the shards).
 
 Padding: lengths that are not whole blocks are padded by copies (q, k, v, the cotangent, the bias and the mask)
-and the outputs sliced: nothing at T5's 512 encoder positions; at its 114 decoder positions (padded to 128),
-12.6 MB of scratch per attention at batch 8, base size (tests/test_flash_attention.py, deviceless H100 compile).
-Masked loads in the kernels would avoid the copies.
+and the outputs sliced (T5's 512 encoder positions need none; its 114 decoder positions pad to 128). Masked
+loads in the kernels would avoid the copies.
 
 Numerics: logits, softmax statistics and every accumulator are float32; the softmax runs in base 2 (logits times
 log2(e), Triton's exp2 is one instruction where exp is a range reduction plus exp2); the weights are rounded to
@@ -56,14 +52,12 @@ queries) gets uniform weights over all keys: finite, and with a zero cotangent o
 padding) it adds nothing to any gradient. In float32 (interpret mode) the output and the four gradients match the
 reference to ~1e-6 of each array's largest magnitude (tests/test_flash_attention.py).
 
-Why a kernel of our own (jax 0.10.2): JAX's Pallas GPU attention (`jax.experimental.pallas.ops.gpu.attention`)
-takes no bias, one segment-id array for queries and keys (self-attention only) and lengths that are whole
-blocks. axlearn's port of it (`axlearn/common/flash_attention/gpu_attention.py`) adds a bias and dropout but
-returns no gradient for the bias. cuDNN's fused attention (`jax.nn.dot_product_attention(implementation=
-"cudnn")`) takes bfloat16/float16 only, returns a [1, h, q, k] bias's gradient in that dtype, takes segment ids
-only as a dense mask (folded into a [b, h, q, k] bias, whose gradient is then [b, h, q, k] too) or as packed
-offsets (refused unless a Hopper GPU is visible, so not deviceless), draws dropout from its own seed (no given
-mask), and needs the cuDNN library when the program is traced (not in the gpu-compile extra).
+Why a kernel of our own: JAX's Pallas GPU attention (`jax.experimental.pallas.ops.gpu.attention`) takes no
+bias, one segment-id array for queries and keys (self-attention only) and only whole-block lengths; axlearn's
+port of it adds a bias but returns no gradient for it; cuDNN's fused attention
+(`jax.nn.dot_product_attention(implementation="cudnn")`) takes bfloat16/float16 only, segment ids only as a
+dense mask or as packed offsets (refused unless a Hopper GPU is visible, so not deviceless), draws its own
+dropout, and needs the cuDNN library when the program is traced (not in the gpu-compile extra).
 """
 from __future__ import annotations
 

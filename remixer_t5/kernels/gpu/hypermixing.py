@@ -2,11 +2,10 @@
 
 The function is `mixers/hypermixer.py`'s causal form, out_i = W2[i] GELU(Σ_{j<=i, same segment} W1[j]^T x_j
 (/ their count)) (the module docstring there; HyperMixer, Mai et al. 2023, §2.3, applied to every prefix). XLA's
-form (`HyperMixing._scan_causal`) writes every position's d'×d state to memory: at base size (d' 2048, d 768,
-114 decoder positions) that is ~0.5 TB of traffic per decoder layer and batch of 128, forward alone, and on one
-H200 HyperMixer-base took more than 10 s a step (docs/benchmarks.md). Here each Triton
-program owns one (sequence, d'-block, d-block) tile of the state and walks the positions in order, so the
-state never leaves the chip; what it writes is each position's partial output, summed over the d'-blocks after.
+form (`HyperMixing._scan_causal`) writes every position's d'×d state to memory, so at base size its time is
+memory traffic. Here each Triton program owns one (sequence, d'-block, d-block) tile of the state and walks the
+positions in order, so the state never leaves the chip; what it writes is each position's partial output,
+summed over the d'-blocks after.
 
 Forward, per program (row b, d'-block K, d-block D), for i = 0..n-1:
     S  = S·[seg_i = seg_{i-1}] + W1[i, K] ⊗ x_i[D]          (the running sum restarts with each packed segment)
@@ -23,11 +22,10 @@ GELU's Φ and φ come from one exp (Abramowitz & Stegun 7.1.26, |error in erf| <
 
 `causal` is the `pallas_gpu` implementation of `HyperMixing.impl` (kernels/__init__.py: `auto` takes it in
 programs lowered for CUDA GPUs). The packed non-causal form keeps XLA's id-block loop on GPUs
-(`HyperMixing._block_segmented`), which timed faster there than a one-pass kernel (docs/benchmarks.md).
+(`HyperMixing._block_segmented`), faster there than a one-pass kernel.
 
 Memory: each call writes one float32 partial output per d'-block, summed after (no atomics, so the sums are
-deterministic): d'/16 x batch x length x d floats (1.4 GB for a microbatch of 32 at base size, 114
-positions). It grows with the length: `remixer-t5 compile --topology
+deterministic): d'/16 x batch x length x d floats. It grows with the length: `remixer-t5 compile --topology
 h100` counts it, and grouping d'-blocks per program would cut it (not done: it needs a GPU to tune).
 Under a mesh the kernel runs per batch shard (`sharding.per_batch_shard`): XLA does not partition a custom call.
 """
@@ -42,7 +40,7 @@ import jax.numpy as jnp
 from remixer_t5.kernels.gpu import sharding
 
 BLOCK_H = 16  # d' rows of the causal state tile (a power of 2: Triton's tensors) and its d columns: 16 x 64 with
-BLOCK_D = 64  # 2 warps timed fastest of the 8 tiles tried on an H200 (docs/benchmarks.md)
+BLOCK_D = 64  # 2 warps, the fastest of the tiles tried on a GPU
 WARPS = 2
 f32 = jnp.float32
 

@@ -108,14 +108,10 @@ class Attention(nn.Module):
   def _decode_step(self, key: Array, value: Array, ctx: base.MixerContext, use_relpos: bool):
     """Autoregressive cache of keys/values, stored [batch, heads, max_len, head_dim] (HF's layout).
 
-    Both attention products batch over (batch, heads) without transposing the cache, and a step's write is
-    batch*heads contiguous runs of head_dim values. Measured on XLA:CPU (T5.1.1-small, greedy, batch 32):
-    - [batch, length, heads, head_dim] made XLA transpose all of the cache every step (~4/5 of a greedy step at
-      batch 250 and length 400);
-    - t5x's [batch, heads, head_dim, max_len] reads well but writes one value per cache line (12,288 scattered
-      stores a layer per step at batch 32: ~0.26 ms each for keys and values, ~8% of the step).
-    Cross-attention's static keys/values (never written) keep [batch, heads, head_dim, length], which reads
-    faster.
+    Both attention products batch over (batch, heads) without transposing the cache, and a step's write is batch*heads
+    contiguous runs of head_dim values. On XLA:CPU, [batch, length, heads, head_dim] makes XLA transpose all of the
+    cache every step, and t5x's [batch, heads, head_dim, max_len] reads well but writes one value per cache line.
+    Cross-attention's static keys/values (never written) keep [batch, heads, head_dim, length], which reads faster.
 
     The first call (cache absent) has all max_decode_length positions: it creates the cache and computes an
     ordinary causal pass (discarded). Later calls write one position and attend to all written ones.
@@ -177,5 +173,5 @@ def dot_product_attention(query: Array, key: Array, value: Array, bias: Array | 
   if keep is not None:
     weights = jax.lax.select(keep, weights / (1.0 - dropout_rate), jnp.zeros_like(weights))
   # [b, h, q, d] (dot_general's own output order), then [b, q, h, d]: asked for `bqhd` directly, jnp.einsum puts
-  # the values first and transposes a [b, h, d, q] product back, which XLA:CPU ran 2x slower.
+  # the values first and transposes a [b, h, d, q] product back, which is slower on XLA:CPU.
   return jnp.swapaxes(jnp.einsum("bhqk,bkhd->bhqd", weights, value), 1, 2)

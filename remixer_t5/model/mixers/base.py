@@ -100,9 +100,8 @@ def static_cache(module, name: str, compute: Callable[[], Array]) -> Array:
   `models.EncoderDecoderModel.predict_batch` makes the collection mutable in the cache-creating first call, so
   the value is computed there once, and hands it to every step as a constant: it is not decode-loop state, so
   beam search never reorders it. Callers that do not (t5x's decoding, which creates the cache from dummy
-  inputs and makes only 'cache' mutable) get `compute()` every step, relying on XLA to hoist it. That hoisted
-  the projection but not the transpose to the layout the attention products read: XLA:CPU copied every
-  layer's cross keys and values each step (docs/benchmarks.md).
+  inputs and makes only 'cache' mutable) get `compute()` every step, relying on XLA to hoist it, which XLA:CPU
+  does for the projection but not for the transpose to the layout the attention products read.
   """
   if module.has_variable(STATIC_CACHE, name) or module.is_mutable_collection(STATIC_CACHE):
     return module.variable(STATIC_CACHE, name, compute).value

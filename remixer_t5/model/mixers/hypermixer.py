@@ -12,18 +12,18 @@ the length and no length×length matrix exists. p_j are absolute sinusoidal posi
 2017, as the paper cites), built from the positions in ctx (restarting in each packed segment), so the module
 has no maximum length. Length normalisation (App. F) divides W1 by the number of visible keys.
 
-Beyond the paper (which leaves decoders to future work): a causal form out_i = W2[i] GELU(Σ_{j<=i} W1[j]^T x_j),
-i.e. the full formula applied to every prefix. Its hidden state Σ_{j<=i} W1[j]^T x_j is a d'×d matrix per query
-(the GELU sits between the two sums, so nothing factors as in linear attention); a lax.scan over chunks of
-`chunk_size` positions carries that running sum and inside a chunk uses the masked lower-triangular sum, so
-memory is O(chunk × d' × d) (the chunk body is rematerialised for the gradient). Faster kernels of the same
-function are named implementations (`impl`, kernels/__init__.py): a fused C++ loop on CPUs that keeps one running
-state per sequence in cache (kernels/cpu/hypermixing.py), a Pallas kernel on GPUs that keeps each tile of the
-state on chip (kernels/gpu/hypermixing.py). Decoding caches the running sum. Packed rows: the causal scan restarts the sum where the segment id changes (exact for contiguous
-segments, as seqio packs them); the non-causal form (self or cross) computes one hidden state per segment id,
-`segment_block` ids at a time, skipping blocks above the batch's largest id, so its cost grows with the
-number of packed examples per row, not with the length squared (the `cpu` implementation gives each (row, id)
-its own state and queries instead).
+Beyond the paper (which leaves decoders to future work): a causal form out_i = W2[i] GELU(Σ_{j<=i} W1[j]^T x_j), i.e.
+the full formula applied to every prefix. Its hidden state Σ_{j<=i} W1[j]^T x_j is a d'×d matrix per query (the GELU
+sits between the two sums, so nothing factors as in linear attention); a lax.scan over chunks of `chunk_size` positions
+carries that running sum and inside a chunk uses the masked lower-triangular sum, so memory is O(chunk × d' × d) (the
+chunk body is rematerialised for the gradient). Faster kernels of the same function are named implementations (`impl`,
+kernels/__init__.py): a fused C++ loop on CPUs that keeps one running state per sequence in cache
+(kernels/cpu/hypermixing.py), a Pallas kernel on GPUs that keeps each tile of the state on chip
+(kernels/gpu/hypermixing.py). Decoding caches the running sum. Packed rows: the causal scan restarts the sum where the
+segment id changes (exact for contiguous segments, as seqio packs them); the non-causal form (self or cross) computes
+one hidden state per segment id, `segment_block` ids at a time, skipping blocks above the batch's largest id, so its
+cost grows with the number of packed examples per row, not with the length squared (the `cpu` implementation gives each
+(row, id) its own state and queries instead).
 """
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ f32 = jnp.float32
 
 def gelu(x: Array) -> Array:
   """The exact GELU x·Φ(x) (PyTorch's nn.GELU, which the paper's code uses), in the form PyTorch computes it,
-  0.5·x·(1 + erf(x/√2)): within 1e-6 of jax.nn.gelu(approximate=False), whose erfc form took XLA:CPU ~2.4x as
-  long, and the causal form evaluates it on every position's d'×d state."""
+  0.5·x·(1 + erf(x/√2)): within 1e-6 of jax.nn.gelu(approximate=False), whose erfc form is slower on XLA:CPU,
+  and the causal form evaluates it on every position's d'×d state."""
   return 0.5 * x * (1.0 + jax.lax.erf(x * jnp.asarray(0.7071067811865476, x.dtype)))
 
 
@@ -249,9 +249,8 @@ class HyperMixing(nn.Module):
       # The chunk's outer products W1[j]^T x_j, then one [c, 1 + c] x [1 + c, d·d'] matmul sums the visible
       # ones and the carried sum (one more key row, read where `cont`): every gradient is then a matmul too.
       # The states are laid out [d, d'] (d' minor): the gradient of the read with W2 is then an outer product
-      # in the states' own layout. At COGS's shapes on XLA:CPU (a layer's forward + backward, b 4, n 320,
-      # d' 288, d 128) the [d', d] layout's transposed copy took 190 of 500 ms, and the carried sum added as
-      # a broadcast product (its gradient a sum over the chunk's positions) 170 ms.
+      # in the states' own layout, where [d', d] makes XLA:CPU copy the states transposed; and the carried sum
+      # is a key row, not a broadcast product whose gradient would be a sum over the chunk's positions.
       outer = jnp.einsum("bih,bid->bidh", w1c.astype(f32), xc.astype(f32)).reshape(b, -1, d * h)
       keys = jnp.concatenate([run_sum.reshape(b, 1, d * h), outer], axis=1)
       hsum = jnp.einsum("bij,bjk->bik", jnp.concatenate([cont[:, :, None], vis], axis=2), keys)

@@ -39,11 +39,11 @@ def _gelu(x: Array) -> Array:
 def _window_product(windows: Array, w1: Array) -> Array:
   """windows [batch, emb, len, w] x w1 [w, hidden] -> [batch, emb, len, hidden]: the windowed MLP's first layer.
 
-  The same product as `jnp.einsum("bdno,ok->bdnk", windows, w1)`, with its W1 gradient written as a batched
-  product over (batch, emb), each contracting len, then summed. Left to autodiff, the gradient is one product
-  contracting batch·emb·len (163,840 rows at COGS's shapes) into a 16 x 32 result, which XLA:CPU ran as a
-  single-threaded dot over transposed copies of both operands (~28 ms, 6 GFLOP/s, a layer's largest op). The
-  batch axis stays a batch axis, so a sharded batch shards the gradient's products and sums as before.
+  The same product as `jnp.einsum("bdno,ok->bdnk", windows, w1)`, with its W1 gradient written as a batched product over
+  (batch, emb), each contracting len, then summed. Left to autodiff, the gradient is one product contracting
+  batch·emb·len into a small w x hidden result, which XLA:CPU runs as a single-threaded dot over transposed copies of
+  both operands. The batch axis stays a batch axis, so a sharded batch shards the gradient's products and sums as
+  before.
   """
   return jnp.einsum("bdno,ok->bdnk", windows, w1)
 
@@ -137,8 +137,8 @@ class TokenMixingMlp(nn.Module):
     """windows [batch, emb, len, w] (offset o = o steps back) -> [batch, len, emb].
 
     The window offsets are the minor axis, so both products are plain matmuls over it ([b·d·n, w] x [w, k],
-    then [b·d·n, k] x [k]); with the offsets and hidden units between length and emb, XLA:CPU copied the
-    windows and the hidden activations to transpose them, forward and backward (~1/3 of MLP-Mixer's COGS step).
+    then [b·d·n, k] x [k]); with the offsets and hidden units between length and emb, XLA:CPU copies the
+    windows and the hidden activations to transpose them, forward and backward.
     """
     dt = self.config.dtype
     w1, b1, w2 = self._window_params()
@@ -150,8 +150,8 @@ class TokenMixingMlp(nn.Module):
     w, n = self.window, x.shape[1]
     x = x * mask[:, :, None].astype(x.dtype)
     # windows[:, :, i, o] = x[:, i - o]: offset o is a slice of a copy with w - 1 zeros in front (the positions
-    # before 0). Slices rather than a gather: the gather's gradient was a scatter over a transposed copy
-    # (~30 ms a layer on XLA:CPU at COGS's shapes), a slice's is a pad that fuses into the sum.
+    # before 0). Slices rather than a gather: the gather's gradient is a scatter over a transposed copy on
+    # XLA:CPU, a slice's is a pad that fuses into the sum.
     padded = jnp.pad(jnp.swapaxes(x, 1, 2), ((0, 0), (0, 0), (w - 1, 0)))
     shifted = [padded[:, :, w - 1 - o:w - 1 - o + n] for o in range(w)]
     if segment_ids is not None:
