@@ -470,3 +470,61 @@ def test_init_checkpoint_can_be_a_t5x_checkpoint(tmp_path, tiny_params):
   for name, value in _named_leaves(jax.tree.map(np.asarray, restored), "target"):
     expected = want[name].astype(jnp.bfloat16).astype(np.float32) if name == BF16 else want[name]
     assert value.dtype == np.float32 and np.array_equal(value, expected), name
+
+
+# --- one program: the CLI, Python and t5x lower the same model the same way --------------------------------
+def _canonical_hlo(text: str) -> str:
+  """Optimised HLO without source metadata, stack frames, the module's header (name, the traced mesh's
+  annotation) or instruction names (which follow the call stack)."""
+  text = re.sub(r"\n(FileNames|FunctionNames|FileLocations|StackFrames)\n(?:[^\n]+\n)*", "\n", text)
+  text = re.sub(r",? metadata=\{[^}]*\}", "", text)
+  text = re.sub(r",? stack_frame_id=\d+", "", text)
+  text = re.sub(r"^HloModule [^\n]*", "HloModule m", text)  # its name and the mesh it was traced under
+  names: dict[str, str] = {}
+  return re.sub(r"%[\w.\-]+", lambda m: names.setdefault(m.group(0), f"%v{len(names)}"), text)
+
+
+@pytest.mark.parametrize("gin_file", tiered(["t5x/hypermixer_base.gin", "t5x/t5_1_1_base.gin"], ("t5x/hypermixer_base.gin",)))
+def test_cli_python_and_t5x_compile_the_same_program(gin_file, t5x_api):
+  """The model's gradient (dropout on) compiles to the same optimised program whether its gin file is read as
+  `remixer-t5 train` reads it (our parser, traced under the run's mesh and rules), from Python
+  (`models.from_gin`, no mesh) or as t5x's binaries read its gin/t5x file (t5x's mesh axes and rules): the
+  kernels each operation takes (`auto`) follow the platform compiled for, not who asked. HyperMixer's CPU
+  loops and dropout's materialised masks are custom calls that must appear in all three."""
+  from flax import linen as nn
+  from remixer_t5.model import models as our_models
+  from remixer_t5.training import partitioning
+  bindings = [b.replace(" = ", "=") for b in SHRINK] + ["DROPOUT_RATE=0.1"]
+  # 128 positions: attention's dropout masks ([2, 2, 128, 128]) reach kernels/cpu/threefry.UNROLL_MIN.
+  batch = {"encoder_input_tokens": jnp.ones((2, 128), jnp.int32),
+           "decoder_input_tokens": jnp.ones((2, 128), jnp.int32),
+           "decoder_target_tokens": jnp.full((2, 128), 3, jnp.int32)}
+  rng = jax.random.PRNGKey(1)
+
+  def compiled(module, mesh=None, rules=None):
+    model = our_models.EncoderDecoderModel(module)
+    params = jax.eval_shape(lambda: model.init_variables(
+        jax.random.PRNGKey(0), {k: (1, v.shape[1]) for k, v in batch.items()})["params"])
+    grad = jax.jit(jax.grad(lambda p, b, r: model.loss_fn(p, b, r)[0]))
+    if mesh is None:
+      return _canonical_hlo(grad.lower(params, batch, rng).compile().as_text())
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+      return _canonical_hlo(grad.lower(params, batch, rng).compile().as_text())
+
+  gin_utils.parse_gin([_counterpart(gin_file)], bindings)
+  mesh = partitioning.make_mesh(1, None)
+  cli = compiled(gin_utils.macro("MODEL").module, mesh, partitioning.rules_for(mesh, None))
+  gin.clear_config()
+  python = compiled(our_models.from_gin(_counterpart(gin_file), *bindings))
+  t5x_model = _parse_like_t5x(gin_file, SHRINK + ["network.T5Config.dropout_rate = 0.1"])
+  from t5x import partitioning as t5x_partitioning
+  t5x_mesh = jax.make_mesh((1, 1), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  t5x = compiled(t5x_model.module, t5x_mesh, gin.get_configurable(t5x_partitioning.standard_logical_axis_rules)())
+  gin.clear_config()
+  assert cli == python
+  assert cli == t5x
+  targets = set(re.findall(r'custom_call_target="(\w+)"', cli))
+  if "hypermixer" in gin_file:  # attention-free: HyperMixing's CPU loops
+    assert "remixer_hypermixing_causal" in targets
+  else:  # dropout_impl 'auto' on a CPU: attention's large masks computed once
+    assert "remixer_materialize" in targets

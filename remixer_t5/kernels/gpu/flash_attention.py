@@ -23,8 +23,8 @@ in three kernels:
     bias gradient in registers, writing it once. T5's bias is [1, h, q, k], shared by the batch, so its gradient
     is a sum over the batch; summing inside the program needs no [b, h, q, k] buffer and no atomics (the sum is
     deterministic). It recomputes QK^T and dO V^T for its tile (two of the backward's seven tile products), which
-    costs less than moving dS through memory, as a [b, h, q, k] array or as per-example accumulators in the dQ
-    or dK/dV programs. A bias with its own batch axis ([b, h, q, k]) gets its gradient per element from the same
+    is expected to cost less than moving dS through memory, as a [b, h, q, k] array or as per-example
+    accumulators in the dQ or dK/dV programs (not yet measured on a GPU). A bias with its own batch axis ([b, h, q, k]) gets its gradient per element from the same
     kernel.
 The split of dK/dV and dQ into two kernels (JAX's Pallas attention fuses them into one program when q and k
 have as many blocks) keeps q != k (cross-attention) and causal bounds simple; each kernel skips the tiles that
