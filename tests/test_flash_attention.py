@@ -301,3 +301,32 @@ def test_v2_and_v3_take_the_tpu_wrapper_with_float32_operands_only(topology):
   with pytest.raises(Exception, match="Unsupported matmul RHS type"):
     _tpu_compile(topology, "decoder_dropout")
   assert _tpu_compile(topology, "decoder_dropout", jnp.float32).count('"tpu_custom_call"') == 3
+
+
+@pytest.mark.parametrize("case", tiered([("v5e-1", True), ("v3-8", False), ("v4-8", True)],
+                                       quick=[("v5e-1", True), ("v3-8", False)]), ids=lambda c: c[0])
+def test_auto_takes_the_tpu_kernel_from_v4_and_xla_s_form_on_v3(case):
+  """The model's attention operation with attention_impl 'auto', traced under a mesh of `topology`'s devices (as
+  the trainer and `remixer-t5 compile` trace), compiled through libtpu without a TPU: Mosaic kernels on v4 and
+  later, none on v3 (whose Mosaic takes no bfloat16 operands: the XLA form, and the v3 cost table, stay)."""
+  topology, kernel = case
+  import functools
+  from remixer_t5 import aot_compile, kernels
+  from remixer_t5.model.mixers import attention as attention_mixer
+  devices = aot_compile.topology_devices(aot_compile.accelerator(topology))[:1]
+  mesh = jax.sharding.Mesh(np.asarray(devices).reshape(1, 1), ("data", "model"))
+  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  b, nq, h, d = 2, 256, 4, 64
+  S = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+  args = [S((b, nq, h, d), jnp.bfloat16)] * 3 + [S((1, h, nq, nq), jnp.float32), S((b, nq), jnp.int32),
+                                                  S((b, nq), jnp.int32)]
+  static = dict(causal=False, dropout_rate=0.0, dtype=jnp.bfloat16, float32_logits=True)
+
+  def program(q, k, v, bias, q_seg, kv_seg):
+    fn = kernels.choose("auto", functools.partial(attention_mixer.dot_product_attention, **static),
+                        attention_mixer.ATTENTION_KERNELS, attention_mixer.ATTENTION_AUTO, **static)
+    out, vjp = jax.vjp(lambda q, k, v, bias: fn(q, k, v, bias, q_seg, kv_seg, None), q, k, v, bias)
+    return out, vjp(out)
+  with jax.set_mesh(mesh):
+    text = jax.jit(program).trace(*args).lower().compile().as_text()
+  assert (text.count('custom_call_target="tpu_custom_call"') == 3) == kernel

@@ -6,7 +6,7 @@ of the same function, the operation takes a named implementation from an explici
 
 | operation | field | implementations | `auto` picks |
 |---|---|---|---|
-| attention, softmax(q k^T + bias) v | `T5Config.attention_impl` | `xla`, `pallas_gpu` | `pallas_gpu` on CUDA GPUs, else `xla` |
+| attention, softmax(q k^T + bias) v | `T5Config.attention_impl` | `xla`, `pallas_gpu`, `pallas_tpu` | `pallas_gpu` on CUDA GPUs, `pallas_tpu` on TPUs (v4 and later; XLA's form on v2/v3), else `xla` |
 | HyperMixing's causal and packed forms | `HyperMixing.impl` | `xla`, `cpu`, `pallas_gpu` | `cpu` on CPUs, `pallas_gpu` (causal) on CUDA GPUs |
 | dropout's keep mask | `T5Config.dropout_impl` | `xla`, `cpu` | `cpu` on CPUs, else `xla` |
 
@@ -17,8 +17,9 @@ program compiled on a CPU host for a TPU slice or a GPU gets that platform's cho
 the same program from the CLI, from Python and under t5x. Nothing a command line sets changes the choice. Inside `flop_count.counting_model_flops()` every operation takes its XLA form, whose
 FLOPs XLA's cost analysis can count (it counts a custom call as none).
 
-Kernels live in `cpu/` (C++ through XLA's FFI), `gpu/` (Pallas, Triton) and `tpu/`, are imported only when a
-program uses them, and import nothing of the model.
+Kernels live in `cpu/` (C++ through XLA's FFI), `gpu/` (Pallas, Triton) and `tpu/` (Pallas, Mosaic), are
+imported only when a program uses them, and import nothing of the model; `sharding.py` runs a custom-call
+kernel on each device's batch rows under a mesh.
 """
 from __future__ import annotations
 

@@ -67,7 +67,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from remixer_t5.kernels.gpu import sharding
+from remixer_t5.kernels import sharding
 
 f32 = jnp.float32
 NEG_INF = -1e10  # layers.NEG_INF: the mask value of the reference (finite, so fully masked rows stay finite)

@@ -37,7 +37,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from remixer_t5.kernels.gpu import sharding
+from remixer_t5.kernels import sharding
 
 BLOCK_H = 16  # d' rows of the causal state tile (a power of 2: Triton's tensors) and its d columns: 16 x 64 with
 BLOCK_D = 64  # 2 warps, the fastest of the tiles tried on a GPU

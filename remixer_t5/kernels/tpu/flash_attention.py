@@ -22,8 +22,13 @@ are replaced by -0.7 * float32 max where the reference adds -1e10 (identical on 
 """
 from __future__ import annotations
 
+import re
+
 import jax.numpy as jnp
 
+from remixer_t5.kernels import sharding
+
+FIRST_BFLOAT16_GENERATION = 4  # v2 and v3: Mosaic takes no bfloat16 matmul operands
 BLOCK = 128  # JAX's default blocks; its backward needs key blocks of at least 128 (its MIN_BLOCK_SIZE)
 
 
@@ -66,3 +71,27 @@ def attention(query, key, value, *, bias=None, q_segment_ids=None, kv_segment_id
                             tpu.SegmentIds(q=_pad(q_seg, 1, pq), kv=_pad(kv_seg, 1, pk)), causal=causal,
                             sm_scale=1.0, block_sizes=sizes)
   return jnp.swapaxes(out, 1, 2)[:, :nq].astype(dtype)
+
+
+def generation(device_kind: str) -> int | None:
+  """The TPU generation a device kind names ('TPU v4' -> 4, 'TPU v5 lite' -> 5), or None."""
+  m = re.search(r"v(\d+)", device_kind or "")
+  return int(m.group(1)) if m else None
+
+
+def seam(query, key, value, bias, q_segment_ids, kv_segment_ids, keep, *, reference, causal: bool,
+         dropout_rate: float, dtype, float32_logits: bool = True):
+  """The `pallas_tpu` implementation of the model's attention operation (`T5Config.attention_impl`): the kernel
+  on TPU v4 and later, where Mosaic takes the model's bfloat16 operands; the reference (XLA's form) on v2 and
+  v3, where the kernel would need float32 operands, with attention dropout (the kernel takes no mask), and where
+  the generation is unknown (no mesh traced under). Each device's batch rows under a mesh."""
+  del float32_logits
+  import jax
+  device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
+  gen = generation(device.device_kind) if device is not None and device.platform == "tpu" else None
+  if keep is not None or gen is None or gen < FIRST_BFLOAT16_GENERATION:
+    return reference(query, key, value, bias, q_segment_ids, kv_segment_ids, keep)
+  run = lambda q, k, v, b, qs, ks: attention(q, k, v, bias=b, q_segment_ids=qs, kv_segment_ids=ks, causal=causal,
+                                             dtype=dtype)
+  shared = (3,) if bias is not None and bias.shape[0] == 1 else ()
+  return sharding.per_batch_shard(run, shared)(query, key, value, bias, q_segment_ids, kv_segment_ids)

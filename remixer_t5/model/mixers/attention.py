@@ -21,8 +21,8 @@ Array = jax.Array
 
 
 # The attention operation's kernels (kernels/__init__.py) and what `auto` picks on each platform.
-ATTENTION_KERNELS = {"pallas_gpu": "gpu.flash_attention:seam"}
-ATTENTION_AUTO = {"cuda": "pallas_gpu"}
+ATTENTION_KERNELS = {"pallas_gpu": "gpu.flash_attention:seam", "pallas_tpu": "tpu.flash_attention:seam"}
+ATTENTION_AUTO = {"cuda": "pallas_gpu", "tpu": "pallas_tpu"}
 
 
 class Attention(nn.Module):
