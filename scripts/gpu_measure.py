@@ -14,6 +14,10 @@ and the loss of each step (finite and falling). Stages:
   on this GPU (outputs and gradients), and one causal layer's forward + backward timed both ways at base size;
 - `hypermixing_forms`: the packed non-causal form (XLA's id blocks, what GPUs run) timed at base size beside the
   unpacked form;
+- `<model>_xla`: the same model with the plain XLA attention (`T5Config.attention_impl='xla'`), to set beside the
+  default (`auto`: the Pallas flash attention of kernels/gpu/ on GPUs); `parity` runs the fused path on the GPU
+  against the XLA form on the host;
+- `cogs_quick`: `remixer-t5 repro cogs --quick` on this GPU, its time and scores beside the CPU's;
 - `deviceless_<model>`: `remixer-t5 compile --topology <this GPU> --json` in a child with JAX_PLATFORMS=cpu, on
   the same machine, for the prediction of the same cell (needs the CUDA plugin; reported, never fatal).
 
@@ -59,9 +63,14 @@ MODELS = {
     "t5_1_1_small": ("models/t5_1_1/small.gin", [], "T5.1.1-small"),
     "t5_1_1_tiny": ("models/t5_1_1/tiny.gin", ["BATCH_SIZE=8"], "T5.1.1-tiny, batch 8 (a CPU check of this script)"),
 }
-DEFAULT_STAGES = ("parity", "t5_1_1_base", "deviceless_t5_1_1_base", "remixer_sbase", "remixer_base",
-                  "hypermixer_base_mb4")
-TIMEOUTS = {"parity": 120, "init_rng": 120, "hypermixing_kernel": 150, "hypermixing_forms": 150, "deviceless": 240}
+# Each attention model again with the plain XLA attention (T5Config.attention_impl='xla'), beside its default
+# ('auto': the Pallas flash attention on GPUs): `<stage>_xla`.
+XLA_ATTENTION = "network.T5Config.attention_impl='xla'"
+MODELS.update({f"{k}_xla": (gin, [*b, XLA_ATTENTION], f"{label}, XLA attention") for k, (gin, b, label) in
+               list(MODELS.items()) if "hypermixer" not in k})
+DEFAULT_STAGES = ("parity", "t5_1_1_base", "t5_1_1_base_xla", "remixer_sbase", "remixer_sbase_xla",
+                  "remixer_base_mb2", "hypermixer_base_mb4", "cogs_quick", "deviceless_t5_1_1_base")
+TIMEOUTS = {"parity": 120, "cogs_quick": 420, "init_rng": 120, "hypermixing_kernel": 150, "hypermixing_forms": 150, "deviceless": 240}
 MODEL_TIMEOUT = 200
 
 
@@ -553,6 +562,19 @@ def stage_deviceless(name: str, topology: str, timeout: int) -> dict:
   return row
 
 
+def stage_cogs_quick(timeout: float) -> dict:
+  """`remixer-t5 repro cogs --quick` on this GPU (T5.1.1 and the Remixer, seed 0, 1,800 steps): its wall time and
+  scores, to set beside the CPU's (docs/reproductions.md). Needs the COGS release under $REMIXER_T5_DATA_DIR."""
+  out = Path(os.environ.get("GPU_MEASURE_OUT", "/tmp")) / "cogs_quick"
+  t0 = time.time()
+  proc = subprocess.run([sys.executable, "-m", "remixer_t5.cli", "repro", "cogs", "--quick", "--json", "--out",
+                         str(out)], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+  rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+  if proc.returncode:
+    raise RuntimeError(f"repro cogs --quick exited {proc.returncode}: {proc.stderr.strip()[-1500:]}")
+  return {"stage": "cogs_quick", "wall_seconds": round(time.time() - t0, 1), "rows": rows[-12:]}
+
+
 def run_one(stage: str, steps: int, warmup: int, topology: str, init_on: str = "device") -> dict:
   if stage == "parity":
     return stage_parity()
@@ -564,6 +586,8 @@ def run_one(stage: str, steps: int, warmup: int, topology: str, init_on: str = "
     return stage_hypermixing_forms()
   if stage.startswith("deviceless_"):
     return stage_deviceless(stage[len("deviceless_"):], topology, TIMEOUTS["deviceless"] - 10)
+  if stage == "cogs_quick":
+    return stage_cogs_quick(TIMEOUTS["cogs_quick"] - 10)
   if stage in MODELS:
     return stage_model(stage, steps, warmup, os.environ.get("GPU_MEASURE_PROFILE"), init_on)
   raise ValueError(f"unknown stage {stage!r}: expected parity, init_rng, deviceless_<model> or one of "
@@ -595,6 +619,10 @@ def summary(row: dict) -> str:
             + "; ".join(f"{c['shape']} out {c['out_rel']:.1e} grads {max(c['grad_rel']):.1e}" for c in row["checks"])
             + f": {'OK' if row['ok'] else 'MISMATCH'}"
             + "".join(f"\n    {k}: {v}" for k, v in row.get("timings_ms", {}).items()))
+  if s == "cogs_quick":
+    scores = [f"{r.get('model')} {r.get('split') or r.get('category')} {r.get('exact_match')}" for r in row["rows"]
+              if r.get("split") in ("dev", "test")]
+    return f"cogs_quick: {row['wall_seconds']} s; " + ", ".join(scores)
   if s.startswith("deviceless_"):
     step = (row.get("report") or {}).get("steps", {}).get("train", {})
     mem = step.get("memory", {})
@@ -642,6 +670,7 @@ def main() -> int:
     return 0
   out = Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
+  os.environ["GPU_MEASURE_OUT"] = str(out)
   if args.profile:
     os.environ["GPU_MEASURE_PROFILE"] = str(out)
   gpu = _gpu_name()

@@ -101,3 +101,14 @@ def test_the_hypermixing_stages_check_the_kernel_and_time_the_forms_on_the_cpu()
   forms = gpu_measure.stage_hypermixing_forms()
   assert len(forms["timings_ms"]) == 4 and all(t.get("median", 0) > 0 for t in forms["timings_ms"].values()), forms
   assert "XLA cross, 114 x 512, 5 segments" in gpu_measure.summary(forms)
+
+
+def test_each_attention_model_has_an_xla_attention_stage_beside_it():
+  """The GPU session times the fused attention against the plain XLA form side by side: every default model
+  stage with attention has its `_xla` twin binding attention_impl='xla', and the twin differs in that alone."""
+  for stage in gpu_measure.DEFAULT_STAGES:
+    if stage in gpu_measure.MODELS and "hypermixer" not in stage and not stage.endswith("_xla"):
+      gin_file, bindings, _ = gpu_measure.MODELS[stage]
+      assert gpu_measure.MODELS[f"{stage}_xla"] == (gin_file, [*bindings, gpu_measure.XLA_ATTENTION],
+                                                    gpu_measure.MODELS[f"{stage}_xla"][2])
+  assert any(s.endswith("_xla") for s in gpu_measure.DEFAULT_STAGES) and "cogs_quick" in gpu_measure.DEFAULT_STAGES
