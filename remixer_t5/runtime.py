@@ -137,7 +137,7 @@ def configure(log: Callable[[str], None] | None = None, verbose: bool = False) -
   libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
   ok = all(libc.mallopt(param, value) == 1 for param, value in SETTINGS)
   applied = applied or ok
-  if log and verbose:
+  if log and (verbose or not ok):  # a refused setting is always said
     log("host allocator: XLA scratch kept on the heap between steps (glibc: no mmap chunks, no trimming, "
         f"one arena){'' if ok else ' -- glibc refused a setting'}; ${ENV}=off to leave malloc alone")
   return ok

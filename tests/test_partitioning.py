@@ -224,7 +224,8 @@ SCRIPT = textwrap.dedent("""
     import jax, numpy as np
     from jax.sharding import PartitionSpec as P
     from remixer_t5.model import models, network
-    from remixer_t5.training import batches, optim, partitioning, programs, train_state, trainer
+    from remixer_t5.training import optim, partitioning, programs, train_state
+    from remixer_t5.training import batches as batch_io
 
     def tiny(**kw):
       cfg = dict(vocab_size=64, emb_dim=16, num_heads=4, head_dim=8, mlp_dim=32, num_encoder_layers=1,
@@ -297,9 +298,9 @@ SCRIPT = textwrap.dedent("""
       ctx = partitioning.activation_sharding(mesh) if constrained else __import__("contextlib").nullcontext()
       losses = []
       with ctx:
-        n_constraints = step.lower(state, batches.global_batch(batches[0], bsh)).as_text().count("sdy.sharding_constraint")
+        n_constraints = step.lower(state, batch_io.global_batch(batches[0], bsh)).as_text().count("sdy.sharding_constraint")
         for b in batches:
-          state, m = step(state, batches.global_batch(b, bsh))
+          state, m = step(state, batch_io.global_batch(b, bsh))
           losses.append(float(m["loss_sum"] / m["weight_sum"]))
       return losses, n_constraints
 

@@ -73,7 +73,7 @@ def test_fingerprints_are_min_over_trigrams_and_deterministic():
 
 def test_deterministic_across_processes():
   """A fresh interpreter with another PYTHONHASHSEED builds the same fingerprints."""
-  code = ("import sys; from remixer_t5 import projection as pj; "
+  code = ("import sys; from remixer_t5.model import projection as pj; "
           f"sys.stdout.write(str(pj.minhash_fingerprints({PIECES!r}, 8, 5).sum(axis=0).tolist()))")
   env = dict(os.environ, PYTHONHASHSEED="12345", JAX_PLATFORMS="cpu")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True,

@@ -83,7 +83,7 @@ def test_auto_turns_mmap_chunks_and_trimming_off_with_one_arena_on_cpu(monkeypat
   libc = _fake(monkeypatch, cpu_only=True)
   monkeypatch.delenv(runtime.ENV, raising=False)
   lines = []
-  assert runtime.configure(lines.append)
+  assert runtime.configure(lines.append, verbose=True)
   # no mmap chunks (a threshold is an int: it cannot cover a scratch above 2 GiB), no trimming, one arena
   assert sorted(libc.calls) == sorted([(runtime.M_MMAP_MAX, 0), (runtime.M_TRIM_THRESHOLD, -1),
                                        (runtime.M_ARENA_MAX, 1)])

@@ -10,7 +10,8 @@ SCRIPT = textwrap.dedent("""
     os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     import jax, jax.numpy as jnp, numpy as np
     from remixer_t5.model import models, network
-    from remixer_t5.training import batches, optim, partitioning, programs, train_state
+    from remixer_t5.training import optim, partitioning, programs, train_state
+    from remixer_t5.training import batches as batch_io
 
     cfg = network.T5Config(vocab_size=64, emb_dim=16, num_heads=4, head_dim=8, mlp_dim=32,
                            num_encoder_layers=1, num_decoder_layers=1)
@@ -31,7 +32,7 @@ SCRIPT = textwrap.dedent("""
       step = jax.jit(programs.make_train_step(model, tx, None), in_shardings=(sh, bsh), out_shardings=(sh, None))
       losses = []
       for b in batches:
-        state, m = step(state, batches.global_batch(b, bsh))
+        state, m = step(state, batch_io.global_batch(b, bsh))
         losses.append(float(m["loss_sum"] / m["weight_sum"]))
       return state, losses
 

@@ -158,10 +158,10 @@ def test_a_config_can_name_a_real_vocabulary(tmp_path, capsys, monkeypatch, embe
 
 
 def test_the_initialisers_rng_option_is_on_only_inside_the_block(monkeypatch):
-  """train_state.init_rng_as_kernel turns jax's GPU threefry kernel on while `_init_state` lowers the initialiser
+  """train_state.init_rng_as_kernel turns jax's GPU threefry kernel on while `init_state` lowers the initialiser
   (its GPU lowering is checked on a deviceless H100 in tests/test_compile_gpu.py), only when the state is whole
   on every device, and restores the setting after, also when the block raises."""
-  from remixer_t5.training import train_state, trainer
+  from remixer_t5.training import train_state
   option = train_state.RNG_KERNEL_OPTION
   before = getattr(jax.config, option)
   with train_state.init_rng_as_kernel():
@@ -182,7 +182,7 @@ def test_the_initialisers_rng_option_is_on_only_inside_the_block(monkeypatch):
 
   class Sharded:  # a sharding that splits a value over devices (fsdp or model rules)
     is_fully_replicated = False
-  monkeypatch.setattr(trainer, "_init_program", program)
+  monkeypatch.setattr(train_state, "init_program", program)
   cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
   train_state.init_state(None, None, {}, {"params": {"w": cpu, "b": cpu}}, 0)
   train_state.init_state(None, None, {}, {"params": {"w": Sharded(), "b": cpu}}, 1)
