@@ -10,9 +10,7 @@ batch; rounds alternate the variants (a machine's speed drifts between minutes; 
 compare), each round the median of `--steps` timed steps after `--warmup`. Variants:
 - `default`: every implementation field at `auto` (what a run compiles on this platform);
 - `xla`: every field at `xla` (`T5Config.attention_impl`, `T5Config.dropout_impl`, `HyperMixing.impl`);
-- `dropout=xla`, `hypermixing=xla`: one field at `xla`, the rest `auto` (where the model has it);
-- `bias=plain`: the attention bias added as `x + bias` instead of `layers.add_bias` (whose gradient sums the
-  broadcast axes by halving: the one CPU-shaped piece of the attention reference).
+- `<field>=xla`: that field alone at `xla`, the rest `auto`, where the workload exercises more than one.
 One JSON row per (workload, variant, round) and a summary line per workload: each variant's median over rounds
 and its ratio to `default`. The last losses are printed too (the kernels compute the same function).
 
@@ -52,14 +50,16 @@ def workload(name: str):
   return CONFIGS[name]
 
 
-def variants(files: list[str]) -> dict[str, list[str]]:
-  """Variant name -> extra gin bindings; `hypermixing=xla` only for models with HyperMixing."""
+def variants(files: list[str], bindings: list[str]) -> dict[str, list[str]]:
+  """Variant name -> extra gin bindings: `default`, `xla`, and each field alone at `xla` where the workload
+  exercises it (no dropout in configs A and B; HyperMixer has no attention)."""
   hyper = any("hypermixer" in f for f in files)
-  fields = [f for k, f in IMPL_FIELDS.items() if k != "hypermixing" or hyper]
-  out = {"default": [], "xla": [f"{f}='xla'" for f in fields], "dropout=xla": [f"{IMPL_FIELDS['dropout']}='xla'"],
-         "bias=plain": []}
-  if hyper:
-    out["hypermixing=xla"] = [f"{IMPL_FIELDS['hypermixing']}='xla'"]
+  fields = {k: f for k, f in IMPL_FIELDS.items() if (k != "hypermixing" or hyper) and (k != "attention" or not hyper)}
+  if "DROPOUT_RATE=0.0" in bindings:
+    fields.pop("dropout")
+  out = {"default": [], "xla": [f"{f}='xla'" for f in fields.values()]}
+  if len(fields) > 1:
+    out.update({f"{k}=xla": [f"{f}='xla'"] for k, f in fields.items()})
   return out
 
 
@@ -75,26 +75,19 @@ def build(files, bindings, batch_size, lengths):
   return got["model"], got["optimizer"], got["batch_size"], got["feature_lengths"]
 
 
-def stepper(model, optimizer, batch, plain_bias: bool):
+def stepper(model, optimizer, batch):
   """(a no-argument call running one jitted train step, returning its loss sum; compile seconds)."""
   import jax
   import jax.numpy as jnp
 
-  from remixer_t5.model import layers
   from remixer_t5.training import programs, train_state
   params = model.init_variables(jax.random.PRNGKey(0), {k: (1, v.shape[1]) for k, v in batch.items()})["params"]
   state = train_state.TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=optimizer.init(params),
                              rng=jax.random.PRNGKey(1))
   data = {k: jnp.asarray(v) for k, v in batch.items()}
-  add_bias = layers.add_bias
-  if plain_bias:
-    layers.add_bias = lambda x, bias: x + bias
-  try:
-    t0 = time.perf_counter()
-    compiled = jax.jit(programs.make_train_step(model, optimizer, None), donate_argnums=0).lower(state, data).compile()
-    seconds = time.perf_counter() - t0
-  finally:
-    layers.add_bias = add_bias
+  t0 = time.perf_counter()
+  compiled = jax.jit(programs.make_train_step(model, optimizer, None), donate_argnums=0).lower(state, data).compile()
+  seconds = time.perf_counter() - t0
   holder = {"state": state}
 
   def run():
@@ -116,18 +109,18 @@ def main(argv=None) -> int:
   sys.path.insert(0, str(REPO))
   from remixer_t5.bench import env as bench_env
   from remixer_t5 import runtime
+  bench_env.set_xla_flags(None)  # XLA's defaults, JAX_PLATFORMS=cpu unless set
   runtime.configure()  # as the CLI does before JAX starts (the host allocator policy on CPU)
-  bench_env.set_xla_flags(None)
   from remixer_t5.bench import train as bench_train
   env = bench_env.environment()
   out = open(args.out, "a") if args.out else None
   for name in args.workloads.split(","):
     files, bindings, batch_size, lengths = workload(name)
     runs, compile_s = {}, {}
-    for variant, extra in variants(files).items():
+    for variant, extra in variants(files, bindings).items():
       model, optimizer, bs, fl = build(files, bindings + extra, batch_size, lengths)
       batch = bench_train.random_batch(model.module.config.vocab_size, bs, fl)
-      runs[variant], compile_s[variant] = stepper(model, optimizer, batch, variant == "bias=plain")
+      runs[variant], compile_s[variant] = stepper(model, optimizer, batch)
     steps = max(1, args.steps // 3) if name == "B" else args.steps
     medians = {v: [] for v in runs}
     losses = {}

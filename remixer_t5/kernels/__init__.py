@@ -6,7 +6,7 @@ of the same function, the operation takes a named implementation from an explici
 
 | operation | field | implementations | `auto` picks |
 |---|---|---|---|
-| attention, softmax(q k^T + bias) v | `T5Config.attention_impl` | `xla`, `pallas_gpu`, `pallas_tpu` | `pallas_gpu` on CUDA GPUs, `pallas_tpu` on TPUs (v4 and later; XLA's form on v2/v3), else `xla` |
+| attention, softmax(q k^T + bias) v | `T5Config.attention_impl` | `xla`, `cpu`, `pallas_gpu`, `pallas_tpu` | `cpu` on CPUs, `pallas_gpu` on CUDA GPUs, `pallas_tpu` on TPUs (v4 and later; XLA's form on v2/v3) |
 | HyperMixing's causal and packed forms | `HyperMixing.impl` | `xla`, `cpu`, `pallas_gpu` | `cpu` on CPUs, `pallas_gpu` (causal) on CUDA GPUs |
 | dropout's keep mask | `T5Config.dropout_impl` | `xla`, `cpu` | `cpu` on CPUs, else `xla` |
 

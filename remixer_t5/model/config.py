@@ -54,10 +54,11 @@ class T5Config:
         raise ValueError(f"T5Config.{name} must be positive, got {getattr(self, name)}")
 
 
-# Implementations (remixer_t5/kernels/__init__.py): 'pallas_gpu' a fused attention for CUDA GPUs (Pallas,
+# Implementations (remixer_t5/kernels/__init__.py): attention's 'cpu' the reference with a CPU-shaped bias
+# gradient (kernels/cpu/attention.py), 'pallas_gpu' a fused attention for CUDA GPUs (Pallas,
 # Triton), 'pallas_tpu' JAX's Pallas TPU flash attention (v4 and later; XLA's form on v2/v3), 'cpu' dropout's
 # mask with an unrolled hash computed once (kernels/cpu/threefry.py).
-ATTENTION_IMPLS = ("auto", "xla", "pallas_gpu", "pallas_tpu")
+ATTENTION_IMPLS = ("auto", "xla", "cpu", "pallas_gpu", "pallas_tpu")
 DROPOUT_IMPLS = ("auto", "xla", "cpu")
 
 # Layer layouts, as the HyperMixer paper's App. F writes them (TM = token mixing, FM = feature mixing, N = the

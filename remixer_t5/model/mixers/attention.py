@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -21,8 +22,9 @@ Array = jax.Array
 
 
 # The attention operation's kernels (kernels/__init__.py) and what `auto` picks on each platform.
-ATTENTION_KERNELS = {"pallas_gpu": "gpu.flash_attention:seam", "pallas_tpu": "tpu.flash_attention:seam"}
-ATTENTION_AUTO = {"cuda": "pallas_gpu", "tpu": "pallas_tpu"}
+ATTENTION_KERNELS = {"cpu": "cpu.attention:seam", "pallas_gpu": "gpu.flash_attention:seam",
+                     "pallas_tpu": "tpu.flash_attention:seam"}
+ATTENTION_AUTO = {"cpu": "cpu", "cuda": "pallas_gpu", "tpu": "pallas_tpu"}
 
 
 class Attention(nn.Module):
@@ -150,7 +152,8 @@ def _beams_to_queries(x: Array, beams: int) -> Array:
 
 def dot_product_attention(query: Array, key: Array, value: Array, bias: Array | None, q_segment_ids: Array,
                           kv_segment_ids: Array, keep: Array | None, *, causal: bool, dropout_rate: float,
-                          dtype, float32_logits: bool = True) -> Array:
+                          dtype, float32_logits: bool = True, add: Callable[[Array, Array], Array] = jnp.add
+                          ) -> Array:
   """softmax(q k^T + bias + mask) v with T5's conventions, in plain JAX: the reference (`xla`) implementation of
   the attention operation, which every kernel of it is tested against (kernels/__init__.py).
 
@@ -158,7 +161,8 @@ def dot_product_attention(query: Array, key: Array, value: Array, bias: Array | 
   bias); segment ids [b, q] and [b, k], int32, 0 for padding (unpacked rows: 1 for real tokens): a query sees the
   real keys of its own segment, and with `causal` keys j <= i only; `keep` None or dropout's boolean keep mask
   [b, h, q, k] (rate `dropout_rate`). No 1/sqrt(d) (T5 keeps it in the query initializer); logits and softmax in
-  float32 (`float32_logits`). Returns [b, q, h, d] in `dtype`.
+  float32 (`float32_logits`). `add` adds the biases (the `cpu` implementation passes one with a CPU-shaped
+  gradient: kernels/cpu/attention.py). Returns [b, q, h, d] in `dtype`.
   """
   mask = (q_segment_ids[:, :, None] == kv_segment_ids[:, None, :]) & (q_segment_ids[:, :, None] > 0) \
       & (kv_segment_ids[:, None, :] > 0)
@@ -166,9 +170,9 @@ def dot_product_attention(query: Array, key: Array, value: Array, bias: Array | 
     mask &= jnp.arange(key.shape[1])[None, None, :] <= jnp.arange(query.shape[1])[None, :, None]
   bias_all = layers.mask_to_bias(mask[:, None].astype(jnp.float32), jnp.float32)
   if bias is not None:  # [b, 1, q, k] + [1, h, q, k]: the position bias's gradient sums over the batch
-    bias_all = layers.add_bias(bias_all, bias.astype(bias_all.dtype))
+    bias_all = add(bias_all, bias.astype(bias_all.dtype))
   logits = jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32 if float32_logits else None)
-  logits = layers.add_bias(logits, bias_all.astype(logits.dtype))  # logits + bias (faster gradient on CPU)
+  logits = add(logits, bias_all.astype(logits.dtype))
   weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(dtype)
   if keep is not None:
     weights = jax.lax.select(keep, weights / (1.0 - dropout_rate), jnp.zeros_like(weights))
