@@ -75,19 +75,7 @@ def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature
   infer_task_name = with_vocabulary(infer_eval_task, vocab) if infer_eval_task else task_name
   get_task(infer_task_name)  # an unknown name fails here, not at the first evaluation
   pack = packing(model, pack)
-  signature = dict(run_signature or {})
-  signature.update(task=task_name, feature_lengths=dict(feature_lengths), vocab_size=vocab.vocab_size,
-                   model=type(model.module).__name__)
-  if dataclasses.is_dataclass(getattr(model.module, "config", None)):
-    signature.update({f"config.{k}": v for k, v in dataclasses.asdict(model.module.config).items()
-                      if k not in _RESUMABLE_FIELDS})
-  defaults = {}
-  if dataclasses.is_dataclass(getattr(model.module, "config", None)):
-    defaults = {f"config.{f.name}": f.default for f in dataclasses.fields(model.module.config)
-                if f.name not in _RESUMABLE_FIELDS}
-  checkpoints.check_signature(model_dir, signature, defaults)
-  if config_text is not None and jax.process_index() == 0:
-    checkpoints.atomic_write_text(Path(model_dir) / "config.gin", config_text)
+  _accept_run(model_dir, model, task_name, feature_lengths, vocab, run_signature, config_text)
 
   mesh = partitioning.make_mesh(num_partitions, mesh_shape)
   partitioning.check_batch_size(batch_size, mesh)
@@ -99,19 +87,8 @@ def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature
   log = MetricsLogger(model_dir)
   ckpt = checkpoints.Checkpointer(model_dir, keep=keep_checkpoints)
 
-  position = 0  # input batches consumed so far (the pipeline is deterministic given the seed)
-  input_state = None  # this process's saved tf.data iterator state at the restored step
-  restored = ckpt.restore_latest_good(abstract(state, shardings), log=log.info)
-  if restored is not None:
-    state, extra, at = restored
-    position = int(extra.get("data_position", {}).get("batches", int(state.step)))
-    input_state = checkpoints.input_state_prefix(model_dir, at)
-    log.info(f"resumed from {ckpt.directory}/{at} (input position: {position} batches)")
-  elif init_checkpoint:
-    fit = lambda p: fit_lengths(model, feature_lengths, state.params, p, log)
-    params = checkpoints.restore_init_params(init_checkpoint, abstract(state.params, shardings.params), fit)
-    state = state.replace(params=params)
-    log.info(f"initialised params from {init_checkpoint} (fresh optimizer state and step)")
+  state, position, input_state = _restore(ckpt, state, shardings, model, feature_lengths, init_checkpoint,
+                                          model_dir, log)
   start = int(state.step)
   n_params = sum(int(np.prod(p.shape)) for p in jax.tree_util.tree_leaves(state.params))
   log.info(f"model: {n_params:,} params | mesh {dict(mesh.shape)} | task {task_name} | "
@@ -186,16 +163,7 @@ def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature
         checked_through = step
       if due_log or stop:  # a preempted run logs its last, partial window too: its steps' time is counted
         dt = time.time() - t0
-        row = summarize(m)
-        row.update(tokens_per_s=tokens / dt, tokens_per_s_per_device=tokens / dt / jax.device_count(),
-                   steps_per_s=steps_in_window / dt, window_seconds=dt,
-                   grad_norm=float(m["grad_norm"]) / steps_in_window)
-        for name, flops in (("mfu", model_flops), ("hfu", step_flops)):
-          utilisation = mfu_lib.mfu(flops, steps_in_window / dt, peak)
-          if utilisation is not None:
-            row[name] = utilisation
-        if "learning_rate" in m:
-          row["learning_rate"] = float(m["learning_rate"]) / steps_in_window
+        row = _window_row(m, tokens, steps_in_window, dt, {"mfu": model_flops, "hfu": step_flops}, peak)
         eta = (train_steps - step) * dt / steps_in_window
         log.write(step, "train", row, f"ETA {format_duration(eta)} (elapsed "
                   f"{format_duration(time.time() - run_t0)})")
@@ -220,6 +188,55 @@ def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature
     log.info(f"curves drawn in {plots.plot_metrics(model_dir)}")
   return last
 
+
+
+def _window_row(m, tokens: int, steps: int, seconds: float, flops: Mapping[str, float | None], peak) -> dict:
+  """A log window's metrics.jsonl row: the summed step metrics averaged, throughput, and each utilisation
+  (`mfu` from the model's FLOPs, `hfu` from what XLA compiled) where its FLOPs and the peak are known."""
+  row = summarize(m)
+  row.update(tokens_per_s=tokens / seconds, tokens_per_s_per_device=tokens / seconds / jax.device_count(),
+             steps_per_s=steps / seconds, window_seconds=seconds, grad_norm=float(m["grad_norm"]) / steps)
+  for name, count in flops.items():
+    utilisation = mfu_lib.mfu(count, steps / seconds, peak)
+    if utilisation is not None:
+      row[name] = utilisation
+  if "learning_rate" in m:
+    row["learning_rate"] = float(m["learning_rate"]) / steps
+  return row
+
+
+def _accept_run(model_dir, model, task_name, feature_lengths, vocab, run_signature, config_text) -> None:
+  """MODEL_DIR's run signature checked against this launch (a second `train` must match the first in what
+  shapes the parameters and the data), then the launch's gin config saved as MODEL_DIR/config.gin."""
+  signature = dict(run_signature or {})
+  signature.update(task=task_name, feature_lengths=dict(feature_lengths), vocab_size=vocab.vocab_size,
+                   model=type(model.module).__name__)
+  defaults = {}
+  if dataclasses.is_dataclass(getattr(model.module, "config", None)):
+    signature.update({f"config.{k}": v for k, v in dataclasses.asdict(model.module.config).items()
+                      if k not in _RESUMABLE_FIELDS})
+    defaults = {f"config.{f.name}": f.default for f in dataclasses.fields(model.module.config)
+                if f.name not in _RESUMABLE_FIELDS}
+  checkpoints.check_signature(model_dir, signature, defaults)
+  if config_text is not None and jax.process_index() == 0:
+    checkpoints.atomic_write_text(Path(model_dir) / "config.gin", config_text)
+
+
+def _restore(ckpt, state, shardings, model, feature_lengths, init_checkpoint, model_dir, log):
+  """(state, input batches consumed, this process's saved iterator state or None): the latest good checkpoint,
+  else INIT_CHECKPOINT's parameters (fitted to this run's lengths) with a fresh optimizer, else `state`."""
+  restored = ckpt.restore_latest_good(abstract(state, shardings), log=log.info)
+  if restored is not None:
+    state, extra, at = restored
+    position = int(extra.get("data_position", {}).get("batches", int(state.step)))
+    log.info(f"resumed from {ckpt.directory}/{at} (input position: {position} batches)")
+    return state, position, checkpoints.input_state_prefix(model_dir, at)
+  if init_checkpoint:
+    fit = lambda p: fit_lengths(model, feature_lengths, state.params, p, log)
+    params = checkpoints.restore_init_params(init_checkpoint, abstract(state.params, shardings.params), fit)
+    state = state.replace(params=params)
+    log.info(f"initialised params from {init_checkpoint} (fresh optimizer state and step)")
+  return state, 0, None
 
 class _PreemptionWatch:
   """SIGTERM (a preemption notice) sets a flag the loop polls; with many processes they agree (any -> all)."""
