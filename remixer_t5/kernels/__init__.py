@@ -35,6 +35,18 @@ def load(name: str) -> Callable:
   return getattr(importlib.import_module(f"remixer_t5.kernels.{module}"), function)
 
 
+def check_attention_shapes(query, key, value, bias) -> None:
+  """ValueError naming the shapes when attention kernels' operands are not [b, q, h, d], [b, k, h, d] twice and
+  a bias None, [1, h, q, k] or [b, h, q, k]."""
+  b, nq, h, d = query.shape
+  nk = key.shape[1]
+  if key.shape != (b, nk, h, d) or value.shape != key.shape:
+    raise ValueError(f"flash attention: query {query.shape}, key {key.shape} and value {value.shape} must be "
+                     f"[b, q, h, d], [b, k, h, d], [b, k, h, d]")
+  if bias is not None and (bias.ndim != 4 or bias.shape[0] not in (1, b) or bias.shape[1:] != (h, nq, nk)):
+    raise ValueError(f"flash attention: bias {bias.shape} must be [1, {h}, {nq}, {nk}] or [{b}, {h}, {nq}, {nk}]")
+
+
 def check(field: str, impl: str, names: tuple[str, ...]) -> None:
   """ValueError naming the field and the choices for an unknown implementation name."""
   if impl not in ("auto", "xla", *names):

@@ -67,6 +67,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from remixer_t5 import kernels
 from remixer_t5.kernels import sharding
 
 f32 = jnp.float32
@@ -375,11 +376,7 @@ def attention(query, key, value, *, bias=None, q_segment_ids=None, kv_segment_id
   """
   b, nq, h, d = query.shape
   nk = key.shape[1]
-  if key.shape != (b, nk, h, d) or value.shape != key.shape:
-    raise ValueError(f"flash attention: query {query.shape}, key {key.shape} and value {value.shape} must be "
-                     f"[b, q, h, d], [b, k, h, d], [b, k, h, d]")
-  if bias is not None and (bias.ndim != 4 or bias.shape[0] not in (1, b) or bias.shape[1:] != (h, nq, nk)):
-    raise ValueError(f"flash attention: bias {bias.shape} must be [1, {h}, {nq}, {nk}] or [{b}, {h}, {nq}, {nk}]")
+  kernels.check_attention_shapes(query, key, value, bias)
   if dropout_mask is not None and dropout_mask.shape != (b, h, nq, nk):
     raise ValueError(f"flash attention: dropout_mask {dropout_mask.shape} must be [{b}, {h}, {nq}, {nk}]")
   if not 0.0 <= dropout_rate < 1.0:

@@ -26,6 +26,7 @@ import re
 
 import jax.numpy as jnp
 
+from remixer_t5 import kernels
 from remixer_t5.kernels import sharding
 
 FIRST_BFLOAT16_GENERATION = 4  # v2 and v3: Mosaic takes no bfloat16 matmul operands
@@ -51,11 +52,7 @@ def attention(query, key, value, *, bias=None, q_segment_ids=None, kv_segment_id
   from jax.experimental.pallas.ops.tpu import flash_attention as tpu
   b, nq, h, d = query.shape
   nk = key.shape[1]
-  if key.shape != (b, nk, h, d) or value.shape != key.shape:
-    raise ValueError(f"flash attention: query {query.shape}, key {key.shape} and value {value.shape} must be "
-                     f"[b, q, h, d], [b, k, h, d], [b, k, h, d]")
-  if bias is not None and (bias.ndim != 4 or bias.shape[0] not in (1, b) or bias.shape[1:] != (h, nq, nk)):
-    raise ValueError(f"flash attention: bias {bias.shape} must be [1, {h}, {nq}, {nk}] or [{b}, {h}, {nq}, {nk}]")
+  kernels.check_attention_shapes(query, key, value, bias)
   pq, pk = -(-nq // block) * block, -(-nk // block) * block
   q_seg = jnp.ones((b, nq), jnp.int32) if q_segment_ids is None else jnp.asarray(q_segment_ids, jnp.int32)
   kv_seg = jnp.ones((b, nk), jnp.int32) if kv_segment_ids is None else jnp.asarray(kv_segment_ids, jnp.int32)
