@@ -434,7 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
   i.add_argument("--show-sharding", action="store_true",
                  help="each parameter's shape, logical axes, partition spec and per-device shard, and bytes per device")
   i.add_argument("--mesh", help="for --show-sharding: a preset (cpu, tpu_v3_8, tpu_v3_32, tpu_v3_128, gpu_8) or "
-                 "DATAxMODEL, e.g. 4x2; no devices needed (default: this machine's devices, data-parallel)")
+                 "DATAxMODEL, e.g. 4x2; no devices needed (default: the host's devices, data-parallel)")
   i.add_argument("--rules", choices=["data", "data_model", "fsdp"], help="logical axis rules for --show-sharding")
   i.add_argument("--lengths", help="INPUTS,TARGETS lengths for FLOPs (default: TASK_FEATURE_LENGTHS or 512,114)")
   imp = sub.add_parser("import-hf", help="Hugging Face T5 v1.1 dir -> orbax checkpoint + model.gin")
@@ -519,7 +519,7 @@ def build_parser() -> argparse.ArgumentParser:
   ben.add_argument("--process_index", "--process-index", type=int, default=0, help="input: which shard to read")
   ben.add_argument("--process_count", "--process-count", type=int, help="input: shards (default: --hosts)")
   com = sub.add_parser("compile", help="compile the train step (same gin flags as train) for a TPU slice or GPUs "
-                       "on this machine, no TPU or GPU needed: memory per device against HBM, FLOPs, estimated "
+                       "on this host, no TPU or GPU needed: memory per device against HBM, FLOPs, estimated "
                        "step time")
   com.add_argument("--topology", required=True, help="a Cloud TPU slice: v3-8, v3-32, v3-128, ..., v2-8.., "
                    "v4-8.., v5p-8.., v5e-1.., v6e-1.. (v2/v3/v4/v5p count cores, v5e/v6e chips); or one "

@@ -64,7 +64,7 @@ def jax_runs_on_cpu_only() -> bool:
 
 
 def tpu_chips_present() -> bool:
-  """Whether this machine exposes TPU chips (device files only; no backend is started)."""
+  """Whether the host exposes TPU chips (device files only; no backend is started)."""
   return any(glob.glob(pattern) for pattern in _TPU_DEVICE_GLOBS)
 
 

@@ -3,26 +3,15 @@
 Naming and the missing-plugin refusal run everywhere; the compiles need XLA's CUDA compiler plugin (setup.py's
 gpu-compile extra), which `make test` does not install: `make test-gpu-compile` runs them in .venv-gpu.
 """
-import importlib.util
 import json
 
 import pytest
 
 from remixer_t5 import aot_compile, cli
+from tiers import needs_cuda_plugin
 
 TINY = ["--gin_file=models/t5_1_1/tiny.gin", "--gin_file=runs/pretrain.gin", "--gin.BATCH_SIZE=8",
         "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}"]
-
-
-def _plugin() -> bool:
-  try:
-    return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
-  except ModuleNotFoundError:
-    return False
-
-
-needs_plugin = pytest.mark.skipif(not _plugin(), reason="XLA's CUDA compiler plugin is not installed (the "
-                                  "gpu-compile extra): `make test-gpu-compile` runs these in .venv-gpu")
 
 
 def test_gpu_names_are_one_process_gpus_with_their_target_config(monkeypatch):
@@ -56,7 +45,7 @@ def test_without_the_cuda_plugin_the_command_says_how_to_get_it(monkeypatch, cap
   assert "make gpu-compile-env" in err and "gpu-compile" in err and "Traceback" not in err
 
 
-@needs_plugin
+@needs_cuda_plugin
 def test_a_tiny_config_compiles_for_8_h100s(capsys, monkeypatch):
   monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
   assert cli.main(["compile", *TINY, "--topology", "h100x8", "--all_steps", "--json"]) == 0
@@ -79,7 +68,7 @@ def test_a_tiny_config_compiles_for_8_h100s(capsys, monkeypatch):
   assert report["steps"]["eval"]["xla_flops_per_device"] < train["xla_flops_per_device"]
 
 
-@needs_plugin
+@needs_cuda_plugin
 def test_sharding_over_8_gpus_divides_the_work(capsys):
   per = {}
   for topo in ("h100", "h100x8"):
@@ -89,7 +78,7 @@ def test_sharding_over_8_gpus_divides_the_work(capsys):
   assert per["h100x8"]["memory"]["temp_bytes"] < per["h100"]["memory"]["temp_bytes"]
 
 
-@needs_plugin
+@needs_cuda_plugin
 def test_a_run_that_does_not_fit_is_refused_with_the_shortfall(capsys, monkeypatch):
   # XLA:GPU compiles programs of any size, so the refusal is ours: here JAX is given 0.01% of each A100
   # (8.1 MiB), less than the tiny model's state and step.
@@ -102,7 +91,7 @@ def test_a_run_that_does_not_fit_is_refused_with_the_shortfall(capsys, monkeypat
   assert "more GPUs (--topology a100x8)" in captured.err and "XLA_PYTHON_CLIENT_MEM_FRACTION=.95" in captured.err
 
 
-@needs_plugin
+@needs_cuda_plugin
 def test_a_near_miss_says_the_prediction_can_be_wrong_by_that_much(capsys, monkeypatch):
   # The refusal of a program needing 3% more than JAX's share names the prediction's measured error
   # (aot_compile.GPU_PREDICTION_MARGIN); one needing 100x more (the test above's) does not.
@@ -119,7 +108,7 @@ def test_a_near_miss_says_the_prediction_can_be_wrong_by_that_much(capsys, monke
   assert "near miss" in near.err and "within 7% of the limit" in near.err
 
 
-@needs_plugin
+@needs_cuda_plugin
 def test_an_out_of_memory_error_without_numbers_is_still_a_refusal(capsys, monkeypatch):
   # XLA's RESOURCE_EXHAUSTED in a form _oom_numbers cannot read (the H100's "while trying to allocate 77.43GiB"):
   # the row has no sizes, so there is no near-miss to judge, and the command refuses with XLA's words.
@@ -145,7 +134,7 @@ def _tiny_init_for_h100():
   return init, key
 
 
-@needs_plugin
+@needs_cuda_plugin
 def test_the_initialiser_draws_its_bits_with_the_threefry_kernel_on_gpus():
   """train_state.init_rng_as_kernel: the GPU initialiser's threefry is jax's kernel (a custom call), so XLA:GPU
   does not compile every parameter's stream unrolled; outside the block the inlined form is back."""
@@ -161,7 +150,7 @@ def test_the_initialiser_draws_its_bits_with_the_threefry_kernel_on_gpus():
   assert len(kernel) < len(inlined)
 
 
-@needs_plugin
+@needs_cuda_plugin
 def test_the_init_compile_script_compiles_both_forms(tmp_path):
   """scripts/gpu_init_compile.py (docs/benchmarks.md's initialiser figures) on the tiny model: one JSON row per
   form, the kernel's program the smaller."""
@@ -181,7 +170,7 @@ def test_the_init_compile_script_compiles_both_forms(tmp_path):
   assert all(r["output_mib"] > 0 and r["lower_and_compile_seconds"] > 0 for r in rows.values())
 
 
-@needs_plugin
+@needs_cuda_plugin
 @pytest.mark.parametrize("impl", ["auto", "xla"])
 def test_hypermixer_compiles_its_pallas_kernel_and_claims_no_step_time(capsys, monkeypatch, impl):
   """HyperMixing.impl (bound in gin): with 'auto' a GPU program's causal form is a Pallas (Triton) kernel

@@ -11,7 +11,6 @@ gpu-compile-env`, run in .venv-gpu) they are compiled for an H100 too.
 kernels/tpu/flash_attention.py (JAX's TPU flash attention behind the same contract) runs in Pallas's TPU
 interpreter against the same reference, and is compiled through libtpu for TPU generations without a TPU.
 """
-import importlib.util
 import re
 
 import jax
@@ -21,7 +20,7 @@ import pytest
 
 from remixer_t5.kernels.gpu import flash_attention as fa
 from remixer_t5.model.mixers.attention import dot_product_attention
-from tiers import tiered
+from tiers import needs_cuda_plugin, tiered
 
 
 def reference(query, key, value, *, bias=None, q_segment_ids=None, kv_segment_ids=None, causal=False,
@@ -195,18 +194,7 @@ def test_programs_lowered_for_cuda_call_the_kernels_and_hold_no_attention_matrix
   assert not square, square
 
 
-def _plugin() -> bool:
-  try:
-    return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
-  except ModuleNotFoundError:
-    return False
-
-
-needs_plugin = pytest.mark.skipif(not _plugin(), reason="XLA's CUDA compiler plugin is not installed (the "
-                                  "gpu-compile extra): run in .venv-gpu (`make gpu-compile-env`)")
-
-
-@needs_plugin
+@needs_cuda_plugin
 @pytest.mark.parametrize("form", ["encoder", "decoder_dropout"])
 def test_the_kernels_compile_for_an_h100_without_a_gpu(form):
   """Deviceless: XLA:GPU compiles the program for an H100 target (Triton to PTX, ptxas): the optimised HLO

@@ -16,7 +16,7 @@ Measured, for process `process_index` of `process_count` (default 0 of `hosts`: 
     first batch ready: what a resume costs; independent of N).
 Feeding a slice: a host must deliver steps_per_s * BATCH_SIZE / hosts rows per second (T5.1.1-base on a
 v3-32, Remixer paper Table 1: 9 steps/s, batch 128, 16 chips = 4 hosts: 288 rows/s per host); keeps_up
-compares the measured rows/s with it. The numbers depend on this machine's free cores (reported).
+compares the measured rows/s with it. The numbers depend on the host's free cores (reported).
 """
 from __future__ import annotations
 

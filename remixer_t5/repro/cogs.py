@@ -40,7 +40,7 @@ SPLIT_LABELS = {"validation": "dev", "test": "test", "gen": "gen"}
 MODEL_FILE = "cogs.gin"
 RUN_FILE = "runs/cogs_scratch.gin"
 # Steps between a run's checkpoints (the last 3 kept): a run killed without SIGTERM's save
-# (a closed session, the OOM killer) loses at most this many steps when rerun.
+# (a closed terminal, the OOM killer) loses at most this many steps when rerun.
 CHECKPOINT_EVERY = 1000
 
 # Published gen exact match (%) the runs are held against (see the module docstring and docs/reproductions.md).
