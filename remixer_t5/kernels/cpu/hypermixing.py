@@ -77,23 +77,30 @@ def describe() -> str | None:
   return f"XLA's forms ({_state['failed']})" if "failed" in _state else None
 
 
-def _calls(length_normalize: bool, block: int):
+def _call(names: tuple[str, str], args: tuple, shapes: tuple, **attrs):
+  """The custom calls `names` (forward, gradient) on args (w1, x, w2, mask, then the int32 ids) as a custom_vjp.
+  The forward returns `shapes`: the output, then what the gradient reads between the operands and the cotangent."""
   import jax
   import jax.numpy as jnp
-  import numpy as np
-  attrs = dict(length_normalize=np.int64(length_normalize), block=np.int64(block))
+  forward = jax.ffi.ffi_call(names[0], shapes, vmap_method="sequential")
+  backward = jax.ffi.ffi_call(names[1], tuple(jax.ShapeDtypeStruct(a.shape, jnp.float32) for a in args[:3]),
+                              vmap_method="sequential")
 
-  def forward(w1, x, w2, mask, seg):
-    b, n, h = w1.shape
-    shapes = (jax.ShapeDtypeStruct((b, n, x.shape[-1]), jnp.float32),
-              jax.ShapeDtypeStruct((b, -(-n // block), h, x.shape[-1]), jnp.float32))
-    return jax.ffi.ffi_call(FORWARD, shapes, vmap_method="sequential")(w1, x, w2, mask, seg, **attrs)
+  @jax.custom_vjp
+  def kernel(*args):
+    return forward(*args, **attrs)[0]
 
-  def backward(w1, x, w2, mask, seg, ckpt, g):
-    shapes = tuple(jax.ShapeDtypeStruct(a.shape, jnp.float32) for a in (w1, x, w2))
-    return jax.ffi.ffi_call(BACKWARD, shapes, vmap_method="sequential")(w1, x, w2, mask, seg, ckpt, g, **attrs)
+  def kernel_fwd(*args):
+    out, *saved = forward(*args, **attrs)
+    return out, (args, saved)
 
-  return forward, backward
+  def kernel_bwd(residuals, g):
+    args, saved = residuals
+    dw1, dx, dw2 = backward(*args, *saved, g, **attrs)
+    return (dw1, dx, dw2, jnp.zeros_like(args[3])) + (None,) * (len(args) - 4)  # none for the mask and the ids
+
+  kernel.defvjp(kernel_fwd, kernel_bwd)
+  return kernel(*args)
 
 
 def causal(w1, x, w2, mask, segment_ids, *, reference: Callable, length_normalize: bool, block: int = BLOCK):
@@ -102,29 +109,14 @@ def causal(w1, x, w2, mask, segment_ids, *, reference: Callable, length_normaliz
   else `reference(w1, x, w2, mask, segment_ids)` (the layer's scan)."""
   import jax
   import jax.numpy as jnp
+  import numpy as np
   if not usable(w1.dtype):
     return reference(w1, x, w2, mask, segment_ids)
-  if segment_ids is None:
-    segment_ids = jnp.zeros(mask.shape, jnp.int32)
-  forward, backward = _calls(length_normalize, block)
-  f32 = lambda a: a.astype(jnp.float32)
-
-  @jax.custom_vjp
-  def kernel(w1, x, w2, mask, seg):
-    return forward(w1, x, w2, mask, seg)[0]
-
-  def kernel_fwd(w1, x, w2, mask, seg):
-    out, ckpt = forward(w1, x, w2, mask, seg)
-    return out, (w1, x, w2, mask, seg, ckpt)
-
-  def kernel_bwd(residuals, g):
-    w1, x, w2, mask, seg, ckpt = residuals
-    dw1, dx, dw2 = backward(w1, x, w2, mask, seg, ckpt, g)
-    return dw1, dx, dw2, jnp.zeros_like(mask), None  # no gradient for the mask; the ids are integers
-
-  kernel.defvjp(kernel_fwd, kernel_bwd)
-  seg = jnp.asarray(segment_ids, jnp.int32)
-  return kernel(f32(w1), f32(x), f32(w2), f32(mask), seg)
+  seg = jnp.zeros(mask.shape, jnp.int32) if segment_ids is None else jnp.asarray(segment_ids, jnp.int32)
+  (b, n, h), d = w1.shape, x.shape[-1]
+  shapes = (jax.ShapeDtypeStruct((b, n, d), jnp.float32), jax.ShapeDtypeStruct((b, -(-n // block), h, d), jnp.float32))
+  args = tuple(a.astype(jnp.float32) for a in (w1, x, w2, mask)) + (seg,)
+  return _call((FORWARD, BACKWARD), args, shapes, length_normalize=np.int64(length_normalize), block=np.int64(block))
 
 
 def segmented(w1, x, w2, mask, q_segment_ids, kv_segment_ids, *, reference: Callable, length_normalize: bool):
@@ -137,27 +129,7 @@ def segmented(w1, x, w2, mask, q_segment_ids, kv_segment_ids, *, reference: Call
   import numpy as np
   if not usable(w1.dtype):
     return reference(w1, x, w2, mask, q_segment_ids, kv_segment_ids)
-  attrs = dict(length_normalize=np.int64(length_normalize))
-  f32 = lambda a: a.astype(jnp.float32)
-
-  def forward(w1, x, w2, mask, q_seg, kv_seg):
-    shape = jax.ShapeDtypeStruct((w2.shape[0], w2.shape[1], x.shape[-1]), jnp.float32)
-    return jax.ffi.ffi_call(SEGMENTED, shape, vmap_method="sequential")(w1, x, w2, mask, q_seg, kv_seg, **attrs)
-
-  @jax.custom_vjp
-  def kernel(w1, x, w2, mask, q_seg, kv_seg):
-    return forward(w1, x, w2, mask, q_seg, kv_seg)
-
-  def kernel_fwd(w1, x, w2, mask, q_seg, kv_seg):
-    return forward(w1, x, w2, mask, q_seg, kv_seg), (w1, x, w2, mask, q_seg, kv_seg)
-
-  def kernel_bwd(residuals, g):
-    w1, x, w2, mask, q_seg, kv_seg = residuals
-    shapes = tuple(jax.ShapeDtypeStruct(a.shape, jnp.float32) for a in (w1, x, w2))
-    dw1, dx, dw2 = jax.ffi.ffi_call(SEGMENTED_GRAD, shapes, vmap_method="sequential")(
-        w1, x, w2, mask, q_seg, kv_seg, g, **attrs)
-    return dw1, dx, dw2, jnp.zeros_like(mask), None, None
-
-  kernel.defvjp(kernel_fwd, kernel_bwd)
-  q_seg, kv_seg = jnp.asarray(q_segment_ids, jnp.int32), jnp.asarray(kv_segment_ids, jnp.int32)
-  return kernel(f32(w1), f32(x), f32(w2), f32(mask), q_seg, kv_seg)
+  shapes = (jax.ShapeDtypeStruct((w2.shape[0], w2.shape[1], x.shape[-1]), jnp.float32),)
+  args = (tuple(a.astype(jnp.float32) for a in (w1, x, w2, mask))
+          + (jnp.asarray(q_segment_ids, jnp.int32), jnp.asarray(kv_segment_ids, jnp.int32)))
+  return _call((SEGMENTED, SEGMENTED_GRAD), args, shapes, length_normalize=np.int64(length_normalize))

@@ -1,5 +1,5 @@
-// XLA FFI handlers for remixer_t5/cpu_hypermixing.py: HyperMixing's token mixing (HyperMixer §2.3; the layer is
-// remixer_t5/mixers/hypermixer.py) on CPU, float32, forward and gradient, in two forms.
+// XLA FFI handlers for kernels/cpu/hypermixing.py: HyperMixing's token mixing (HyperMixer §2.3; the layer is
+// model/mixers/hypermixer.py) on CPU, float32, forward and gradient, in two forms.
 //
 // 1. Causal (`_causal`: the decoder's self-mixing, the formula applied to every prefix), one fused loop per
 //    sequence:
@@ -54,6 +54,9 @@
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
+using F32Buf = ffi::Buffer<ffi::F32>;
+using S32Buf = ffi::Buffer<ffi::S32>;
+using F32Ret = ffi::ResultBuffer<ffi::F32>;
 
 namespace {
 
@@ -77,9 +80,9 @@ inline float ExpNonPositive(float x) {
   return p * scale;
 }
 
-// Phi(-|a|) = erfc(|a| / sqrt(2)) / 2, and exp(-a^2 / 2) in *gauss.
-inline float HalfErfc(float a, float* gauss) {
-  constexpr float kInvSqrt2 = 0.70710678118654752f;
+// GELU(a) = a Phi(a), and GELU'(a) = Phi(a) + a phi(a) in `slope`.
+inline float Gelu(float a, float& slope) {
+  constexpr float kInvSqrt2 = 0.70710678118654752f, kInvSqrt2Pi = 0.39894228040143268f;
   const float z = std::fabs(a) * kInvSqrt2;
   const float t = 1.0f / (1.0f + 0.3275911f * z);
   float poly = 1.061405429f;
@@ -87,19 +90,12 @@ inline float HalfErfc(float a, float* gauss) {
   poly = poly * t + 1.421413741f;
   poly = poly * t - 0.284496736f;
   poly = poly * t + 0.254829592f;
-  const float e = ExpNonPositive(-z * z);
-  *gauss = e;
-  return 0.5f * poly * t * e;
+  const float gauss = ExpNonPositive(-z * z);  // exp(-a^2 / 2)
+  const float tail = 0.5f * poly * t * gauss;  // Phi(-|a|) = erfc(|a| / sqrt(2)) / 2
+  const float cdf = a < 0.0f ? tail : 1.0f - tail;
+  slope = cdf + a * gauss * kInvSqrt2Pi;
+  return a * cdf;
 }
-
-// Phi(a), the standard normal CDF.
-inline float NormalCdf(float a) {
-  float gauss;
-  const float tail = HalfErfc(a, &gauss);
-  return a < 0.0f ? tail : 1.0f - tail;
-}
-
-constexpr float kInvSqrt2Pi = 0.39894228040143268f;
 
 struct Problem {
   int64_t b, n, h, d, block, blocks;
@@ -130,8 +126,8 @@ inline void ForwardStep(float* __restrict sj, const float* __restrict x, float* 
   for (int64_t k = 0; k < d; ++k) {
     const float v = sj[k] + a1 * x[k];
     sj[k] = v;
-    const float a = v * scale;
-    o[k] += a2 * (a * NormalCdf(a));
+    float slope;
+    o[k] += a2 * Gelu(v * scale, slope);
   }
 }
 
@@ -198,12 +194,9 @@ void BackwardRow(const Problem& p, int64_t row, const float* ckpt, const float* 
         float sum_w2 = 0.0f, sum_w1 = 0.0f;
 #pragma omp simd reduction(+ : sum_w2, sum_w1)
         for (int64_t k = 0; k < d; ++k) {
-          const float a = sj[k] * scale;
-          float gauss;
-          const float tail = HalfErfc(a, &gauss);
-          const float cdf = a < 0.0f ? tail : 1.0f - tail;
-          sum_w2 += g[k] * (a * cdf);
-          const float rk = rj[k] + a2 * g[k] * (cdf + a * gauss * kInvSqrt2Pi) * scale;
+          float slope;
+          sum_w2 += g[k] * Gelu(sj[k] * scale, slope);
+          const float rk = rj[k] + a2 * g[k] * slope * scale;
           rj[k] = rk;
           sum_w1 += rk * x[k];
           gx[k] += rk * a1;
@@ -222,8 +215,7 @@ void ForEach(ffi::ThreadPool& pool, int64_t items, std::function<void(int64_t)> 
   remixer::ForEach(pool, items, std::min(items, threads) - 1, std::move(fn));
 }
 
-ffi::Error MakeProblem(const char* name, ffi::Buffer<ffi::F32>& w1, ffi::Buffer<ffi::F32>& x,
-                       ffi::Buffer<ffi::F32>& w2, ffi::Buffer<ffi::F32>& mask, ffi::Buffer<ffi::S32>& seg,
+ffi::Error MakeProblem(const char* name, F32Buf& w1, F32Buf& x, F32Buf& w2, F32Buf& mask, S32Buf& seg,
                        int64_t length_normalize, int64_t block, Problem* p) {
   auto wd = w1.dimensions(), xd = x.dimensions(), vd = w2.dimensions(), md = mask.dimensions(),
        sd = seg.dimensions();
@@ -233,25 +225,13 @@ ffi::Error MakeProblem(const char* name, ffi::Buffer<ffi::F32>& w1, ffi::Buffer<
       vd[1] != wd[1] || md[1] != wd[1] || sd[1] != wd[1] || vd[2] != wd[2])
     return ffi::Error::InvalidArgument(std::string(name) + ": operand shapes do not match");
   if (block < 1) return ffi::Error::InvalidArgument(std::string(name) + ": block must be >= 1");
-  p->b = wd[0];
-  p->n = wd[1];
-  p->h = wd[2];
-  p->d = xd[2];
-  p->block = block;
-  p->blocks = (p->n + block - 1) / block;
-  p->length_normalize = length_normalize != 0;
-  p->w1 = w1.typed_data();
-  p->x = x.typed_data();
-  p->w2 = w2.typed_data();
-  p->mask = mask.typed_data();
-  p->seg = seg.typed_data();
+  *p = {wd[0], wd[1], wd[2], xd[2], block, (wd[1] + block - 1) / block, length_normalize != 0,
+        w1.typed_data(), x.typed_data(), w2.typed_data(), mask.typed_data(), seg.typed_data()};
   return ffi::Error::Success();
 }
 
-ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> w1, ffi::Buffer<ffi::F32> x,
-                   ffi::Buffer<ffi::F32> w2, ffi::Buffer<ffi::F32> mask, ffi::Buffer<ffi::S32> seg,
-                   ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::F32> ckpt, int64_t length_normalize,
-                   int64_t block) {
+ffi::Error Forward(ffi::ThreadPool pool, F32Buf w1, F32Buf x, F32Buf w2, F32Buf mask, S32Buf seg, F32Ret out,
+                   F32Ret ckpt, int64_t length_normalize, int64_t block) {
   Problem p;
   ffi::Error err = MakeProblem("remixer_hypermixing_causal", w1, x, w2, mask, seg, length_normalize, block, &p);
   if (err.failure()) return err;
@@ -263,11 +243,8 @@ ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> w1, ffi::Buffer<f
   return ffi::Error::Success();
 }
 
-ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> w1, ffi::Buffer<ffi::F32> x,
-                    ffi::Buffer<ffi::F32> w2, ffi::Buffer<ffi::F32> mask, ffi::Buffer<ffi::S32> seg,
-                    ffi::Buffer<ffi::F32> ckpt, ffi::Buffer<ffi::F32> dout, ffi::ResultBuffer<ffi::F32> dw1,
-                    ffi::ResultBuffer<ffi::F32> dx, ffi::ResultBuffer<ffi::F32> dw2, int64_t length_normalize,
-                    int64_t block) {
+ffi::Error Backward(ffi::ThreadPool pool, F32Buf w1, F32Buf x, F32Buf w2, F32Buf mask, S32Buf seg, F32Buf ckpt,
+                    F32Buf dout, F32Ret dw1, F32Ret dx, F32Ret dw2, int64_t length_normalize, int64_t block) {
   Problem p;
   ffi::Error err = MakeProblem("remixer_hypermixing_causal_grad", w1, x, w2, mask, seg, length_normalize, block, &p);
   if (err.failure()) return err;
@@ -325,38 +302,52 @@ void MakeGroups(Segmented& p) {
   }
 }
 
-// Up to kTile members of a list of positions, padded with `pad` (a zero row) and weight 0.
+// Up to kTile members of a list of positions from `start`, as flat indices `offset` + position. Padding slots
+// (count .. kTile - 1) read zero rows with weight 0 and write to sink rows.
 struct Tile {
   int count;
-  int64_t pos[kTile];
+  int64_t at[kTile];
+  Tile(const std::vector<int64_t>& list, size_t start, int64_t offset)
+      : count(static_cast<int>(std::min<size_t>(kTile, list.size() - start))) {
+    for (int u = 0; u < kTile; ++u) at[u] = offset + (u < count ? list[start + u] : 0);
+  }
+  // Each slot's row of `data` (rows of `width`): row at[u] for real slots, else pad + u * pad_step.
+  template <typename T>
+  void Rows(T* data, int64_t width, float* pad, int64_t pad_step, T* (&rows)[kTile]) const {
+    for (int u = 0; u < kTile; ++u) rows[u] = u < count ? data + at[u] * width : pad + u * pad_step;
+  }
+  void Weights(const float* mask, float (&m)[kTile]) const {
+    for (int u = 0; u < kTile; ++u) m[u] = u < count ? mask[at[u]] : 0.0f;
+  }
 };
 
-inline Tile TileAt(const std::vector<int64_t>& list, size_t start) {
-  Tile t;
-  t.count = static_cast<int>(std::min<size_t>(kTile, list.size() - start));
-  for (int u = 0; u < kTile; ++u) t.pos[u] = u < t.count ? list[start + u] : -1;
-  return t;
-}
+struct Buffers {
+  // sink_*: where a tile's padding slots write (one row per slot: the tiles' pointers are __restrict)
+  std::vector<float> s, act, slope, zeros_d, zeros_h, sink_d, sink_h;
+  Buffers(int64_t h, int64_t d)
+      : s(h * d), act(h * d), slope(h * d), zeros_d(d, 0.0f), zeros_h(h, 0.0f), sink_d(kTile * d), sink_h(kTile * h) {}
+};
 
-// S = sum over the group's keys of m_j W1[j] (x) x_j, and the real keys' count.
-float GroupState(const Segmented& p, const Segmented::Group& g, float* s, const float* zeros_d,
-                 const float* zeros_h) {
+// This thread's buffers for group g: S = sum over the group's keys of m_j W1[j] (x) x_j in `s`, act = GELU(S
+// scale) and, with kSlope, GELU'(S scale) * scale (dA -> dS) in `slope`.
+template <bool kSlope>
+Buffers& GroupState(const Segmented& p, const Segmented::Group& g) {
   const int64_t h = p.h, d = p.d;
+  thread_local std::unique_ptr<Buffers> buf;
+  if (!buf || static_cast<int64_t>(buf->s.size()) != h * d || static_cast<int64_t>(buf->zeros_d.size()) != d)
+    buf = std::make_unique<Buffers>(h, d);
+  float* s = buf->s.data();
   std::fill(s, s + h * d, 0.0f);
   float count = 0.0f;
   for (size_t start = 0; start < g.keys.size(); start += kTile) {
-    const Tile t = TileAt(g.keys, start);
+    const Tile t(g.keys, start, g.row * p.nk);
     const float* xs[kTile];
     const float* ws[kTile];
     float m[kTile];
-    for (int u = 0; u < kTile; ++u) {
-      const bool real = u < t.count;
-      const int64_t at = g.row * p.nk + (real ? t.pos[u] : 0);
-      m[u] = real ? p.mask[at] : 0.0f;
-      xs[u] = real ? p.x + at * d : zeros_d;
-      ws[u] = real ? p.w1 + at * h : zeros_h;
-      count += m[u];
-    }
+    t.Rows(p.x, d, buf->zeros_d.data(), 0, xs);
+    t.Rows(p.w1, h, buf->zeros_h.data(), 0, ws);
+    t.Weights(p.mask, m);
+    for (int u = 0; u < kTile; ++u) count += m[u];
     for (int64_t j = 0; j < h; ++j) {
       const float a0 = ws[0][j] * m[0], a1 = ws[1][j] * m[1], a2 = ws[2][j] * m[2], a3 = ws[3][j] * m[3];
       float* __restrict sj = s + j * d;
@@ -368,49 +359,29 @@ float GroupState(const Segmented& p, const Segmented::Group& g, float* s, const 
       for (int64_t k = 0; k < d; ++k) sj[k] += a0 * x0[k] + a1 * x1[k] + a2 * x2[k] + a3 * x3[k];
     }
   }
-  return count;
-}
-
-struct Buffers {
-  // sink_*: where a tile's padding slots write (one row per slot: the tiles' pointers are __restrict)
-  std::vector<float> s, act, slope, zeros_d, zeros_h, sink_d, sink_h;
-  Buffers(int64_t h, int64_t d)
-      : s(h * d), act(h * d), slope(h * d), zeros_d(d, 0.0f), zeros_h(h, 0.0f), sink_d(kTile * d), sink_h(kTile * h) {}
-};
-
-// act = GELU(S scale); with `slope`, also GELU'(S scale) * scale (dA -> dS).
-void Activate(float* __restrict s, float* __restrict act, float* __restrict slope, int64_t size, float scale) {
+  const float scale = p.length_normalize ? 1.0f / std::max(count, 1.0f) : 1.0f;
+  float* __restrict act = buf->act.data();
+  float* __restrict slope = buf->slope.data();
 #pragma omp simd
-  for (int64_t k = 0; k < size; ++k) {
-    const float a = s[k] * scale;
-    float gauss;
-    const float tail = HalfErfc(a, &gauss);
-    const float cdf = a < 0.0f ? tail : 1.0f - tail;
-    act[k] = a * cdf;
-    if (slope != nullptr) slope[k] = (cdf + a * gauss * kInvSqrt2Pi) * scale;
+  for (int64_t k = 0; k < h * d; ++k) {
+    float dg;
+    act[k] = Gelu(s[k] * scale, dg);
+    if (kSlope) slope[k] = dg * scale;
   }
+  return *buf;
 }
 
 void SegmentedForwardGroup(const Segmented& p, const Segmented::Group& g, float* out) {
   const int64_t h = p.h, d = p.d;
-  thread_local std::unique_ptr<Buffers> buf;
-  if (!buf || static_cast<int64_t>(buf->s.size()) != h * d || static_cast<int64_t>(buf->zeros_d.size()) != d)
-    buf = std::make_unique<Buffers>(h, d);
-  const float count = GroupState(p, g, buf->s.data(), buf->zeros_d.data(), buf->zeros_h.data());
-  const float scale = p.length_normalize ? 1.0f / std::max(count, 1.0f) : 1.0f;
-  Activate(buf->s.data(), buf->act.data(), nullptr, h * d, scale);
-  const float* act = buf->act.data();
+  Buffers& buf = GroupState<false>(p, g);
+  const float* act = buf.act.data();
   for (size_t start = 0; start < g.queries.size(); start += kTile) {
-    const Tile t = TileAt(g.queries, start);
+    const Tile t(g.queries, start, g.row * p.nq);
     float* os[kTile];
     const float* vs[kTile];
-    for (int u = 0; u < kTile; ++u) {
-      const bool real = u < t.count;
-      const int64_t at = g.row * p.nq + (real ? t.pos[u] : 0);
-      os[u] = real ? out + at * d : buf->sink_d.data() + u * d;
-      vs[u] = real ? p.w2 + at * h : buf->zeros_h.data();
-      std::fill(os[u], os[u] + d, 0.0f);
-    }
+    t.Rows(out, d, buf.sink_d.data(), d, os);
+    t.Rows(p.w2, h, buf.zeros_h.data(), 0, vs);
+    for (int u = 0; u < kTile; ++u) std::fill(os[u], os[u] + d, 0.0f);
     float* __restrict o0 = os[0];
     float* __restrict o1 = os[1];
     float* __restrict o2 = os[2];
@@ -433,27 +404,18 @@ void SegmentedForwardGroup(const Segmented& p, const Segmented::Group& g, float*
 void SegmentedBackwardGroup(const Segmented& p, const Segmented::Group& g, const float* dout, float* dw1,
                             float* dx, float* dw2) {
   const int64_t h = p.h, d = p.d;
-  thread_local std::unique_ptr<Buffers> buf;
-  if (!buf || static_cast<int64_t>(buf->s.size()) != h * d || static_cast<int64_t>(buf->zeros_d.size()) != d)
-    buf = std::make_unique<Buffers>(h, d);
-  const float count = GroupState(p, g, buf->s.data(), buf->zeros_d.data(), buf->zeros_h.data());
-  const float scale = p.length_normalize ? 1.0f / std::max(count, 1.0f) : 1.0f;
-  Activate(buf->s.data(), buf->act.data(), buf->slope.data(), h * d, scale);
-  const float* act = buf->act.data();
-  float* grad = buf->s.data();  // dG, then dS (S is not needed again)
+  Buffers& buf = GroupState<true>(p, g);
+  const float* act = buf.act.data();
+  float* grad = buf.s.data();  // dG, then dS (S is not needed again)
   std::fill(grad, grad + h * d, 0.0f);
   for (size_t start = 0; start < g.queries.size(); start += kTile) {
-    const Tile t = TileAt(g.queries, start);
+    const Tile t(g.queries, start, g.row * p.nq);
     const float* gs[kTile];
     const float* vs[kTile];
     float* dvs[kTile];
-    for (int u = 0; u < kTile; ++u) {
-      const bool real = u < t.count;
-      const int64_t at = g.row * p.nq + (real ? t.pos[u] : 0);
-      gs[u] = real ? dout + at * d : buf->zeros_d.data();
-      vs[u] = real ? p.w2 + at * h : buf->zeros_h.data();
-      dvs[u] = real ? dw2 + at * h : buf->sink_h.data() + u * h;
-    }
+    t.Rows(dout, d, buf.zeros_d.data(), 0, gs);
+    t.Rows(p.w2, h, buf.zeros_h.data(), 0, vs);
+    t.Rows(dw2, h, buf.sink_h.data(), h, dvs);
     const float* __restrict g0 = gs[0];
     const float* __restrict g1 = gs[1];
     const float* __restrict g2 = gs[2];
@@ -478,26 +440,22 @@ void SegmentedBackwardGroup(const Segmented& p, const Segmented::Group& g, const
       dvs[3][j] = s3;
     }
   }
-  const float* slope = buf->slope.data();
+  const float* slope = buf.slope.data();
 #pragma omp simd
   for (int64_t k = 0; k < h * d; ++k) grad[k] *= slope[k];
   for (size_t start = 0; start < g.keys.size(); start += kTile) {
-    const Tile t = TileAt(g.keys, start);
+    const Tile t(g.keys, start, g.row * p.nk);
     const float* xs[kTile];
     const float* ws[kTile];
     float* dws[kTile];
     float* dxs[kTile];
     float m[kTile];
-    for (int u = 0; u < kTile; ++u) {
-      const bool real = u < t.count;
-      const int64_t at = g.row * p.nk + (real ? t.pos[u] : 0);
-      m[u] = real ? p.mask[at] : 0.0f;
-      xs[u] = real ? p.x + at * d : buf->zeros_d.data();
-      ws[u] = real ? p.w1 + at * h : buf->zeros_h.data();
-      dws[u] = real ? dw1 + at * h : buf->sink_h.data() + u * h;
-      dxs[u] = real ? dx + at * d : buf->sink_d.data() + u * d;
-      std::fill(dxs[u], dxs[u] + d, 0.0f);
-    }
+    t.Rows(p.x, d, buf.zeros_d.data(), 0, xs);
+    t.Rows(p.w1, h, buf.zeros_h.data(), 0, ws);
+    t.Rows(dw1, h, buf.sink_h.data(), h, dws);
+    t.Rows(dx, d, buf.sink_d.data(), d, dxs);
+    t.Weights(p.mask, m);
+    for (int u = 0; u < kTile; ++u) std::fill(dxs[u], dxs[u] + d, 0.0f);
     const float* __restrict x0 = xs[0];
     const float* __restrict x1 = xs[1];
     const float* __restrict x2 = xs[2];
@@ -530,37 +488,24 @@ void SegmentedBackwardGroup(const Segmented& p, const Segmented::Group& g, const
   }
 }
 
-ffi::Error MakeSegmented(const char* name, ffi::Buffer<ffi::F32>& w1, ffi::Buffer<ffi::F32>& x,
-                         ffi::Buffer<ffi::F32>& w2, ffi::Buffer<ffi::F32>& mask, ffi::Buffer<ffi::S32>& q_seg,
-                         ffi::Buffer<ffi::S32>& kv_seg, int64_t length_normalize, Segmented* p) {
+ffi::Error MakeSegmented(const char* name, F32Buf& w1, F32Buf& x, F32Buf& w2, F32Buf& mask, S32Buf& q_seg,
+                         S32Buf& kv_seg, int64_t length_normalize, Segmented* p) {
   auto wd = w1.dimensions(), xd = x.dimensions(), vd = w2.dimensions(), md = mask.dimensions(),
        qd = q_seg.dimensions(), kd = kv_seg.dimensions();
   if (wd.size() != 3 || xd.size() != 3 || vd.size() != 3 || md.size() != 2 || qd.size() != 2 || kd.size() != 2)
-    return ffi::Error::InvalidArgument(std::string(name) +
-                                       ": expected w1, x [b, nk, *], w2 [b, nq, h], mask, kv_seg [b, nk], q_seg [b, nq]");
+    return ffi::Error::InvalidArgument(
+        std::string(name) + ": expected w1, x [b, nk, *], w2 [b, nq, h], mask, kv_seg [b, nk], q_seg [b, nq]");
   if (xd[0] != wd[0] || vd[0] != wd[0] || md[0] != wd[0] || qd[0] != wd[0] || kd[0] != wd[0] ||
       xd[1] != wd[1] || md[1] != wd[1] || kd[1] != wd[1] || qd[1] != vd[1] || vd[2] != wd[2])
     return ffi::Error::InvalidArgument(std::string(name) + ": operand shapes do not match");
-  p->b = wd[0];
-  p->nk = wd[1];
-  p->h = wd[2];
-  p->nq = vd[1];
-  p->d = xd[2];
-  p->length_normalize = length_normalize != 0;
-  p->w1 = w1.typed_data();
-  p->x = x.typed_data();
-  p->w2 = w2.typed_data();
-  p->mask = mask.typed_data();
-  p->q_seg = q_seg.typed_data();
-  p->kv_seg = kv_seg.typed_data();
+  *p = {wd[0], vd[1], wd[1], wd[2], xd[2], length_normalize != 0, w1.typed_data(), x.typed_data(),
+        w2.typed_data(), mask.typed_data(), q_seg.typed_data(), kv_seg.typed_data()};
   MakeGroups(*p);
   return ffi::Error::Success();
 }
 
-ffi::Error SegmentedForward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> w1, ffi::Buffer<ffi::F32> x,
-                            ffi::Buffer<ffi::F32> w2, ffi::Buffer<ffi::F32> mask, ffi::Buffer<ffi::S32> q_seg,
-                            ffi::Buffer<ffi::S32> kv_seg, ffi::ResultBuffer<ffi::F32> out,
-                            int64_t length_normalize) {
+ffi::Error SegmentedForward(ffi::ThreadPool pool, F32Buf w1, F32Buf x, F32Buf w2, F32Buf mask, S32Buf q_seg,
+                            S32Buf kv_seg, F32Ret out, int64_t length_normalize) {
   Segmented p;
   ffi::Error err = MakeSegmented("remixer_hypermixing_segmented", w1, x, w2, mask, q_seg, kv_seg,
                                  length_normalize, &p);
@@ -573,11 +518,9 @@ ffi::Error SegmentedForward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> w1, ffi:
   return ffi::Error::Success();
 }
 
-ffi::Error SegmentedBackward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> w1, ffi::Buffer<ffi::F32> x,
-                             ffi::Buffer<ffi::F32> w2, ffi::Buffer<ffi::F32> mask, ffi::Buffer<ffi::S32> q_seg,
-                             ffi::Buffer<ffi::S32> kv_seg, ffi::Buffer<ffi::F32> dout,
-                             ffi::ResultBuffer<ffi::F32> dw1, ffi::ResultBuffer<ffi::F32> dx,
-                             ffi::ResultBuffer<ffi::F32> dw2, int64_t length_normalize) {
+ffi::Error SegmentedBackward(ffi::ThreadPool pool, F32Buf w1, F32Buf x, F32Buf w2, F32Buf mask, S32Buf q_seg,
+                             S32Buf kv_seg, F32Buf dout, F32Ret dw1, F32Ret dx, F32Ret dw2,
+                             int64_t length_normalize) {
   Segmented p;
   ffi::Error err = MakeSegmented("remixer_hypermixing_segmented_grad", w1, x, w2, mask, q_seg, kv_seg,
                                  length_normalize, &p);
@@ -596,60 +539,26 @@ ffi::Error SegmentedBackward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> w1, ffi
   return ffi::Error::Success();
 }
 
+// Every handler takes the thread pool, w1, x, w2, mask and the ids (seg, or q_seg then kv_seg) first.
+auto Operands() {
+  return ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<F32Buf>().Arg<F32Buf>().Arg<F32Buf>().Arg<F32Buf>()
+      .Arg<S32Buf>();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RemixerHyperMixingCausal, Forward,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int64_t>("length_normalize")
-                                  .Attr<int64_t>("block"));
+                              Operands().Ret<F32Buf>().Ret<F32Buf>()  // out, ckpt
+                                  .Attr<int64_t>("length_normalize").Attr<int64_t>("block"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RemixerHyperMixingCausalGrad, Backward,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int64_t>("length_normalize")
-                                  .Attr<int64_t>("block"));
+                              Operands().Arg<F32Buf>().Arg<F32Buf>()  // ckpt, dout
+                                  .Ret<F32Buf>().Ret<F32Buf>().Ret<F32Buf>()
+                                  .Attr<int64_t>("length_normalize").Attr<int64_t>("block"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RemixerHyperMixingSegmented, SegmentedForward,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int64_t>("length_normalize"));
+                              Operands().Arg<S32Buf>().Ret<F32Buf>().Attr<int64_t>("length_normalize"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RemixerHyperMixingSegmentedGrad, SegmentedBackward,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int64_t>("length_normalize"));
+                              Operands().Arg<S32Buf>().Arg<F32Buf>()  // kv_seg, dout
+                                  .Ret<F32Buf>().Ret<F32Buf>().Ret<F32Buf>().Attr<int64_t>("length_normalize"));
