@@ -20,15 +20,14 @@ Import needs only numpy + safetensors (+ jax/flax for the module); torch is impo
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
-import struct
 import tempfile
 from typing import Any, Mapping
 
 import numpy as np
+from flax import traverse_util
 
 from remixer_t5.model import network
 
@@ -68,9 +67,8 @@ def config_from_hf(hf_config: Mapping[str, Any]) -> network.T5Config:
     raise ValueError(
         f"HF config feed_forward_proj={ff!r} is not supported: only {SUPPORTED_FEED_FORWARD_PROJ} "
         "(T5 v1.1, gated GELU) maps onto network.Transformer; original T5 ('relu') does not")
-  num_layers = get("num_layers")
-  num_decoder_layers = hf_config.get("num_decoder_layers")
-  values = dict(
+  num_layers, num_decoder_layers = get("num_layers"), hf_config.get("num_decoder_layers")
+  return network.T5Config(
       vocab_size=get("vocab_size"), emb_dim=get("d_model"), num_heads=get("num_heads"),
       num_encoder_layers=num_layers,
       num_decoder_layers=num_layers if num_decoder_layers is None else num_decoder_layers,
@@ -78,8 +76,6 @@ def config_from_hf(hf_config: Mapping[str, Any]) -> network.T5Config:
       dropout_rate=float(get("dropout_rate")), relpos_num_buckets=get("relative_attention_num_buckets"),
       relpos_max_distance=get("relative_attention_max_distance"),
       layer_norm_epsilon=float(get("layer_norm_epsilon")))
-  fields = {f.name for f in dataclasses.fields(network.T5Config)}
-  return network.T5Config(**{k: v for k, v in values.items() if k in fields})
 
 
 def config_to_hf(cfg: network.T5Config) -> dict:
@@ -88,32 +84,17 @@ def config_to_hf(cfg: network.T5Config) -> dict:
     raise ValueError(f"T5Config.mlp_activations={tuple(cfg.mlp_activations)!r} has no HF T5 equivalent; "
                      "only ('gelu', 'linear') (feed_forward_proj 'gated-gelu') can be exported")
   return {
-      "architectures": ["T5ForConditionalGeneration"],
-      "model_type": "t5",
-      "vocab_size": cfg.vocab_size,
-      "d_model": cfg.emb_dim,
-      "d_kv": cfg.head_dim,
-      "d_ff": cfg.mlp_dim,
-      "num_layers": cfg.num_encoder_layers,
-      "num_decoder_layers": cfg.num_decoder_layers,
-      "num_heads": cfg.num_heads,
+      "architectures": ["T5ForConditionalGeneration"], "model_type": "t5", "vocab_size": cfg.vocab_size,
+      "d_model": cfg.emb_dim, "d_kv": cfg.head_dim, "d_ff": cfg.mlp_dim, "num_layers": cfg.num_encoder_layers,
+      "num_decoder_layers": cfg.num_decoder_layers, "num_heads": cfg.num_heads,
       "relative_attention_num_buckets": cfg.relpos_num_buckets,
-      "relative_attention_max_distance": cfg.relpos_max_distance,
-      "dropout_rate": cfg.dropout_rate,
-      "layer_norm_epsilon": cfg.layer_norm_epsilon,
-      "initializer_factor": 1.0,
-      "feed_forward_proj": "gated-gelu",
-      "dense_act_fn": "gelu_new",
-      "is_gated_act": True,
-      "is_encoder_decoder": True,
-      "use_cache": True,
+      "relative_attention_max_distance": cfg.relpos_max_distance, "dropout_rate": cfg.dropout_rate,
+      "layer_norm_epsilon": cfg.layer_norm_epsilon, "initializer_factor": 1.0, "feed_forward_proj": "gated-gelu",
+      "dense_act_fn": "gelu_new", "is_gated_act": True, "is_encoder_decoder": True, "use_cache": True,
       # 4.x: false = untied lm_head, no output scaling. 5.x forces tying in its config object but reads
       # the scaling from this key (or from tie_word_embeddings: false) and unties a differing lm_head.
-      "tie_word_embeddings": False,
-      "scale_decoder_outputs": False,
-      "pad_token_id": 0,
-      "eos_token_id": 1,
-      "decoder_start_token_id": 0,
+      "tie_word_embeddings": False, "scale_decoder_outputs": False,
+      "pad_token_id": 0, "eos_token_id": 1, "decoder_start_token_id": 0,
   }
 
 
@@ -122,86 +103,43 @@ def lm_head_convention(hf_config: Mapping[str, Any] | None, has_lm_head: bool) -
   if hf_config is None:  # plain T5 v1.1
     return (not has_lm_head), False
   tied = hf_config.get("tie_word_embeddings", True) is not False  # transformers' default is True
-  if "scale_decoder_outputs" in hf_config and hf_config["scale_decoder_outputs"] is not None:
-    scale = bool(hf_config["scale_decoder_outputs"])
-  else:
-    scale = tied
-  use_shared = not has_lm_head and tied
-  return use_shared, scale
+  scale = hf_config.get("scale_decoder_outputs")
+  return not has_lm_head and tied, tied if scale is None else bool(scale)
 
 
 # ------------------------------------------------------------------------------------------ weights
 
 
-def _weight_map(cfg: network.T5Config) -> list[tuple[str, tuple[str, ...], bool]]:
-  """(HF name, our param path, transpose) for every weight of the model but shared.weight/lm_head.weight."""
+def _weight_map(cfg: network.T5Config) -> list[tuple[str, tuple[str, ...], bool, tuple[int, ...]]]:
+  """(HF name, our param path, transpose, HF shape) of every weight of the model but shared/lm_head.weight."""
+  e, inner, m = cfg.emb_dim, cfg.num_heads * cfg.head_dim, cfg.mlp_dim
+  attention = {"q": ("query", (inner, e)), "k": ("key", (inner, e)), "v": ("value", (inner, e)),
+               "o": ("out", (e, inner))}
+  # A block's sublayers in HF's order (layer.0, layer.1, ...): (HF module, our pre-norm, our module, weights).
+  mlp = ("DenseReluDense", "pre_mlp_layer_norm", "mlp",
+         {"wi_0": ("wi_0", (m, e)), "wi_1": ("wi_1", (m, e)), "wo": ("wo", (e, m))})
+  encoder = [("SelfAttention", "pre_attention_layer_norm", "attention", attention), mlp]
+  decoder = [("SelfAttention", "pre_self_attention_layer_norm", "self_attention", attention),
+             ("EncDecAttention", "pre_cross_attention_layer_norm", "encoder_decoder_attention", attention), mlp]
   out = []
-
-  def attn(hf, ours):
-    for a, b in (("q", "query"), ("k", "key"), ("v", "value"), ("o", "out")):
-      out.append((f"{hf}.{a}.weight", ours + (b, "kernel"), True))
-
-  def mlp(hf, ours):
-    for a in ("wi_0", "wi_1", "wo"):
-      out.append((f"{hf}.DenseReluDense.{a}.weight", ours + ("mlp", a, "kernel"), True))
-
-  out.append(("encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
-              ("encoder", "relpos_bias", "rel_embedding"), True))
-  for i in range(cfg.num_encoder_layers):
-    hf, ours = f"encoder.block.{i}", ("encoder", f"layers_{i}")
-    out.append((f"{hf}.layer.0.layer_norm.weight", ours + ("pre_attention_layer_norm", "scale"), False))
-    attn(f"{hf}.layer.0.SelfAttention", ours + ("attention",))
-    out.append((f"{hf}.layer.1.layer_norm.weight", ours + ("pre_mlp_layer_norm", "scale"), False))
-    mlp(f"{hf}.layer.1", ours)
-  out.append(("encoder.final_layer_norm.weight", ("encoder", "encoder_norm", "scale"), False))
-
-  out.append(("decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
-              ("decoder", "relpos_bias", "rel_embedding"), True))
-  for i in range(cfg.num_decoder_layers):
-    hf, ours = f"decoder.block.{i}", ("decoder", f"layers_{i}")
-    out.append((f"{hf}.layer.0.layer_norm.weight", ours + ("pre_self_attention_layer_norm", "scale"), False))
-    attn(f"{hf}.layer.0.SelfAttention", ours + ("self_attention",))
-    out.append((f"{hf}.layer.1.layer_norm.weight", ours + ("pre_cross_attention_layer_norm", "scale"), False))
-    attn(f"{hf}.layer.1.EncDecAttention", ours + ("encoder_decoder_attention",))
-    out.append((f"{hf}.layer.2.layer_norm.weight", ours + ("pre_mlp_layer_norm", "scale"), False))
-    mlp(f"{hf}.layer.2", ours)
-  out.append(("decoder.final_layer_norm.weight", ("decoder", "decoder_norm", "scale"), False))
+  for stack, num_layers, sublayers in (("encoder", cfg.num_encoder_layers, encoder),
+                                       ("decoder", cfg.num_decoder_layers, decoder)):
+    out.append((f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+                (stack, "relpos_bias", "rel_embedding"), True, (cfg.relpos_num_buckets, cfg.num_heads)))
+    for i in range(num_layers):
+      for j, (hf, norm, ours, weights) in enumerate(sublayers):
+        block, layer = f"{stack}.block.{i}.layer.{j}", (stack, f"layers_{i}")
+        out.append((f"{block}.layer_norm.weight", layer + (norm, "scale"), False, (e,)))
+        out += [(f"{block}.{hf}.{a}.weight", layer + (ours, b, "kernel"), True, shape)
+                for a, (b, shape) in weights.items()]
+    out.append((f"{stack}.final_layer_norm.weight", (stack, f"{stack}_norm", "scale"), False, (e,)))
   return out
 
 
 def hf_weight_shapes(cfg: network.T5Config) -> dict[str, tuple[int, ...]]:
   """Expected HF state_dict shapes (torch layout) of a T5 v1.1 with an untied lm_head."""
-  e, inner, m, v = cfg.emb_dim, cfg.num_heads * cfg.head_dim, cfg.mlp_dim, cfg.vocab_size
-  shapes = {"shared.weight": (v, e), "lm_head.weight": (v, e)}
-  for name, _, _ in _weight_map(cfg):
-    leaf = name.rsplit(".", 2)[-2]
-    if leaf == "relative_attention_bias":
-      shapes[name] = (cfg.relpos_num_buckets, cfg.num_heads)
-    elif name.endswith("layer_norm.weight"):
-      shapes[name] = (e,)
-    elif leaf in ("q", "k", "v"):
-      shapes[name] = (inner, e)
-    elif leaf == "o":
-      shapes[name] = (e, inner)
-    elif leaf in ("wi_0", "wi_1"):
-      shapes[name] = (m, e)
-    elif leaf == "wo":
-      shapes[name] = (e, m)
-    else:
-      raise AssertionError(name)
-  return shapes
-
-
-def _set(tree: dict, path: tuple[str, ...], value) -> None:
-  for key in path[:-1]:
-    tree = tree.setdefault(key, {})
-  tree[path[-1]] = value
-
-
-def _get(tree: Mapping, path: tuple[str, ...]):
-  for key in path:
-    tree = tree[key]
-  return tree
+  shapes = {"shared.weight": (cfg.vocab_size, cfg.emb_dim), "lm_head.weight": (cfg.vocab_size, cfg.emb_dim)}
+  return shapes | {name: shape for name, _, _, shape in _weight_map(cfg)}
 
 
 def _float32(x) -> np.ndarray:
@@ -243,25 +181,23 @@ def hf_state_dict_to_params(state: Mapping[str, Any], cfg: network.T5Config, *,
              f"vocab={cfg.vocab_size}, layers={cfg.num_encoder_layers}+{cfg.num_decoder_layers}, "
              f"relpos_buckets={cfg.relpos_num_buckets}):"]
     if missing:
-      lines.append(f"missing weights ({len(missing)}): " + ", ".join(
-          f"{k} {expected[k]}" for k in missing))
+      lines.append(f"missing weights ({len(missing)}): " + ", ".join(f"{k} {expected[k]}" for k in missing))
     if unexpected:
-      lines.append(f"unexpected weights ({len(unexpected)}): " + ", ".join(
-          f"{k} {tuple(np.shape(state[k]))}" for k in unexpected))
+      lines.append(f"unexpected weights ({len(unexpected)}): "
+                   + ", ".join(f"{k} {tuple(np.shape(state[k]))}" for k in unexpected))
     if wrong:
       lines.append("shape mismatches: " + "; ".join(wrong))
     raise ValueError("\n".join(lines))
 
-  params: Params = {}
-  _set(params, ("token_embedder", "embedding"), _float32(state["shared.weight"]))
-  for name, path, transpose in _weight_map(cfg):
+  flat = {("token_embedder", "embedding"): _float32(state["shared.weight"])}
+  for name, path, transpose, _ in _weight_map(cfg):
     w = _float32(state[name])
-    _set(params, path, np.ascontiguousarray(w.T) if transpose else w)
+    flat[path] = np.ascontiguousarray(w.T) if transpose else w
   head = _float32(state["shared.weight"] if use_shared else state["lm_head.weight"]).T
   if scale:
     head = head * np.float32(cfg.emb_dim ** -0.5)
-  _set(params, ("decoder", "logits_dense", "kernel"), np.ascontiguousarray(head))
-  return params
+  flat[("decoder", "logits_dense", "kernel")] = np.ascontiguousarray(head)
+  return traverse_util.unflatten_dict(flat)
 
 
 def params_to_hf_state_dict(params: Mapping, cfg: network.T5Config) -> dict[str, np.ndarray]:
@@ -271,26 +207,23 @@ def params_to_hf_state_dict(params: Mapping, cfg: network.T5Config) -> dict[str,
   `lm_head.weight` and the blocks (the stacks' `embed_tokens.weight` are tied to `shared.weight` and left
   out, as transformers does).
   """
-  params = _unfreeze(params)
-  expected = hf_weight_shapes(cfg)
-  entries = [("shared.weight", ("token_embedder", "embedding"), False),
-             ("lm_head.weight", ("decoder", "logits_dense", "kernel"), True)] + _weight_map(cfg)
-  state, problems = {}, []
-  for name, path, transpose in entries:
-    try:
-      w = _float32(_get(params, path))
-    except (KeyError, TypeError):
+  head = (cfg.vocab_size, cfg.emb_dim)
+  entries = [("shared.weight", ("token_embedder", "embedding"), False, head),
+             ("lm_head.weight", ("decoder", "logits_dense", "kernel"), True, head)] + _weight_map(cfg)
+  flat, state, problems = traverse_util.flatten_dict(params), {}, []
+  for name, path, transpose, shape in entries:
+    if path not in flat:
       problems.append(f"missing param {'/'.join(path)} (for {name})")
       continue
-    w = np.ascontiguousarray(w.T) if transpose else np.ascontiguousarray(w)
-    if w.shape != expected[name]:
-      problems.append(f"param {'/'.join(path)}: expected "
-                      f"{expected[name][::-1] if transpose else expected[name]}, "
+    w = _float32(flat[path])
+    w = np.ascontiguousarray(w.T if transpose else w)
+    if w.shape != shape:
+      problems.append(f"param {'/'.join(path)}: expected {shape[::-1] if transpose else shape}, "
                       f"got {w.shape[::-1] if transpose else w.shape}")
       continue
     state[name] = w
-  known = {"/".join(p) for _, p, _ in entries}
-  extra = sorted(p for p in _flat_paths(params) if p not in known)
+  known = {p for _, p, _, _ in entries}
+  extra = sorted("/".join(p) for p in flat if p not in known)
   if extra:
     problems.append("unexpected params: " + ", ".join(extra))
   if problems:
@@ -298,49 +231,12 @@ def params_to_hf_state_dict(params: Mapping, cfg: network.T5Config) -> dict[str,
   return state
 
 
-def _unfreeze(tree):
-  if isinstance(tree, Mapping):
-    return {k: _unfreeze(v) for k, v in tree.items()}
-  return tree
-
-
-def _flat_paths(tree, prefix=()):
-  for k, v in tree.items():
-    if isinstance(v, Mapping):
-      yield from _flat_paths(v, prefix + (k,))
-    else:
-      yield "/".join(prefix + (k,))
-
-
 # ------------------------------------------------------------------------------------- checkpoints
 
-_SAFETENSORS_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "bfloat16", "I64": "<i8",
-                       "I32": "<i4", "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
-
-
 def _read_safetensors(path: str) -> dict[str, np.ndarray]:
-  """All tensors of a .safetensors file as numpy (bfloat16 via ml_dtypes, which numpy alone lacks)."""
+  """All tensors of a .safetensors file as numpy (bfloat16 as ml_dtypes' type, which safetensors reads)."""
   import safetensors.numpy
-  try:
-    return safetensors.numpy.load_file(path)
-  except TypeError:  # a dtype numpy does not know (bfloat16): parse the simple format ourselves
-    pass
-  import ml_dtypes  # a jax dependency
-  with open(path, "rb") as f:
-    (n,) = struct.unpack("<Q", f.read(8))
-    header = json.loads(f.read(n))
-    data = f.read()
-  out = {}
-  for name, info in header.items():
-    if name == "__metadata__":
-      continue
-    dtype = info["dtype"]
-    if dtype not in _SAFETENSORS_DTYPES:
-      raise ValueError(f"{path}: tensor {name} has unsupported dtype {dtype}")
-    np_dtype = ml_dtypes.bfloat16 if dtype == "BF16" else np.dtype(_SAFETENSORS_DTYPES[dtype])
-    start, end = info["data_offsets"]
-    out[name] = np.frombuffer(data[start:end], dtype=np_dtype).reshape(info["shape"])
-  return out
+  return safetensors.numpy.load_file(path)
 
 
 def _read_torch(path: str) -> dict[str, np.ndarray]:
@@ -381,19 +277,11 @@ def read_hf_checkpoint(path: str | os.PathLike) -> tuple[dict, dict[str, np.ndar
     raise FileNotFoundError(f"no {CONFIG_NAME} in HF checkpoint directory {path}")
   with open(config_path) as f:
     hf_config = json.load(f)
-  exists = lambda name: os.path.isfile(os.path.join(path, name))
-  if exists(SAFETENSORS_NAME):
-    state = _read_safetensors(os.path.join(path, SAFETENSORS_NAME))
-  elif exists(SAFETENSORS_INDEX_NAME):
-    state = _read_sharded(path, SAFETENSORS_INDEX_NAME, _read_safetensors)
-  elif exists(TORCH_NAME):
-    state = _read_torch(os.path.join(path, TORCH_NAME))
-  elif exists(TORCH_INDEX_NAME):
-    state = _read_sharded(path, TORCH_INDEX_NAME, _read_torch)
-  else:
-    raise FileNotFoundError(f"no weights in HF checkpoint directory {path}: looked for "
-                            f"{', '.join(WEIGHT_FILES)}")
-  return hf_config, state
+  for name, read in zip(WEIGHT_FILES, (_read_safetensors, _read_safetensors, _read_torch, _read_torch)):
+    if os.path.isfile(os.path.join(path, name)):
+      sharded = name in (SAFETENSORS_INDEX_NAME, TORCH_INDEX_NAME)
+      return hf_config, _read_sharded(path, name, read) if sharded else read(os.path.join(path, name))
+  raise FileNotFoundError(f"no weights in HF checkpoint directory {path}: looked for {', '.join(WEIGHT_FILES)}")
 
 
 # --------------------------------------------------------------------------------------- tokenizer
@@ -529,9 +417,7 @@ def hf_tokenizer_files(spiece_model: bytes, extra_ids: int = 100, model_max_leng
   if inside:
     raise ValueError(f"the SentencePiece model already holds {len(inside)} sentinel pieces (e.g. {inside[0]!r}); "
                      "write the plain model, without seqio's extra ids")
-  if extra_ids < 0:
-    raise ValueError(f"extra_ids must be >= 0, got {extra_ids}")
-  sentinels = [f"<extra_id_{i}>" for i in range(extra_ids)]
+  sentinels = [f"<extra_id_{i}>" for i in range(extra_ids)]  # extra_ids < 0: refused by fast_tokenizer_json
   tokens = {"eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>",
             "additional_special_tokens": sentinels}
   config = {**tokens, "extra_ids": extra_ids, "model_max_length": model_max_length,
