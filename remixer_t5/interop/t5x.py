@@ -131,7 +131,7 @@ def load_t5x_params(path: str | os.PathLike, step: int | None = None) -> dict:
 
 
 def _load_legacy(msgpack_file: Path) -> dict:
-  from flax import serialization
+  from flax import serialization, traverse_util
   contents = serialization.msgpack_restore(msgpack_file.read_bytes())
   if not isinstance(contents, dict):
     raise T5xCheckpointError(f"{msgpack_file} does not hold a t5x state dict")
@@ -141,30 +141,14 @@ def _load_legacy(msgpack_file: Path) -> dict:
     raise T5xCheckpointError(f"{msgpack_file} has no 'optimizer/target' (the parameters); top-level keys: "
                              f"{sorted(contents)}" + (f", optimizer keys: {sorted(optimizer)}"
                                                       if isinstance(optimizer, dict) else ""))
-  step_dir = msgpack_file.parent
   flat: dict[tuple[str, ...], Any] = {}
   specs: dict[tuple[str, ...], dict] = {}
-  for keys, leaf in _flatten(optimizer["target"], ("target",)):
+  for keys, leaf in traverse_util.flatten_dict(optimizer["target"], is_leaf=lambda _, x: _is_ts_spec(x)).items():
     if _is_ts_spec(leaf):
-      specs[keys] = _local_spec(leaf, step_dir, "/".join(keys), msgpack_file)
+      specs[keys] = _local_spec(leaf, msgpack_file.parent, "/".join(("target",) + keys), msgpack_file)
     else:
       flat[keys] = np.asarray(leaf)
-  flat.update(_read_tensorstore(specs))
-  out: dict = {}
-  for keys, value in flat.items():
-    node = out
-    for k in keys[1:-1]:
-      node = node.setdefault(k, {})
-    node[keys[-1]] = value
-  return out
-
-
-def _flatten(tree, prefix: tuple[str, ...]):
-  if isinstance(tree, dict) and not _is_ts_spec(tree):
-    for k, v in tree.items():
-      yield from _flatten(v, prefix + (str(k),))
-  else:
-    yield prefix, tree
+  return traverse_util.unflatten_dict(flat | _read_tensorstore(specs))
 
 
 def _is_ts_spec(x) -> bool:
