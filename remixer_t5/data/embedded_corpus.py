@@ -1,27 +1,21 @@
 """The embedded pretraining corpus: text that ships inside the gensim wheel.
 
-Two sources, both found in gensim's ``test/test_data`` folder, so nothing is
-downloaded:
+Two sources, both in gensim's ``test/test_data`` folder, so nothing is downloaded:
 
-* ``wiki``: ~100 English Wikipedia articles
-  (``enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2``),
-  turned into plain, natural text (case and punctuation kept) with gensim's own
-  wiki tools (``extract_pages`` + ``filter_wiki``) and a little extra cleanup.
+* ``wiki``: ~100 English Wikipedia articles (``enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2``),
+  turned into plain, natural text (case and punctuation kept) with gensim's own wiki tools (``extract_pages`` +
+  ``filter_wiki``) and a little extra cleanup.
 * ``lee``: ``lee_background.cor``, ~300 news articles, one document per line.
 
-Documents are split into ``train`` / ``validation`` by a stable hash of
-``source:title`` (about 5% validation, at least ``MIN_VALIDATION_DOCS`` per
-source). :func:`prepare` writes the result once into a cache directory
-(``cache_dir`` argument, else ``$REMIXER_T5_CACHE_DIR/embedded_corpus``, else
-``~/.cache/remixer_t5/embedded_corpus``):
+Documents are split into ``train`` / ``validation`` by a stable hash of ``source:title`` (about 5% validation, at
+least ``MIN_VALIDATION_DOCS`` per source). :func:`prepare` writes the result once into a cache directory
+(``cache_dir`` argument, else ``$REMIXER_T5_CACHE_DIR/embedded_corpus``, else ``~/.cache/remixer_t5/embedded_corpus``):
 
-* ``<split>.jsonl``: one ``{"text", "title", "source"}`` object per line
-  (human readable);
-* ``<split>.tfrecord``: the same documents as ``tf.train.Example`` records
-  (features ``text``, ``title``, ``source``), read by the seqio task;
-* ``manifest.json``: counts and versions, written last. A cache directory is
-  complete exactly when its manifest exists with the current
-  ``CORPUS_VERSION``; every file is written to a temporary name and renamed.
+* ``<split>.jsonl``: one ``{"text", "title", "source"}`` object per line (human readable);
+* ``<split>.tfrecord``: the same documents as ``tf.train.Example`` records (features ``text``, ``title``,
+  ``source``), read by the seqio task;
+* ``manifest.json``: counts and versions, written last. A cache directory is complete exactly when its manifest
+  exists with the current ``CORPUS_VERSION``; every file is written to a temporary name and renamed.
 
 This module imports gensim and TensorFlow only when it prepares the corpus.
 """
@@ -38,6 +32,7 @@ import re
 import sys
 import tempfile
 import time
+from importlib import metadata
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -56,14 +51,9 @@ WIKI_FILE = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz
 LEE_FILE = "lee_background.cor"
 
 # Trailing wiki sections that hold references and link lists, not prose.
-_TAIL_SECTIONS = frozenset(
-    s.lower()
-    for s in (
-        "References", "Notes", "Footnotes", "Citations", "Sources", "Bibliography",
-        "See also", "External links", "Further reading", "Notes and references",
-        "References and notes", "Works cited", "Selected bibliography",
-    )
-)
+_TAIL_SECTIONS = frozenset(s.lower() for s in (
+    "References", "Notes", "Footnotes", "Citations", "Sources", "Bibliography", "See also", "External links",
+    "Further reading", "Notes and references", "References and notes", "Works cited", "Selected bibliography"))
 _HEADING = re.compile(r"^\s*(=+)\s*(.*?)\s*\1\s*$")
 _LIST_PREFIX = re.compile(r"^[*#:;]+\s*")
 _URL = re.compile(r"https?://\S+|www\.\S+")
@@ -92,10 +82,8 @@ def gensim_test_data_dir() -> Path:
     """gensim's ``test/test_data`` folder, located without importing gensim."""
     spec = importlib.util.find_spec("gensim")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "The embedded corpus needs the `gensim` package (its test data holds the "
-            "text); install it (`pip install gensim==4.4.0`)."
-        )
+        raise FileNotFoundError("The embedded corpus needs the `gensim` package (its test data holds the text); "
+                                "install it (`pip install gensim==4.4.0`).")
     return Path(list(spec.submodule_search_locations)[0]) / "test" / "test_data"
 
 
@@ -125,31 +113,25 @@ def is_prepared(cache_dir=None) -> bool:
 def prepare(cache_dir=None, *, wiki_path=None, lee_path=None) -> dict[str, Path]:
     """Prepares the corpus once; returns ``{split: path of <split>.jsonl}``.
 
-    A second call finds the manifest and returns at once. ``wiki_path`` and
-    ``lee_path`` override the gensim source files (FileNotFoundError, naming the
-    path, when one is missing).
+    A second call finds the manifest and returns at once. ``wiki_path`` and ``lee_path`` override the gensim source
+    files (FileNotFoundError, naming the path, when one is missing).
     """
     out_dir = corpus_dir(cache_dir)
     if is_prepared(out_dir):
         return split_paths(out_dir)
 
-    data_dir = None
-    if wiki_path is None or lee_path is None:
-        data_dir = gensim_test_data_dir()
-    wiki_path = Path(wiki_path) if wiki_path is not None else data_dir / WIKI_FILE
-    lee_path = Path(lee_path) if lee_path is not None else data_dir / LEE_FILE
+    wiki_path = Path(wiki_path) if wiki_path is not None else gensim_test_data_dir() / WIKI_FILE
+    lee_path = Path(lee_path) if lee_path is not None else gensim_test_data_dir() / LEE_FILE
     for p in (wiki_path, lee_path):
         if not p.is_file():
-            raise FileNotFoundError(
-                f"Embedded corpus source file not found: {p} (it ships in the gensim "
-                "wheel's test data; reinstall gensim==4.4.0 or pass wiki_path/lee_path)."
-            )
+            raise FileNotFoundError(f"Embedded corpus source file not found: {p} (it ships in the gensim wheel's "
+                                    "test data; reinstall gensim==4.4.0 or pass wiki_path/lee_path).")
 
     start = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
     _remove_stale_temp_files(out_dir)
-    # A stale (older version) cache: drop its manifest first, then the
-    # vocabularies trained on it, so that a killed rebuild is never "complete".
+    # A stale (older version) cache: drop its manifest first, then the vocabularies trained on it, so that a killed
+    # rebuild is never "complete".
     manifest_path(out_dir).unlink(missing_ok=True)
     for model in out_dir.glob("spm_unigram_*.model"):
         model.unlink(missing_ok=True)
@@ -157,25 +139,21 @@ def prepare(cache_dir=None, *, wiki_path=None, lee_path=None) -> dict[str, Path]
     docs = _deduplicate([*iter_wiki_documents(wiki_path), *iter_lee_documents(lee_path)])
     splits = assign_splits(docs)
 
-    jsonl = split_paths(out_dir, "jsonl")
-    records = split_paths(out_dir, "tfrecord")
+    jsonl, records = split_paths(out_dir, "jsonl"), split_paths(out_dir, "tfrecord")
     for split in SPLITS:
         _write_jsonl(jsonl[split], splits[split])
         _write_tfrecord(records[split], splits[split])
 
-    counts = {
-        split: {src: sum(d["source"] == src for d in splits[split]) for src in ("wiki", "lee")}
-        for split in SPLITS
-    }
     manifest = {
         "corpus_version": CORPUS_VERSION,
-        "counts": counts,
+        "counts": {split: {src: sum(d["source"] == src for d in splits[split]) for src in ("wiki", "lee")}
+                   for split in SPLITS},
         "num_documents": {split: len(splits[split]) for split in SPLITS},
         "num_chars": {split: sum(len(d["text"]) for d in splits[split]) for split in SPLITS},
         "validation_fraction": VALIDATION_FRACTION,
         "min_doc_chars": MIN_DOC_CHARS,
         "sources": {"wiki": wiki_path.name, "lee": lee_path.name},
-        "versions": {"gensim": _package_version("gensim"), "python": sys.version.split()[0]},
+        "versions": {"gensim": metadata.version("gensim"), "python": sys.version.split()[0]},
     }
     # The manifest goes last: its presence marks a complete cache.
     atomic_write_bytes(manifest_path(out_dir), json.dumps(manifest, indent=2, sort_keys=True).encode())
@@ -199,9 +177,8 @@ def read_split(split: str, cache_dir=None) -> list[dict]:
 def clean_wiki_text(raw: str) -> str:
     """Wiki markup -> natural text (case and punctuation kept).
 
-    gensim's ``filter_wiki`` removes templates, links, refs, tables and tags;
-    this then drops headings' markup, quote markup, list bullets, captions,
-    URLs and everything from the first reference-like section on.
+    gensim's ``filter_wiki`` removes templates, links, refs, tables and tags; this then drops headings' markup, quote
+    markup, list bullets, captions, URLs and everything from the first reference-like section on.
     """
     from gensim.corpora.wikicorpus import filter_wiki
 
@@ -222,19 +199,15 @@ def clean_wiki_text(raw: str) -> str:
         line = _SPACE_BEFORE_PUNCT.sub(r"\1", line)
         line = _LEADING_PUNCT.sub("", line.strip())
         # Image captions, table cells and other markup that filter_wiki leaves behind.
-        if (not _WORD.search(line) or _LEFTOVER_MARKUP.search(line)
-                or line.startswith(("File:", "Image:"))):
+        if not _WORD.search(line) or _LEFTOVER_MARKUP.search(line) or line.startswith(("File:", "Image:")):
             continue
         lines.append(line)
     return "\n".join(lines).strip()
 
 
 def iter_wiki_documents(path) -> Iterator[dict]:
-    """Articles of a MediaWiki XML dump (bz2) as ``{"text", "title", "source": "wiki"}``.
-
-    Skips redirects, non-article namespaces, disambiguation pages and
-    near-empty articles.
-    """
+    """Articles of a MediaWiki XML dump (bz2) as ``{"text", "title", "source": "wiki"}``; skips redirects,
+    non-article namespaces, disambiguation pages and near-empty articles."""
     from gensim.corpora.wikicorpus import IGNORED_NAMESPACES, extract_pages
 
     with bz2.open(path, "rb") as f:
@@ -260,12 +233,10 @@ def iter_lee_documents(path) -> Iterator[dict]:
 
 def _deduplicate(docs: list[dict]) -> list[dict]:
     """Drops repeated texts (lee_background.cor repeats 7 items), keeping the first."""
-    seen, out = set(), []
+    first: dict[str, dict] = {}
     for doc in docs:
-        if doc["text"] not in seen:
-            seen.add(doc["text"])
-            out.append(doc)
-    return out
+        first.setdefault(doc["text"], doc)
+    return list(first.values())
 
 
 def _doc_hash(doc: dict, salt: str = "split") -> float:
@@ -277,9 +248,9 @@ def _doc_hash(doc: dict, salt: str = "split") -> float:
 def assign_splits(docs: Iterable[dict]) -> dict[str, list[dict]]:
     """Deterministic document-level split, stable under reordering of ``docs``.
 
-    Per source, the ``VALIDATION_FRACTION`` of documents with the lowest hash
-    (at least MIN_VALIDATION_DOCS) go to validation. Within a split, documents are ordered by a second hash,
-    which mixes the sources (seqio concatenates consecutive documents).
+    Per source, the ``VALIDATION_FRACTION`` of documents with the lowest hash (at least MIN_VALIDATION_DOCS) go to
+    validation. Within a split, documents are ordered by a second hash, which mixes the sources (seqio concatenates
+    consecutive documents).
     """
     by_source: dict[str, list[dict]] = {}
     for doc in docs:
@@ -287,8 +258,7 @@ def assign_splits(docs: Iterable[dict]) -> dict[str, list[dict]]:
     out = {split: [] for split in SPLITS}
     for source in sorted(by_source):
         ranked = sorted(by_source[source], key=lambda d: (_doc_hash(d), d["title"]))
-        n_val = max(round(VALIDATION_FRACTION * len(ranked)),
-                    min(MIN_VALIDATION_DOCS, len(ranked) // 2))
+        n_val = max(round(VALIDATION_FRACTION * len(ranked)), min(MIN_VALIDATION_DOCS, len(ranked) // 2))
         out["validation"].extend(ranked[:n_val])
         out["train"].extend(ranked[n_val:])
     return {split: sorted(split_docs, key=lambda d: (_doc_hash(d, "order"), d["source"], d["title"]))
@@ -301,11 +271,8 @@ def assign_splits(docs: Iterable[dict]) -> dict[str, list[dict]]:
 
 @contextlib.contextmanager
 def atomic_path(path: Path) -> Iterator[str]:
-    """Yields a temporary file name beside ``path``; renames it to ``path`` on success.
-
-    A killed writer leaves at most a hidden ``.<name>.*.tmp`` file, never a
-    half-written ``path``.
-    """
+    """Yields a temporary file name beside ``path``; renames it to ``path`` on success. A killed writer leaves at
+    most a hidden ``.<name>.*.tmp`` file, never a half-written ``path``."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
@@ -314,10 +281,7 @@ def atomic_path(path: Path) -> Iterator[str]:
         os.chmod(tmp, 0o644)  # mkstemp makes 0600 files
         os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        Path(tmp).unlink(missing_ok=True)
         raise
 
 
@@ -339,8 +303,7 @@ def _remove_stale_temp_files(directory: Path) -> None:
 
 
 def _write_jsonl(path: Path, docs: list[dict]) -> None:
-    lines = (json.dumps({"text": d["text"], "title": d["title"], "source": d["source"]},
-                        ensure_ascii=False) + "\n" for d in docs)
+    lines = (json.dumps({k: d[k] for k in ("text", "title", "source")}, ensure_ascii=False) + "\n" for d in docs)
     atomic_write_bytes(path, "".join(lines).encode("utf-8"))
 
 
@@ -351,17 +314,7 @@ def _write_tfrecord(path: Path, docs: list[dict]) -> None:
     with atomic_path(path) as tmp:
         with tf.io.TFRecordWriter(tmp) as writer:
             for d in docs:
-                feature = {
-                    key: tf.train.Feature(bytes_list=tf.train.BytesList(value=[d[key].encode("utf-8")]))
-                    for key in ("text", "title", "source")
-                }
+                feature = {key: tf.train.Feature(bytes_list=tf.train.BytesList(value=[d[key].encode("utf-8")]))
+                           for key in ("text", "title", "source")}
                 writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
 
-
-def _package_version(name: str) -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None

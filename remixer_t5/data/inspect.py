@@ -35,11 +35,9 @@ def show(name: str, *, split: str = "train", num: int = 3,
   provider = get_mixture_or_task(name)
   if isinstance(provider, seqio.Mixture):
     parts = [f"mixture {name}: {len(provider.tasks)} tasks"]
+    parts += [f"  {task.name}: rate {_rate(provider, task)}" for task in provider.tasks]
     for task in provider.tasks:
-      parts.append(f"  {task.name}: rate {_rate(provider, task)}")
-    for task in provider.tasks:
-      parts.append("")
-      parts.append(show(task.name, split=split, num=num, feature_lengths=feature_lengths))
+      parts += ["", show(task.name, split=split, num=num, feature_lengths=feature_lengths)]
     return "\n".join(parts)
   task = provider
   if split not in task.splits:

@@ -1,78 +1,55 @@
 """T5's span-corruption pretraining objective, as seqio preprocessors (TF ops).
 
-Raffel et al. 2020, "Exploring the Limits of Transfer Learning with a Unified
-Text-to-Text Transformer" (JMLR 21), §3.1.4 "Unsupervised Objective" and §3.3
-"Unsupervised Objectives" (§3.3.4 span corruption): 15% of the tokens are
-dropped in contiguous spans of mean length 3; every dropped span is replaced
-in the inputs by a unique sentinel, and the targets are the dropped spans, each
-preceded by its sentinel. Sentinels are the last ids of the vocabulary,
-counting down: ``<extra_id_0> = vocab_size - 1``, ``<extra_id_1> = vocab_size -
-2``, ... (seqio.SentencePieceVocabulary's reversed ``extra_ids``).
+Raffel et al. 2020, "Exploring the Limits of Transfer Learning with a Unified Text-to-Text Transformer" (JMLR 21),
+§3.1.4 "Unsupervised Objective" and §3.3 "Unsupervised Objectives" (§3.3.4 span corruption): 15% of the tokens are
+dropped in contiguous spans of mean length 3; every dropped span is replaced in the inputs by a unique sentinel, and
+the targets are the dropped spans, each preceded by its sentinel. Sentinels are the last ids of the vocabulary,
+counting down: ``<extra_id_0> = vocab_size - 1``, ``<extra_id_1> = vocab_size - 2``, ...
+(seqio.SentencePieceVocabulary's reversed ``extra_ids``).
 
-Same semantics as ``t5.data.preprocessors.span_corruption``, written for this
-project (no dependency on the ``t5`` package). All randomness is stateless:
-seeds come from ``seqio.map_over_dataset(num_seeds=...)``, so a task's
+Same semantics as ``t5.data.preprocessors.span_corruption``, written for this project (no dependency on the ``t5``
+package). All randomness is stateless: seeds come from ``seqio.map_over_dataset(num_seeds=...)``, so a task's
 ``get_dataset(seed=...)`` is reproducible.
 """
 
 from __future__ import annotations
 
 import functools
-import logging
 from typing import Callable, Mapping, Optional
 
 import seqio
 import tensorflow as tf
 
-# (length, noise_density, seeds) -> bool[length]
-NoiseMaskFn = Callable[..., tf.Tensor]
-# (tokens, noise_mask, vocabulary, seeds) -> tokens
-SpanFn = Callable[..., tf.Tensor]
-
 
 def random_spans_helper(inputs_length: int = 512, noise_density: float = 0.15,
-                        mean_noise_span_length: float = 3.0,
-                        extra_tokens_per_span_inputs: int = 1,
-                        extra_tokens_per_span_targets: int = 1,
-                        verbose: bool = False) -> tuple[int, int]:
+                        mean_noise_span_length: float = 3.0) -> tuple[int, int]:
     """Raw token count that span-corrupts to exactly ``inputs_length`` (T5, §3.3.4).
 
-    Finds the largest ``tokens_length`` whose corrupted inputs (non-noise tokens
-    + one sentinel per noise span + EOS) fit in ``inputs_length``; returns
-    ``(tokens_length, targets_length)``, the targets length (noise tokens + one
+    Finds the largest ``tokens_length`` whose corrupted inputs (non-noise tokens + one sentinel per noise span + EOS)
+    fit in ``inputs_length``; returns ``(tokens_length, targets_length)``, the targets length (noise tokens + one
     sentinel per span + EOS) included. ``random_spans_helper(512) == (568, 114)``.
     """
 
     def corrupted_lengths(tokens_length: int) -> tuple[int, int]:
         num_noise = int(round(tokens_length * noise_density))
         num_spans = int(round(num_noise / mean_noise_span_length))
-        inputs = tokens_length - num_noise + num_spans * extra_tokens_per_span_inputs + 1
-        targets = num_noise + num_spans * extra_tokens_per_span_targets + 1
-        return inputs, targets
+        return tokens_length - num_noise + num_spans + 1, num_noise + num_spans + 1
 
     tokens_length = inputs_length - 1
     while corrupted_lengths(tokens_length + 1)[0] <= inputs_length:
         tokens_length += 1
     corrupted_inputs_length, targets_length = corrupted_lengths(tokens_length)
-    # As in T5: with noise_density 0.5 make targets no longer than the inputs,
-    # whose length is more likely a round number.
+    # As in T5: with noise_density 0.5 make targets no longer than the inputs, whose length is more likely round.
     if noise_density == 0.5 and targets_length > corrupted_inputs_length:
         tokens_length -= 1
         targets_length -= 1
-    if verbose:
-        logging.info("random_spans_helper: tokens_length=%d inputs_length=%d targets_length=%d "
-                     "noise_density=%s mean_noise_span_length=%s", tokens_length,
-                     corrupted_inputs_length, targets_length, noise_density, mean_noise_span_length)
     return tokens_length, targets_length
 
 
 def _random_segmentation(num_items, num_segments, seed):
-    """Random split of ``num_items`` items into ``num_segments`` non-empty runs.
-
-    Every composition is equally likely: ``num_segments - 1`` of the
-    ``num_items - 1`` gaps between items, chosen by a stateless shuffle, start a
-    new run. Returns int32 run lengths summing to ``num_items``.
-    """
+    """Random split of ``num_items`` items into ``num_segments`` non-empty runs: int32 run lengths summing to
+    ``num_items``. Every composition is equally likely: ``num_segments - 1`` of the ``num_items - 1`` gaps between
+    items, chosen by a stateless shuffle, start a new run."""
     starts_new_run = seqio.utils.stateless_shuffle(
         tf.cast(tf.range(num_items - 1) < num_segments - 1, tf.int32), seed)
     run_ids = tf.cumsum(tf.pad(starts_new_run, [[1, 0]]))
@@ -84,13 +61,12 @@ def random_spans_noise_mask(length, noise_density: float, seeds,
     """Boolean noise mask of ``length`` made of random spans (T5, §3.3.4).
 
     * noise tokens: ``round(length * noise_density)`` clipped to ``[1, length - 1]``;
-    * noise spans: ``round(num_noise / mean_noise_span_length)``, at least 1,
-      and as many non-noise spans;
-    * span lengths are random segmentations of the noise and non-noise counts;
-      spans alternate, starting with non-noise (so the mask ends with noise).
+    * noise spans: ``round(num_noise / mean_noise_span_length)``, at least 1, and as many non-noise spans;
+    * span lengths are random segmentations of the noise and non-noise counts; spans alternate, starting with
+      non-noise (so the mask ends with noise).
 
-    ``seeds`` is an int32 tensor shaped [2, 2] (two stateless seeds). Lengths
-    below 2 are handled as length 2 and truncated, as in T5.
+    ``seeds`` is an int32 tensor shaped [2, 2] (two stateless seeds). Lengths below 2 are handled as length 2 and
+    truncated, as in T5.
     """
     if noise_density == 0.0:
         return tf.zeros([length], tf.bool)
@@ -110,11 +86,8 @@ def random_spans_noise_mask(length, noise_density: float, seeds,
 
 
 def noise_span_to_unique_sentinel(tokens, noise_mask, vocabulary, seeds=None) -> tf.Tensor:
-    """Replaces each noise span by one sentinel: vocab_size - 1, vocab_size - 2, ...
-
-    Example (S0 = vocab_size - 1): tokens ``a b c d e``, noise ``c d`` ->
-    ``a b S0 e``.
-    """
+    """Replaces each noise span by one sentinel: vocab_size - 1, vocab_size - 2, ... Example (S0 = vocab_size - 1):
+    tokens ``a b c d e``, noise ``c d`` -> ``a b S0 e``."""
     del seeds  # deterministic
     prev_is_noise = tf.pad(noise_mask[:-1], [[1, 0]])
     span_start = tf.logical_and(noise_mask, tf.logical_not(prev_is_noise))
@@ -125,37 +98,22 @@ def noise_span_to_unique_sentinel(tokens, noise_mask, vocabulary, seeds=None) ->
 
 
 def nonnoise_span_to_unique_sentinel(tokens, noise_mask, vocabulary, seeds=None) -> tf.Tensor:
-    """The targets side: each non-noise span becomes a sentinel, noise is kept.
-
-    With spans starting with non-noise, the targets read ``S0 <noise span 0>
-    S1 <noise span 1> ...``, the same sentinels in the same order as the inputs.
-    """
+    """The targets side: each non-noise span becomes a sentinel, noise is kept. With spans starting with non-noise,
+    the targets read ``S0 <noise span 0> S1 <noise span 1> ...``, the same sentinels in the same order as the inputs."""
     return noise_span_to_unique_sentinel(tokens, tf.logical_not(noise_mask), vocabulary, seeds)
 
 
-def select_random_chunk(dataset: tf.data.Dataset, output_features=None,
-                        max_length: Optional[int] = None, feature_key: str = "targets",
-                        sequence_length: Optional[Mapping[str, int]] = None) -> tf.data.Dataset:
-    """Keeps one random chunk of at most ``max_length`` tokens of each example.
-
-    Like T5: the document is cut into consecutive chunks of ``max_length``
-    (the last may be shorter) and one is chosen uniformly; empty examples are
-    dropped; only ``feature_key`` is kept. ``max_length`` defaults to
-    ``sequence_length[feature_key]`` (minus one when the feature adds EOS).
-    """
-    if max_length is None and sequence_length is not None:
-        max_length = sequence_length[feature_key]
-        if output_features is not None and output_features[feature_key].add_eos:
-            max_length -= 1
-    if max_length is None:
-        raise ValueError("select_random_chunk needs max_length or sequence_length.")
+def select_random_chunk(dataset: tf.data.Dataset, max_length: int,
+                        feature_key: str = "targets") -> tf.data.Dataset:
+    """Keeps one random chunk of at most ``max_length`` tokens of each example. Like T5: the document is cut into
+    consecutive chunks of ``max_length`` (the last may be shorter) and one is chosen uniformly; empty examples are
+    dropped; only ``feature_key`` is kept."""
 
     @seqio.map_over_dataset(num_seeds=1)
     def chunk(x, seed):
         tokens = x[feature_key]
         num_chunks = (tf.size(tokens) + max_length - 1) // max_length
-        start = max_length * tf.random.stateless_uniform(
-            [], maxval=num_chunks, dtype=tf.int32, seed=seed)
+        start = max_length * tf.random.stateless_uniform([], maxval=num_chunks, dtype=tf.int32, seed=seed)
         return {feature_key: tokens[start:start + max_length]}
 
     dataset = dataset.filter(lambda x: tf.size(x[feature_key]) > 0)
@@ -164,13 +122,9 @@ def select_random_chunk(dataset: tf.data.Dataset, output_features=None,
 
 def reduce_concat_tokens(dataset: tf.data.Dataset, feature_key: str = "targets",
                          batch_size: int = 128) -> tf.data.Dataset:
-    """Concatenates ``batch_size`` consecutive documents into one token sequence.
-
-    Used before ``split_tokens`` so that examples come out at exactly the
-    wanted length, without padding. Relies on pad id 0 never being a token.
-    """
-    dataset = dataset.map(lambda x: {feature_key: x[feature_key]},
-                          num_parallel_calls=tf.data.AUTOTUNE)
+    """Concatenates ``batch_size`` consecutive documents into one token sequence. Used before ``split_tokens`` so
+    that examples come out at exactly the wanted length, without padding. Relies on pad id 0 never being a token."""
+    dataset = dataset.map(lambda x: {feature_key: x[feature_key]}, num_parallel_calls=tf.data.AUTOTUNE)
     dataset = dataset.padded_batch(batch_size, padded_shapes={feature_key: [-1]})
 
     def concat(x):
@@ -182,11 +136,8 @@ def reduce_concat_tokens(dataset: tf.data.Dataset, feature_key: str = "targets",
 
 def split_tokens(dataset: tf.data.Dataset, max_tokens_per_segment: int,
                  feature_key: str = "targets") -> tf.data.Dataset:
-    """Splits each example into segments of ``max_tokens_per_segment`` tokens.
-
-    Only the last segment of an example may be shorter; empty examples are
-    dropped; only ``feature_key`` is kept.
-    """
+    """Splits each example into segments of ``max_tokens_per_segment`` tokens. Only the last segment of an example
+    may be shorter; empty examples are dropped; only ``feature_key`` is kept."""
     length = int(max_tokens_per_segment)
     if length < 1:
         raise ValueError(f"max_tokens_per_segment must be positive, got {length}")
@@ -202,29 +153,19 @@ def split_tokens(dataset: tf.data.Dataset, max_tokens_per_segment: int,
     return dataset.flat_map(segments)
 
 
-def split_tokens_to_inputs_length(dataset: tf.data.Dataset, sequence_length: Mapping[str, int],
-                                  output_features, feature_key: str = "targets") -> tf.data.Dataset:
-    """``split_tokens`` to ``sequence_length["inputs"]``, less one for EOS if added."""
-    max_tokens = sequence_length["inputs"]
-    if output_features["inputs"].add_eos:
-        max_tokens -= 1
-    return split_tokens(dataset, max_tokens, feature_key=feature_key)
-
-
 def denoise(dataset: tf.data.Dataset, output_features, noise_density: float,
-            noise_mask_fn: NoiseMaskFn, inputs_fn: SpanFn, targets_fn: Optional[SpanFn] = None,
-            input_feature_key: str = "inputs") -> tf.data.Dataset:
+            noise_mask_fn: Callable, inputs_fn: Callable,
+            targets_fn: Optional[Callable] = None) -> tf.data.Dataset:
     """Turns ``{"targets": tokens}`` into a noised ``inputs`` and its ``targets``.
 
-    The generic denoising objective of T5 §3.3: a ``noise_mask_fn`` picks the
-    corrupted tokens, ``inputs_fn`` / ``targets_fn`` build the two sides
+    The generic denoising objective of T5 §3.3: ``noise_mask_fn(length, noise_density, seeds)`` picks the corrupted
+    tokens, ``inputs_fn`` / ``targets_fn(tokens, noise_mask, vocabulary, seeds)`` build the two sides
     (``targets_fn=None`` keeps the original tokens as targets).
     """
     vocabulary = output_features["targets"].vocabulary
-    if (input_feature_key in output_features
-            and output_features[input_feature_key].vocabulary != vocabulary):
-        raise ValueError("denoise builds inputs from the tokenized targets, so inputs and "
-                         "targets must share one vocabulary.")
+    if "inputs" in output_features and output_features["inputs"].vocabulary != vocabulary:
+        raise ValueError("denoise builds inputs from the tokenized targets, so inputs and targets must share one "
+                         "vocabulary.")
 
     @seqio.map_over_dataset(num_seeds=1)
     def noise(x, seed):
@@ -232,51 +173,35 @@ def denoise(dataset: tf.data.Dataset, output_features, noise_density: float,
         tokens = x["targets"]
         mask = noise_mask_fn(tf.size(tokens), noise_density, seeds=seeds[0:2])
         inputs = inputs_fn(tokens, mask, vocabulary, seeds=seeds[2:4])
-        targets = tokens if targets_fn is None else targets_fn(tokens, mask, vocabulary,
-                                                                seeds=seeds[4:6])
-        return {input_feature_key: inputs, "targets": targets}
+        targets = tokens if targets_fn is None else targets_fn(tokens, mask, vocabulary, seeds=seeds[4:6])
+        return {"inputs": inputs, "targets": targets}
 
     return noise(dataset)
 
 
-def span_corruption(dataset: tf.data.Dataset, sequence_length: Mapping[str, int],
-                    output_features, mean_noise_span_length: float = 3.0,
-                    noise_density: float = 0.15, input_feature_key: str = "inputs",
-                    merge_examples_to_reduce_padding: bool = True,
-                    reserved_for_packing: Optional[int] = None) -> tf.data.Dataset:
+def span_corruption(dataset: tf.data.Dataset, sequence_length: Mapping[str, int], output_features,
+                    mean_noise_span_length: float = 3.0, noise_density: float = 0.15) -> tf.data.Dataset:
     """T5's final pretraining objective (Raffel et al. 2020, §3.3.4 and §3.7).
 
-    Pipeline, as ``t5.data.preprocessors.span_corruption``: random chunk of at
-    most 65536 tokens per document -> concatenate documents in groups of 128 ->
-    split into ``random_spans_helper(inputs_length)[0]`` raw tokens -> denoise
-    with ``random_spans_noise_mask`` and unique sentinels. Follow it with
-    ``seqio.preprocessors.append_eos_after_trim``: full-length examples then
-    have exactly ``sequence_length["inputs"]`` inputs and the helper's targets
-    length (e.g. 512 and 114), EOS included.
+    Pipeline, as ``t5.data.preprocessors.span_corruption``: random chunk of at most 65536 tokens per document ->
+    concatenate documents in groups of 128 -> split into ``random_spans_helper(inputs_length)[0]`` raw tokens ->
+    denoise with ``random_spans_noise_mask`` and unique sentinels. Follow it with
+    ``seqio.preprocessors.append_eos_after_trim``: full-length examples then have exactly
+    ``sequence_length["inputs"]`` inputs and the helper's targets length (e.g. 512 and 114), EOS included.
     """
-    if not sequence_length or input_feature_key not in sequence_length or "targets" not in sequence_length:
-        raise ValueError(f"span_corruption needs sequence_length with {input_feature_key!r} and "
-                         f"'targets' lengths, got {sequence_length!r}.")
-    inputs_length = sequence_length[input_feature_key]
-    if reserved_for_packing:
-        inputs_length -= reserved_for_packing
-    tokens_length, targets_length = random_spans_helper(
-        inputs_length=inputs_length, noise_density=noise_density,
-        mean_noise_span_length=mean_noise_span_length,
-        extra_tokens_per_span_inputs=1, extra_tokens_per_span_targets=1)
+    if not sequence_length or "inputs" not in sequence_length or "targets" not in sequence_length:
+        raise ValueError(f"span_corruption needs sequence_length with 'inputs' and 'targets' lengths, "
+                         f"got {sequence_length!r}.")
+    inputs_length = sequence_length["inputs"]
+    tokens_length, targets_length = random_spans_helper(inputs_length, noise_density, mean_noise_span_length)
     if sequence_length["targets"] < targets_length:
-        raise ValueError(
-            f"Span corruption of {inputs_length} inputs needs targets length {targets_length}, "
-            f"but sequence_length['targets'] is {sequence_length['targets']}.")
+        raise ValueError(f"Span corruption of {inputs_length} inputs needs targets length {targets_length}, "
+                         f"but sequence_length['targets'] is {sequence_length['targets']}.")
 
-    ds = select_random_chunk(dataset, output_features, max_length=65536, feature_key="targets")
-    if merge_examples_to_reduce_padding:
-        ds = reduce_concat_tokens(ds, feature_key="targets", batch_size=128)
-    ds = split_tokens(ds, max_tokens_per_segment=tokens_length, feature_key="targets")
+    ds = select_random_chunk(dataset, max_length=65536)
+    ds = reduce_concat_tokens(ds, batch_size=128)
+    ds = split_tokens(ds, max_tokens_per_segment=tokens_length)
     return denoise(
         ds, output_features, noise_density=noise_density,
-        noise_mask_fn=functools.partial(random_spans_noise_mask,
-                                        mean_noise_span_length=mean_noise_span_length),
-        inputs_fn=noise_span_to_unique_sentinel,
-        targets_fn=nonnoise_span_to_unique_sentinel,
-        input_feature_key=input_feature_key)
+        noise_mask_fn=functools.partial(random_spans_noise_mask, mean_noise_span_length=mean_noise_span_length),
+        inputs_fn=noise_span_to_unique_sentinel, targets_fn=nonnoise_span_to_unique_sentinel)

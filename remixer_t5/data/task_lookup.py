@@ -14,16 +14,13 @@ from pathlib import Path
 import seqio
 
 
-def _known() -> str:
-  return ", ".join(sorted(seqio.TaskRegistry.names()) + sorted(seqio.MixtureRegistry.names()))
-
-
 def get_mixture_or_task(name: str):
   import remixer_t5.tasks  # noqa: F401  (registers this project's tasks)
   try:
     return seqio.get_mixture_or_task(name)
   except ValueError as e:
-    raise ValueError(f"unknown task or mixture {name!r}; registered: {_known()}") from e
+    known = sorted(seqio.TaskRegistry.names()) + sorted(seqio.MixtureRegistry.names())
+    raise ValueError(f"unknown task or mixture {name!r}; registered: {', '.join(known)}") from e
 
 
 def vocabulary_tag(vocabulary: seqio.Vocabulary) -> str:

@@ -1,15 +1,14 @@
 """Vocabularies: the project's embedded SentencePiece model, or a given one.
 
-The embedded vocabulary is a SentencePiece unigram model trained on the train
-split of the embedded corpus (see ``embedded_corpus``) with T5's special ids
-(pad=0, eos=1, unk=2, no bos). It is cached beside the corpus as
-``<corpus dir>/spm_unigram_<size>.model`` and trained only on first use: the
-vocabulary object returned by ``get_vocabulary()`` does no I/O until something
-asks it for its model (``vocab_size``, ``encode``, ``tokenizer``, ...).
+The embedded vocabulary is a SentencePiece unigram model trained on the train split of the embedded corpus (see
+``embedded_corpus``) with T5's special ids (pad=0, eos=1, unk=2, no bos). It is cached beside the corpus as
+``<corpus dir>/spm_unigram_<size>.model`` and trained only on first use: the vocabulary object returned by
+``get_vocabulary()`` does no I/O until something asks it for its model (``vocab_size``, ``encode``, ...).
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import sys
@@ -25,8 +24,8 @@ if TYPE_CHECKING:
 # seqio (and with it TensorFlow) is imported only when a vocabulary is built: gin model files import this module,
 # and `remixer-t5 compile` must not pull TensorFlow in (tests/test_compile.py checks).
 
-# T5's public vocabulary (32k pieces, cc_all); needs GCS access at use time. seqio
-# 0.0.20 no longer exports DEFAULT_SPM_PATH (t5.data did), so it is spelled out.
+# T5's public vocabulary (32k pieces, cc_all); needs GCS access at use time. seqio 0.0.20 no longer exports
+# DEFAULT_SPM_PATH (t5.data did), so it is spelled out.
 T5_VOCAB_PATH = "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model"
 T5_VOCAB_ENV_VAR = "REMIXER_T5_VOCAB"  # a local copy of T5's vocabulary, for machines without GCS
 DEFAULT_VOCAB_SIZE = 2000
@@ -42,12 +41,9 @@ def vocab_model_path(vocab_size: int = DEFAULT_VOCAB_SIZE, cache_dir=None) -> Pa
 
 
 def train_sentencepiece(texts, vocab_size: int = DEFAULT_VOCAB_SIZE) -> bytes:
-    """Trains a deterministic unigram SentencePiece model; returns the model proto.
-
-    ``texts`` is an iterable of documents; each line is one training sentence.
-    Single thread, no sentence sampling or shuffling: the same texts give the
-    same model bytes.
-    """
+    """Trains a deterministic unigram SentencePiece model; returns the model proto. ``texts`` is an iterable of
+    documents; each line is one training sentence. Single thread, no sentence sampling or shuffling: the same texts
+    give the same model bytes."""
     import sentencepiece as spm
 
     if vocab_size < _MIN_VOCAB_SIZE:
@@ -63,25 +59,12 @@ def train_sentencepiece(texts, vocab_size: int = DEFAULT_VOCAB_SIZE) -> bytes:
     model = io.BytesIO()
     spm.set_random_generator_seed(1234)
     spm.SentencePieceTrainer.train(
-        sentence_iterator=sentences(),
-        model_writer=model,
-        model_type="unigram",
-        vocab_size=vocab_size,
+        sentence_iterator=sentences(), model_writer=model, model_type="unigram", vocab_size=vocab_size,
         hard_vocab_limit=False,  # a small corpus may support fewer pieces
-        pad_id=PAD_ID,
-        eos_id=EOS_ID,
-        unk_id=UNK_ID,
-        bos_id=BOS_ID,
-        pad_piece="<pad>",
-        eos_piece="</s>",
-        unk_piece="<unk>",
-        character_coverage=0.9995,
-        num_threads=1,
+        pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=BOS_ID, pad_piece="<pad>", eos_piece="</s>",
+        unk_piece="<unk>", character_coverage=0.9995, num_threads=1,
         input_sentence_size=0,  # use every sentence
-        shuffle_input_sentence=False,
-        max_sentence_length=1 << 16,
-        minloglevel=2,
-    )
+        shuffle_input_sentence=False, max_sentence_length=1 << 16, minloglevel=2)
     return model.getvalue()
 
 
@@ -95,8 +78,8 @@ def prepare_vocabulary(vocab_size: int = DEFAULT_VOCAB_SIZE, cache_dir=None) -> 
     texts = [doc["text"] for doc in embedded_corpus.read_split("train", cache_dir)]
     model = train_sentencepiece(texts, vocab_size)
     embedded_corpus.atomic_write_bytes(path, model)
-    print(f"remixer_t5: trained SentencePiece vocabulary {path} "
-          f"({time.perf_counter() - start:.1f}s)", file=sys.stderr, flush=True)
+    print(f"remixer_t5: trained SentencePiece vocabulary {path} ({time.perf_counter() - start:.1f}s)",
+          file=sys.stderr, flush=True)
     return path
 
 
@@ -105,52 +88,26 @@ def _embedded_class():
     global _EMBEDDED_CLASS
     if _EMBEDDED_CLASS is not None:
         return _EMBEDDED_CLASS
-    import seqio
+    from remixer_t5.data.word_vocab import LazySentencePieceVocabulary
 
-    class EmbeddedSentencePieceVocabulary(seqio.SentencePieceVocabulary):
+    class EmbeddedSentencePieceVocabulary(LazySentencePieceVocabulary):
         """``seqio.SentencePieceVocabulary`` over the embedded model, prepared lazily.
 
-        The model path is resolved (from ``cache_dir`` or ``$REMIXER_T5_CACHE_DIR``)
-        and the model trained if missing only when the model is first needed.
+        The model path is resolved (from ``cache_dir`` or ``$REMIXER_T5_CACHE_DIR``) at each use, and the
+        model trained if missing only when the model is first needed there.
         """
 
         def __init__(self, vocab_size: int = DEFAULT_VOCAB_SIZE, extra_ids: int = DEFAULT_EXTRA_IDS,
                      cache_dir: str | os.PathLike | None = None):
             self._spm_vocab_size = vocab_size
             self._cache_dir = None if cache_dir is None else str(cache_dir)
-            self._resolved_file: str | None = None
-            super().__init__(sentencepiece_model_file=None, extra_ids=extra_ids)
+            super().__init__(f"embedded({vocab_size}, {self._cache_dir!r})",
+                             functools.partial(prepare_vocabulary, vocab_size, self._cache_dir), extra_ids)
 
         def _resolve(self) -> str:
-            path = vocab_model_path(self._spm_vocab_size, self._cache_dir)
-            if str(path) != self._resolved_file:
-                prepare_vocabulary(self._spm_vocab_size, self._cache_dir)
-                self._resolved_file = str(path)
-                self._model = None
-            return self._resolved_file
-
-        def _model_context(self):
-            self._sentencepiece_model_file = self._resolve()
-            return super()._model_context()
-
-        @property
-        def sentencepiece_model_file(self) -> str:
-            return self._resolve()
-
-        def __getstate__(self):
-            state = super().__getstate__()
-            state["_sentencepiece_model_file"] = None
-            state["_resolved_file"] = None
-            return state
-
-        def __eq__(self, other):
-            if not isinstance(other, EmbeddedSentencePieceVocabulary):
-                return False
-            return (self._spm_vocab_size, self._extra_ids, self._cache_dir) == (
-                other._spm_vocab_size, other._extra_ids, other._cache_dir)
-
-        def __hash__(self):
-            return hash((type(self).__name__, self._spm_vocab_size, self._extra_ids, self._cache_dir))
+            if str(vocab_model_path(self._spm_vocab_size, self._cache_dir)) != self._resolved_file:
+                self._resolved_file = None  # first use, or $REMIXER_T5_CACHE_DIR moved: prepare there
+            return super()._resolve()
 
         def __repr__(self):
             return (f"{type(self).__name__}(vocab_size={self._spm_vocab_size}, "
@@ -176,12 +133,9 @@ def __getattr__(name: str):
 def get_vocabulary(path: str | None = None, extra_ids: int = DEFAULT_EXTRA_IDS, *,
                    vocab_size: int = DEFAULT_VOCAB_SIZE,
                    cache_dir: str | os.PathLike | None = None) -> seqio.SentencePieceVocabulary:
-    """The vocabulary for ``path``, or the embedded one when ``path`` is None.
-
-    ``vocab_size`` and ``cache_dir`` only apply to the embedded vocabulary.
-    Remote paths (``gs://...``) are passed to seqio untouched; a local path that
-    does not exist raises FileNotFoundError.
-    """
+    """The vocabulary for ``path``, or the embedded one when ``path`` is None (``vocab_size`` and ``cache_dir`` apply
+    to it only). Remote paths (``gs://...``) are passed to seqio untouched; a local path that does not exist raises
+    FileNotFoundError."""
     if path is None:
         return _embedded_class()(vocab_size, extra_ids, cache_dir)
     path = os.fspath(path)
@@ -189,12 +143,9 @@ def get_vocabulary(path: str | None = None, extra_ids: int = DEFAULT_EXTRA_IDS, 
         local = Path(path).expanduser()
         if not local.is_file():
             raise FileNotFoundError(
-                f"SentencePiece model not found: {path} (looked at {local.resolve()}). "
-                "Pass the path of an existing .model file (e.g. the shared T5 vocabulary "
-                "t5_cc_all_32000/sentencepiece.model, or T5_VOCAB_PATH = "
-                f"{T5_VOCAB_PATH!r} with GCS access), or None for the project's "
-                "embedded vocabulary."
-            )
+                f"SentencePiece model not found: {path} (looked at {local.resolve()}). Pass the path of an existing "
+                ".model file (e.g. the shared T5 vocabulary t5_cc_all_32000/sentencepiece.model, or T5_VOCAB_PATH = "
+                f"{T5_VOCAB_PATH!r} with GCS access), or None for the project's embedded vocabulary.")
         path = str(local)
     import seqio
     return seqio.SentencePieceVocabulary(path, extra_ids=extra_ids)
