@@ -25,7 +25,7 @@ import re
 from collections.abc import Iterator
 
 import seqio
-from remixer_t5.tasks.common import add_span_corruption_task, already_registered, as_vocabulary
+from remixer_t5.tasks.common import add_span_corruption_task
 from remixer_t5.tasks.sources import LocalOrTfdsSource, parse_json_line, read_jsonl
 
 
@@ -117,11 +117,7 @@ def register_c4_task(name: str = TASK_NAME, vocabulary=None) -> str:
   ``vocabulary``: a seqio.Vocabulary, a SentencePiece model path, or None (T5's). Registering the same name
   again with an equal vocabulary is a no-op; with another one, ValueError.
   """
-  vocabulary = as_vocabulary(vocabulary)
-  if already_registered(name, vocabulary):
-    return name
-  add_span_corruption_task(name, c4_source(), vocabulary)
-  return name
+  return add_span_corruption_task(name, c4_source(), vocabulary)
 
 
 register_c4_task(TASK_NAME)

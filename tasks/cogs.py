@@ -1,16 +1,14 @@
 """seqio task ``cogs``: COGS (Kim & Linzen 2020) semantic parsing from local files.
 
-Data: the official release TSVs (no header; sentence, logical form, category)
-in ``<data dir>/cogs/`` (``sources.data_dir()``: the data_dir binding or ``$REMIXER_T5_DATA_DIR``). Splits follow TFDS naming:
+Data: the official release TSVs (no header; sentence, logical form, category) in ``<data dir>/cogs/``
+(``sources.data_dir()``: the data_dir binding or ``$REMIXER_T5_DATA_DIR``). Splits follow TFDS naming:
 
     train -> train.tsv   validation -> dev.tsv   test -> test.tsv   gen -> gen.tsv
 
-Examples: ``inputs`` = the sentence as is (no task prefix such as "cogs: ";
-COGS is trained on its own, and the sentence is what the literature feeds the
-model), ``targets`` = the logical form. seqio keeps the raw text as
-``inputs_pretokenized`` / ``targets_pretokenized``; ``category`` (e.g.
-``in_distribution`` or a generalization type in gen.tsv) is kept alongside.
-Both features get EOS.
+Examples: ``inputs`` = the sentence as is (no task prefix such as "cogs: "; COGS is trained on its own, and the
+sentence is what the literature feeds the model), ``targets`` = the logical form. seqio keeps the raw text as
+``inputs_pretokenized`` / ``targets_pretokenized``; ``category`` (e.g. ``in_distribution`` or a generalization type
+in gen.tsv) is kept alongside. Both features get EOS.
 
 The generalization split reads ``gen.tsv`` (the release's 21 categories) when it is there, else
 ``gen_sample.tsv`` (any subset of the categories in the same format), or the file given to
@@ -36,7 +34,7 @@ from pathlib import Path
 
 import seqio
 from remixer_t5.tasks import sources
-from remixer_t5.tasks.common import already_registered, as_vocabulary
+from remixer_t5.tasks.common import add_task
 from remixer_t5.tasks.metrics import cogs_accuracy, cogs_postprocess
 
 TASK_NAME = "cogs"
@@ -80,18 +78,14 @@ def cogs_dir(data_dir: str | os.PathLike | None = None) -> Path:
     """``<data_dir or $REMIXER_T5_DATA_DIR>/cogs``; FileNotFoundError if it is not there."""
     where = data_dir if data_dir is not None else sources.data_dir()
     if not where:
-        raise FileNotFoundError(
-            f"COGS data directory unknown: ${DATA_ENV_VAR} is not set. Set {DATA_ENV_VAR} to a "
-            "folder holding cogs/{train,dev,test,gen}.tsv (the COGS release, "
-            "github.com/najoungkim/COGS data/)."
-        )
+        raise FileNotFoundError(f"COGS data directory unknown: ${DATA_ENV_VAR} is not set. Set {DATA_ENV_VAR} to a "
+                                "folder holding cogs/{train,dev,test,gen}.tsv (the COGS release, "
+                                "github.com/najoungkim/COGS data/).")
     path = Path(where).expanduser() / "cogs"
     if not path.is_dir():
-        raise FileNotFoundError(
-            f"COGS data directory not found: looked for {path.resolve()} "
-            f"(from {'data_dir' if data_dir is not None else '$' + DATA_ENV_VAR}={where!r}). "
-            f"Set {DATA_ENV_VAR} to a folder holding cogs/{{train,dev,test,gen}}.tsv."
-        )
+        raise FileNotFoundError(f"COGS data directory not found: looked for {path.resolve()} "
+                                f"(from {'data_dir' if data_dir is not None else '$' + DATA_ENV_VAR}={where!r}). "
+                                f"Set {DATA_ENV_VAR} to a folder holding cogs/{{train,dev,test,gen}}.tsv.")
     return path
 
 
@@ -103,20 +97,15 @@ def split_path(split: str, data_dir: str | os.PathLike | None = None) -> Path:
         return gen_path(data_dir)
     path = cogs_dir(data_dir) / SPLIT_FILES[split]
     if not path.is_file():
-        raise FileNotFoundError(
-            f"COGS {split!r} split not found: looked for {path.resolve()}. Put "
-            f"{SPLIT_FILES[split]} there, or set {DATA_ENV_VAR} to a folder holding "
-            f"cogs/{SPLIT_FILES[split]}."
-        )
+        raise FileNotFoundError(f"COGS {split!r} split not found: looked for {path.resolve()}. Put "
+                                f"{SPLIT_FILES[split]} there, or set {DATA_ENV_VAR} to a folder holding "
+                                f"cogs/{SPLIT_FILES[split]}.")
     return path
 
 
 def read_cogs_tsv(path: str | os.PathLike) -> list[tuple[str, str, str]]:
-    """Rows ``(sentence, logical form, category)`` of a COGS TSV, validated.
-
-    Blank lines are skipped; any other line must have exactly 3 tab-separated
-    fields, else ValueError naming the file and (1-based) line number.
-    """
+    """Rows ``(sentence, logical form, category)`` of a COGS TSV, validated: blank lines are skipped; any other line
+    must have exactly 3 tab-separated fields, else ValueError naming the file and (1-based) line number."""
     return [row for _, row in read_cogs_tsv_lines(path)]
 
 
@@ -131,66 +120,33 @@ def read_cogs_tsv_lines(path: str | os.PathLike) -> list[tuple[int, tuple[str, s
                 continue
             fields = line.split("\t")
             if len(fields) != NUM_FIELDS:
-                raise ValueError(
-                    f"{path}:{lineno}: malformed COGS row: expected {NUM_FIELDS} tab-separated "
-                    f"fields (sentence, logical form, category), got {len(fields)}: {line[:120]!r}"
-                )
-            rows.append((lineno, (fields[0], fields[1], fields[2])))
+                raise ValueError(f"{path}:{lineno}: malformed COGS row: expected {NUM_FIELDS} tab-separated fields "
+                                 f"(sentence, logical form, category), got {len(fields)}: {line[:120]!r}")
+            rows.append((lineno, tuple(fields)))
     return rows
 
 
 def cogs_dataset_fn(split: str, shuffle_files: bool, seed=None, *, data_dir=None):
-    """seqio dataset_fn: features ``inputs``, ``targets``, ``category`` (tf.string).
-
-    The TSV is read host-side when called (so errors surface in Python);
-    ``shuffle_files`` is irrelevant for a single file per split.
-    """
+    """seqio dataset_fn: features ``inputs``, ``targets``, ``category`` (tf.string). The TSV is read host-side
+    when called (so errors surface in Python); ``shuffle_files`` is irrelevant for a single file per split."""
     del shuffle_files, seed
     import tensorflow as tf
 
     rows = read_cogs_tsv(split_path(split, data_dir))
     columns = list(zip(*rows)) if rows else [(), (), ()]
-    return tf.data.Dataset.from_tensor_slices({
-        key: tf.constant(list(values), dtype=tf.string)
-        for key, values in zip(("inputs", "targets", "category"), columns)
-    })
-
-
-def cogs_source(data_dir=None) -> seqio.FunctionDataSource:
-    """COGS as a seqio.FunctionDataSource (splits train/validation/test/gen; no I/O here)."""
-    return seqio.FunctionDataSource(
-        dataset_fn=functools.partial(cogs_dataset_fn, data_dir=data_dir),
-        splits=list(SPLIT_FILES),
-    )
+    return tf.data.Dataset.from_tensor_slices({key: tf.constant(list(values), dtype=tf.string)
+                                               for key, values in zip(("inputs", "targets", "category"), columns)})
 
 
 def register_cogs_task(name: str = TASK_NAME, vocabulary=None, *, data_dir=None) -> str:
-    """Registers COGS under ``name``; returns ``name``.
+    """Registers COGS under ``name`` (splits train/validation/test/gen; no I/O here); returns ``name``.
 
-    ``vocabulary``: a seqio.Vocabulary, a SentencePiece model path, or None (T5's
-    vocabulary). ``data_dir``: folder holding ``cogs/`` (default:
-    ``$REMIXER_T5_DATA_DIR``, read when a dataset is built). Registering the same
-    name again with an equal vocabulary is a no-op; with another one, ValueError.
+    ``vocabulary``: a seqio.Vocabulary, a SentencePiece model path, or None (T5's vocabulary). ``data_dir``: folder
+    holding ``cogs/`` (default: ``$REMIXER_T5_DATA_DIR``, read when a dataset is built). Registering the same name
+    again with an equal vocabulary is a no-op; with another one, ValueError.
     """
-    vocabulary = as_vocabulary(vocabulary)
-    if already_registered(name, vocabulary):
-        return name
-    seqio.TaskRegistry.add(
-        name,
-        source=cogs_source(data_dir),
-        preprocessors=[
-            seqio.preprocessors.tokenize,
-            seqio.CacheDatasetPlaceholder(),
-            seqio.preprocessors.append_eos_after_trim,
-        ],
-        output_features={
-            "inputs": seqio.Feature(vocabulary=vocabulary, add_eos=True),
-            "targets": seqio.Feature(vocabulary=vocabulary, add_eos=True),
-        },
-        postprocess_fn=cogs_postprocess,
-        metric_fns=[cogs_accuracy],
-    )
-    return name
+    source = seqio.FunctionDataSource(functools.partial(cogs_dataset_fn, data_dir=data_dir), splits=list(SPLIT_FILES))
+    return add_task(name, source, [], cogs_postprocess, [cogs_accuracy], vocabulary)
 
 
 def _word_model_path(data_dir=None) -> Path:

@@ -1,8 +1,10 @@
-"""What every task module here shares: the vocabulary argument and idempotent registration keyed on it."""
+"""What every task module here shares: the vocabulary argument, idempotent registration keyed on it, and the two
+preprocessing chains (T5's text-to-text tasks; span corruption)."""
 from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable, Sequence
 
 import seqio
 
@@ -32,23 +34,29 @@ def already_registered(name: str, vocabulary: seqio.Vocabulary) -> bool:
   return True
 
 
-def add_span_corruption_task(name: str, source: seqio.DataSource, vocabulary: seqio.Vocabulary) -> None:
-  """Registers T5's span-corruption objective (remixer_t5/data/span_corruption.py) over the `text` feature of
-  `source`: tokenize, corrupt, then EOS; no metrics (loss evaluation only)."""
-  from remixer_t5.data.span_corruption import span_corruption
+def add_task(name: str, source: seqio.DataSource, text_preprocessors: Sequence[Callable],
+             postprocess_fn: Callable | None, metric_fns: Sequence[Callable], vocabulary=None, *,
+             span_corruption: bool = False) -> str:
+  """Registers a task with T5's chain: `text_preprocessors`, tokenize, with `span_corruption` T5's objective over
+  the tokens (remixer_t5/data/span_corruption.py; inputs then optional), EOS after trimming; both features with EOS.
+  `vocabulary` as `as_vocabulary` takes it. Idempotent (`already_registered`); returns `name`."""
+  from remixer_t5.data import span_corruption as objective
+  vocabulary = as_vocabulary(vocabulary)
+  if already_registered(name, vocabulary):
+    return name
   seqio.TaskRegistry.add(
-      name,
-      source=source,
-      preprocessors=[
-          functools.partial(seqio.preprocessors.rekey, key_map={"inputs": None, "targets": "text"}),
-          seqio.preprocessors.tokenize,
-          seqio.CacheDatasetPlaceholder(),
-          span_corruption,
-          seqio.preprocessors.append_eos_after_trim,
-      ],
-      output_features={
-          "inputs": seqio.Feature(vocabulary=vocabulary, add_eos=True, required=False),
-          "targets": seqio.Feature(vocabulary=vocabulary, add_eos=True),
-      },
-      metric_fns=[],
-  )
+      name, source=source,
+      preprocessors=[*text_preprocessors, seqio.preprocessors.tokenize, seqio.CacheDatasetPlaceholder(),
+                     *([objective.span_corruption] if span_corruption else []),
+                     seqio.preprocessors.append_eos_after_trim],
+      output_features={"inputs": seqio.Feature(vocabulary=vocabulary, add_eos=True, required=not span_corruption),
+                       "targets": seqio.Feature(vocabulary=vocabulary, add_eos=True)},
+      postprocess_fn=postprocess_fn, metric_fns=list(metric_fns))
+  return name
+
+
+def add_span_corruption_task(name: str, source: seqio.DataSource, vocabulary=None) -> str:
+  """Registers T5's span-corruption objective over the `text` feature of `source`; no metrics (loss evaluation
+  only). Idempotent, as `add_task`."""
+  rekey = functools.partial(seqio.preprocessors.rekey, key_map={"inputs": None, "targets": "text"})
+  return add_task(name, source, [rekey], None, [], vocabulary, span_corruption=True)

@@ -1,10 +1,9 @@
 """seqio tasks: T5 span corruption over the embedded corpus.
 
-``embedded_span_corruption`` uses the project's embedded SentencePiece
-vocabulary; ``register_span_corruption_task(name, vocabulary)`` registers the
-same corpus and objective with another vocabulary. Registration does no I/O:
-the corpus is prepared (and the embedded vocabulary trained) when a dataset is
-first built from the task.
+``embedded_span_corruption`` uses the project's embedded SentencePiece vocabulary;
+``register_span_corruption_task(name, vocabulary)`` registers the same corpus and objective with another vocabulary.
+Registration does no I/O: the corpus is prepared (and the embedded vocabulary trained) when a dataset is first built
+from the task.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 
 import seqio
-from remixer_t5.tasks.common import add_span_corruption_task, already_registered
+from remixer_t5.tasks.common import add_span_corruption_task
 
 from remixer_t5.data import embedded_corpus
 from remixer_t5.data.vocab import get_vocabulary
@@ -23,11 +22,9 @@ DEFAULT_SEQUENCE_LENGTH = {"inputs": 512, "targets": 114}
 
 
 class LazySplitFiles(Mapping):
-    """``{split: tfrecord path}`` that prepares the corpus on first lookup.
-
-    Handed to seqio as ``split_to_filepattern``: seqio reads only the keys
-    when the task is registered and looks a split up when it reads it.
-    """
+    """``{split: tfrecord path}`` that prepares the corpus on first lookup. Handed to seqio as
+    ``split_to_filepattern``: seqio reads only the keys when the task is registered and looks a split up when it
+    reads it."""
 
     def __init__(self, cache_dir=None):
         self._cache_dir = cache_dir
@@ -55,27 +52,19 @@ def embedded_source(cache_dir=None) -> seqio.TFExampleDataSource:
 
     return seqio.TFExampleDataSource(
         split_to_filepattern=LazySplitFiles(cache_dir),
-        feature_description={key: tf.io.FixedLenFeature([], tf.string)
-                             for key in ("text", "title", "source")},
-    )
+        feature_description={key: tf.io.FixedLenFeature([], tf.string) for key in ("text", "title", "source")})
 
 
 def register_span_corruption_task(name: str, vocabulary=None, *, cache_dir=None) -> str:
     """Registers span corruption over the embedded corpus under ``name``; returns ``name``.
 
-    ``vocabulary``: a seqio.Vocabulary, a SentencePiece model path, or None
-    (the embedded vocabulary). ``cache_dir``: the corpus folder (default: see
-    ``embedded_corpus.corpus_dir``). Registering the same name again with an equal
+    ``vocabulary``: a seqio.Vocabulary, a SentencePiece model path, or None (the embedded vocabulary). ``cache_dir``:
+    the corpus folder (default: see ``embedded_corpus.corpus_dir``). Registering the same name again with an equal
     vocabulary is a no-op; with another vocabulary it raises ValueError.
     """
     if vocabulary is None:
         vocabulary = get_vocabulary(cache_dir=cache_dir)
-    elif isinstance(vocabulary, str):
-        vocabulary = get_vocabulary(vocabulary)
-    if already_registered(name, vocabulary):
-        return name
-    add_span_corruption_task(name, embedded_source(cache_dir), vocabulary)
-    return name
+    return add_span_corruption_task(name, embedded_source(cache_dir), vocabulary)
 
 
 register_span_corruption_task(TASK_NAME)

@@ -8,8 +8,8 @@ left out as T5 did, the MNLI halves at rate 0 so they are evaluated but never tr
 Text format (T5's ``glue`` preprocessor): the benchmark name, then ``<feature>: <text>`` for each text feature in
 sorted order, e.g. ``mnli hypothesis: ... premise: ...``; the target is the label's TFDS class name
 (``acceptable``, ``not_entailment``, ...), ``<unk>`` for unlabeled test rows. STS-B's target is the score rounded to
-a multiple of 0.2, written with one decimal (``"3.4"``; ``"-1.0"`` for unlabeled test rows). Postprocessing maps a decoded string back to the class id
-(-1, i.e. wrong, for anything else) or to a float (-1.0 when it does not parse).
+a multiple of 0.2, written with one decimal (``"3.4"``; ``"-1.0"`` for unlabeled test rows). Postprocessing maps a
+decoded string back to the class id (-1, i.e. wrong, for anything else) or to a float (-1.0 when it does not parse).
 
 Data: TFDS ``glue/<config>:2.0.0``, or the GLUE release under ``<data dir>/glue/<Folder>/{train,dev,test}.tsv``
 (MNLI: ``dev_matched.tsv`` etc.), read with ``csv.QUOTE_NONE`` as TFDS does. CoLA's train/dev files have no header
@@ -27,10 +27,8 @@ from typing import Any
 
 import seqio
 from remixer_t5.tasks import metrics
-from remixer_t5.tasks.common import already_registered
+from remixer_t5.tasks.common import add_task, as_vocabulary
 from remixer_t5.tasks.sources import LocalOrTfdsSource, read_tsv
-
-from remixer_t5.data.vocab import t5_vocabulary
 
 TFDS_VERSION = "2.0.0"  # tensorflow_datasets 4.9.10's glue version
 MIXTURE_NAME = "glue_proportional"
@@ -165,8 +163,8 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in [
               ("not_entailment", "entailment"), _ACC),
 ]}
 # TFDS split of each of our splits, where they differ: the MNLI halves read glue/mnli (one TFDS build for all).
-_TFDS_SPLITS = {"mnli_matched": {"validation": "validation_matched", "test": "test_matched"},
-                "mnli_mismatched": {"validation": "validation_mismatched", "test": "test_mismatched"}}
+TFDS_SPLITS = {"mnli_matched": {"validation": "validation_matched", "test": "test_matched"},
+               "mnli_mismatched": {"validation": "validation_mismatched", "test": "test_mismatched"}}
 # T5's glue_utils.get_glue_weight_mapping: training examples per task (WNLI omitted, as T5 did).
 MIXTURE_RATES = {"cola": 8_551., "sst2": 67_349., "mrpc": 3_668., "qqp": 363_849., "stsb": 5_749.,
                  "mnli": 392_702., "qnli": 104_743., "rte": 2_490., "mnli_matched": 0., "mnli_mismatched": 0.}
@@ -212,40 +210,21 @@ def glue_source(benchmark: Benchmark, files: Mapping[str, str] | None = None,
       local_dir=f"glue/{benchmark.folder}", local_files=dict(files or benchmark.files),
       reader=functools.partial(read_glue_tsv, benchmark=benchmark), features=benchmark.features(),
       tfds_name=f"glue/{config}:{TFDS_VERSION}",
-      tfds_splits=tfds_splits if tfds_splits is not None else _TFDS_SPLITS.get(benchmark.name))
+      tfds_splits=tfds_splits if tfds_splits is not None else TFDS_SPLITS.get(benchmark.name))
 
 
 # --- registration ---------------------------------------------------------------------------------------------
-def output_features(vocabulary: seqio.Vocabulary) -> dict[str, seqio.Feature]:
-  return {"inputs": seqio.Feature(vocabulary=vocabulary, add_eos=True),
-          "targets": seqio.Feature(vocabulary=vocabulary, add_eos=True)}
-
-
-def add_task(name: str, source: seqio.DataSource, text_preprocessor, postprocess_fn, metric_fns,
-             vocabulary=None) -> str:
-  """Registers a text-to-text task with T5's preprocessing chain (idempotent, see ``common.already_registered``)."""
-  vocabulary = t5_vocabulary() if vocabulary is None else vocabulary
-  if already_registered(name, vocabulary):
-    return name
-  seqio.TaskRegistry.add(
-      name, source=source,
-      preprocessors=[text_preprocessor, seqio.preprocessors.tokenize, seqio.CacheDatasetPlaceholder(),
-                     seqio.preprocessors.append_eos_after_trim],
-      output_features=output_features(vocabulary), postprocess_fn=postprocess_fn, metric_fns=list(metric_fns))
-  return name
-
-
 def register_glue_task(benchmark: str, name: str | None = None, vocabulary=None) -> str:
   """Registers GLUE ``benchmark`` (a key of ``BENCHMARKS``) as ``name`` (default ``glue_<benchmark>``)."""
   b = BENCHMARKS[benchmark]
-  return add_task(name or f"glue_{benchmark}", glue_source(b), b.preprocessor(), b.postprocess_fn(),
+  return add_task(name or f"glue_{benchmark}", glue_source(b), [b.preprocessor()], b.postprocess_fn(),
                   b.metric_fns, vocabulary)
 
 
 def register_glue_tasks(vocabulary=None) -> list[str]:
   """Registers every ``glue_*`` task and the ``glue_proportional`` mixture; idempotent. ``vocabulary``: default
   T5's (lazy); registering again with another one raises ValueError."""
-  vocabulary = t5_vocabulary() if vocabulary is None else vocabulary
+  vocabulary = as_vocabulary(vocabulary)
   names = [register_glue_task(b, vocabulary=vocabulary) for b in BENCHMARKS]
   if MIXTURE_NAME not in seqio.MixtureRegistry.names():
     seqio.MixtureRegistry.add(MIXTURE_NAME, [(f"glue_{b}", rate) for b, rate in MIXTURE_RATES.items()])

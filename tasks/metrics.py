@@ -1,17 +1,14 @@
 """Metric functions for remixer_t5's seqio tasks: the generic scores (accuracy, F1, MCC, correlations,
 SQuAD-style EM/F1) and COGS' per-category accuracy. Task-specific groupings (MultiRC, ReCoRD) build on these.
 
-seqio calls a metric function as ``fn(targets, predictions)`` where
-``targets`` are the task's postprocessed targets and ``predictions`` the
-postprocessed model outputs. For COGS the task's ``postprocess_fn``
-(``cogs_postprocess``) turns each *target* into ``{"target": str,
-"category": str}`` using the full example seqio passes with
-``is_target=True``, so ``cogs_accuracy`` can report accuracy per category;
-predictions stay plain strings.
+seqio calls a metric function as ``fn(targets, predictions)`` where ``targets`` are the task's postprocessed
+targets and ``predictions`` the postprocessed model outputs. For COGS the task's ``postprocess_fn``
+(``cogs_postprocess``) turns each *target* into ``{"target": str, "category": str}`` using the full example seqio
+passes with ``is_target=True``, so ``cogs_accuracy`` can report accuracy per category; predictions stay plain
+strings.
 
-Strings are compared after whitespace normalisation (``" ".join(s.split())``),
-so a SentencePiece round trip that only changes spacing still matches.
-All values are percentages (0-100).
+Strings are compared after whitespace normalisation (``" ".join(s.split())``), so a SentencePiece round trip that
+only changes spacing still matches. All values are percentages (0-100).
 """
 
 from __future__ import annotations
@@ -40,10 +37,8 @@ def _check_lengths(targets: Sequence, predictions: Sequence) -> None:
 
 
 def exact_match(targets: Sequence, predictions: Sequence) -> dict[str, float]:
-    """``{"exact_match": 100 * mean(target == prediction)}``; 0.0 for no examples.
-
-    A target may be a string or a ``{"target": str, ...}`` dict (as COGS' targets are).
-    """
+    """``{"exact_match": 100 * mean(target == prediction)}``; 0.0 for no examples. A target may be a string or a
+    ``{"target": str, ...}`` dict (as COGS' targets are)."""
     _check_lengths(targets, predictions)
     if not targets:
         return {"exact_match": 0.0}
@@ -52,11 +47,9 @@ def exact_match(targets: Sequence, predictions: Sequence) -> dict[str, float]:
 
 
 def cogs_accuracy(targets: Sequence[Mapping[str, str]], predictions: Sequence[str]) -> dict[str, float]:
-    """COGS exact match overall (``exact_match``) and per category (``accuracy_<category>``).
-
-    ``targets``: ``{"target": str, "category": str}`` dicts (``cogs_postprocess``
-    with ``is_target=True``); a plain-string target counts only in the overall score.
-    """
+    """COGS exact match overall (``exact_match``) and per category (``accuracy_<category>``). ``targets``:
+    ``{"target": str, "category": str}`` dicts (``cogs_postprocess`` with ``is_target=True``); a plain-string
+    target counts only in the overall score."""
     _check_lengths(targets, predictions)
     result = exact_match(targets, predictions)
     hits: dict[str, int] = defaultdict(int)
@@ -76,12 +69,8 @@ def cogs_accuracy(targets: Sequence[Mapping[str, str]], predictions: Sequence[st
 
 def cogs_postprocess(output: Any, example: Mapping[str, Any] | None = None,
                      is_target: bool = False, **unused_kwargs) -> Any:
-    """seqio ``postprocess_fn`` for COGS.
-
-    Targets (``is_target=True`` with the example) become
-    ``{"target": str, "category": str}``; predictions (and targets without an
-    example) stay plain strings.
-    """
+    """seqio ``postprocess_fn`` for COGS: targets (``is_target=True`` with the example) become ``{"target": str,
+    "category": str}``; predictions (and targets without an example) stay plain strings."""
     if isinstance(output, bytes):
         output = output.decode("utf-8")
     if is_target and example is not None and "category" in example:

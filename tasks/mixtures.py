@@ -19,17 +19,13 @@ EXAMPLES_LIMIT = 2 ** 19  # T5 §3.7: examples-proportional mixing with K = 2^19
 SQUAD_TRAIN_EXAMPLES = 87_599.
 
 
-def example_counts() -> dict[str, float]:
-  """Training examples of each supervised task of mt_cotrain: T5's fixed counts (no data read)."""
+def mt_cotrain_tasks(maximum: float = EXAMPLES_LIMIT) -> list[tuple[str, float]]:
+  """(task, rate) pairs of mt_cotrain: C4 at the limit, each supervised task's training examples (T5's fixed
+  counts, no data read) capped at it."""
   counts = {f"glue_{b}": r for b, r in glue.MIXTURE_RATES.items() if r > 0}
   counts.update(super_glue.mixture_rates())
   counts[squad.TASK_NAME] = SQUAD_TRAIN_EXAMPLES
-  return counts
-
-
-def mt_cotrain_tasks(maximum: float = EXAMPLES_LIMIT) -> list[tuple[str, float]]:
-  """(task, rate) pairs of mt_cotrain: C4 at the limit, the supervised tasks' counts capped at it."""
-  return [(c4.TASK_NAME, float(maximum))] + [(name, float(min(n, maximum))) for name, n in example_counts().items()]
+  return [(c4.TASK_NAME, float(maximum))] + [(name, float(min(n, maximum))) for name, n in counts.items()]
 
 
 def register_mt_cotrain(name: str = MT_COTRAIN, maximum: float = EXAMPLES_LIMIT) -> str:

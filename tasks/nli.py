@@ -28,9 +28,8 @@ from collections.abc import Iterator
 
 import seqio
 from remixer_t5.tasks import glue, metrics
+from remixer_t5.tasks.common import add_task, as_vocabulary
 from remixer_t5.tasks.sources import LocalOrTfdsSource, read_jsonl, read_tsv
-
-from remixer_t5.data.vocab import t5_vocabulary
 
 ANLI_TFDS_VERSION = "0.1.0"  # tensorflow_datasets 4.9.10
 NLI_LABELS = ("entailment", "neutral", "contradiction")  # TFDS's class order for MNLI and ANLI (e, n, c)
@@ -119,15 +118,10 @@ def abductive_postprocess(output, example=None, is_target=False, **unused) -> in
 # --- sources --------------------------------------------------------------------------------------------------
 def mnli_sources() -> dict[str, LocalOrTfdsSource]:
   """``mnli_matched`` (train + matched halves) and ``mnli_mismatched`` (mismatched halves) over glue/MNLI."""
-  b = glue.BENCHMARKS["mnli"]
-  return {
-      "mnli_matched": glue.glue_source(
-          b, {"train": "train.tsv", "validation": "dev_matched.tsv", "test": "test_matched.tsv"},
-          {"validation": "validation_matched", "test": "test_matched"}),
-      "mnli_mismatched": glue.glue_source(
-          b, {"validation": "dev_mismatched.tsv", "test": "test_mismatched.tsv"},
-          {"validation": "validation_mismatched", "test": "test_mismatched"}),
-  }
+  b, splits = glue.BENCHMARKS, glue.TFDS_SPLITS
+  return {"mnli_matched": glue.glue_source(b["mnli"], {"train": "train.tsv", **b["mnli_matched"].files},
+                                           splits["mnli_matched"]),
+          "mnli_mismatched": glue.glue_source(b["mnli"], b["mnli_mismatched"].files, splits["mnli_mismatched"])}
 
 
 def anli_source(round_: int) -> LocalOrTfdsSource:
@@ -155,21 +149,21 @@ def abductive_source() -> LocalOrTfdsSource:
 def register_nli_task(name: str, task_name: str | None = None, vocabulary=None) -> str:
   """Registers NLI task ``name`` (mnli_matched, mnli_mismatched, anli_r1..3, conjnli, abductive_nli, qnli) as
   ``task_name`` (default ``name``); idempotent."""
-  acc = (metrics.accuracy,)
+  post = _NLI_POSTPROCESS
   if name in ("mnli_matched", "mnli_mismatched"):
-    spec = (mnli_sources()[name], nli_preprocessor("mnli"), _NLI_POSTPROCESS)
+    source, pre = mnli_sources()[name], nli_preprocessor("mnli")
   elif re.fullmatch(r"anli_r[123]", name):
-    spec = (anli_source(int(name[-1])), nli_preprocessor("anli", premise_key="context"), _NLI_POSTPROCESS)
+    source, pre = anli_source(int(name[-1])), nli_preprocessor("anli", premise_key="context")
   elif name == "conjnli":
-    spec = (conjnli_source(), nli_preprocessor("conjnli"), _NLI_POSTPROCESS)
+    source, pre = conjnli_source(), nli_preprocessor("conjnli")
   elif name == "abductive_nli":
-    spec = (abductive_source(), abductive_text, abductive_postprocess)
+    source, pre, post = abductive_source(), abductive_text, abductive_postprocess
   elif name == "qnli":
     b = glue.BENCHMARKS["qnli"]
-    spec = (glue.glue_source(b), b.preprocessor(), b.postprocess_fn())
+    source, pre, post = glue.glue_source(b), b.preprocessor(), b.postprocess_fn()
   else:
     raise ValueError(f"unknown NLI task {name!r}")
-  return glue.add_task(task_name or name, *spec, acc, vocabulary)
+  return add_task(task_name or name, source, [pre], post, (metrics.accuracy,), vocabulary)
 
 
 NLI_TASKS = ("mnli_matched", "mnli_mismatched", "anli_r1", "anli_r2", "anli_r3", "conjnli", "abductive_nli", "qnli")
@@ -185,7 +179,7 @@ def register_mnli_mixture(name: str = MNLI, matched: str = "mnli_matched", misma
 
 def register_nli_tasks(vocabulary=None) -> list[str]:
   """Registers every NLI task and the ``mnli`` mixture; idempotent (ValueError for another vocabulary)."""
-  vocabulary = t5_vocabulary() if vocabulary is None else vocabulary
+  vocabulary = as_vocabulary(vocabulary)
   names = [register_nli_task(n, vocabulary=vocabulary) for n in NLI_TASKS]
   register_mnli_mixture()
   return names + [MNLI]

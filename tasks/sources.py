@@ -103,15 +103,16 @@ def read_jsonl(path: str, required: Sequence[str] = ()) -> Iterator[tuple[int, d
         yield lineno, row
 
 
-def read_tsv(path: str, columns: Sequence[str] | None = None, *, header: bool = True,
-             num_fields: int | None = None, quoting: int = csv.QUOTE_NONE) -> Iterator[tuple[int, dict]]:
+def read_tsv(path: str, columns: Sequence[str] | None = None, *,
+             header: bool = True) -> Iterator[tuple[int, dict]]:
   """(line number, {column: value}) for each row of a tab-separated file.
 
   With ``header``, the first line names the columns and must contain ``columns``; without, ``columns`` name
-  the fields in order. A row with another number of fields than the header (or ``num_fields``) is an error.
+  the fields in order. A row with another number of fields than the columns is an error. No quoting (TFDS's
+  ``csv.QUOTE_NONE``).
   """
   with _open_text(path) as f:
-    reader = csv.reader(f, delimiter="\t", quoting=quoting)
+    reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
     names = list(columns or [])
     for row in reader:
       lineno = reader.line_num
@@ -123,17 +124,10 @@ def read_tsv(path: str, columns: Sequence[str] | None = None, *, header: bool = 
         if missing:
           raise ValueError(f"{path}:1: header lacks column(s) {missing}; expected {list(columns)}, got {names}")
         continue
-      want = num_fields or len(names)
-      if len(row) != want:
-        raise ValueError(f"{path}:{lineno}: malformed row: expected {want} tab-separated fields "
+      if len(row) != len(names):
+        raise ValueError(f"{path}:{lineno}: malformed row: expected {len(names)} tab-separated fields "
                          f"({', '.join(names) or 'no header'}), got {len(row)}: {chr(9).join(row)[:120]!r}")
-      yield lineno, dict(zip(names, row)) if names else dict(enumerate(row))
-
-
-def read_lines(path: str) -> list[str]:
-  """The non-blank lines of a text file (e.g. αNLI's ``-labels.lst``), stripped."""
-  with _open_text(path) as f:
-    return [line.strip() for line in f if line.strip()]
+      yield lineno, dict(zip(names, row))
 
 
 def read_line_blocks(path: str) -> Iterator[tuple[int, list[str]]]:
@@ -260,7 +254,7 @@ class LocalOrTfdsSource(seqio.DataSource):
       return self._tfds_dataset(split, shuffle, seed, shard_info)
     import tensorflow as tf
     files = self.files(split)
-    signature = {k: _spec(v) for k, v in self.features.items()}
+    signature = self.features
     if self.streaming:
       if shard_info and shard_info.num_shards > 1:
         if len(files) < shard_info.num_shards:
@@ -268,7 +262,8 @@ class LocalOrTfdsSource(seqio.DataSource):
                            f"{shard_info.num_shards} input shards (processes) asked for")
         files = files[shard_info.index::shard_info.num_shards]
       if shuffle:
-        files = [files[i] for i in _permutation(len(files), seed)]
+        import numpy as np
+        files = [files[i] for i in np.random.default_rng(seed).permutation(len(files))]
       if self.line_parser is not None:
         return lines_dataset(files, self.line_parser, signature)
       reader = self.reader  # a Python generator: works, but tf.data cannot checkpoint its position
@@ -371,13 +366,3 @@ def lines_dataset(files: Sequence[str], parse: LineParser, signature: Mapping[st
   options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
   return ds.with_options(options)
 
-
-def _spec(value):
-  if isinstance(value, Mapping):
-    return {k: _spec(v) for k, v in value.items()}
-  return value
-
-
-def _permutation(n: int, seed: int | None) -> list[int]:
-  import numpy as np
-  return list(np.random.default_rng(seed).permutation(n))

@@ -18,7 +18,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import seqio
-from remixer_t5.tasks import glue, metrics
+from remixer_t5.tasks import metrics
+from remixer_t5.tasks.common import add_task
 from remixer_t5.tasks.sources import LocalOrTfdsSource
 
 TASK_NAME = "squad"
@@ -106,7 +107,7 @@ def squad_postprocess(output, example=None, is_target=False, **unused):
 
 def register_squad_task(name: str = TASK_NAME, vocabulary=None) -> str:
   """Registers SQuAD v1.1 as ``name``; idempotent (ValueError for another vocabulary under the same name)."""
-  return glue.add_task(name, squad_source(), squad_text, squad_postprocess, (metrics.squad,), vocabulary)
+  return add_task(name, squad_source(), [squad_text], squad_postprocess, (metrics.squad,), vocabulary)
 
 
 register_squad_task()

@@ -49,7 +49,7 @@ from typing import Any
 
 import seqio
 from remixer_t5.tasks import metrics
-from remixer_t5.tasks.common import already_registered, as_vocabulary
+from remixer_t5.tasks.common import add_task, as_vocabulary
 from remixer_t5.tasks.sources import LocalOrTfdsSource, read_jsonl, read_line_blocks
 
 TFDS_VERSION = "1.0.2"  # tensorflow_datasets 4.9.10's super_glue (1.0.2: deterministic ReCoRD)
@@ -88,35 +88,38 @@ class _RowError(ValueError):
 def _unlabeled_allowed(path: str) -> bool:
   # Only test files are unlabeled in the release; TFDS gives such rows label -1. AX-b/AX-g are TFDS's
   # test split (labeled in the v2 release).
-  name = Path(path).name
-  return name.startswith(("test", "AX-"))
+  return Path(path).name.startswith(("test", "AX-"))
 
 
-def _text(row: Mapping, key: str) -> str:
+def _field(row: Mapping, key: str, kind: type, what: str):
   if key not in row:
     raise _RowError(f"lacks field {key!r}")
-  if not isinstance(row[key], str):
-    raise _RowError(f"field {key!r} must be a string, got {row[key]!r}")
+  if isinstance(row[key], bool) or not isinstance(row[key], kind):
+    raise _RowError(f"field {key!r} must be {what}, got {row[key]!r}")
   return row[key]
 
 
+def _text(row: Mapping, key: str) -> str:
+  return _field(row, key, str, "a string")
+
+
 def _int(row: Mapping, key: str) -> int:
-  if key not in row:
-    raise _RowError(f"lacks field {key!r}")
-  value = row[key]
-  if isinstance(value, bool) or not isinstance(value, int):
-    raise _RowError(f"field {key!r} must be an integer, got {value!r}")
-  return value
+  return _field(row, key, int, "an integer")
 
 
 def _label(row: Mapping, names: Sequence[str], unlabeled_ok: bool) -> int:
   """TFDS's class id of ``row["label"]``: a label name; for True/False labels also a bool or 0/1 (TFDS casts
-  those to "False"/"True" / "0"/"1"); -1 when an unlabeled row is allowed."""
+  those to "False"/"True" / "0"/"1"); COPA's 0/1 (TFDS maps a true value to "choice2"); -1 when an unlabeled
+  row is allowed."""
   if "label" not in row or row["label"] is None:
     if unlabeled_ok:
       return -1
     raise _RowError("lacks field 'label' (only test files may be unlabeled)")
   value = row["label"]
+  if names == COPA_LABELS:
+    if isinstance(value, str) or value not in (0, 1):
+      raise _RowError(f"unknown label {value!r}; expected 0 (choice1) or 1 (choice2)")
+    return int(value)
   if names == BOOL_LABELS and (isinstance(value, bool) or value in (0, 1)) and not isinstance(value, str):
     return int(value)
   if isinstance(value, str) and value in names:
@@ -125,25 +128,13 @@ def _label(row: Mapping, names: Sequence[str], unlabeled_ok: bool) -> int:
                   + (" or a bool / 0 / 1" if names == BOOL_LABELS else ""))
 
 
-def _copa_label(row: Mapping, unlabeled_ok: bool) -> int:
-  # The release gives 0/1 (choice1/choice2); TFDS maps a true value to "choice2".
-  if "label" not in row or row["label"] is None:
-    if unlabeled_ok:
-      return -1
-    raise _RowError("lacks field 'label' (only test files may be unlabeled)")
-  value = row["label"]
-  if isinstance(value, str) or value not in (0, 1):
-    raise _RowError(f"unknown label {value!r}; expected 0 (choice1) or 1 (choice2)")
-  return int(value)
-
-
 def _flat(names: Sequence[str], labels: Sequence[str], ints: Sequence[str] = ()) -> Callable:
   """Row converter for a one-row-one-example config: text ``names``, int ``ints``, idx and label."""
   def convert(row, unlabeled_ok):
     ex = {k: _text(row, k) for k in names}
     ex.update({k: _int(row, k) for k in ints})
     ex["idx"] = _int(row, "idx")
-    ex["label"] = _copa_label(row, unlabeled_ok) if labels == COPA_LABELS else _label(row, labels, unlabeled_ok)
+    ex["label"] = _label(row, labels, unlabeled_ok)
     return [ex]
   return convert
 
@@ -497,17 +488,19 @@ def _specs() -> dict[str, dict]:
   def text(*names):
     return {n: tf.TensorSpec([], tf.string) for n in names}
 
-  def glue(config, folder, names, labels, keys, *, ints=(), metric_fns, benchmark=None, **kw):
-    return dict(tfds_config=config, local_dir=f"super_glue/{folder}", local_files=SPLIT_FILES,
+  def glue(config, folder, names, labels, keys, *, ints=(), metric_fns, benchmark=None, local_files=SPLIT_FILES,
+           postprocess_fn=None, **kw):
+    return dict(tfds_config=config, local_dir=f"super_glue/{folder}", local_files=local_files,
                 reader=_reader(_flat(names, labels, ints)),
                 features={**text(*names), **{k: idx for k in ints}, "idx": idx, "label": label},
                 preprocessor=glue_format(benchmark or config, keys, labels, **kw),
-                postprocess_fn=functools.partial(label_to_class_id, label_classes=labels), metric_fns=metric_fns)
+                postprocess_fn=postprocess_fn or functools.partial(label_to_class_id, label_classes=labels),
+                metric_fns=metric_fns)
 
   def sorted_keys(*names):  # T5's glue sorts the feature names when given none
     return [(n, n) for n in sorted(names)]
 
-  specs = {
+  return {
       "boolq": glue("boolq", "BoolQ", ("question", "passage"), BOOL_LABELS,
                     sorted_keys("question", "passage"), metric_fns=[metrics.accuracy]),
       "cb": glue("cb", "CB", ("premise", "hypothesis"), CB_LABELS, sorted_keys("premise", "hypothesis"),
@@ -522,10 +515,11 @@ def _specs() -> dict[str, dict]:
       # The diagnostics, cast as RTE (T5 rekeys AX-b's sentence1/sentence2 to premise/hypothesis).
       "axb": glue("axb", "AX-b", ("sentence1", "sentence2"), RTE_LABELS,
                   [("hypothesis", "sentence2"), ("premise", "sentence1")], benchmark="rte",
-                  metric_fns=[metrics.matthews_corrcoef]),
+                  local_files={"test": "AX-b.jsonl"}, metric_fns=[metrics.matthews_corrcoef]),
       "axg": glue("axg", "AX-g", ("premise", "hypothesis"), RTE_LABELS,
                   sorted_keys("premise", "hypothesis"), benchmark="rte", passthrough=("hypothesis",),
-                  metric_fns=[metrics.super_glue_axg]),
+                  local_files={"test": "AX-g.jsonl"}, metric_fns=[metrics.super_glue_axg],
+                  postprocess_fn=axg_postprocess),  # targets carry what gender parity pairs on
       "multirc": dict(
           tfds_config="multirc", local_dir="super_glue/MultiRC", local_files=SPLIT_FILES,
           reader=_reader(_multirc, required=("idx", "passage")),
@@ -554,10 +548,6 @@ def _specs() -> dict[str, dict]:
           features={**text("sentence", "pronoun"), "candidates": strings, "label": label},
           preprocessor=dpr_simple_format, postprocess_fn=None, metric_fns=[metrics.accuracy]),
   }
-  specs["axb"]["local_files"] = {"test": "AX-b.jsonl"}
-  specs["axg"]["local_files"] = {"test": "AX-g.jsonl"}
-  specs["axg"]["postprocess_fn"] = axg_postprocess  # targets carry what gender parity pairs on
-  return specs
 
 
 def _source(spec: Mapping) -> LocalOrTfdsSource:
@@ -593,23 +583,11 @@ def register_super_glue_tasks(vocabulary=None, prefix: str = PREFIX, *, maximum:
   mixture has none, hence None).
   """
   vocabulary = as_vocabulary(vocabulary)
-  names = []
-  specs = _specs()
+  specs, names = _specs(), []
   for task in TRAIN_TASKS + DIAGNOSTIC_TASKS + (DPR,):
-    spec = specs[task]
-    name = dpr_task_name(prefix) if task == DPR else f"{prefix}{task}"
-    names.append(name)
-    if already_registered(name, vocabulary):
-      continue
-    seqio.TaskRegistry.add(
-        name,
-        source=_source(spec),
-        preprocessors=[spec["preprocessor"], seqio.preprocessors.tokenize, seqio.CacheDatasetPlaceholder(),
-                       seqio.preprocessors.append_eos_after_trim],
-        output_features={"inputs": seqio.Feature(vocabulary=vocabulary, add_eos=True),
-                         "targets": seqio.Feature(vocabulary=vocabulary, add_eos=True)},
-        postprocess_fn=spec["postprocess_fn"],
-        metric_fns=spec["metric_fns"])
+    s = specs[task]
+    names.append(add_task(dpr_task_name(prefix) if task == DPR else f"{prefix}{task}", _source(s),
+                          [s["preprocessor"]], s["postprocess_fn"], s["metric_fns"], vocabulary))
   mixture = f"{prefix}proportional"
   rates = mixture_rates(prefix, maximum)
   if mixture in seqio.MixtureRegistry.names():
