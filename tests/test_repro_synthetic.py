@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from remixer_t5 import repro
 from remixer_t5.repro import hypermixer_synthetic as hs
 
 
@@ -86,7 +87,7 @@ def test_bad_settings_name_the_problem():
   with pytest.raises(ValueError, match="number of examples must be positive, got 0"):
     hs.generate(0, seed=0)
   with pytest.raises(ValueError, match="--sizes expects comma-separated integers, got '1k'"):
-    hs._ints("1k", "sizes")
+    repro.ints("1k", "sizes")
 
 
 @pytest.mark.integration

@@ -19,6 +19,7 @@ model, seed and split or gen category), ``cogs_table.md`` (mean and range over s
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -29,6 +30,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
+
+from remixer_t5.repro import emitter, ints, mean_range, pyplot
 
 DEFAULT_MODELS = ("t5_1_1", "remixer", "mixer_encdec", "hypermixer")
 LABELS = {"t5_1_1": "T5.1.1", "remixer": "Remixer", "mixer_encdec": "MLP-Mixer enc-dec",
@@ -127,10 +130,9 @@ def measure_splits(progress: Callable[[str], None] = print, eval_examples: int |
     path = cogs.split_path(split)
     numbered = cogs.read_cogs_tsv_lines(path)
     rows = [r for _, r in numbered]
-    texts = [t for r in rows for t in r[:2]]
-    bad = word_vocab.round_trip_failures(vocab, texts)
-    enc = vocab.tokenizer.encode([r[0] for r in rows]), vocab.tokenizer.encode([r[1] for r in rows])
-    lengths = {"inputs": [len(e) + 1 for e in enc[0]], "targets": [len(e) + 1 for e in enc[1]]}  # with EOS
+    bad = word_vocab.round_trip_failures(vocab, [t for r in rows for t in r[:2]])
+    lengths = {f: [len(e) + 1 for e in vocab.tokenizer.encode([r[i] for r in rows])]  # with EOS
+               for i, f in enumerate(("inputs", "targets"))}
     check_lengths(path, split, [n for n, _ in numbered], lengths)
     info = {"rows": len(rows), "round_trip_failures": len(bad),
             "max_input_tokens": max(lengths["inputs"]), "max_target_tokens": max(lengths["targets"]),
@@ -187,17 +189,14 @@ def portable_path(path: str | os.PathLike) -> str:
   return str(path.resolve())
 
 
-def _up16(n: int) -> int:
-  return int(math.ceil(n / 16) * 16)
-
-
 def decode_lengths(data: dict, split: str) -> dict:
   """Lengths one split is decoded at: the model's input length, and the split's longest target (with EOS)
   rounded up to 16 as the most tokens decoded. A longer prediction cannot be an exact match (it differs from
   every target at or before the target's EOS), so this changes no score and spares dev and test decoding the
   cache length gen needs (a decode step's cost grows with it)."""
+  longest = data["splits"][split]["max_target_tokens"]
   return {"inputs": data["model_lengths"]["inputs"],
-          "targets": min(data["model_lengths"]["targets"], _up16(data["splits"][split]["max_target_tokens"]))}
+          "targets": min(data["model_lengths"]["targets"], -(-longest // 16) * 16)}
 
 
 # --- one run ----------------------------------------------------------------------------------------------
@@ -489,16 +488,14 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
   categories = data["splits"]["gen"]["categories"]
   total = len(settings.models) * len(settings.seeds)
   todo = []
-  for seed in settings.seeds:
-    for model in settings.models:
-      i = settings.seeds.index(seed) * len(settings.models) + settings.models.index(model) + 1
-      if (model, seed) in done:
-        progress(f"[{i}/{total}] {model} seed {seed}: done before, kept")
-        for r in records:
-          if (r["model"], r["seed"]) == (model, seed):
-            emit(r)
-      else:
-        todo.append((i, model, seed))
+  for i, (seed, model) in enumerate(itertools.product(settings.seeds, settings.models), start=1):
+    if (model, seed) in done:
+      progress(f"[{i}/{total}] {model} seed {seed}: done before, kept")
+      for r in records:
+        if (r["model"], r["seed"]) == (model, seed):
+          emit(r)
+    else:
+      todo.append((i, model, seed))
   if 0 < len(todo) < jobs:  # fewer runs left than jobs: each keeps all of its share, none gets a split meant for more
     jobs = len(todo)
     groups = core_groups(jobs)
@@ -516,13 +513,11 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
     cpus = free.get()
     started[(model, seed)] = time.time()
     try:
-      run_dir = work / "runs" / f"{model}-seed{seed}"
-      progress(f"[{i}/{total}] {model} seed {seed}: training {settings.steps} steps in {run_dir}"
-               + (f" on cores {','.join(map(str, cpus))}" if cpus else ""))
+      run_dir, on = work / "runs" / f"{model}-seed{seed}", f" on cores {','.join(map(str, cpus))}" if cpus else ""
+      progress(f"[{i}/{total}] {model} seed {seed}: training {settings.steps} steps in {run_dir}{on}")
       train_seconds = train_run(model, seed, settings, lengths, run_dir, progress, cpus=cpus)
       train_seconds = training_seconds(run_dir) or train_seconds  # all starts of a resumed run
-      progress(f"[{i}/{total}] {model} seed {seed}: decoding"  # and where an interrupted driver stops it
-               + (f" on cores {','.join(map(str, cpus))}" if cpus else ""))
+      progress(f"[{i}/{total}] {model} seed {seed}: decoding{on}")  # and where an interrupted driver stops it
       return train_seconds, decode_run(model, seed, settings, data, run_dir, progress, cpus, decoding)
     finally:
       ended[(model, seed)] = time.time()  # before its cores go to the next run (the ETA's bookkeeping)
@@ -543,8 +538,7 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
           progress(f"[{i}/{total}] {model} seed {seed} FAILED: {e}")
           continue
         params = _param_count(work / "runs" / f"{model}-seed{seed}")
-        new = _rows(model, seed, params, settings, results, train_seconds, categories,
-                    Path(data["gen_file"]).name)
+        new = _rows(model, seed, params, settings, results, train_seconds, categories, Path(data["gen_file"]).name)
         records += new
         for r in new:
           r["jobs"] = jobs  # runs trained at once: train seconds and decode speeds shared the cores
@@ -553,8 +547,7 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
         took.append(ended[(model, seed)] - started[(model, seed)])
         # Snapshots (the runs' threads write both), ended's first, so every run is counted exactly once: done,
         # running (begun, not ended) or queued (not begun).
-        ends = dict(ended)
-        begun = dict(started)
+        ends, begun = dict(ended), dict(started)
         running = [now - t for k, t in begun.items() if k not in ends]
         eta = eta_seconds(float(np.mean(took)), running, len(todo) - len(begun), jobs)
         progress(f"[{i}/{total}] {model} seed {seed}: test {results['test']['exact_match']:.1f}%, gen mean "
@@ -568,13 +561,11 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
       for proc in list(_CHILDREN):  # SIGTERM: the trainer saves a checkpoint and exits (a rerun resumes it)
         proc.terminate()
       raise
-  if failed:
+  if failed or out_dir is not None:
     _write_outputs(work, records)
+  if failed:
     raise RuntimeError(f"{len(failed)} of {len(todo)} runs failed (the others' rows are written):\n  "
                        + "\n  ".join(failed))
-  if out_dir is None:
-    return records
-  _write_outputs(work, records)
   return records
 
 
@@ -613,17 +604,12 @@ def _columns(records: Sequence[dict]) -> list[tuple[str, str | None]]:
 
 
 def _by_model(records: Sequence[dict]) -> dict[str, dict]:
+  """{model: {(split, category): rows}}, the known models (LABELS) in their order first, then the others."""
+  order = DEFAULT_MODELS + tuple(LABELS)
   by: dict[str, dict] = {}
-  for r in records:
+  for r in sorted(records, key=lambda r: order.index(r["model"]) if r["model"] in order else len(order)):
     by.setdefault(r["model"], {}).setdefault((r["split"], r["category"]), []).append(r)
   return by
-
-
-def _cell(rows: list[dict] | None) -> str:
-  if not rows:
-    return "-"
-  v = [100 * r["exact_match"] for r in rows]
-  return f"{np.mean(v):.1f}" + (f" ({min(v):.1f}-{max(v):.1f})" if len(v) > 1 else "")
 
 
 def _steps_cell(row: dict) -> str:
@@ -640,18 +626,15 @@ def markdown_table(records: Sequence[dict]) -> str:
       ("gen mean" if c == "mean over categories" else f"gen: {c}") if s == "gen" else s for s, c in cols] + [
       "decode ex/s", "decode tok/s", "train s"]
   lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
-  by = _by_model(records)
-  for m in sorted(by, key=lambda m: (DEFAULT_MODELS + tuple(LABELS)).index(m) if m in LABELS else 99):
-    cells = by[m]
+  for m, cells in _by_model(records).items():
     any_rows = [r for rows in cells.values() for r in rows]
     seeds = sorted({r["seed"] for r in any_rows})
     gen_rows = cells.get(("gen", "mean over categories"), [])
     speed = lambda k: f"{np.mean([r[k] for r in gen_rows]):.0f}" if gen_rows else "-"
     lines.append("| " + " | ".join(
         [LABELS.get(m, m), f"{any_rows[0]['params']:,}", str(len(seeds)), _steps_cell(any_rows[0])]
-        + [_cell(cells.get(c)) for c in cols]
-        + [speed("decode_examples_per_s"), speed("decode_tokens_per_s"),
-           f"{np.mean([r['train_seconds'] for r in gen_rows]):.0f}" if gen_rows else "-"]) + " |")
+        + [mean_range([100 * r["exact_match"] for r in cells.get(c, [])], 1) for c in cols]
+        + [speed("decode_examples_per_s"), speed("decode_tokens_per_s"), speed("train_seconds")]) + " |")
   gen_file = next((r.get("gen_file") for r in records if r.get("gen_file")), None)
   notes = ["", "Exact match in %, mean over seeds (min-max). 'gen mean' is the mean over the gen categories "
            f"present ({gen_file or 'no gen file'}); decode speeds are greedy decoding of gen with the cache.",
@@ -661,26 +644,18 @@ def markdown_table(records: Sequence[dict]) -> str:
 
 def plot(records: Sequence[dict], path: Path) -> None:
   """Bars: exact match per split / gen category (x) and model (colour), mean over seeds with min-max ticks."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  from remixer_t5.training import plots
+  plt, save_png = pyplot()
   cols = _columns(records)
   by = _by_model(records)
-  models = [m for m in (DEFAULT_MODELS + tuple(LABELS)) if m in by] + [m for m in by if m not in LABELS]
-  models = list(dict.fromkeys(models))
+  models = list(by)
   fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(cols) + 2), 4.2))
   width = 0.8 / max(len(models), 1)
   x = np.arange(len(cols))
   for k, m in enumerate(models):
     n = len({r["seed"] for c in by[m].values() for r in c})
-    mean, lo, hi = [], [], []
-    for c in cols:
-      v = [100 * r["exact_match"] for r in by[m].get(c, [])] or [np.nan]
-      mean.append(np.mean(v))
-      lo.append(np.mean(v) - np.min(v))
-      hi.append(np.max(v) - np.mean(v))
+    vals = [[100 * r["exact_match"] for r in by[m].get(c, [])] or [np.nan] for c in cols]
+    mean = [np.mean(v) for v in vals]
+    lo, hi = [mu - np.min(v) for mu, v in zip(mean, vals)], [np.max(v) - mu for mu, v in zip(mean, vals)]
     bars = ax.bar(x + (k - (len(models) - 1) / 2) * width, mean, width, yerr=[lo, hi], capsize=2,
                   label=f"{LABELS.get(m, m)} ({n} seed{'s' * (n > 1)})")
     ax.bar_label(bars, labels=["" if np.isnan(v) else f"{v:.0f}" for v in mean], fontsize=6, padding=1)
@@ -696,20 +671,10 @@ def plot(records: Sequence[dict], path: Path) -> None:
   ax.legend(fontsize=7, loc="lower left")
   ax.grid(True, axis="y", alpha=0.3)
   fig.tight_layout()
-  plots.save_png(fig, path, dpi=110)
+  save_png(fig, path, dpi=110)
 
 
 # --- command line -----------------------------------------------------------------------------------------
-def _ints(text: str, what: str) -> tuple[int, ...]:
-  try:
-    vals = tuple(int(v) for v in text.split(",") if v.strip())
-  except ValueError:
-    raise ValueError(f"--{what} expects comma-separated integers, got {text!r}") from None
-  if not vals:
-    raise ValueError(f"--{what} expects comma-separated integers, got {text!r}")
-  return vals
-
-
 def add_arguments(p) -> None:
   import argparse
   p.add_argument("--quick", action="store_true",
@@ -759,7 +724,7 @@ def settings_from_args(args) -> Settings:
   if args.models:
     kw["models"] = tuple(m.strip() for m in args.models.split(",") if m.strip())
   if args.seeds:
-    vals = _ints(args.seeds, "seeds")
+    vals = ints(args.seeds, "seeds")
     if len(vals) == 1 and "," not in args.seeds and vals[0] < 1:
       raise ValueError(f"--seeds {args.seeds}: a single number is a count of seeds (0..N-1) and must be at least "
                        "1; to run seed 0 alone pass --seeds 1, other seeds as a list, e.g. --seeds 2,3")
@@ -780,14 +745,13 @@ def main(args) -> int:
     from remixer_t5.tasks import sources
     os.environ[sources.DATA_ENV_VAR] = str(Path(args.data_dir).expanduser().resolve())  # the runs read it too
   out = Path(args.out) if args.out else None
-  emit = (lambda r: print(json.dumps(r), flush=True)) if args.json else (lambda r: None)
   progress = lambda s: (sys.stderr.write(s + "\n"), sys.stderr.flush())  # one write: runs' lines don't interleave
   progress(f"repro cogs: {json.dumps(dataclasses.asdict(settings))}")
   jobs = jobs_from_args(args)
   if args.jobs is None and jobs > 1:
     progress(f"repro cogs: --quick trains {jobs} runs at a time, each pinned to its share of the cores (--jobs "
              f"{jobs}; --jobs 1 for one after the other)")
-  records = run(settings, out, emit=emit, progress=progress, jobs=jobs)
+  records = run(settings, out, emit=emitter(args.json), progress=progress, jobs=jobs)
   if not args.json:
     print(markdown_table(records), end="")
   if out is not None:

@@ -40,6 +40,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from remixer_t5.repro import emitter, ints, mean_range, pyplot
+
 MODELS = ("none", "mlp_mixer", "hypermixer", "attention")
 LABELS = {"none": "None", "mlp_mixer": "MLP-Mixer", "hypermixer": "HyperMixer", "attention": "Self-attention"}
 
@@ -173,8 +175,7 @@ def _build_model(mixer: str, channels: int, hidden: int, length: int):
     """conv ReLU conv ReLU [mixer] conv ReLU conv (App. B.4); 'none': conv ReLU in the mixer's place."""
 
     def setup(self):
-      self.convs = [Conv1d(channels, name="conv_0"), Conv1d(channels, name="conv_1"),
-                    Conv1d(channels, name="conv_2"), Conv1d(1, name="conv_3")]
+      self.convs = [Conv1d(c, name=f"conv_{i}") for i, c in enumerate((channels, channels, channels, 1))]
       if mixer == "none":
         self.mixer = Conv1d(channels, name="token_mixer")
       elif mixer == "hypermixer":
@@ -377,39 +378,29 @@ def run_sweep(settings: SweepSettings, *, emit: Callable[[dict], None] = lambda 
 
 
 # --- figures ----------------------------------------------------------------------------------------------
+def _mse_by_model(records: Sequence[dict]) -> dict[str, dict[int, list[float]]]:
+  """{model: {training-set size: test MSE of each seed}}, in MODELS' order."""
+  by: dict[str, dict[int, list[float]]] = {m: {} for m in MODELS if any(r["model"] == m for r in records)}
+  for r in records:
+    by[r["model"]].setdefault(r["train_examples"], []).append(r["test_mse"])
+  return by
+
+
 def markdown_table(records: Sequence[dict]) -> str:
   """Mean test MSE per model (rows) and training-set size (columns), with the seeds' range."""
-  by: dict[str, dict[int, list[float]]] = {}
-  for r in records:
-    by.setdefault(r["model"], {}).setdefault(r["train_examples"], []).append(r["test_mse"])
   sizes = sorted({r["train_examples"] for r in records})
-  lines = ["| model | " + " | ".join(f"N = {n:,}" for n in sizes) + " |",
-           "|---|" + "---|" * len(sizes)]
-  for m in MODELS:
-    if m not in by:
-      continue
-    cells = []
-    for n in sizes:
-      v = by[m].get(n)
-      cells.append("-" if not v else f"{np.mean(v):.3f}" + (f" ({min(v):.3f}-{max(v):.3f})" if len(v) > 1 else ""))
-    lines.append(f"| {LABELS[m]} | " + " | ".join(cells) + " |")
+  lines = ["| model | " + " | ".join(f"N = {n:,}" for n in sizes) + " |", "|---|" + "---|" * len(sizes)]
+  for m, mse in _mse_by_model(records).items():
+    lines.append(f"| {LABELS[m]} | " + " | ".join(mean_range(mse.get(n), 3) for n in sizes) + " |")
   return "\n".join(lines) + "\n"
 
 
 def plot_errors(records: Sequence[dict], path: Path) -> None:
   """Fig. 5b: test MSE against training-set size (log x), mean over seeds with min-max bars."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  from remixer_t5.training import plots
+  plt, save_png = pyplot()
   fig, ax = plt.subplots(figsize=(5.5, 4))
-  by: dict[str, dict[int, list[float]]] = {}
-  for r in records:
-    by.setdefault(r["model"], {}).setdefault(r["train_examples"], []).append(r["test_mse"])
-  for m in MODELS:
-    if m not in by:
-      continue
+  by = _mse_by_model(records)
+  for m in by:
     ns = sorted(by[m])
     mean = np.array([np.mean(by[m][n]) for n in ns])
     lo = mean - np.array([np.min(by[m][n]) for n in ns])
@@ -423,17 +414,13 @@ def plot_errors(records: Sequence[dict], path: Path) -> None:
   ax.legend()
   ax.grid(True, which="both", alpha=0.3)
   fig.tight_layout()
-  plots.save_png(fig, path, dpi=110)
+  save_png(fig, path, dpi=110)
 
 
 def plot_maps(maps: dict, test: dict, settings: SweepSettings, map_size: int, path: Path) -> None:
   """Fig. 5a/c/d and Fig. 6: one test sequence, the attention model's weights and every model's
   pseudo-attention |d out_i / d in_j| (rows: output i, columns: input j)."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  from remixer_t5.training import plots
+  plt, save_png = pyplot()
   L = settings.spec.length
   panels = []
   if "attention" in maps:
@@ -464,30 +451,18 @@ def plot_maps(maps: dict, test: dict, settings: SweepSettings, map_size: int, pa
     a.set_title(title, fontsize=8)
     a.set_xlabel("input j")
     a.set_ylabel("output i")
-    for s in test["triangles"][0]:
-      a.plot([s[0]], [-2], marker="^", color="tab:red", clip_on=False)
-      a.plot([-2], [s[0]], marker="^", color="tab:red", clip_on=False)
-    for s in test["boxes"][0]:
-      a.plot([s[0]], [-2], marker="s", color="tab:blue", clip_on=False)
-      a.plot([-2], [s[0]], marker="s", color="tab:blue", clip_on=False)
+    for shapes, marker, color in ((test["triangles"][0], "^", "tab:red"), (test["boxes"][0], "s", "tab:blue")):
+      for s in shapes:
+        a.plot([s[0]], [-2], marker=marker, color=color, clip_on=False)
+        a.plot([-2], [s[0]], marker=marker, color=color, clip_on=False)
     a.set_xlim(-0.5, L - 0.5)
     a.set_ylim(L - 0.5, -0.5)
   fig.suptitle(f"after {map_size:,} training examples (seed {settings.seeds[0]})", fontsize=9)
   fig.tight_layout()
-  plots.save_png(fig, path, dpi=100)
+  save_png(fig, path, dpi=100)
 
 
 # --- command line -----------------------------------------------------------------------------------------
-def _ints(text: str, what: str) -> tuple[int, ...]:
-  try:
-    vals = tuple(int(v) for v in text.split(",") if v.strip())
-  except ValueError:
-    raise ValueError(f"--{what} expects comma-separated integers, got {text!r}") from None
-  if not vals:
-    raise ValueError(f"--{what} expects comma-separated integers, got {text!r}")
-  return vals
-
-
 def add_arguments(p) -> None:
   p.add_argument("--quick", action="store_true",
                  help="2 sizes (2.5k, 25k), 1 seed, 1,000 steps, 32 channels, 500 test examples: minutes on 2 cores")
@@ -510,9 +485,9 @@ def settings_from_args(args) -> SweepSettings:
   if args.models:
     kw["models"] = tuple(m.strip() for m in args.models.split(",") if m.strip())
   if args.sizes:
-    kw["train_sizes"] = _ints(args.sizes, "sizes")
+    kw["train_sizes"] = ints(args.sizes, "sizes")
   if args.seeds:
-    kw["seeds"] = _ints(args.seeds, "seeds")
+    kw["seeds"] = ints(args.seeds, "seeds")
   for arg, field in (("steps", "steps"), ("batch_size", "batch_size"), ("lr", "learning_rate"),
                      ("channels", "channels"), ("hidden", "hidden"), ("test_examples", "test_examples")):
     if getattr(args, arg) is not None:
@@ -523,10 +498,9 @@ def settings_from_args(args) -> SweepSettings:
 def main(args) -> int:
   settings = settings_from_args(args)
   out = Path(args.out) if args.out else None
-  emit = (lambda r: print(json.dumps(r), flush=True)) if args.json else (lambda r: None)
   progress = lambda s: print(s, file=sys.stderr, flush=True)
   progress(f"hypermixer-synthetic: {json.dumps(dataclasses.asdict(settings))}")
-  records = run_sweep(settings, emit=emit, progress=progress, out_dir=out)
+  records = run_sweep(settings, emit=emitter(args.json), progress=progress, out_dir=out)
   if not args.json:
     print(markdown_table(records), end="")
   if out is not None:
