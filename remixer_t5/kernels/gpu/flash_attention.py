@@ -1,6 +1,6 @@
 """Fused (flash) attention with T5's relative position bias, its gradient included, as Pallas (Triton) kernels.
 
-The function is `reference` below (the plain-JAX composition, T5's attention: no 1/sqrt(d) on the logits):
+The function is `mixers.attention.dot_product_attention` (T5's attention: no 1/sqrt(d) on the logits):
 
     allowed[b, i, j] = (q_seg[b, i] == kv_seg[b, j]) & (kv_seg[b, j] != 0) & (not causal or j <= i)
     logits[b, h, i, j] = q[b, i, h] · k[b, j, h] + bias[b|0, h, i, j] + (0 if allowed else NEG_INF)
@@ -24,8 +24,8 @@ in three kernels:
     is a sum over the batch; summing inside the program needs no [b, h, q, k] buffer and no atomics (the sum is
     deterministic). It recomputes QK^T and dO V^T for its tile (two of the backward's seven tile products), which
     is expected to cost less than moving dS through memory, as a [b, h, q, k] array or as per-example
-    accumulators in the dQ or dK/dV programs (not yet measured on a GPU). A bias with its own batch axis ([b, h, q, k]) gets its gradient per element from the same
-    kernel.
+    accumulators in the dQ or dK/dV programs (not yet measured on a GPU). A bias with its own batch axis
+    ([b, h, q, k]) gets its gradient per element from the same kernel.
 The split of dK/dV and dQ into two kernels (JAX's Pallas attention fuses them into one program when q and k
 have as many blocks) keeps q != k (cross-attention) and causal bounds simple; each kernel skips the tiles that
 causality masks entirely.
@@ -284,7 +284,9 @@ class _Calls:
     """Whether the bias has a batch axis of its own (else one [1, h, q, k] bias is shared by the batch)."""
     return self.bias_batch == self.shape[0] and self.shape[0] > 1
 
-  def forward(self, q, k, v, bias, qseg, kvseg, drop, out_dtype):
+  def _by_query_block(self):
+    """For programs over (row, query block, head): the specs of (q, k, v, bias, q_seg, kv_seg, mask), and the
+    BlockSpecs of a query block's rows [b, q, h, d] and of its statistics [b, h, q]."""
     from jax.experimental import pallas as pl
     b, nq, nk, h, d = self.shape
     bq, per_example = self.block_q, self.per_example
@@ -295,13 +297,18 @@ class _Calls:
         ((None, bq), lambda r, i, hh: (r, i)),
         ((None, nk), lambda r, i, hh: (r, 0)),
         ((None, None, bq, nk), lambda r, i, hh: (r, hh, i, 0)))
-    out_specs = [pl.BlockSpec((None, bq, None, d), lambda r, i, hh: (r, i, hh, 0)),
-                 pl.BlockSpec((None, None, bq), lambda r, i, hh: (r, hh, i))]
+    return (in_specs, pl.BlockSpec((None, bq, None, d), lambda r, i, hh: (r, i, hh, 0)),
+            pl.BlockSpec((None, None, bq), lambda r, i, hh: (r, hh, i)))
+
+  def forward(self, q, k, v, bias, qseg, kvseg, drop, out_dtype):
+    b, nq, nk, h, d = self.shape
+    in_specs, rows, stats = self._by_query_block()
+    out_specs = [rows, stats]
     out_shape = [jax.ShapeDtypeStruct((b, nq, h, d), out_dtype), jax.ShapeDtypeStruct((b, h, nq), f32)]
     # The batch is the grid's fastest axis: programs running together read the same head's bias tiles, which
     # then come from L2 after the first reads them.
     return self._call(functools.partial(_forward_kernel, **self.static), "flash_attention_fwd",
-                      (b, nq // bq, h), in_specs, out_specs, out_shape, (q, k, v, bias, qseg, kvseg, drop))
+                      (b, nq // self.block_q, h), in_specs, out_specs, out_shape, (q, k, v, bias, qseg, kvseg, drop))
 
   def dkv(self, *args):
     from jax.experimental import pallas as pl
@@ -324,22 +331,11 @@ class _Calls:
                       in_specs, out_specs, out_shape, args)
 
   def dq(self, *args):
-    from jax.experimental import pallas as pl
     b, nq, nk, h, d = self.shape
-    bq, per_example = self.block_q, self.per_example
-    rows = ((None, bq, None, d), lambda r, i, hh: (r, i, hh, 0))
-    in_specs = self._specs(
-        rows,
-        ((None, nk, None, d), lambda r, i, hh: (r, 0, hh, 0)),
-        ((None, None, bq, nk), lambda r, i, hh: (r if per_example else 0, hh, i, 0)),
-        ((None, bq), lambda r, i, hh: (r, i)),
-        ((None, nk), lambda r, i, hh: (r, 0)),
-        ((None, None, bq, nk), lambda r, i, hh: (r, hh, i, 0)))
-    stats = pl.BlockSpec((None, None, bq), lambda r, i, hh: (r, hh, i))
-    in_specs += [pl.BlockSpec(*rows), stats, stats]
+    in_specs, rows, stats = self._by_query_block()
     q = args[0]
-    return self._call(functools.partial(_dq_kernel, **self.static), "flash_attention_dq", (b, nq // bq, h),
-                      in_specs, pl.BlockSpec(*rows), jax.ShapeDtypeStruct(q.shape, q.dtype), args)
+    return self._call(functools.partial(_dq_kernel, **self.static), "flash_attention_dq", (b, nq // self.block_q, h),
+                      in_specs + [rows, stats, stats], rows, jax.ShapeDtypeStruct(q.shape, q.dtype), args)
 
   def dbias(self, *args, bias_dtype):
     from jax.experimental import pallas as pl
@@ -367,7 +363,8 @@ def attention(query, key, value, *, bias=None, q_segment_ids=None, kv_segment_id
               dropout_mask=None, dropout_rate: float = 0.0, dtype=jnp.float32, interpret: bool = False,
               block_q: int = BLOCK_Q, block_k: int = BLOCK_K, num_warps: int = NUM_WARPS,
               num_stages: int = NUM_STAGES):
-  """The model's attention operation (`mixers.attention.dot_product_attention`) through the kernels, with a custom gradient for query, key, value and bias.
+  """The model's attention operation (`mixers.attention.dot_product_attention`) through the kernels, with a custom
+  gradient for query, key, value and bias.
 
   query [b, q, h, d]; key, value [b, k, h, d]; bias None, [1, h, q, k] or [b, h, q, k] (float); segment ids
   [b, q] and [b, k] (int, 0 = padding; None: every position real); dropout_mask None or [b, h, q, k] bool, with

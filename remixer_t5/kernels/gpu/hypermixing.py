@@ -71,9 +71,7 @@ def _run_ends(seg_ref, j, n: int):
   return jnp.maximum((j == n - 1).astype(jnp.int32), (seg_ref[after] != seg_ref[j]).astype(jnp.int32))
 
 
-def _forward_kernel(w1_ref, x_ref, w2_ref, seg_ref, scale_ref, out_ref, *, nk: int, nq: int):
-  del nq  # causal: the queries are the keys
-  n = nk
+def _forward_kernel(w1_ref, x_ref, w2_ref, seg_ref, scale_ref, out_ref, *, n: int):
   def body(i, carry):
     state, prev = carry
     seg = seg_ref[i]
@@ -87,9 +85,7 @@ def _forward_kernel(w1_ref, x_ref, w2_ref, seg_ref, scale_ref, out_ref, *, nk: i
 
 
 def _backward_kernel(w1_ref, x_ref, w2_ref, seg_ref, scale_ref, start_ref, g_ref, dw1_ref, dx_ref, dw2_ref, *,
-                     nk: int, nq: int):
-  del nq  # causal: the queries are the keys
-  n = nk
+                     n: int):
   zero = jnp.zeros((w1_ref.shape[-1], x_ref.shape[-1]), f32)
 
   def body(t, carry):
@@ -131,76 +127,61 @@ def _pad_to(a, axis: int, multiple: int):
   return a if not pad else jnp.pad(a, [(0, pad if k == axis else 0) for k in range(a.ndim)])
 
 
-def _calls(forward_kernel, backward_kernel, name: str, shape, forward_aux: int, aux: int, block_h: int,
-           block_d: int, num_warps: tuple[int, int], interpret: bool):
-  """A form's two pallas_calls for padded shapes (b, nq, nk, h, d) (the causal form: nq = nk). Both take
-  W1, X, W2, then per-key arrays (the forward the first `forward_aux` of the backward's `aux`), the backward
-  also the output's cotangent; they return float32 partial sums, over d'-blocks [h / block_h, b, n, d] and over
-  d-blocks [d / block_d, b, n, h]."""
+def _calls(shape, block_h: int, block_d: int, num_warps: tuple[int, int], interpret: bool):
+  """The forward and backward pallas_calls for padded shapes (b, n, h, d). Both take W1, X, W2, the ids and the
+  scales r_i, the backward also the segment starts and the output's cotangent; they return float32 partial sums,
+  over d'-blocks [h / block_h, b, n, d] and over d-blocks [d / block_d, b, n, h]."""
   from jax.experimental import pallas as pl
   from jax.experimental.pallas import triton as plt
-  b, nq, nk, h, d = shape
+  b, n, h, d = shape
   grid = (b, h // block_h, d // block_d)
-  rows = lambda n, block, over_h: pl.BlockSpec(
-      (None, n, block), (lambda r, k, c: (r, 0, k)) if over_h else (lambda r, k, c: (r, 0, c)))
-  per_key = pl.BlockSpec((None, nk), lambda r, k, c: (r, 0))
-  parts = lambda n, block, over_h: pl.BlockSpec(  # partial sums over d'-blocks (over_h) or d-blocks
-      (None, None, n, block), (lambda r, k, c: (k, r, 0, c)) if over_h else (lambda r, k, c: (c, r, 0, k)))
-  inputs = [rows(nk, block_h, True), rows(nk, block_d, False), rows(nq, block_h, True)]
+  over_h = pl.BlockSpec((None, n, block_h), lambda r, k, c: (r, 0, k))
+  over_d = pl.BlockSpec((None, n, block_d), lambda r, k, c: (r, 0, c))
+  per_key = pl.BlockSpec((None, n), lambda r, k, c: (r, 0))
+  parts_h = pl.BlockSpec((None, None, n, block_d), lambda r, k, c: (k, r, 0, c))  # partial sums over d'-blocks
+  parts_d = pl.BlockSpec((None, None, n, block_h), lambda r, k, c: (c, r, 0, k))  # and over d-blocks
   params = lambda warps: dict(compiler_params=plt.CompilerParams(num_warps=warps, num_stages=1))
   forward = pl.pallas_call(
-      functools.partial(forward_kernel, nk=nk, nq=nq), grid=grid, in_specs=inputs + [per_key] * forward_aux,
-      out_specs=parts(nq, block_d, True), out_shape=jax.ShapeDtypeStruct((h // block_h, b, nq, d), f32),
-      interpret=interpret, name=name, **params(num_warps[0]))
+      functools.partial(_forward_kernel, n=n), grid=grid, in_specs=[over_h, over_d, over_h, per_key, per_key],
+      out_specs=parts_h, out_shape=jax.ShapeDtypeStruct((h // block_h, b, n, d), f32),
+      interpret=interpret, name="hypermixing_causal", **params(num_warps[0]))
   backward = pl.pallas_call(
-      functools.partial(backward_kernel, nk=nk, nq=nq), grid=grid,
-      in_specs=inputs + [per_key] * aux + [rows(nq, block_d, False)],
-      out_specs=[parts(nk, block_h, False), parts(nk, block_d, True), parts(nq, block_h, False)],
-      out_shape=[jax.ShapeDtypeStruct((d // block_d, b, nk, h), f32),
-                 jax.ShapeDtypeStruct((h // block_h, b, nk, d), f32),
-                 jax.ShapeDtypeStruct((d // block_d, b, nq, h), f32)],
-      interpret=interpret, name=f"{name}_grad", **params(num_warps[1]))
+      functools.partial(_backward_kernel, n=n), grid=grid, in_specs=[over_h, over_d, over_h] + [per_key] * 3 + [over_d],
+      out_specs=[parts_d, parts_h, parts_d],
+      out_shape=[jax.ShapeDtypeStruct((d // block_d, b, n, h), f32), jax.ShapeDtypeStruct((h // block_h, b, n, d), f32),
+                 jax.ShapeDtypeStruct((d // block_d, b, n, h), f32)],
+      interpret=interpret, name="hypermixing_causal_grad", **params(num_warps[1]))
   return forward, backward
-
-
-def _differentiable(kernels, name: str, w1, x, w2, aux: tuple, forward_aux: int, block_h: int, block_d: int,
-                    num_warps: tuple[int, int], interpret: bool):
-  """W1, X, W2 (padded to whole tiles) through the forward kernel of `kernels`, with the backward one as its
-  gradient; the partial sums summed and the padding cut off. The per-key arrays `aux` (the forward takes the
-  first `forward_aux`) are arguments, not closed over (a custom_vjp may not capture tracers), and get no
-  gradient."""
-  (b, nk, h), nq, d = w1.shape, w2.shape[1], x.shape[-1]
-  forward, backward = _calls(*kernels, name, (b, nq, nk, h + -h % block_h, d + -d % block_d), forward_aux,
-                             len(aux), block_h, block_d, num_warps, interpret)
-  pad = lambda w1, x, w2: (_pad_to(w1, 2, block_h), _pad_to(x, 2, block_d), _pad_to(w2, 2, block_h))
-
-  @jax.custom_vjp
-  def run(w1, x, w2, *aux):
-    return forward(*pad(w1, x, w2), *aux[:forward_aux]).sum(0)[:, :, :d]
-
-  def run_fwd(*args):
-    return run(*args), args
-
-  def run_bwd(residuals, g):
-    w1, x, w2, *aux = residuals
-    dw1, dx, dw2 = backward(*pad(w1, x, w2), *aux, _pad_to(g.astype(f32), 2, block_d))
-    none = tuple(jnp.zeros_like(a) if jnp.issubdtype(a.dtype, jnp.floating) else None for a in aux)
-    return (dw1.sum(0)[:, :, :h].astype(w1.dtype), dx.sum(0)[:, :, :d].astype(x.dtype),
-            dw2.sum(0)[:, :, :h].astype(w2.dtype)) + none
-
-  run.defvjp(run_fwd, run_bwd)
-  return run(w1, x, w2, *aux)
 
 
 def kernel(w1, x, w2, mask, segment_ids, length_normalize: bool, *, block_h: int = BLOCK_H,
            block_d: int = BLOCK_D, num_warps: tuple[int, int] = (WARPS, WARPS), interpret: bool = False):
   """The causal form through the kernels (with their gradient), for any platform Pallas lowers to: a GPU, or
   `interpret=True` anywhere (tests). w1, w2 [b, n, d'], x [b, n, d], mask [b, n] (real keys; w1 already
-  masked), segment_ids [b, n]; returns float32 [b, n, d]."""
+  masked), segment_ids [b, n]; returns float32 [b, n, d]. W1, X, W2 are padded to whole tiles, the partial sums
+  summed and the padding cut off; the ids, scales and starts are arguments of the custom_vjp, not closed over (it
+  may not capture tracers), and get no gradient."""
   seg = jnp.asarray(segment_ids, jnp.int32)
   start, scale = _segment_starts_and_scale(mask.astype(f32), seg, length_normalize)
-  return _differentiable((_forward_kernel, _backward_kernel), "hypermixing_causal", w1, x, w2, (seg, scale, start),
-                         2, block_h, block_d, num_warps, interpret)
+  (b, n, h), d = w1.shape, x.shape[-1]
+  forward, backward = _calls((b, n, h + -h % block_h, d + -d % block_d), block_h, block_d, num_warps, interpret)
+  pad = lambda w1, x, w2: (_pad_to(w1, 2, block_h), _pad_to(x, 2, block_d), _pad_to(w2, 2, block_h))
+
+  @jax.custom_vjp
+  def run(w1, x, w2, seg, scale, start):
+    return forward(*pad(w1, x, w2), seg, scale).sum(0)[:, :, :d]
+
+  def run_fwd(*args):
+    return run(*args), args
+
+  def run_bwd(residuals, g):
+    w1, x, w2, seg, scale, start = residuals
+    dw1, dx, dw2 = backward(*pad(w1, x, w2), seg, scale, start, _pad_to(g.astype(f32), 2, block_d))
+    return (dw1.sum(0)[:, :, :h].astype(w1.dtype), dx.sum(0)[:, :, :d].astype(x.dtype),
+            dw2.sum(0)[:, :, :h].astype(w2.dtype), None, jnp.zeros_like(scale), None)
+
+  run.defvjp(run_fwd, run_bwd)
+  return run(w1, x, w2, seg, scale, start)
 
 
 def causal(w1, x, w2, mask, segment_ids, *, reference: Callable, length_normalize: bool):
