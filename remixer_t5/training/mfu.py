@@ -50,16 +50,20 @@ def peak_flops_per_device(device: jax.Device | None = None, override: float | No
   return None
 
 
+def _flops(cost) -> float:
+  """The FLOP count of a `cost_analysis()` result (a dict, or a list of one in older jax), 0 when absent."""
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0] if cost else {}
+  return float((cost or {}).get("flops") or 0.0)
+
+
 def compiled_flops(compiled) -> float | None:
   """XLA's FLOP count of a compiled computation (per device for an SPMD-partitioned one); None if absent."""
   try:
-    cost = compiled.cost_analysis()
+    flops = _flops(compiled.cost_analysis())
   except Exception:  # noqa: BLE001 - not every backend implements cost analysis
     return None
-  if isinstance(cost, (list, tuple)):
-    cost = cost[0] if cost else {}
-  flops = (cost or {}).get("flops")
-  return float(flops) if flops and flops > 0 else None
+  return flops if flops > 0 else None
 
 
 def mfu(flops_per_step_per_device: float | None, steps_per_s: float, peak: float | None) -> float | None:
@@ -69,26 +73,12 @@ def mfu(flops_per_step_per_device: float | None, steps_per_s: float, peak: float
   return flops_per_step_per_device * steps_per_s / peak
 
 
-def _unscanned_unrematerialised(model):
-  """`model` with its network's config set to scan_layers=False, remat_policy='none' (itself if already so)."""
-  cfg = getattr(model.module, "config", None)
-  if not dataclasses.is_dataclass(cfg) or (not getattr(cfg, "scan_layers", False)
-                                           and getattr(cfg, "remat_policy", "none") == "none"):
-    return model
-  plain = copy.copy(model)
-  plain.module = model.module.clone(config=dataclasses.replace(cfg, scan_layers=False, remat_policy="none"))
-  return plain
-
-
 def model_flops_per_step(model, batch: Mapping[str, jax.ShapeDtypeStruct]) -> float:
   """Model FLOPs of one training step over the whole (global) `batch` of shapes: forward and backward of
-  `model.loss_fn` (no optimizer update, no dropout), from XLA's cost analysis of the lowered computation of the
-  same model unscanned and unrematerialised (see the module docstring). Divide by the device count for a
-  per-device figure. Lowering traces the model once from shapes (no weights are allocated, nothing compiles).
-  The batch is counted unpacked (segment ids and positions are dropped): the model's math, not a packing's
-  bookkeeping. Mixers' chunk scans are unrolled for the count and CPU/GPU kernels (FFI custom calls, which
-  XLA's cost analysis counts as nothing) take their XLA form (`flop_count.counting_model_flops`), so each
-  chunk counts once; `model_flops_and_loops` says whether any other loop was left (its body counted once).
+  `model.loss_fn` (no optimizer update, no dropout) of the same model unscanned and unrematerialised (see the
+  module docstring), lowered from shapes (nothing is allocated or compiled). Divide by the device count for a
+  per-device figure. Mixers' chunk scans are unrolled for the count and CPU/GPU kernels (FFI custom calls, which
+  XLA's cost analysis counts as nothing) take their XLA form (`flop_count.counting_model_flops`).
   """
   return model_flops_and_loops(model, batch)[0]
 
@@ -96,9 +86,13 @@ def model_flops_per_step(model, batch: Mapping[str, jax.ShapeDtypeStruct]) -> fl
 def model_flops_and_loops(model, batch: Mapping[str, jax.ShapeDtypeStruct]) -> tuple[float, int]:
   """(model_flops_per_step, the number of while loops left in the lowered step). With loops the count is a
   lower bound: XLA's cost analysis counts each loop's body once, however many times it runs."""
-  plain = _unscanned_unrematerialised(model)
-  # The model's math, not a packing's bookkeeping: without segment ids every mixer takes its unpacked form
-  # (packed HyperMixing scans segment ids a block at a time, several unpacked passes' worth of work).
+  plain, cfg = model, getattr(model.module, "config", None)
+  if dataclasses.is_dataclass(cfg) and (getattr(cfg, "scan_layers", False)
+                                        or getattr(cfg, "remat_policy", "none") != "none"):
+    plain = copy.copy(model)
+    plain.module = model.module.clone(config=dataclasses.replace(cfg, scan_layers=False, remat_policy="none"))
+  # The batch counted unpacked, the model's math, not a packing's bookkeeping: without segment ids every mixer
+  # takes its unpacked form (packed HyperMixing scans segment ids a block at a time, several unpacked passes).
   batch = {k: v for k, v in batch.items() if not k.endswith(("_segment_ids", "_positions"))}
   input_shapes = {k: (1,) + tuple(v.shape[1:]) for k, v in batch.items()
                   if k in ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens")}
@@ -107,10 +101,7 @@ def model_flops_and_loops(model, batch: Mapping[str, jax.ShapeDtypeStruct]) -> t
   def lower():
     with flop_count.counting_model_flops():  # loops unrolled; kernels and custom calls in XLA's form
       lowered = jax.jit(grad).lower(params, dict(batch))
-    cost = lowered.cost_analysis()
-    if isinstance(cost, (list, tuple)):
-      cost = cost[0] if cost else {}
-    return lowered, float((cost or {}).get("flops", 0.0))
+    return lowered, _flops(lowered.cost_analysis())
 
   lowered, flops = lower()
   if flops <= 0 and jax.default_backend() != "cpu":
