@@ -31,6 +31,7 @@ import io
 import json
 import math
 import re
+import statistics
 import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -95,10 +96,7 @@ def read_metrics(model_dir: str | Path) -> list[dict[str, Any]]:
 
 def latest_rows(rows: Iterable[Mapping[str, Any]], split: str) -> list[dict[str, Any]]:
   """The rows of `split` sorted by step, the last one logged for a step winning (a resumed run re-logs)."""
-  by_step = {}
-  for row in rows:
-    if row["split"] == split:
-      by_step[int(row["step"])] = dict(row)
+  by_step = {int(row["step"]): dict(row) for row in rows if row["split"] == split}
   return [by_step[s] for s in sorted(by_step)]
 
 
@@ -146,22 +144,22 @@ def task_metrics(rows: Sequence[Mapping[str, Any]], model_dir: Path) -> dict[str
     latest = latest_rows(rows, f"infer/{task}")[-1]
     out.update({f"{task}/{k}": float(v) for k, v in latest.items()
                 if k not in ("step", "split", "time") and _finite(v) is not None})
-  infer_dir = model_dir / "inference_eval"
-  for path in sorted(infer_dir.glob("*-metrics.jsonl")) if infer_dir.is_dir() else []:
+  for path in sorted((model_dir / "inference_eval").glob("*-metrics.jsonl")):
     task = path.name[:-len("-metrics.jsonl")]
     if task in tasks:
       continue
-    logged = []
-    for line in path.read_text().splitlines():
-      try:
-        logged.append(json.loads(line))
-      except json.JSONDecodeError:
-        continue
-    logged = [r for r in logged if isinstance(r, dict) and "step" in r]
+    logged = [r for r in map(_json_or_none, path.read_text().splitlines()) if isinstance(r, dict) and "step" in r]
     if logged:
       latest = max(logged, key=lambda r: r["step"])
       out.update({f"{task}/{k}": float(v) for k, v in latest.items() if k != "step" and _finite(v) is not None})
   return out
+
+
+def _json_or_none(line: str):
+  try:
+    return json.loads(line)
+  except json.JSONDecodeError:
+    return None
 
 
 def model_label(config_text: str, signature: Mapping[str, Any] | None) -> str:
@@ -209,17 +207,16 @@ def load_run(model_dir: str | Path, name: str | None = None, params: bool = True
   if run.train:
     run.final_train_loss = _finite(run.train[-1][1])
     run.tokens_seen = run.train[-1][2]
-    speeds = [_finite(r.get("tokens_per_s")) for r in train]
     first_in_file = next(int(r["step"]) for r in rows if r["split"] == "train")
-    timed = [v for r, v in zip(train, speeds) if v is not None and (int(r["step"]) != first_in_file or len(train) == 1)]
-    run.tokens_per_s = float(_median(timed)) if timed else None
+    timed = [v for r in train if (v := _finite(r.get("tokens_per_s"))) is not None
+             and (int(r["step"]) != first_in_file or len(train) == 1)]
+    run.tokens_per_s = float(statistics.median(timed)) if timed else None
   finite_val = [(loss, step) for step, loss, _ in run.validation if _finite(loss) is not None]
   if finite_val:
     run.best_validation_loss, run.best_validation_step = min(finite_val)
   run.task_metrics = task_metrics(rows, model_dir)
-  signature = None
-  if (model_dir / SIGNATURE_FILE).is_file():
-    signature = json.loads((model_dir / SIGNATURE_FILE).read_text())
+  sig_path = model_dir / SIGNATURE_FILE
+  signature = json.loads(sig_path.read_text()) if sig_path.is_file() else None
   config = model_dir / CONFIG_FILE
   if config.is_file():
     run.model = model_label(config.read_text(), signature)
@@ -234,19 +231,12 @@ def load_run(model_dir: str | Path, name: str | None = None, params: bool = True
   return run
 
 
-def _median(values: Sequence[float]) -> float:
-  v = sorted(values)
-  mid = len(v) // 2
-  return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
-
-
 def unique_names(model_dirs: Sequence[str | Path]) -> list[str]:
   """Directory names, with as many parent directories as it takes to tell equal names apart."""
   paths = [Path(d).resolve() for d in model_dirs]
   depth = [1] * len(paths)
-  name = lambda i: "/".join(paths[i].parts[-depth[i]:])
   while True:
-    names = [name(i) for i in range(len(paths))]
+    names = ["/".join(p.parts[-d:]) for p, d in zip(paths, depth)]
     clash = [i for i, n in enumerate(names) if names.count(n) > 1 and depth[i] < len(paths[i].parts)]
     if not clash:
       return names
@@ -255,20 +245,18 @@ def unique_names(model_dirs: Sequence[str | Path]) -> list[str]:
 
 
 # --- the table ---------------------------------------------------------------------------------------------
-TABLE_COLUMNS = ("run", "model", "params", "steps", "tokens_seen", "tokens_per_s", "final_train_loss",
-                 "best_validation_loss", "best_validation_step")
+# The fixed columns (each a Run field, `run` its name) and their headers.
+_HEADERS = {"run": "run", "model": "model", "params": "parameters", "steps": "steps", "tokens_seen": "tokens seen",
+            "tokens_per_s": "tokens/s", "final_train_loss": "final train loss",
+            "best_validation_loss": "best validation loss", "best_validation_step": "at step"}
+TABLE_COLUMNS = tuple(_HEADERS)
 
 
 def table_rows(runs: Sequence[Run]) -> tuple[list[str], list[dict[str, Any]]]:
   """(columns, one dict per run): the fixed columns, then every task metric any run has."""
   extra = sorted({k for r in runs for k in r.task_metrics})
-  rows = []
-  for r in runs:
-    row = {"run": r.name, "model": r.model, "params": r.params, "steps": r.steps, "tokens_seen": r.tokens_seen,
-           "tokens_per_s": r.tokens_per_s, "final_train_loss": r.final_train_loss,
-           "best_validation_loss": r.best_validation_loss, "best_validation_step": r.best_validation_step}
-    row.update({k: r.task_metrics.get(k) for k in extra})
-    rows.append(row)
+  rows = [{"run": r.name, **{c: getattr(r, c) for c in TABLE_COLUMNS[1:]}, **{k: r.task_metrics.get(k) for k in extra}}
+          for r in runs]
   return list(TABLE_COLUMNS) + extra, rows
 
 
@@ -291,18 +279,12 @@ def _fmt(column: str, value) -> str:
   return str(value)
 
 
-_HEADERS = {"run": "run", "model": "model", "params": "parameters", "steps": "steps", "tokens_seen": "tokens seen",
-            "tokens_per_s": "tokens/s", "final_train_loss": "final train loss",
-            "best_validation_loss": "best validation loss", "best_validation_step": "at step"}
-
-
 def markdown_table(runs: Sequence[Run]) -> str:
   columns, rows = table_rows(runs)
   esc = lambda s: s.replace("|", "\\|")
   lines = ["| " + " | ".join(_HEADERS.get(c, c) for c in columns) + " |",
            "|" + "|".join("---" if c in ("run", "model") else "---:" for c in columns) + "|"]
-  for row in rows:
-    lines.append("| " + " | ".join(esc(_fmt(c, row[c])) for c in columns) + " |")
+  lines += ["| " + " | ".join(esc(_fmt(c, row[c])) for c in columns) + " |" for row in rows]
   return "\n".join(lines) + "\n"
 
 
@@ -311,9 +293,8 @@ def csv_table(runs: Sequence[Run]) -> str:
   buf = io.StringIO()
   writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
   writer.writeheader()
-  for row in rows:
-    writer.writerow({c: ("" if row[c] is None else repr(row[c]) if isinstance(row[c], float) else row[c])
-                     for c in columns})
+  writer.writerows({c: ("" if row[c] is None else repr(row[c]) if isinstance(row[c], float) else row[c])
+                    for c in columns} for row in rows)
   return buf.getvalue()
 
 
@@ -341,6 +322,13 @@ def plot(runs: Sequence[Run], path: str | Path) -> Path:
       if va:
         ax.plot(*zip(*va), "o--", color=c, lw=1, ms=5, label=f"{run.name} validation")
     losses += [p[1] for p in run.train + run.validation]
+    # Dots, not bars: the differences that matter are small against the losses themselves.
+    if run.best_validation_loss is not None:
+      bars.plot([i], [run.best_validation_loss], "o", color=c, ms=10)
+      bars.annotate(f"{run.best_validation_loss:.3f} (step {run.best_validation_step})",
+                    (i, run.best_validation_loss), textcoords="offset points", xytext=(0, 9), ha="center", fontsize=8)
+    if run.final_train_loss is not None:
+      bars.plot([i], [run.final_train_loss], "x", color=c, ms=8, mew=2)
   top = _robust_top(losses)
   for ax, xlabel in ((by_step, "step"), (by_tokens, "tokens seen (real input + target tokens)")):
     ax.set_xlabel(xlabel)
@@ -352,16 +340,6 @@ def plot(runs: Sequence[Run], path: str | Path) -> Path:
   by_tokens.set_title("loss against tokens seen")
   by_tokens.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: _si(v)))
   by_step.legend(fontsize=8, ncol=1 if len(runs) < 4 else 2)
-
-  # Dots, not bars: the differences that matter are small against the losses themselves.
-  for i, run in enumerate(runs):
-    c = colors[i % len(colors)]
-    if run.best_validation_loss is not None:
-      bars.plot([i], [run.best_validation_loss], "o", color=c, ms=10)
-      bars.annotate(f"{run.best_validation_loss:.3f} (step {run.best_validation_step})",
-                    (i, run.best_validation_loss), textcoords="offset points", xytext=(0, 9), ha="center", fontsize=8)
-    if run.final_train_loss is not None:
-      bars.plot([i], [run.final_train_loss], "x", color=c, ms=8, mew=2)
   bars.plot([], [], "ko", label="best validation loss")
   bars.plot([], [], "kx", label="final train loss")
   bars.legend(fontsize=8, loc="best")
@@ -383,9 +361,8 @@ def plot(runs: Sequence[Run], path: str | Path) -> Path:
   t = table_ax.table(cellText=cells, colLabels=headers, cellLoc="center", bbox=[0, 1 - height, 1, height])
   t.auto_set_font_size(False)
   t.set_fontsize(9)
-  for (r, _), cell in t.get_celld().items():
-    if r == 0:
-      cell.set_text_props(fontweight="bold")
+  for j in range(len(shown)):
+    t[0, j].set_text_props(fontweight="bold")
   models = "\n".join(f"{r.name}: {r.model}" for r in runs)
   table_ax.text(0.0, 1 - height - 0.05, models, transform=table_ax.transAxes, fontsize=8, va="top",
                 family="monospace")

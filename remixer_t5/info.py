@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from remixer_t5.training import optim, partitioning
+from remixer_t5.training import mfu, optim, partitioning
 
 
 def _shapes(model, lengths):
@@ -36,19 +36,14 @@ def model_info(model, lengths: Mapping[str, int]) -> dict[str, Any]:
   modules: dict[str, int] = {}
   for top, sub in params.items():
     if isinstance(sub, Mapping) and top in ("encoder", "decoder"):
-      layer_total = sum(_count(v) for k, v in sub.items() if k.startswith("layers_"))
-      n_layers = sum(1 for k in sub if k.startswith("layers_"))
-      modules[f"{top}/layers_* ({n_layers} layers)"] = layer_total
-      for k, v in sub.items():
-        if not k.startswith("layers_"):
-          modules[f"{top}/{k}"] = _count(v)
+      layers = [k for k in sub if k.startswith("layers_")]
+      modules[f"{top}/layers_* ({len(layers)} layers)"] = sum(_count(sub[k]) for k in layers)
+      modules.update({f"{top}/{k}": _count(v) for k, v in sub.items() if k not in layers})
     else:
       modules[top] = _count(sub)
   batch = {k: jax.ShapeDtypeStruct(v, jnp.int32) for k, v in shapes.items()}
   fwd = jax.jit(lambda p, b: model.logits(p, b)).lower(params, batch)
-  cost = fwd.cost_analysis()
-  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  fwd_flops = float(cost.get("flops", 0.0)) if cost else 0.0
+  fwd_flops = mfu.compiled_flops(fwd) or 0.0  # the lowered (not compiled) forward pass
   tokens = lengths["inputs"] + lengths["targets"]
   return {"params": _count(params), "modules": modules, "forward_flops_per_example": fwd_flops,
           "flops_per_token": 3.0 * fwd_flops / tokens, "feature_lengths": dict(lengths)}
@@ -64,19 +59,18 @@ def format_report(report: Mapping[str, Any]) -> str:
   return "\n".join(lines)
 
 
-def format_sharding(model, lengths, num_partitions: int = 1, *, mesh=None, rules=None, optimizer=None) -> str:
+def format_sharding(model, lengths, *, mesh=None, rules=None) -> str:
   """Each parameter's shape, logical axes, PartitionSpec and per-device shard shape, then bytes per device for
-  the parameters and the optimizer state (default: Adafactor as trained), on a mesh that needs no devices.
+  the parameters and the optimizer state (Adafactor, as trained), on a mesh that needs no devices.
 
-  `mesh`: a preset name ('tpu_v3_32', ...), 'DxM', a (data, model) tuple or None (the local devices with
-  `num_partitions` along 'model'); `rules`: 'data', 'data_model', 'fsdp' (default: the preset's, else
-  data_model). Dimensions the mesh does not divide are shown replicated, marked `*`.
+  `mesh`: a preset name ('tpu_v3_32', ...), 'DxM', a (data, model) tuple or None (the local devices,
+  data-parallel); `rules`: 'data', 'data_model', 'fsdp' (default: the preset's, else data_model). Dimensions
+  the mesh does not divide are shown replicated, marked `*`.
   """
   _, variables = _shapes(model, lengths)
   params = variables["params"]
-  needs_devices = mesh is None or mesh == "cpu"
-  amesh = partitioning.abstract_mesh(num_partitions, mesh, rules=rules,
-                                     num_devices=jax.device_count() if needs_devices else None)
+  amesh = partitioning.abstract_mesh(shape=mesh, rules=rules,
+                                     num_devices=jax.device_count() if mesh in (None, "cpu") else None)
   used_rules = partitioning.rules_for(amesh)
   specs, fallbacks = partitioning.param_specs(variables["params_axes"], amesh, params=params)
   param_sh = jax.tree_util.tree_map(lambda s: jax.sharding.NamedSharding(amesh, s), specs,
@@ -86,8 +80,7 @@ def format_sharding(model, lengths, num_partitions: int = 1, *, mesh=None, rules
   by_key = lambda tree: {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_flatten_with_path(
       tree, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))[0]}
   sh, axes = by_key(param_sh), by_key(names)
-  sizes = dict(amesh.shape)
-  lines = [f"mesh {sizes} ({amesh.size} devices), rules {partitioning.rules_kind(used_rules)}: "
+  lines = [f"mesh {dict(amesh.shape)} ({amesh.size} devices), rules {partitioning.rules_kind(used_rules)}: "
            + ", ".join(f"{k}->{v}" for k, v in used_rules if v is not None)]
   width = max(len(jax.tree_util.keystr(p)) for p, _ in flat)
   lines.append(f"  {'parameter':<{width}} {'shape':<16} {'logical axes':<28} {'partition spec':<24} per device")
@@ -98,7 +91,7 @@ def format_sharding(model, lengths, num_partitions: int = 1, *, mesh=None, rules
                  f"{str(sh[key].spec):<24} {sh[key].shard_shape(leaf.shape)}{mark}")
   if fallbacks:
     lines.append(f"  * replicated where the mesh does not divide the dimension ({len(fallbacks)} parameters)")
-  tx = optim.for_model(optimizer if optimizer is not None else optim.adafactor(), model.module)
+  tx = optim.for_model(optim.adafactor(), model.module)
   abstract_opt = jax.eval_shape(tx.init, params)
   opt_sh = partitioning.opt_state_shardings(abstract_opt, params, param_sh, amesh)
   for label, tree, shardings in (("params", params, param_sh), ("optimizer state", abstract_opt, opt_sh)):

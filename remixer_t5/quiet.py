@@ -9,7 +9,7 @@ file for the import and is put back after it; what was written there is shown on
 after the import the hook hides GPUs from TensorFlow (as t5x does), so on a GPU host the input pipeline never
 claims GPU memory that JAX needs; that enumeration runs hidden too. `import jax` is hidden the same way (with
 the CUDA compiler plugin installed it prints the same notices on a machine without a GPU), and
-`native_stderr_hidden` also covers the plugin's start when `remixer-t5 compile` builds a GPU topology.
+`hidden_unless_verbose` also covers the plugin's start when `remixer-t5 compile` builds a GPU topology.
 `configure()` also defaults $TF_CPP_MIN_LOG_LEVEL to 2 (TensorFlow's and XLA's INFO and WARNING lines, e.g.
 tf.data cache notices; errors still show).
 
@@ -34,47 +34,36 @@ def verbose() -> bool:
 
 
 @contextlib.contextmanager
-def native_stderr_hidden() -> Iterator[list[str]]:
-  """File descriptor 2 (C/C++ writes included) goes to a temporary file inside the block; yields a list that
-  receives what was written there once the block ends."""
-  captured: list[str] = []
+def _stderr_hidden() -> Iterator[None]:
+  """File descriptor 2 (C/C++ writes included) goes to a temporary file inside the block; what was written
+  there is shown if the block raises (a broken install explains itself there)."""
   sys.stderr.flush()
   saved = os.dup(2)
+  failed = False
   with tempfile.TemporaryFile(mode="w+b") as tmp:
     os.dup2(tmp.fileno(), 2)
     try:
-      yield captured
+      yield
+    except BaseException:
+      failed = True
+      raise
     finally:
       sys.stderr.flush()
       os.dup2(saved, 2)
       os.close(saved)
-      tmp.seek(0)
-      captured.append(tmp.read().decode("utf-8", "replace"))
+      if failed:
+        tmp.seek(0)
+        sys.stderr.write(tmp.read().decode("utf-8", "replace"))
 
 
-@contextlib.contextmanager
-def _hidden_shown_on_failure() -> Iterator[None]:
-  """`native_stderr_hidden`, writing what was hidden to stderr if the block raises."""
-  captured: list[str] = []
-  try:
-    with native_stderr_hidden() as captured:
-      yield
-  except BaseException:
-    sys.stderr.write("".join(captured))
-    raise
-
-
-def hide_gpus_from_tensorflow(tf) -> None:
-  """TensorFlow runs the input pipeline on the CPU; JAX owns the accelerators (t5x does the same)."""
-  try:
-    tf.config.set_visible_devices([], "GPU")
-  except (RuntimeError, ValueError):  # devices already initialised by someone else: leave them
-    pass
+def hidden_unless_verbose() -> contextlib.AbstractContextManager:
+  """`_stderr_hidden` unless $REMIXER_T5_VERBOSE is set."""
+  return contextlib.nullcontext() if verbose() else _stderr_hidden()
 
 
 class _QuietLoader(importlib.abc.Loader):
-  """Runs the real loader with stderr hidden, then hides GPUs; shows what was hidden if the import fails (a
-  broken install explains itself there)."""
+  """Runs the real loader with stderr hidden, then hides GPUs from TensorFlow, which runs the input pipeline on
+  the CPU: JAX owns the accelerators (t5x does the same)."""
 
   def __init__(self, loader):
     self._loader = loader
@@ -83,10 +72,13 @@ class _QuietLoader(importlib.abc.Loader):
     return self._loader.create_module(spec)
 
   def exec_module(self, module) -> None:
-    with _hidden_shown_on_failure():
+    with _stderr_hidden():
       self._loader.exec_module(module)
       if module.__name__ == "tensorflow":
-        hide_gpus_from_tensorflow(module)
+        try:
+          module.config.set_visible_devices([], "GPU")
+        except (RuntimeError, ValueError):  # devices already initialised by someone else: leave them
+          pass
 
 
 QUIET_MODULES = ("tensorflow", "jax")
@@ -108,27 +100,16 @@ class _QuietImportFinder(importlib.abc.MetaPathFinder):
     return spec
 
 
-@contextlib.contextmanager
-def hidden_unless_verbose() -> Iterator[None]:
-  """`native_stderr_hidden` (what was hidden shown if the block raises) unless $REMIXER_T5_VERBOSE is set."""
-  if verbose():
-    yield
-    return
-  with _hidden_shown_on_failure():
-    yield
-
-
-def configure(environ=None) -> bool:
+def configure() -> bool:
   """Installs the hooks (module docstring) for the modules of QUIET_MODULES not yet imported, unless
   $REMIXER_T5_VERBOSE is set; returns whether TensorFlow's is in place."""
   global installed
-  env = os.environ if environ is None else environ
   if verbose() or "tensorflow" in sys.modules:
     return False
-  env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   if not installed:
     for name in QUIET_MODULES:
       if name not in sys.modules and importlib.util.find_spec(name) is not None:
         sys.meta_path.insert(0, _QuietImportFinder(name))
     installed = True
-  return installed
+  return True

@@ -1,10 +1,6 @@
-"""The process's runtime before JAX starts: which platform JAX will use, the cores, and the host allocator.
-
-- `jax_runs_on_cpu_only()` / `pin_cpu_without_tpu_chips()`: the platform, decided without starting a backend.
-- `pin_from_env()`: the cores this process runs on ($REMIXER_T5_CPUS; `repro cogs --jobs` sets it per run).
-- `configure()`: the host allocator policy for CPU runs, below.
-
-Host allocator policy for CPU runs: keep XLA's large scratch buffers on the heap between steps.
+"""The process's runtime before JAX starts: which platform JAX will use (decided without starting a backend), the
+cores it runs on (`pin_from_env`), and the host allocator policy for CPU runs (`configure`): keep XLA's large
+scratch buffers on the heap between steps.
 
 XLA:CPU allocates a compiled function's scratch (activations and gradients) with malloc on every call. glibc
 serves a request above its mmap threshold (adaptive, at most 32 MiB) with a fresh mmap and unmaps it on free,
@@ -52,7 +48,7 @@ def jax_runs_on_cpu_only() -> bool:
   platforms = (jax.config.jax_platforms or "").strip()
   if platforms:
     return {p.strip() for p in platforms.split(",") if p.strip()} == {"cpu"}
-  if any(importlib.util.find_spec(m) is not None for m in _ACCELERATOR_MODULES) and tpu_chips_present():
+  if _libtpu_installed() and tpu_chips_present():
     return False
   if importlib.metadata.entry_points(group="jax_plugins"):
     return False
@@ -61,6 +57,10 @@ def jax_runs_on_cpu_only() -> bool:
     return not list(getattr(jax_plugins, "__path__", []))
   except ImportError:
     return True
+
+
+def _libtpu_installed() -> bool:
+  return any(importlib.util.find_spec(m) is not None for m in _ACCELERATOR_MODULES)
 
 
 def tpu_chips_present() -> bool:
@@ -74,11 +74,8 @@ def pin_cpu_without_tpu_chips() -> bool:
   runtime first (libtpu prints start-up errors, then JAX falls back to the CPU). Compiling for a TPU topology
   works with the CPU platform. Does nothing when JAX_PLATFORMS is set; returns whether it pinned."""
   import jax
-  if (jax.config.jax_platforms or "").strip():
-    return False
-  if not any(importlib.util.find_spec(m) is not None for m in _ACCELERATOR_MODULES):
-    return False  # no libtpu: JAX never tries a TPU runtime
-  if not jax_runs_on_cpu_only():  # TPU chips, or a GPU (or other) plugin: leave JAX's choice alone
+  # No libtpu: JAX never tries a TPU runtime. TPU chips, or a GPU (or other) plugin: JAX's choice stands.
+  if (jax.config.jax_platforms or "").strip() or not _libtpu_installed() or not jax_runs_on_cpu_only():
     return False
   jax.config.update("jax_platforms", "cpu")
   return True
@@ -108,7 +105,6 @@ def pin_from_env(environ: MutableMapping[str, str] | None = None) -> list[int] |
     raise ValueError(f"${CPUS_ENV}={text!r}: this process may use cores {sorted(allowed)}")
   os.sched_setaffinity(0, cpus)
   return cpus
-
 
 
 def _glibc() -> ctypes.CDLL | None:
