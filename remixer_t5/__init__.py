@@ -19,11 +19,15 @@ MOVED = {
 }
 
 
+def moved_message(name: str) -> str:
+  """Where the module `name` of MOVED is now, as the import line to write."""
+  new = MOVED[name]
+  where = (f"from remixer_t5.{new.rsplit('.', 1)[0]} import {new.rsplit('.', 1)[1]} as {name}" if "." in new
+           else f"from remixer_t5.{new} import {name}")
+  return f"remixer_t5.{name} has moved: write `{where}` (a gin file's bindings such as {name}.X.y stay as they are)"
+
+
 def __getattr__(name: str):
   if name in MOVED:
-    new = MOVED[name]
-    where = (f"from remixer_t5.{new.rsplit('.', 1)[0]} import {new.rsplit('.', 1)[1]} as {name}" if "." in new
-             else f"from remixer_t5.{new} import {name}")
-    raise ImportError(f"remixer_t5.{name} has moved: write `{where}` (a gin file's bindings such as "
-                      f"{name}.X.y stay as they are)")
+    raise ImportError(moved_message(name))
   raise AttributeError(f"module 'remixer_t5' has no attribute {name!r}")

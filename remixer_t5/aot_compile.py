@@ -1,27 +1,23 @@
-"""`remixer-t5 compile`: compile a run's steps for a TPU slice or a GPU host on a machine without one.
+"""`remixer-t5 compile`: compile a run's steps for a TPU slice or a GPU host on a machine without one
+(docs/scaling.md).
 
 As MaxText's `train_compile.py` does: libtpu describes a slice's topology
 (`jax.experimental.topologies.get_topology_desc`), a mesh is built from its devices with the run's own
-partitioning (partitioning.make_mesh), and the step that `train` runs (`programs.program`: the same jitted
-function, state shapes and shardings) is lowered from shapes and compiled by XLA's TPU compiler. Nothing runs;
-nothing is allocated but the compiler's own memory.
+partitioning, and the step that `train` runs (`programs.program`: the same jitted function, state shapes and
+shardings) is lowered from shapes and compiled by XLA's TPU compiler. Nothing runs.
 
-Per device (one TensorCore on v2/v3, one chip from v4 on) the report gives XLA's buffer assignment
-(`memory_analysis`; total = arguments + outputs - aliased (the donated state) + temporaries + code) against the
-usable HBM, FLOPs per step and per token, and XLA's cost model (`optimal_seconds`, a roofline estimate from FLOPs
-and bytes accessed, not a measured step) with the steps/s and MFU it implies. MFU counts model FLOPs
-(mfu.model_flops_per_step), HFU XLA's compiled FLOPs. XLA counts a while loop's body once, so a step with loops
-(`loops` in the report) gets no time estimate, MFU or HFU, and a model that loops in its own mixers gets its
-model FLOPs marked as a lower bound (`model_flops_note`).
+Per device the report gives XLA's buffer assignment (total = arguments + outputs - aliased (the donated state)
++ temporaries + code) against the usable HBM, FLOPs, and XLA's cost model (`optimal_seconds`, a roofline, not a
+measured step) with the steps/s and MFU it implies. MFU counts model FLOPs (mfu.model_flops_per_step), HFU
+XLA's compiled FLOPs. XLA counts a while loop's body once, so a step with loops gets no time estimate, MFU or
+HFU, and a model that loops in its own mixers gets its model FLOPs marked as a lower bound.
 
-GPUs (`--topology h100`, `h100x8`, `a100x8`, `h200`: one process's 1-8 GPUs) go through XLA's CUDA compiler (the
-`gpu-compile` extra, in its own venv: `make gpu-compile-env`) with a target config from remixer_t5/gpu_targets/
-in place of libtpu's topology. XLA:GPU compiles a program that does not fit, so `fits` compares XLA's buffers
-with JAX's share of device memory ($XLA_PYTHON_CLIENT_MEM_FRACTION, default 0.75); FLOPs and bytes come from
-XLA's HLO cost analysis of the optimised module, which counts none for cuBLAS calls (the report says so); the
-step time is a roofline, max(FLOPs / bf16 peak, bytes / memory bandwidth).
+GPUs go through XLA's CUDA compiler (the `gpu-compile` extra, in its own venv) with a target config from
+remixer_t5/gpu_targets/ in place of libtpu's topology. XLA:GPU compiles a program that does not fit, so `fits`
+compares XLA's buffers with JAX's share of device memory; XLA's HLO cost analysis counts no FLOPs for cuBLAS
+calls (the report says so); the step time is a roofline, max(FLOPs / bf16 peak, bytes / memory bandwidth).
 
-The compile path imports no TensorFlow or seqio (tests/test_compile.py checks); libtpu is the `tpu` extra.
+The compile path imports no TensorFlow or seqio (tests/test_compile.py checks).
 """
 from __future__ import annotations
 
@@ -97,11 +93,7 @@ class Accelerator:
 
 def accelerator_names() -> list[str]:
   """Every accelerator name `accelerator` knows, e.g. 'v3-8', ..., 'v3-2048', 'v4-8', ..., 'v5e-256'."""
-  out = []
-  for gen in GENERATIONS.values():
-    per_chip = 2 if gen.count == "cores" else 1
-    out += [f"{gen.name}-{chips * per_chip}" for chips in gen.layouts]
-  return out
+  return [f"{g.name}-{c * (2 if g.count == 'cores' else 1)}" for g in GENERATIONS.values() for c in g.layouts]
 
 
 def accelerator(name: str) -> Accelerator | GpuAccelerator:
@@ -124,18 +116,9 @@ def accelerator(name: str) -> Accelerator | GpuAccelerator:
 
 
 # --- GPUs -----------------------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class GpuModel:
-  """A GPU as XLA's CUDA compiler sees it: a target config (remixer_t5/gpu_targets/) and its bf16 peak."""
-  name: str
-  config_file: str
-
-
-GPU_MODELS: dict[str, GpuModel] = {
-    "h100": GpuModel("h100", "h100_sxm.txtpb"),    # H100 SXM 80 GB
-    "h200": GpuModel("h200", "h200.txtpb"),        # H200 141 GB
-    "a100": GpuModel("a100", "a100_sxm_80.txtpb"),  # A100 SXM 80 GB
-}
+# Each GPU's target config for XLA's CUDA compiler (remixer_t5/gpu_targets/): H100 SXM 80 GB, H200 141 GB,
+# A100 SXM 80 GB.
+GPU_MODELS = {"h100": "h100_sxm.txtpb", "h200": "h200.txtpb", "a100": "a100_sxm_80.txtpb"}
 GPU_COUNTS = (1, 2, 4, 8)  # GPUs of one process (one host); more hosts are more processes
 CUDA_PLUGINS = ("xla_cuda12", "xla_cuda13")  # jax-cuda12-plugin (the gpu-compile extra's pin), jax-cuda13-plugin
 JAX_MEM_FRACTION = 0.75    # JAX's default share of GPU memory for its allocator ($XLA_PYTHON_CLIENT_MEM_FRACTION)
@@ -152,7 +135,7 @@ def _target_field(text: str, name: str) -> float:
 class GpuAccelerator:
   """`gpus` GPUs of one kind in one process: XLA topology '1x1x<gpus>' (slices x hosts x devices per host)."""
   name: str
-  model: GpuModel
+  model: str  # a key of GPU_MODELS
   gpus: int
   platform = "cuda"
 
@@ -167,7 +150,7 @@ class GpuAccelerator:
   @functools.cached_property
   def target_config(self) -> str:
     from importlib import resources
-    return (resources.files("remixer_t5") / "gpu_targets" / self.model.config_file).read_text()
+    return (resources.files("remixer_t5") / "gpu_targets" / GPU_MODELS[self.model]).read_text()
 
   @property
   def device_memory_bytes(self) -> int:
@@ -203,18 +186,15 @@ def _gpu_accelerator(name: str) -> GpuAccelerator | None:
   if n not in GPU_COUNTS:
     raise ValueError(f"{name!r}: {n} GPUs; one process drives {', '.join(map(str, GPU_COUNTS))} GPUs here "
                      f"(one host), e.g. {m.group(1)}x8")
-  return GpuAccelerator(f"{m.group(1)}x{n}" if n > 1 else m.group(1), GPU_MODELS[m.group(1)], n)
+  return GpuAccelerator(f"{m.group(1)}x{n}" if n > 1 else m.group(1), m.group(1), n)
 
 
 class CompilerMissing(RuntimeError):
   """The optional compiler for the requested topology (libtpu, or the CUDA plugin) is not installed."""
 
 
-class LibtpuMissing(CompilerMissing):
-  pass
-
-
-def _check_cuda_plugin() -> None:
+def gpu_topology_devices(acc: GpuAccelerator) -> list:
+  """The GPUs of `acc`, from XLA's CUDA compiler and the target config (no GPU, driver or CUDA runtime)."""
   try:
     found = any(importlib.util.find_spec(f"jax_plugins.{name}") is not None for name in CUDA_PLUGINS)
   except ModuleNotFoundError:  # no jax_plugins namespace at all
@@ -224,11 +204,6 @@ def _check_cuda_plugin() -> None:
                           "gpu-compile-env` (a venv beside .venv with pip install -e '.[gpu-compile]': "
                           "jax-cuda12-plugin/pjrt 0.10.2 and nvidia-cuda-nvcc-cu12 for ptxas), then run "
                           ".venv-gpu/bin/remixer-t5 compile ...; no GPU is needed")
-
-
-def gpu_topology_devices(acc: GpuAccelerator) -> list:
-  """The GPUs of `acc`, from XLA's CUDA compiler and the target config (no GPU, driver or CUDA runtime)."""
-  _check_cuda_plugin()
   from jax.experimental import topologies
 
   from remixer_t5 import quiet
@@ -266,17 +241,11 @@ def _gpu_cost(compiled) -> dict[str, Any]:
   return out
 
 
-
-
-def _check_libtpu() -> None:
-  if importlib.util.find_spec("libtpu") is None:
-    raise LibtpuMissing("compiling for a TPU needs libtpu (XLA's TPU compiler), which is not installed: "
-                        "pip install -e '.[tpu]' (jax[tpu]==0.10.2 with libtpu==0.0.42.1); no TPU is needed")
-
-
 def topology_devices(acc: Accelerator, num_slices: int = 1) -> list:
   """The devices of `num_slices` slices of `acc`, from libtpu's topology description (no hardware)."""
-  _check_libtpu()
+  if importlib.util.find_spec("libtpu") is None:
+    raise CompilerMissing("compiling for a TPU needs libtpu (XLA's TPU compiler), which is not installed: "
+                          "pip install -e '.[tpu]' (jax[tpu]==0.10.2 with libtpu==0.0.42.1); no TPU is needed")
   if num_slices < 1:
     raise ValueError(f"--num_slices must be >= 1, got {num_slices}")
   # libtpu reads these at start-up; set, it neither warns nor looks for a TPU's metadata server.
@@ -300,25 +269,13 @@ def topology_devices(acc: Accelerator, num_slices: int = 1) -> list:
 def train_settings() -> dict[str, Any]:
   """The arguments `remixer-t5 train` would pass trainer.train that shape the step: the model, lengths, batch,
   optimizer, schedule, mesh and microbatches (bound in gin; else trainer.train's defaults)."""
-  import gin
-
+  from remixer_t5 import gin_utils
   from remixer_t5.training import trainer
   defaults = {k: p.default for k, p in inspect.signature(trainer.train).parameters.items()}
-
-  def value(name):
-    try:
-      bound = gin.query_parameter(f"trainer.train.{name}")
-    except ValueError:
-      return defaults.get(name)
-    if isinstance(bound, gin.config.ConfigurableReference):
-      return bound.scoped_configurable_fn() if bound.evaluate else bound.scoped_configurable_fn
-    return bound
-
   names = ("model", "feature_lengths", "batch_size", "optimizer", "learning_rate", "num_partitions",
            "mesh_shape", "num_microbatches", "pack", "peak_flops_per_device")
-  out = {n: value(n) for n in names}
-  missing = [n for n in ("model", "feature_lengths", "batch_size") if out[n] is inspect.Parameter.empty
-             or out[n] is None]
+  out = {n: gin_utils.binding(f"trainer.train.{n}", defaults.get(n)) for n in names}
+  missing = [n for n in ("model", "feature_lengths", "batch_size") if out[n] in (None, inspect.Parameter.empty)]
   if missing:
     raise ValueError(f"the gin config binds no trainer.train.{'/'.join(missing)}: add a run config, e.g. "
                      "--gin_file=runs/pretrain.gin beside the model config")
@@ -393,13 +350,11 @@ def _hint(acc: Accelerator | GpuAccelerator, rules: str, settings: Mapping[str, 
   if isinstance(acc, GpuAccelerator):
     more = [n for n in GPU_COUNTS if n > acc.gpus]
     if more:
-      tips.append(f"more GPUs (--topology {acc.model.name}x{more[-1]})")
+      tips.append(f"more GPUs (--topology {acc.model}x{more[-1]})")
     if acc.mem_fraction() < 0.9:
       tips.append(f"a larger share of each GPU for JAX (XLA_PYTHON_CLIENT_MEM_FRACTION=.95; now {acc.mem_fraction()})")
-    return "try " + "; ".join(tips)
-  per_chip = 2 if acc.generation.count == "cores" else 1
-  bigger = [c for c in sorted(acc.generation.layouts) if c > acc.chips]
-  if bigger:
+  elif bigger := [c for c in sorted(acc.generation.layouts) if c > acc.chips]:
+    per_chip = 2 if acc.generation.count == "cores" else 1
     tips.append(f"a bigger slice (--topology {acc.generation.name}-{bigger[0] * per_chip}; "
                 "a mesh preset fixes the device count, so pick one for that slice)")
   return "try " + "; ".join(tips)
@@ -587,11 +542,8 @@ def format_report(report: Mapping[str, Any]) -> str:
                    f"HBM ({100 * m['total_bytes'] / r['available_bytes']:.0f}%)"
                    + (f"; XLA's peak of live buffers {_gib(m['peak_bytes'])}" if m.get("peak_bytes") else ""))
     if not r["fits"]:
-      if "needs_bytes" in r:
-        lines.append(f"  DOES NOT FIT: needs {_gib(r['needs_bytes'])} per device, {_gib(r['available_bytes'])} "
-                     "available")
-      else:
-        lines.append(f"  DOES NOT FIT: {r.get('xla_error', '')}")
+      lines.append(f"  DOES NOT FIT: needs {_gib(r['needs_bytes'])} per device, {_gib(r['available_bytes'])} "
+                   "available" if "needs_bytes" in r else f"  DOES NOT FIT: {r.get('xla_error', '')}")
       continue
     if "model_flops_per_step" in r:
       lines.append(f"  model FLOPs: {r['model_flops_per_step']:.3e} per step, {r['model_flops_per_device']:.3e} "
@@ -601,11 +553,8 @@ def format_report(report: Mapping[str, Any]) -> str:
                  "accessed per device (compiled; a loop body counts once)"
                  + (f"; {r['flops_note']}" if r.get("flops_note") else ""))
     if r.get("est_steps_per_s"):
-      util = ""
-      if r.get("est_mfu") is not None:
-        util = f", MFU {100 * r['est_mfu']:.1f}%"
-        if r.get("est_hfu") is not None:
-          util += f" (HFU {100 * r['est_hfu']:.1f}%)"
+      util = "" if r.get("est_mfu") is None else f", MFU {100 * r['est_mfu']:.1f}%" + (
+          "" if r.get("est_hfu") is None else f" (HFU {100 * r['est_hfu']:.1f}%)")
       if r.get("roofline_seconds"):
         lines.append(f"  roofline step time {r['roofline_seconds'] * 1e3:.1f} ms (XLA's FLOPs / bf16 peak, bytes / "
                      f"HBM bandwidth) -> {r['est_steps_per_s']:.2f} steps/s{util} (a bound, not a measurement)")
@@ -626,10 +575,7 @@ def main(topology: str, *, num_slices: int = 1, mesh: str | None = None, rules: 
   import sys
   report = compile_run(train_settings(), topology, num_slices=num_slices, mesh=mesh, rules=rules, steps=steps,
                        log=lambda m: print(m, file=sys.stderr, flush=True))
-  if as_json:
-    print(json.dumps(report))
-  else:
-    print(format_report(report))
+  print(json.dumps(report) if as_json else format_report(report))
   if not report["fits"]:
     bad = next(r for r in report["steps"].values() if not r["fits"])
     needs = (f"needs {_gib(bad['needs_bytes'])} per device, {_gib(bad['available_bytes'])} available"

@@ -8,8 +8,10 @@ with t5x-style gin flags.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -30,12 +32,14 @@ from remixer_t5.gin_utils import macro as _macro  # noqa: E402
 
 
 # --- commands ------------------------------------------------------------------------------------------
-def _configured(fn, command: str):
-  """`fn` as the gin files configure it; a GinError naming the missing run file when none of them does: `fn`
-  not registered with gin at all, or (registered by an earlier parse in this process) called without the
-  required arguments a run file binds."""
-  import functools
+def _stderr(msg: str) -> None:
+  print(msg, file=sys.stderr, flush=True)
 
+
+def _run_configured(fn, command: str, **kwargs):
+  """`fn(**kwargs)` as the gin files configure it; a GinError naming the missing run file when none of them does:
+  `fn` not registered with gin at all, or (registered by an earlier parse in this process) called without the
+  required arguments a run file binds."""
   import gin
   def missing() -> GinError:
     runs = sorted(p.name for p in (gin_dir() / "runs").glob("*.gin"))
@@ -45,16 +49,12 @@ def _configured(fn, command: str):
     configured = gin.get_configurable(fn)
   except ValueError as e:  # gin's "Could not find <function ...> in the Gin registry"
     raise missing() from e
-
-  @functools.wraps(fn)
-  def call(*args, **kwargs):
-    try:
-      return configured(*args, **kwargs)
-    except TypeError as e:  # only fn's own missing required arguments (gin adds "In call to configurable")
-      if str(e).startswith(f"{fn.__name__}() missing") and "required" in str(e):
-        raise missing() from e
-      raise
-  return call
+  try:
+    return configured(**kwargs)
+  except TypeError as e:  # only fn's own missing required arguments (gin adds "In call to configurable")
+    if str(e).startswith(f"{fn.__name__}() missing") and "required" in str(e):
+      raise missing() from e
+    raise
 
 
 def _start_line(command: str) -> None:
@@ -69,24 +69,22 @@ def _start_line(command: str) -> None:
     out = f"; output: {_macro('MODEL_DIR')}"
   except Exception:  # noqa: BLE001 - a config without MODEL_DIR: nothing to name
     out = ""
-  print(f"remixer-t5 {command}: {len(devices)} {devices[0].platform} device(s) ({', '.join(kinds)}) in "
-        f"{jax.process_count()} process(es); kernels: {'; '.join(chosen) or 'auto (by platform)'}{out}",
-        file=sys.stderr, flush=True)
+  _stderr(f"remixer-t5 {command}: {len(devices)} {devices[0].platform} device(s) ({', '.join(kinds)}) in "
+          f"{jax.process_count()} process(es); kernels: {'; '.join(chosen) or 'auto (by platform)'}{out}")
 
 
 def cmd_train(_: argparse.Namespace) -> int:
   import gin
   from remixer_t5.training import trainer
   _start_line("train")
-  _configured(trainer.train, "train")(config_text=gin.config_str())
+  _run_configured(trainer.train, "train", config_text=gin.config_str())
   return 0
 
 
 def cmd_eval(_: argparse.Namespace) -> int:
   from remixer_t5.training import trainer
   _start_line("eval")
-  metrics = _configured(trainer.evaluate_checkpoint, "eval")()
-  print(json.dumps(metrics))
+  print(json.dumps(_run_configured(trainer.evaluate_checkpoint, "eval")))
   return 0
 
 
@@ -106,10 +104,8 @@ def cmd_tasks(args: argparse.Namespace) -> int:
   if args.data_dir:
     from remixer_t5.tasks import sources
     sources.set_data_dir(args.data_dir)
-  if not args.name:
-    print(inspect.list_tasks())
-    return 0
-  print(inspect.show(args.name, split=args.split, num=args.num, feature_lengths=_parse_lengths(args.lengths)))
+  print(inspect.show(args.name, split=args.split, num=args.num, feature_lengths=_parse_lengths(args.lengths))
+        if args.name else inspect.list_tasks())
   return 0
 
 
@@ -118,14 +114,13 @@ def cmd_info(args: argparse.Namespace) -> int:
   model = _macro("MODEL")
   if model is None:
     raise GinError("the gin files define no MODEL; pass a model config, e.g. --gin_file=models/t5_1_1/small.gin")
-  lengths = (_parse_lengths(args.lengths) or _macro("TASK_FEATURE_LENGTHS")
-             or {"inputs": 512, "targets": 114})
+  lengths = _parse_lengths(args.lengths) or _macro("TASK_FEATURE_LENGTHS") or {"inputs": 512, "targets": 114}
   report = info.model_info(model, lengths)
   print(info.format_report(report))
   if args.show_sharding:
     print(info.format_sharding(model, lengths, mesh=args.mesh, rules=args.rules))
   if args.json:
-    print(json.dumps({k: v for k, v in report.items() if k != "modules_tree"}))
+    print(json.dumps(report))
   return 0
 
 
@@ -137,15 +132,11 @@ def cmd_import_hf(args: argparse.Namespace) -> int:
     raise FileExistsError(f"{out} exists and is not empty; choose a new OUT_DIR")
   module, params = hf.load_hf_t5(args.hf_dir)
   tmp = out.with_name(out.name + ".partial")
-  if tmp.exists():
-    import shutil
-    shutil.rmtree(tmp)
+  shutil.rmtree(tmp, ignore_errors=True)
   tmp.mkdir(parents=True)
   checkpoints.save_params(tmp / "checkpoint", params)
   (tmp / "model.gin").write_text(model_gin(module.config, source=str(args.hf_dir)))
-  if out.exists():
-    out.rmdir()
-  tmp.rename(out)
+  tmp.replace(out)  # onto an empty OUT_DIR too
   n = sum(int(p.size) for p in __import__("jax").tree_util.tree_leaves(params))
   print(f"wrote {out}/checkpoint ({n:,} params) and {out}/model.gin")
   return 0
@@ -217,15 +208,12 @@ def _plot_tokens(args: argparse.Namespace, vocab_size: int):
       piece = getattr(getattr(vocab, "tokenizer", None), "id_to_piece", None)
       labels = [piece(i) if piece and i < vocab.tokenizer.get_piece_size() else str(i) for i in ids]
     except Exception as e:  # noqa: BLE001 - no usable vocabulary: say so and fall back
-      print(f"remixer-t5 plot: no vocabulary for --text ({type(e).__name__}: {e}); using "
-            f"{'--input_ids' if args.input_ids else f'{args.length} random ids (seed {args.seed})'}",
-            file=sys.stderr)
+      _stderr(f"remixer-t5 plot: no vocabulary for --text ({type(e).__name__}: {e}); using "
+              f"{'--input_ids' if args.input_ids else f'{args.length} random ids (seed {args.seed})'}")
     else:
       return ids, labels
-  if args.input_ids:
-    ids = [int(t) for t in args.input_ids.replace(" ", ",").split(",") if t]
-  else:
-    ids = np.random.default_rng(args.seed).integers(3, vocab_size, args.length).tolist()
+  ids = ([int(t) for t in args.input_ids.replace(" ", ",").split(",") if t] if args.input_ids
+         else np.random.default_rng(args.seed).integers(3, vocab_size, args.length).tolist())
   return ids, [str(i) for i in ids]
 
 
@@ -237,7 +225,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
   ids, labels = _plot_tokens(args, module.config.vocab_size)
   if not ids or min(ids) < 0 or max(ids) >= module.config.vocab_size:
     raise ValueError(f"input ids must lie in [0, {module.config.vocab_size}) for this model; got {ids}")
-  log = lambda msg: print(f"remixer-t5 plot: {msg}", file=sys.stderr)
+  log = lambda msg: _stderr(f"remixer-t5 plot: {msg}")
   log(f"{len(ids)} input tokens: {ids}")
   for path in plots.plot_mixing(module, params, [ids], args.out, labels, args.pseudo_samples, log=log):
     print(path)
@@ -249,50 +237,62 @@ def cmd_repro(args: argparse.Namespace) -> int:
   return {"hypermixer-synthetic": hypermixer_synthetic, "cogs": cogs}[args.experiment].main(args)
 
 
+def cmd_bench_mixing(args: argparse.Namespace) -> int:
+  from remixer_t5.bench import mixing as bench
+  mixers = [m for m in args.mixers.split(",") if m]
+  unknown = [m for m in mixers if m not in bench.MIXERS]
+  if unknown:
+    raise ValueError(f"unknown mixer(s) {', '.join(unknown)}; choose from {', '.join(bench.MIXERS)}")
+  config = bench.default_config(args.d_model, args.hidden, args.num_heads, args.head_dim)
+  lengths = bench.parse_lengths(args.lengths or BENCH_MIXING_LENGTHS)
+  rows = bench.bench_mixing(lengths, mixers, config=config, batch=args.batch, repeats=args.repeats, log=_stderr)
+  print("\n".join(json.dumps(row) for row in rows) if args.json else bench.format_table(rows), flush=True)
+  path = bench.plot_bench(rows, Path(args.out) / "mixing_bench.png")
+  print(f"wrote {path}", file=sys.stderr if args.json else sys.stdout)
+  return 0
+
+
 def cmd_bench_input(args: argparse.Namespace) -> int:
   from remixer_t5.bench import input as bench_input
   hosts = args.hosts or bench_input.PAPER_HOSTS
-  kwargs = bench_input.from_gin()
   report = bench_input.bench_input(
-      **kwargs, batches=args.batches,
+      **bench_input.from_gin(), batches=args.batches,
       warmup=5 if args.warmup is None else args.warmup, position=args.position,
       process_index=args.process_index, process_count=args.process_count or hosts, hosts=hosts,
-      steps_per_s=args.steps_per_s or bench_input.PAPER_STEPS_PER_S, log=bench_input.stderr_log)
+      steps_per_s=args.steps_per_s or bench_input.PAPER_STEPS_PER_S, log=lambda m: _stderr(f"bench input: {m}"))
   print(json.dumps(report) if args.json else bench_input.format_report(report), flush=True)
   return 0
 
 
-def _hf_flush_denormal(args: argparse.Namespace, reference: str | None) -> bool:
-  """--hf_denormals: 'flush' (default, as XLA:CPU does) or 'keep' (PyTorch's own default); only with a reference."""
+def _bench_reference(args: argparse.Namespace) -> tuple[str | None, bool]:
+  """(--reference: None or 'hf'; whether the HF reference's PyTorch flushes subnormal floats: --hf_denormals
+  'flush', the default, as XLA:CPU does, or 'keep', PyTorch's own default), checked before the model is built."""
+  reference = None if args.reference in (None, "none") else args.reference
+  if reference not in (None, "hf"):
+    raise ValueError(f"unknown --reference {args.reference!r}; expected 'hf' or 'none'")
   if args.hf_denormals is not None and reference != "hf":
     raise ValueError(f"--hf_denormals={args.hf_denormals!r} sets the HF reference's PyTorch; it needs --reference hf")
+  if args.hf_process is not None and reference != "hf":
+    raise ValueError(f"--hf_process={args.hf_process} places the HF reference; it needs --reference hf")
   value = "flush" if args.hf_denormals is None else args.hf_denormals
   if value not in ("flush", "keep"):
     raise ValueError(f"--hf_denormals={value!r}: expected 'flush' (the default: PyTorch flushes subnormal floats "
                      "to zero, as XLA:CPU does) or 'keep' (PyTorch's own default)")
-  return value == "flush"
+  return reference, value == "flush"
 
 
 def cmd_bench_train(args: argparse.Namespace) -> int:
-  from remixer_t5.bench import train as bench_train
-  reference = None if args.reference in (None, "none") else args.reference
-  if reference not in bench_train.REFERENCES:  # before the model is built
-    raise ValueError(f"unknown --reference {args.reference!r}; expected 'hf' or 'none'")
-  flush = _hf_flush_denormal(args, reference)
-  if args.hf_process is not None and reference != "hf":
-    raise ValueError(f"--hf_process={args.hf_process} places the HF reference; it needs --reference hf")
+  from remixer_t5.bench import env as bench_env, train as bench_train
+  reference, flush = _bench_reference(args)
   setup = bench_train.from_gin(args.batch_size, _parse_lengths(args.lengths))
-  from remixer_t5.bench import env as bench_env
   load_start = bench_env.loadavg()
   row = bench_train.bench_train(**setup, steps=20 if args.steps is None else args.steps,
                                 warmup=5 if args.warmup is None else args.warmup,
                                 rounds=3 if args.rounds is None else args.rounds, reference=reference,
-                                hf_flush_denormal=flush, hf_process=args.hf_process or "own",
-                                log=bench_train.stderr_log)
+                                hf_flush_denormal=flush, hf_process=args.hf_process or "own", log=_stderr)
   # PyTorch's settings come from the process the reference ran in: the child's, already in the row, when its own
   row.update(bench_env.environment(with_torch=reference == "hf" and args.hf_process == "shared"),
-             load_average_start=load_start,
-             load_average_end=bench_env.loadavg())
+             load_average_start=load_start, load_average_end=bench_env.loadavg())
   bench_train.add_mfu(row, setup["model"], args.peak_flops)
   print(json.dumps(row) if args.json else bench_train.format_row(row), flush=True)
   return 0
@@ -300,19 +300,17 @@ def cmd_bench_train(args: argparse.Namespace) -> int:
 
 def cmd_bench_decode(args: argparse.Namespace) -> int:
   from remixer_t5.bench import decode as bench_decode
-  d = bench_decode.DEFAULTS
-  reference = None if args.reference in (None, "none") else args.reference
+  reference, flush = _bench_reference(args)
   modes = tuple(m.strip() for m in (args.modes or ",".join(bench_decode.MODES)).split(",") if m.strip())
-  kwargs = {k: d[k] if getattr(args, k) is None else getattr(args, k)
+  kwargs = {k: bench_decode.DEFAULTS[k] if getattr(args, k) is None else getattr(args, k)
             for k in ("batch_size", "input_length", "new_tokens", "beam_size", "steps", "rounds", "warmup")}
   bench_decode.check_settings(modes=modes, reference=reference, **kwargs)  # before the model is built
-  flush = _hf_flush_denormal(args, reference)
   model = bench_decode.model_from_gin()
   params = None
   if args.checkpoint:
     from remixer_t5.training import checkpoints
     params = checkpoints.restore_any_params(Path(args.checkpoint))
-  row = bench_decode.bench_decode(model, params, modes=modes, reference=reference, log=bench_decode.stderr_log,
+  row = bench_decode.bench_decode(model, params, modes=modes, reference=reference, log=_stderr,
                                   hf_flush_denormal=flush, **kwargs)
   print(json.dumps(row) if args.json else bench_decode.format_row(row), flush=True)
   return 0
@@ -320,9 +318,9 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
 
 # Which `bench` kinds read each of its flags (argparse's dest); a flag given to a kind that would ignore it is
 # an error naming the kinds that take it (check_bench_flags).
-_ALL_BENCH = ("mixing", "input", "train", "decode")
 BENCH_FLAGS = {
-    "json": _ALL_BENCH, "lengths": ("mixing", "train"), "warmup": ("input", "train", "decode"),
+    "json": ("mixing", "input", "train", "decode"), "lengths": ("mixing", "train"),
+    "warmup": ("input", "train", "decode"),
     **dict.fromkeys(("mixers", "out", "repeats", "batch", "d_model", "hidden", "num_heads", "head_dim"), ("mixing",)),
     **dict.fromkeys(("batches", "position", "hosts", "steps_per_s", "process_index", "process_count"), ("input",)),
     **dict.fromkeys(("steps", "rounds", "reference", "hf_denormals", "batch_size"), ("train", "decode")),
@@ -347,29 +345,8 @@ def check_bench_flags(what: str, argv: Sequence[str]) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-  if args.what == "input":
-    return cmd_bench_input(args)
-  if args.what == "train":
-    return cmd_bench_train(args)
-  if args.what == "decode":
-    return cmd_bench_decode(args)
-  from remixer_t5.bench import mixing as bench
-  mixers = [m for m in args.mixers.split(",") if m]
-  unknown = [m for m in mixers if m not in bench.MIXERS]
-  if unknown:
-    raise ValueError(f"unknown mixer(s) {', '.join(unknown)}; choose from {', '.join(bench.MIXERS)}")
-  config = bench.default_config(args.d_model, args.hidden, args.num_heads, args.head_dim)
-  lengths = bench.parse_lengths(args.lengths or BENCH_MIXING_LENGTHS)
-  rows = bench.bench_mixing(lengths, mixers, config=config, batch=args.batch, repeats=args.repeats,
-                            log=bench.stderr_log)
-  if args.json:
-    for row in rows:
-      print(json.dumps(row), flush=True)
-  else:
-    print(bench.format_table(rows))
-  path = bench.plot_bench(rows, Path(args.out) / "mixing_bench.png")
-  print(f"wrote {path}", file=sys.stderr if args.json else sys.stdout)
-  return 0
+  return {"mixing": cmd_bench_mixing, "input": cmd_bench_input, "train": cmd_bench_train,
+          "decode": cmd_bench_decode}[args.what](args)
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -401,9 +378,7 @@ def model_gin(cfg, source: str = "") -> str:
            "MODEL = @models.EncoderDecoderModel()",
            "models.EncoderDecoderModel.module = @network.Transformer()",
            "network.Transformer.config = @network.T5Config()"]
-  import dataclasses
-  for f in dataclasses.fields(cfg):
-    lines.append(f"network.T5Config.{f.name} = {getattr(cfg, f.name)!r}")
+  lines += [f"network.T5Config.{f.name} = {getattr(cfg, f.name)!r}" for f in dataclasses.fields(cfg)]
   return "\n".join(lines) + "\n"
 
 
@@ -461,9 +436,9 @@ def build_parser() -> argparse.ArgumentParser:
   cmp.add_argument("--out", default=".", help="directory for compare.png, compare.md, compare.csv (default: current)")
   cmp.add_argument("--names", help="comma-separated run names, one per MODEL_DIR (default: the directories' names)")
   ben = sub.add_parser("bench", allow_abbrev=False,  # check_bench_flags reads the flags' full names
-                       help="bench mixing: fwd+bwd time and FLOPs of one token-mixing layer against "
-                       "length; bench input: the training input pipeline's throughput and restore time; bench train: the "
-                       "train step's time (optionally beside HF transformers' PyTorch T5); bench decode: greedy and "
+                       help="bench mixing: fwd+bwd time and FLOPs of one token-mixing layer against length; bench "
+                       "input: the training input pipeline's throughput and restore time; bench train: the train "
+                       "step's time (optionally beside HF transformers' PyTorch T5); bench decode: greedy and "
                        "beam-search decoding of a batch through the evaluator's decode (optionally beside HF's "
                        "generate on the same weights)")
   ben.add_argument("what", choices=["mixing", "input", "train", "decode"],
@@ -540,9 +515,6 @@ def build_parser() -> argparse.ArgumentParser:
   return p
 
 
-_NEEDS_MODEL_DIR = ("train", "eval")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   try:
@@ -553,12 +525,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if _PIN_ERROR is not None:
       raise _PIN_ERROR
     if _PINNED:
-      print(f"cores: this process runs on {','.join(map(str, _PINNED))} (${runtime.CPUS_ENV})", file=sys.stderr,
-            flush=True)
+      _stderr(f"cores: this process runs on {','.join(map(str, _PINNED))} (${runtime.CPUS_ENV})")
     runtime.pin_cpu_without_tpu_chips()  # libtpu without TPU chips (the .[tpu] extra): no TPU runtime start
     if args.command in ("train", "eval", "plot", "bench", "repro"):
       # before JAX starts its threads: see runtime's docstring
-      runtime.configure(log=lambda m: print(m, file=sys.stderr, flush=True), verbose=getattr(args, "verbose", False))
+      runtime.configure(log=_stderr, verbose=getattr(args, "verbose", False))
     if args.command in ("train", "eval"):
       from remixer_t5.training import distributed
       distributed.maybe_initialize(args.coordinator_address, args.num_processes, args.process_id,
@@ -567,16 +538,15 @@ def main(argv: Sequence[str] | None = None) -> int:
       # Only train and eval read or write MODEL_DIR; the others (info, tasks, ...) take a run's gin files as
       # they are, with its `MODEL_DIR = %gin.REQUIRED` left unset.
       parse_gin(files, bindings, paths,
-                macro_defaults=None if args.command in _NEEDS_MODEL_DIR else {"MODEL_DIR": "None"})
+                macro_defaults=None if args.command in ("train", "eval") else {"MODEL_DIR": "None"})
     elif args.command in ("train", "eval", "info", "compile"):
       raise GinError(f"`{args.command}` needs a config: --gin_file=... (see gin/ for models and runs)")
     else:  # export-hf/plot then read the checkpoint's own gin, never a config left by an earlier main() call
       import gin
       gin.clear_config()
-    handler = {"train": cmd_train, "eval": cmd_eval, "tasks": cmd_tasks, "info": cmd_info, "import-hf": cmd_import_hf,
-               "export-hf": cmd_export_hf, "plot": cmd_plot, "bench": cmd_bench, "compare": cmd_compare,
-               "compile": cmd_compile, "repro": cmd_repro}[args.command]
-    return handler(args)
+    return {"train": cmd_train, "eval": cmd_eval, "tasks": cmd_tasks, "info": cmd_info, "import-hf": cmd_import_hf,
+            "export-hf": cmd_export_hf, "plot": cmd_plot, "bench": cmd_bench, "compare": cmd_compare,
+            "compile": cmd_compile, "repro": cmd_repro}[args.command](args)
   except (GinError, FileNotFoundError, FileExistsError, IncompatibleModelDirError) as e:
     print(f"remixer-t5: error: {e}", file=sys.stderr)
     return 2

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import io
 import logging
+import re
 import tokenize
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -14,17 +15,9 @@ from typing import Mapping, Sequence
 
 def _moved_hint(message: str) -> str:
   """For an import of a module that moved when the package was divided, the line to write instead."""
-  import re
-
   import remixer_t5
   m = re.search(r"No module named 'remixer_t5\.(\w+)'", message)
-  if not m or m.group(1) not in remixer_t5.MOVED:
-    return ""
-  try:
-    getattr(remixer_t5, m.group(1))
-  except ImportError as e:
-    return f" ({e})"
-  return ""
+  return f" ({remixer_t5.moved_message(m.group(1))})" if m and m.group(1) in remixer_t5.MOVED else ""
 
 
 def gin_dir() -> Path:
@@ -43,16 +36,13 @@ class GinError(ValueError):
 def split_flags(argv: Sequence[str]) -> tuple[list[str], list[str], list[str], list[str]]:
   """(gin files, bindings 'NAME=VALUE', search paths, remaining args)."""
   files, bindings, paths, rest = [], [], [], []
-  args = list(argv)
-  i = 0
-  while i < len(args):
-    a = args[i]
+  args = iter(argv)
+  for a in args:
     key, eq, val = a.partition("=")
     if key in ("--gin_file", "--gin_search_paths") and not eq:
-      if i + 1 >= len(args):
+      val, eq = next(args, None), "="
+      if val is None:
         raise GinError(f"{key} needs a value")
-      i += 1
-      val, eq = args[i], "="
     if key == "--gin_file":
       files.append(val)
     elif key == "--gin_search_paths":
@@ -63,7 +53,6 @@ def split_flags(argv: Sequence[str]) -> tuple[list[str], list[str], list[str], l
       raise GinError(f"malformed gin flag {a!r}; expected --gin.NAME=VALUE")
     else:
       rest.append(a)
-    i += 1
   return files, bindings, paths, rest
 
 
@@ -108,7 +97,6 @@ def _unclosed(text: str) -> tuple[str, int] | None:
 
 def _included(path: str, search: Sequence[Path], seen: set | None = None) -> list[str]:
   """`path` and, depth first, the files its `include` lines name (resolved as gin resolves them)."""
-  import re
   seen = set() if seen is None else seen
   if path in seen or not Path(path).is_file():
     return []
@@ -228,7 +216,6 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Seque
   try:
     gin.finalize()
   except ValueError as e:
-    import re
     required = re.match(r"(\w+)/macro\.value set to `%gin\.REQUIRED`", str(e))
     if required:
       name = required.group(1)
@@ -238,18 +225,19 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Seque
   logging.getLogger().setLevel(logging.WARNING)
 
 
-def _query(name: str, default=None):
+def binding(name: str, default=None):
+  """What gin binds to `name` ('trainer.train.model', or '%MACRO'), `default` when nothing does; a configurable
+  reference is called (`@f()`) or given as the function (`@f`), as gin would pass it."""
   import gin
   try:
-    return gin.query_parameter(name)
+    value = gin.query_parameter(name)
   except ValueError:
     return default
+  if isinstance(value, gin.config.ConfigurableReference):
+    return value.scoped_configurable_fn() if value.evaluate else value.scoped_configurable_fn
+  return value
 
 
 def macro(name: str, default=None):
-  """Evaluate a macro (resolving configurable references such as MODEL = @models.EncoderDecoderModel())."""
-  import gin
-  value = _query(f"%{name}", default)
-  if isinstance(value, gin.config.ConfigurableReference):
-    return value.scoped_configurable_fn()
-  return value
+  """A macro's value (MODEL = @models.EncoderDecoderModel() gives the model)."""
+  return binding(f"%{name}", default)

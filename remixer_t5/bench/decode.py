@@ -2,39 +2,31 @@
 decode function, optionally beside Hugging Face transformers' `T5ForConditionalGeneration.generate` on the same
 weights.
 
-Ours is exactly what seqio evaluation (`evaluation.make_predict_fn`, used by `eval`, the trainer's inference
-evaluation and `repro cogs`) calls per batch: `evaluation._jit_predict(model, beam_size)`, i.e. the jitted
-`models.EncoderDecoderModel.predict_batch` (encoder once, then `decoding.greedy_decode` or
-`decoding.beam_search` over the decoder's cache, length penalty alpha 0.6), followed by bringing the tokens back
-to the host. Inputs are `batch_size` rows of `input_length` random ids (2..vocab-1, the last one EOS, no
-padding); parameters are a fresh initialisation of the gin MODEL (seed 0) or `--checkpoint`'s.
+Ours is exactly what seqio evaluation calls per batch: `evaluation._jit_predict(model, beam_size)` (encoder
+once, then greedy or beam search over the decoder's cache, length penalty alpha 0.6), then the tokens brought
+to the host. Inputs are random ids ending in EOS, no padding; parameters a fresh initialisation of the gin MODEL
+(seed 0) or `--checkpoint`'s.
 
-Both sides decode exactly `new_tokens` positions for every row: the evaluator's decode stops as soon as every
-row (greedy) or every beam (beam search) has ended in EOS, so the benchmark passes it an EOS id no token has
-(`NO_EOS`), and HF's `generate` gets `eos_token_id=None`. Both then run pure argmax / pure beam search for
-`new_tokens` steps: the same work, and on the same weights the same tokens (reported: `*_identical_rows`).
+Both sides decode exactly `new_tokens` positions for every row: the evaluator's decode gets an EOS id no token
+has (`NO_EOS`), HF's `generate` `eos_token_id=None`. Both then do the same work, and on the same weights give
+the same tokens (reported: `*_identical_rows`).
 
 The reference (`--reference hf`, the `.[hf]` extra; T5.1.1 models only) is the same parameters written as an
-HF checkpoint (`hf.write_hf_checkpoint`, as `export-hf` does) and loaded with `from_pretrained`, float32, under
-`torch.inference_mode()`: greedy is `num_beams=1, do_sample=False`; beam search `num_beams=K,
-length_penalty=alpha, early_stopping="never"`, both with `max_new_tokens=new_tokens` and the encoder's
-attention mask. Length penalties differ in form: ours is GNMT's ((5 + L) / 6) ** alpha (T5's), HF's L ** alpha
-(L = tokens generated with the EOS). `early_stopping="never"` is the closest to ours (we stop when no live beam
-divided by the penalty at the maximum length can beat the worst kept finished hypothesis; HF "never" bounds
-the same way). With EOS disabled every hypothesis has length `new_tokens`, the penalty is a common factor and
-the two searches rank alike; with EOS they can keep different finished hypotheses.
+HF checkpoint (as `export-hf` does) and loaded with `from_pretrained`, float32. Length penalties differ in form:
+ours is GNMT's ((5 + L) / 6) ** alpha (T5's), HF's L ** alpha. `early_stopping="never"` is the closest to ours
+(both stop when no live beam divided by the penalty at the maximum length can beat the worst kept finished
+hypothesis). With EOS disabled every hypothesis has length `new_tokens`, the penalty is a common factor and the
+two searches rank alike; with EOS they can keep different finished hypotheses.
 
-Timing (as `bench train`): `rounds` rounds; in each, for each mode (greedy, then beam), ours then HF: `warmup`
-untimed batches in the first round (compilation included), 1 in later ones, then the median of `steps` timed
-batches. Reported per mode and side: the median over rounds of the per-round medians (s per batch) and tokens/s
-= batch_size * new_tokens / s per batch (output tokens: a beam-search row counts `new_tokens`, not K times it);
-the ratio ours / HF comes from the same run.
+Timing (as `bench train`): `rounds` rounds; in each, for each mode, ours then HF: `warmup` untimed batches in
+the first round (compilation included), 1 in later ones, then the median of `steps` timed batches. Reported per
+mode and side: the median of the per-round medians (s per batch) and tokens/s = batch_size * new_tokens / s per
+batch (a beam-search row counts `new_tokens`, not K times it).
 """
 from __future__ import annotations
 
 import os
 import statistics
-import sys
 import tempfile
 from typing import Any, Callable, Mapping, Sequence
 
@@ -49,14 +41,6 @@ MODES = ("greedy", "beam")
 NO_EOS = -1  # an EOS id no token has: the evaluator's decode then runs every position
 DEFAULTS = {"batch_size": 32, "input_length": 128, "new_tokens": 64, "beam_size": 4, "steps": 3, "rounds": 3,
             "warmup": 1}
-
-
-def random_inputs(vocab_size: int, batch_size: int, input_length: int, seed: int = 0) -> np.ndarray:
-  """[batch, length] int32 encoder inputs: random ids 2..vocab-1 ending in EOS (1), every position real."""
-  rng = np.random.default_rng(seed)
-  enc = rng.integers(2, vocab_size, size=(batch_size, input_length), dtype=np.int32)
-  enc[:, -1] = 1
-  return enc
 
 
 # --- the two decoders -----------------------------------------------------------------------------------
@@ -82,11 +66,9 @@ def _transformers():
 
 
 def hf_model(config, params, flush_denormal: bool = True):
-  """transformers' T5ForConditionalGeneration holding `params` (float32, eval mode): the checkpoint
-  `export-hf` would write, loaded with from_pretrained. ValueError for a model HF's T5 cannot hold, checked
-  before PyTorch is imported (so it is also the error without the .[hf] extra). PyTorch's subnormal mode
-  (`flush_denormal`, bench_env) is set after that check and before the load, PyTorch's first operation: the mode
-  is per thread and threads started earlier keep theirs."""
+  """transformers' T5ForConditionalGeneration holding `params` (float32, eval mode), as `export-hf` writes it.
+  ValueError for a model HF's T5 cannot hold, checked before PyTorch is imported. PyTorch's subnormal mode
+  (`flush_denormal`, bench_env) is set before the load, PyTorch's first operation: the mode is per thread."""
   from remixer_t5.interop import hf
   from remixer_t5.model import network
   need = ("--reference hf needs a T5.1.1 model (self-attention and a gated-GELU MLP, e.g. "
@@ -136,8 +118,7 @@ def hf_reference(model, enc: np.ndarray, new_tokens: int, beam_size: int = 1, al
 def check_settings(batch_size, input_length, new_tokens, beam_size, modes, steps, rounds, warmup, reference):
   if reference not in REFERENCES:
     raise ValueError(f"unknown --reference {reference!r}; expected 'hf' or 'none'")
-  bad = [m for m in modes if m not in MODES]
-  if bad or not modes:
+  if not modes or not set(modes) <= set(MODES):
     raise ValueError(f"--modes {','.join(modes)}: expected one or both of {', '.join(MODES)}")
   for name, value, least in (("batch_size", batch_size, 1), ("input_length", input_length, 1),
                              ("new_tokens", new_tokens, 1), ("beam_size", beam_size, 2), ("steps", steps, 1),
@@ -164,7 +145,8 @@ def bench_decode(model, params=None, *, batch_size: int = 32, input_length: int 
     shapes = {"encoder_input_tokens": (1, input_length), "decoder_input_tokens": (1, new_tokens),
               "decoder_target_tokens": (1, new_tokens)}
     params = model.init_variables(jax.random.PRNGKey(seed), shapes)["params"]
-  enc = random_inputs(cfg.vocab_size, batch_size, input_length, seed)
+  enc = np.random.default_rng(seed).integers(2, cfg.vocab_size, size=(batch_size, input_length), dtype=np.int32)
+  enc[:, -1] = 1  # random ids ending in EOS, every position real
   beams = {"greedy": 1, "beam": beam_size}
   runners: dict[str, dict[str, Callable[[], np.ndarray]]] = {m: {} for m in modes}
   # Built before any timing, so that a model HF cannot hold fails fast. transformers probes for TensorFlow
@@ -195,9 +177,8 @@ def bench_decode(model, params=None, *, batch_size: int = 32, input_length: int 
       "backend": jax.default_backend(), "devices": jax.device_count()}
   for key, per_round in medians.items():
     s = statistics.median(per_round)
-    row[f"{key}_s_per_batch"] = s
-    row[f"{key}_tokens_per_s"] = batch_size * new_tokens / s
-    row[f"{key}_round_medians"] = per_round
+    row.update({f"{key}_s_per_batch": s, f"{key}_tokens_per_s": batch_size * new_tokens / s,
+                f"{key}_round_medians": per_round})
   for mode in modes:
     if f"hf_{mode}" in last:
       row[f"ratio_ours_to_hf_{mode}"] = row[f"ours_{mode}_s_per_batch"] / row[f"hf_{mode}_s_per_batch"]
@@ -217,19 +198,10 @@ def bench_decode(model, params=None, *, batch_size: int = 32, input_length: int 
   return row
 
 
-# The machine record: remixer_t5/bench/env.py.
 def model_from_gin():
   """The model `train` would build: trainer.train's `model` binding when a run config binds it, else MODEL."""
-  import gin
-
   from remixer_t5 import gin_utils
-  try:
-    value = gin.query_parameter("trainer.train.model")
-  except ValueError:
-    value = None
-  if isinstance(value, gin.config.ConfigurableReference):
-    value = value.scoped_configurable_fn() if value.evaluate else value.scoped_configurable_fn
-  model = value if value is not None else gin_utils.macro("MODEL")
+  model = gin_utils.binding("trainer.train.model") or gin_utils.macro("MODEL")
   if model is None:
     raise ValueError("bench decode needs MODEL from the gin config (e.g. --gin_file=models/t5_1_1/small.gin)")
   return model
@@ -257,7 +229,3 @@ def format_row(row: Mapping[str, Any]) -> str:
                + (f", torch threads {row['torch_num_threads']}" if "torch_num_threads" in row else "")
                + f", commit {row['git_commit']}")
   return "\n".join(lines)
-
-
-def stderr_log(line: str) -> None:
-  print(line, file=sys.stderr, flush=True)

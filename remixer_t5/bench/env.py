@@ -53,23 +53,6 @@ def cpu_model() -> str:
   return _cpuinfo().get("model name") or platform.processor() or platform.machine()
 
 
-def cpu_id() -> str | None:
-  """'<vendor> family <f> model <m> stepping <s>' from /proc/cpuinfo, or None where it has none. Cloud machines
-  often name themselves only "Intel(R) Xeon(R) Processor" or "AMD EPYC": the family and model tell the
-  generation (Intel family 6 model 143 Sapphire Rapids, 207 Emerald Rapids; AMD family 25 Zen 3/4, 26 Zen 5)."""
-  info = _cpuinfo()
-  if "cpu family" not in info or "model" not in info:
-    return None
-  return (f"{info.get('vendor_id', '?')} family {info['cpu family']} model {info['model']} "
-          f"stepping {info.get('stepping', '?')}")
-
-
-def cpu_flags() -> list[str]:
-  """The extensions of CPU_FLAGS_OF_INTEREST this CPU reports."""
-  have = set(_cpuinfo().get("flags", "").split())
-  return [f for f in CPU_FLAGS_OF_INTEREST if f in have]
-
-
 def git_commit() -> str | None:
   """HEAD of the checkout this package runs from, '+dirty' when tracked files differ; None outside git."""
   root = Path(__file__).resolve().parent.parent
@@ -145,9 +128,15 @@ def environment(with_torch: bool = False) -> dict[str, Any]:
   from remixer_t5.kernels.cpu import hypermixing as cpu_hypermixing
   from remixer_t5.kernels.cpu import threefry as cpu_threefry
   info = _cpuinfo()
+  # cpu_id: cloud machines often name themselves only "Intel(R) Xeon(R) Processor" or "AMD EPYC"; the family and
+  # model tell the generation (Intel family 6 model 143 Sapphire Rapids, 207 Emerald Rapids; AMD family 25 Zen 3/4,
+  # 26 Zen 5).
+  cpu_id = (f"{info.get('vendor_id', '?')} family {info['cpu family']} model {info['model']} stepping "
+            f"{info.get('stepping', '?')}" if "cpu family" in info and "model" in info else None)
   env: dict[str, Any] = {
-      "cpu_model": cpu_model(), "cpu_id": cpu_id(), "cpu_flags": cpu_flags(), "cpu_cache": info.get("cache size"),
-      "cpu_count": os.cpu_count(),
+      "cpu_model": cpu_model(), "cpu_id": cpu_id,
+      "cpu_flags": [f for f in CPU_FLAGS_OF_INTEREST if f in info.get("flags", "").split()],
+      "cpu_cache": info.get("cache size"), "cpu_count": os.cpu_count(),
       "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
       "xla_flags": os.environ.get("XLA_FLAGS", ""),
       "cpu_hypermixing": cpu_hypermixing.describe(), "cpu_threefry": cpu_threefry.describe(),

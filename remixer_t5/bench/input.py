@@ -1,10 +1,8 @@
 """`remixer-t5 bench input`: the training input pipeline's throughput per process, the cost of restoring a
 position, and whether one host can feed a TPU slice at a given step rate.
 
-Everything goes through the trainer's own input function (remixer_t5/data/input_pipeline.get_batches: the
-task's preprocessing at the run's feature lengths, packing, this process's share of the global batch,
-prefetch) with the run's gin values (MIXTURE_OR_TASK_NAME, TASK_FEATURE_LENGTHS, BATCH_SIZE, VOCABULARY,
-DATA_DIR, RANDOM_SEED, trainer.train.pack / shuffle).
+Everything goes through the trainer's own input function (input_pipeline.get_batches: preprocessing, packing,
+this process's share of the global batch, prefetch) with the run's gin values (`from_gin`).
 
 Measured, for process `process_index` of `process_count` (default 0 of `hosts`: one host's share):
   * first_batch_s: pipeline built and the first batch ready (file listing, vocabulary, tf.data warm-up);
@@ -21,12 +19,13 @@ compares the measured rows/s with it. The numbers depend on the host's free core
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 import time
 from typing import Any, Callable, Mapping
 
 import numpy as np
+
+from remixer_t5.bench import env as bench_env
 
 # Remixer paper (Tay et al.), Table 1: T5.1.1-base trains at 9 steps/s; §4.1: batch 128, 16 TPU-v3 chips
 # (a v3-32 slice: 4 hosts of 4 chips).
@@ -79,11 +78,10 @@ def bench_input(task, feature_lengths: Mapping[str, int], batch_size: int, *, se
       "shuffle": shuffle, "process_index": process_index, "process_count": process_count,
       "rows_per_batch": rows_per_batch, "batches": batches, "first_batch_s": first_batch_s, "seconds": dt,
       "batches_per_s": batches / dt, "rows_per_s": rows / dt, "examples_per_s": examples / dt,
-      "tokens_per_s": tokens / dt, "padded_tokens_per_s": padded / dt,
-      "steps_per_s_target": steps_per_s, "hosts": hosts, "rows_per_s_needed": need_rows,
-      "tokens_per_s_needed": need_rows * tokens / max(rows, 1), "keeps_up": rows / dt >= need_rows,
-      "headroom": (rows / dt) / need_rows, "cpu_count": os.cpu_count(), "load_avg_1m": _load(),
-  }
+      "tokens_per_s": tokens / dt, "padded_tokens_per_s": padded / dt, "steps_per_s_target": steps_per_s,
+      "hosts": hosts, "rows_per_s_needed": need_rows, "tokens_per_s_needed": need_rows * tokens / max(rows, 1),
+      "keeps_up": rows / dt >= need_rows, "headroom": (rows / dt) / need_rows, "cpu_count": os.cpu_count(),
+      "load_avg_1m": (bench_env.loadavg() or [None])[0]}
   if position:
     log(f"reaching position {position} once (what a skip-based resume replays)")
     t0 = time.perf_counter()
@@ -107,13 +105,6 @@ def bench_input(task, feature_lengths: Mapping[str, int], batch_size: int, *, se
   return out
 
 
-def _load() -> float | None:
-  try:
-    return os.getloadavg()[0]
-  except OSError:
-    return None
-
-
 def format_report(r: Mapping[str, Any]) -> str:
   lines = [
       f"{r['task']}  lengths {r['feature_lengths']}  batch {r['batch_size']} (process {r['process_index']} of "
@@ -133,7 +124,7 @@ def format_report(r: Mapping[str, Any]) -> str:
   return "\n".join(lines)
 
 
-def from_gin(**overrides) -> dict[str, Any]:
+def from_gin() -> dict[str, Any]:
   """bench_input's arguments from the parsed gin config (the same macros `train` reads)."""
   from remixer_t5 import gin_utils
   from remixer_t5.data.task_lookup import get_task, with_vocabulary
@@ -150,22 +141,6 @@ def from_gin(**overrides) -> dict[str, Any]:
     raise ValueError(f"bench input needs {', '.join(missing)} from the gin config (e.g. "
                      f"--gin_file=runs/pretrain.gin)")
   task = get_task(with_vocabulary(name, gin_utils.macro("VOCABULARY")))
-  kwargs: dict[str, Any] = {"seed": gin_utils.macro("RANDOM_SEED", 0) or 0}
-  for key in ("pack", "shuffle"):
-    value = _binding(f"trainer.train.{key}")
-    if value is not None:
-      kwargs[key] = value
-  kwargs.update({k: v for k, v in overrides.items() if v is not None})
-  return {"task": task, "feature_lengths": dict(lengths), "batch_size": int(batch_size), **kwargs}
-
-
-def _binding(name: str):
-  import gin
-  try:
-    return gin.query_parameter(name)
-  except ValueError:
-    return None
-
-
-def stderr_log(msg: str) -> None:
-  print(f"bench input: {msg}", file=sys.stderr, flush=True)
+  bound = {k: gin_utils.binding(f"trainer.train.{k}") for k in ("pack", "shuffle")}
+  return {"task": task, "feature_lengths": dict(lengths), "batch_size": int(batch_size),
+          "seed": gin_utils.macro("RANDOM_SEED", 0) or 0, **{k: v for k, v in bound.items() if v is not None}}

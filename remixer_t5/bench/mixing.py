@@ -14,18 +14,14 @@ including the stack's relative position bias, as the encoder runs it; `attention
 out (the vanilla attention of the HyperMixer paper's Fig. 2). The Remixer block is a FEATURE mixer (attention
 stays the token mixer of a Remixer layer); it is measured alone, as "remixer".
 
-    rows = bench_mixing([128, 256], mixers=("attention", "hypermixer"))
-    # [{'mixer': 'attention', 'length': 128, 'ms': ..., 'flops': ..., ...}, ...]
-
-A row: mixer, length, batch, d_model, ms (median; None with timing=False), ms_min, flops, params, temp_mb (XLA's
-scratch allocation of the compiled fwd+bwd, i.e. activations and gradients), compile_s and host_malloc (whether
-runtime's allocator policy was applied: the CLI does, see runtime.py; without it scratch above 32 MiB is
-page-faulted in on every call). Results and the command behind them: docs/benchmarks.md.
+A row (`bench_mixing(lengths, mixers)` gives one per pair): mixer, length, batch, d_model, ms (median), ms_min,
+flops, params, temp_mb (XLA's scratch of the compiled fwd+bwd: activations and gradients), compile_s and
+host_malloc (whether runtime's allocator policy was applied, as the CLI does; without it scratch above 32 MiB is
+page-faulted in on every call). Results: docs/benchmarks.md.
 """
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from typing import Callable, Iterable, Sequence
 
@@ -35,8 +31,10 @@ import numpy as np
 from flax import linen as nn
 
 from remixer_t5 import runtime
+from remixer_t5.bench.train import time_calls
 from remixer_t5.model import layers
 from remixer_t5.model.mixers import base
+from remixer_t5.training import mfu
 
 DEFAULT_LENGTHS = (128, 256, 512, 1024, 2048, 4096)
 
@@ -90,13 +88,6 @@ class MixingLayer(nn.Module):
     return mixer(x, x, ctx, deterministic=True)
 
 
-def _flops(compiled) -> float:
-  cost = compiled.cost_analysis()
-  if isinstance(cost, (list, tuple)):  # older jax: one dict per computation
-    cost = cost[0] if cost else {}
-  return float((cost or {}).get("flops", float("nan")))
-
-
 def _temp_mb(compiled) -> float | None:
   """XLA's scratch allocation for the compiled function (activations and gradients), in MiB."""
   try:
@@ -106,8 +97,8 @@ def _temp_mb(compiled) -> float | None:
 
 
 def measure(mixer: str, length: int, *, config=None, batch: int = 1, repeats: int = 5, warmup: int = 1,
-            timing: bool = True, seed: int = 0) -> dict:
-  """One row: fwd+bwd ms (median of `repeats`; None without timing) and XLA FLOPs of one mixer layer."""
+            seed: int = 0) -> dict:
+  """One row: fwd+bwd ms (median of `repeats`) and XLA FLOPs of one mixer layer."""
   registry = _registry()
   if mixer not in registry:
     raise ValueError(f"unknown mixer {mixer!r}; choose from {', '.join(registry)}")
@@ -126,34 +117,25 @@ def measure(mixer: str, length: int, *, config=None, batch: int = 1, repeats: in
   t0 = time.perf_counter()
   compiled = step.lower(params, x, cot).compile()
   compile_s = time.perf_counter() - t0
-  row = {"mixer": mixer, "length": int(length), "batch": int(batch), "d_model": int(cfg.emb_dim),
-         "ms": None, "flops": _flops(compiled),
-         "params": int(sum(np.size(a) for a in jax.tree_util.tree_leaves(params))),
-         "temp_mb": _temp_mb(compiled), "compile_s": round(compile_s, 3), "host_malloc": runtime.applied}
-  if timing:
-    for _ in range(max(warmup, 0)):
-      jax.block_until_ready(compiled(params, x, cot))
-    times = []
-    for _ in range(max(repeats, 1)):
-      t = time.perf_counter()
-      jax.block_until_ready(compiled(params, x, cot))
-      times.append((time.perf_counter() - t) * 1e3)
-    row["ms"] = round(statistics.median(times), 4)
-    row["ms_min"] = round(min(times), 4)
-  return row
+  times, _ = time_calls(lambda: jax.block_until_ready(compiled(params, x, cot)), max(repeats, 1), max(warmup, 0))
+  times = [t * 1e3 for t in times]
+  return {"mixer": mixer, "length": int(length), "batch": int(batch), "d_model": int(cfg.emb_dim),
+          "ms": round(statistics.median(times), 4), "flops": mfu.compiled_flops(compiled) or float("nan"),
+          "params": int(sum(np.size(a) for a in jax.tree_util.tree_leaves(params))),
+          "temp_mb": _temp_mb(compiled), "compile_s": round(compile_s, 3), "host_malloc": runtime.applied,
+          "ms_min": round(min(times), 4)}
 
 
 def bench_mixing(lengths: Iterable[int], mixers: Sequence[str] = DEFAULT_MIXERS, *, config=None, batch: int = 1,
-                 repeats: int = 5, timing: bool = True, log=None) -> list[dict]:
+                 repeats: int = 5, log=None) -> list[dict]:
   """Rows for every (mixer, length), mixers in the given order; `log(str)` gets one progress line each."""
   rows = []
   for mixer in mixers:
     for n in lengths:
-      row = measure(mixer, n, config=config, batch=batch, repeats=repeats, timing=timing)
+      row = measure(mixer, n, config=config, batch=batch, repeats=repeats)
       rows.append(row)
       if log:
-        ms = "" if row["ms"] is None else f"{row['ms']:.2f} ms, "
-        log(f"bench {mixer:>18s} length {n:>5d}: {ms}{row['flops'] / 1e9:.4g} GFLOP fwd+bwd "
+        log(f"bench {mixer:>18s} length {n:>5d}: {row['ms']:.2f} ms, {row['flops'] / 1e9:.4g} GFLOP fwd+bwd "
             f"(compile {row['compile_s']:.1f}s)")
   return rows
 
@@ -170,25 +152,19 @@ def parse_lengths(spec: str) -> list[int]:
   if "..." not in parts:
     out = [int(p) for p in parts]
   else:
-    i = parts.index("...")
-    if i != 2 or len(parts) != 4:
+    if parts.index("...") != 2 or len(parts) != 4:
       raise ValueError(f"--lengths {spec!r}: write the ellipsis as A,B,...,Z (two values before it, one after)")
-    head, last = [int(p) for p in parts[:i]], int(parts[-1])
-    a, b = head
+    a, b, last = int(parts[0]), int(parts[1]), int(parts[3])
     if not 0 < a < b:
       raise ValueError(f"--lengths {spec!r}: the first two values must be positive and increase")
     # Doubling-style (ratio) if it lands on the last value, else evenly spaced (step).
-    out = None
-    for step in ((lambda n: n * (b // a)) if b % a == 0 else None, lambda n: n + (b - a)):
-      if step is None:
-        continue
-      seq = [a]
-      while seq[-1] < last:
-        seq.append(step(seq[-1]))
-      if seq[-1] == last:
-        out = seq
+    for step in ([lambda n: n * (b // a)] if b % a == 0 else []) + [lambda n: n + (b - a)]:
+      out = [a]
+      while out[-1] < last:
+        out.append(step(out[-1]))
+      if out[-1] == last:
         break
-    if out is None:
+    else:
       raise ValueError(f"--lengths {spec!r}: {last} is not reached from {a},{b} by their ratio or their step")
   if not out or any(n <= 0 for n in out):
     raise ValueError(f"--lengths {spec!r}: give positive lengths")
@@ -200,9 +176,8 @@ def format_table(rows: Sequence[dict]) -> str:
   mixers = list(dict.fromkeys(r["mixer"] for r in rows))
   lengths = sorted({r["length"] for r in rows})
   get = {(r["mixer"], r["length"]): r for r in rows}
-  head = "| length | " + " | ".join(f"{m} ms (×) | {m} GFLOP" for m in mixers) + " |"
-  sep = "|---:|" + "---:|---:|" * len(mixers)
-  lines = [head, sep]
+  lines = ["| length | " + " | ".join(f"{m} ms (×) | {m} GFLOP" for m in mixers) + " |",
+           "|---:|" + "---:|---:|" * len(mixers)]
   for i, n in enumerate(lengths):
     cells = []
     for m in mixers:
@@ -211,8 +186,8 @@ def format_table(rows: Sequence[dict]) -> str:
       if r is None:
         cells += ["", ""]
         continue
-      ms = "" if r["ms"] is None else f"{r['ms']:.2f}"
-      if ms and prev is not None and prev.get("ms"):
+      ms = f"{r['ms']:.2f}"
+      if prev is not None and prev["ms"]:
         ms += f" ({r['ms'] / prev['ms']:.2f}×)"
       cells += [ms, f"{r['flops'] / 1e9:.3f}"]
     lines.append(f"| {n} | " + " | ".join(cells) + " |")
@@ -230,11 +205,8 @@ def plot_bench(rows: Sequence[dict], path) -> str:
   fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
   for mixer in dict.fromkeys(r["mixer"] for r in rows):
     pts = sorted((r["length"], r["ms"], r["flops"]) for r in rows if r["mixer"] == mixer)
-    n = [p[0] for p in pts]
-    timed = [(a, ms) for a, ms, _ in pts if ms is not None]
-    if timed:
-      axes[0].plot(*zip(*timed), "o-", label=mixer)
-    axes[1].plot(n, [p[2] for p in pts], "o-", label=mixer)
+    for ax, i in ((axes[0], 1), (axes[1], 2)):
+      ax.plot([p[0] for p in pts], [p[i] for p in pts], "o-", label=mixer)
   r0 = rows[0] if rows else {}
   for ax, title in zip(axes, ("fwd+bwd time (ms, median)", "fwd+bwd FLOPs (XLA cost analysis)")):
     ax.set_xscale("log", base=2)
@@ -248,7 +220,3 @@ def plot_bench(rows: Sequence[dict], path) -> str:
   fig.tight_layout()
   from remixer_t5.training import plots
   return str(plots.save_png(fig, path))
-
-
-def stderr_log(msg: str) -> None:
-  print(msg, file=sys.stderr, flush=True)

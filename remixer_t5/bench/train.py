@@ -25,7 +25,6 @@ from __future__ import annotations
 import multiprocessing
 import resource
 import statistics
-import sys
 import time
 from typing import Any, Callable, Mapping
 
@@ -62,12 +61,6 @@ def time_calls(call: Callable[[], Any], steps: int, warmup: int) -> tuple[list[f
   return times, out
 
 
-def process_usage() -> tuple[float, float, int]:
-  """(user + system CPU seconds, system seconds, minor page faults) of this process so far."""
-  r = resource.getrusage(resource.RUSAGE_SELF)
-  return r.ru_utime + r.ru_stime, r.ru_stime, r.ru_minflt
-
-
 def ours(model, optimizer, batch: Mapping[str, np.ndarray], seed: int = 0) -> Callable[[], Any]:
   """A zero-argument callable that runs (and waits for) one of the trainer's jitted train steps."""
   from remixer_t5.training import programs, train_state
@@ -88,11 +81,8 @@ def ours(model, optimizer, batch: Mapping[str, np.ndarray], seed: int = 0) -> Ca
 def hf_reference(config, batch: Mapping[str, np.ndarray], learning_rate: float = 1e-2, seed: int = 0,
                  flush_denormal: bool = True) -> Callable[[], Any]:
   """transformers' T5ForConditionalGeneration train step on the same shapes (float32, dropout as `config`: our
-  T5Config, or its HF form from `hf.config_to_hf`, as the reference's own process receives it).
-
-  `flush_denormal`: PyTorch flushes subnormal floats to zero, as XLA:CPU does (bench_env's docstring: without
-  it the step slows down on Intel CPUs once Adafactor makes subnormals). Set before PyTorch's first
-  operation in the process (bench_env.set_torch_flush_denormal: the mode is per thread)."""
+  T5Config, or its HF form from `hf.config_to_hf`, as the reference's own process receives it). `flush_denormal`:
+  PyTorch flushes subnormal floats to zero, as XLA:CPU does (bench_env), set before its first operation."""
   try:
     import torch
     import transformers
@@ -127,10 +117,11 @@ def _hf_values(config) -> dict:
 def timed_round(run: Callable[[], Any], warmup: int, steps: int) -> tuple[list[float], float, float, int]:
   """`warmup` untimed calls, then `steps` timed ones: (their times, CPU s, system s, minor faults over them)."""
   time_calls(run, 0, warmup)
-  cpu0, sys0, flt0 = process_usage()
+  r0 = resource.getrusage(resource.RUSAGE_SELF)
   times, _ = time_calls(run, steps, 0)
-  cpu1, sys1, flt1 = process_usage()
-  return times, cpu1 - cpu0, sys1 - sys0, flt1 - flt0
+  r1 = resource.getrusage(resource.RUSAGE_SELF)
+  return (times, r1.ru_utime + r1.ru_stime - (r0.ru_utime + r0.ru_stime), r1.ru_stime - r0.ru_stime,
+          r1.ru_minflt - r0.ru_minflt)
 
 
 def _hf_child(conn, hf_config: dict, batch: Mapping[str, np.ndarray], seed: int, flush_denormal: bool) -> None:
@@ -161,9 +152,8 @@ class _ChildReference:
 
   def _receive(self, kind: str):
     # Poll, so that a child that dies (killed, out of memory) is an error, not a wait for ever.
-    while not self.conn.poll(1.0):
-      if not self.process.is_alive():
-        break
+    while not self.conn.poll(1.0) and self.process.is_alive():
+      pass
     try:
       got, value = self.conn.recv()
     except EOFError:
@@ -241,13 +231,11 @@ def bench_train(model, optimizer, *, batch_size: int, feature_lengths: Mapping[s
                          "backend": jax.default_backend(), "devices": jax.device_count()}
   for name, per_round in medians.items():
     s = statistics.median(per_round)
-    row[f"{name}_s_per_step"] = s
-    row[f"{name}_tokens_per_s"] = tokens / s
-    row[f"{name}_round_medians"] = per_round
     cpu, system, faults, wall = usage[name]  # what decides a CPU step besides the kernels
-    row[f"{name}_cores_busy"] = cpu / wall if wall > 0 else None
-    row[f"{name}_system_s_per_step"] = system / (steps * rounds)
-    row[f"{name}_minor_faults_per_step"] = faults / (steps * rounds)
+    row.update({f"{name}_s_per_step": s, f"{name}_tokens_per_s": tokens / s, f"{name}_round_medians": per_round,
+                f"{name}_cores_busy": cpu / wall if wall > 0 else None,
+                f"{name}_system_s_per_step": system / (steps * rounds),
+                f"{name}_minor_faults_per_step": faults / (steps * rounds)})
   if "hf" in medians:
     row["ratio_ours_to_hf"] = row["ours_s_per_step"] / row["hf_s_per_step"]
     row["hf_process"] = hf_process
@@ -263,22 +251,12 @@ def from_gin(batch_size: int | None = None, feature_lengths: Mapping[str, int] |
   learning_rate), else the MODEL, TASK_FEATURE_LENGTHS and BATCH_SIZE macros and Adafactor; the optimizer is
   built as trainer.train builds it (programs.optimizer). `batch_size`/`feature_lengths` override the config.
   """
-  import inspect
-
-  import gin
-
   from remixer_t5 import gin_utils
-  from remixer_t5.training import optim, programs, trainer
-  defaults = {k: p.default for k, p in inspect.signature(trainer.train).parameters.items()}
+  from remixer_t5.training import optim, programs
 
   def bound(name, macro=None):
-    try:
-      value = gin.query_parameter(f"trainer.train.{name}")
-    except ValueError:
-      return gin_utils.macro(macro) if macro else defaults.get(name)
-    if isinstance(value, gin.config.ConfigurableReference):
-      return value.scoped_configurable_fn() if value.evaluate else value.scoped_configurable_fn
-    return value
+    value = gin_utils.binding(f"trainer.train.{name}")
+    return value if value is not None or macro is None else gin_utils.macro(macro)
 
   model = bound("model", "MODEL")
   lengths = feature_lengths or bound("feature_lengths", "TASK_FEATURE_LENGTHS")
@@ -293,9 +271,8 @@ def from_gin(batch_size: int | None = None, feature_lengths: Mapping[str, int] |
     raise ValueError(f"feature lengths {lengths}: expected {{'inputs': N, 'targets': M}} with N, M >= 2")
   if int(batch) < 1:
     raise ValueError(f"batch size {batch}: expected a positive integer")
-  optimizer = bound("optimizer") or optim.adafactor
-  learning_rate = bound("learning_rate")
-  return {"model": model, "optimizer": programs.optimizer(model, optimizer, learning_rate),
+  optimizer = programs.optimizer(model, bound("optimizer") or optim.adafactor, bound("learning_rate"))
+  return {"model": model, "optimizer": optimizer,
           "batch_size": int(batch), "feature_lengths": {"inputs": int(lengths["inputs"]),
                                                         "targets": int(lengths["targets"])}}
 
@@ -329,7 +306,3 @@ def format_row(row: Mapping[str, Any]) -> str:
   if "ratio_ours_to_hf" in row:
     lines.append(f"  ours / HF: {row['ratio_ours_to_hf']:.3f}")
   return "\n".join(lines)
-
-
-def stderr_log(line: str) -> None:
-  print(line, file=sys.stderr, flush=True)
