@@ -27,9 +27,10 @@ import pathlib, remixer_t5, remixer_t5.tasks, remixer_t5.gin_utils
 where = pathlib.Path(remixer_t5.__file__).resolve()
 assert "site-packages" in str(where), f"imported {where}, not the installed wheel"
 assert (remixer_t5.gin_utils.gin_dir() / "models/t5_1_1/small.gin").is_file(), remixer_t5.gin_utils.gin_dir()
-assert (where.parent / "csrc" / "cpu_sgemm.cc").is_file(), "the CPU sgemm handler's source is not in the wheel"
-assert (where.parent / "csrc" / "hypermixing.cc").is_file(), "the HyperMixing handlers' source is not in the wheel"
-assert (where.parent / "csrc" / "for_each.h").is_file(), "the handlers' shared header is not in the wheel"
+csrc = where.parent / "kernels" / "cpu" / "csrc"
+for name, what in [("hypermixing.cc", "the HyperMixing handlers'"), ("materialize.cc", "dropout's mask handler's"),
+                   ("for_each.h", "the handlers' shared header's")]:
+  assert (csrc / name).is_file(), f"{what} source {name} is not in the wheel ({csrc})"
 print("installed package:", where.parent)
 PY
 "$work/venv/bin/remixer-t5" info --gin_file=models/t5_1_1/small.gin --json | tail -n 1
