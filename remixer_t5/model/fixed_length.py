@@ -1,42 +1,23 @@
 """Fixed-length token mixers: their length L follows the run, and checkpoints trained at another L are fitted.
 
 Remixer's H, gMLP's spatial W (full or Toeplitz) with its bias b, and MLP-Mixer's encoder token-mixing MLP hold
-one weight (or row, or column) per position up to a maximum length L. Two things follow:
+one weight (or row, or column) per position up to a maximum length L (docs/architectures.md, "Sequence lengths
+of the fixed-length mixers", says how a run sets and changes it):
 
-1. **One source of truth for L.** The model configs bind each such mixer's `max_length` to the run's
-   `TASK_FEATURE_LENGTHS` (`inputs` for the encoder, `targets` for the decoder) through `feature_length`:
+1. The model configs bind each such mixer's `max_length` to the run's `TASK_FEATURE_LENGTHS` (`inputs` for the
+   encoder, `targets` for the decoder) through `feature_length`:
 
        encoder/remixer.RemixerBlock.max_length = @inputs/fixed_length.feature_length()
        fixed_length.feature_length.lengths = %TASK_FEATURE_LENGTHS
        inputs/fixed_length.feature_length.feature = 'inputs'
 
-   The model file also sets a default `TASK_FEATURE_LENGTHS` (pretraining's 512/114; the tiny configs'
-   128/64) so that it works alone (`remixer-t5 info`, `models.from_gin`); a run file loaded AFTER it (or a
-   `--gin.TASK_FEATURE_LENGTHS=...` flag) overrides the macro, and gin reads macros when the mixer is built, so
-   the last binding wins. (Loading the run file first would let the model's default win; the mixers then refuse
-   the run's longer sequences with an error naming both lengths.)
-
-2. **Finetuning from a checkpoint trained at another L** (`fit_params`, called where INIT_CHECKPOINT is
-   loaded). A leaf whose shape differs between the checkpoint and the model is fitted only along axes whose
-   logical name is a position axis (`LENGTH_AXES`: 'mix_length', 'mix_source'); any other difference is
-   refused with an error naming the parameter and both shapes. Along a position axis, index p means position p
-   (or offset p for gMLP's Toeplitz weights), so the rule for every such parameter is the same:
-
-   - Remixer `remix`, H [L, L] ('mix_length', 'mix_source'): grown, H'[:L, :L] = H and the new rows and
-     columns as the model initialises them (N(0, remix_init_stddev²)); shrunk, H' = H[:L', :L'].
-   - gMLP `spatial_kernel`, W [L, L], and `spatial_bias`, b [L]: the leading block is kept; new entries start
-     near zero (W) and at 1 (b), the block's own start (§2.1).
-   - gMLP Toeplitz `spatial_past` [L] and `spatial_future` [L-1] ('mix_length'): offsets below min(L, L') kept,
-     new offsets near zero.
-   - MLP-Mixer `w1` [L, hidden], `w2` [hidden, L], `b2` [L]: the rows/columns of positions below min(L, L')
-     kept, new ones as initialised.
-
-   Every sequence of at most min(L, L') tokens gives exactly the pretrained outputs: each of these mixers reads
-   only W[:n, :n] (or offsets < n, or the first n rows) for a sequence of n tokens, and masks or zeroes the
-   rest, so the old rows are unchanged. Longer sequences meet the new entries: causal rows i < L never see
-   them (a decoder row reads j <= i), bidirectional rows do (e.g. Remixer's softmax over a row then also
-   weighs the new columns, which start at its initial logits). Shrinking is exact for every sequence the new
-   length admits.
+2. `fit_params` (where INIT_CHECKPOINT is loaded) fits a checkpoint trained at another L. A leaf whose shape
+   differs is fitted only along axes whose logical name is a position axis (`LENGTH_AXES`); any other
+   difference is refused with an error naming the parameter and both shapes. Index p of a position axis means
+   position p (or offset p for gMLP's Toeplitz weights), so every such parameter keeps its leading block
+   (positions or offsets below min(L, L')) and takes the model's own initialisation for the rest. Each of these
+   mixers reads only W[:n, :n] (or offsets < n, or the first n rows) for n tokens, so every sequence of at most
+   min(L, L') tokens gives exactly the pretrained outputs; shrinking is exact for every sequence it admits.
 """
 from __future__ import annotations
 

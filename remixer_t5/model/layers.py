@@ -44,6 +44,25 @@ class RMSNorm(nn.Module):
     return (y * scale).astype(self.dtype)
 
 
+class LayerNorm(nn.Module):
+  """Ba et al. (2016) with scale and bias, statistics in float32 (HyperMixing's output, Algorithm 1; gMLP's
+  spatial gating unit; pNLP-Mixer's bottleneck); `axis_name` is the logical axis of the scale and bias."""
+  epsilon: float = 1e-6
+  dtype: str = "float32"
+  axis_name: str = "embed"
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    x32 = jnp.asarray(x, jnp.float32)
+    mean = jnp.mean(x32, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
+    y = (x32 - mean) * jax.lax.rsqrt(var + self.epsilon)
+    shape, axes = (x.shape[-1],), (self.axis_name,)
+    scale = param_with_axes("scale", nn.initializers.ones, shape, jnp.float32, axes=axes)
+    bias = param_with_axes("bias", nn.initializers.zeros, shape, jnp.float32, axes=axes)
+    return (y * scale + bias).astype(self.dtype)
+
+
 class Dense(nn.Module):
   """Bias-free dense layer over the last axis with a 2-D float32 kernel and logical axes."""
   features: int
@@ -55,11 +74,9 @@ class Dense(nn.Module):
   def __call__(self, x: Array) -> Array:
     kernel = param_with_axes("kernel", self.kernel_init, (x.shape[-1], self.features), jnp.float32,
                              axes=self.kernel_axes)
-    # One 2-D matmul over all leading axes (tokens x features), reshaped back. Same result as the batched
-    # dot, but the kernel gradient becomes a plain tokens-contracting matmul: with the leading axes kept, jax
-    # contracts over two of them and XLA:CPU then materialises a transposed copy of the activation gradient
-    # for every kernel gradient. Only the batch and length axes are merged, neither or only the batch axis
-    # sharded (partitioning.py).
+    # One 2-D matmul over all leading axes (tokens x features), reshaped back: the same result, and the kernel
+    # gradient is a plain tokens-contracting matmul (over two leading axes XLA:CPU copies the activation gradient
+    # transposed). Only batch and length are merged, neither or only the batch axis sharded (partitioning.py).
     y = jnp.dot(x.reshape(-1, x.shape[-1]).astype(self.dtype), kernel.astype(self.dtype))
     return y.reshape(*x.shape[:-1], self.features)
 
@@ -135,13 +152,11 @@ POSITION_EMBEDDINGS = ("none", "sinusoidal", "learned")
 class AbsolutePositionEmbedding(nn.Module):
   """Absolute position embeddings, added to a stack's token embeddings (`network.Encoder`/`Decoder`).
 
-  kind:
+  kind (docs/architectures.md says which models use which):
     'sinusoidal': the fixed encoding of Vaswani et al. (2017) §3.5 (`sinusoidal_features`), no parameters
-      and no maximum length. The linear transformer's experiments (Katharopoulos et al. 2020, code released
-      with the paper) use this encoding.
+      and no maximum length.
     'learned': a trained table [max_length, d] with logical axes ('abspos_buckets', 'embed'), initialised
-      like the token embedding (normal, stddev 1, so both terms start at T5's embedding scale): the
-      BERT-style absolute position embeddings FNet adds to its token embeddings (Lee-Thorp et al. 2021).
+      like the token embedding (normal, stddev 1, so both terms start at T5's embedding scale), as BERT's.
   Called with positions [batch or 1, len] (int; restarting in each packed segment, or the decode step),
   returns [batch or 1, len, features] in `dtype`.
   """

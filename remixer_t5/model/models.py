@@ -1,4 +1,4 @@
-"""The model wrapper: loss, metrics, scoring and prediction around a t5x-contract encoder-decoder module.
+"""The model wrapper: loss, metrics and prediction around a t5x-contract encoder-decoder module.
 
 Mirrors t5x's `EncoderDecoderModel`: batches are dicts of `encoder_input_tokens`, `decoder_input_tokens`,
 `decoder_target_tokens` (+ optional `*_segment_ids`, `*_positions`, `decoder_loss_weights`).
@@ -95,12 +95,9 @@ class EncoderDecoderModel:
     self.loss_normalizing_factor = loss_normalizing_factor
 
   # --- parameters -----------------------------------------------------------------------------------
-  def _dummy(self, input_shapes: Mapping[str, tuple[int, ...]]):
-    return {k: jnp.ones(v, jnp.int32) for k, v in input_shapes.items()}
-
   def init_variables(self, rng: Array, input_shapes: Mapping[str, tuple[int, ...]]):
     """{'params', 'params_axes'} for batches of the given shapes (use under jax.eval_shape for shapes)."""
-    b = self._dummy(input_shapes)
+    b = {k: jnp.ones(v, jnp.int32) for k, v in input_shapes.items()}
     return self.module.init(rng, b["encoder_input_tokens"], b["decoder_input_tokens"],
                             b["decoder_target_tokens"], enable_dropout=False)
 
@@ -123,13 +120,6 @@ class EncoderDecoderModel:
     correct = jnp.sum(correct_predictions(logits, targets) * weights)
     metrics = {"loss_sum": total, "z_loss_sum": z, "weight_sum": weight_sum, "correct_sum": correct}
     return total / norm, metrics
-
-  def score_batch(self, params, batch: Batch) -> Array:
-    """Log-likelihood of each target sequence [batch] (no z-loss, no smoothing)."""
-    logits = self.logits(params, batch).astype(jnp.float32)
-    targets = batch["decoder_target_tokens"]
-    ll = jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1)[..., 0]
-    return jnp.sum(ll * (targets > 0), axis=-1)
 
   # --- decoding ------------------------------------------------------------------------------------
   def _init_cache(self, params, encoded, encoder_tokens, batch_size: int, max_length: int):

@@ -65,9 +65,13 @@ def _apply_slot(layer: nn.Module, x, factory: Factory, role: str, kv, ctx, deter
   return (x if residual is None else residual) + y
 
 
-def _feature_residual(cfg: T5Config, layer_input: Array):
-  """The feature slot's residual: the layer's input in the serialized layout, else the slot's own input."""
-  return layer_input if cfg.layer_layout == "serialized" else None
+def _feature_slot(layer: nn.Module, x, layer_input, ctx, deterministic: bool):
+  """The layer's feature slot (its residual the layer's input in the serialized layout), then its output."""
+  if layer.feature_mixer is not None:
+    residual = layer_input if layer.config.layer_layout == "serialized" else None
+    x = _apply_slot(layer, x, layer.feature_mixer, "feature", None, ctx, deterministic, residual)
+  x = layers.with_sharding_constraint(x, ("batch", "length", "embed"))
+  return (x, None) if layer.scanned else x
 
 
 def _relpos_from_table(cfg: T5Config, table: Array) -> Callable[..., Array]:
@@ -96,13 +100,8 @@ class EncoderLayer(nn.Module):
   @nn.compact
   def __call__(self, x, ctx: base.MixerContext, deterministic: bool, relpos_table: Array | None = None):
     ctx = _with_table(ctx, self.config, relpos_table)
-    layer_input = x
-    x = _apply_slot(self, x, self.token_mixer, "encoder", None, ctx, deterministic)
-    if self.feature_mixer is not None:
-      x = _apply_slot(self, x, self.feature_mixer, "feature", None, ctx, deterministic,
-                      _feature_residual(self.config, layer_input))
-    x = layers.with_sharding_constraint(x, ("batch", "length", "embed"))
-    return (x, None) if self.scanned else x
+    y = _apply_slot(self, x, self.token_mixer, "encoder", None, ctx, deterministic)
+    return _feature_slot(self, y, x, ctx, deterministic)
 
 
 class DecoderLayer(nn.Module):
@@ -117,14 +116,9 @@ class DecoderLayer(nn.Module):
   def __call__(self, x, encoded, self_ctx: base.MixerContext, cross_ctx: base.MixerContext,
                deterministic: bool, relpos_table: Array | None = None):
     self_ctx = _with_table(self_ctx, self.config, relpos_table)
-    layer_input = x
-    x = _apply_slot(self, x, self.token_mixer, "self", None, self_ctx, deterministic)
-    x = _apply_slot(self, x, self.cross_mixer, "cross", encoded, cross_ctx, deterministic)
-    if self.feature_mixer is not None:
-      x = _apply_slot(self, x, self.feature_mixer, "feature", None, self_ctx, deterministic,
-                      _feature_residual(self.config, layer_input))
-    x = layers.with_sharding_constraint(x, ("batch", "length", "embed"))
-    return (x, None) if self.scanned else x
+    y = _apply_slot(self, x, self.token_mixer, "self", None, self_ctx, deterministic)
+    y = _apply_slot(self, y, self.cross_mixer, "cross", encoded, cross_ctx, deterministic)
+    return _feature_slot(self, y, x, self_ctx, deterministic)
 
 
 # Position of `deterministic` in the layers' __call__ (self = 0), static under remat.

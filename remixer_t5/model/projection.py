@@ -37,7 +37,6 @@ from flax import linen as nn
 
 from remixer_t5.model import layers
 from remixer_t5.model.mixers import base
-from remixer_t5.model.mixers.gmlp import LayerNorm
 
 Array = jax.Array
 
@@ -345,4 +344,4 @@ class ProjectionEmbed(nn.Module):
     bias = layers.param_with_axes("bottleneck_bias", nn.initializers.zeros, (cfg.emb_dim,), jnp.float32,
                                   axes=("embed",))
     x = nn.leaky_relu(x + bias.astype(cfg.dtype), self.negative_slope)
-    return LayerNorm(cfg.layer_norm_epsilon, cfg.dtype, "embed", name="bottleneck_norm")(x)
+    return layers.LayerNorm(cfg.layer_norm_epsilon, cfg.dtype, "embed", name="bottleneck_norm")(x)

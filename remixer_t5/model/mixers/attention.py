@@ -60,15 +60,12 @@ class Attention(nn.Module):
       kv_spec = "bhdk"
     else:
       key, value = project("key"), project("value")
-    if ctx.decode:
-      key, value, bias, kv_spec = self._decode_step(key, value, ctx, use_relpos)
-    elif not ctx.static_kv:
+    if not ctx.decode and not ctx.static_kv:
       # One sequence (or packed segments) against itself or the encoder output: the attention operation of
-      # kernels/, in the implementation T5Config.attention_impl names.
-      # The relative position bias from row indices, not the (packed) positions: a packed segment's positions are
-      # consecutive, so key_pos - query_pos = key_idx - query_idx on every pair the mask keeps, as t5x/flaxformer
-      # compute it from the lengths alone. Per-example positions would build a [batch, heads, q, k] bias per
-      # layer, and a scatter of batch x q x k updates into the small table in the backward pass.
+      # kernels/, in the implementation T5Config.attention_impl names. The relative position bias comes from row
+      # indices (as t5x/flaxformer compute it from the lengths): a packed segment's positions are consecutive, so
+      # key_pos - query_pos = key_idx - query_idx on every pair the mask keeps, and no per-example
+      # [batch, heads, q, k] bias (nor a scatter of its gradient into the small table) is built.
       relpos = (ctx.relpos(inputs_q.shape[1], inputs_kv.shape[1], bidirectional=not ctx.causal).astype(jnp.float32)
                 if use_relpos else None)
       segment = lambda ids, mask: (ids if ids is not None else mask).astype(jnp.int32)  # 0: padding
@@ -82,30 +79,28 @@ class Attention(nn.Module):
                           ATTENTION_AUTO, **static)
       out = fn(query, key, value, relpos, segment(ctx.q_segment_ids, ctx.q_mask),
                segment(ctx.kv_segment_ids, ctx.kv_mask), keep)
-      return self._project_out(out, inputs_q, inner, kernel_init)
     else:
-      bias = layers.mask_to_bias(base.pairwise_mask(ctx), jnp.float32)
-
-    # Decoding: the cache's keys and values, or the encoder's in the cache's layout. Beam search: queries are
-    # [batch * beams] rows, a static key/value cache [batch] rows (the beams of a row share its encoder output).
-    # Each row's beams then attend as extra query positions, reading it once.
-    beams = query.shape[0] // key.shape[0]
-    if beams > 1:
-      query = _beams_to_queries(query, beams)
-      bias = _beams_to_queries(jnp.swapaxes(bias, 1, 2), beams).swapaxes(1, 2)  # [b*k, h|1, q, kv]
-    logits = jnp.einsum(f"bqhd,{kv_spec}->bhqk", query, key,
-                        preferred_element_type=jnp.float32 if cfg.float32_attention_logits else None)
-    logits = logits + bias.astype(logits.dtype)
-    weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(cfg.dtype)
-    out = jnp.swapaxes(jnp.einsum(f"bhqk,{kv_spec}->bhqd", weights, value), 1, 2)
-    if beams > 1:
-      out = out.reshape((-1, out.shape[1] // beams) + out.shape[2:])  # back to [b * k, q, h, d]
-    return self._project_out(out, inputs_q, inner, kernel_init)
-
-  def _project_out(self, out: Array, inputs_q: Array, inner: int, kernel_init) -> Array:
+      if ctx.decode:
+        key, value, bias, kv_spec = self._decode_step(key, value, ctx, use_relpos)
+      else:
+        bias = layers.mask_to_bias(base.pairwise_mask(ctx), jnp.float32)
+      # Decoding: the cache's keys and values, or the encoder's in the cache's layout. Beam search: queries are
+      # [batch * beams] rows, a static key/value cache [batch] rows (the beams of a row share its encoder output).
+      # Each row's beams then attend as extra query positions, reading it once.
+      beams = query.shape[0] // key.shape[0]
+      if beams > 1:
+        query = _beams_to_queries(query, beams)
+        bias = _beams_to_queries(jnp.swapaxes(bias, 1, 2), beams).swapaxes(1, 2)  # [b*k, h|1, q, kv]
+      logits = jnp.einsum(f"bqhd,{kv_spec}->bhqk", query, key,
+                          preferred_element_type=jnp.float32 if cfg.float32_attention_logits else None)
+      logits = logits + bias.astype(logits.dtype)
+      weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(cfg.dtype)
+      out = jnp.swapaxes(jnp.einsum(f"bhqk,{kv_spec}->bhqd", weights, value), 1, 2)
+      if beams > 1:
+        out = out.reshape((-1, out.shape[1] // beams) + out.shape[2:])  # back to [b * k, q, h, d]
     out = out.reshape(inputs_q.shape[:-1] + (inner,))
-    return layers.Dense(inputs_q.shape[-1], ("joined_kv", "embed"), kernel_init=kernel_init,
-                        dtype=self.config.dtype, name="out")(out)
+    return layers.Dense(inputs_q.shape[-1], ("joined_kv", "embed"), kernel_init=kernel_init, dtype=cfg.dtype,
+                        name="out")(out)
 
   def _decode_step(self, key: Array, value: Array, ctx: base.MixerContext, use_relpos: bool):
     """Autoregressive cache of keys/values, stored [batch, heads, max_len, head_dim] (HF's layout).

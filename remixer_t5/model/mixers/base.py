@@ -113,9 +113,8 @@ def cache_index(module, name: str = "cache_index") -> Any:
   return module.variable("cache", name, lambda: jnp.array(0, dtype=jnp.int32))
 
 
-# The FLOP-counting context lives below layers and mixers (flop_count.py); mixers ask through these names.
+# The FLOP-counting context lives below layers and mixers (flop_count.py).
 counting_model_flops = flop_count.counting_model_flops
-counting_flops = flop_count.counting
 
 
 def scan(step: Callable, init: Any, xs: Any, *, remat: bool = False) -> tuple[Any, Any]:

@@ -17,9 +17,8 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from remixer_t5.model.mixers import base
-
 from remixer_t5.model.config import T5Config
+from remixer_t5.model.mixers import base
 
 Array = jax.Array
 

@@ -36,37 +36,19 @@ from remixer_t5.model.mixers import base
 Array = jax.Array
 
 
-class LayerNorm(nn.Module):
-  """LayerNorm (Ba et al. 2016) with scale and bias; statistics in float32. The gMLP paper's norm."""
-  epsilon: float = 1e-6
-  dtype: str = "float32"
-  axis_name: str = "embed"
-
-  @nn.compact
-  def __call__(self, x: Array) -> Array:
-    x32 = jnp.asarray(x, jnp.float32)
-    mean = jnp.mean(x32, axis=-1, keepdims=True)
-    var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
-    y = (x32 - mean) * jax.lax.rsqrt(var + self.epsilon)
-    shape, axes = (x.shape[-1],), (self.axis_name,)
-    scale = layers.param_with_axes("scale", nn.initializers.ones, shape, jnp.float32, axes=axes)
-    bias = layers.param_with_axes("bias", nn.initializers.zeros, shape, jnp.float32, axes=axes)
-    return (y * scale + bias).astype(self.dtype)
-
-
-def spatial_matrix(spatial: str, n: int, kernel: Array | None = None, past: Array | None = None,
-                   future: Array | None = None, causal: bool = False) -> Array:
+def spatial_matrix(spatial: str, n: int, params: dict[str, Array], causal: bool = False) -> Array:
   """W of the spatial gating unit, [n, n] for n leading positions (gMLP paper §2.1 Eq. 2 and §4).
 
   'full': W = kernel[:n, :n] (Eq. 2, W ∈ R^{L×L}). 'toeplitz' (§4, the MLM experiments): W[i, j] = past[i - j]
   for i >= j and future[j - i - 1] for i < j, so `past` [L] holds offsets 0..L-1 and `future` [L-1] offsets
-  1..L-1 ahead (2L - 1 weights). `causal` zeroes the upper triangle (a decoder never reads it; a causal Toeplitz
-  block has no `future`).
+  1..L-1 ahead (2L - 1 weights). `params` holds 'kernel', or 'past' and 'future'. `causal` zeroes the upper
+  triangle (a decoder never reads it; a causal Toeplitz block has no `future`).
   """
   d = jnp.arange(n)[:, None] - jnp.arange(n)[None, :]                      # i - j
   if spatial == "full":
-    w = kernel[:n, :n]
+    w = params["kernel"][:n, :n]
   elif spatial == "toeplitz":
+    past, future = params["past"], params.get("future")
     if future is None and not causal:
       raise ValueError("a bidirectional Toeplitz W needs its `future` offsets")
     ahead = future[:n - 1] if future is not None else jnp.zeros((n - 1,), past.dtype)
@@ -96,12 +78,9 @@ class GatedMlpBlock(nn.Module):
 
   Fields:
     max_length: L, the size of the spatial projection W; longer sequences are refused (base.check_length).
-      The model configs take it from the run's TASK_FEATURE_LENGTHS (inputs for the encoder, targets for the
-      decoder); `remixer_t5.resize` fits a checkpoint trained at another L.
-    hidden_dim: h = d_ffn, the width of Z (0: cfg.mlp_dim). The paper uses d_ffn = 6 d_model, and more
-      layers than a Transformer of similar cost since each block replaces attention + FFN; here the default
-      follows the config's FFN width so the block slots into a T5 stack without new knobs (the base configs
-      bind it and the depth to match T5.1.1-base's parameters). Must be even (Z is split in halves).
+      The model configs take it from the run's TASK_FEATURE_LENGTHS (model/fixed_length.py).
+    hidden_dim: h = d_ffn, the width of Z (0: cfg.mlp_dim; the base configs bind it and the depth to match
+      T5.1.1-base's parameters, docs/architectures.md). Must be even (Z is split in halves).
     tiny_attention_dim: 0 for gMLP; > 0 (the paper uses 64) for aMLP's single-head attention of that size.
     spatial: 'full' (Eq. 2, an L×L matrix) or 'toeplitz' (§4's language models: one weight per offset i - j,
       2L - 1 in an encoder, L in a causal decoder). See `spatial_matrix`.
@@ -110,14 +89,11 @@ class GatedMlpBlock(nn.Module):
 
   Rows of W are indexed by each token's position inside its own example: (W norm(Z2))[i] = Σ_j W[pos_i, pos_j]
   norm(Z2)[j] over j that are real, in i's segment and, in a decoder, j <= i. Unpacked rows (no segment ids)
-  hold one example at positions 0..n-1, so W[:n, :n] is built once per layer and applied as ONE matmul over the
-  batch ([n, n] × [batch, n, h/2]); padding is exact for every real token because padded norm(Z2) rows are
-  zeroed (they add nothing); outputs at padded rows are left unmasked (nothing reads them). Packed rows
-  restart positions per segment, so they take a per-example [batch, n, n] form: W at (pos_i, pos_j) for 'full'
-  (`base.slice_gather`: whole rows, then whole columns, not an element-wise gather, which TPUs serialise),
-  the shared Toeplitz W masked to each segment for 'toeplitz' (positions are contiguous in a segment, so
-  pos_i - pos_j = i - j). Decoding caches norm(Z2) of past positions (and aMLP's
-  keys and values) and reads row `cache_index` of W.
+  hold one example at positions 0..n-1, so W[:n, :n] is built once per layer and applied as one matmul over the
+  batch. Packed rows restart positions per segment, so they take a per-example [batch, n, n] form: W at
+  (pos_i, pos_j) for 'full' (`base.slice_gather`), the shared Toeplitz W masked to each segment for 'toeplitz'
+  (positions are contiguous in a segment, so pos_i - pos_j = i - j). Decoding caches norm(Z2) of past positions
+  (and aMLP's keys and values) and reads row `cache_index` of W.
 
   Parameters (d = emb_dim, h = hidden_dim, a = tiny_attention_dim): proj_in (U) [d, h] ('embed','mlp');
   sgu_norm scale, bias [h/2] ('mlp',); 'full': spatial_kernel (W) [L, L] ('mix_length','mix_source');
@@ -153,7 +129,7 @@ class GatedMlpBlock(nn.Module):
                 approximate=False)
     z = layers.with_sharding_constraint(z, ("batch", "length", "mlp"))
     z1, z2 = z[..., :half], z[..., half:]
-    z2 = LayerNorm(cfg.layer_norm_epsilon, cfg.dtype, "mlp", name="sgu_norm")(z2)
+    z2 = layers.LayerNorm(cfg.layer_norm_epsilon, cfg.dtype, "mlp", name="sgu_norm")(z2)
 
     causal = ctx.causal or ctx.decode
     spatial = self._spatial_params(causal)
@@ -188,7 +164,7 @@ class GatedMlpBlock(nn.Module):
         if self.spatial == "full":
           weights = base.slice_gather(spatial["kernel"], pos)                # [batch, q, k]
         else:
-          weights = self._matrix(spatial, n, causal)[None]
+          weights = spatial_matrix(self.spatial, n, spatial, causal)[None]
         weights = jnp.where(visible, weights, 0.0).astype(cfg.dtype)
         weights = jnp.broadcast_to(weights, (z2.shape[0],) + weights.shape[1:])
         mixed = jnp.einsum("bqk,bkc->bqc", weights, z2)
@@ -199,7 +175,7 @@ class GatedMlpBlock(nn.Module):
         # Written as a batched matmul with W broadcast over the batch: XLA:CPU fuses the broadcast into the dot,
         # while "qk,bkc->bqc" adds transposes of [batch, n, h/2].
         bias = b[:n][None]
-        w = self._matrix(spatial, n, causal).astype(cfg.dtype)
+        w = spatial_matrix(self.spatial, n, spatial, causal).astype(cfg.dtype)
         mixed = jnp.einsum("bqk,bkc->bqc", jnp.broadcast_to(w, (z2.shape[0], n, n)), z2)
 
     gate = mixed + bias[..., None].astype(cfg.dtype)
@@ -223,10 +199,6 @@ class GatedMlpBlock(nn.Module):
       out["future"] = layers.param_with_axes("spatial_future", near_zero, (L - 1,), jnp.float32,
                                              axes=("mix_length",))
     return out
-
-  def _matrix(self, spatial: dict[str, Array], n: int, causal: bool) -> Array:
-    return spatial_matrix(self.spatial, n, kernel=spatial.get("kernel"), past=spatial.get("past"),
-                          future=spatial.get("future"), causal=causal)
 
   def _tiny_attention(self, q: Array, k: Array, v: Array, visible: Array, out_dim: int) -> Array:
     """§4.3's single-head attention, softmax(q kᵀ / sqrt(a)) v, projected to h/2; softmax in float32."""

@@ -16,14 +16,11 @@ Beyond the paper (which leaves decoders to future work): a causal form out_i = W
 the full formula applied to every prefix. Its hidden state Σ_{j<=i} W1[j]^T x_j is a d'×d matrix per query (the GELU
 sits between the two sums, so nothing factors as in linear attention); a lax.scan over chunks of `chunk_size` positions
 carries that running sum and inside a chunk uses the masked lower-triangular sum, so memory is O(chunk × d' × d) (the
-chunk body is rematerialised for the gradient). Faster kernels of the same function are named implementations (`impl`,
-kernels/__init__.py): a fused C++ loop on CPUs that keeps one running state per sequence in cache
-(kernels/cpu/hypermixing.py), a Pallas kernel on GPUs that keeps each tile of the state on chip
-(kernels/gpu/hypermixing.py). Decoding caches the running sum. Packed rows: the causal scan restarts the sum where the
-segment id changes (exact for contiguous segments, as seqio packs them); the non-causal form (self or cross) computes
-one hidden state per segment id, `segment_block` ids at a time, skipping blocks above the batch's largest id, so its
-cost grows with the number of packed examples per row, not with the length squared (the `cpu` implementation gives each
-(row, id) its own state and queries instead).
+chunk body is rematerialised for the gradient); faster kernels of the same function are named implementations (`impl`).
+Decoding caches the running sum. Packed rows: the causal scan restarts the sum where the segment id changes (exact for
+contiguous segments, as seqio packs them); the non-causal form (self or cross) computes one hidden state per segment
+id, `segment_block` ids at a time, skipping blocks above the batch's largest id, so its cost grows with the number of
+packed examples per row, not with the length squared.
 """
 from __future__ import annotations
 
@@ -33,9 +30,8 @@ from flax import linen as nn
 
 from remixer_t5 import kernels
 from remixer_t5.model import layers
-from remixer_t5.model.mixers import base
-
 from remixer_t5.model.config import T5Config
+from remixer_t5.model.mixers import base
 
 Array = jax.Array
 f32 = jnp.float32
@@ -46,9 +42,6 @@ def gelu(x: Array) -> Array:
   0.5·x·(1 + erf(x/√2)): within 1e-6 of jax.nn.gelu(approximate=False), whose erfc form is slower on XLA:CPU,
   and the causal form evaluates it on every position's d'×d state."""
   return 0.5 * x * (1.0 + jax.lax.erf(x * jnp.asarray(0.7071067811865476, x.dtype)))
-
-
-sinusoidal_features = layers.sinusoidal_features  # Vaswani et al. (2017) §3.5; defined once, in layers.py
 
 
 class HyperNetwork(nn.Module):
@@ -71,22 +64,6 @@ class HyperNetwork(nn.Module):
     if self.use_bias:
       w = w + bias("wo_bias", self.out_dim, "mix_hidden")
     return w
-
-
-class LayerNorm(nn.Module):
-  """Ba et al. (2016) with scale and bias, statistics in float32 (the LayerNorm of Algorithm 1)."""
-  epsilon: float = 1e-6
-  dtype: str = "float32"
-
-  @nn.compact
-  def __call__(self, x: Array) -> Array:
-    x32 = x.astype(f32)
-    mean = jnp.mean(x32, axis=-1, keepdims=True)
-    var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
-    y = (x32 - mean) * jax.lax.rsqrt(var + self.epsilon)
-    scale = layers.param_with_axes("scale", nn.initializers.ones, (x.shape[-1],), f32, axes=("embed",))
-    bias = layers.param_with_axes("bias", nn.initializers.zeros, (x.shape[-1],), f32, axes=("embed",))
-    return (y * scale + bias).astype(self.dtype)
 
 
 def _activate(hsum: Array, count: Array | None, dtype) -> Array:
@@ -118,18 +95,16 @@ class HyperMixing(nn.Module):
       the official implementation, github.com/idiap/hypermixing, defaults to `hypernetwork_bias=False`).
     scale_inputs: multiply the token vectors by sqrt(d) before the position features are added, as the
       official implementation's positional encoding does (`x * sqrt(d_model) + pe`); the paper's text adds
-      p_j to x_j unscaled (§2.3). Only the hypernetworks' inputs are scaled, never the values X. (That code
-      also indexes its sinusoids from position 1 and with different frequencies; those are not replicated:
-      `position_features='sinusoidal'` is Vaswani et al.'s encoding, as the paper cites.)
+      p_j to x_j unscaled (§2.3). Only the hypernetworks' inputs are scaled, never the values X.
     chunk_size: positions per step of the causal scan. The chunk's states take batch × chunk × d' × d floats
       and its masked sum batch × length × (chunk + 1) × d' × d multiply-adds (the carried sum is one more key
-      row), so small chunks are cheaper in both: at base size (d' 2048, d 768, 114 decoder positions, batch 4
-      per core) a layer's gradient needs several times the temporaries at 64 than at 8.
+      row), so small chunks are cheaper in both (docs/architectures.md has the measurements).
     segment_block: segment ids handled per step of the packed non-causal form (a step costs about
       segment_block times an unpacked pass; steps above the batch's largest segment id are skipped).
     impl: which implementation computes the causal and the packed non-causal forms (kernels/__init__.py):
       'auto' (by the platform the program is lowered for), 'xla' (the scan and the id blocks below), 'cpu'
-      (fused C++ loops, float32, one device) or 'pallas_gpu' (the causal form's Pallas kernel).
+      (kernels/cpu/hypermixing.py: fused C++ loops, one running state per sequence or (row, id), float32, one
+      device) or 'pallas_gpu' (kernels/gpu/hypermixing.py: the causal form's state tiles kept on chip).
 
   Parameters (d = emb_dim, e = hyper_hidden_dim): per hypernetwork `wi` [d, e] ('embed','mlp'), `wi_bias` [e]
   ('mlp',), `wo` [e, d'] ('mlp','mix_hidden'), `wo_bias` [d'] ('mix_hidden',), under `hypernetwork_in` (h_1)
@@ -190,7 +165,7 @@ class HyperMixing(nn.Module):
         count = kv_mask.sum(-1)[:, None, None] if self.length_normalize else None
         out = jnp.einsum("bih,bhd->bid", w2, _activate(hsum, count, dtype))
     if self.layer_norm:
-      out = LayerNorm(cfg.layer_norm_epsilon, dtype, name="layer_norm")(out)
+      out = layers.LayerNorm(cfg.layer_norm_epsilon, dtype, name="layer_norm")(out)
     return out.astype(dtype)
 
   def _generate(self, h_in, h_out, inputs_q, inputs_kv, q_positions, kv_positions) -> tuple[Array, Array]:
@@ -215,7 +190,7 @@ class HyperMixing(nn.Module):
       x = x.astype(f32) * jnp.sqrt(jnp.float32(x.shape[-1]))
     if self.position_features == "none" or positions is None:
       return x.astype(self.config.dtype)
-    return (x.astype(f32) + sinusoidal_features(positions, x.shape[-1])).astype(self.config.dtype)
+    return (x.astype(f32) + layers.sinusoidal_features(positions, x.shape[-1])).astype(self.config.dtype)
 
   def _causal(self, w1: Array, x: Array, w2: Array, mask: Array, segment_ids: Array | None) -> Array:
     """out_i = W2[i] GELU(Σ_{j<=i, same segment} W1[j]^T x_j) through the implementation `impl` chooses."""

@@ -21,9 +21,8 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from remixer_t5.model import layers
-from remixer_t5.model.mixers import base
-
 from remixer_t5.model.config import T5Config
+from remixer_t5.model.mixers import base
 
 Array = jax.Array
 f32 = jnp.float32

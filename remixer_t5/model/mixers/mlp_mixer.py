@@ -22,9 +22,8 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from remixer_t5.model import layers
-from remixer_t5.model.mixers import base
-
 from remixer_t5.model.config import T5Config
+from remixer_t5.model.mixers import base
 
 Array = jax.Array
 
@@ -122,17 +121,6 @@ class TokenMixingMlp(nn.Module):
     h = layers.Dropout(cfg.dropout_rate, impl=cfg.dropout_impl)(_gelu(h), deterministic=deterministic)
     return jnp.einsum("bkd,kn->bnd", h, w2[:, :n].astype(dt)) + b2[:n].astype(dt)[:, None]
 
-  def _window_params(self):
-    w = self.window
-    hid = self.hidden_dim or 2 * w
-    w1 = layers.param_with_axes("w1", _kernel_init, (w, hid), jnp.float32, axes=("mix_length", "mix_hidden"))
-    b1 = layers.param_with_axes("b1", nn.initializers.zeros, (hid,), jnp.float32, axes=("mix_hidden",))
-    # Only the current token's output row of W2 is ever read, so only that row exists. Its bias would be one
-    # constant added to every channel, which the residual stream does not need.
-    w2 = layers.param_with_axes("w2", nn.initializers.normal(hid ** -0.5), (hid,), jnp.float32,
-                                axes=("mix_hidden",))
-    return w1, b1, w2
-
   def _window_mlp(self, windows: Array, deterministic: bool) -> Array:
     """windows [batch, emb, len, w] (offset o = o steps back) -> [batch, len, emb].
 
@@ -140,8 +128,12 @@ class TokenMixingMlp(nn.Module):
     then [b·d·n, k] x [k]); with the offsets and hidden units between length and emb, XLA:CPU copies the
     windows and the hidden activations to transpose them, forward and backward.
     """
-    dt = self.config.dtype
-    w1, b1, w2 = self._window_params()
+    dt, hid = self.config.dtype, self.hidden_dim or 2 * self.window
+    w1 = layers.param_with_axes("w1", _kernel_init, (self.window, hid), jnp.float32, axes=("mix_length", "mix_hidden"))
+    b1 = layers.param_with_axes("b1", nn.initializers.zeros, (hid,), jnp.float32, axes=("mix_hidden",))
+    # Only the current token's output row of W2 is ever read, so only that row exists. Its bias would be one
+    # constant added to every channel, which the residual stream does not need.
+    w2 = layers.param_with_axes("w2", nn.initializers.normal(hid ** -0.5), (hid,), jnp.float32, axes=("mix_hidden",))
     h = _window_product(windows.astype(dt), w1.astype(dt)) + b1.astype(dt)
     h = layers.Dropout(self.config.dropout_rate, impl=self.config.dropout_impl)(_gelu(h), deterministic=deterministic)
     return jnp.swapaxes(jnp.einsum("bdnk,k->bdn", h, w2.astype(dt)), 1, 2)

@@ -54,9 +54,8 @@ class RemixerBlock(nn.Module):
       ('model': W1, W2, W3 ∈ R^{d×d}, Y = X_C W3 + X'), but its parameter budget follows T5.1.1's d_ff
       (footnote 2: W1, W2 shrunk by 1/3 as in T5.1.1). 'mlp' (the default) uses width = cfg.mlp_dim:
       W1, W2 ∈ R^{d×d_ff}, W3 ∈ R^{d_ff×d}, and since X' is then d_ff wide the residual is taken before
-      W3: Y = (X_C + X') W3. 'mlp' is the default because it is T5.1.1's MLP plus H, the budget the footnote
-      describes; with it Remixer_Base has 254M parameters against T5.1.1_Base's 248M (the 'model' reading
-      gives 183M; the paper's Table 1 says 324M, which neither reading reproduces).
+      W3: Y = (X_C + X') W3: T5.1.1's MLP plus H, the budget the footnote describes (docs/architectures.md
+      compares both readings' counts with the paper's Table 1).
     alpha: α ∈ [0, 1] weighing multiplicative against subtractive composition (§2.1.2). A float is a fixed
       hyperparameter; 'learned_scalar' and 'learned_vector' (one per width channel) are sigmoid(param) with
       the param at 0 (α = 0.5, both compositions equally); 'gated' is α = σ(G(X)) with G a dense map of the
@@ -131,16 +130,10 @@ class RemixerBlock(nn.Module):
 
     Visible: j real, in i's packed segment, and j <= i in the decoder; H is indexed by each example's own
     positions. Padding queries get X_S = 0. With P = exp(H - rowmax(H)) (`_row_exp`) and m the key mask,
-    softmax over the visible keys is (P ⊙ m) / (P m), so when every example shares the positions
-    (unpacked rows; `q_positions` of batch 1) and the mixing weights are not dropped out per example:
-
-        X_S = (P (m ⊙ X')) / (P m)
-
-    one [L, L] softmax numerator per layer and one matmul over the batch, no [batch, L, L] tensor. Packed
-    rows (each segment indexes H from 0; its block of the mixing matrix sits at a per-example offset),
-    per-example positions, and remix dropout (drawn per example) use the per-example matrix
-    M = P[pos_i, pos_j] ⊙ mask (slice gathers of P), X_S = (M X') / rowsum(M): exact too, at [batch, L, L]
-    cost.
+    unpacked rows without remix dropout compute X_S = (P (m ⊙ X')) / (P m): one [L, L] matrix per layer, one
+    matmul over the batch. Packed rows, per-example positions and remix dropout (drawn per example) use the
+    per-example M = P[pos_i, pos_j] ⊙ mask (slice gathers of P), X_S = (M X') / rowsum(M), at [batch, L, L]
+    cost (docs/architectures.md, "Remixer speed").
     """
     cfg = self.config
     length = xp.shape[1]
