@@ -15,14 +15,6 @@ dataset is built); registering again (a second import or a module reload) is a n
 Where the data comes from: tasks/sources.py (local release files under $REMIXER_T5_DATA_DIR, else TFDS).
 """
 
-from remixer_t5.tasks import (
-    c4,  # noqa: F401
-    cogs,  # noqa: F401
-    embedded,  # noqa: F401  (registers the tasks)
-    glue,  # noqa: F401
-    mixtures,  # noqa: F401  (after the tasks it mixes)
-    nli,  # noqa: F401
-    squad,  # noqa: F401
-    super_glue,  # noqa: F401
-)
+# Each module registers its tasks on import; mixtures imports the tasks it mixes first.
+from remixer_t5.tasks import c4, cogs, embedded, glue, mixtures, nli, squad, super_glue  # noqa: F401
 from remixer_t5.tasks.embedded import TASK_NAME, register_span_corruption_task  # noqa: F401

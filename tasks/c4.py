@@ -20,11 +20,11 @@ objective with another.
 """
 from __future__ import annotations
 
+import collections
 import glob
 import re
 from collections.abc import Iterator
 
-import seqio
 from remixer_t5.tasks.common import add_span_corruption_task
 from remixer_t5.tasks.sources import LocalOrTfdsSource, parse_json_line, read_jsonl
 
@@ -65,14 +65,8 @@ def parse_c4_line(path: str, lineno: int, line: str) -> dict | None:
   return None if row is None else _c4_row(path, lineno, row)
 
 
-def _features():
-  import tensorflow as tf
-  return {key: tf.TensorSpec([], tf.string) for key in ("text",) + OPTIONAL_FIELDS}
-
-
 class C4Source(LocalOrTfdsSource):
-  """``LocalOrTfdsSource`` whose split is every shard matching any of its patterns, and whose TFDS copy is
-  only read, never built."""
+  """``LocalOrTfdsSource`` whose split is every shard matching any of its patterns."""
 
   def files(self, split: str) -> list[str]:
     if split not in self.local_files:
@@ -86,19 +80,11 @@ class C4Source(LocalOrTfdsSource):
           f"C4 split {split!r}: no shard in {root} matches {' or '.join(patterns)} (the allenai/c4 release "
           f"layout: {LOCAL_DIR}/c4-{split}.00000-of-NNNNN.json.gz, ...)")
     # A shard present both gzipped and decompressed would be read twice.
-    by_shard: dict[str, list[str]] = {}
-    for path in found:
-      by_shard.setdefault(_shard_stem(path), []).append(path)
-    twice = [paths for paths in by_shard.values() if len(paths) > 1]
+    stems = collections.Counter(map(_shard_stem, found))
+    twice = [[p for p in found if _shard_stem(p) == stem] for stem, n in stems.items() if n > 1]
     if twice:
       raise ValueError(f"C4 split {split!r}: shard(s) present in more than one form, keep one of each: {twice}")
     return found
-
-  @property
-  def tfds_source(self) -> seqio.TfdsDataSource:
-    if self._tfds is None:
-      self._tfds = seqio.TfdsDataSource(tfds_name=self.tfds_name, splits=self.tfds_splits, read_only=True)
-    return self._tfds
 
 
 def _shard_stem(path: str) -> str:
@@ -106,9 +92,12 @@ def _shard_stem(path: str) -> str:
 
 
 def c4_source() -> C4Source:
-  """C4 English as a seqio source: local release shards (streamed) or TFDS ``c4/en:3.1.0``; no I/O here."""
-  return C4Source(local_dir=LOCAL_DIR, local_files=LOCAL_FILES, reader=read_c4_jsonl, features=_features(),
-                  tfds_name=TFDS_NAME, streaming=True, line_parser=parse_c4_line)
+  """C4 English as a seqio source: local release shards (streamed) or TFDS ``c4/en:3.1.0``, read only; no I/O
+  here."""
+  import tensorflow as tf
+  return C4Source(local_dir=LOCAL_DIR, local_files=LOCAL_FILES, reader=read_c4_jsonl,
+                  features={key: tf.TensorSpec([], tf.string) for key in ("text",) + OPTIONAL_FIELDS},
+                  tfds_name=TFDS_NAME, streaming=True, line_parser=parse_c4_line, tfds_read_only=True)
 
 
 def register_c4_task(name: str = TASK_NAME, vocabulary=None) -> str:

@@ -46,17 +46,11 @@ def f1_with_invalid(targets: Sequence[int], predictions: Sequence[int]) -> dict[
   return metrics.f1_binary(targets, fixed, positive=1)
 
 
-def _text(output: Any) -> str:
-  if isinstance(output, bytes):
-    output = output.decode("utf-8")
-  return " ".join(str(output).split())
-
-
 def string_label_to_class_id(output: Any, label_classes: Sequence[str], example=None, is_target=False,
                              **unused) -> int:
   """T5's postprocessor: the index of the decoded string in ``label_classes``, -1 for any other string."""
   del example, is_target, unused
-  text = _text(output)
+  text = metrics._text(output)
   return list(label_classes).index(text) if text in label_classes else -1
 
 
@@ -64,7 +58,7 @@ def string_to_float(output: Any, example=None, is_target=False, **unused) -> flo
   """T5's postprocessor for STS-B: the decoded string as a float, -1.0 when it is not a finite number."""
   del example, is_target, unused
   try:
-    value = float(_text(output))
+    value = float(metrics._text(output))
   except ValueError:
     return -1.0
   return value if math.isfinite(value) else -1.0

@@ -16,7 +16,6 @@ from __future__ import annotations
 import collections
 import re
 import string
-from collections import defaultdict
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
@@ -52,8 +51,8 @@ def cogs_accuracy(targets: Sequence[Mapping[str, str]], predictions: Sequence[st
     target counts only in the overall score."""
     _check_lengths(targets, predictions)
     result = exact_match(targets, predictions)
-    hits: dict[str, int] = defaultdict(int)
-    totals: dict[str, int] = defaultdict(int)
+    hits: dict[str, int] = collections.defaultdict(int)
+    totals: dict[str, int] = collections.defaultdict(int)
     for target, prediction in zip(targets, predictions):
         if not isinstance(target, Mapping) or "category" not in target:
             continue

@@ -111,7 +111,7 @@ def abductive_text(x):
 def abductive_postprocess(output, example=None, is_target=False, **unused) -> int:
   """``"1"``/``"2"`` -> 1/2; any other string -> -1 (wrong)."""
   del example, is_target, unused
-  text = glue._text(output)
+  text = metrics._text(output)
   return int(text) if text in ABDUCTIVE_LABELS else -1
 
 

@@ -166,6 +166,7 @@ class LocalOrTfdsSource(seqio.DataSource):
       whole when the dataset is built, so a malformed row fails there with a plain ValueError.
     line_parser: for a streaming source of line-per-row files, (path, line number, line) -> row or None; the
       files are then read by tf.data itself (``lines_dataset``), so the input position can be checkpointed.
+    tfds_read_only: read the TFDS copy, never build it (C4: a Beam job over Common Crawl).
 
   Both local forms are tf.data-native (``rows_dataset``: tensors sliced by index; ``lines_dataset``:
   ``TextLineDataset`` with the parsing in a batched map), so a training run's ``tf.train.Checkpoint`` of its
@@ -175,7 +176,7 @@ class LocalOrTfdsSource(seqio.DataSource):
   def __init__(self, *, local_dir: str, local_files: Mapping[str, str | Sequence[str]], reader: RowReader,
                features: Mapping[str, Any], tfds_name: str | None = None,
                tfds_splits: Mapping[str, str] | None = None, streaming: bool = False,
-               line_parser: LineParser | None = None):
+               line_parser: LineParser | None = None, tfds_read_only: bool = False):
     super().__init__(splits=list(local_files))
     self.local_dir = local_dir
     self.local_files = {k: [v] if isinstance(v, str) else list(v) for k, v in local_files.items()}
@@ -185,6 +186,7 @@ class LocalOrTfdsSource(seqio.DataSource):
     self.tfds_splits = {s: (tfds_splits or {}).get(s, s) for s in local_files}
     self.streaming = streaming
     self.line_parser = line_parser
+    self.tfds_read_only = tfds_read_only
     self._tfds: seqio.TfdsDataSource | None = None
     self._counts: dict[tuple[str, str], int] = {}
 
@@ -222,7 +224,8 @@ class LocalOrTfdsSource(seqio.DataSource):
   @property
   def tfds_source(self) -> seqio.TfdsDataSource:
     if self._tfds is None:
-      self._tfds = seqio.TfdsDataSource(tfds_name=self.tfds_name, splits=self.tfds_splits)
+      self._tfds = seqio.TfdsDataSource(tfds_name=self.tfds_name, splits=self.tfds_splits,
+                                        read_only=self.tfds_read_only)
     return self._tfds
 
   def _is_local(self) -> bool:

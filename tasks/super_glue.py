@@ -290,12 +290,6 @@ def _tf():
   return tf
 
 
-def _label_name(label, names: Sequence[str]):
-  tf = _tf()
-  return tf.cond(tf.equal(label, -1), lambda: tf.constant(UNKNOWN_TARGET),
-                 lambda: tf.gather(tf.constant(list(names)), label))
-
-
 def glue_format(benchmark: str, keys: Sequence[tuple[str, str]], label_names: Sequence[str], *,
                 strip_html: bool = False, passthrough: Sequence[str] = ()):
   """T5's ``glue`` preprocessor: inputs ``"<benchmark> <name>: <x[feature]> ..."`` for (name, feature) in
@@ -317,7 +311,8 @@ def glue_format(benchmark: str, keys: Sequence[tuple[str, str]], label_names: Se
       out["idx"] = x["idx"]
     out.update({k: x[k] for k in passthrough})
     out["inputs"] = inputs
-    out["targets"] = _label_name(x["label"], label_names)
+    out["targets"] = tf.cond(tf.equal(x["label"], -1), lambda: tf.constant(UNKNOWN_TARGET),
+                             lambda: tf.gather(tf.constant(list(label_names)), x["label"]))
     return out
   return fmt
 

@@ -105,9 +105,8 @@ def is_prepared(cache_dir=None) -> bool:
         manifest = json.loads(manifest_path(cache_dir).read_text())
     except (OSError, ValueError):
         return False
-    if manifest.get("corpus_version") != CORPUS_VERSION:
-        return False
-    return all(p.exists() for fmt in ("jsonl", "tfrecord") for p in split_paths(cache_dir, fmt).values())
+    return manifest.get("corpus_version") == CORPUS_VERSION and all(
+        p.exists() for fmt in ("jsonl", "tfrecord") for p in split_paths(cache_dir, fmt).values())
 
 
 def prepare(cache_dir=None, *, wiki_path=None, lee_path=None) -> dict[str, Path]:

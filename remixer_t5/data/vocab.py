@@ -83,11 +83,9 @@ def prepare_vocabulary(vocab_size: int = DEFAULT_VOCAB_SIZE, cache_dir=None) -> 
     return path
 
 
+@functools.cache
 def _embedded_class():
     """``EmbeddedSentencePieceVocabulary``, defined on first use (it subclasses a seqio class)."""
-    global _EMBEDDED_CLASS
-    if _EMBEDDED_CLASS is not None:
-        return _EMBEDDED_CLASS
     from remixer_t5.data.word_vocab import LazySentencePieceVocabulary
 
     class EmbeddedSentencePieceVocabulary(LazySentencePieceVocabulary):
@@ -117,11 +115,7 @@ def _embedded_class():
 
     EmbeddedSentencePieceVocabulary.__qualname__ = "EmbeddedSentencePieceVocabulary"
     EmbeddedSentencePieceVocabulary.__module__ = __name__
-    _EMBEDDED_CLASS = EmbeddedSentencePieceVocabulary
-    return _EMBEDDED_CLASS
-
-
-_EMBEDDED_CLASS = None
+    return EmbeddedSentencePieceVocabulary
 
 
 def __getattr__(name: str):

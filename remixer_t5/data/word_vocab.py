@@ -26,6 +26,7 @@ trainer.
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 import os
 import sys
@@ -145,13 +146,8 @@ def file_digest(*paths: str | os.PathLike) -> str:
   return h.hexdigest()[:12]
 
 
-_LAZY_CLASS = None
-
-
+@functools.cache
 def _lazy_class():
-  global _LAZY_CLASS
-  if _LAZY_CLASS is not None:
-    return _LAZY_CLASS
   import seqio
 
   class LazySentencePieceVocabulary(seqio.SentencePieceVocabulary):
@@ -199,8 +195,7 @@ def _lazy_class():
     __str__ = __repr__
 
   LazySentencePieceVocabulary.__module__ = __name__
-  _LAZY_CLASS = LazySentencePieceVocabulary
-  return _LAZY_CLASS
+  return LazySentencePieceVocabulary
 
 
 def lazy_vocabulary(key: str, resolve: Callable[[], str | os.PathLike], extra_ids: int = 0):
