@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -26,12 +27,10 @@ class IncompatibleModelDirError(ValueError):
 class Checkpointer:
   """Periodic saves with keep-N and restore of the latest step (None when MODEL_DIR has no checkpoint)."""
 
-  def __init__(self, model_dir: str | os.PathLike, keep: int | None = 3, save_interval_steps: int = 1):
+  def __init__(self, model_dir: str | os.PathLike, keep: int | None = 3):
     self.directory = Path(model_dir).absolute() / "checkpoints"
-    self.manager = ocp.CheckpointManager(
-        self.directory,
-        options=ocp.CheckpointManagerOptions(max_to_keep=keep, save_interval_steps=save_interval_steps,
-                                             create=True, cleanup_tmp_directories=True))
+    self.manager = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(
+        max_to_keep=keep, create=True, cleanup_tmp_directories=True))
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -85,9 +84,6 @@ class Checkpointer:
       multihost_utils.sync_global_devices(f"quarantine checkpoint {step}")
     self.manager.reload()
 
-  def wait(self):
-    self.manager.wait_until_finished()
-
   def close(self):
     self.manager.wait_until_finished()
     self.manager.close()
@@ -97,22 +93,19 @@ class Checkpointer:
 INPUT_STATE_DIR = "input_state"
 
 
-def _input_state_dir(model_dir, step: int, process_index: int, process_count: int) -> Path:
+def _input_state_dir(model_dir, step: int) -> Path:
+  """This process's folder of `step`'s input states."""
   return (Path(model_dir).absolute() / INPUT_STATE_DIR / str(step)
-          / f"process-{process_index:05d}-of-{process_count:05d}")
+          / f"process-{jax.process_index():05d}-of-{jax.process_count():05d}")
 
 
-def save_input_state(model_dir, step: int, write, process_index: int | None = None,
-                     process_count: int | None = None) -> Path:
+def save_input_state(model_dir, step: int, write) -> None:
   """This process's input-iterator state for `step`: `write(prefix)` (Batches.save) into a temporary folder,
   then renamed into `MODEL_DIR/input_state/<step>/process-<i>-of-<n>/` (whole or absent after a kill -9).
 
   Call it BEFORE the orbax save of `step`: a finalised orbax step then always has its input states.
   """
-  import shutil
-  i = jax.process_index() if process_index is None else process_index
-  n = jax.process_count() if process_count is None else process_count
-  final = _input_state_dir(model_dir, step, i, n)
+  final = _input_state_dir(model_dir, step)
   tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
   if tmp.exists():
     shutil.rmtree(tmp)
@@ -121,27 +114,22 @@ def save_input_state(model_dir, step: int, write, process_index: int | None = No
   if final.exists():  # a save of this step by a run that was killed before orbax finalised it
     shutil.rmtree(final)
   tmp.rename(final)
-  return final
 
 
-def input_state_prefix(model_dir, step: int, process_index: int | None = None,
-                       process_count: int | None = None) -> str | None:
+def input_state_prefix(model_dir, step: int) -> str | None:
   """The prefix to restore this process's input state of `step` from, or None when there is none (a run
   from before iterator checkpoints, a pipeline that cannot be checkpointed, another number of processes)."""
-  i = jax.process_index() if process_index is None else process_index
-  n = jax.process_count() if process_count is None else process_count
-  folder = _input_state_dir(model_dir, step, i, n)
+  folder = _input_state_dir(model_dir, step)
   return str(folder / "iterator") if (folder / "iterator.index").exists() else None
 
 
-def prune_input_states(model_dir, keep_from: int, process_index: int | None = None) -> None:
+def prune_input_states(model_dir, keep_from: int) -> None:
   """Deletes this process's input states of steps before `keep_from` (the oldest checkpoint kept) and the
   temporary folders of saves that were killed."""
-  import shutil
   root = Path(model_dir).absolute() / INPUT_STATE_DIR
   if not root.is_dir():
     return
-  i = jax.process_index() if process_index is None else process_index
+  i = jax.process_index()
   for step_dir in root.iterdir():
     if not step_dir.name.isdigit() or int(step_dir.name) >= keep_from:
       continue
@@ -159,12 +147,12 @@ def save_params(directory: str | os.PathLike, params: Any) -> None:
     ckptr.save(Path(directory).absolute(), params, force=True)
 
 
-def restore_params(directory: str | os.PathLike, abstract_params: Any | None = None) -> Any:
+def restore_params(directory: str | os.PathLike) -> Any:
   path = Path(directory).absolute()
   if not path.exists():
     raise FileNotFoundError(f"no checkpoint at {path}")
   with ocp.StandardCheckpointer() as ckptr:
-    return ckptr.restore(path, abstract_params)
+    return ckptr.restore(path)
 
 
 def check_signature(model_dir: str | os.PathLike, signature: Mapping[str, Any],

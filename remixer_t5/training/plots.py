@@ -46,8 +46,12 @@ def plot_metrics(model_dir: str, out: str | None = None) -> Path:
 # --- what a model mixes: Remixer paper Fig. 2, HyperMixer paper Fig. 5c/d ----------------------------------
 # Matrices are [query/output position i, key/source position j]; rows are what position i reads.
 
-def _layer_names(tree) -> list[str]:
-  return sorted((k for k in tree if k.startswith("layers_")), key=lambda k: int(k.split("_")[-1]))
+def _slots(params, stack: str, has: str) -> list[tuple[str, str]]:
+  """(layer, slot) of the `stack` layers, in order, whose slot holds a parameter (or submodule) named `has`."""
+  tree = params.get(stack, {})
+  layers = sorted((k for k in tree if k.startswith("layers_")), key=lambda k: int(k.split("_")[-1]))
+  return [(layer, slot) for layer in layers for slot, sub in tree[layer].items()
+          if hasattr(sub, "keys") and has in sub]
 
 
 def remix_matrices(params) -> list[tuple[str, "np.ndarray"]]:
@@ -58,20 +62,16 @@ def remix_matrices(params) -> list[tuple[str, "np.ndarray"]]:
   Blocks are found by their `remix` parameter, whatever their slot is called.
   """
   import jax.numpy as jnp
-  import numpy as np
   from remixer_t5.model.mixers.remixer import _masked_softmax
 
   out = []
   for stack in ("encoder", "decoder"):
-    tree = params.get(stack, {})
-    for layer in _layer_names(tree):
-      for slot, sub in tree[layer].items():
-        if hasattr(sub, "keys") and "remix" in sub:
-          h = jnp.asarray(sub["remix"], jnp.float32)
-          visible = jnp.ones(h.shape, bool)
-          if stack == "decoder":
-            visible = jnp.tril(visible)
-          out.append((f"{stack}_{layer}", np.asarray(_masked_softmax(h, visible))))
+    for layer, slot in _slots(params, stack, "remix"):
+      h = jnp.asarray(params[stack][layer][slot]["remix"], jnp.float32)
+      visible = jnp.ones(h.shape, bool)
+      if stack == "decoder":
+        visible = jnp.tril(visible)
+      out.append((f"{stack}_{layer}", np.asarray(_masked_softmax(h, visible))))
   return out
 
 
@@ -94,13 +94,6 @@ def _record(module, params, tokens, wanted) -> dict:
   return calls
 
 
-def _encoder_slots(params, has: str) -> list[tuple[str, str]]:
-  """(layer, slot) of the encoder layers whose slot holds a parameter (or submodule) named `has`."""
-  tree = params.get("encoder", {})
-  return [(layer, slot) for layer in _layer_names(tree) for slot, sub in tree[layer].items()
-          if hasattr(sub, "keys") and has in sub]
-
-
 def attention_maps(module, params, tokens) -> list[tuple[str, "np.ndarray"]]:
   """Self-attention weights of every encoder attention layer for `tokens` [1, n], mean over heads: [(name, [n, n])].
 
@@ -110,11 +103,10 @@ def attention_maps(module, params, tokens) -> list[tuple[str, "np.ndarray"]]:
   """
   import jax
   import jax.numpy as jnp
-  import numpy as np
   from remixer_t5.model import layers
   from remixer_t5.model.mixers import base
 
-  slots = [(layer, slot) for layer, slot in _encoder_slots(params, "query")
+  slots = [(layer, slot) for layer, slot in _slots(params, "encoder", "query")
            if "key" in params["encoder"][layer][slot]]
   if not slots:
     return []
@@ -153,7 +145,6 @@ def pseudo_attention(module, params, tokens, path: tuple[str, ...], samples: int
   """
   import jax
   import jax.numpy as jnp
-  import numpy as np
   from flax import linen as nn
 
   path = tuple(path)
@@ -197,17 +188,16 @@ def pseudo_attention(module, params, tokens, path: tuple[str, ...], samples: int
   rows_out = []
   for start in range(0, n, chunk):
     rows = np.arange(start, start + chunk)
-    valid = rows < n
     key, sub = jax.random.split(key)
     res = np.asarray(block(params, x0, jnp.asarray(np.minimum(rows, n - 1)), sub))
-    rows_out.append(res[valid])
+    rows_out.append(res[rows < n])
   return np.sqrt(np.concatenate(rows_out, 0))
 
 
 def pseudo_attention_maps(module, params, tokens, samples: int = 0) -> list[tuple[str, "np.ndarray"]]:
   """pseudo_attention of every encoder HyperMixing layer (found by its `hypernetwork_in`): [(name, [n, n])]."""
   return [(f"encoder_{layer}", pseudo_attention(module, params, tokens, ("encoder", layer, slot), samples))
-          for layer, slot in _encoder_slots(params, "hypernetwork_in")]
+          for layer, slot in _slots(params, "encoder", "hypernetwork_in")]
 
 
 def draw_matrix(matrix, path, title: str, labels=None, xlabel: str = "source / key position j",
@@ -216,7 +206,6 @@ def draw_matrix(matrix, path, title: str, labels=None, xlabel: str = "source / k
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  import numpy as np
 
   m = np.asarray(matrix, dtype=np.float32)
   fig, ax = plt.subplots(figsize=(6.4, 5.6))
@@ -246,29 +235,22 @@ def plot_mixing(module, params, tokens, out_dir, labels=None, pseudo_samples: in
   """
   import jax.numpy as jnp
 
-  out_dir = Path(out_dir)
   tokens = jnp.asarray(tokens, jnp.int32).reshape(1, -1)
-  written = []
-  remix = remix_matrices(params)
-  if not remix:
-    log("no Remixer blocks (no `remix` parameter H): skipping softmax(H) maps")
-  for name, m in remix:
-    written.append(draw_matrix(m, out_dir / f"remix_{name}.png", f"softmax(H), {name.replace('_', ' ', 1)}",
-                               colorbar="mixing weight"))
-  attn = attention_maps(module, params, tokens)
-  if not attn:
-    log("no encoder self-attention layers: skipping attention maps")
-  for name, m in attn:
-    written.append(draw_matrix(m, out_dir / f"attention_{name}.png",
-                               f"self-attention (mean over heads), {name.replace('_', ' ', 1)}", labels,
-                               colorbar="attention weight"))
-  pseudo = pseudo_attention_maps(module, params, tokens, pseudo_samples)
-  if not pseudo:
-    log("no encoder HyperMixing layers: skipping pseudo-attention maps")
   how = "exact" if pseudo_samples <= 0 else f"{pseudo_samples}-probe estimate"
-  for name, m in pseudo:
-    written.append(draw_matrix(m, out_dir / f"pseudo_attention_{name}.png",
-                               f"HyperMixing pseudo-attention ||d out_i / d x_j|| ({how}), "
-                               f"{name.replace('_', ' ', 1)}", labels, xlabel="input token j",
-                               ylabel="output token i", colorbar="gradient norm"))
+  kinds = [  # (file prefix, the maps, said when there are none, title, draw_matrix's keywords)
+      ("remix", lambda: remix_matrices(params), "no Remixer blocks (no `remix` parameter H): skipping softmax(H) "
+       "maps", "softmax(H)", dict(colorbar="mixing weight")),
+      ("attention", lambda: attention_maps(module, params, tokens), "no encoder self-attention layers: skipping "
+       "attention maps", "self-attention (mean over heads)", dict(labels=labels, colorbar="attention weight")),
+      ("pseudo_attention", lambda: pseudo_attention_maps(module, params, tokens, pseudo_samples),
+       "no encoder HyperMixing layers: skipping pseudo-attention maps",
+       f"HyperMixing pseudo-attention ||d out_i / d x_j|| ({how})",
+       dict(labels=labels, xlabel="input token j", ylabel="output token i", colorbar="gradient norm"))]
+  written = []
+  for prefix, maps, none, title, keywords in kinds:
+    found = maps()
+    if not found:
+      log(none)
+    written += [draw_matrix(m, Path(out_dir) / f"{prefix}_{name}.png", f"{title}, {name.replace('_', ' ', 1)}",
+                            **keywords) for name, m in found]
   return written

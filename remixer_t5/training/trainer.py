@@ -1,13 +1,16 @@
-"""The trainer: `train` (a run's setup and restore, the loop, its evaluation and checkpoint hooks) and
+"""The trainer: `train` (a run's setup and restore, the loop, its log, evaluation and checkpoint hooks) and
 `evaluate_checkpoint`, both gin-configured entry points of `remixer-t5 train` / `eval`.
 
 The same code runs on one CPU and on a TPU slice: the state is created directly in its shardings
 (train_state.py), batches are global arrays assembled from process-local data (batches.py), the steps are
-programs.py's, evaluation validation.py's, and only process 0 writes summaries.
+programs.py's, evaluation validation.py's, and only process 0 writes summaries. The data side (seqio,
+TensorFlow) is imported where it is used, so that compiling a step (`remixer-t5 compile`) never loads TensorFlow.
 """
 from __future__ import annotations
 
 import dataclasses
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
@@ -21,24 +24,17 @@ from remixer_t5.model.models import EncoderDecoderModel
 from remixer_t5.training import checkpoints, optim, partitioning, plots, programs, validation
 from remixer_t5.training import mfu as mfu_lib
 from remixer_t5.training.batches import get_batches, global_batch, real_tokens
+from remixer_t5.training.metrics_log import MetricsLogger, format_duration
 from remixer_t5.training.programs import batch_shapes, program, summarize
 from remixer_t5.training.train_state import abstract, fit_lengths, init_state, input_shapes
 
 if TYPE_CHECKING:
   import seqio
 
-# The data side (seqio, TensorFlow) is imported where it is used, so that compiling a step
-# (`remixer-t5 compile`, remixer_t5/aot_compile.py) never loads TensorFlow.
-
-
-from remixer_t5.training.metrics_log import MetricsLogger, format_duration
-
-
 # Config fields that may change between runs in one MODEL_DIR (they do not change the parameters).
 _RESUMABLE_FIELDS = ("dropout_rate", "dtype", "remat_policy")
 
 
-# --- the loop --------------------------------------------------------------------------------------------
 def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature_lengths: Mapping[str, int],
           batch_size: int, train_steps: int, checkpoint_period: int = 1000, eval_period: int = 1000,
           log_period: int = 100, random_seed: int = 0, learning_rate: Callable | float | None = None,
@@ -66,143 +62,157 @@ def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature
   if not model_dir:
     raise ValueError("MODEL_DIR is not set: pass --gin.MODEL_DIR=\"'/path/to/run'\"")
   model_dir = str(Path(model_dir).expanduser())
-  _set_data_dir(data_dir)
-  from remixer_t5.data.task_lookup import get_task, with_vocabulary
-  task_name = with_vocabulary(task_name, vocabulary)
-  task = get_task(task_name)
-  vocab = task.output_features["targets"].vocabulary
+  task_name, task, vocab, infer_task_name = _task(task_name, vocabulary, data_dir, infer_eval_task)
   _check_vocab_fits(model, task)
-  infer_task_name = with_vocabulary(infer_eval_task, vocab) if infer_eval_task else task_name
-  get_task(infer_task_name)  # an unknown name fails here, not at the first evaluation
   pack = packing(model, pack)
   _accept_run(model_dir, model, task_name, feature_lengths, vocab, run_signature, config_text)
 
   mesh = partitioning.make_mesh(num_partitions, mesh_shape)
   partitioning.check_batch_size(batch_size, mesh)
-  schedule = learning_rate if callable(learning_rate) else None
   tx = programs.optimizer(model, optimizer, learning_rate)
-  prog = program(model, tx, schedule, feature_lengths, mesh, num_microbatches)
-  shardings = prog.shardings
-  state = init_state(model, tx, input_shapes(feature_lengths), shardings, random_seed)
+  prog = program(model, tx, learning_rate if callable(learning_rate) else None, feature_lengths, mesh, num_microbatches)
+  state = init_state(model, tx, input_shapes(feature_lengths), prog.shardings, random_seed)
   log = MetricsLogger(model_dir)
   ckpt = checkpoints.Checkpointer(model_dir, keep=keep_checkpoints)
-
-  state, position, input_state = _restore(ckpt, state, shardings, model, feature_lengths, init_checkpoint,
+  state, position, input_state = _restore(ckpt, state, prog.shardings, model, feature_lengths, init_checkpoint,
                                           model_dir, log)
-  start = int(state.step)
+  step = int(state.step)
   n_params = sum(int(np.prod(p.shape)) for p in jax.tree_util.tree_leaves(state.params))
   log.info(f"model: {n_params:,} params | mesh {dict(mesh.shape)} | task {task_name} | "
-           f"batch {batch_size} | lengths {dict(feature_lengths)} | steps {start}->{train_steps}")
-
-  batch_sh, eval_step = prog.batch_sharding, prog.eval_step
-  evaluate = lambda st: validation.evaluate(model, eval_step, st, task, vocab, feature_lengths, batch_size, eval_steps,
-                                  num_decoded_examples, random_seed, pack, batch_sh, log)
-
-  if start == 0 and eval_period:
+           f"batch {batch_size} | lengths {dict(feature_lengths)} | steps {step}->{train_steps}")
+  evaluate = lambda st: validation.evaluate(model, prog.eval_step, st, task, vocab, feature_lengths, batch_size,
+                                            eval_steps, num_decoded_examples, random_seed, pack,
+                                            prog.batch_sharding, log)
+  if step == 0 and eval_period:
     evaluate(state)  # the starting point of the validation curve
   batches = _restore_batches(task, feature_lengths, batch_size, random_seed, shuffle, pack, position,
                              input_state, log)
-  input_checkpointable = [True]
-
-  def save(step, state):
-    # The input state first: a finalised orbax step then always has it (kill -9 between the two leaves an
-    # input state without its step, which is never read).
-    if input_checkpointable[0]:
-      from remixer_t5.data.input_pipeline import InputNotCheckpointableError
-      try:
-        checkpoints.save_input_state(model_dir, step, batches.save)
-      except InputNotCheckpointableError as e:  # keep training; a resume replays the position with skip
-        input_checkpointable[0] = False
-        log.info(str(e))
-    ckpt.save(step, state, extra={"data_position": {"batches": position, "seed": random_seed, "task": task_name,
-                                                    "iterator": input_checkpointable[0]}}, force=True)
-    steps = ckpt.all_steps()
-    checkpoints.prune_input_states(model_dir, min([*steps, step]))
-
-  peak = mfu_lib.peak_flops_per_device(override=peak_flops_per_device)
-  # MFU counts the model's FLOPs (the same whether the stack is scanned or rematerialised); HFU counts what XLA
-  # compiled (recomputation included), where its count is whole (a step without while loops).
-  model_flops = None
-  if peak:
-    model_flops, model_loops = mfu_lib.model_flops_and_loops(model, batch_shapes(feature_lengths, batch_size, pack))
-    model_flops /= jax.device_count()
-    if model_loops:
-      log.info(f"mfu is a lower bound: the model's mixers loop ({model_loops} while loops in the step) and "
-               "XLA's cost analysis counts each loop body once")
-  step_flops, compiled = None, None
-  last: dict[str, float] = {}
-  acc_metrics, tokens, t0, steps_in_window, checked_through = None, 0, time.time(), 0, start
-  run_t0 = time.time()
-  step = start
+  data_position = {"batches": position, "seed": random_seed, "task": task_name, "iterator": True}
+  window = _LogWindow(model, batch_shapes(feature_lengths, batch_size, pack), peak_flops_per_device, step, log)
+  compiled, last, preempted = None, {}, False
   with _PreemptionWatch() as preemption:
     while step < train_steps:
       host_batch = next(batches)
-      position += 1
-      tokens += real_tokens(host_batch)
-      batch = global_batch(host_batch, batch_sh)
+      data_position["batches"] += 1
+      batch = global_batch(host_batch, prog.batch_sharding)
       if compiled is None:
-        compiled = prog.compile(prog.train_step, state, batch)
-        # XLA's count is the step's only without loops (scanned layers, microbatches, a mixer's scans).
-        step_flops = None if mfu_lib.compiled_loops(compiled) else mfu_lib.compiled_flops(compiled)
+        compiled = window.note_compiled(prog.compile(prog.train_step, state, batch))
       state, metrics = compiled(state, batch)
       step += 1
-      steps_in_window += 1
-      acc_metrics = metrics if acc_metrics is None else jax.tree_util.tree_map(jnp.add, acc_metrics, metrics)
-      due_log = step % log_period == 0 or step == train_steps
-      due_save = step % checkpoint_period == 0 or step == train_steps
+      window.add(metrics, real_tokens(host_batch))
+      due = lambda period: step % period == 0 or step == train_steps
+      due_log, due_save = due(log_period), due(checkpoint_period)
       # Many processes must agree on stopping (a collective): ask only where the host syncs anyway.
-      stop = preemption.requested() if jax.process_count() == 1 or due_log or due_save else False
-      if due_log or due_save or stop:
-        m = jax.device_get(acc_metrics)
-        if m["nonfinite"]:
-          ckpt.close()  # finish the saves in flight: they hold good states
-          raise FloatingPointError(
-              f"non-finite loss or update between steps {checked_through} and {step} (loss "
-              f"{float(m['loss_sum']) / max(float(m['weight_sum']), 1.0):.4g}); stopped without saving. The last "
-              f"good checkpoint is {ckpt.latest_step()} in {ckpt.directory}")
-        checked_through = step
-      if due_log or stop:  # a preempted run logs its last, partial window too: its steps' time is counted
-        dt = time.time() - t0
-        row = _window_row(m, tokens, steps_in_window, dt, {"mfu": model_flops, "hfu": step_flops}, peak)
-        eta = (train_steps - step) * dt / steps_in_window
-        log.write(step, "train", row, f"ETA {format_duration(eta)} (elapsed "
-                  f"{format_duration(time.time() - run_t0)})")
-        last = row
-        acc_metrics, tokens, t0, steps_in_window = None, 0, time.time(), 0
-      if stop:
-        save(step, state)
-        ckpt.close()
-        log.info(f"preempted (SIGTERM): saved step {step} in {ckpt.directory}; rerun the same command to resume")
-        log.close()
-        return last
-      if eval_period and (step % eval_period == 0 or step == train_steps):
+      preempted = preemption.requested() if jax.process_count() == 1 or due_log or due_save else False
+      if due_log or due_save or preempted:
+        window.check_finite(step, ckpt)
+      if due_log or preempted:  # a preempted run logs its last, partial window too: its steps' time is counted
+        last = window.write(step, train_steps)
+      if preempted:
+        _save(model_dir, ckpt, step, state, batches, data_position, log)
+        break
+      if eval_period and due(eval_period):
         last.update({f"validation_{k}": v for k, v in evaluate(state).items()})
-      if infer_eval_period and (step % infer_eval_period == 0 or step == train_steps):
-        validation.infer_eval(model, state.params, infer_task_name, feature_lengths, batch_size, infer_examples, model_dir,
-                    step, random_seed, batch_sh, log)
+      if infer_eval_period and due(infer_eval_period):
+        validation.infer_eval(model, state.params, infer_task_name, feature_lengths, batch_size, infer_examples,
+                              model_dir, step, random_seed, prog.batch_sharding, log)
       if due_save:
-        save(step, state)
+        _save(model_dir, ckpt, step, state, batches, data_position, log)
   ckpt.close()
   log.close()
-  if jax.process_index() == 0:
+  if preempted:
+    log.info(f"preempted (SIGTERM): saved step {step} in {ckpt.directory}; rerun the same command to resume")
+  elif jax.process_index() == 0:
     log.info(f"curves drawn in {plots.plot_metrics(model_dir)}")
   return last
 
 
+class _LogWindow:
+  """The steps since the last train row: their summed metrics, real tokens and time, and the FLOPs that make
+  steps/s a utilisation. `mfu` counts the model's FLOPs (the same whether the stack is scanned or
+  rematerialised); `hfu` what XLA compiled (recomputation included), where its count is whole (no while loops)."""
 
-def _window_row(m, tokens: int, steps: int, seconds: float, flops: Mapping[str, float | None], peak) -> dict:
-  """A log window's metrics.jsonl row: the summed step metrics averaged, throughput, and each utilisation
-  (`mfu` from the model's FLOPs, `hfu` from what XLA compiled) where its FLOPs and the peak are known."""
-  row = summarize(m)
-  row.update(tokens_per_s=tokens / seconds, tokens_per_s_per_device=tokens / seconds / jax.device_count(),
-             steps_per_s=steps / seconds, window_seconds=seconds, grad_norm=float(m["grad_norm"]) / steps)
-  for name, count in flops.items():
-    utilisation = mfu_lib.mfu(count, steps / seconds, peak)
-    if utilisation is not None:
-      row[name] = utilisation
-  if "learning_rate" in m:
-    row["learning_rate"] = float(m["learning_rate"]) / steps
-  return row
+  def __init__(self, model, batch, peak_flops_per_device, start: int, log):
+    self.log, self.checked_through = log, start
+    self.peak = mfu_lib.peak_flops_per_device(override=peak_flops_per_device)
+    self.flops = {"mfu": None, "hfu": None}
+    if self.peak:
+      model_flops, model_loops = mfu_lib.model_flops_and_loops(model, batch)
+      self.flops["mfu"] = model_flops / jax.device_count()
+      if model_loops:
+        log.info(f"mfu is a lower bound: the model's mixers loop ({model_loops} while loops in the step) and "
+                 "XLA's cost analysis counts each loop body once")
+    self.sums, self.tokens, self.steps, self.t0 = None, 0, 0, time.time()
+    self.run_t0 = time.time()
+
+  def note_compiled(self, compiled):
+    # XLA's count is the step's only without loops (scanned layers, microbatches, a mixer's scans).
+    self.flops["hfu"] = None if mfu_lib.compiled_loops(compiled) else mfu_lib.compiled_flops(compiled)
+    return compiled
+
+  def add(self, metrics, tokens: int) -> None:
+    self.sums = metrics if self.sums is None else jax.tree_util.tree_map(jnp.add, self.sums, metrics)
+    self.tokens += tokens
+    self.steps += 1
+
+  def check_finite(self, step: int, ckpt) -> None:
+    """Fetches the window's sums; a non-finite loss or update since the last check stops the run unsaved."""
+    self.host = m = jax.device_get(self.sums)
+    if m["nonfinite"]:
+      ckpt.close()  # finish the saves in flight: they hold good states
+      raise FloatingPointError(
+          f"non-finite loss or update between steps {self.checked_through} and {step} (loss "
+          f"{float(m['loss_sum']) / max(float(m['weight_sum']), 1.0):.4g}); stopped without saving. The last "
+          f"good checkpoint is {ckpt.latest_step()} in {ckpt.directory}")
+    self.checked_through = step
+
+  def write(self, step: int, train_steps: int) -> dict:
+    """The window's metrics.jsonl row (summed step metrics averaged, throughput, utilisation), logged with the
+    run's ETA; the window then starts again."""
+    m, steps, seconds = self.host, self.steps, time.time() - self.t0
+    row = summarize(m)
+    row.update(tokens_per_s=self.tokens / seconds, tokens_per_s_per_device=self.tokens / seconds / jax.device_count(),
+               steps_per_s=steps / seconds, window_seconds=seconds, grad_norm=float(m["grad_norm"]) / steps)
+    for name, count in self.flops.items():
+      utilisation = mfu_lib.mfu(count, steps / seconds, self.peak)
+      if utilisation is not None:
+        row[name] = utilisation
+    if "learning_rate" in m:
+      row["learning_rate"] = float(m["learning_rate"]) / steps
+    eta = (train_steps - step) * seconds / steps
+    self.log.write(step, "train", row, f"ETA {format_duration(eta)} (elapsed "
+                   f"{format_duration(time.time() - self.run_t0)})")
+    self.sums, self.tokens, self.steps, self.t0 = None, 0, 0, time.time()
+    return row
+
+
+def _save(model_dir, ckpt, step: int, state, batches, data_position: dict, log) -> None:
+  """Checkpoints `step` with its input position: this process's iterator state first, so that a finalised orbax
+  step always has it (kill -9 between the two leaves an input state without its step, which is never read)."""
+  if data_position["iterator"]:
+    from remixer_t5.data.input_pipeline import InputNotCheckpointableError
+    try:
+      checkpoints.save_input_state(model_dir, step, batches.save)
+    except InputNotCheckpointableError as e:  # keep training; a resume replays the position with skip
+      data_position["iterator"] = False
+      log.info(str(e))
+  ckpt.save(step, state, extra={"data_position": dict(data_position)}, force=True)
+  checkpoints.prune_input_states(model_dir, min([*ckpt.all_steps(), step]))
+
+
+def _task(task_name, vocabulary, data_dir, infer_task):
+  """(name, task, targets vocabulary, name of the task decoded by inference evaluation): `vocabulary` swaps the
+  task's (data/task_lookup.py), `data_dir` is where local dataset files are read (tasks/sources.py)."""
+  if data_dir is not None:
+    from remixer_t5.tasks import sources
+    sources.set_data_dir(data_dir)
+  from remixer_t5.data.task_lookup import get_task, with_vocabulary
+  task_name = with_vocabulary(task_name, vocabulary)
+  task = get_task(task_name)
+  vocab = task.output_features["targets"].vocabulary
+  infer_name = with_vocabulary(infer_task, vocab) if infer_task else task_name
+  get_task(infer_name)  # an unknown name fails here, not at the first evaluation
+  return task_name, task, vocab, infer_name
 
 
 def _accept_run(model_dir, model, task_name, feature_lengths, vocab, run_signature, config_text) -> None:
@@ -238,39 +248,30 @@ def _restore(ckpt, state, shardings, model, feature_lengths, init_checkpoint, mo
     log.info(f"initialised params from {init_checkpoint} (fresh optimizer state and step)")
   return state, 0, None
 
+
 class _PreemptionWatch:
   """SIGTERM (a preemption notice) sets a flag the loop polls; with many processes they agree (any -> all)."""
+  flag, previous = False, None
 
   def __enter__(self):
-    import signal
-    import threading
-    self._flag = False
-    self._previous = None
     if threading.current_thread() is threading.main_thread():
-      self._previous = signal.signal(signal.SIGTERM, self._handle)
+      self.previous = signal.signal(signal.SIGTERM, lambda *_: setattr(self, "flag", True))
     return self
-
-  def _handle(self, signum, frame):
-    del signum, frame
-    self._flag = True
 
   def requested(self) -> bool:
     if jax.process_count() == 1:
-      return self._flag
+      return self.flag
     from jax.experimental import multihost_utils
-    return bool(np.any(multihost_utils.process_allgather(np.array(self._flag))))
+    return bool(np.any(multihost_utils.process_allgather(np.array(self.flag))))
 
   def __exit__(self, *exc):
-    if self._previous is not None:
-      import signal
-      signal.signal(signal.SIGTERM, self._previous)
-    return False
+    if self.previous is not None:
+      signal.signal(signal.SIGTERM, self.previous)
 
 
 def _restore_batches(task, feature_lengths, batch_size, seed, shuffle, pack, position, input_state, log):
   """The training batches at `position`: the saved iterator state restored (constant time), else replayed
   with skip (a checkpoint from before iterator checkpoints, or a pipeline that cannot be checkpointed)."""
-  from remixer_t5.data import input_pipeline
   say = log.info
   if jax.process_count() > 1:  # each process restores its own shard's position: every one reports
     say = lambda m: print(f"[process {jax.process_index()}] {m}", flush=True)
@@ -288,8 +289,8 @@ def _restore_batches(task, feature_lengths, batch_size, seed, shuffle, pack, pos
     say(f"no input-iterator state for this checkpoint (a run from before iterator checkpoints, a pipeline "
         f"that cannot be checkpointed, or another number of processes): replaying {position} batches with "
         f"skip, which takes time proportional to the position")
-  return input_pipeline.get_batches(task, feature_lengths, "train", batch_size, seed=seed, shuffle=shuffle,
-                                    repeat=True, pack=pack, skip_batches=position)
+  return get_batches(task, feature_lengths, "train", batch_size, seed=seed, shuffle=shuffle, repeat=True,
+                     pack=pack, skip_batches=position)
 
 
 def packing(model: EncoderDecoderModel, pack: bool) -> bool:
@@ -324,12 +325,9 @@ def evaluate_checkpoint(*, model_dir: str, model: EncoderDecoderModel, task_name
   `infer/<task>`). Returns {"validation": {...}, "<task>": {metric: value}, ...}. `infer_task`: the task or
   mixture decoded (None: `task_name`), in `task_name`'s vocabulary.
   """
-  _set_data_dir(data_dir)
   import seqio
-  from remixer_t5.data.task_lookup import get_task, with_vocabulary
-  task_name = with_vocabulary(task_name, vocabulary)
-  task = get_task(task_name)
-  vocab = task.output_features["targets"].vocabulary
+  from remixer_t5.data.task_lookup import get_task
+  task_name, task, vocab, infer_name = _task(task_name, vocabulary, data_dir, infer_task)
   pack = packing(model, pack)
   mesh = partitioning.make_mesh(num_partitions, mesh_shape)
   partitioning.check_batch_size(batch_size, mesh)
@@ -339,26 +337,18 @@ def evaluate_checkpoint(*, model_dir: str, model: EncoderDecoderModel, task_name
   prog = program(model, programs.optimizer(model, optimizer, learning_rate), None, feature_lengths, mesh)
   state, _ = ckpt.restore(prog.state, checkpoint_step)
   ckpt.close()
-  batch_sh, eval_step = prog.batch_sharding, prog.eval_step
   log = MetricsLogger(model_dir)
   try:
     results: dict[str, Any] = {"validation": validation.evaluate(
-        model, eval_step, state, task, vocab, feature_lengths, batch_size, eval_steps, num_decoded_examples,
-        random_seed, pack, batch_sh, log)}
-    infer_name = with_vocabulary(infer_task, vocab) if infer_task else task_name
-    infer_of = get_task(infer_name)
+        model, prog.eval_step, state, task, vocab, feature_lengths, batch_size, eval_steps, num_decoded_examples,
+        random_seed, pack, prog.batch_sharding, log)}
     if infer is None:
+      infer_of = get_task(infer_name)
       infer = any(t.metric_fns for t in (infer_of.tasks if isinstance(infer_of, seqio.Mixture) else [infer_of]))
     if infer:
-      results.update(validation.infer_eval(model, state.params, infer_name, feature_lengths, batch_size, infer_examples,
-                                 model_dir, int(state.step), random_seed, batch_sh, log, infer_split, beam_size,
-                                 log.info))
+      results.update(validation.infer_eval(model, state.params, infer_name, feature_lengths, batch_size,
+                                           infer_examples, model_dir, int(state.step), random_seed,
+                                           prog.batch_sharding, log, infer_split, beam_size, log.info))
     return results
   finally:
     log.close()
-
-
-def _set_data_dir(data_dir: str | None) -> None:
-  if data_dir is not None:
-    from remixer_t5.tasks import sources
-    sources.set_data_dir(data_dir)
