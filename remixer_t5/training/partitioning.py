@@ -22,18 +22,14 @@ Presets (`make_mesh(shape=NAME)`, `mesh_spec(preset=NAME)`, gin/partitioning/NAM
 
 The TPU presets are, per slice and model size, the fastest setting that fits by XLA's estimate of the compiled
 pretraining step (`remixer-t5 compile`; docs/benchmarks.md, "TPU, compiled without a TPU"): fsdp over every core
-wherever it fits, except T5.1.1-xl on a v3-128, faster with a 4-way 'model' axis (tpu_v3_128_xl); at base and
-large sizes a 'model' axis only adds communication. T5.1.1-large fits a v3-8 only rematerialised
-(gin/partitioning/tpu_v3_8_large.gin adds `T5Config.remat_policy='full'`); T5.1.1-xl does not fit a v3-8 even
-so. Check a run with `remixer-t5 compile --topology ...` before paying for a slice: when it does not fit, its
-hints name remat, microbatches and bigger slices. With one mesh axis data_model is pure data parallelism (the
-same program as data), and fsdp also shards the parameters and Adafactor statistics over 'data'. A slice's
-global batch must be a multiple of its data axis (`check_batch_size` says so by name).
+wherever it fits (a 'model' axis only adds communication), except T5.1.1-xl on a v3-128 (tpu_v3_128_xl).
+T5.1.1-large fits a v3-8 only rematerialised (gin/partitioning/tpu_v3_8_large.gin); check a run with
+`remixer-t5 compile --topology ...` before paying for a slice. A slice's global batch must be a multiple of its
+data axis (`check_batch_size`).
 
 A dimension that its mesh axes do not divide is replicated instead (logged per parameter): jit refuses
 uneven parameter shardings. `make_mesh` remembers the rules it was asked for, and the functions below default
-to the rules of the mesh they are given, so the trainer's `make_mesh(num_partitions, mesh_shape)` and
-`param_shardings(axes, mesh)` calls pick them up from a `mesh_spec(...)` bound at `mesh_shape` in gin.
+to the rules of the mesh they are given (so a `mesh_spec(...)` bound at the trainer's `mesh_shape` sets them).
 """
 from __future__ import annotations
 
@@ -49,7 +45,7 @@ import jax
 import numpy as np
 import optax
 from flax import linen as nn
-from flax.core import meta
+from flax.core import unfreeze
 from jax.experimental import mesh_utils
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec as P
 
@@ -261,16 +257,7 @@ def fit_spec(spec: P, shape: Sequence[int], axis_sizes: Mapping[str, int]) -> tu
 
 def logical_axes(params_axes) -> Any:
   """The `params_axes` collection that `param_with_axes` records, as a params-shaped tree of logical P(...)."""
-  axes = jax.tree_util.tree_map(lambda a: P(*a.names), meta.unbox(params_axes),
-                                is_leaf=lambda x: isinstance(x, nn.partitioning.AxisMetadata))
-  return _strip_axes_suffix(axes)
-
-
-def _strip_axes_suffix(tree):
-  """`params_axes` names leaves '<param>_axes'; rename them to the parameter names."""
-  if not isinstance(tree, Mapping):
-    return tree
-  return {(k[:-len("_axes")] if k.endswith("_axes") else k): _strip_axes_suffix(v) for k, v in tree.items()}
+  return unfreeze(nn.partitioning.get_axis_names(params_axes))
 
 
 def _is_spec(x) -> bool:
@@ -301,11 +288,8 @@ def param_specs(params_axes, mesh, rules: str | Rules | None = None, *, params=N
 
 
 def param_shardings(params_axes, mesh, rules: str | Rules | None = None, *, params=None):
-  """NamedSharding per parameter from the `params_axes` collection that `param_with_axes` records.
-
-  Pass `params` (abstract is enough) so that dimensions the mesh does not divide fall back to replication
-  (each logged); without it the specs are the rules' verbatim.
-  """
+  """NamedSharding per parameter of `params_axes` (`param_specs`). Pass `params` (abstract is enough) so that
+  dimensions the mesh does not divide fall back to replication (each logged); without it the rules' specs stand."""
   specs, fallbacks = param_specs(params_axes, mesh, rules, params=params)
   for path, notes in fallbacks.items():
     log.warning("partitioning: %s replicated where its mesh axes do not divide it: %s", path, "; ".join(notes))
@@ -323,17 +307,6 @@ def _check_divisible(param_sh, params, mesh) -> None:
     raise ValueError("parameter shardings that the mesh does not divide (build them with "
                      "partitioning.param_shardings(..., params=abstract_params) to replicate those "
                      "dimensions instead):\n  " + "\n  ".join(bad))
-
-
-def _factored_axes(shape: Sequence[int]) -> tuple[int, int]:
-  """(d1, d0) as optax.adafactor picks them: d0 the largest axis, d1 the next (optax _factored_dims)."""
-  sorted_dims = np.argsort(shape)
-  return int(sorted_dims[-2]), int(sorted_dims[-1])
-
-
-def _without_axis(sh: NamedSharding, ndim: int, axis: int) -> NamedSharding:
-  spec = tuple(sh.spec) + (None,) * (ndim - len(sh.spec))
-  return NamedSharding(sh.mesh, P(*(spec[:axis] + spec[axis + 1:])))
 
 
 def opt_state_shardings(abstract_state, params, param_sh, mesh):
@@ -359,10 +332,11 @@ def opt_state_shardings(abstract_state, params, param_sh, mesh):
     # Factored over the whole parameter, or per layer slice of a stacked one (optim.layerwise: axes + 1).
     for offset in (0, 1):
       if len(shape) - offset >= 2:
-        d1, d0 = _factored_axes(shape[offset:])
-        axis = (d0 if stat == "v_row" else d1) + offset
+        d1, d0 = np.argsort(shape[offset:])[-2:]  # as optax.adafactor's _factored_dims: d0 the largest axis
+        axis = int(d0 if stat == "v_row" else d1) + offset
         if tuple(leaf.shape) == shape[:axis] + shape[axis + 1:]:
-          return _without_axis(sh, len(shape), axis)
+          spec = tuple(sh.spec) + (None,) * (len(shape) - len(sh.spec))
+          return NamedSharding(sh.mesh, P(*(spec[:axis] + spec[axis + 1:])))
     return replicated  # the (1,) placeholder of an unfactored parameter
 
   def over_params(fn, tree):
@@ -391,9 +365,7 @@ def data_sharding(mesh, rules: str | Rules | None = None) -> NamedSharding:
 
 def batch_shards(mesh, rules: str | Rules | None = None) -> int:
   """How many ways the rules split the batch on `mesh` (the product of the mesh axes 'batch' maps to)."""
-  axes = data_sharding(mesh, rules).spec[0]
-  axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
-  return math.prod(dict(mesh.shape)[a] for a in axes)
+  return math.prod(dict(mesh.shape)[a] for a in _mesh_axes(data_sharding(mesh, rules).spec[0]))
 
 
 def check_batch_size(batch_size: int, mesh, rules: str | Rules | None = None) -> None:
@@ -422,10 +394,8 @@ def activation_sharding(mesh: Mesh, rules: str | Rules | None = None):
 
 
 def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
-  """`with_sharding_constraint` by logical names (t5x), identity unless a mesh and rules are active.
-
-  Dimensions the mesh does not divide are left replicated rather than padded.
-  """
+  """`with_sharding_constraint` by logical names (t5x), identity unless a mesh and rules are active; dimensions
+  the mesh does not divide are left replicated rather than padded."""
   mesh = jax.sharding.get_abstract_mesh()
   rules = nn.get_logical_axis_rules()
   if mesh.empty or not rules:

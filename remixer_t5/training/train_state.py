@@ -82,12 +82,8 @@ def init_rng_as_kernel(shardings=None):
   without the option (its CHANGELOG says it may go), the inlined form stays. The train step (dropout) always
   keeps it; CPUs and TPUs are unaffected (the option picks only the GPU lowering). It sets jax's global
   option: not for initialisers lowered in several threads at once."""
-  whole = shardings is None or all(s.is_fully_replicated for s in jax.tree_util.tree_leaves(shardings))
-  try:
-    was = getattr(jax.config, RNG_KERNEL_OPTION)
-  except AttributeError:
-    whole = False
-  if not whole:
+  was = getattr(jax.config, RNG_KERNEL_OPTION, None)
+  if was is None or not (shardings is None or all(s.is_fully_replicated for s in jax.tree_util.tree_leaves(shardings))):
     yield
     return
   jax.config.update(RNG_KERNEL_OPTION, True)
