@@ -54,10 +54,7 @@ class T5Config:
         raise ValueError(f"T5Config.{name} must be positive, got {getattr(self, name)}")
 
 
-# Implementations (remixer_t5/kernels/__init__.py): attention's 'cpu' the reference with a CPU-shaped bias
-# gradient (kernels/cpu/attention.py), 'pallas_gpu' a fused attention for CUDA GPUs (Pallas,
-# Triton), 'pallas_tpu' JAX's Pallas TPU flash attention (v4 and later; XLA's form on v2/v3), 'cpu' dropout's
-# mask with an unrolled hash computed once (kernels/cpu/threefry.py).
+# Implementations: remixer_t5/kernels/__init__.py's table says what each computes and which `auto` picks.
 ATTENTION_IMPLS = ("auto", "xla", "cpu", "pallas_gpu", "pallas_tpu")
 DROPOUT_IMPLS = ("auto", "xla", "cpu")
 

@@ -15,13 +15,6 @@ StepFn = Callable[[Array, object], tuple[Array, object]]
 NEG_INF = -1.0e7
 
 
-def _after_eos_to_zero(seqs: Array, eos_id: int) -> Array:
-  """Zero every position after the first EOS (the EOS itself is kept)."""
-  seen = jnp.cumsum(seqs == eos_id, axis=-1)
-  after = jnp.concatenate([jnp.zeros_like(seen[..., :1]), seen[..., :-1]], axis=-1) > 0
-  return jnp.where(after, 0, seqs)
-
-
 def log_softmax(logits: Array) -> Array:
   """log_softmax over the last axis in float32, as `logits - logsumexp(logits)`.
 
@@ -151,7 +144,9 @@ def beam_search(tokens_to_logits: StepFn, cache, batch_size: int, beam_size: int
   alive_scores = alive_logp / brevity_penalty(alpha, max_length)
   scores, pick = jax.lax.top_k(jnp.concatenate([fin_scores, alive_scores], 1), k)
   seqs = _gather_beams(jnp.concatenate([fin_seqs, alive_seqs], 1), pick, b, 2 * k, k)
-  return _after_eos_to_zero(seqs, eos_id), scores
+  seen = jnp.cumsum(seqs == eos_id, axis=-1)  # every position after the first EOS becomes 0 (the EOS is kept)
+  after = jnp.concatenate([jnp.zeros_like(seen[..., :1]), seen[..., :-1]], axis=-1) > 0
+  return jnp.where(after, 0, seqs), scores
 
 
 def expand_to_beams(tree, beam_size: int):

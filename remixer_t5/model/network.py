@@ -74,20 +74,18 @@ def _feature_slot(layer: nn.Module, x, layer_input, ctx, deterministic: bool):
   return (x, None) if layer.scanned else x
 
 
-def _relpos_from_table(cfg: T5Config, table: Array) -> Callable[..., Array]:
-  """The stack's relative position biases as a pure function of its table (`ctx.relpos` inside a lifted layer).
+def _with_table(ctx: base.MixerContext, cfg: T5Config, table: Array | None) -> base.MixerContext:
+  """`ctx` whose `relpos` applies the stack's relative position biases to `table`, when given (inside a lifted layer).
 
   A remat'd or scanned layer cannot call the stack's bound module (its parameter lives outside the lifted
   scope), so the stack hands the table in as an argument and this applies the same module to it.
   """
+  if table is None:
+    return ctx
   module = layers.RelativePositionBiases(cfg.relpos_num_buckets, cfg.relpos_max_distance, cfg.num_heads,
                                          cfg.dtype, parent=None)
-  return lambda q, k, bidirectional: module.apply({"params": {"rel_embedding": table}}, q, k,
-                                                  bidirectional=bidirectional)
-
-
-def _with_table(ctx: base.MixerContext, cfg: T5Config, relpos_table: Array | None) -> base.MixerContext:
-  return ctx if relpos_table is None else ctx.replace(relpos=_relpos_from_table(cfg, relpos_table))
+  return ctx.replace(relpos=lambda q, k, bidirectional: module.apply({"params": {"rel_embedding": table}}, q, k,
+                                                                     bidirectional=bidirectional))
 
 
 class EncoderLayer(nn.Module):
@@ -174,27 +172,23 @@ def _run_layers(stack: nn.Module, layer_cls, factories: Mapping[str, Any], num_l
   """
   cfg = stack.config
   policy = None if decode else REMAT_POLICIES[cfg.remat_policy]
-  # Initialising a remat'd stack unrolled gives the same parameters; only scan changes the tree.
-  if not cfg.scan_layers and (policy is None or stack.is_initializing()):
-    for i in range(num_layers):
-      x = layer_cls(cfg, **factories, name=f"layers_{i}")(x, *rest, deterministic)
-    return x
-
   if num_layers == 0:
     return x
-  if stack.is_initializing():
-    needed = _uses_relpos(layer_cls(cfg, **factories, parent=None), cfg, (x, *rest), ctx_index + 1, deterministic)
-    if needed:  # create the table now, outside the lifted layers
-      relpos(jnp.zeros((1, 1), jnp.int32), jnp.zeros((1, 1), jnp.int32), bidirectional=True)
-  else:
-    needed = stack.has_variable("params", relpos.name)
-  table = relpos.variables["params"]["rel_embedding"] if needed else None
-  rest = tuple(a.replace(relpos=None) if i == ctx_index else a for i, a in enumerate(rest))
-
-  if policy is not None:
-    # prevent_cse guards unrolled remat against XLA merging the recomputation back; a scan body needs none.
-    layer_cls = nn.remat(layer_cls, policy=policy, prevent_cse=not cfg.scan_layers,
-                         static_argnums=(_DETERMINISTIC_ARGNUM[layer_cls],))
+  table = None
+  # Initialising a remat'd stack unrolled gives the same parameters; only scan changes the tree.
+  if cfg.scan_layers or (policy is not None and not stack.is_initializing()):
+    if stack.is_initializing():
+      needed = _uses_relpos(layer_cls(cfg, **factories, parent=None), cfg, (x, *rest), ctx_index + 1, deterministic)
+      if needed:  # create the table now, outside the lifted layers
+        relpos(jnp.zeros((1, 1), jnp.int32), jnp.zeros((1, 1), jnp.int32), bidirectional=True)
+    else:
+      needed = stack.has_variable("params", relpos.name)
+    table = relpos.variables["params"]["rel_embedding"] if needed else None
+    rest = tuple(a.replace(relpos=None) if i == ctx_index else a for i, a in enumerate(rest))
+    if policy is not None:
+      # prevent_cse guards unrolled remat against XLA merging the recomputation back; a scan body needs none.
+      layer_cls = nn.remat(layer_cls, policy=policy, prevent_cse=not cfg.scan_layers,
+                           static_argnums=(_DETERMINISTIC_ARGNUM[layer_cls],))
   if not cfg.scan_layers:
     for i in range(num_layers):
       x = layer_cls(cfg, **factories, name=f"layers_{i}")(x, *rest, deterministic, table)

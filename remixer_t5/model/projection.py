@@ -238,13 +238,11 @@ def projection_features(ids: Array, table: FingerprintTable, m: int, mode: str =
     b, length = ids.shape
     pad = ~mask
     starts = jnp.take(jnp.asarray(table.starts_word), ids) | pad
-    after_alone = (jnp.take(jnp.asarray(table.standalone), ids) | pad)[:, :-1]
-    follows = after_alone
+    follows = (jnp.take(jnp.asarray(table.standalone), ids) | pad)[:, :-1]  # after a special piece
     if segment_ids is not None:
       follows = follows | (segment_ids[:, 1:] != segment_ids[:, :-1])
     starts = starts.at[:, 1:].set(starts[:, 1:] | follows).at[:, 0].set(True)
-    word = jnp.cumsum(starts, axis=1) - 1 + length * jnp.arange(b)[:, None]  # unique word ids per batch
-    word = word.reshape(-1)
+    word = (jnp.cumsum(starts, axis=1) - 1 + length * jnp.arange(b)[:, None]).reshape(-1)  # unique word ids
     mins = jax.ops.segment_min(fp.reshape(b * length, -1), word, num_segments=b * length,
                                indices_are_sorted=True)
     parts.append(_bloom(mins[word].reshape(fp.shape), m))
@@ -281,8 +279,7 @@ class ProjectionEmbed(nn.Module):
     table: a ready FingerprintTable (programmatic use, tests).
     features: m, the size of the counting Bloom filter (per feature kind: 'piece+word' gives 2m inputs).
     num_hashes: n, the MinHash fingerprint length (each token's filter sums to n). The defaults are the
-      paper's experiments (§4, Training Details: "a feature vector of dimension 512 filled with 256
-      hashes"); §3.1's "e.g., 64 hashes" is only an example of the cache's memory cost.
+      paper's experiments (§4, Training Details; docs/architectures.md).
     seed: selects the hash functions.
     mode: 'word' is the paper's token feature (every piece of a word gets its word's filter); 'piece' is
       the piece's own filter; 'piece+word' (default) concatenates both, since our sequences are pieces and

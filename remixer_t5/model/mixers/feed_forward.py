@@ -23,6 +23,7 @@ class GatedMlp(nn.Module):
       h = layers.activation(act)(layers.Dense(self.hidden_dim or cfg.mlp_dim, ("embed", "mlp"),
                                               dtype=cfg.dtype, name=name)(x))
       hidden = h if hidden is None else hidden * h
-    hidden = layers.Dropout(cfg.dropout_rate, broadcast_dims=(-2,), impl=cfg.dropout_impl)(hidden, deterministic=deterministic)
+    hidden = layers.Dropout(cfg.dropout_rate, broadcast_dims=(-2,), impl=cfg.dropout_impl)(
+        hidden, deterministic=deterministic)
     hidden = layers.with_sharding_constraint(hidden, ("batch", "length", "mlp"))
     return layers.Dense(x.shape[-1], ("mlp", "embed"), dtype=cfg.dtype, name="wo")(hidden)

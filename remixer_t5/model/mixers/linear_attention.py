@@ -65,8 +65,9 @@ class LinearAttention(nn.Module):
       k = k * ctx.kv_mask[:, :, None, None].astype(f32)  # padded keys add nothing to S and z
       if ctx.causal:
         out = self._causal(q, k, v, ctx.q_segment_ids)
-      elif ctx.packed:
-        out = self._quadratic(q, k, v, base.pairwise_mask(ctx))
+      elif ctx.packed:  # the kernel matrix phi(Q) phi(K)^T made explicit, with the [b, 1, q, k] pairwise mask
+        a = jnp.einsum("bihd,bjhd->bhij", q, k) * base.pairwise_mask(ctx)
+        out = jnp.einsum("bhij,bjhe->bihe", a, v) / (jnp.transpose(a.sum(-1), (0, 2, 1))[..., None] + self.eps)
       else:
         s = jnp.einsum("bjhd,bjhe->bhde", k, v)
         num = jnp.einsum("bihd,bhde->bihe", q, s)
@@ -75,12 +76,6 @@ class LinearAttention(nn.Module):
     out = out.reshape(out.shape[:2] + (inner,)).astype(cfg.dtype)
     return layers.Dense(inputs_q.shape[-1], ("joined_kv", "embed"), kernel_init=init, dtype=cfg.dtype,
                         name="out")(out)
-
-  def _quadratic(self, q: Array, k: Array, v: Array, mask: Array) -> Array:
-    """The same equation with the kernel matrix phi(Q) phi(K)^T made explicit; mask is [b, 1, q, k]."""
-    a = jnp.einsum("bihd,bjhd->bhij", q, k) * mask
-    num = jnp.einsum("bhij,bjhe->bihe", a, v)
-    return num / (jnp.transpose(a.sum(-1), (0, 2, 1))[..., None] + self.eps)
 
   def _causal(self, q: Array, k: Array, v: Array, segment_ids: Array | None) -> Array:
     b, n, h, dk = q.shape

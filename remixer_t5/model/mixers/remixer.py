@@ -23,15 +23,6 @@ from remixer_t5.model.mixers import base
 Array = jax.Array
 
 
-def _masked_softmax(logits: Array, mask: Array) -> Array:
-  """Softmax over the last axis in float32 with masked entries at exactly zero.
-
-  Rows with no visible entry (padding queries) come out all-zero instead of NaN or a uniform average.
-  """
-  logits = jnp.where(mask, logits.astype(jnp.float32), layers.NEG_INF)
-  return jax.nn.softmax(logits, axis=-1) * mask
-
-
 def _row_exp(logits: Array, allowed: Array | None = None) -> Array:
   """P = exp(logits - rowmax) in float32, exactly 0 where not `allowed`; rowmax over the allowed entries.
 
@@ -120,7 +111,8 @@ class RemixerBlock(nn.Module):
       xc = a * (xs * xp) + (1 - a) * (xp - xs)
     else:
       xc = xs
-    drop = lambda y: layers.Dropout(cfg.dropout_rate, broadcast_dims=(-2,), impl=cfg.dropout_impl)(y, deterministic=deterministic)
+    drop = lambda y: layers.Dropout(cfg.dropout_rate, broadcast_dims=(-2,), impl=cfg.dropout_impl)(
+        y, deterministic=deterministic)
     if self.width == "model":
       return dense(x.shape[-1], ("mlp", "embed"), "wo")(drop(xc)) + xp
     return dense(x.shape[-1], ("mlp", "embed"), "wo")(drop(xc + xp))
@@ -175,7 +167,8 @@ class RemixerBlock(nn.Module):
     index.value = i + 1
     length = cached.value.shape[1]
     row = jax.lax.dynamic_slice(h, (i, zero), (1, length))[None]  # [1, 1, cache_len]
-    weights = _masked_softmax(row, (jnp.arange(length) <= i)[None, None, :])
+    visible = (jnp.arange(length) <= i)[None, None, :]  # softmax in float32, masked entries exactly 0
+    weights = jax.nn.softmax(jnp.where(visible, row.astype(jnp.float32), layers.NEG_INF), axis=-1) * visible
     return jnp.broadcast_to(weights, (xp.shape[0], 1, length)), cached.value
 
   def _alpha(self, x: Array, width: int) -> Array:
