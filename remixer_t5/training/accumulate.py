@@ -35,8 +35,7 @@ def split_microbatches(batch: Mapping[str, Array], num_microbatches: int) -> dic
 
 
 def value_and_grad(loss_fn: LossFn, num_microbatches: int | None = None, *,
-                   loss_normalizing_factor: float | None = None,
-                   loss_sum_key: str = "loss_sum", weight_sum_key: str = "weight_sum"):
+                   loss_normalizing_factor: float | None = None):
   """`jax.value_and_grad(loss_fn, has_aux=True)` with the batch processed as `num_microbatches` pieces.
 
   Returns `f(params, batch, dropout_rng) -> ((loss, metrics), grads)`, the contract of
@@ -50,7 +49,7 @@ def value_and_grad(loss_fn: LossFn, num_microbatches: int | None = None, *,
 
   def summed(params, batch, dropout_rng):
     _, metrics = loss_fn(params, batch, dropout_rng)
-    return metrics[loss_sum_key], metrics
+    return metrics["loss_sum"], metrics
 
   grad_of_sum = jax.grad(summed, has_aux=True)
 
@@ -70,8 +69,8 @@ def value_and_grad(loss_fn: LossFn, num_microbatches: int | None = None, *,
     zeros = lambda s: jnp.zeros(s.shape, jnp.promote_types(s.dtype, jnp.float32))
     init = (jax.tree_util.tree_map(jnp.zeros_like, params), jax.tree_util.tree_map(zeros, metric_shapes))
     (grads, metrics), _ = jax.lax.scan(step, init, (jnp.arange(num_microbatches), micro))
-    norm = loss_normalizing_factor or jnp.maximum(metrics[weight_sum_key], 1.0)
+    norm = loss_normalizing_factor or jnp.maximum(metrics["weight_sum"], 1.0)
     grads = jax.tree_util.tree_map(lambda g: g / norm, grads)
-    return (metrics[loss_sum_key] / norm, metrics), grads
+    return (metrics["loss_sum"] / norm, metrics), grads
 
   return accumulated

@@ -47,7 +47,7 @@ def maybe_initialize(coordinator_address: str | None = None, num_processes: int 
 
 def _env_int(name: str) -> int | None:
   value = os.environ.get(name)
-  if value is None or value == "":
+  if not value:
     return None
   try:
     return int(value)

@@ -25,9 +25,9 @@ def make_predict_fn(model: EncoderDecoderModel, params, batch_size: int, *, beam
                     progress: Callable[[str], None] | None = None, stats: dict | None = None):
   """seqio predict_fn: (index, features) dataset -> [(index, output ids)], decoded in fixed-shape batches of
   ``batch_size`` (examples grouped by input length; the last batch padded with empty rows whose outputs are
-  dropped). The ids keep their full
-  length (seqio stacks them; the vocabulary's decode stops at EOS). `put` makes a device array of a host
-  batch and `fetch` brings outputs back (multi-process runs pass global-array versions of both).
+  dropped). The ids keep their full length (seqio stacks them; the vocabulary's decode stops at EOS). `put`
+  makes a device array of a host batch and `fetch` brings outputs back (multi-process runs pass global-array
+  versions of both).
   `stats`, when given, receives `examples`, `tokens` (generated, up to and with EOS) and `seconds` (decoding
   only, compilation included) of the calls."""
   predict = _jit_predict(model, beam_size)
@@ -76,8 +76,7 @@ def _jit_predict(model: EncoderDecoderModel, beam_size: int, eos_id: int = 1):
 def _generated(tokens: np.ndarray, eos_id: int = 1) -> np.ndarray:
   """Tokens each row generated: up to and with its first EOS, or the whole row when it has none."""
   is_eos = tokens == eos_id
-  first = np.where(is_eos.any(-1), is_eos.argmax(-1) + 1, tokens.shape[-1])
-  return first
+  return np.where(is_eos.any(-1), is_eos.argmax(-1) + 1, tokens.shape[-1])
 
 
 def infer_eval(model: EncoderDecoderModel, params, task_name: str, *, batch_size: int,
@@ -100,8 +99,11 @@ def infer_eval(model: EncoderDecoderModel, params, task_name: str, *, batch_size
   if loggers:
     import tensorflow as tf
     tf.io.gfile.makedirs(log_dir)  # seqio's JSONLogger writes into it without creating it
-  hide = _GivenLengthsFilter() if lengths_on_purpose else None
-  if hide:
+  # seqio's "Given sequence lengths are longer than necessary" warning, for callers whose lengths are longer on
+  # purpose (`repro cogs`: fixed-length mixers see inputs at the model's length, decode lengths are rounded up),
+  # would print for every split; elsewhere it stays, as it can be a real hint.
+  hide = lambda record: not str(record.msg).startswith("Given sequence lengths are longer than necessary")
+  if lengths_on_purpose:
     absl_log.addFilter(hide)
   try:  # the Evaluator measures the split and warns when it is built
     evaluator = seqio.Evaluator(
@@ -110,27 +112,13 @@ def infer_eval(model: EncoderDecoderModel, params, task_name: str, *, batch_size
         num_examples=num_examples, shuffle=False, logger_cls=loggers, log_dir=log_dir if loggers else None,
         async_compute_metrics=False)
   finally:
-    if hide:
-      absl_log.removeFilter(hide)
+    absl_log.removeFilter(hide)
   if not evaluator.eval_tasks:
     raise ValueError(f"{task_name!r} has no task with metrics and a {split!r} split to evaluate "
                      "(span corruption tasks have none; use loss evaluation)")
   predict_fn = make_predict_fn(model, params, batch_size, beam_size=beam_size, put=put, fetch=fetch,
                                progress=progress, stats=stats)
   metrics, _ = evaluator.evaluate(compute_metrics=True, step=step, predict_fn=predict_fn)
-  result = metrics.result()
-  return {task: {k: _scalar(v) for k, v in values.items()} for task, values in result.items()}
-
-
-class _GivenLengthsFilter(logging.Filter):
-  """Drops seqio's "Given sequence lengths are longer than necessary ..." warning, for callers whose lengths are
-  longer on purpose (`repro cogs`: fixed-length mixers must see inputs at the model's length, and decode
-  lengths are rounded up); it would print for every split. Elsewhere it stays: it can be a real hint."""
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    return not str(record.msg).startswith("Given sequence lengths are longer than necessary")
-
-
-def _scalar(value) -> float:
-  value = getattr(value, "value", value)  # seqio wraps metrics in clu-style Scalar objects
-  return float(np.asarray(value))
+  # seqio wraps metrics in clu-style Scalar objects
+  return {task: {k: float(np.asarray(getattr(v, "value", v))) for k, v in values.items()}
+          for task, values in metrics.result().items()}

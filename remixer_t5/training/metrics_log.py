@@ -23,7 +23,6 @@ class MetricsLogger:
     self.enabled = jax.process_index() == 0
     self.path = Path(model_dir) / "metrics.jsonl"
     self._writers: dict[str, Any] = {}
-    self._model_dir = Path(model_dir)
     if self.enabled:
       self.path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -50,7 +49,7 @@ class MetricsLogger:
   def _tensorboard(self, step, split, row, examples):
     import tensorflow as tf  # host-side only; TF is already a dependency of the input pipeline
     if split not in self._writers:
-      self._writers[split] = tf.summary.create_file_writer(str(self._model_dir / "tensorboard" / split))
+      self._writers[split] = tf.summary.create_file_writer(str(self.path.parent / "tensorboard" / split))
     with self._writers[split].as_default(step=int(step)):
       for k, v in row.items():
         tf.summary.scalar(k, float(v))

@@ -44,7 +44,6 @@ def make_eval_step(model: EncoderDecoderModel):
   return eval_step
 
 
-# --- the program: one place for what `train` compiles and what `remixer-t5 compile` compiles ahead of time -
 def batch_shapes(feature_lengths: Mapping[str, int], batch_size: int, pack: bool
                  ) -> dict[str, jax.ShapeDtypeStruct]:
   """The global batch the steps take, as shapes: seqio.EncDecFeatureConverter's int32 features."""
@@ -59,11 +58,7 @@ def batch_shapes(feature_lengths: Mapping[str, int], batch_size: int, pack: bool
 
 @dataclasses.dataclass(frozen=True)
 class Program:
-  """The jitted steps of a run and the abstract state and shardings they take.
-
-  `train`, `evaluate_checkpoint` and `remixer-t5 compile` (aot_compile.py) all build it with `program`, so the
-  ahead-of-time compile is of exactly the step `train` runs.
-  """
+  """The jitted steps of a run and the abstract state and shardings they take (built by `program`)."""
   mesh: Any
   state: TrainState  # abstract: ShapeDtypeStructs carrying their shardings
   shardings: TrainState

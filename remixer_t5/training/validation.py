@@ -51,11 +51,8 @@ def decode_examples(model, params, batch, vocab, n, pack, mesh):
   replicated = partitioning.replicated(mesh)
   preds = to_host(jit_predict(model)(params, {"encoder_input_tokens": global_from_host(enc, replicated)},
                                       tgt.shape[-1]))
-  out = []
-  for e, t, p in zip(enc, tgt, preds):
-    out.append({"inputs": vocab.decode(strip(e)), "targets": vocab.decode(strip(t)),
-                "prediction": vocab.decode(strip(p))})
-  return out
+  return [{"inputs": vocab.decode(strip(e)), "targets": vocab.decode(strip(t)), "prediction": vocab.decode(strip(p))}
+          for e, t, p in zip(enc, tgt, preds)]
 
 
 @functools.lru_cache(maxsize=4)
