@@ -61,8 +61,9 @@ def remix_matrices(params) -> list[tuple[str, "np.ndarray"]]:
   positions j, over all L in the encoder and over j <= i in the (causal) decoder, so every row sums to 1.
   Blocks are found by their `remix` parameter, whatever their slot is called.
   """
+  import jax
   import jax.numpy as jnp
-  from remixer_t5.model.mixers.remixer import _masked_softmax
+  from remixer_t5.model import layers
 
   out = []
   for stack in ("encoder", "decoder"):
@@ -71,7 +72,9 @@ def remix_matrices(params) -> list[tuple[str, "np.ndarray"]]:
       visible = jnp.ones(h.shape, bool)
       if stack == "decoder":
         visible = jnp.tril(visible)
-      out.append((f"{stack}_{layer}", np.asarray(_masked_softmax(h, visible))))
+      # The block's softmax: in float32, masked entries exactly 0.
+      weights = jax.nn.softmax(jnp.where(visible, h, layers.NEG_INF), axis=-1) * visible
+      out.append((f"{stack}_{layer}", np.asarray(weights)))
   return out
 
 
