@@ -47,6 +47,13 @@ def check_attention_shapes(query, key, value, bias) -> None:
     raise ValueError(f"flash attention: bias {bias.shape} must be [1, {h}, {nq}, {nk}] or [{b}, {h}, {nq}, {nk}]")
 
 
+def pad_axis(a, axis: int, size: int, value=0):
+  """`a` padded at the end of `axis` to `size` with `value` (kernels' operands padded to whole blocks)."""
+  import jax.numpy as jnp
+  pad = size - a.shape[axis]
+  return a if not pad else jnp.pad(a, [(0, pad if i == axis else 0) for i in range(a.ndim)], constant_values=value)
+
+
 def check(field: str, impl: str, names: tuple[str, ...]) -> None:
   """ValueError naming the field and the choices for an unknown implementation name."""
   if impl not in ("auto", "xla", *names):

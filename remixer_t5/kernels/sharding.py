@@ -35,8 +35,7 @@ def per_batch_shard(fn: Callable, shared: tuple[int, ...] = ()) -> Callable:
       return fn(*args)
     spec = jax.sharding.PartitionSpec(axes)
     present = [i for i, a in enumerate(args) if a is not None]
-    arrays = [jnp.broadcast_to(args[i], (shards,) + args[i].shape[1:]) if i in shared else args[i]
-              for i in present]
+    arrays = [jnp.broadcast_to(args[i], (shards,) + args[i].shape[1:]) if i in shared else args[i] for i in present]
     if jax.sharding.AxisType.Explicit in mesh.axis_types:  # (partitioning's meshes are Auto)
       arrays = [jax.sharding.reshard(a, spec) for a in arrays]
 

@@ -42,11 +42,8 @@ class T5Config:
 
   def __post_init__(self):
     object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
-    if self.remat_policy not in REMAT_POLICIES:
-      raise ValueError(f"T5Config.remat_policy must be one of {sorted(REMAT_POLICIES)}, got {self.remat_policy!r}")
-    if self.layer_layout not in LAYER_LAYOUTS:
-      raise ValueError(f"T5Config.layer_layout must be one of {LAYER_LAYOUTS}, got {self.layer_layout!r}")
-    for name, choices in (("attention_impl", ATTENTION_IMPLS), ("dropout_impl", DROPOUT_IMPLS)):
+    for name, choices in (("remat_policy", tuple(REMAT_POLICIES)), ("layer_layout", LAYER_LAYOUTS),
+                          ("attention_impl", ATTENTION_IMPLS), ("dropout_impl", DROPOUT_IMPLS)):
       if getattr(self, name) not in choices:
         raise ValueError(f"T5Config.{name} must be one of {choices}, got {getattr(self, name)!r}")
     for name in ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim"):

@@ -115,8 +115,7 @@ def beam_search(tokens_to_logits: StepFn, cache, batch_size: int, beam_size: int
     cand = (alive_logp[:, :, None] + log_probs).reshape(b, k * vocab)
     top_logp, top_idx = jax.lax.top_k(cand, 2 * k)
     top_beam, top_tok = top_idx // vocab, (top_idx % vocab).astype(jnp.int32)
-    top_seqs = jax.lax.dynamic_update_index_in_dim(
-        _gather_beams(alive_seqs, top_beam, b, k, 2 * k), top_tok, i, 2)
+    top_seqs = jax.lax.dynamic_update_index_in_dim(_gather_beams(alive_seqs, top_beam, b, k, 2 * k), top_tok, i, 2)
     is_eos = top_tok == eos_id
 
     # Live beams: best k continuations that did not end.

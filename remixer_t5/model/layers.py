@@ -119,18 +119,16 @@ def keep_mask(rng: Array, keep_prob: float, shape: tuple[int, ...], impl: str = 
 
 
 class Embed(nn.Module):
-  """Token embedding table (vocab, embed)."""
+  """Token embedding table (vocab, embed), read by a gather, not a one-hot matmul: exact, and cheap on CPU/GPU."""
   num_embeddings: int
   features: int
   dtype: str = "float32"
 
-  def setup(self):
-    self.embedding = param_with_axes("embedding", embedding_init, (self.num_embeddings, self.features),
-                                     jnp.float32, axes=("vocab", "embed"))
-
+  @nn.compact
   def __call__(self, ids: Array) -> Array:
-    # A gather, not a one-hot matmul: exact, and cheap on CPU/GPU.
-    return jnp.take(self.embedding, ids, axis=0).astype(self.dtype)
+    table = param_with_axes("embedding", embedding_init, (self.num_embeddings, self.features), jnp.float32,
+                            axes=("vocab", "embed"))
+    return jnp.take(table, ids, axis=0).astype(self.dtype)
 
 
 def sinusoidal_features(positions: Array, dim: int) -> Array:
@@ -230,8 +228,7 @@ class RelativePositionBiases(nn.Module):
     if isinstance(query_positions, int):
       return self._rows(table, query_positions, key_positions, bidirectional).astype(self.dtype)
     rel = key_positions[:, None, :] - query_positions[:, :, None]
-    buckets = relative_position_bucket(rel.astype(jnp.int32), bidirectional, self.num_buckets,
-                                       self.max_distance)
+    buckets = relative_position_bucket(rel.astype(jnp.int32), bidirectional, self.num_buckets, self.max_distance)
     bias = jnp.take(table, buckets, axis=1)  # [heads, b, q, k]: decoding's one query row
     return jnp.transpose(bias, (1, 0, 2, 3)).astype(self.dtype)
 
@@ -253,7 +250,5 @@ class RelativePositionBiases(nn.Module):
     return skewed[None, :, :, q_len - 1:]
 
 
-def mask_to_bias(mask: Array | None, dtype) -> Array | None:
-  if mask is None:
-    return None
+def mask_to_bias(mask: Array, dtype) -> Array:
   return jnp.where(mask > 0, 0.0, NEG_INF).astype(dtype)

@@ -114,8 +114,7 @@ class EncoderDecoderModel:
     logits = self.logits(params, batch, dropout_rng)
     targets = batch["decoder_target_tokens"]
     weights = batch.get("decoder_loss_weights", (targets > 0).astype(jnp.float32))
-    total, z, weight_sum = cross_entropy_with_z_loss(logits, targets, weights, self.z_loss,
-                                                     self.label_smoothing)
+    total, z, weight_sum = cross_entropy_with_z_loss(logits, targets, weights, self.z_loss, self.label_smoothing)
     norm = self.loss_normalizing_factor or jnp.maximum(weight_sum, 1.0)
     correct = jnp.sum(correct_predictions(logits, targets) * weights)
     metrics = {"loss_sum": total, "z_loss_sum": z, "weight_sum": weight_sum, "correct_sum": correct}
@@ -136,17 +135,14 @@ class EncoderDecoderModel:
     enc_tokens = batch["encoder_input_tokens"]
     max_len = max_decode_length or batch["decoder_target_tokens"].shape[-1]
     batch_size = enc_tokens.shape[0]
-    encoded = self.module.apply({"params": params}, enc_tokens, enable_dropout=False,
-                                method=self.module.encode)
+    encoded = self.module.apply({"params": params}, enc_tokens, enable_dropout=False, method=self.module.encode)
     # The cache is created for the batch, then repeated per beam; the static cache (cross-attention keys and
     # values) is not: a row's beams share one encoder output, so attention reads it once for all of them.
     cache, static = self._init_cache(params, encoded, enc_tokens, batch_size, max_len)
     if beam_size > 1:
       enc_tokens, encoded, cache = decoding.expand_to_beams((enc_tokens, encoded, cache), beam_size)
 
-    def step(tokens, cache):
-      # What the first call computed from the encoder output (base.static_cache) enters every step as a
-      # constant: it is not loop state, so beam search never reorders it and no step recomputes it.
+    def step(tokens, cache):  # `static` enters every step as a constant, not as loop state (base.static_cache)
       logits, variables = self.module.apply({"params": params, "cache": cache, **static}, encoded, enc_tokens,
                                             tokens, tokens, enable_dropout=False, decode=True,
                                             max_decode_length=max_len, mutable=["cache"],

@@ -3,9 +3,8 @@
 With the defaults this is T5.1.1 (Raffel et al. 2020 + the T5.1.1 changes: gated-GELU feed-forward, untied
 embedding and output layer, RMS norms without bias, relative position biases shared per stack) with t5x's
 parameter names. The mixers of each stack come from gin (`remixer_t5/model/mixers/`, one file per paper); a layer is
-"token mixing + feature mixing" (HyperMixer paper, Fig. 1), each slot norm + mixer + dropout + residual. The
-wiring is `T5Config.layer_layout` (HyperMixer paper App. F): 'pre_norm' (T5's, the default; Wang et al. 2019),
-'post_norm' (Vaswani et al. 2017) or 'serialized' (the layout of Fig. 1 and every HyperMixer experiment).
+"token mixing + feature mixing" (HyperMixer paper, Fig. 1), each slot norm + mixer + dropout + residual, wired as
+`T5Config.layer_layout` says (config.LAYER_LAYOUTS: HyperMixer paper App. F).
 Absolute position embeddings (`Transformer.encoder_position_embeddings` / `decoder_position_embeddings`) can be
 added to the token embeddings, for mixers that carry no position information of their own.
 """

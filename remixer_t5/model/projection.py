@@ -243,8 +243,7 @@ def projection_features(ids: Array, table: FingerprintTable, m: int, mode: str =
       follows = follows | (segment_ids[:, 1:] != segment_ids[:, :-1])
     starts = starts.at[:, 1:].set(starts[:, 1:] | follows).at[:, 0].set(True)
     word = (jnp.cumsum(starts, axis=1) - 1 + length * jnp.arange(b)[:, None]).reshape(-1)  # unique word ids
-    mins = jax.ops.segment_min(fp.reshape(b * length, -1), word, num_segments=b * length,
-                               indices_are_sorted=True)
+    mins = jax.ops.segment_min(fp.reshape(b * length, -1), word, num_segments=b * length, indices_are_sorted=True)
     parts.append(_bloom(mins[word].reshape(fp.shape), m))
   return jnp.concatenate(parts, axis=-1) * mask[..., None]
 

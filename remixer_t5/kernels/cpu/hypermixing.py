@@ -1,14 +1,10 @@
 """CPU-only runs: HyperMixing's token mixing (mixers/hypermixer.py) as fused C++ loops, forward and gradient.
 
-Why: two of the layer's three forms spend XLA:CPU's time on memory, not arithmetic.
-- Causal (`HyperMixing._causal`, the decoder's self-mixing): the hidden state is a d'×d matrix per position,
-  and the chunked scan writes every position's state to memory and runs the GELU over it from there.
-- Segmented (`_segmented`, packed rows without a causal mask: the encoder's self-mixing and the cross-mixing):
-  XLA's form handles `segment_block` segment ids per step over every query and key, so its cost grows with
-  the number of examples packed in a row.
-`csrc/hypermixing.cc` keeps one running state per sequence in cache and walks the positions (its gradient walks
-them in reverse from states saved every `BLOCK` positions), and gives each (row, segment id) its own state built
-from that segment's keys and read by its queries only; the file's header has the equations. What it saves:
+Why: two of the layer's three forms spend XLA:CPU's time on memory, not arithmetic: the causal form
+(`HyperMixing._causal`) writes every position's d'×d state to memory and runs the GELU over it from there, and
+the segmented form (`_segmented`, packed rows without a causal mask) handles `segment_block` segment ids per step
+over every query and key. `csrc/hypermixing.cc` (its header has the equations) keeps one running state per
+sequence in cache, and gives each (row, segment id) its own state read by its queries only. What it saves:
 docs/benchmarks.md, "Kernels against plain JAX" (scripts/bench_hypermixing_cpu.py).
 
 How: the handlers are compiled on first use (ffi.py: the system's C++ compiler, `-O3 -march=native`,

@@ -37,11 +37,8 @@ ids (0 = padding), causal masking, and a dropout mask given as a [b, h, q, k] bo
 never written: the kernels draw no random numbers). Not supported: a bias broadcast over heads ([., 1, q, k]),
 different head dimensions for values, grouped keys/values, higher-order derivatives, and partitioning: XLA does
 not partition a custom call, so under a mesh the caller runs it per batch shard (and sums the bias gradient
-over the shards).
-
-Padding: lengths that are not whole blocks are padded by copies (q, k, v, the cotangent, the bias and the mask)
-and the outputs sliced (T5's 512 encoder positions need none; its 114 decoder positions pad to 128). Masked
-loads in the kernels would avoid the copies.
+over the shards). Padding is by copies (masked loads would avoid them), the outputs sliced: T5's 512 encoder
+positions need none, its 114 decoder positions pad to 128.
 
 Numerics: logits, softmax statistics and every accumulator are float32; the softmax runs in base 2 (logits times
 log2(e), Triton's exp2 is one instruction where exp is a range reduction plus exp2); the weights are rounded to
@@ -66,9 +63,11 @@ import math
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plt
 
 from remixer_t5 import kernels
-from remixer_t5.kernels import sharding
+from remixer_t5.kernels import pad_axis, sharding
 
 f32 = jnp.float32
 NEG_INF = -1e10  # layers.NEG_INF: the mask value of the reference (finite, so fully masked rows stay finite)
@@ -87,7 +86,6 @@ NUM_STAGES = 2  # the key-block loop's loads are double-buffered
 
 def _scaled_logits(q, k, bias, q_seg, kv_seg, rows, cols, causal: bool):
   """log2(e) (q k^T + bias) where allowed, else NEG_INF: a [block_q, block_k] float32 tile."""
-  from jax.experimental.pallas import triton as plt
   s = plt.dot(q, k, trans_b=True)
   if bias is not None:
     s = s + bias
@@ -115,8 +113,6 @@ def _dropped(p, keep, keep_scale: float):
 
 def _forward_kernel(q_ref, k_ref, v_ref, bias_ref, qseg_ref, kvseg_ref, drop_ref, o_ref, lse_ref, *,
                     causal: bool, keep_scale: float, block_q: int, block_k: int, weights_dtype, pv_dtype):
-  from jax.experimental import pallas as pl
-  from jax.experimental.pallas import triton as plt
   qb = pl.program_id(1)
   num_k_blocks = k_ref.shape[0] // block_k
   q, q_seg = q_ref[...], qseg_ref[...]
@@ -136,8 +132,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, bias_ref, qseg_ref, kvseg_ref, drop_ref
     pv = plt.dot(p.astype(weights_dtype).astype(pv_dtype), v_ref[ks, :].astype(pv_dtype))
     return acc * rescale[:, None] + pv, m_new, l
 
-  init = (jnp.zeros((block_q, q_ref.shape[-1]), f32), jnp.full((block_q,), NEG_INF, f32),
-          jnp.zeros((block_q,), f32))
+  init = (jnp.zeros((block_q, q_ref.shape[-1]), f32), jnp.full((block_q,), NEG_INF, f32), jnp.zeros((block_q,), f32))
   hi = _causal_key_blocks(qb, block_q, block_k, num_k_blocks) if causal else num_k_blocks
   acc, m, l = jax.lax.fori_loop(0, hi, body, init)
   o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
@@ -147,8 +142,6 @@ def _forward_kernel(q_ref, k_ref, v_ref, bias_ref, qseg_ref, kvseg_ref, drop_ref
 def _dkv_kernel(q_ref, k_ref, v_ref, bias_ref, qseg_ref, kvseg_ref, drop_ref, do_ref, lse_ref, delta_ref,
                 dk_ref, dv_ref, *, causal: bool, keep_scale: float, block_q: int, block_k: int, weights_dtype,
                 pv_dtype):
-  from jax.experimental import pallas as pl
-  from jax.experimental.pallas import triton as plt
   kb = pl.program_id(1)
   num_q_blocks = q_ref.shape[0] // block_q
   k, v, kv_seg = k_ref[...], v_ref[...].astype(pv_dtype), kvseg_ref[...]
@@ -159,8 +152,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, bias_ref, qseg_ref, kvseg_ref, drop_ref, do
     qs = pl.ds(qb * block_q, block_q)
     rows = qb * block_q + jnp.arange(block_q)
     q, do = q_ref[qs, :], do_ref[qs, :].astype(pv_dtype)
-    s = _scaled_logits(q, k, None if bias_ref is None else bias_ref[qs, :], qseg_ref[qs], kv_seg, rows, cols,
-                       causal)
+    s = _scaled_logits(q, k, None if bias_ref is None else bias_ref[qs, :], qseg_ref[qs], kv_seg, rows, cols, causal)
     p = jnp.exp2(s - lse_ref[qs][:, None])
     keep = None if drop_ref is None else drop_ref[qs, :]
     dv = dv + plt.dot(_dropped(p, keep, keep_scale).astype(weights_dtype).astype(pv_dtype), do, trans_a=True)
@@ -178,8 +170,6 @@ def _dkv_kernel(q_ref, k_ref, v_ref, bias_ref, qseg_ref, kvseg_ref, drop_ref, do
 def _dq_kernel(q_ref, k_ref, v_ref, bias_ref, qseg_ref, kvseg_ref, drop_ref, do_ref, lse_ref, delta_ref, dq_ref,
                *, causal: bool, keep_scale: float, block_q: int, block_k: int, weights_dtype, pv_dtype):
   del weights_dtype
-  from jax.experimental import pallas as pl
-  from jax.experimental.pallas import triton as plt
   qb = pl.program_id(1)
   num_k_blocks = k_ref.shape[0] // block_k
   q, q_seg, do = q_ref[...], qseg_ref[...], do_ref[...].astype(pv_dtype)
@@ -190,8 +180,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, bias_ref, qseg_ref, kvseg_ref, drop_ref, do_
     ks = pl.ds(kb * block_k, block_k)
     cols = kb * block_k + jnp.arange(block_k)
     k = k_ref[ks, :]
-    s = _scaled_logits(q, k, None if bias_ref is None else bias_ref[:, ks], q_seg, kvseg_ref[ks], rows, cols,
-                       causal)
+    s = _scaled_logits(q, k, None if bias_ref is None else bias_ref[:, ks], q_seg, kvseg_ref[ks], rows, cols, causal)
     p = jnp.exp2(s - lse[:, None])
     keep = None if drop_ref is None else drop_ref[:, ks]
     ds = _logits_gradient(p, plt.dot(do, v_ref[ks, :].astype(pv_dtype), trans_b=True), delta, keep, keep_scale)
@@ -206,8 +195,6 @@ def _dbias_kernel(q_ref, k_ref, v_ref, bias_ref, qseg_ref, kvseg_ref, drop_ref, 
                   db_ref, *, causal: bool, keep_scale: float, block_q: int, block_k: int, weights_dtype, pv_dtype,
                   batch: int, per_example: bool):
   del weights_dtype
-  from jax.experimental import pallas as pl
-  from jax.experimental.pallas import triton as plt
   qb, kb = pl.program_id(0), pl.program_id(1)
   rows = qb * block_q + jnp.arange(block_q)
   cols = kb * block_k + jnp.arange(block_k)
@@ -218,8 +205,7 @@ def _dbias_kernel(q_ref, k_ref, v_ref, bias_ref, qseg_ref, kvseg_ref, drop_ref, 
                        cols, causal)
     p = jnp.exp2(s - lse_ref[r][:, None])
     keep = None if drop_ref is None else drop_ref[r]
-    return _logits_gradient(p, plt.dot(do, v_ref[r].astype(pv_dtype), trans_b=True), delta_ref[r], keep,
-                            keep_scale)
+    return _logits_gradient(p, plt.dot(do, v_ref[r].astype(pv_dtype), trans_b=True), delta_ref[r], keep, keep_scale)
 
   if per_example:
     def write(r, carry):
@@ -244,13 +230,6 @@ def _block(preferred: int, length: int) -> int:
   return max(MIN_BLOCK, min(preferred, _next_power_of_2(length)))
 
 
-def _pad(a, axis: int, size: int, value=0):
-  pad = size - a.shape[axis]
-  if not pad:
-    return a
-  return jnp.pad(a, [(0, pad if i == axis else 0) for i in range(a.ndim)], constant_values=value)
-
-
 class _Calls:
   """The four pallas_calls for padded shapes: batch b, lengths nq, nk (whole blocks), heads h, head dim d."""
 
@@ -264,8 +243,6 @@ class _Calls:
     self.num_warps, self.num_stages = num_warps, num_stages
 
   def _call(self, kernel, name, grid, in_specs, out_specs, out_shape, args):
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import triton as plt
     return pl.pallas_call(
         kernel, grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
         compiler_params=plt.CompilerParams(num_warps=self.num_warps, num_stages=self.num_stages),
@@ -274,7 +251,6 @@ class _Calls:
   def _specs(self, q, k, bias, qseg, kvseg, drop):
     """The BlockSpecs of (q, k, v, bias, q_seg, kv_seg, dropout mask), each given as (block shape, index map);
     None where the bias or the mask is absent."""
-    from jax.experimental import pallas as pl
     return [pl.BlockSpec(*q), pl.BlockSpec(*k), pl.BlockSpec(*k),
             None if self.bias_batch is None else pl.BlockSpec(*bias), pl.BlockSpec(*qseg), pl.BlockSpec(*kvseg),
             pl.BlockSpec(*drop) if self.has_drop else None]
@@ -287,7 +263,6 @@ class _Calls:
   def _by_query_block(self):
     """For programs over (row, query block, head): the specs of (q, k, v, bias, q_seg, kv_seg, mask), and the
     BlockSpecs of a query block's rows [b, q, h, d] and of its statistics [b, h, q]."""
-    from jax.experimental import pallas as pl
     b, nq, nk, h, d = self.shape
     bq, per_example = self.block_q, self.per_example
     in_specs = self._specs(
@@ -311,7 +286,6 @@ class _Calls:
                       (b, nq // self.block_q, h), in_specs, out_specs, out_shape, (q, k, v, bias, qseg, kvseg, drop))
 
   def dkv(self, *args):
-    from jax.experimental import pallas as pl
     b, nq, nk, h, d = self.shape
     bk, per_example = self.block_k, self.per_example
     rows = ((None, nq, None, d), lambda r, j, hh: (r, 0, hh, 0))
@@ -338,7 +312,6 @@ class _Calls:
                       in_specs + [rows, stats, stats], rows, jax.ShapeDtypeStruct(q.shape, q.dtype), args)
 
   def dbias(self, *args, bias_dtype):
-    from jax.experimental import pallas as pl
     b, nq, nk, h, d = self.shape
     bq, bk, per_example = self.block_q, self.block_k, self.per_example
     rows = ((b, bq, None, d), lambda i, j, hh: (0, i, hh, 0))
@@ -355,8 +328,7 @@ class _Calls:
     out_shape = jax.ShapeDtypeStruct((self.bias_batch, h, nq, nk), bias_dtype)
     kernel = functools.partial(_dbias_kernel, **self.static, batch=b, per_example=per_example)
     # Query blocks vary fastest: programs running together share a key block's tiles.
-    return self._call(kernel, "flash_attention_dbias", (nq // bq, nk // bk, h), in_specs, out_spec, out_shape,
-                      args)
+    return self._call(kernel, "flash_attention_dbias", (nq // bq, nk // bk, h), in_specs, out_spec, out_shape, args)
 
 
 def attention(query, key, value, *, bias=None, q_segment_ids=None, kv_segment_ids=None, causal: bool = False,
@@ -392,9 +364,10 @@ def attention(query, key, value, *, bias=None, q_segment_ids=None, kv_segment_id
 
   def padded(q, k, v, bias, q_seg, kv_seg, drop):
     """Whole blocks and a power-of-two head dimension: zeros, segment id 0 (masked), mask False."""
-    rows = lambda x, n: _pad(_pad(x, 1, n), 3, pd)
-    return (rows(q, pq), rows(k, pk), rows(v, pk), None if bias is None else _pad(_pad(bias, 2, pq), 3, pk),
-            _pad(q_seg, 1, pq), _pad(kv_seg, 1, pk), None if drop is None else _pad(_pad(drop, 2, pq), 3, pk, False))
+    rows = lambda x, n: pad_axis(pad_axis(x, 1, n), 3, pd)
+    tiles = lambda x, fill=0: None if x is None else pad_axis(pad_axis(x, 2, pq), 3, pk, fill)
+    return (rows(q, pq), rows(k, pk), rows(v, pk), tiles(bias), pad_axis(q_seg, 1, pq), pad_axis(kv_seg, 1, pk),
+            tiles(drop, False))
 
   @jax.custom_vjp
   def run(q, k, v, bias, q_seg, kv_seg, drop):
@@ -407,7 +380,7 @@ def attention(query, key, value, *, bias=None, q_segment_ids=None, kv_segment_id
 
   def run_bwd(residuals, g):
     args, out, lse = residuals
-    do = _pad(_pad(g.astype(dtype), 1, pq), 3, pd)
+    do = pad_axis(pad_axis(g.astype(dtype), 1, pq), 3, pd)
     # D_i = Σ_d O[i, d] dO[i, d] per row and head, [b, h, q] (XLA fuses it into one pass over O and dO)
     delta = jnp.einsum("bqhd,bqhd->bhq", out.astype(f32), do.astype(f32))
     bwd = (*args, do, lse, delta)

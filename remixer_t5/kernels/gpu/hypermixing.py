@@ -25,8 +25,8 @@ programs lowered for CUDA GPUs). The packed non-causal form keeps XLA's id-block
 (`HyperMixing._block_segmented`), faster there than a one-pass kernel.
 
 Memory: each call writes one float32 partial output per d'-block, summed after (no atomics, so the sums are
-deterministic): d'/16 x batch x length x d floats. It grows with the length: `remixer-t5 compile --topology
-h100` counts it, and grouping d'-blocks per program would cut it (not done: it needs a GPU to tune).
+deterministic): d'/16 x batch x length x d floats (`remixer-t5 compile --topology h100` counts them; grouping
+d'-blocks per program would cut them, which needs a GPU to tune).
 Under a mesh the kernel runs per batch shard (`sharding.per_batch_shard`): XLA does not partition a custom call.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from remixer_t5.kernels import sharding
+from remixer_t5.kernels import pad_axis, sharding
 
 BLOCK_H = 16  # d' rows of the causal state tile (a power of 2: Triton's tensors) and its d columns: 16 x 64 with
 BLOCK_D = 64  # 2 warps, the fastest of the tiles tried on a GPU
@@ -45,18 +45,14 @@ WARPS = 2
 f32 = jnp.float32
 
 
-def _half_erfc(a):
-  """Φ(-|a|) and exp(-a²/2): Abramowitz & Stegun 7.1.26 for erfc(|a|/√2) / 2, one exp for both."""
+def gelu_and_grad(a):
+  """GELU(a) = a Φ(a) and GELU'(a) = Φ(a) + a φ(a): Φ(-|a|) = erfc(|a|/√2) / 2 by Abramowitz & Stegun 7.1.26, and
+  one exp, exp(-a²/2), for both it and φ."""
   z = jnp.abs(a) * 0.7071067811865476
   t = 1.0 / (1.0 + 0.3275911 * z)
   poly = ((((1.061405429 * t - 1.453152027) * t + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t
   gauss = jnp.exp(-z * z)
-  return 0.5 * poly * gauss, gauss
-
-
-def gelu_and_grad(a):
-  """GELU(a) = a Φ(a) and GELU'(a) = Φ(a) + a φ(a)."""
-  tail, gauss = _half_erfc(a)
+  tail = 0.5 * poly * gauss
   cdf = jnp.where(a < 0, tail, 1.0 - tail)
   return a * cdf, cdf + a * gauss * 0.3989422804014327
 
@@ -122,11 +118,6 @@ def _segment_starts_and_scale(mask, seg, length_normalize: bool):
   return start, 1.0 / jnp.maximum(csum - before, 1.0)
 
 
-def _pad_to(a, axis: int, multiple: int):
-  pad = -a.shape[axis] % multiple
-  return a if not pad else jnp.pad(a, [(0, pad if k == axis else 0) for k in range(a.ndim)])
-
-
 def _calls(shape, block_h: int, block_d: int, num_warps: tuple[int, int], interpret: bool):
   """The forward and backward pallas_calls for padded shapes (b, n, h, d). Both take W1, X, W2, the ids and the
   scales r_i, the backward also the segment starts and the output's cotangent; they return float32 partial sums,
@@ -164,8 +155,9 @@ def kernel(w1, x, w2, mask, segment_ids, length_normalize: bool, *, block_h: int
   seg = jnp.asarray(segment_ids, jnp.int32)
   start, scale = _segment_starts_and_scale(mask.astype(f32), seg, length_normalize)
   (b, n, h), d = w1.shape, x.shape[-1]
-  forward, backward = _calls((b, n, h + -h % block_h, d + -d % block_d), block_h, block_d, num_warps, interpret)
-  pad = lambda w1, x, w2: (_pad_to(w1, 2, block_h), _pad_to(x, 2, block_d), _pad_to(w2, 2, block_h))
+  hp, dp = h + -h % block_h, d + -d % block_d  # whole tiles
+  forward, backward = _calls((b, n, hp, dp), block_h, block_d, num_warps, interpret)
+  pad = lambda w1, x, w2: (pad_axis(w1, 2, hp), pad_axis(x, 2, dp), pad_axis(w2, 2, hp))
 
   @jax.custom_vjp
   def run(w1, x, w2, seg, scale, start):
@@ -176,7 +168,7 @@ def kernel(w1, x, w2, mask, segment_ids, length_normalize: bool, *, block_h: int
 
   def run_bwd(residuals, g):
     w1, x, w2, seg, scale, start = residuals
-    dw1, dx, dw2 = backward(*pad(w1, x, w2), seg, scale, start, _pad_to(g.astype(f32), 2, block_d))
+    dw1, dx, dw2 = backward(*pad(w1, x, w2), seg, scale, start, pad_axis(g.astype(f32), 2, dp))
     return (dw1.sum(0)[:, :, :h].astype(w1.dtype), dx.sum(0)[:, :, :d].astype(x.dtype),
             dw2.sum(0)[:, :, :h].astype(w2.dtype), None, jnp.zeros_like(scale), None)
 

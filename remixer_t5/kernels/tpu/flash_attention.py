@@ -27,15 +27,10 @@ import re
 import jax.numpy as jnp
 
 from remixer_t5 import kernels
-from remixer_t5.kernels import sharding
+from remixer_t5.kernels import pad_axis, sharding
 
 FIRST_BFLOAT16_GENERATION = 4  # v2 and v3: Mosaic takes no bfloat16 matmul operands
 BLOCK = 128  # JAX's default blocks; its backward needs key blocks of at least 128 (its MIN_BLOCK_SIZE)
-
-
-def _pad(a, axis: int, size: int):
-  pad = size - a.shape[axis]
-  return a if not pad else jnp.pad(a, [(0, pad if i == axis else 0) for i in range(a.ndim)])
 
 
 def attention(query, key, value, *, bias=None, q_segment_ids=None, kv_segment_ids=None, causal: bool = False,
@@ -57,15 +52,15 @@ def attention(query, key, value, *, bias=None, q_segment_ids=None, kv_segment_id
   q_seg = jnp.ones((b, nq), jnp.int32) if q_segment_ids is None else jnp.asarray(q_segment_ids, jnp.int32)
   kv_seg = jnp.ones((b, nk), jnp.int32) if kv_segment_ids is None else jnp.asarray(kv_segment_ids, jnp.int32)
   cast = (lambda x: x) if operand_dtype is None else (lambda x: x.astype(operand_dtype))
-  heads_first = lambda x, n: jnp.swapaxes(_pad(cast(x), 1, n), 1, 2)  # [b, n, h, d] -> [b, h, n_padded, d]
+  heads_first = lambda x, n: jnp.swapaxes(pad_axis(cast(x), 1, n), 1, 2)  # [b, n, h, d] -> [b, h, n_padded, d]
   ab = None
   if bias is not None:
-    ab = jnp.broadcast_to(_pad(_pad(bias, 2, pq), 3, pk), (b, h, pq, pk))
+    ab = jnp.broadcast_to(pad_axis(pad_axis(bias, 2, pq), 3, pk), (b, h, pq, pk))
   sizes = tpu.BlockSizes(block_q=block, block_k_major=block, block_k=block, block_b=1, block_q_major_dkv=block,
                          block_k_major_dkv=block, block_k_dkv=block, block_q_dkv=block, block_k_major_dq=block,
                          block_k_dq=block, block_q_dq=block)
   out = tpu.flash_attention(heads_first(query, pq), heads_first(key, pk), heads_first(value, pk), ab,
-                            tpu.SegmentIds(q=_pad(q_seg, 1, pq), kv=_pad(kv_seg, 1, pk)), causal=causal,
+                            tpu.SegmentIds(q=pad_axis(q_seg, 1, pq), kv=pad_axis(kv_seg, 1, pk)), causal=causal,
                             sm_scale=1.0, block_sizes=sizes)
   return jnp.swapaxes(out, 1, 2)[:, :nq].astype(dtype)
 

@@ -10,8 +10,7 @@ Flax module constructed as `factory(config=T5Config, name=...)`; its own hyperpa
 fields with defaults (bound in gin). With `ctx.decode` a mixer sees one new position per call and keeps what
 it needs in the 'cache' collection: the first call (cache absent) carries the full `max_decode_length` and
 only creates the cache (its output is discarded), like t5x's attention. What depends on the encoder output
-only (cross-attention's keys and values) is computed once, in that first call, and kept in a cache variable
-in the 'static_cache' collection when the caller asks for it (see `static_cache`).
+only is computed once (`static_cache`).
 """
 from __future__ import annotations
 

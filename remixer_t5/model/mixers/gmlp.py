@@ -125,8 +125,7 @@ class GatedMlpBlock(nn.Module):
     half = hidden // 2
     x = inputs_q
     base.check_length(x.shape[1], self.max_length, "GatedMlpBlock")
-    z = nn.gelu(layers.Dense(hidden, ("embed", "mlp"), dtype=cfg.dtype, name="proj_in")(x),
-                approximate=False)
+    z = nn.gelu(layers.Dense(hidden, ("embed", "mlp"), dtype=cfg.dtype, name="proj_in")(x), approximate=False)
     z = layers.with_sharding_constraint(z, ("batch", "length", "mlp"))
     z1, z2 = z[..., :half], z[..., half:]
     z2 = layers.LayerNorm(cfg.layer_norm_epsilon, cfg.dtype, "mlp", name="sgu_norm")(z2)
@@ -138,8 +137,7 @@ class GatedMlpBlock(nn.Module):
     attn = self.tiny_attention_dim > 0
     k = v = None
     if attn:
-      qkv = layers.Dense(3 * self.tiny_attention_dim, ("embed", "kv"), dtype=cfg.dtype,
-                         name="tiny_attn_qkv")(x)
+      qkv = layers.Dense(3 * self.tiny_attention_dim, ("embed", "kv"), dtype=cfg.dtype, name="tiny_attn_qkv")(x)
       q, k, v = jnp.split(qkv, 3, axis=-1)
 
     visible = None
@@ -223,8 +221,7 @@ class GatedMlpBlock(nn.Module):
       if new is None:
         return None
       cached = self.variable("cache", name, jnp.zeros, new.shape, new.dtype)
-      cached.value = jax.lax.dynamic_update_slice(cached.value, new.astype(cached.value.dtype),
-                                                  (zero, i, zero))
+      cached.value = jax.lax.dynamic_update_slice(cached.value, new.astype(cached.value.dtype), (zero, i, zero))
       return cached.value
 
     z2, k, v = write("cached_norm_z2", z2), write("cached_key", k), write("cached_value", v)

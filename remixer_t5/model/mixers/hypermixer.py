@@ -145,8 +145,7 @@ class HyperMixing(nn.Module):
                        f"{inputs_q.shape[1]} and key length {inputs_kv.shape[1]}")
     dtype = cfg.dtype
     hidden = self.hidden_dim or cfg.mlp_dim
-    net = lambda name: HyperNetwork(self.hyper_hidden_dim or cfg.emb_dim, hidden, self.use_bias, dtype,
-                                    name=name)
+    net = lambda name: HyperNetwork(self.hyper_hidden_dim or cfg.emb_dim, hidden, self.use_bias, dtype, name=name)
     h_in = net("hypernetwork_in")
     h_out = h_in if self.tied else net("hypernetwork_out")
 
@@ -182,10 +181,8 @@ class HyperMixing(nn.Module):
     return w1, h_out(self._add_positions(inputs_q, q_positions))
 
   def _add_positions(self, x: Array, positions: Array | None) -> Array:
-    """x_j + p_j, the hypernetworks' input (§2.3); sqrt(d) x_j + p_j with `scale_inputs` (official code).
-
-    `positions=None` (queries with `query_positions=False`) adds no p_j.
-    """
+    """x_j + p_j, the hypernetworks' input (§2.3); sqrt(d) x_j + p_j with `scale_inputs` (official code); no p_j
+    for `positions=None` (queries with `query_positions=False`)."""
     if self.scale_inputs:
       x = x.astype(f32) * jnp.sqrt(jnp.float32(x.shape[-1]))
     if self.position_features == "none" or positions is None:

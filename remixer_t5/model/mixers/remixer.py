@@ -61,10 +61,8 @@ class RemixerBlock(nn.Module):
       without an arbitrary positional preference; unlike an all-zero start, the nonzero scale lets
       Adafactor's parameter-scaled updates (multiply_by_parameter_scale, floor 1e-3) move H at a useful rate.
 
-  Row i of H is normalised over source positions j, indexed by each token's position inside its own
-  example (ctx.q_positions, restarting per packed segment): X_S[i] = Σ_j softmax_j(H[pos_i, pos_j]) X'[j]
-  over j that are real, in i's segment and (decoder) j <= i. In decoding the X' rows of past positions are
-  cached and the current position reads row `cache_index` of H.
+  H is indexed by each token's position inside its own example (ctx.q_positions; `_remix`). In decoding the
+  X' rows of past positions are cached and the current position reads row `cache_index` of H.
 
   Parameters: wi_0 (W1, gelu branch) and wi_1 (W2) [d, w] ('embed','mlp'); wo (W3) [w, d] ('mlp','embed');
   remix (H) [L, L] ('mix_length','mix_source'); alpha: () for 'learned_scalar', [w] ('mlp',) for

@@ -1,8 +1,8 @@
-// ForEach: run fn(0) .. fn(items - 1) on the calling thread and `helpers` tasks scheduled on XLA's intra-op
-// thread pool (the FFI handler's ffi::ThreadPool). Items are claimed from a counter; the caller waits only for
-// items already claimed (running), so a pool whose threads are all busy cannot deadlock it. Each thread runs
-// its items with flush-to-zero and denormals-are-zero set, as XLA:CPU's own kernels do. Shared by the handlers
-// of remixer_t5/csrc (cpu_ffi.py compiles them with this folder on the include path).
+// ForEach: run fn(0) .. fn(items - 1) on the calling thread and tasks scheduled on XLA's intra-op thread pool
+// (the FFI handler's ffi::ThreadPool), one thread per item at most. Items are claimed from a counter; the caller
+// waits only for items already claimed (running), so a pool whose threads are all busy cannot deadlock it. Each
+// thread runs its items with flush-to-zero and denormals-are-zero set, as XLA:CPU's own kernels do. Shared by the
+// handlers of kernels/cpu/csrc (ffi.py compiles them with this folder on the include path).
 #pragma once
 
 #include <algorithm>
@@ -48,8 +48,9 @@ inline void ForEachWork(ForEachState& s) {
 #endif
 }
 
-inline void ForEach(xla::ffi::ThreadPool& pool, int64_t items, int64_t helpers, std::function<void(int64_t)> fn) {
+inline void ForEach(xla::ffi::ThreadPool& pool, int64_t items, std::function<void(int64_t)> fn) {
   if (items <= 0) return;
+  const int64_t helpers = std::max<int64_t>(1, pool.num_threads()) - 1;
   auto state = std::make_shared<ForEachState>();
   state->fn = std::move(fn);
   state->items = items;

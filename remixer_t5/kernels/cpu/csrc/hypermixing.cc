@@ -38,13 +38,11 @@
 // both erfc and phi(a) = exp(-a^2 / 2) / sqrt(2 pi). Every function is branch-free float code the compiler
 // vectorises over d.
 //
-// Work items (causal: sequences; segmented: (row, id) groups) are shared out over XLA's intra-op thread pool:
-// the calling thread and helpers it schedules claim items from a counter, each with its own buffers.
+// Work items (causal: sequences; segmented: (row, id) groups) are shared out over XLA's threads (for_each.h).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -209,12 +207,6 @@ void BackwardRow(const Problem& p, int64_t row, const float* ckpt, const float* 
   }
 }
 
-// Work items over the calling thread and XLA's pool (for_each.h): one thread per item at most.
-void ForEach(ffi::ThreadPool& pool, int64_t items, std::function<void(int64_t)> fn) {
-  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
-  remixer::ForEach(pool, items, std::min(items, threads) - 1, std::move(fn));
-}
-
 ffi::Error MakeProblem(const char* name, F32Buf& w1, F32Buf& x, F32Buf& w2, F32Buf& mask, S32Buf& seg,
                        int64_t length_normalize, int64_t block, Problem* p) {
   auto wd = w1.dimensions(), xd = x.dimensions(), vd = w2.dimensions(), md = mask.dimensions(),
@@ -237,9 +229,7 @@ ffi::Error Forward(ffi::ThreadPool pool, F32Buf w1, F32Buf x, F32Buf w2, F32Buf 
   if (err.failure()) return err;
   if (ckpt->element_count() != p.b * p.blocks * p.h * p.d || out->element_count() != p.b * p.n * p.d)
     return ffi::Error::InvalidArgument("remixer_hypermixing_causal: result shapes do not match");
-  float* o = out->typed_data();
-  float* c = ckpt->typed_data();
-  ForEach(pool, p.b, [&](int64_t row) { ForwardRow(p, row, o, c); });
+  remixer::ForEach(pool, p.b, [&](int64_t row) { ForwardRow(p, row, out->typed_data(), ckpt->typed_data()); });
   return ffi::Error::Success();
 }
 
@@ -252,12 +242,9 @@ ffi::Error Backward(ffi::ThreadPool pool, F32Buf w1, F32Buf x, F32Buf w2, F32Buf
       dw1->element_count() != p.b * p.n * p.h || dw2->element_count() != p.b * p.n * p.h ||
       dx->element_count() != p.b * p.n * p.d)
     return ffi::Error::InvalidArgument("remixer_hypermixing_causal_grad: shapes do not match");
-  const float* c = ckpt.typed_data();
-  const float* g = dout.typed_data();
-  float* g1 = dw1->typed_data();
-  float* gx = dx->typed_data();
-  float* g2 = dw2->typed_data();
-  ForEach(pool, p.b, [&](int64_t row) { BackwardRow(p, row, c, g, g1, gx, g2); });
+  remixer::ForEach(pool, p.b, [&](int64_t row) {
+    BackwardRow(p, row, ckpt.typed_data(), dout.typed_data(), dw1->typed_data(), dx->typed_data(), dw2->typed_data());
+  });
   return ffi::Error::Success();
 }
 
@@ -322,7 +309,7 @@ struct Tile {
 };
 
 struct Buffers {
-  // sink_*: where a tile's padding slots write (one row per slot: the tiles' pointers are __restrict)
+  // sink_*: where a tile's padding slots write (a row per slot)
   std::vector<float> s, act, slope, zeros_d, zeros_h, sink_d, sink_h;
   Buffers(int64_t h, int64_t d)
       : s(h * d), act(h * d), slope(h * d), zeros_d(d, 0.0f), zeros_h(h, 0.0f), sink_d(kTile * d), sink_h(kTile * h) {}
@@ -351,12 +338,8 @@ Buffers& GroupState(const Segmented& p, const Segmented::Group& g) {
     for (int64_t j = 0; j < h; ++j) {
       const float a0 = ws[0][j] * m[0], a1 = ws[1][j] * m[1], a2 = ws[2][j] * m[2], a3 = ws[3][j] * m[3];
       float* __restrict sj = s + j * d;
-      const float* __restrict x0 = xs[0];
-      const float* __restrict x1 = xs[1];
-      const float* __restrict x2 = xs[2];
-      const float* __restrict x3 = xs[3];
 #pragma omp simd
-      for (int64_t k = 0; k < d; ++k) sj[k] += a0 * x0[k] + a1 * x1[k] + a2 * x2[k] + a3 * x3[k];
+      for (int64_t k = 0; k < d; ++k) sj[k] += a0 * xs[0][k] + a1 * xs[1][k] + a2 * xs[2][k] + a3 * xs[3][k];
     }
   }
   const float scale = p.length_normalize ? 1.0f / std::max(count, 1.0f) : 1.0f;
@@ -382,20 +365,16 @@ void SegmentedForwardGroup(const Segmented& p, const Segmented::Group& g, float*
     t.Rows(out, d, buf.sink_d.data(), d, os);
     t.Rows(p.w2, h, buf.zeros_h.data(), 0, vs);
     for (int u = 0; u < kTile; ++u) std::fill(os[u], os[u] + d, 0.0f);
-    float* __restrict o0 = os[0];
-    float* __restrict o1 = os[1];
-    float* __restrict o2 = os[2];
-    float* __restrict o3 = os[3];
     for (int64_t j = 0; j < h; ++j) {
       const float* __restrict aj = act + j * d;
       const float c0 = vs[0][j], c1 = vs[1][j], c2 = vs[2][j], c3 = vs[3][j];
 #pragma omp simd
       for (int64_t k = 0; k < d; ++k) {
         const float a = aj[k];
-        o0[k] += c0 * a;
-        o1[k] += c1 * a;
-        o2[k] += c2 * a;
-        o3[k] += c3 * a;
+        os[0][k] += c0 * a;
+        os[1][k] += c1 * a;
+        os[2][k] += c2 * a;
+        os[3][k] += c3 * a;
       }
     }
   }
@@ -416,10 +395,6 @@ void SegmentedBackwardGroup(const Segmented& p, const Segmented::Group& g, const
     t.Rows(dout, d, buf.zeros_d.data(), 0, gs);
     t.Rows(p.w2, h, buf.zeros_h.data(), 0, vs);
     t.Rows(dw2, h, buf.sink_h.data(), h, dvs);
-    const float* __restrict g0 = gs[0];
-    const float* __restrict g1 = gs[1];
-    const float* __restrict g2 = gs[2];
-    const float* __restrict g3 = gs[3];
     for (int64_t j = 0; j < h; ++j) {
       const float* __restrict aj = act + j * d;
       float* __restrict rj = grad + j * d;
@@ -428,11 +403,11 @@ void SegmentedBackwardGroup(const Segmented& p, const Segmented::Group& g, const
 #pragma omp simd reduction(+ : s0, s1, s2, s3)
       for (int64_t k = 0; k < d; ++k) {
         const float a = aj[k];
-        s0 += a * g0[k];
-        s1 += a * g1[k];
-        s2 += a * g2[k];
-        s3 += a * g3[k];
-        rj[k] += c0 * g0[k] + c1 * g1[k] + c2 * g2[k] + c3 * g3[k];
+        s0 += a * gs[0][k];
+        s1 += a * gs[1][k];
+        s2 += a * gs[2][k];
+        s3 += a * gs[3][k];
+        rj[k] += c0 * gs[0][k] + c1 * gs[1][k] + c2 * gs[2][k] + c3 * gs[3][k];
       }
       dvs[0][j] = s0;
       dvs[1][j] = s1;
@@ -456,14 +431,6 @@ void SegmentedBackwardGroup(const Segmented& p, const Segmented::Group& g, const
     t.Rows(dx, d, buf.sink_d.data(), d, dxs);
     t.Weights(p.mask, m);
     for (int u = 0; u < kTile; ++u) std::fill(dxs[u], dxs[u] + d, 0.0f);
-    const float* __restrict x0 = xs[0];
-    const float* __restrict x1 = xs[1];
-    const float* __restrict x2 = xs[2];
-    const float* __restrict x3 = xs[3];
-    float* __restrict e0 = dxs[0];
-    float* __restrict e1 = dxs[1];
-    float* __restrict e2 = dxs[2];
-    float* __restrict e3 = dxs[3];
     for (int64_t j = 0; j < h; ++j) {
       const float* __restrict rj = grad + j * d;
       const float a0 = ws[0][j] * m[0], a1 = ws[1][j] * m[1], a2 = ws[2][j] * m[2], a3 = ws[3][j] * m[3];
@@ -471,14 +438,14 @@ void SegmentedBackwardGroup(const Segmented& p, const Segmented::Group& g, const
 #pragma omp simd reduction(+ : s0, s1, s2, s3)
       for (int64_t k = 0; k < d; ++k) {
         const float r = rj[k];
-        s0 += r * x0[k];
-        s1 += r * x1[k];
-        s2 += r * x2[k];
-        s3 += r * x3[k];
-        e0[k] += r * a0;
-        e1[k] += r * a1;
-        e2[k] += r * a2;
-        e3[k] += r * a3;
+        s0 += r * xs[0][k];
+        s1 += r * xs[1][k];
+        s2 += r * xs[2][k];
+        s3 += r * xs[3][k];
+        dxs[0][k] += r * a0;
+        dxs[1][k] += r * a1;
+        dxs[2][k] += r * a2;
+        dxs[3][k] += r * a3;
       }
       dws[0][j] = s0 * m[0];
       dws[1][j] = s1 * m[1];
@@ -514,7 +481,7 @@ ffi::Error SegmentedForward(ffi::ThreadPool pool, F32Buf w1, F32Buf x, F32Buf w2
     return ffi::Error::InvalidArgument("remixer_hypermixing_segmented: result shape does not match");
   float* o = out->typed_data();
   std::fill(o, o + p.b * p.nq * p.d, 0.0f);  // queries of no group (padding) read nothing
-  ForEach(pool, p.groups.size(), [&](int64_t i) { SegmentedForwardGroup(p, p.groups[i], o); });
+  remixer::ForEach(pool, p.groups.size(), [&](int64_t i) { SegmentedForwardGroup(p, p.groups[i], o); });
   return ffi::Error::Success();
 }
 
@@ -535,7 +502,7 @@ ffi::Error SegmentedBackward(ffi::ThreadPool pool, F32Buf w1, F32Buf x, F32Buf w
   std::fill(gx, gx + p.b * p.nk * p.d, 0.0f);
   std::fill(g2, g2 + p.b * p.nq * p.h, 0.0f);
   const float* g = dout.typed_data();
-  ForEach(pool, p.groups.size(), [&](int64_t i) { SegmentedBackwardGroup(p, p.groups[i], g, g1, gx, g2); });
+  remixer::ForEach(pool, p.groups.size(), [&](int64_t i) { SegmentedBackwardGroup(p, p.groups[i], g, g1, gx, g2); });
   return ffi::Error::Success();
 }
 
