@@ -61,9 +61,8 @@ def remix_matrices(params) -> list[tuple[str, "np.ndarray"]]:
   positions j, over all L in the encoder and over j <= i in the (causal) decoder, so every row sums to 1.
   Blocks are found by their `remix` parameter, whatever their slot is called.
   """
-  import jax
   import jax.numpy as jnp
-  from remixer_t5.model import layers
+  from remixer_t5.model.mixers.remixer import masked_softmax
 
   out = []
   for stack in ("encoder", "decoder"):
@@ -72,9 +71,7 @@ def remix_matrices(params) -> list[tuple[str, "np.ndarray"]]:
       visible = jnp.ones(h.shape, bool)
       if stack == "decoder":
         visible = jnp.tril(visible)
-      # The block's softmax: in float32, masked entries exactly 0.
-      weights = jax.nn.softmax(jnp.where(visible, h, layers.NEG_INF), axis=-1) * visible
-      out.append((f"{stack}_{layer}", np.asarray(weights)))
+      out.append((f"{stack}_{layer}", np.asarray(masked_softmax(h, visible))))
   return out
 
 
@@ -104,9 +101,8 @@ def attention_maps(module, params, tokens) -> list[tuple[str, "np.ndarray"]]:
   position bias, captured by method interception) exactly as mixers/attention.py combines them:
   softmax(q·k + mask bias + relative position bias). Rows sum to 1 over the real keys.
   """
-  import jax
   import jax.numpy as jnp
-  from remixer_t5.model import layers
+  from remixer_t5.model.mixers.remixer import masked_softmax
   from remixer_t5.model.mixers import base
 
   slots = [(layer, slot) for layer, slot in _slots(params, "encoder", "query")

@@ -23,6 +23,11 @@ from remixer_t5.model.mixers import base
 Array = jax.Array
 
 
+def masked_softmax(logits: Array, visible: Array) -> Array:
+  """softmax(H) over each row's visible entries, in float32; the others exactly 0."""
+  return jax.nn.softmax(jnp.where(visible, logits.astype(jnp.float32), layers.NEG_INF), axis=-1) * visible
+
+
 def _row_exp(logits: Array, allowed: Array | None = None) -> Array:
   """P = exp(logits - rowmax) in float32, exactly 0 where not `allowed`; rowmax over the allowed entries.
 
@@ -166,7 +171,7 @@ class RemixerBlock(nn.Module):
     length = cached.value.shape[1]
     row = jax.lax.dynamic_slice(h, (i, zero), (1, length))[None]  # [1, 1, cache_len]
     visible = (jnp.arange(length) <= i)[None, None, :]  # softmax in float32, masked entries exactly 0
-    weights = jax.nn.softmax(jnp.where(visible, row.astype(jnp.float32), layers.NEG_INF), axis=-1) * visible
+    weights = masked_softmax(row, visible)
     return jnp.broadcast_to(weights, (xp.shape[0], 1, length)), cached.value
 
   def _alpha(self, x: Array, width: int) -> Array:
