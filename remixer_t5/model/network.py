@@ -10,8 +10,7 @@ added to the token embeddings, for mixers that carry no position information of 
 """
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp

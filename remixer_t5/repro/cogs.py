@@ -18,6 +18,7 @@ model, seed and split or gen category), ``cogs_table.md`` (mean and range over s
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -353,7 +354,7 @@ DECODE_SPEC, DECODE_RESULT = "decode_spec.json", "decode.json"
 
 def decode_run(model: str, seed: int, settings: Settings, data: dict, run_dir: Path,
                progress: Callable[[str], None], cpus: Sequence[int] | None = None,
-               lock: "threading.Lock | None" = None) -> dict[str, dict]:
+               lock: "contextlib.AbstractContextManager | None" = None) -> dict[str, dict]:
   """evaluate_run's result for a trained run. Unpinned (`cpus` None: `--jobs 1`, or no affinity support as on
   macOS, where several runs may be unpinned at once) it decodes in this process, holding `lock` (gin's
   configuration is global: one such decode at a time). Pinned, it decodes in a child process on the run's own
@@ -361,7 +362,6 @@ def decode_run(model: str, seed: int, settings: Settings, data: dict, run_dir: P
   also decode side by side: a greedy decode barely gains from a second core, so two at once take about half
   the time of one after the other."""
   if not cpus:
-    import contextlib
     with lock or contextlib.nullcontext():
       return evaluate_run(model, seed, settings, data, run_dir, progress)
   spec_path, result_path = run_dir / DECODE_SPEC, run_dir / DECODE_RESULT

@@ -101,8 +101,9 @@ def attention_maps(module, params, tokens) -> list[tuple[str, "np.ndarray"]]:
   position bias, captured by method interception) exactly as mixers/attention.py combines them:
   softmax(q·k + mask bias + relative position bias). Rows sum to 1 over the real keys.
   """
+  import jax
   import jax.numpy as jnp
-  from remixer_t5.model.mixers.remixer import masked_softmax
+  from remixer_t5.model import layers
   from remixer_t5.model.mixers import base
 
   slots = [(layer, slot) for layer, slot in _slots(params, "encoder", "query")
