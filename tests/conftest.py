@@ -3,6 +3,7 @@
 import atexit
 import os
 import shutil
+import sys
 import tempfile
 import time
 import types
@@ -41,6 +42,36 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
 
 
+# One cache root for the run ($REMIXER_T5_CACHE_DIR: corpora, vocabularies and the C++ kernels' builds, each a
+# compiler run of several seconds), shared like the XLA cache above and removed at exit, so the suite writes nothing under ~/.cache. A test that needs an empty cache takes
+# `fresh_cache`, which shares only the kernels' builds.
+if "REMIXER_T5_CACHE_DIR" not in os.environ:
+    os.environ["REMIXER_T5_CACHE_DIR"] = _RUN_CACHE = tempfile.mkdtemp(prefix="remixer_t5_tests_cache_")
+    atexit.register(shutil.rmtree, _RUN_CACHE, ignore_errors=True)
+KERNEL_BUILDS = ("cpu_hypermixing", "cpu_threefry")  # kernels/cpu's cache folders (ffi.build's `folder`)
+
+
+def share_kernel_builds(root) -> None:
+    """`root`'s kernel build folders as links to the run's (a kernel absent from KERNEL_BUILDS just builds)."""
+    from pathlib import Path
+    shared = Path(os.environ["REMIXER_T5_CACHE_DIR"])
+    Path(root).mkdir(parents=True, exist_ok=True)
+    for folder in KERNEL_BUILDS:
+        (shared / folder).mkdir(parents=True, exist_ok=True)
+        link = Path(root) / folder
+        if link.resolve() != (shared / folder).resolve():
+            link.symlink_to(shared / folder, target_is_directory=True)
+
+
+@pytest.fixture
+def fresh_cache(tmp_path):
+    """An empty $REMIXER_T5_CACHE_DIR root for one test (not set in the environment: the test sets it where it
+    needs it) whose C++ kernels come from the run's builds."""
+    root = tmp_path / "cache"
+    share_kernel_builds(root)
+    return root
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers",
@@ -73,6 +104,7 @@ def embedded_cache(tmp_path_factory):
         root = tmp_path_factory.mktemp("remixer_t5_cache")
     with pytest.MonkeyPatch.context() as mp, open(root.parent / f"{root.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        share_kernel_builds(root)
         mp.setenv(embedded_corpus.CACHE_ENV_VAR, str(root))
         start = time.perf_counter()
         splits = embedded_corpus.prepare()
@@ -95,8 +127,9 @@ def embedded_env(embedded_cache, monkeypatch):
 
 @pytest.fixture(autouse=True)
 def _fresh_data_dir():
-    """`sources.set_data_dir` is process-wide (a run's DATA_DIR binding); no test may leak it into the next."""
+    """`sources.set_data_dir` is process-wide (a run's DATA_DIR binding); no test may leak it into the next.
+    (A process that never imported it has nothing to reset: importing it would load TensorFlow and seqio.)"""
     yield
-    from remixer_t5.tasks import sources
-
-    sources.set_data_dir(None)
+    sources = sys.modules.get("remixer_t5.tasks.sources")
+    if sources is not None:
+        sources.set_data_dir(None)

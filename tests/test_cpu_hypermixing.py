@@ -73,6 +73,16 @@ import jax, jax.numpy as jnp, numpy as np
 from remixer_t5.model.config import T5Config
 from remixer_t5.kernels.cpu import hypermixing as cpu_hypermixing
 from remixer_t5.model.mixers.hypermixer import HyperMixing
+from jax._src.mesh import AbstractDevice  # what a TPU topology's mesh carries (no public constructor)
+TPU_MESH = jax.sharding.AbstractMesh((1,), ("data",), abstract_device=AbstractDevice("TPU v4", None, "tpu"))
+
+
+def lowered(fn, platform, *args):
+  # Traced for `platform` as `remixer-t5 compile` traces: a TPU under a TPU mesh; the CPU as JAX's default.
+  if platform != "tpu":
+    return fn.trace(*args).lower(lowering_platforms=(platform,)).as_text()
+  with jax.sharding.use_abstract_mesh(TPU_MESH):
+    return fn.trace(*args).lower(lowering_platforms=(platform,)).as_text()
 # The kernels called directly (they must not hand back to the reference), unless CHECK_DIRECT=0; the layer's forms.
 KERNELS = ("direct", "cpu", "auto") if os.environ.get("CHECK_DIRECT", "1") == "1" else ("cpu", "auto")
 
@@ -153,8 +163,7 @@ for b, n, h, d, block, ln in ((3, 37, 20, 16, 8, True), (1, 9, 7, 5, 1, False), 
   def calls(f, platform):
     hlo = jax.jit(jax.grad(lambda a: jnp.sum(f(a, jnp.asarray(x), jnp.asarray(w2), jnp.asarray(mask),
                                                    jnp.asarray(seg)))))
-    return hlo.trace(jnp.asarray(w1)).lower(lowering_platforms=(platform,)).as_text().count(
-        "@remixer_hypermixing_causal")
+    return lowered(hlo, platform, jnp.asarray(w1)).count("@remixer_hypermixing_causal")
   results.append({"case": [b, n, h, d, block, ln], "scan_vs_numpy": rel(got["xla"][0], exact),
                   **{f"{k}_vs_numpy": rel(got[k][0], exact) for k in KERNELS},
                   **{f"{k}_vs_scan": [rel(a, c) for a, c in zip(got[k], got["xla"])] for k in KERNELS},
@@ -188,8 +197,7 @@ for b, nq, nk, h, d, ln in ((3, 29, 13, 10, 6, False), (2, 40, 40, 16, 8, True),
   exact = numpy_segmented(w1, x, w2, mask, q_seg, kv_seg, ln)
   def calls(f, platform):
     hlo = jax.jit(jax.value_and_grad(lambda a: jnp.sum(f(a, jnp.asarray(x), jnp.asarray(w2), *args))))
-    return hlo.trace(jnp.asarray(w1)).lower(lowering_platforms=(platform,)).as_text().count(
-        "@remixer_hypermixing_segmented")
+    return lowered(hlo, platform, jnp.asarray(w1)).count("@remixer_hypermixing_segmented")
   segmented.append({"case": [b, nq, nk, h, d, ln], "xla_vs_numpy": rel(got["xla"][0], exact),
                     **{f"{k}_vs_numpy": rel(got[k][0], exact) for k in KERNELS},
                     **{f"{k}_vs_xla": [rel(a, c) for a, c in zip(got[k], got["xla"])] for k in KERNELS},
@@ -201,12 +209,13 @@ print(json.dumps({"devices": jax.device_count(), "describe": cpu_hypermixing.des
 
 
 @needs_cxx
-def test_kernels_match_the_equations_and_xla_and_tpu_keeps_xla(tmp_path):
-  proc = run_py(CHECK, {"REMIXER_T5_CACHE_DIR": str(tmp_path)})
+def test_kernels_match_the_equations_and_xla_and_tpu_keeps_xla():
+  proc = run_py(CHECK, {})
   assert proc.returncode == 0, proc.stderr[-3000:]
   r = json.loads(proc.stdout.strip().splitlines()[-1])
   assert r["devices"] == 1 and r["describe"] == "fused C++ loops via FFI"
-  assert len(list((tmp_path / "cpu_hypermixing").glob("hypermixing-*.so"))) == 1  # built into the given cache, once
+  built = Path(os.environ["REMIXER_T5_CACHE_DIR"]) / "cpu_hypermixing"  # the run's cache (tests/conftest.py)
+  assert len(list(built.glob("hypermixing-*.so"))) == 1  # built into $REMIXER_T5_CACHE_DIR, once
   for case in r["results"]:
     # Packed rows (segments restart the sum, padding adds nothing), length normalisation on and off, lengths
     # that are not a multiple of the block, blocks of 1 and longer than the row, more rows than threads.
@@ -287,12 +296,14 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.integration
 @needs_cxx
-def test_hypermixer_loss_and_gradients_match_xla(tmp_path):
+def test_hypermixer_loss_and_gradients_match_xla():
   """A HyperMixer tiny train step on packed rows with HyperMixing.impl 'cpu' and 'auto' (gin): its loss and every
   parameter's gradient through the kernels (causal decoder self-mixing; segmented encoder self-mixing and
-  cross-mixing) match impl='xla', whose program calls no kernel."""
-  proc = run_py(TRAIN, {"REMIXER_T5_CACHE_DIR": str(tmp_path)})
+  cross-mixing) match impl='xla', whose program calls no kernel. (`make test` checks each kernel's output and
+  gradients against XLA's forms and the equations: test_kernels_match_the_equations_and_xla_and_tpu_keeps_xla.)"""
+  proc = run_py(TRAIN, {})
   assert proc.returncode == 0, proc.stderr[-3000:]
   r = json.loads(proc.stdout.strip().splitlines()[-1])
   assert r["xla"]["calls"] == r["xla"]["segmented"] == 0 and r["xla"]["worst_grad"] == 0.0, r

@@ -93,12 +93,16 @@ import jax, jax.numpy as jnp
 from remixer_t5 import flop_count
 from remixer_t5.model import layers
 from remixer_t5.kernels.cpu import threefry
+from jax._src.mesh import AbstractDevice  # what a TPU topology's mesh carries (no public constructor)
+TPU_MESH = jax.sharding.AbstractMesh((1,), ("data",), abstract_device=AbstractDevice("TPU v4", None, "tpu"))
 key = jax.random.PRNGKey(0)
 out = {}
 for shape in ((4, 4, 96, 96), (4, 1, 96)):  # above UNROLL_MIN, and a small (broadcast) mask
   for impl in ("auto", "cpu", "xla"):
     fn = jax.jit(lambda k: layers.keep_mask(k, 0.9, shape, impl=impl))
-    lowered = {p: fn.trace(key).lower(lowering_platforms=(p,)).as_text() for p in ("cpu", "tpu")}
+    lowered = {"cpu": fn.trace(key).lower(lowering_platforms=("cpu",)).as_text()}
+    with jax.sharding.use_abstract_mesh(TPU_MESH):  # traced for a TPU, as `remixer-t5 compile` traces
+      lowered["tpu"] = fn.trace(key).lower(lowering_platforms=("tpu",)).as_text()
     with flop_count.counting_model_flops():
       counting = jax.jit(lambda k: layers.keep_mask(k, 0.9, shape, impl=impl)).lower(key).as_text()
     out[f"{shape[1]}/{impl}"] = {"cpu": lowered["cpu"].count("remixer_materialize"),
@@ -111,10 +115,10 @@ print(json.dumps(out))
 """
 
 
-def test_the_materialize_call_is_in_cpu_programs_of_large_masks_only(tmp_path):
+def test_the_materialize_call_is_in_cpu_programs_of_large_masks_only():
   """layers.keep_mask with impl 'auto' or 'cpu' lowered for a CPU passes a large mask through the materialize
-  custom call; impl 'xla', a small mask, 'auto' lowered for a TPU and a FLOP count do not. The bits are JAX's."""
-  p = run_py(LOWERED, {"REMIXER_T5_CACHE_DIR": str(tmp_path)})
+  custom call; impl 'xla', a small mask, 'auto' traced for a TPU and a FLOP count do not. The bits are JAX's."""
+  p = run_py(LOWERED, {})
   assert p.returncode == 0, p.stderr[-3000:]
   r = json.loads(p.stdout.strip().splitlines()[-1])
   assert r.pop("devices") == 1 and r.pop("describe") == "unrolled hash, large masks computed once"
@@ -230,11 +234,14 @@ print(json.dumps({**out, "worst_grad": worst}))
 """
 
 
-def test_a_train_step_with_either_implementation_has_the_same_loss(tmp_path):
+@pytest.mark.integration
+def test_a_train_step_with_either_implementation_has_the_same_loss():
   """The tiny T5.1.1's loss and gradients (dropout 0.1) with T5Config.dropout_impl 'xla' and 'cpu', from the same
   keys: the same dropout masks, so the same loss (to the bit); the 'cpu' program computes its attention masks once (the
-  materialize call) and the 'xla' one does not. Another key gives another loss (the masks are used)."""
-  p = run_py(STEP, {"REMIXER_T5_CACHE_DIR": str(tmp_path)})
+  materialize call) and the 'xla' one does not. Another key gives another loss (the masks are used). (`make test`
+  checks the masks bit for bit and the call in the program: test_keep_mask_is_jaxs_bernoulli_bit_for_bit,
+  test_the_materialize_call_is_in_cpu_programs_of_large_masks_only.)"""
+  p = run_py(STEP, {})
   assert p.returncode == 0, p.stderr[-3000:]
   r = json.loads(p.stdout.strip().splitlines()[-1])
   assert r["xla"]["materialized"] == 0 and r["cpu"]["materialized"] >= 6, r  # 2 layers' 3 attention masks

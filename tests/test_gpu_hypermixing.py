@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import jaxpr_util
 from scipy.special import erf
 
 from remixer_t5.kernels.gpu import hypermixing as gpu_hypermixing
@@ -115,7 +116,7 @@ def test_gelu_and_its_slope():
 
 
 def lowered(platform, fn, *shapes):
-  return jax.jit(lambda *a: fn(*a)).trace(*shapes).lower(lowering_platforms=(platform,)).as_text()  # traced afresh
+  return jaxpr_util.lowered_for(platform, fn, *shapes)  # traced afresh, for the platform
 
 
 @pytest.mark.parametrize("impl", ["auto", "pallas_gpu", "xla"])

@@ -208,12 +208,12 @@ def _toy_cogs(folder: Path) -> None:
 
 
 @pytest.mark.integration
-def test_repro_cogs_end_to_end_through_the_trainer_and_resumes(tmp_path, monkeypatch, capsys):
+def test_repro_cogs_end_to_end_through_the_trainer_and_resumes(tmp_path, fresh_cache, monkeypatch, capsys):
   """Two models, 1 seed, a few steps on a toy in COGS's format: every row, the table and plot; a rerun keeps
   the finished runs; other settings in the same folder are refused."""
   _toy_cogs(tmp_path / "data")
   out = tmp_path / "out"
-  env = {**__import__("os").environ, "REMIXER_T5_CACHE_DIR": str(tmp_path / "cache"), "JAX_PLATFORMS": "cpu"}
+  env = {**__import__("os").environ, "REMIXER_T5_CACHE_DIR": str(fresh_cache), "JAX_PLATFORMS": "cpu"}
   cmd = [sys.executable, "-m", "remixer_t5", "repro", "cogs", "--models", "t5_1_1,remixer", "--seeds", "1",
          "--steps", "4", "--batch_size", "2", "--warmup", "2", "--eval_batch_size", "8",
          "--data_dir", str(tmp_path / "data"), "--json", "--out", str(out), "--jobs", "2"]
@@ -266,7 +266,7 @@ def test_repro_cogs_end_to_end_through_the_trainer_and_resumes(tmp_path, monkeyp
   assert {r["train_seconds"] for r in rows if r["model"] == "t5_1_1"} == {round(trained, 1)}
   # The rerun and the refusal in this process (the CLI's main, without another interpreter start-up).
   from remixer_t5 import cli
-  monkeypatch.setenv("REMIXER_T5_CACHE_DIR", str(tmp_path / "cache"))
+  monkeypatch.setenv("REMIXER_T5_CACHE_DIR", str(fresh_cache))
   capsys.readouterr()
   assert cli.main(cmd[3:]) == 0
   again = capsys.readouterr()
@@ -465,11 +465,11 @@ def test_decoding_shorter_than_the_model_length_decodes_the_same_prefix(model):
 
 
 @pytest.mark.integration
-def test_cogs_curve_script_decodes_every_kept_checkpoint(tmp_path):
+def test_cogs_curve_script_decodes_every_kept_checkpoint(tmp_path, fresh_cache):
   """scripts/cogs_curve.py: the sweep's training with every checkpoint kept, then test and gen decoded at each."""
   repo = Path(__file__).resolve().parents[1]
   _toy_cogs(tmp_path / "data")
-  env = {**__import__("os").environ, "REMIXER_T5_CACHE_DIR": str(tmp_path / "cache"), "JAX_PLATFORMS": "cpu",
+  env = {**__import__("os").environ, "REMIXER_T5_CACHE_DIR": str(fresh_cache), "JAX_PLATFORMS": "cpu",
          "REMIXER_T5_DATA_DIR": str(tmp_path / "data")}
   cmd = [sys.executable, str(repo / "scripts" / "cogs_curve.py"), "--model", "t5_1_1", "--steps", "4",
          "--every", "2", "--out", str(tmp_path / "out")]

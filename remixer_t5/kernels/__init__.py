@@ -10,12 +10,15 @@ of the same function, the operation takes a named implementation from an explici
 | HyperMixing's causal and packed forms | `HyperMixing.impl` | `xla`, `cpu`, `pallas_gpu` | `cpu` on CPUs, `pallas_gpu` (causal) on CUDA GPUs |
 | dropout's keep mask | `T5Config.dropout_impl` | `xla`, `cpu` | `cpu` on CPUs, else `xla` |
 
-`auto` picks by the platform the program is compiled for: traced under a mesh (as the trainer and `remixer-t5
-compile` trace every step), that of the mesh's devices, read at trace time; otherwise the choice is left to
-lowering (`jax.lax.platform_dependent`, which traces every platform's form and keeps the one lowered for). A
-program compiled on a CPU host for a TPU slice or a GPU gets that platform's choice, and the same gin files give
-the same program from the CLI, from Python and under t5x. Nothing a command line sets changes the choice. Inside `flop_count.counting_model_flops()` every operation takes its XLA form, whose
-FLOPs XLA's cost analysis can count (it counts a custom call as none).
+`auto` picks by the platform the program is compiled for, read at trace time: traced under a mesh (as the trainer
+and `remixer-t5 compile` trace every step), that of the mesh's devices; otherwise that of JAX's default backend,
+where `jax.jit` places the program. A program compiled on a CPU host for a TPU slice or a GPU (under that
+topology's mesh, as `remixer-t5 compile` builds it) gets that platform's choice, and the same gin files give the
+same program from the CLI, from Python and under t5x. Nothing a command line sets changes the choice. (Lowering
+for another platform without its mesh, `.lower(lowering_platforms=...)`, keeps the default backend's choice: bind
+the field to name the implementation.) Only CUDA and ROCm, which a device does not tell apart, are left to
+lowering (`jax.lax.platform_dependent`). Inside `flop_count.counting_model_flops()` every operation takes its XLA
+form, whose FLOPs XLA's cost analysis can count (it counts a custom call as none).
 
 Kernels live in `cpu/` (C++ through XLA's FFI), `gpu/` (Pallas, Triton) and `tpu/` (Pallas, Mosaic), are
 imported only when a program uses them, and import nothing of the model; `sharding.py` runs a custom-call
@@ -81,22 +84,23 @@ def choose(impl: str, reference: Callable, kernels: Mapping[str, str], auto: Map
   if impl != "auto":
     return kernel(impl)
   names = {platform: name for platform, name in auto.items() if name in kernels}
-  target = target_platform()
+  target = target_device().platform
   if target in ("cpu", "tpu"):
     return kernel(names[target]) if target in names else reference
-  if target == "gpu":  # CUDA or ROCm: the device kind does not say which; lowering does
-    names = {p: n for p, n in names.items() if p in ("cuda", "rocm")}
+  # A GPU: CUDA or ROCm, which the device does not say and lowering does. Any other platform: the reference.
+  names = {p: n for p, n in names.items() if p in ("cuda", "rocm")} if target == "gpu" else {}
   if not names:
     return reference
   branches = {platform: kernel(name) for platform, name in names.items()}
   return lambda *args: _platform_dependent(args, reference, branches)
 
 
-def target_platform() -> str | None:
-  """The platform ('cpu', 'gpu', 'tpu') of the devices of the mesh being traced under, or None without one."""
+def target_device():
+  """A device of the platform being compiled for (`.platform` 'cpu', 'gpu' or 'tpu', `.device_kind`): one of the
+  mesh traced under, else JAX's first default device."""
   import jax
   device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
-  return None if device is None else device.platform
+  return jax.devices()[0] if device is None else device
 
 
 def _platform_dependent(args, reference, branches):

@@ -76,11 +76,10 @@ def seam(query, key, value, bias, q_segment_ids, kv_segment_ids, keep, *, refere
   """The `pallas_tpu` implementation of the model's attention operation (`T5Config.attention_impl`): the kernel
   on TPU v4 and later, where Mosaic takes the model's bfloat16 operands; the reference (XLA's form) on v2 and
   v3, where the kernel would need float32 operands, with attention dropout (the kernel takes no mask), and where
-  the generation is unknown (no mesh traced under). Each device's batch rows under a mesh."""
+  the generation is unknown. Each device's batch rows under a mesh."""
   del float32_logits
-  import jax
-  device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
-  gen = generation(device.device_kind) if device is not None and device.platform == "tpu" else None
+  device = kernels.target_device()
+  gen = generation(device.device_kind) if device.platform == "tpu" else None
   if keep is not None or gen is None or gen < FIRST_BFLOAT16_GENERATION:
     return reference(query, key, value, bias, q_segment_ids, kv_segment_ids, keep)
   run = lambda q, k, v, b, qs, ks: attention(q, k, v, bias=b, q_segment_ids=qs, kv_segment_ids=ks, causal=causal,
