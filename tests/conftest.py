@@ -43,8 +43,9 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 
 
 # One cache root for the run ($REMIXER_T5_CACHE_DIR: corpora, vocabularies and the C++ kernels' builds, each a
-# compiler run of several seconds), shared like the XLA cache above and removed at exit, so the suite writes nothing under ~/.cache. A test that needs an empty cache takes
-# `fresh_cache`, which shares only the kernels' builds.
+# compiler run of several seconds), shared like the XLA cache above and removed at exit, so the suite writes
+# nothing under ~/.cache. A test that needs an empty cache takes `fresh_cache`, which shares only the kernels'
+# builds.
 if "REMIXER_T5_CACHE_DIR" not in os.environ:
     os.environ["REMIXER_T5_CACHE_DIR"] = _RUN_CACHE = tempfile.mkdtemp(prefix="remixer_t5_tests_cache_")
     atexit.register(shutil.rmtree, _RUN_CACHE, ignore_errors=True)
