@@ -48,7 +48,8 @@ setuptools.setup(
         # The test suite compiles for a TPU topology (tests/test_compile.py), so CI installs libtpu too;
         # tokenizers reads the tokenizer.json that export-hf writes (tests/test_hf_tokenizer.py); MkDocs lets
         # tests/test_docs.py build the manual strictly; pyflakes finds undefined names (tests/test_static.py).
-        "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "tokenizers==0.23.3", "pyflakes==4.1.0"] + TPU_REQUIRES + DOCS_REQUIRES,
+        "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "tokenizers==0.23.3", "pyflakes==4.1.0"]
+                + TPU_REQUIRES + DOCS_REQUIRES,
         "docs": DOCS_REQUIRES,
         # Only for scripts/make_hf_fixture.py and reading pytorch_model.bin checkpoints.
         "hf": ["torch==2.13.0", "transformers"],

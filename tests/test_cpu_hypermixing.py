@@ -73,16 +73,8 @@ import jax, jax.numpy as jnp, numpy as np
 from remixer_t5.model.config import T5Config
 from remixer_t5.kernels.cpu import hypermixing as cpu_hypermixing
 from remixer_t5.model.mixers.hypermixer import HyperMixing
-from jax._src.mesh import AbstractDevice  # what a TPU topology's mesh carries (no public constructor)
-TPU_MESH = jax.sharding.AbstractMesh((1,), ("data",), abstract_device=AbstractDevice("TPU v4", None, "tpu"))
-
-
-def lowered(fn, platform, *args):
-  # Traced for `platform` as `remixer-t5 compile` traces: a TPU under a TPU mesh; the CPU as JAX's default.
-  if platform != "tpu":
-    return fn.trace(*args).lower(lowering_platforms=(platform,)).as_text()
-  with jax.sharding.use_abstract_mesh(TPU_MESH):
-    return fn.trace(*args).lower(lowering_platforms=(platform,)).as_text()
+import sys; sys.path.insert(0, "tests")
+from jaxpr_util import lowered_for
 # The kernels called directly (they must not hand back to the reference), unless CHECK_DIRECT=0; the layer's forms.
 KERNELS = ("direct", "cpu", "auto") if os.environ.get("CHECK_DIRECT", "1") == "1" else ("cpu", "auto")
 
@@ -163,7 +155,7 @@ for b, n, h, d, block, ln in ((3, 37, 20, 16, 8, True), (1, 9, 7, 5, 1, False), 
   def calls(f, platform):
     hlo = jax.jit(jax.grad(lambda a: jnp.sum(f(a, jnp.asarray(x), jnp.asarray(w2), jnp.asarray(mask),
                                                    jnp.asarray(seg)))))
-    return lowered(hlo, platform, jnp.asarray(w1)).count("@remixer_hypermixing_causal")
+    return lowered_for(platform, hlo, jnp.asarray(w1)).count("@remixer_hypermixing_causal")
   results.append({"case": [b, n, h, d, block, ln], "scan_vs_numpy": rel(got["xla"][0], exact),
                   **{f"{k}_vs_numpy": rel(got[k][0], exact) for k in KERNELS},
                   **{f"{k}_vs_scan": [rel(a, c) for a, c in zip(got[k], got["xla"])] for k in KERNELS},
@@ -197,7 +189,7 @@ for b, nq, nk, h, d, ln in ((3, 29, 13, 10, 6, False), (2, 40, 40, 16, 8, True),
   exact = numpy_segmented(w1, x, w2, mask, q_seg, kv_seg, ln)
   def calls(f, platform):
     hlo = jax.jit(jax.value_and_grad(lambda a: jnp.sum(f(a, jnp.asarray(x), jnp.asarray(w2), *args))))
-    return lowered(hlo, platform, jnp.asarray(w1)).count("@remixer_hypermixing_segmented")
+    return lowered_for(platform, hlo, jnp.asarray(w1)).count("@remixer_hypermixing_segmented")
   segmented.append({"case": [b, nq, nk, h, d, ln], "xla_vs_numpy": rel(got["xla"][0], exact),
                     **{f"{k}_vs_numpy": rel(got[k][0], exact) for k in KERNELS},
                     **{f"{k}_vs_xla": [rel(a, c) for a, c in zip(got[k], got["xla"])] for k in KERNELS},

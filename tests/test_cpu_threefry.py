@@ -93,16 +93,14 @@ import jax, jax.numpy as jnp
 from remixer_t5 import flop_count
 from remixer_t5.model import layers
 from remixer_t5.kernels.cpu import threefry
-from jax._src.mesh import AbstractDevice  # what a TPU topology's mesh carries (no public constructor)
-TPU_MESH = jax.sharding.AbstractMesh((1,), ("data",), abstract_device=AbstractDevice("TPU v4", None, "tpu"))
+import sys; sys.path.insert(0, "tests")
+from jaxpr_util import lowered_for
 key = jax.random.PRNGKey(0)
 out = {}
 for shape in ((4, 4, 96, 96), (4, 1, 96)):  # above UNROLL_MIN, and a small (broadcast) mask
   for impl in ("auto", "cpu", "xla"):
     fn = jax.jit(lambda k: layers.keep_mask(k, 0.9, shape, impl=impl))
-    lowered = {"cpu": fn.trace(key).lower(lowering_platforms=("cpu",)).as_text()}
-    with jax.sharding.use_abstract_mesh(TPU_MESH):  # traced for a TPU, as `remixer-t5 compile` traces
-      lowered["tpu"] = fn.trace(key).lower(lowering_platforms=("tpu",)).as_text()
+    lowered = {p: lowered_for(p, fn, key) for p in ("cpu", "tpu")}  # a TPU's as `remixer-t5 compile` traces it
     with flop_count.counting_model_flops():
       counting = jax.jit(lambda k: layers.keep_mask(k, 0.9, shape, impl=impl)).lower(key).as_text()
     out[f"{shape[1]}/{impl}"] = {"cpu": lowered["cpu"].count("remixer_materialize"),
