@@ -328,6 +328,16 @@ def test_eta_counts_the_runs_in_flight_and_the_free_cores():
   assert eta_seconds(100.0, [], 0, 2) == 0.0
 
 
+def test_a_resumed_run_counts_its_training_in_the_eta():
+  """A sweep resumed after seed 0 had trained said 'ETA 5 min' for two more 12,000-step runs: seed 0's wall
+  time in the resumed driver was its decode alone. Its cost is its training over all starts plus decode."""
+  from remixer_t5.repro.cogs import eta_seconds, run_cost
+  resumed = run_cost(150.0, 3600.0, 100.0)
+  assert resumed == pytest.approx(3700.0)
+  assert eta_seconds(resumed, [], 2, 1) == pytest.approx(7400.0)
+  assert run_cost(3800.0, 3600.0, 100.0) == pytest.approx(3800.0)  # a fresh run: its wall, start-up included
+
+
 def test_jobs_split_the_cores_into_groups(monkeypatch):
   from remixer_t5.repro import cogs as repro
   monkeypatch.setattr(repro.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6, 7}, raising=False)

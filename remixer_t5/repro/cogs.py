@@ -544,7 +544,8 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
           r["jobs"] = jobs  # runs trained at once: train seconds and decode speeds shared the cores
           emit(r)
         now = time.time()
-        took.append(ended[(model, seed)] - started[(model, seed)])
+        decode_seconds = sum(r["seconds"] for r in results.values())
+        took.append(run_cost(ended[(model, seed)] - started[(model, seed)], train_seconds, decode_seconds))
         # Snapshots (the runs' threads write both), ended's first, so every run is counted exactly once: done,
         # running (begun, not ended) or queued (not begun).
         ends, begun = dict(ended), dict(started)
@@ -552,7 +553,7 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
         eta = eta_seconds(float(np.mean(took)), running, len(todo) - len(begun), jobs)
         progress(f"[{i}/{total}] {model} seed {seed}: test {results['test']['exact_match']:.1f}%, gen mean "
                  f"{new[-1]['exact_match'] * 100:.1f}% (train {train_seconds:.0f}s, decode "
-                 f"{sum(r['seconds'] for r in results.values()):.0f}s); ETA {eta / 60:.0f} min")
+                 f"{decode_seconds:.0f}s); ETA {eta / 60:.0f} min")
         _write_outputs(work, records)
     except BaseException:  # Ctrl-C: runs not started stay unstarted, running ones stop (their checkpoints kept)
       stop.set()  # a decode stops at its next batch (its progress line), a training's reader at its next line
@@ -567,6 +568,13 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
     raise RuntimeError(f"{len(failed)} of {len(todo)} runs failed (the others' rows are written):\n  "
                        + "\n  ".join(failed))
   return records
+
+
+def run_cost(wall_seconds: float, train_seconds: float, decode_seconds: float) -> float:
+  """Seconds a finished run stands for in the ETA: what a run from scratch takes. A run this driver resumed
+  spent only its last stretch here (a resumed run that had finished training: its decode alone), so its
+  training over all its starts counts instead; a fresh run's wall time also holds its start-up."""
+  return max(wall_seconds, train_seconds + decode_seconds)
 
 
 def eta_seconds(run_seconds: float, running: Sequence[float], queued: int, jobs: int) -> float:
