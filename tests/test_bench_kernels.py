@@ -25,3 +25,20 @@ def test_cogs_step_variants_compile_run_and_agree(tmp_path):
   losses = [r["last_loss_sum"] for r in rows]
   assert max(losses) - min(losses) <= 1e-5 * abs(losses[0])
   assert "# cogs:t5_1_1: default" in p.stderr
+
+
+@pytest.mark.integration
+def test_kernel_drift_tells_rounding_from_a_fault(tmp_path):
+  """scripts/kernel_drift.py on HyperMixer's COGS step: a row per step, and one step of the C++ HyperMixing
+  loops from the reference's state within float32 rounding of XLA's (a fault would show here, whatever the
+  trajectories do)."""
+  out = tmp_path / "rows.jsonl"
+  p = subprocess.run([sys.executable, "scripts/kernel_drift.py", "--workload", "cogs:hypermixer", "--field",
+                      "hypermixing", "--steps", "3", "--out", str(out)], capture_output=True, text=True,
+                     timeout=900, cwd=REPO)
+  assert p.returncode == 0, p.stderr[-3000:]
+  rows = [json.loads(line) for line in out.read_text().splitlines()]
+  assert [r["step"] for r in rows] == [1, 2, 3] and "env" in rows[0]
+  assert all(0 < r["one_step_rel_diff"] < 1e-4 for r in rows)  # computed by different code, and agreeing
+  assert rows[0]["trajectory_rel_diff"] == rows[0]["one_step_rel_diff"]  # the same state before step 1
+  assert abs(rows[0]["loss_sum_default"] - rows[0]["loss_sum_xla"]) <= 1e-5 * rows[0]["loss_sum_xla"]
