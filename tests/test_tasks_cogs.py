@@ -193,3 +193,19 @@ def test_real_files(embedded_env, monkeypatch):
                 assert ex["inputs_pretokenized"] and ex["targets_pretokenized"] and ex["category"]
             n += 1
         assert n == 3000
+
+
+def test_word_vocabulary_pickles_before_and_after_use(embedded_env, cogs_data):
+    """The lazy COGS word vocabulary survives pickling (seqio's Beam caching and process pools pickle tasks):
+    equal, and encoding alike, whether pickled before its model was built or after."""
+    import pickle
+
+    from remixer_t5.tasks import cogs
+
+    vocab = cogs.cogs_word_vocabulary(str(cogs_data.parent))
+    before = pickle.loads(pickle.dumps(vocab))
+    assert before == vocab and type(before) is type(vocab)
+    ids = vocab.encode("A cat smiled .")
+    after = pickle.loads(pickle.dumps(vocab))
+    assert before.encode("A cat smiled .") == after.encode("A cat smiled .") == ids
+    assert after.decode(ids) == "A cat smiled ." and after.vocab_size == vocab.vocab_size

@@ -194,7 +194,9 @@ def _lazy_class():
 
     __str__ = __repr__
 
+  # Pickled by name (seqio's Beam caching and process pools pickle tasks): the module's __getattr__ finds it.
   LazySentencePieceVocabulary.__module__ = __name__
+  LazySentencePieceVocabulary.__qualname__ = LazySentencePieceVocabulary.__name__
   return LazySentencePieceVocabulary
 
 
