@@ -370,3 +370,23 @@ def test_spatial_w_and_its_gradient_use_no_element_gathers(spatial, causal, pack
   # b[pos] (the spatial bias at each token's position) gathers batch x length scalars; nothing n x n.
   assert all(math.prod(shape) <= B * LEN for _, shape in element_wise), element_wise
 
+
+
+@pytest.mark.parametrize("platform,impl,kernel", [("cuda", "auto", "__gpu$xla.gpu.triton"), ("cuda", "xla", None),
+                                                  ("tpu", "auto", "tpu_custom_call"), ("cpu", "auto", None)])
+def test_tiny_attention_is_the_attention_operation(platform, impl, kernel):
+  """aMLP's tiny attention runs through the attention operation's implementation (`T5Config.attention_impl`):
+  lowered for a GPU or a TPU v4, the forward and gradient call the fused kernels; `xla`, and a CPU, do not."""
+  import dataclasses
+
+  from jaxpr_util import lowered_for
+  module = GatedMlpBlock(config=dataclasses.replace(CFG, attention_impl=impl, dtype=jnp.bfloat16),
+                         max_length=MAX_LEN, tiny_attention_dim=ATTN)
+  variables = init(module)
+  ctx = ctx_for(ones(), causal=True)
+  loss = lambda p, x: jnp.sum(module.apply({"params": p}, x, x, ctx).astype(jnp.float32) ** 2)
+  text = lowered_for(platform, jax.grad(loss, argnums=(0, 1)), variables["params"], inputs(B, LEN))
+  if kernel is None:
+    assert "triton" not in text and "tpu_custom_call" not in text
+  else:
+    assert text.count(kernel) >= 2, text.count(kernel)  # the forward and the gradient's

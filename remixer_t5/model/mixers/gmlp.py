@@ -12,7 +12,9 @@ attention and the FFN of a Transformer layer, so a gMLP stack has this token mix
 
 aMLP (§4.3, "tiny attention") adds a single-head attention computed from the block input X whose output
 (h/2 wide) is added to the spatial projection before the gating product:
-s(Z) = Z1 ⊙ (W norm(Z2) + b + TinyAttn(X)).
+s(Z) = Z1 ⊙ (W norm(Z2) + b + TinyAttn(X)). Outside a decode step, TinyAttn runs through the attention
+operation of kernels/ (`T5Config.attention_impl`, as every softmax attention does: a fused kernel on GPUs and
+TPUs), with one head, no position bias and no dropout.
 
 W is either a free L×L matrix (`spatial='full'`, Eq. 2) or, as in the paper's language models, a Toeplitz
 matrix (`spatial='toeplitz'`; §4: "In the following MLM experiments, we restrict W to be a Toeplitz matrix to
@@ -23,6 +25,7 @@ decoder only ever reads W's lower triangle, so there the Toeplitz form keeps onl
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -30,8 +33,9 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from remixer_t5 import kernels
 from remixer_t5.model import layers
-from remixer_t5.model.mixers import base
+from remixer_t5.model.mixers import attention, base
 
 Array = jax.Array
 
@@ -140,10 +144,10 @@ class GatedMlpBlock(nn.Module):
       qkv = layers.Dense(3 * self.tiny_attention_dim, ("embed", "kv"), dtype=cfg.dtype, name="tiny_attn_qkv")(x)
       q, k, v = jnp.split(qkv, 3, axis=-1)
 
-    visible = None
+    step_visible = None  # a decode step's visible cache slots
     if ctx.decode and self.has_variable("cache", "cached_norm_z2"):
-      weights, bias, visible, z2, k, v = self._decode_step(spatial, b, z2, k, v)
-      weights = jnp.where(visible, weights, 0.0).astype(cfg.dtype)
+      weights, bias, step_visible, z2, k, v = self._decode_step(spatial, b, z2, k, v)
+      weights = jnp.where(step_visible, weights, 0.0).astype(cfg.dtype)
       weights = jnp.broadcast_to(weights, (z2.shape[0],) + weights.shape[1:])
       mixed = jnp.einsum("bqk,bkc->bqc", weights, z2.astype(cfg.dtype))
     else:
@@ -154,9 +158,8 @@ class GatedMlpBlock(nn.Module):
         base.cache_index(self)
       n = x.shape[1]
       z2 = (z2 * ctx.q_mask[..., None].astype(z2.dtype)).astype(cfg.dtype)  # padded rows carry nothing into W
-      if attn or ctx.packed:
-        visible = base.pairwise_mask(ctx)[:, 0] > 0                         # [batch, q, k]
       if ctx.packed:
+        visible = base.pairwise_mask(ctx)[:, 0] > 0                         # [batch, q, k]
         pos = ctx.q_positions
         bias = b[pos]
         if self.spatial == "full":
@@ -178,7 +181,7 @@ class GatedMlpBlock(nn.Module):
 
     gate = mixed + bias[..., None].astype(cfg.dtype)
     if attn:
-      gate = gate + self._tiny_attention(q, k, v, visible, half)
+      gate = gate + self._tiny_attention(q, k, v, ctx, causal, step_visible, half)
     y = z1 * gate
     y = layers.Dropout(cfg.dropout_rate, broadcast_dims=(-2,), impl=cfg.dropout_impl)(y, deterministic=deterministic)
     y = layers.with_sharding_constraint(y, ("batch", "length", "mlp"))
@@ -198,13 +201,28 @@ class GatedMlpBlock(nn.Module):
                                              axes=("mix_length",))
     return out
 
-  def _tiny_attention(self, q: Array, k: Array, v: Array, visible: Array, out_dim: int) -> Array:
-    """§4.3's single-head attention, softmax(q kᵀ / sqrt(a)) v, projected to h/2; softmax in float32."""
-    logits = jnp.einsum("bqa,bka->bqk", q, k, preferred_element_type=jnp.float32)
-    logits = jnp.where(visible, logits / math.sqrt(self.tiny_attention_dim), layers.NEG_INF)
-    probs = jax.nn.softmax(logits, axis=-1).astype(self.config.dtype)
-    out = jnp.einsum("bqk,bka->bqa", probs, v.astype(self.config.dtype))
-    return layers.Dense(out_dim, ("kv", "mlp"), dtype=self.config.dtype, name="tiny_attn_out")(out)
+  def _tiny_attention(self, q: Array, k: Array, v: Array, ctx: base.MixerContext, causal: bool,
+                      decode_visible: Array | None, out_dim: int) -> Array:
+    """§4.3's single-head attention, softmax(q kᵀ / sqrt(a)) v, projected to h/2; logits and softmax in float32.
+
+    A whole sequence (or packed segments): the attention operation of kernels/ in the implementation
+    `T5Config.attention_impl` names, the 1/sqrt(a) applied to q. A decode step (`decode_visible`: the cache slots
+    written so far): its one query row against the cache, here."""
+    cfg = self.config
+    if decode_visible is None:
+      static = dict(causal=causal, dropout_rate=0.0, dtype=cfg.dtype, float32_logits=True)
+      fn = kernels.choose(cfg.attention_impl, functools.partial(attention.dot_product_attention, **static),
+                          attention.ATTENTION_KERNELS, attention.ATTENTION_AUTO, **static)
+      segment = lambda ids, mask: (ids if ids is not None else mask).astype(jnp.int32)  # 0: padding
+      scaled = (q.astype(jnp.float32) / math.sqrt(self.tiny_attention_dim)).astype(q.dtype)
+      out = fn(scaled[:, :, None], k[:, :, None], v[:, :, None], None, segment(ctx.q_segment_ids, ctx.q_mask),
+               segment(ctx.kv_segment_ids, ctx.kv_mask), None)[:, :, 0]
+    else:
+      logits = jnp.einsum("bqa,bka->bqk", q, k, preferred_element_type=jnp.float32)
+      logits = jnp.where(decode_visible, logits / math.sqrt(self.tiny_attention_dim), layers.NEG_INF)
+      probs = jax.nn.softmax(logits, axis=-1).astype(cfg.dtype)
+      out = jnp.einsum("bqk,bka->bqa", probs, v.astype(cfg.dtype))
+    return layers.Dense(out_dim, ("kv", "mlp"), dtype=cfg.dtype, name="tiny_attn_out")(out)
 
   def _decode_step(self, spatial: dict[str, Array], b: Array, z2: Array, k: Array | None, v: Array | None):
     """Writes the new position's norm(Z2) (and aMLP key/value) into the cache.
