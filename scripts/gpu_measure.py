@@ -60,6 +60,7 @@ MODELS = {
                           "Remixer_SBase, 2 microbatches"),
     "remixer_base_mb2": ("models/remixer/base.gin", ["trainer.train.num_microbatches=2"],
                          "Remixer_Base, 2 microbatches"),
+    "amlp_base": ("models/amlp/base.gin", [], "aMLP-base (its tiny attention through the attention operation)"),
     "t5_1_1_small": ("models/t5_1_1/small.gin", [], "T5.1.1-small"),
     "t5_1_1_tiny": ("models/t5_1_1/tiny.gin", ["BATCH_SIZE=8"], "T5.1.1-tiny, batch 8 (a CPU check of this script)"),
 }
