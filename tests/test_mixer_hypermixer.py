@@ -312,8 +312,8 @@ def test_packed_cross_mixing_equals_each_alone():
   dec, enc = inputs(2, 5, seed=11), inputs(2, 9, seed=12)
   dec_len, enc_len = (3, 2), (2, 4)
   alone = apply(name, dec, enc, ctx_for(np.ones((2, 5)), kv_mask=np.arange(9)[None] < np.array(enc_len)[:, None]))
-  dec_p = np.concatenate([dec[0, :3], dec[1, :2], dec[0, 3:4]])[None]
-  enc_p = np.concatenate([enc[0, :2], enc[1, :4], enc[0, 5:8]])[None]
+  dec_p = np.concatenate([dec[0, :dec_len[0]], dec[1, :dec_len[1]], dec[0, 3:4]])[None]
+  enc_p = np.concatenate([enc[0, :enc_len[0]], enc[1, :enc_len[1]], enc[0, 5:8]])[None]
   q_seg, kv_seg = np.array([[1, 1, 1, 2, 2, 0]]), np.array([[1, 1, 2, 2, 2, 2, 0, 0, 0]])
   y = apply(name, dec_p, enc_p, ctx_for(q_seg > 0, kv_seg > 0, q_seg=q_seg, kv_seg=kv_seg))
   close(y[0, :3], alone[0, :3])
