@@ -195,7 +195,7 @@ def test_real_files(embedded_env, monkeypatch):
         assert n == 3000
 
 
-def test_word_vocabulary_pickles_before_and_after_use(embedded_env, cogs_data):
+def test_word_vocabulary_pickles_before_and_after_use(cogs_data):
     """The lazy COGS word vocabulary survives pickling (seqio's Beam caching and process pools pickle tasks):
     equal, and encoding alike, whether pickled before its model was built or after."""
     import pickle
