@@ -34,6 +34,7 @@ MODELS = {
     "remixer_sbase": ("models/remixer/sbase.gin", "Remixer_SBase"),
     "remixer_base": ("models/remixer/base.gin", "Remixer_Base"),
     "hypermixer_base": ("models/hypermixer/base.gin", "HyperMixer-base"),
+    "amlp_base": ("models/amlp/base.gin", "aMLP-base"),
 }
 VARIANTS = {"": [], "remat_full": ["--gin.network.T5Config.remat_policy='full'"]}
 # (topology, rules, mesh): one GPU; 8 GPUs with the gpu_8 preset's rules (fsdp).
