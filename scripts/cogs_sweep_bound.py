@@ -1,6 +1,6 @@
 """How fast `repro cogs`'s default sweep could be on this machine: each model's train step against its matmuls alone.
 
-Issue 18 asks the full default sweep (4 models x 3 seeds x 12,000 steps) to fit in about 2 hours on 2 cores. This
+The aim is the full default sweep (4 models x 3 seeds x 12,000 steps) in about 2 hours on 2 cores. This
 measures how far that is from what the machine can do at all. For each model it traces the trainer's whole
 jitted step (`programs.make_train_step`: loss, gradients, the run's optimizer update) of the sweep's config
 (models/<model>/cogs.gin + runs/cogs_scratch.gin: batch 4, 64/320, dropout 0.1, random unpacked tokens as
@@ -30,7 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = ("t5_1_1", "remixer", "mixer_encdec", "hypermixer")
-TARGET_HOURS = 2.0  # issue 18's "full default sweep fits in about 2 hours on 2 idle cores"
+TARGET_HOURS = 2.0  # the aim: the full default sweep in about 2 hours on 2 idle cores
 
 
 def step_dots(fn, *args) -> tuple[dict[tuple, int], int]:

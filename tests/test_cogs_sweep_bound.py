@@ -1,4 +1,4 @@
-"""scripts/cogs_sweep_bound.py: a COGS model's train step against its matmuls timed alone (issue 18's sweep bound)."""
+"""scripts/cogs_sweep_bound.py: a COGS model's train step against its matmuls timed alone."""
 import json
 import os
 import subprocess

@@ -157,8 +157,8 @@ def test_a_batch_that_does_not_split_over_the_slice_is_refused_by_name(capsys):
 
 @pytest.mark.integration
 def test_a_scanned_stack_gets_no_step_time_from_a_loop_counted_once(capsys):
-  # XLA's cost model counts a scanned stack's body once (issue 10: 0.035 s "estimated" for a 0.076 s step), so
-  # the report must not turn it into steps/s or an MFU; memory and model FLOPs are still exact.
+  # XLA's cost model counts a scanned stack's body once, so the report must not turn it into steps/s or an MFU;
+  # memory and model FLOPs are still exact.
   assert cli.main(["compile", *TINY, "--gin.network.T5Config.scan_layers=True", "--topology", "v3-8",
                    "--json"]) == 0
   train = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"]["train"]

@@ -289,7 +289,7 @@ def test_remix_dropout_only_when_not_deterministic():
   assert np.abs(noisy - reference_out).max() > 1e-2
 
 
-# ---- The exact fast forms (issue 10 item 4) ---------------------------------------------------------------
+# ---- The exact fast forms -----------------------------------------------------------------------------
 # Unpacked rows share one [L, L] P = exp(H - rowmax) applied as X_S = P(m ⊙ X') / (P m); packed rows and
 # per-example positions take the per-example matrix from row/column slice gathers of P. Both against the numpy
 # reference (softmax over each query's visible keys, written independently of either form).
