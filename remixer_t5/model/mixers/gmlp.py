@@ -14,7 +14,7 @@ aMLP (§4.3, "tiny attention") adds a single-head attention computed from the bl
 (h/2 wide) is added to the spatial projection before the gating product:
 s(Z) = Z1 ⊙ (W norm(Z2) + b + TinyAttn(X)). Outside a decode step, TinyAttn runs through the attention
 operation of kernels/ (`T5Config.attention_impl`, as every softmax attention does: a fused kernel on GPUs and
-TPUs), with one head, no position bias and no dropout.
+TPU v4 and later), with one head, no position bias and no dropout.
 
 W is either a free L×L matrix (`spatial='full'`, Eq. 2) or, as in the paper's language models, a Toeplitz
 matrix (`spatial='toeplitz'`; §4: "In the following MLM experiments, we restrict W to be a Toeplitz matrix to
