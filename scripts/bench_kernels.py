@@ -75,16 +75,24 @@ def build(files, bindings, batch_size, lengths):
   return got["model"], got["optimizer"], got["batch_size"], got["feature_lengths"]
 
 
-def stepper(model, optimizer, batch):
-  """(a no-argument call running one jitted train step, returning its loss sum; compile seconds)."""
+def start(model, optimizer, batch):
+  """(the train state every variant starts from: parameters of seed 0, step 0, rng 1; the batch as arrays)."""
   import jax
   import jax.numpy as jnp
 
-  from remixer_t5.training import programs, train_state
+  from remixer_t5.training import train_state
   params = model.init_variables(jax.random.PRNGKey(0), {k: (1, v.shape[1]) for k, v in batch.items()})["params"]
   state = train_state.TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=optimizer.init(params),
-                             rng=jax.random.PRNGKey(1))
-  data = {k: jnp.asarray(v) for k, v in batch.items()}
+                                 rng=jax.random.PRNGKey(1))
+  return state, {k: jnp.asarray(v) for k, v in batch.items()}
+
+
+def stepper(model, optimizer, batch):
+  """(a no-argument call running one jitted train step, returning its loss sum; compile seconds)."""
+  import jax
+
+  from remixer_t5.training import programs
+  state, data = start(model, optimizer, batch)
   t0 = time.perf_counter()
   compiled = jax.jit(programs.make_train_step(model, optimizer, None), donate_argnums=0).lower(state, data).compile()
   seconds = time.perf_counter() - t0

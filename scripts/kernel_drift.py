@@ -51,20 +51,15 @@ def main(argv=None) -> int:
   bench_env.set_xla_flags(None)
   runtime.configure()
   import jax
-  import jax.numpy as jnp
 
   from remixer_t5.bench import train as bench_train
-  from remixer_t5.training import programs, train_state
+  from remixer_t5.training import programs
   files, bindings, batch_size, lengths = bk.workload(args.workload)
   steps, state, data = {}, None, None
   for name, extra in (("default", []), ("xla", [f"{bk.IMPL_FIELDS[args.field]}='xla'"])):
     model, optimizer, bs, fl = bk.build(files, bindings + extra, batch_size, lengths)
     if state is None:
-      batch = bench_train.random_batch(model.module.config.vocab_size, bs, fl)
-      data = {k: jnp.asarray(v) for k, v in batch.items()}
-      params = model.init_variables(jax.random.PRNGKey(0), {k: (1, v.shape[1]) for k, v in batch.items()})["params"]
-      state = train_state.TrainState(step=jnp.array(0, jnp.int32), params=params,
-                                     opt_state=optimizer.init(params), rng=jax.random.PRNGKey(1))
+      state, data = bk.start(model, optimizer, bench_train.random_batch(model.module.config.vocab_size, bs, fl))
     steps[name] = jax.jit(programs.make_train_step(model, optimizer, None)).lower(state, data).compile()
   out = open(args.out, "a") if args.out else None
   kernel, ref = state, state

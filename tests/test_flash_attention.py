@@ -298,8 +298,7 @@ def test_auto_takes_the_tpu_kernel_from_v4_and_xla_s_form_on_v3(case):
   the trainer and `remixer-t5 compile` trace), compiled through libtpu without a TPU: Mosaic kernels on v4 and
   later, none on v3 (whose Mosaic takes no bfloat16 operands: the XLA form, and the v3 cost table, stay)."""
   topology, kernel = case
-  import functools
-  from remixer_t5 import aot_compile, kernels
+  from remixer_t5 import aot_compile
   from remixer_t5.model.mixers import attention as attention_mixer
   devices = aot_compile.topology_devices(aot_compile.accelerator(topology))[:1]
   mesh = jax.sharding.Mesh(np.asarray(devices).reshape(1, 1), ("data", "model"))
@@ -311,8 +310,7 @@ def test_auto_takes_the_tpu_kernel_from_v4_and_xla_s_form_on_v3(case):
   static = dict(causal=False, dropout_rate=0.0, dtype=jnp.bfloat16, float32_logits=True)
 
   def program(q, k, v, bias, q_seg, kv_seg):
-    fn = kernels.choose("auto", functools.partial(attention_mixer.dot_product_attention, **static),
-                        attention_mixer.ATTENTION_KERNELS, attention_mixer.ATTENTION_AUTO, **static)
+    fn = attention_mixer.attention_operation("auto", **static)
     out, vjp = jax.vjp(lambda q, k, v, bias: fn(q, k, v, bias, q_seg, kv_seg, None), q, k, v, bias)
     return out, vjp(out)
   with jax.set_mesh(mesh):

@@ -68,17 +68,13 @@ class Attention(nn.Module):
       # [batch, heads, q, k] bias (nor a scatter of its gradient into the small table) is built.
       relpos = (ctx.relpos(inputs_q.shape[1], inputs_kv.shape[1], bidirectional=not ctx.causal).astype(jnp.float32)
                 if use_relpos else None)
-      segment = lambda ids, mask: (ids if ids is not None else mask).astype(jnp.int32)  # 0: padding
       keep = None
       if not deterministic and cfg.dropout_rate > 0:
         keep = layers.Dropout(cfg.dropout_rate, impl=cfg.dropout_impl).keep(
             (query.shape[0], heads, query.shape[1], key.shape[1]))
-      static = dict(causal=ctx.causal, dropout_rate=cfg.dropout_rate, dtype=cfg.dtype,
-                    float32_logits=cfg.float32_attention_logits)
-      fn = kernels.choose(cfg.attention_impl, functools.partial(dot_product_attention, **static), ATTENTION_KERNELS,
-                          ATTENTION_AUTO, **static)
-      out = fn(query, key, value, relpos, segment(ctx.q_segment_ids, ctx.q_mask),
-               segment(ctx.kv_segment_ids, ctx.kv_mask), keep)
+      fn = attention_operation(cfg.attention_impl, causal=ctx.causal, dropout_rate=cfg.dropout_rate, dtype=cfg.dtype,
+                               float32_logits=cfg.float32_attention_logits)
+      out = fn(query, key, value, relpos, *segment_ids(ctx), keep)
     else:
       if ctx.decode:
         key, value, bias, kv_spec = self._decode_step(key, value, ctx, use_relpos)
@@ -138,6 +134,19 @@ class Attention(nn.Module):
       positions = jnp.arange(length, dtype=jnp.int32)[None, :]
       bias = bias + ctx.relpos(jnp.reshape(i, (1, 1)), positions, bidirectional=False)
     return cached_key.value, cached_value.value, bias, "bhkd"
+
+
+def attention_operation(impl: str, **static) -> Callable:
+  """The attention operation (`dot_product_attention`'s positional arguments) in the implementation `impl` names
+  (`T5Config.attention_impl`: kernels.choose); `static`: its keyword arguments."""
+  return kernels.choose(impl, functools.partial(dot_product_attention, **static), ATTENTION_KERNELS, ATTENTION_AUTO,
+                        **static)
+
+
+def segment_ids(ctx: base.MixerContext) -> tuple[Array, Array]:
+  """The attention operation's query and key segment ids: packed rows' own, else the masks (1 real, 0 padding)."""
+  segment = lambda ids, mask: (ids if ids is not None else mask).astype(jnp.int32)
+  return segment(ctx.q_segment_ids, ctx.q_mask), segment(ctx.kv_segment_ids, ctx.kv_mask)
 
 
 def _beams_to_queries(x: Array, beams: int) -> Array:

@@ -25,7 +25,6 @@ decoder only ever reads W's lower triangle, so there the Toeplitz form keeps onl
 """
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
@@ -33,7 +32,6 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from remixer_t5 import kernels
 from remixer_t5.model import layers
 from remixer_t5.model.mixers import attention, base
 
@@ -210,13 +208,10 @@ class GatedMlpBlock(nn.Module):
     written so far): its one query row against the cache, here."""
     cfg = self.config
     if decode_visible is None:
-      static = dict(causal=causal, dropout_rate=0.0, dtype=cfg.dtype, float32_logits=True)
-      fn = kernels.choose(cfg.attention_impl, functools.partial(attention.dot_product_attention, **static),
-                          attention.ATTENTION_KERNELS, attention.ATTENTION_AUTO, **static)
-      segment = lambda ids, mask: (ids if ids is not None else mask).astype(jnp.int32)  # 0: padding
+      fn = attention.attention_operation(cfg.attention_impl, causal=causal, dropout_rate=0.0, dtype=cfg.dtype,
+                                         float32_logits=True)
       scaled = (q.astype(jnp.float32) / math.sqrt(self.tiny_attention_dim)).astype(q.dtype)
-      out = fn(scaled[:, :, None], k[:, :, None], v[:, :, None], None, segment(ctx.q_segment_ids, ctx.q_mask),
-               segment(ctx.kv_segment_ids, ctx.kv_mask), None)[:, :, 0]
+      out = fn(scaled[:, :, None], k[:, :, None], v[:, :, None], None, *attention.segment_ids(ctx), None)[:, :, 0]
     else:
       logits = jnp.einsum("bqa,bka->bqk", q, k, preferred_element_type=jnp.float32)
       logits = jnp.where(decode_visible, logits / math.sqrt(self.tiny_attention_dim), layers.NEG_INF)
