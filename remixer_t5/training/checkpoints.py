@@ -1,7 +1,8 @@
 """Orbax checkpoints of the train state, plus the run's model/data signature kept beside them.
 
-A MODEL_DIR holds `checkpoints/<step>/` (orbax, saved collectively; orbax finalises a step atomically, so a
-killed save never becomes the latest step), `input_state/<step>/process-<i>-of-<n>/` (each process's tf.data
+A MODEL_DIR (a local folder or a gs:// bucket path; remixer_t5.storage) holds `checkpoints/<step>/` (orbax,
+saved collectively; orbax finalises a step atomically, a local folder by renaming it into place, a bucket's by
+its commit marker, so a killed save never becomes the latest step), `input_state/<step>/process-<i>-of-<n>/` (each process's tf.data
 iterator state at that step, written before the orbax step) and `run_signature.json`, which a later `train`
 into the same directory must match.
 """
@@ -10,12 +11,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from pathlib import Path
+import tempfile
 from typing import Any, Mapping
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+
+from remixer_t5 import storage
+from remixer_t5.storage import Path
 
 SIGNATURE_FILE = "run_signature.json"
 
@@ -28,7 +32,7 @@ class Checkpointer:
   """Periodic saves with keep-N and restore of the latest step (None when MODEL_DIR has no checkpoint)."""
 
   def __init__(self, model_dir: str | os.PathLike, keep: int | None = 3):
-    self.directory = Path(model_dir).absolute() / "checkpoints"
+    self.directory = storage.run_path(model_dir) / "checkpoints"
     self.manager = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(
         max_to_keep=keep, create=True, cleanup_tmp_directories=True))
 
@@ -74,11 +78,10 @@ class Checkpointer:
 
   def _quarantine(self, step: int) -> None:
     if jax.process_index() == 0:
-      src = self.directory / str(step)
       n = 0
       while (dst := self.directory / f"{step}.corrupt-{n}").exists():
         n += 1
-      src.rename(dst)
+      storage.move_aside(self.directory / str(step), dst)
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils
       multihost_utils.sync_global_devices(f"quarantine checkpoint {step}")
@@ -95,23 +98,32 @@ INPUT_STATE_DIR = "input_state"
 
 def _input_state_dir(model_dir, step: int) -> Path:
   """This process's folder of `step`'s input states."""
-  return (Path(model_dir).absolute() / INPUT_STATE_DIR / str(step)
+  return (storage.run_path(model_dir) / INPUT_STATE_DIR / str(step)
           / f"process-{jax.process_index():05d}-of-{jax.process_count():05d}")
 
 
 def save_input_state(model_dir, step: int, write) -> None:
-  """This process's input-iterator state for `step`: `write(prefix)` (Batches.save) into a temporary folder,
-  then renamed into `MODEL_DIR/input_state/<step>/process-<i>-of-<n>/` (whole or absent after a kill -9).
+  """This process's input-iterator state for `step`, `write(prefix)` (Batches.save, a tf.train.Checkpoint),
+  whole or absent after a kill -9: locally into a temporary folder renamed into
+  `MODEL_DIR/input_state/<step>/process-<i>-of-<n>/`; in a bucket written in a local folder, then uploaded file
+  by file with `iterator.index` last (its presence is what `input_state_prefix` looks for).
 
   Call it BEFORE the orbax save of `step`: a finalised orbax step then always has its input states.
   """
   final = _input_state_dir(model_dir, step)
+  if storage.is_bucket(final):
+    with tempfile.TemporaryDirectory(prefix="remixer_t5-input-state-") as tmp:
+      write(os.path.join(tmp, "iterator"))
+      if final.exists():  # a save of this step by a run that was killed before orbax finalised it
+        final.rmtree()
+      storage.upload_tree(tmp, final, last=("iterator.index",))
+    return
   tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
   if tmp.exists():
     shutil.rmtree(tmp)
   tmp.mkdir(parents=True)
   write(str(tmp / "iterator"))
-  if final.exists():  # a save of this step by a run that was killed before orbax finalised it
+  if final.exists():
     shutil.rmtree(final)
   tmp.rename(final)
 
@@ -123,10 +135,19 @@ def input_state_prefix(model_dir, step: int) -> str | None:
   return str(folder / "iterator") if (folder / "iterator.index").exists() else None
 
 
+def local_input_state(prefix: str, staging: str) -> str:
+  """A prefix tf.train.Checkpoint can read: `prefix` itself when local, else its files copied into `staging`."""
+  if not storage.is_bucket(prefix):
+    return prefix
+  folder = storage.run_path(prefix).parent
+  storage.download_tree(folder, staging)
+  return os.path.join(staging, "iterator")
+
+
 def prune_input_states(model_dir, keep_from: int) -> None:
   """Deletes this process's input states of steps before `keep_from` (the oldest checkpoint kept) and the
   temporary folders of saves that were killed."""
-  root = Path(model_dir).absolute() / INPUT_STATE_DIR
+  root = storage.run_path(model_dir) / INPUT_STATE_DIR
   if not root.is_dir():
     return
   i = jax.process_index()
@@ -134,21 +155,25 @@ def prune_input_states(model_dir, keep_from: int) -> None:
     if not step_dir.name.isdigit() or int(step_dir.name) >= keep_from:
       continue
     for folder in step_dir.glob(f"*process-{i:05d}-of-*"):
-      shutil.rmtree(folder, ignore_errors=True)
-    try:
-      step_dir.rmdir()  # the last process out removes the step's folder
-    except OSError:
-      pass
+      try:
+        folder.rmtree()
+      except OSError:
+        pass
+    if not storage.is_bucket(step_dir):  # a bucket has no empty folders to remove
+      try:
+        step_dir.rmdir()  # the last process out removes the step's folder
+      except OSError:
+        pass
 
 
 def save_params(directory: str | os.PathLike, params: Any) -> None:
   """A params-only checkpoint (import-hf output, exports) that `restore_params` reads back."""
   with ocp.StandardCheckpointer() as ckptr:
-    ckptr.save(Path(directory).absolute(), params, force=True)
+    ckptr.save(storage.run_path(directory), params, force=True)
 
 
 def restore_params(directory: str | os.PathLike) -> Any:
-  path = Path(directory).absolute()
+  path = storage.run_path(directory)
   if not path.exists():
     raise FileNotFoundError(f"no checkpoint at {path}")
   with ocp.StandardCheckpointer() as ckptr:
@@ -161,7 +186,7 @@ def check_signature(model_dir: str | os.PathLike, signature: Mapping[str, Any],
 
   `defaults`: values of fields that older runs did not record (added since), assumed for them.
   """
-  path = Path(model_dir) / SIGNATURE_FILE
+  path = storage.run_path(model_dir) / SIGNATURE_FILE
   signature = json.loads(json.dumps(signature, default=str))
   if path.exists():
     old = {**json.loads(json.dumps(dict(defaults or {}), default=str)), **json.loads(path.read_text())}
@@ -176,16 +201,13 @@ def check_signature(model_dir: str | os.PathLike, signature: Mapping[str, Any],
     atomic_write_text(path, json.dumps(signature, indent=2, sort_keys=True))
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(path.name + ".tmp")
-  tmp.write_text(text)
-  tmp.replace(path)
+def atomic_write_text(path, text: str) -> None:
+  storage.write_text(path, text)
 
 
 def restore_any_params(path: str | os.PathLike) -> Any:
   """Params from an import-hf output dir, a train MODEL_DIR (latest step), a step dir or a params checkpoint."""
-  path = Path(path).absolute()
+  path = storage.run_path(path)
   from remixer_t5.interop import t5x as t5x_compat  # a t5x MODEL_DIR or step directory (legacy msgpack or orbax layout)
   if t5x_compat.is_t5x_checkpoint(path):
     return t5x_compat.load_t5x_params(path)

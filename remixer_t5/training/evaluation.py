@@ -2,7 +2,9 @@
 decodes with the task's own postprocessor and metrics (as t5x's infer_eval does).
 
 Per task, under ``log_dir``: seqio's ``<task>-metrics.jsonl`` (one line per step) and ``<task>-<step>.jsonl``
-(inputs, targets and predictions), and TensorBoard summaries in ``<task>/``.
+(inputs, targets and predictions), and TensorBoard summaries in ``<task>/``. seqio writes them with TensorFlow's
+file system, so a ``log_dir`` in a bucket is written through a local mirror (remixer_t5.storage.Mirror) and
+copied up once the evaluation has logged.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import seqio
 
+from remixer_t5 import storage
 from remixer_t5.model.models import EncoderDecoderModel
 
 
@@ -96,9 +99,21 @@ def infer_eval(model: EncoderDecoderModel, params, task_name: str, *, batch_size
   absl_log = logging.getLogger("absl")
   absl_log.setLevel(logging.WARNING)  # seqio's per-dataset info lines drown the progress
   loggers = (seqio.JSONLogger, seqio.TensorBoardLogger) if log_dir and jax.process_index() == 0 else ()
+  mirror = None
   if loggers:
-    import tensorflow as tf
-    tf.io.gfile.makedirs(log_dir)  # seqio's JSONLogger writes into it without creating it
+    mirror = storage.Mirror(log_dir)  # seqio's JSONLogger writes into it without creating it
+    mirror.pull("*-metrics.jsonl")  # the JSONLogger appends to these
+    log_dir = str(mirror.local)
+  try:
+    return _infer_eval(model, params, task_name, batch_size, feature_lengths, split, num_examples, loggers,
+                       log_dir, step, seed, beam_size, put, fetch, progress, stats, lengths_on_purpose, absl_log)
+  finally:
+    if mirror is not None:
+      mirror.close()
+
+
+def _infer_eval(model, params, task_name, batch_size, feature_lengths, split, num_examples, loggers, log_dir,
+                step, seed, beam_size, put, fetch, progress, stats, lengths_on_purpose, absl_log):
   # seqio's "Given sequence lengths are longer than necessary" warning, for callers whose lengths are longer on
   # purpose (`repro cogs`: fixed-length mixers see inputs at the model's length, decode lengths are rounded up),
   # would print for every split; elsewhere it stays, as it can be a real hint.

@@ -1,12 +1,16 @@
-"""Host-side run logging: console progress, `MODEL_DIR/metrics.jsonl` and TensorBoard (process 0 only)."""
+"""Host-side run logging: console progress, `MODEL_DIR/metrics.jsonl` and TensorBoard (process 0 only).
+
+MODEL_DIR may be a bucket (remixer_t5.storage): metrics.jsonl grows by whole-object rewrites there, and the
+TensorBoard event files, which only TensorFlow writes, are written in a local mirror copied up after each row."""
 from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import jax
+
+from remixer_t5 import storage
 
 
 def format_duration(seconds: float) -> str:
@@ -21,8 +25,9 @@ class MetricsLogger:
 
   def __init__(self, model_dir: str):
     self.enabled = jax.process_index() == 0
-    self.path = Path(model_dir) / "metrics.jsonl"
+    self.path = storage.run_path(model_dir) / "metrics.jsonl"
     self._writers: dict[str, Any] = {}
+    self._tb: storage.Mirror | None = None
     if self.enabled:
       self.path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -42,14 +47,15 @@ class MetricsLogger:
     record = {"step": int(step), "split": split, "time": time.time(), **{k: float(v) for k, v in row.items()}}
     if examples:
       record["examples"] = list(examples)
-    with self.path.open("a") as f:
-      f.write(json.dumps(record) + "\n")
+    storage.append_text(self.path, json.dumps(record) + "\n")
     self._tensorboard(step, split, row, examples)
 
   def _tensorboard(self, step, split, row, examples):
     import tensorflow as tf  # host-side only; TF is already a dependency of the input pipeline
+    if self._tb is None:
+      self._tb = storage.Mirror(self.path.parent / "tensorboard")
     if split not in self._writers:
-      self._writers[split] = tf.summary.create_file_writer(str(self.path.parent / "tensorboard" / split))
+      self._writers[split] = tf.summary.create_file_writer(str(self._tb.local / split))
     with self._writers[split].as_default(step=int(step)):
       for k, v in row.items():
         tf.summary.scalar(k, float(v))
@@ -58,11 +64,15 @@ class MetricsLogger:
             f"**input**: {e['inputs']}  \n**target**: {e['targets']}  \n**prediction**: {e['prediction']}"
             for e in examples))
     self._writers[split].flush()
+    self._tb.sync()
 
   def close(self) -> None:
     for w in self._writers.values():
       w.close()
     self._writers.clear()
+    if self._tb is not None:
+      self._tb.close()
+      self._tb = None
 
 
 _CONSOLE_KEYS = ("loss", "accuracy", "tokens_per_s", "learning_rate")

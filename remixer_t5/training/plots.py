@@ -1,21 +1,23 @@
 """PNG plots of what people look at: the training and validation curves of a run, and what a model mixes."""
 from __future__ import annotations
 
+import io
 import json
-from pathlib import Path
 
 import numpy as np
 
+from remixer_t5 import storage
+from remixer_t5.storage import Path
+
 
 def save_png(fig, path, dpi: int = 100) -> Path:
-  """Writes `fig` to `path` atomically (a temporary file renamed into place), creating its folder; closes it."""
+  """Writes `fig` to `path` (local or a bucket) whole or not at all, creating its folder; closes it."""
   import matplotlib.pyplot as plt
-  path = Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(path.stem + ".tmp.png")
-  fig.savefig(tmp, dpi=dpi)
+  path = storage.run_path(path)
+  buffer = io.BytesIO()
+  fig.savefig(buffer, dpi=dpi, format="png")
   plt.close(fig)
-  tmp.replace(path)
+  storage.write_bytes(path, buffer.getvalue())
   return path
 
 
@@ -25,7 +27,8 @@ def plot_metrics(model_dir: str, out: str | None = None) -> Path:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  rows = [json.loads(line) for line in (Path(model_dir) / "metrics.jsonl").read_text().splitlines() if line]
+  model_dir = storage.run_path(model_dir)
+  rows = [json.loads(line) for line in (model_dir / "metrics.jsonl").read_text().splitlines() if line]
   fig, axes = plt.subplots(1, 2, figsize=(10, 4))
   for split, style in (("train", "-"), ("validation", "o-")):
     pts = sorted((r["step"], r["loss"], r["accuracy"]) for r in rows if r.get("split") == split)
@@ -38,9 +41,9 @@ def plot_metrics(model_dir: str, out: str | None = None) -> Path:
     ax.set_title(name)
     ax.grid(alpha=0.3)
     ax.legend()
-  fig.suptitle(str(Path(model_dir).name))
+  fig.suptitle(str(model_dir.name))
   fig.tight_layout()
-  return save_png(fig, Path(out) if out else Path(model_dir) / "metrics.png")
+  return save_png(fig, out if out else model_dir / "metrics.png")
 
 
 # --- what a model mixes: Remixer paper Fig. 2, HyperMixer paper Fig. 5c/d ----------------------------------
@@ -251,6 +254,6 @@ def plot_mixing(module, params, tokens, out_dir, labels=None, pseudo_samples: in
     found = maps()
     if not found:
       log(none)
-    written += [draw_matrix(m, Path(out_dir) / f"{prefix}_{name}.png", f"{title}, {name.replace('_', ' ', 1)}",
+    written += [draw_matrix(m, storage.run_path(out_dir) / f"{prefix}_{name}.png", f"{title}, {name.replace('_', ' ', 1)}",
                             **keywords) for name, m in found]
   return written

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import signal
+import tempfile
 import threading
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import jax
@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from remixer_t5 import storage
 from remixer_t5.model.models import EncoderDecoderModel
 from remixer_t5.training import checkpoints, optim, partitioning, plots, programs, validation
 from remixer_t5.training import mfu as mfu_lib
@@ -61,7 +62,10 @@ def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature
   """
   if not model_dir:
     raise ValueError("MODEL_DIR is not set: pass --gin.MODEL_DIR=\"'/path/to/run'\"")
-  model_dir = str(Path(model_dir).expanduser())
+  model_dir = str(storage.run_path(model_dir))
+  storage.check_bucket(model_dir)
+  if init_checkpoint:
+    storage.check_bucket(init_checkpoint, "INIT_CHECKPOINT")
   task_name, task, vocab, infer_task_name = _task(task_name, vocabulary, data_dir, infer_eval_task)
   _check_vocab_fits(model, task)
   pack = packing(model, pack)
@@ -229,7 +233,7 @@ def _accept_run(model_dir, model, task_name, feature_lengths, vocab, run_signatu
                 if f.name not in _RESUMABLE_FIELDS}
   checkpoints.check_signature(model_dir, signature, defaults)
   if config_text is not None and jax.process_index() == 0:
-    checkpoints.atomic_write_text(Path(model_dir) / "config.gin", config_text)
+    checkpoints.atomic_write_text(storage.run_path(model_dir) / "config.gin", config_text)
 
 
 def _restore(ckpt, state, shardings, model, feature_lengths, init_checkpoint, model_dir, log):
@@ -279,7 +283,8 @@ def _restore_batches(task, feature_lengths, batch_size, seed, shuffle, pack, pos
     batches = get_batches(task, feature_lengths, "train", batch_size, seed=seed, shuffle=shuffle, repeat=True,
                           pack=pack)
     try:
-      seconds = batches.restore(input_state, position)
+      with tempfile.TemporaryDirectory(prefix="remixer_t5-input-state-") as staging:  # a bucket's copied here
+        seconds = batches.restore(checkpoints.local_input_state(input_state, staging), position)
       say(f"input position restored from {input_state} ({position} batches) in {seconds:.2f}s")
       return batches
     except Exception as e:  # noqa: BLE001 - e.g. the task's pipeline changed since: say so, then replay
@@ -331,6 +336,7 @@ def evaluate_checkpoint(*, model_dir: str, model: EncoderDecoderModel, task_name
   pack = packing(model, pack)
   mesh = partitioning.make_mesh(num_partitions, mesh_shape)
   partitioning.check_batch_size(batch_size, mesh)
+  storage.check_bucket(model_dir)
   ckpt = checkpoints.Checkpointer(model_dir)
   if ckpt.latest_step() is None:
     raise FileNotFoundError(f"no checkpoint in {ckpt.directory}; train first or pass the right MODEL_DIR")

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import functools
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from remixer_t5 import storage
 from remixer_t5.training import partitioning
 from remixer_t5.training.batches import get_batches, global_batch, global_from_host, to_host
 from remixer_t5.training.programs import summarize
@@ -73,7 +73,7 @@ def infer_eval(model, params, task_name, feature_lengths, batch_size, num_exampl
   from remixer_t5.training import evaluation
   per_task = evaluation.infer_eval(
       model, params, task_name, batch_size=batch_size, feature_lengths=feature_lengths, split=split,
-      num_examples=num_examples, log_dir=str(Path(model_dir) / "inference_eval"), step=step, seed=seed,
+      num_examples=num_examples, log_dir=str(storage.run_path(model_dir) / "inference_eval"), step=step, seed=seed,
       beam_size=beam_size, put=lambda x: global_from_host(x, batch_sh), fetch=to_host, progress=progress)
   for name, metrics in per_task.items():
     log.write(step, f"infer/{name}", metrics)
