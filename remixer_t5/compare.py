@@ -36,6 +36,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from remixer_t5 import storage
+
 METRICS_FILE = "metrics.jsonl"
 SIGNATURE_FILE = "run_signature.json"
 CONFIG_FILE = "config.gin"
@@ -68,9 +70,10 @@ class Run:
 
 # --- reading ---------------------------------------------------------------------------------------------
 def read_metrics(model_dir: str | Path) -> list[dict[str, Any]]:
-  """The rows of MODEL_DIR/metrics.jsonl in file order. A run killed mid-write may leave a cut last line: it is
-  skipped; any other unreadable line is an error naming the file and line."""
-  model_dir = Path(model_dir)
+  """The rows of MODEL_DIR/metrics.jsonl (a local folder or gs://) in file order. A run killed mid-write may
+  leave a cut last line: it is skipped; any other unreadable line is an error naming the file and line."""
+  model_dir = storage.run_path(model_dir)
+  storage.check_bucket(model_dir)
   if not model_dir.is_dir():
     raise FileNotFoundError(f"run directory {model_dir} does not exist")
   path = model_dir / METRICS_FILE
@@ -185,14 +188,14 @@ def model_label(config_text: str, signature: Mapping[str, Any] | None) -> str:
 def count_params(config_path: Path) -> int:
   """Parameters of the model config.gin describes, from shapes alone (jax.eval_shape; nothing allocated)."""
   from remixer_t5 import gin_utils, info
-  gin_utils.parse_gin([str(config_path)], [], macro_defaults={"MODEL_DIR": "None"})
+  gin_utils.parse_gin([storage.local_copy(config_path)], [], macro_defaults={"MODEL_DIR": "None"})
   lengths = gin_utils.macro("TASK_FEATURE_LENGTHS") or {"inputs": 8, "targets": 8}
   return info.param_count(gin_utils.macro("MODEL"), lengths)
 
 
 def load_run(model_dir: str | Path, name: str | None = None, params: bool = True) -> Run:
   """A Run from MODEL_DIR's files (see the module docstring for how each number is derived)."""
-  model_dir = Path(model_dir)
+  model_dir = storage.run_path(model_dir)
   rows = read_metrics(model_dir)
   run = Run(name=name or model_dir.name, model_dir=model_dir)
   train, validation = latest_rows(rows, "train"), latest_rows(rows, "validation")
@@ -233,7 +236,7 @@ def load_run(model_dir: str | Path, name: str | None = None, params: bool = True
 
 def unique_names(model_dirs: Sequence[str | Path]) -> list[str]:
   """Directory names, with as many parent directories as it takes to tell equal names apart."""
-  paths = [Path(d).resolve() for d in model_dirs]
+  paths = [Path(str(d)[len("gs://"):]) if storage.is_bucket(d) else Path(d).resolve() for d in model_dirs]
   depth = [1] * len(paths)
   while True:
     names = ["/".join(p.parts[-d:]) for p, d in zip(paths, depth)]
@@ -397,10 +400,10 @@ def compare(model_dirs: Sequence[str | Path], out: str | Path, names: Sequence[s
   for run in runs:
     for note in run.notes:
       log(note)
-  out = Path(out)
-  out.mkdir(parents=True, exist_ok=True)
+  out = storage.run_path(out)
+  storage.check_bucket(out, "--out")
   written = {"compare.png": plot(runs, out / "compare.png")}
   for name, text in (("compare.md", markdown_table(runs)), ("compare.csv", csv_table(runs))):
-    (out / name).write_text(text)
+    storage.write_text(out / name, text)
     written[name] = out / name
   return runs, written

@@ -1,0 +1,215 @@
+"""Runs that live in a bucket, against a real GCS server (fake-gcs-server, in memory, on a loopback port):
+train into gs://, resume from it (also after kill -9 mid-save), read it back with eval, plot, compare, info and
+export-hf, finetune from a gs:// INIT_CHECKPOINT, and the one-line errors of a bucket that cannot be used. No
+command may create a local folder named `gs:` (what pathlib made of gs:// paths)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from gcs_server import GCSServer, free_port
+from subprocess_util import REPO, xla_flags
+
+from remixer_t5 import cli, storage
+from remixer_t5.training import checkpoints
+
+RUN = ["--gin_file=models/t5_1_1/tiny.gin", "--gin_file=runs/demo.gin", "--gin.BATCH_SIZE=2",
+       "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}", "--gin.LOG_PERIOD=1", "--gin.EVAL_PERIOD=0",
+       "--gin.network.T5Config.emb_dim=32", "--gin.network.T5Config.mlp_dim=48",
+       "--gin.network.T5Config.num_encoder_layers=1", "--gin.network.T5Config.num_decoder_layers=1"]
+
+
+def _train(model_dir, steps, period, *extra):
+  return ["train", *RUN, f"--gin.MODEL_DIR='{model_dir}'", f"--gin.TRAIN_STEPS={steps}",
+          f"--gin.CHECKPOINT_PERIOD={period}", *extra]
+
+
+def _rows(model_dir):
+  return [json.loads(line) for line in storage.run_path(model_dir).joinpath("metrics.jsonl").read_text().splitlines()
+          if line.strip()]
+
+
+def _losses(model_dir):
+  return {r["step"]: r["loss"] for r in _rows(model_dir) if r["split"] == "train"}
+
+
+def _assert_same(a, b):
+  jax.tree_util.tree_map(np.testing.assert_array_equal, a, b)
+
+
+def _no_local_gs(*roots):
+  for root in roots:
+    found = [str(p) for p in Path(root).rglob("gs:*")]
+    assert not found, f"local folders named like a bucket: {found}"
+
+
+@pytest.fixture(scope="module")
+def gcs(embedded_cache):
+  """The server, a bucket, and this process's clients pointed at it (subprocesses get `env`)."""
+  server = GCSServer()
+  server.create_bucket("bucket")
+  mp = pytest.MonkeyPatch()
+  for k, v in server.env.items():
+    mp.setenv(k, v)
+  mp.setenv("REMIXER_T5_CACHE_DIR", str(embedded_cache.root))
+  import gcsfs
+  gcsfs.GCSFileSystem.clear_instance_cache()  # an instance made before would keep its endpoint
+  server.child_env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags())
+  yield server
+  mp.undo()
+  gcsfs.GCSFileSystem.clear_instance_cache()
+  server.stop()
+
+
+@pytest.fixture(scope="module")
+def local_reference(tmp_path_factory, gcs):
+  """The same run in a local folder, uninterrupted: 8 steps, checkpoints at 4 and 8."""
+  root = tmp_path_factory.mktemp("local") / "run"
+  assert cli.main(_train(root, 8, 4)) == 0
+  return root
+
+
+@pytest.fixture(scope="module")
+def bucket_run(gcs, local_reference):
+  """gs://bucket/run trained to step 4, then resumed to step 8 by a second `train`."""
+  run = "gs://bucket/run"
+  assert cli.main(_train(run, 4, 2)) == 0
+  assert cli.main(_train(run, 8, 4)) == 0
+  return run
+
+
+def test_train_into_a_bucket_resumes_from_it_exactly(gcs, bucket_run, local_reference, capsys, tmp_path):
+  names = set(gcs.objects("bucket", "run/"))
+  for step in (4, 8):
+    assert f"run/checkpoints/{step}/commit_success.txt" in names  # orbax's marker: the step is finalised
+    assert f"run/input_state/{step}/process-00000-of-00001/iterator.index" in names
+  assert {"run/metrics.jsonl", "run/config.gin", "run/run_signature.json", "run/metrics.png"} <= names
+  assert any(n.startswith("run/tensorboard/train/events.out.tfevents") for n in names)
+  assert checkpoints.Checkpointer(bucket_run).all_steps()[-1] == 8
+  # Steps 5-8 came from the bucket's step-4 checkpoint and input state: the same losses and parameters as the
+  # uninterrupted local run.
+  assert _losses(bucket_run) == _losses(local_reference)
+  _assert_same(checkpoints.restore_any_params(bucket_run), checkpoints.restore_any_params(local_reference))
+  # A rerun of a finished run says where it resumed from.
+  capsys.readouterr()
+  assert cli.main(_train(bucket_run, 8, 4)) == 0
+  out = capsys.readouterr().out
+  assert "resumed from gs://bucket/run/checkpoints/8" in out
+  _no_local_gs(REPO, Path.cwd())
+
+
+def test_eval_plot_compare_info_and_export_read_a_run_in_the_bucket(gcs, bucket_run, local_reference, tmp_path,
+                                                                      capsys):
+  assert cli.main(["eval", *RUN, f"--gin.MODEL_DIR='{bucket_run}'", "--gin.EVAL_STEPS=1"]) == 0
+  assert [r["step"] for r in _rows(bucket_run) if r["split"] == "validation"][-1] == 8
+  # plot: curves of the run, and mixing matrices from its checkpoint into the bucket
+  assert cli.main(["plot", bucket_run, "--out", f"{bucket_run}/plots", "--length", "6"]) == 0
+  assert any(n.startswith("run/plots/") and n.endswith(".png") for n in gcs.objects("bucket", "run/plots/"))
+  # compare: a bucket run beside a local one, the output in the bucket
+  capsys.readouterr()
+  assert cli.main(["compare", bucket_run, str(local_reference), "--names", "bucket,local",
+                   "--out", "gs://bucket/compare"]) == 0
+  table = capsys.readouterr().out
+  assert "| bucket |" in table and "| local |" in table
+  assert {"compare/compare.png", "compare/compare.md", "compare/compare.csv"} <= set(gcs.objects("bucket", "compare/"))
+  # info on the run's own config
+  assert cli.main(["info", f"--gin_file={bucket_run}/config.gin"]) == 0
+  assert "198,112" in capsys.readouterr().out
+  # export-hf reads the run's latest step and its config.gin from the bucket
+  out = tmp_path / "hf"
+  assert cli.main(["export-hf", bucket_run, str(out)]) == 0
+  assert (out / "config.json").is_file()
+  _no_local_gs(REPO, Path.cwd(), tmp_path)
+
+
+def test_finetune_from_a_bucket_init_checkpoint(gcs, bucket_run, capsys):
+  capsys.readouterr()
+  assert cli.main(_train("gs://bucket/finetune", 2, 2, f"--gin.trainer.train.init_checkpoint='{bucket_run}'")) == 0
+  assert f"initialised params from {bucket_run}" in capsys.readouterr().out
+  assert "finetune/checkpoints/2/commit_success.txt" in gcs.objects("bucket", "finetune/")
+
+
+@pytest.mark.integration
+def test_kill_9_mid_save_in_a_bucket_then_resume_matches_uninterrupted(gcs, local_reference, capsys):
+  """Killed while orbax writes a step into the bucket (its objects there, its commit marker not yet), the run
+  resumes from the previous finalised step and ends with the uninterrupted run's losses and parameters."""
+  run = "gs://bucket/killed"
+  proc = subprocess.Popen([sys.executable, "-m", "remixer_t5", *_train(run, 8, 1)], env=gcs.child_env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+  deadline, killed_at = time.time() + 240, None
+  while proc.poll() is None and time.time() < deadline:
+    names = gcs.objects("bucket", "killed/checkpoints/")
+    steps = {n.split("/")[2] for n in names}
+    in_flight = [s for s in steps if f"killed/checkpoints/{s}/commit_success.txt" not in names]
+    if in_flight and len(steps) >= 3:
+      proc.send_signal(signal.SIGKILL)
+      killed_at = in_flight
+      break
+    time.sleep(0.005)
+  proc.wait(timeout=60)
+  assert killed_at is not None, "never caught a save in flight"
+  capsys.readouterr()
+  assert cli.main(_train(run, 8, 1)) == 0
+  out = capsys.readouterr().out
+  assert "resumed from gs://bucket/killed/checkpoints/" in out and "input position restored from" in out
+  assert _losses(run) == _losses(local_reference)
+  _assert_same(checkpoints.restore_any_params(run), checkpoints.restore_any_params(local_reference))
+
+
+def test_a_missing_bucket_is_one_line_before_any_compile(gcs, capfd):
+  code = cli.main(_train("gs://no-such-bucket/run", 2, 2))
+  err = capfd.readouterr().err
+  assert code == 2
+  assert "gs://no-such-bucket" in err and "does not exist" in err and "Traceback" not in err
+  assert "no-such-bucket" not in "".join(gcs.objects("bucket"))
+
+
+def test_a_server_that_does_not_answer_is_one_line(gcs, monkeypatch, capfd):
+  import gcsfs
+  monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{free_port()}")
+  gcsfs.GCSFileSystem.clear_instance_cache()
+  try:
+    code = cli.main(_train("gs://bucket/unreachable", 2, 2))
+  finally:
+    gcsfs.GCSFileSystem.clear_instance_cache()
+  err = capfd.readouterr().err
+  assert code == 2 and "did not answer" in err and "gs://bucket/unreachable" in err and "Traceback" not in err
+
+
+def test_missing_credentials_name_the_bucket_and_the_fix(monkeypatch):
+  import gcsfs
+  import google.auth.exceptions
+  def refuse(self, path, **kwargs):
+    raise google.auth.exceptions.DefaultCredentialsError("Your default credentials were not found.")
+  monkeypatch.setattr(gcsfs.GCSFileSystem, "info", refuse)
+  monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+  with pytest.raises(storage.StorageError, match=r"MODEL_DIR gs://b/run: no usable credentials.*application-default"):
+    storage.check_bucket("gs://b/run")
+
+
+def test_another_models_run_in_the_bucket_is_refused(gcs, bucket_run, capfd):
+  code = cli.main(_train(bucket_run, 9, 9, "--gin.network.T5Config.emb_dim=48"))
+  err = capfd.readouterr().err
+  assert code == 2 and f"MODEL_DIR {bucket_run} holds a run with a different configuration" in err
+  assert "config.emb_dim" in err
+
+
+@pytest.mark.parametrize("bad, why", [("gs:/bucket/run", "expected gs://bucket/path"),
+                                      ("s3://bucket/run", "unsupported storage scheme 's3'"),
+                                      ("gs:///run", "expected gs://bucket/path")])
+def test_malformed_bucket_paths_are_refused(bad, why):
+  with pytest.raises(ValueError, match=why):
+    storage.run_path(bad)
+
+
+def test_local_paths_stay_local_and_absolute(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  assert str(storage.run_path("runs/a")) == str(tmp_path / "runs" / "a")
+  assert str(storage.run_path("~/x")) == str(Path.home() / "x")
+  assert str(storage.run_path("gs://b/run/")) == "gs://b/run"
