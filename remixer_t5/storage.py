@@ -20,7 +20,9 @@ import logging
 import os
 import re
 import shutil
+import socket
 import tempfile
+import urllib.parse
 from pathlib import Path as LocalPath
 
 os.environ.setdefault("EPATH_USE_TF", "false")  # epath reads it per call; TF's gfile ignores GCS emulators
@@ -195,6 +197,13 @@ def check_bucket(path, what: str = "MODEL_DIR") -> None:
   bucket = path.as_posix()[len("gs://"):].split("/")[0]
   emulator = os.environ.get("STORAGE_EMULATOR_HOST")
   where = f"the GCS emulator at {emulator} (STORAGE_EMULATOR_HOST)" if emulator else "Cloud Storage"
+  endpoint = urllib.parse.urlsplit(emulator if emulator else "https://storage.googleapis.com")
+  try:  # one connection attempt first: the client retries an unreachable server with backoff for a minute
+    socket.create_connection((endpoint.hostname, endpoint.port or (443 if endpoint.scheme == "https" else 80)),
+                             timeout=10).close()
+  except OSError as e:
+    raise StorageError(f"{what} {path}: {where} did not answer for gs://{bucket} ({type(e).__name__}: {e}); "
+                       "check the network (or that the emulator is running) and retry") from None
   try:
     import gcsfs
     fs = gcsfs.GCSFileSystem(retries=1) if emulator else gcsfs.GCSFileSystem()

@@ -135,7 +135,6 @@ def test_finetune_from_a_bucket_init_checkpoint(gcs, bucket_run, capsys):
   assert "finetune/checkpoints/2/commit_success.txt" in gcs.objects("bucket", "finetune/")
 
 
-@pytest.mark.integration
 def test_kill_9_mid_save_in_a_bucket_then_resume_matches_uninterrupted(gcs, local_reference, capsys):
   """Killed while orbax writes a step into the bucket (its objects there, its commit marker not yet), the run
   resumes from the previous finalised step and ends with the uninterrupted run's losses and parameters."""
@@ -182,13 +181,15 @@ def test_a_server_that_does_not_answer_is_one_line(gcs, monkeypatch, capfd):
   assert code == 2 and "did not answer" in err and "gs://bucket/unreachable" in err and "Traceback" not in err
 
 
-def test_missing_credentials_name_the_bucket_and_the_fix(monkeypatch):
+def test_missing_credentials_name_the_bucket_and_the_fix(gcs, monkeypatch):
+  """The emulator accepts any token, so the client's refusal is what Cloud Storage's client raises without
+  credentials."""
   import gcsfs
   import google.auth.exceptions
+
   def refuse(self, path, **kwargs):
     raise google.auth.exceptions.DefaultCredentialsError("Your default credentials were not found.")
   monkeypatch.setattr(gcsfs.GCSFileSystem, "info", refuse)
-  monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
   with pytest.raises(storage.StorageError, match=r"MODEL_DIR gs://b/run: no usable credentials.*application-default"):
     storage.check_bucket("gs://b/run")
 
@@ -213,3 +214,38 @@ def test_local_paths_stay_local_and_absolute(tmp_path, monkeypatch):
   assert str(storage.run_path("runs/a")) == str(tmp_path / "runs" / "a")
   assert str(storage.run_path("~/x")) == str(Path.home() / "x")
   assert str(storage.run_path("gs://b/run/")) == "gs://b/run"
+
+
+def _two_processes(env, args):
+  port, procs = free_port(), []
+  for pid in range(2):
+    penv = dict(env, REMIXER_T5_COORDINATOR=f"127.0.0.1:{port}", REMIXER_T5_NUM_PROCESSES="2",
+                REMIXER_T5_PROCESS_ID=str(pid))
+    procs.append(subprocess.Popen([sys.executable, "-m", "remixer_t5", *args], env=penv, cwd=REPO,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+  outs = [p.communicate(timeout=400)[0] for p in procs]
+  for p, out in zip(procs, outs):
+    assert p.returncode == 0, out[-3000:]
+  return outs
+
+
+def test_two_processes_train_and_resume_one_run_in_the_bucket(gcs):
+  """The multi-host path on CPU collectives: both processes save collectively into the bucket, each its own
+  input state. The last step is then removed and a second launch redoes it from step 4, each process from its
+  own saved input position: the same losses and parameters, bitwise."""
+  run = "gs://bucket/two"
+  _two_processes(gcs.child_env, _train(run, 6, 2))
+  names = set(gcs.objects("bucket", "two/"))
+  for step in (2, 4, 6):
+    assert f"two/checkpoints/{step}/commit_success.txt" in names
+  for pid in range(2):
+    assert f"two/input_state/6/process-{pid:05d}-of-00002/iterator.index" in names
+  first, params = _losses(run), checkpoints.restore_any_params(run)
+  assert sorted(first) == [1, 2, 3, 4, 5, 6]
+  storage.remove_tree(f"{run}/checkpoints/6")
+  outs = _two_processes(gcs.child_env, _train(run, 6, 2))
+  for pid, out in enumerate(outs):
+    assert f"input position restored from {run}/input_state/4/process-{pid:05d}-of-00002/iterator" in out, out[-2000:]
+  redone = [r for r in _rows(run) if r["split"] == "train"][6:]
+  assert [(r["step"], r["loss"]) for r in redone] == [(5, first[5]), (6, first[6])]
+  _assert_same(checkpoints.restore_any_params(run), params)

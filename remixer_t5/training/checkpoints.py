@@ -177,7 +177,13 @@ def restore_params(directory: str | os.PathLike) -> Any:
   if not path.exists():
     raise FileNotFoundError(f"no checkpoint at {path}")
   with ocp.StandardCheckpointer() as ckptr:
-    return ckptr.restore(path)
+    # Onto this process's first device whatever mesh saved it (a run of many hosts read on one machine).
+    tree = ckptr.metadata(path).item_metadata.tree
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    is_array = lambda m: hasattr(m, "shape") and hasattr(m, "dtype")
+    target = jax.tree_util.tree_map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device)
+                                    if is_array(m) else m, tree, is_leaf=is_array)
+    return ckptr.restore(path, target)
 
 
 def check_signature(model_dir: str | os.PathLike, signature: Mapping[str, Any],
