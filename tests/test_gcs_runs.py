@@ -125,7 +125,33 @@ def test_eval_plot_compare_info_and_export_read_a_run_in_the_bucket(gcs, bucket_
   out = tmp_path / "hf"
   assert cli.main(["export-hf", bucket_run, str(out)]) == 0
   assert (out / "config.json").is_file()
+  # import-hf writes its output into the bucket: the same parameters back, and a model.gin gin can read there
+  assert cli.main(["import-hf", str(out), "gs://bucket/imported"]) == 0
+  assert {"imported/model.gin", "imported/checkpoint/commit_success.txt"} <= set(gcs.objects("bucket", "imported/"))
+  _assert_same(checkpoints.restore_any_params("gs://bucket/imported"), checkpoints.restore_any_params(bucket_run))
+  assert cli.main(["info", "--gin_file=gs://bucket/imported/model.gin"]) == 0
+  assert cli.main(["import-hf", str(out), "gs://bucket/imported"]) == 2  # not onto a non-empty output
+  assert "not empty" in capsys.readouterr().err
   _no_local_gs(REPO, Path.cwd(), tmp_path)
+
+
+def test_a_corrupt_latest_checkpoint_in_the_bucket_is_moved_aside(gcs, bucket_run, local_reference, capsys):
+  """A bucket has no folder rename: the unreadable step's objects are copied aside, then deleted, and the run
+  resumes from the previous step to the uninterrupted run's parameters."""
+  run = "gs://bucket/corrupt"
+  storage._copy_tree(storage.run_path(bucket_run), storage.run_path(run))
+  assert checkpoints.Checkpointer(run).all_steps() == [2, 4, 8]
+  for p in storage._files(storage.run_path(f"{run}/checkpoints/8/state")):
+    if "ocdbt.process_0/d/" in p.as_posix():
+      p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2])
+  capsys.readouterr()
+  assert cli.main(_train(run, 8, 4)) == 0
+  out = capsys.readouterr().out
+  assert f"checkpoint {run}/checkpoints/8 cannot be restored" in out
+  assert f"resumed from {run}/checkpoints/4" in out
+  names = gcs.objects("bucket", "corrupt/checkpoints/")
+  assert any(n.startswith("corrupt/checkpoints/8.corrupt-0/state/") for n in names)
+  _assert_same(checkpoints.restore_any_params(run), checkpoints.restore_any_params(local_reference))
 
 
 def test_finetune_from_a_bucket_init_checkpoint(gcs, bucket_run, capsys):
