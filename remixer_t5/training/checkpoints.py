@@ -2,9 +2,9 @@
 
 A MODEL_DIR (a local folder or a gs:// bucket path; remixer_t5.storage) holds `checkpoints/<step>/` (orbax,
 saved collectively; orbax finalises a step atomically, a local folder by renaming it into place, a bucket's by
-its commit marker, so a killed save never becomes the latest step), `input_state/<step>/process-<i>-of-<n>/` (each process's tf.data
-iterator state at that step, written before the orbax step) and `run_signature.json`, which a later `train`
-into the same directory must match.
+its commit marker, so a killed save never becomes the latest step), `input_state/<step>/process-<i>-of-<n>/`
+(each process's tf.data iterator state at that step, written before the orbax step) and `run_signature.json`,
+which a later `train` into the same directory must match.
 """
 from __future__ import annotations
 

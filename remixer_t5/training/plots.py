@@ -254,6 +254,7 @@ def plot_mixing(module, params, tokens, out_dir, labels=None, pseudo_samples: in
     found = maps()
     if not found:
       log(none)
-    written += [draw_matrix(m, storage.run_path(out_dir) / f"{prefix}_{name}.png", f"{title}, {name.replace('_', ' ', 1)}",
-                            **keywords) for name, m in found]
+    out = storage.run_path(out_dir)
+    written += [draw_matrix(m, out / f"{prefix}_{name}.png", f"{title}, {name.replace('_', ' ', 1)}", **keywords)
+                for name, m in found]
   return written
