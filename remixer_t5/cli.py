@@ -132,12 +132,18 @@ def cmd_import_hf(args: argparse.Namespace) -> int:
   out = storage.run_path(args.out_dir)
   storage.check_bucket(out, "OUT_DIR")
   if out.exists() and any(out.iterdir()):
-    raise FileExistsError(f"{out} exists and is not empty; choose a new OUT_DIR")
+    unfinished = storage.is_bucket(out) and not (out / "model.gin").exists()
+    raise FileExistsError(f"{out} exists and is not empty" + (" (an unfinished import: no model.gin; delete it)"
+                                                             if unfinished else "") + "; choose a new OUT_DIR")
   module, params = hf.load_hf_t5(args.hf_dir)
   gin_text = model_gin(module.config, source=str(args.hf_dir))
   if storage.is_bucket(out):  # no folder rename: orbax's commit marker, then model.gin, written last, whole
-    checkpoints.save_params(out / "checkpoint", params)
-    storage.write_text(out / "model.gin", gin_text)
+    try:
+      checkpoints.save_params(out / "checkpoint", params)
+      storage.write_text(out / "model.gin", gin_text)
+    except BaseException:
+      storage.remove_tree(out)  # nothing half-written is left behind
+      raise
   else:
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)

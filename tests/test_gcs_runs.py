@@ -132,6 +132,9 @@ def test_eval_plot_compare_info_and_export_read_a_run_in_the_bucket(gcs, bucket_
   assert cli.main(["info", "--gin_file=gs://bucket/imported/model.gin"]) == 0
   assert cli.main(["import-hf", str(out), "gs://bucket/imported"]) == 2  # not onto a non-empty output
   assert "not empty" in capsys.readouterr().err
+  storage.run_path("gs://bucket/imported/model.gin").unlink()  # as a kill before the last write leaves it
+  assert cli.main(["import-hf", str(out), "gs://bucket/imported"]) == 2
+  assert "an unfinished import: no model.gin; delete it" in capsys.readouterr().err
   _no_local_gs(REPO, Path.cwd(), tmp_path)
 
 
