@@ -25,7 +25,6 @@ import contextlib
 import dataclasses
 import functools
 import importlib.util
-import inspect
 import os
 import re
 import time
@@ -265,26 +264,9 @@ def topology_devices(acc: Accelerator, num_slices: int = 1) -> list:
   return devices
 
 
-# --- the run's settings, read from the gin bindings of trainer.train -------------------------------------
-def train_settings() -> dict[str, Any]:
-  """The arguments `remixer-t5 train` would pass trainer.train that shape the step: the model, lengths, batch,
-  optimizer, schedule, mesh and microbatches (bound in gin; else trainer.train's defaults)."""
-  from remixer_t5 import gin_utils
-  from remixer_t5.training import trainer
-  defaults = {k: p.default for k, p in inspect.signature(trainer.train).parameters.items()}
-  names = ("model", "feature_lengths", "batch_size", "optimizer", "learning_rate", "num_partitions",
-           "mesh_shape", "num_microbatches", "pack", "peak_flops_per_device")
-  out = {n: gin_utils.binding(f"trainer.train.{n}", defaults.get(n)) for n in names}
-  missing = [n for n in ("model", "feature_lengths", "batch_size") if out[n] in (None, inspect.Parameter.empty)]
-  if missing:
-    raise ValueError(f"the gin config binds no trainer.train.{'/'.join(missing)}: add a run config, e.g. "
-                     "--gin_file=runs/pretrain.gin beside the model config")
-  return out
-
-
 # --- compiling ------------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def _without_persistent_cache():
+def without_persistent_cache():
   """Nothing of a deviceless compile goes into JAX's persistent compilation cache ($JAX_COMPILATION_CACHE_DIR): its
   executable cannot be read back without a runtime client ("PjRtCompiler must be constructed with a Client"), and a
   cache hit would report a read as the compile time. JAX decides once per process whether the cache is used, so the
@@ -298,7 +280,9 @@ def _without_persistent_cache():
     jax.config.update("jax_persistent_cache_min_compile_time_secs", was)
 
 
-def _memory(compiled) -> dict[str, int]:
+def memory(compiled) -> dict[str, int]:
+  """XLA's buffer assignment of a compiled program, per device (total = arguments + outputs - aliased +
+  temporaries + code)."""
   m = compiled.memory_analysis()
   fields = {"argument_bytes": m.argument_size_in_bytes, "output_bytes": m.output_size_in_bytes,
             "alias_bytes": m.alias_size_in_bytes, "temp_bytes": m.temp_size_in_bytes,
@@ -339,14 +323,14 @@ def _oom_numbers(message: str) -> tuple[float, float] | None:
 GPU_PREDICTION_MARGIN = 0.07
 
 
-def _hint(acc: Accelerator | GpuAccelerator, rules: str, settings: Mapping[str, Any]) -> str:
-  cfg = getattr(settings["model"].module, "config", None)
+def _hint(acc: Accelerator | GpuAccelerator, rules: str, model) -> str:
+  cfg = getattr(model.module, "config", None)
   tips = []
   if rules != "fsdp":
     tips.append("fsdp rules (--gin_file=partitioning/fsdp.gin: parameters and optimizer state split over 'data')")
   if cfg is not None and getattr(cfg, "remat_policy", "none") != "full":
     tips.append("rematerialisation (--gin.network.T5Config.remat_policy=\"'full'\")")
-  tips.append("gradient accumulation (--gin.trainer.train.num_microbatches=4)")
+  tips.append("gradient accumulation (--gin.run_config.Training.num_microbatches=4)")
   if isinstance(acc, GpuAccelerator):
     more = [n for n in GPU_COUNTS if n > acc.gpus]
     if more:
@@ -360,18 +344,17 @@ def _hint(acc: Accelerator | GpuAccelerator, rules: str, settings: Mapping[str, 
   return "try " + "; ".join(tips)
 
 
-def compile_run(settings: Mapping[str, Any], topology: str, *, num_slices: int = 1, mesh: Any = None,
-                rules: str | None = None, steps: Sequence[str] = ("train",),
-                log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
-  """Compile `steps` ('train', 'eval', 'decode') of the run `settings` (train_settings()) for `topology`.
+def compile_run(run, topology: str, *, num_slices: int = 1, mesh: Any = None, rules: str | None = None,
+                steps: Sequence[str] = ("train",), log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+  """Compile `steps` ('train', 'eval', 'decode') of `run` (a run_config.Run) for `topology`.
 
-  `mesh`/`rules` override the run's mesh_shape (a preset or 'DxM') and rule set. Returns the report (see the
-  module docstring): {'topology', 'devices', 'mesh', 'rules', 'fits', 'steps': {name: {...}}, ...}; a step
-  that does not fit has 'fits': False and 'needs_bytes' (from XLA's RESOURCE_EXHAUSTED message).
+  `mesh`/`rules` override the run's mesh (a preset or 'DxM') and rule set. Returns the report (see the module
+  docstring): {'topology', 'devices', 'mesh', 'rules', 'fits', 'steps': {name: {...}}, ...}; a step that does
+  not fit has 'fits': False and 'needs_bytes' (from XLA's RESOURCE_EXHAUSTED message).
   """
   import jax
 
-  from remixer_t5.training import mfu, partitioning, programs, trainer, validation
+  from remixer_t5.training import partitioning, programs, trainer
   acc = accelerator(topology)
   if jax.config.jax_platforms is None:
     jax.config.update("jax_platforms", "cpu")  # the host compiles; never look for a TPU or GPU runtime
@@ -379,143 +362,167 @@ def compile_run(settings: Mapping[str, Any], topology: str, *, num_slices: int =
   if gpu and num_slices != 1:
     raise ValueError(f"--num_slices is for TPU slices; {acc.name} is one process's GPUs")
   devices = gpu_topology_devices(acc) if gpu else topology_devices(acc, num_slices)
-  model = settings["model"]
-  mesh_arg = mesh if mesh is not None else settings.get("mesh_shape")
-  jmesh = partitioning.make_mesh(settings.get("num_partitions") or 1, mesh_arg, devices, rules=rules)
-  used_rules = partitioning.rules_kind(partitioning.rules_for(jmesh))
-  lengths = dict(settings["feature_lengths"])
-  batch_size = int(settings["batch_size"])
-  partitioning.check_batch_size(batch_size, jmesh)
-  pack = trainer.packing(model, settings.get("pack", True) is not False)
-  tx = programs.optimizer(model, settings.get("optimizer") or _default_optimizer(), settings.get("learning_rate"))
-  schedule = settings.get("learning_rate") if callable(settings.get("learning_rate")) else None
-  microbatches = settings.get("num_microbatches")
-  prog = programs.program(model, tx, schedule, lengths, jmesh, microbatches)
-  batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=prog.batch_sharding)
-           for k, v in programs.batch_shapes(lengths, batch_size, pack).items()}
-  peak = mfu.peak_flops_per_device(devices[0], override=settings.get("peak_flops_per_device"))
-  cfg = getattr(model.module, "config", None)
-  report: dict[str, Any] = {
-      "topology": acc.name, "platform": acc.platform, "xla_topology": acc.topology, "num_slices": num_slices,
-      "devices": len(devices), "device_kind": devices[0].device_kind, "mesh": dict(jmesh.shape),
-      "rules": used_rules, "hbm_bytes_per_device": acc.hbm_bytes, "peak_flops_per_device": peak,
-      "batch_size": batch_size, "feature_lengths": lengths, "pack": pack, "num_microbatches": microbatches,
-      "model": type(model.module).__name__,
-      "dtype": getattr(cfg, "dtype", None), "remat_policy": getattr(cfg, "remat_policy", None),
-      "scan_layers": getattr(cfg, "scan_layers", None), "steps": {}}
-  if not gpu:
-    report["libtpu_topology"] = acc.topology
-  else:
-    report.update(device_memory_bytes=acc.device_memory_bytes, mem_fraction=acc.mem_fraction(),
-                  memory_bandwidth=acc.memory_bandwidth)
-  tokens = batch_size * (lengths["inputs"] + lengths["targets"])
-
-  def one(name: str, fn, *args):
-    log(f"compiling the {name} step for {acc.name} x{num_slices} ({len(devices)} devices, mesh "
-        f"{dict(jmesh.shape)}, rules {used_rules}) ...")
-    t0 = time.time()
-    options = None
-    try:
-      with _without_persistent_cache():
-        try:
-          compiled = prog.compile(fn, *args)
-        except Exception as e:  # noqa: BLE001
-          # Without a GPU to autotune on, XLA:GPU's Triton GEMM emitter finds no tiling for some dots (base
-          # models' attention output projection: "Couldn't find output tile sizes"); cuBLAS takes them instead.
-          if not (gpu and "find output tile sizes" in str(e)):
-            raise
-          options = {"xla_gpu_enable_triton_gemm": False}
-          log(f"  XLA's Triton GEMM emitter found no tiling without a GPU to autotune on; compiling with "
-              f"{options}")
-          compiled = prog.compile(fn, *args, compiler_options=options)
-    except Exception as e:  # noqa: BLE001 - XLA raises its own error types
-      message = str(e)
-      if gpu and "libdevice not found" in message:
-        raise CompilerMissing("XLA's CUDA compiler found no CUDA toolkit (ptxas, libdevice): pip install "
-                              "nvidia-cuda-nvcc-cu12 (in the gpu-compile extra) or point "
-                              "--xla_gpu_cuda_data_dir in $XLA_FLAGS at a CUDA install") from e
-      if "RESOURCE_EXHAUSTED" not in message:
-        raise
-      numbers = _oom_numbers(message)
-      row = {"fits": False, "compile_seconds": time.time() - t0, "xla_error": message.strip().splitlines()[0][:500]}
-      if numbers:
-        row["needs_bytes"], row["available_bytes"] = numbers
-      return row
-    row = {"fits": True, "compile_seconds": time.time() - t0, "memory": _memory(compiled)}
-    row.update(_gpu_cost(compiled) if gpu else _cost(compiled))
-    if options:
-      row["xla_options"] = options
-    row["needs_bytes"], row["available_bytes"] = row["memory"]["total_bytes"], acc.hbm_bytes
-    row["fits"] = row["needs_bytes"] <= acc.hbm_bytes
-    # XLA's cost model counts a while loop's body once: a scanned stack's step time (the decode loop's, a
-    # microbatch loop's, a mixer's chunked scan's) would be a fraction of the real one (and its MFU could pass
-    # 100%), so no step time is implied from it.
-    loops = mfu.compiled_loops(compiled)
-    if loops:
-      row["loops"] = loops
-    loop = ("the layers are scanned" if getattr(cfg, "scan_layers", False) else
-            "decoding is a loop over target positions" if name == "decode" else
-            f"the step runs {len(loops)} kind(s) of while loop ({'; '.join(loops[:3])}"
-            f"{'; ...' if len(loops) > 3 else ''})" if loops else None)
-    kernels = (f"the step calls {row['kernel_calls']} Pallas (Triton) kernel(s), whose FLOPs and bytes XLA's "
-               "cost analysis does not see" if row.get("kernel_calls") else None)
-    if loop:
-      row["estimate_note"] = (f"{loop}: XLA's cost model counts the loop body once, so its time is not a step time"
-                              + (f"; and {kernels}" if kernels else ""))
-    elif kernels:
-      row["estimate_note"] = f"{kernels}, so no step time is implied"
-    elif row["optimal_seconds"] > 0:
-      row["est_steps_per_s"] = 1.0 / row["optimal_seconds"]
-    elif gpu and peak and row["xla_flops_per_device"] > 0:
-      # No cost-model time on GPUs: a roofline from XLA's FLOP and byte counts, bf16 peak and HBM bandwidth;
-      # the caller puts model FLOPs in when XLA's count misses cuBLAS calls (flops_note).
-      row["roofline_seconds"] = max(row["xla_flops_per_device"] / peak,
-                                    row["bytes_accessed_per_device"] / acc.memory_bandwidth)
-      row["est_steps_per_s"] = 1.0 / row["roofline_seconds"]
-    return row
-
+  training, data = run.training, run.data
+  part = partitioning.partitioner(mesh if mesh is not None else training.mesh, devices, rules=rules)
+  part.check_batch_size(data.batch_size)
+  prog = programs.from_run(training, data.feature_lengths, part)
+  pack = trainer.packing(training.model, data.pack)
+  report = _report_header(acc, devices, num_slices, part, run, pack)
   for name in steps:
-    if name == "train":
-      row = one("train", prog.train_step, prog.state, batch)
-      t0 = time.time()
-      model_flops, model_loops = mfu.model_flops_and_loops(model, programs.batch_shapes(lengths, batch_size, pack))
-      row.update(model_flops_per_step=model_flops, model_flops_per_device=model_flops / len(devices),
-                 model_flops_per_token=model_flops / tokens, model_flops_seconds=time.time() - t0)
-      if model_loops:
-        row["model_flops_note"] = (f"a lower bound: the model itself loops ({model_loops} while loops in the "
-                                   "lowered step, e.g. a mixer's chunked scan) and each loop body counts once")
-      if row.get("roofline_seconds") and row.get("flops_note"):  # XLA's FLOPs miss the cuBLAS GEMMs
-        flops = max(row["xla_flops_per_device"], row["model_flops_per_device"])
-        row["roofline_seconds"] = max(flops / peak, row["bytes_accessed_per_device"] / acc.memory_bandwidth)
-        row["est_steps_per_s"] = 1.0 / row["roofline_seconds"]
-        row["roofline_note"] = "FLOPs: the model's (XLA's count misses the cuBLAS GEMMs)"
-      if row.get("est_steps_per_s") and peak and not model_loops:
-        row["est_mfu"] = mfu.mfu(row["model_flops_per_device"], row["est_steps_per_s"], peak)
-        if not row.get("flops_note"):  # XLA's count would be missing the GEMMs
-          row["est_hfu"] = mfu.mfu(row["xla_flops_per_device"], row["est_steps_per_s"], peak)
-    elif name == "eval":
-      row = one("eval", prog.eval_step, prog.state.params, batch)
-    elif name == "decode":
-      enc = {"encoder_input_tokens": batch["encoder_input_tokens"]}
-      row = one("decode", validation.jit_predict(model), prog.state.params, enc, lengths["targets"])
-    else:
-      raise ValueError(f"unknown step {name!r}; expected train, eval or decode")
-    report["steps"][name] = row
+    log(f"compiling the {name} step for {acc.name} x{num_slices} ({len(devices)} devices, mesh "
+        f"{dict(part.mesh.shape)}, rules {part.kind}) ...")
+    report["steps"][name] = _compile_step(name, prog, acc, data.batch_size, pack, report["peak_flops_per_device"],
+                                          log)
   report["fits"] = all(r["fits"] for r in report["steps"].values())
   if not report["fits"]:
-    report["hint"] = _hint(acc, used_rules, settings)
+    report["hint"] = _hint(acc, part.kind, training.model)
     if isinstance(acc, GpuAccelerator) and all(
         r["fits"] or ("needs_bytes" in r and r["needs_bytes"] <= (1 + GPU_PREDICTION_MARGIN) * r["available_bytes"])
         for r in report["steps"].values()):
       report["hint"] += (f" (a near miss: within {GPU_PREDICTION_MARGIN:.0%} of the limit the deviceless GPU "
-                         "prediction can be wrong either way; on one H100 T5.1.1-base at batch 128 needed "
-                         "56.8 GiB where it predicts 60.3: docs/benchmarks.md)")
+                         "prediction can be wrong either way: docs/benchmarks.md, 'GPU, compiled without a GPU')")
   return report
 
 
-def _default_optimizer():
-  from remixer_t5.training import optim
-  return optim.adafactor
+def _report_header(acc, devices, num_slices: int, part, run, pack: bool) -> dict[str, Any]:
+  """The report's description of the target, the mesh and the run; its 'steps' still empty."""
+  from remixer_t5.training import mfu
+  model, data = run.training.model, run.data
+  cfg = getattr(model.module, "config", None)
+  report: dict[str, Any] = {
+      "topology": acc.name, "platform": acc.platform, "xla_topology": acc.topology, "num_slices": num_slices,
+      "devices": len(devices), "device_kind": devices[0].device_kind, "mesh": dict(part.mesh.shape),
+      "rules": part.kind, "hbm_bytes_per_device": acc.hbm_bytes,
+      "peak_flops_per_device": mfu.peak_flops_per_device(devices[0], override=run.training.peak_flops_per_device),
+      "batch_size": data.batch_size, "feature_lengths": dict(data.feature_lengths), "pack": pack,
+      "num_microbatches": run.training.num_microbatches, "model": type(model.module).__name__,
+      "dtype": getattr(cfg, "dtype", None), "remat_policy": getattr(cfg, "remat_policy", None),
+      "scan_layers": getattr(cfg, "scan_layers", None), "steps": {}}
+  if isinstance(acc, GpuAccelerator):
+    report.update(device_memory_bytes=acc.device_memory_bytes, mem_fraction=acc.mem_fraction(),
+                  memory_bandwidth=acc.memory_bandwidth)
+  else:
+    report["libtpu_topology"] = acc.topology
+  return report
+
+
+def _compile_step(name: str, prog, acc, batch_size: int, pack: bool, peak, log) -> dict[str, Any]:
+  """One step of `prog` compiled for `acc`: its row (memory, XLA's costs, the estimates they imply)."""
+  from remixer_t5.training import validation
+  batch = prog.batch(batch_size, pack)
+  if name == "train":
+    row = _compiled_row(prog, acc, peak, log, prog.train_step, prog.state, batch)
+    return _with_model_flops(row, prog, acc, batch_size, pack, peak)
+  if name == "eval":
+    return _compiled_row(prog, acc, peak, log, prog.eval_step, prog.state.params, batch)
+  if name == "decode":
+    enc = {"encoder_input_tokens": batch["encoder_input_tokens"]}
+    return _compiled_row(prog, acc, peak, log, validation.jit_predict(prog.model), prog.state.params, enc,
+                         prog.feature_lengths["targets"], name="decode")
+  raise ValueError(f"unknown step {name!r}; expected train, eval or decode")
+
+
+def _compile(prog, acc, log, fn, *args):
+  """(compiled, the XLA options it needed): without a GPU to autotune on, XLA:GPU's Triton GEMM emitter finds no
+  tiling for some dots (base models' attention output projection: "Couldn't find output tile sizes"); cuBLAS
+  takes them instead. A missing CUDA toolkit is named."""
+  gpu = isinstance(acc, GpuAccelerator)
+  try:
+    with without_persistent_cache():
+      try:
+        return prog.compile(fn, *args), None
+      except Exception as e:  # noqa: BLE001 - XLA raises its own error types
+        if not (gpu and "find output tile sizes" in str(e)):
+          raise
+        options = {"xla_gpu_enable_triton_gemm": False}
+        log(f"  XLA's Triton GEMM emitter found no tiling without a GPU to autotune on; compiling with {options}")
+        return prog.compile(fn, *args, compiler_options=options), options
+  except Exception as e:  # noqa: BLE001
+    if gpu and "libdevice not found" in str(e):
+      raise CompilerMissing("XLA's CUDA compiler found no CUDA toolkit (ptxas, libdevice): pip install "
+                            "nvidia-cuda-nvcc-cu12 (in the gpu-compile extra) or point "
+                            "--xla_gpu_cuda_data_dir in $XLA_FLAGS at a CUDA install") from e
+    raise
+
+
+def _compiled_row(prog, acc, peak, log, fn, *args, name: str = "") -> dict[str, Any]:
+  """The row of one compiled step: memory against the device's, XLA's FLOPs and bytes, and a step-time estimate
+  where XLA's counts make one (no loops, no kernels it cannot see); `fits` False with the numbers of XLA's
+  RESOURCE_EXHAUSTED error when it does not compile into memory."""
+  from remixer_t5.training import mfu
+  gpu = isinstance(acc, GpuAccelerator)
+  t0 = time.time()
+  try:
+    compiled, options = _compile(prog, acc, log, fn, *args)
+  except Exception as e:  # noqa: BLE001
+    if "RESOURCE_EXHAUSTED" not in str(e):
+      raise
+    row = {"fits": False, "compile_seconds": time.time() - t0, "xla_error": str(e).strip().splitlines()[0][:500]}
+    numbers = _oom_numbers(str(e))
+    if numbers:
+      row["needs_bytes"], row["available_bytes"] = numbers
+    return row
+  row = {"fits": True, "compile_seconds": time.time() - t0, "memory": memory(compiled)}
+  row.update(_gpu_cost(compiled) if gpu else _cost(compiled))
+  if options:
+    row["xla_options"] = options
+  row["needs_bytes"], row["available_bytes"] = row["memory"]["total_bytes"], acc.hbm_bytes
+  row["fits"] = row["needs_bytes"] <= acc.hbm_bytes
+  loops = mfu.compiled_loops(compiled)
+  if loops:
+    row["loops"] = loops
+  _estimate(row, acc, prog, loops, name, peak)
+  return row
+
+
+def _estimate(row: dict, acc, prog, loops, name: str, peak) -> None:
+  """A step time from XLA's cost model (TPU) or a roofline (GPU), or the note why there is none. XLA's cost
+  model counts a while loop's body once: a scanned stack's step time (the decode loop's, a microbatch loop's, a
+  mixer's chunked scan's) would be a fraction of the real one (and its MFU could pass 100%)."""
+  cfg = getattr(prog.model.module, "config", None)
+  loop = ("the layers are scanned" if getattr(cfg, "scan_layers", False) else
+          "decoding is a loop over target positions" if name == "decode" else
+          f"the step runs {len(loops)} kind(s) of while loop ({'; '.join(loops[:3])}"
+          f"{'; ...' if len(loops) > 3 else ''})" if loops else None)
+  kernels = (f"the step calls {row['kernel_calls']} Pallas (Triton) kernel(s), whose FLOPs and bytes XLA's "
+             "cost analysis does not see" if row.get("kernel_calls") else None)
+  if loop:
+    row["estimate_note"] = (f"{loop}: XLA's cost model counts the loop body once, so its time is not a step time"
+                            + (f"; and {kernels}" if kernels else ""))
+  elif kernels:
+    row["estimate_note"] = f"{kernels}, so no step time is implied"
+  elif row["optimal_seconds"] > 0:
+    row["est_steps_per_s"] = 1.0 / row["optimal_seconds"]
+  elif isinstance(acc, GpuAccelerator) and peak and row["xla_flops_per_device"] > 0:
+    # No cost-model time on GPUs: a roofline from XLA's FLOP and byte counts, bf16 peak and HBM bandwidth; the
+    # train step puts model FLOPs in when XLA's count misses cuBLAS calls (flops_note).
+    row["roofline_seconds"] = max(row["xla_flops_per_device"] / peak,
+                                  row["bytes_accessed_per_device"] / acc.memory_bandwidth)
+    row["est_steps_per_s"] = 1.0 / row["roofline_seconds"]
+
+
+def _with_model_flops(row: dict, prog, acc, batch_size: int, pack: bool, peak) -> dict:
+  """The train row with the model's FLOPs (mfu.py) and the MFU (and HFU) its estimated step time implies."""
+  from remixer_t5.training import mfu, programs
+  lengths, devices = prog.feature_lengths, prog.mesh.size
+  t0 = time.time()
+  model_flops, model_loops = mfu.model_flops_and_loops(prog.model, programs.batch_shapes(lengths, batch_size, pack))
+  row.update(model_flops_per_step=model_flops, model_flops_per_device=model_flops / devices,
+             model_flops_per_token=model_flops / (batch_size * (lengths["inputs"] + lengths["targets"])),
+             model_flops_seconds=time.time() - t0)
+  if model_loops:
+    row["model_flops_note"] = (f"a lower bound: the model itself loops ({model_loops} while loops in the "
+                               "lowered step, e.g. a mixer's chunked scan) and each loop body counts once")
+  if row.get("roofline_seconds") and row.get("flops_note"):  # XLA's FLOPs miss the cuBLAS GEMMs
+    flops = max(row["xla_flops_per_device"], row["model_flops_per_device"])
+    row["roofline_seconds"] = max(flops / peak, row["bytes_accessed_per_device"] / acc.memory_bandwidth)
+    row["est_steps_per_s"] = 1.0 / row["roofline_seconds"]
+    row["roofline_note"] = "FLOPs: the model's (XLA's count misses the cuBLAS GEMMs)"
+  if row.get("est_steps_per_s") and peak and not model_loops:
+    row["est_mfu"] = mfu.mfu(row["model_flops_per_device"], row["est_steps_per_s"], peak)
+    if not row.get("flops_note"):  # XLA's count would be missing the GEMMs
+      row["est_hfu"] = mfu.mfu(row["xla_flops_per_device"], row["est_steps_per_s"], peak)
+  return row
 
 
 # --- output ---------------------------------------------------------------------------------------------
@@ -573,7 +580,8 @@ def main(topology: str, *, num_slices: int = 1, mesh: str | None = None, rules: 
   """`remixer-t5 compile` after gin is parsed: 0 when every step fits, 1 when one does not."""
   import json
   import sys
-  report = compile_run(train_settings(), topology, num_slices=num_slices, mesh=mesh, rules=rules, steps=steps,
+  from remixer_t5.training import run_config
+  report = compile_run(run_config.from_gin(), topology, num_slices=num_slices, mesh=mesh, rules=rules, steps=steps,
                        log=lambda m: print(m, file=sys.stderr, flush=True))
   print(json.dumps(report) if as_json else format_report(report))
   if not report["fits"]:

@@ -37,25 +37,23 @@ def _stderr(msg: str) -> None:
   print(msg, file=sys.stderr, flush=True)
 
 
-def _run_configured(fn, command: str, **kwargs):
-  """`fn(**kwargs)` as the gin files configure it; a GinError naming the missing run file when none of them does:
-  `fn` not registered with gin at all, or (registered by an earlier parse in this process) called without the
-  required arguments a run file binds."""
-  import gin
-  def missing() -> GinError:
+def _run():
+  """The run the gin files configure (run_config.from_gin); a GinError naming the missing run file when none does."""
+  from remixer_t5.training import run_config
+  try:
+    return run_config.from_gin()
+  except ValueError as e:
     runs = sorted(p.name for p in (gin_dir() / "runs").glob("*.gin"))
-    return GinError(f"`{command}` needs a run file that configures {fn.__module__}.{fn.__qualname__} besides "
-                    f"the model's: add e.g. --gin_file=runs/pretrain.gin; gin/runs/ holds {', '.join(runs)}")
+    raise GinError(f"{e}; gin/runs/ holds {', '.join(runs)}") from e
+
+
+def _configured(fn):
+  """`fn` with the gin config's bindings of its own options (e.g. trainer.evaluate_checkpoint.infer_split)."""
+  import gin
   try:
-    configured = gin.get_configurable(fn)
-  except ValueError as e:  # gin's "Could not find <function ...> in the Gin registry"
-    raise missing() from e
-  try:
-    return configured(**kwargs)
-  except TypeError as e:  # only fn's own missing required arguments (gin adds "In call to configurable")
-    if str(e).startswith(f"{fn.__name__}() missing") and "required" in str(e):
-      raise missing() from e
-    raise
+    return gin.get_configurable(fn)
+  except ValueError:  # nothing binds it
+    return fn
 
 
 def _start_line(command: str) -> None:
@@ -78,14 +76,14 @@ def cmd_train(_: argparse.Namespace) -> int:
   import gin
   from remixer_t5.training import trainer
   _start_line("train")
-  _run_configured(trainer.train, "train", config_text=gin.config_str())
+  trainer.train(_run(), config_text=gin.config_str())
   return 0
 
 
 def cmd_eval(_: argparse.Namespace) -> int:
   from remixer_t5.training import trainer
   _start_line("eval")
-  print(json.dumps(_run_configured(trainer.evaluate_checkpoint, "eval")))
+  print(json.dumps(_configured(trainer.evaluate_checkpoint)(_run())))
   return 0
 
 

@@ -14,10 +14,16 @@ from typing import Mapping, Sequence
 
 
 def _moved_hint(message: str) -> str:
-  """For an import of a module that moved when the package was divided, the line to write instead."""
+  """For an import of a module that moved when the package was divided, or a binding of a run setting on the
+  trainer's functions (now run_config's), the line to write instead."""
   import remixer_t5
   m = re.search(r"No module named 'remixer_t5\.(\w+)'", message)
-  return f" ({remixer_t5.moved_message(m.group(1))})" if m and m.group(1) in remixer_t5.MOVED else ""
+  if m and m.group(1) in remixer_t5.MOVED:
+    return f" ({remixer_t5.moved_message(m.group(1))})"
+  if "doesn't have a parameter named" in message:
+    from remixer_t5.training import run_config
+    return run_config.moved_hint(message)
+  return ""
 
 
 def gin_dir() -> Path:
@@ -218,7 +224,7 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Seque
       raise GinError(f"bad gin binding --gin.{b}: not a gin value (an unclosed bracket or string, or a "
                      f"stray character)") from e
     except (ValueError, KeyError, ImportError, NameError) as e:
-      raise GinError(f"bad gin binding --gin.{b}: {e}") from e
+      raise GinError(f"bad gin binding --gin.{b}: {str(e).splitlines()[0].rstrip('.')}{_moved_hint(str(e))}") from e
   try:
     gin.finalize()
   except ValueError as e:

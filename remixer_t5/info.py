@@ -69,10 +69,10 @@ def format_sharding(model, lengths, *, mesh=None, rules=None) -> str:
   """
   _, variables = _shapes(model, lengths)
   params = variables["params"]
-  amesh = partitioning.abstract_mesh(shape=mesh, rules=rules,
-                                     num_devices=jax.device_count() if mesh in (None, "cpu") else None)
-  used_rules = partitioning.rules_for(amesh)
-  specs, fallbacks = partitioning.param_specs(variables["params_axes"], amesh, params=params)
+  part = partitioning.partitioner(mesh, rules=rules, abstract=True,
+                                  num_devices=jax.device_count() if mesh in (None, "cpu") else None)
+  amesh, used_rules = part.mesh, part.rules
+  specs, fallbacks = part.param_specs(variables["params_axes"], params=params)
   param_sh = jax.tree_util.tree_map(lambda s: jax.sharding.NamedSharding(amesh, s), specs,
                                     is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
   names = partitioning.logical_axes(variables["params_axes"])
@@ -93,7 +93,7 @@ def format_sharding(model, lengths, *, mesh=None, rules=None) -> str:
     lines.append(f"  * replicated where the mesh does not divide the dimension ({len(fallbacks)} parameters)")
   tx = optim.for_model(optim.adafactor(), model.module)
   abstract_opt = jax.eval_shape(tx.init, params)
-  opt_sh = partitioning.opt_state_shardings(abstract_opt, params, param_sh, amesh)
+  opt_sh = part.opt_state_shardings(abstract_opt, params, param_sh)
   for label, tree, shardings in (("params", params, param_sh), ("optimizer state", abstract_opt, opt_sh)):
     total, per_device = _bytes(tree, shardings)
     lines.append(f"{label}: {_mb(total)} in all, {_mb(per_device)} per device")

@@ -1,6 +1,6 @@
 """On a real GPU: measure what `remixer-t5 compile --topology h100/h200` predicts without one.
 
-For each configuration below this compiles the trainer's own train step (`programs.program`, the step `train`
+For each configuration below this compiles the trainer's own train step (`programs.build`, the step `train`
 runs and `remixer-t5 compile` compiles ahead of time) for the GPU in hand, reports XLA's buffer assignment of the
 real compile beside the deviceless prediction, then runs it on random tokens and times it: the measured step
 time, tokens/s and MFU (model FLOPs, mfu.py, against the GPU's bf16 dense peak), the allocator's peak memory,
@@ -26,17 +26,14 @@ needs gin-config beside them. Each stage runs in its own process with a time lim
 out-of-memory costs that row only; rows go to OUT/gpu_measure.jsonl as they finish and a summary is printed.
 
 With `--profile` each model's two traced steps leave a perfetto trace and the optimised HLO (kernel names are
-its fusions' names) in --out, and the row gets the device's busy time a step and its top kernels;
-`--host-init STAGES` initialises those stages' state on the host CPU and copies it over (before 2eb492b XLA:GPU
-took minutes to compile the initialiser's inlined RNG; now ~15 s deviceless for T5.1.1-base: docs/benchmarks.md).
+its fusions' names) in --out, and the row gets the device's busy time a step and its top kernels.
 
   PYTHONPATH=. COMMIT=<sha> python scripts/gpu_measure.py --out DIR [--stages parity,t5_1_1_base,...]
-      [--deadline 480] [--profile] [--host-init t5_1_1_base,...] [--model-timeout 200]
+      [--deadline 480] [--profile] [--model-timeout 200]
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
@@ -53,12 +50,12 @@ MODELS = {
     "t5_1_1_base": ("models/t5_1_1/base.gin", [], "T5.1.1-base"),
     "remixer_sbase": ("models/remixer/sbase.gin", [], "Remixer_SBase"),
     "remixer_base": ("models/remixer/base.gin", [], "Remixer_Base"),
-    "hypermixer_base_mb4": ("models/hypermixer/base.gin", ["trainer.train.num_microbatches=4"],
+    "hypermixer_base_mb4": ("models/hypermixer/base.gin", ["run_config.Training.num_microbatches=4"],
                             "HyperMixer-base, 4 microbatches"),
     "hypermixer_base": ("models/hypermixer/base.gin", [], "HyperMixer-base"),
-    "remixer_sbase_mb2": ("models/remixer/sbase.gin", ["trainer.train.num_microbatches=2"],
+    "remixer_sbase_mb2": ("models/remixer/sbase.gin", ["run_config.Training.num_microbatches=2"],
                           "Remixer_SBase, 2 microbatches"),
-    "remixer_base_mb2": ("models/remixer/base.gin", ["trainer.train.num_microbatches=2"],
+    "remixer_base_mb2": ("models/remixer/base.gin", ["run_config.Training.num_microbatches=2"],
                          "Remixer_Base, 2 microbatches"),
     "amlp_base": ("models/amlp/base.gin", [], "aMLP-base (its tiny attention through the attention operation)"),
     "t5_1_1_small": ("models/t5_1_1/small.gin", [], "T5.1.1-small"),
@@ -95,11 +92,20 @@ def _gpu_name() -> str:
     return "unknown"
 
 
-def _parse(model_gin: str, bindings: list[str]) -> dict:
-  from remixer_t5 import aot_compile, gin_utils
+def _parse(model_gin: str, bindings: list[str]):
+  """The run (run_config.Run) of `model_gin` with runs/pretrain.gin, bfloat16 activations and `bindings`."""
+  from remixer_t5 import gin_utils
+  from remixer_t5.training import run_config
   gin_utils.parse_gin([model_gin, "runs/pretrain.gin"], ["ACTIVATION_DTYPE='bfloat16'", *bindings],
                       macro_defaults={"MODEL_DIR": "None"})
-  return aot_compile.train_settings()
+  return run_config.from_gin()
+
+
+def _program(run, device, init_rng: str = "auto"):
+  """The run's programs (programs.build: the trainer's) on `device` alone, data rules."""
+  from remixer_t5.training import partitioning, programs
+  part = partitioning.partitioner("1x1", [device], rules="data")
+  return programs.from_run(run.training, run.data.feature_lengths, part, init_rng=init_rng)
 
 
 def _random_batch(shapes: dict, vocab_size: int, seed: int = 0) -> dict:
@@ -163,47 +169,33 @@ def device_time(trace_path: str, per: int = 1) -> dict:
           "busy_ms_per_step": busy / 1e3 / per, "span_ms": (spans[-1][1] - spans[0][0]) / 1e3}
 
 
-def _on_host(shardings):
-  """The state's shardings moved to the host CPU (the initialiser run there, then copied over)."""
-  import jax
-  cpu = jax.devices("cpu")[0]
-  return jax.tree_util.tree_map(lambda _: jax.sharding.SingleDeviceSharding(cpu), shardings)
-
-
 def _progress(t0: float, what: str) -> None:
   """A stage's phases on stderr with their times (a stage that runs out of time shows where it was)."""
   print(f"[{time.time() - t0:7.1f} s] {what}", file=sys.stderr, flush=True)
 
 
-def stage_model(name: str, steps: int, warmup: int, profile_dir: str | None = None,
-                init_on: str = "device") -> dict:
+def stage_model(name: str, steps: int, warmup: int, profile_dir: str | None = None) -> dict:
   import jax
   import numpy as np
 
   from remixer_t5 import aot_compile
-  from remixer_t5.training import mfu, partitioning, programs, train_state, trainer
+  from remixer_t5.training import mfu, programs, trainer
   model_gin, bindings, label = MODELS[name]
-  settings = _parse(model_gin, bindings)
-  model = settings["model"]
+  run = _parse(model_gin, bindings)
+  model = run.training.model
   devices = jax.devices()
-  mesh = partitioning.make_mesh(1, "1x1", devices[:1], rules="data")
-  lengths = dict(settings["feature_lengths"])
-  batch_size = int(settings["batch_size"])
-  pack = trainer.packing(model, settings.get("pack", True) is not False)
-  tx = programs.optimizer(model, settings.get("optimizer") or aot_compile._default_optimizer(),
-                          settings.get("learning_rate"))
-  schedule = settings.get("learning_rate") if callable(settings.get("learning_rate")) else None
-  prog = programs.program(model, tx, schedule, lengths, mesh, settings.get("num_microbatches"))
+  prog = _program(run, devices[0])
+  lengths, batch_size = dict(run.data.feature_lengths), run.data.batch_size
+  pack = trainer.packing(model, run.data.pack)
   shapes = programs.batch_shapes(lengths, batch_size, pack)
-  abstract = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=prog.batch_sharding) for k, v in shapes.items()}
   row = {"stage": name, "label": label, "batch_size": batch_size, "feature_lengths": lengths, "pack": pack,
-         "num_microbatches": settings.get("num_microbatches"), "device_kind": devices[0].device_kind}
+         "num_microbatches": run.training.num_microbatches, "device_kind": devices[0].device_kind}
   t0 = start = time.time()
   _progress(start, f"{name}: compiling the train step")
-  compiled = prog.compile(prog.train_step, prog.state, abstract)
+  compiled = prog.compile(prog.train_step, prog.state, prog.batch(batch_size, pack))
   row["compile_seconds"] = round(time.time() - t0, 1)
   _progress(start, "compiled; counting model FLOPs")
-  row["memory"] = aot_compile._memory(compiled)
+  row["memory"] = aot_compile.memory(compiled)
   row["xla_flops_per_device"] = mfu.compiled_flops(compiled)
   row["loops"] = mfu.compiled_loops(compiled)
   try:
@@ -211,25 +203,14 @@ def stage_model(name: str, steps: int, warmup: int, profile_dir: str | None = No
   except Exception as e:  # noqa: BLE001 - the timing still counts without an MFU
     flops, model_loops, row["model_flops_error"] = None, None, f"{type(e).__name__}: {e}"
   row["model_flops_per_step"], row["model_flops_loops"] = flops, model_loops
-  # train_state.init_state's program, its compile and its run timed apart; on the host CPU (then copied to the
-  # device) where the stage asks, to spare device time (XLA:GPU took minutes over the init's RNG fusions before
-  # train_state.init_rng_as_kernel)
-  row["init_on"] = init_on
-  _progress(start, f"compiling the initialiser ({init_on})")
-  init_shardings = prog.shardings
-  if init_on == "host":
-    init_shardings = _on_host(prog.shardings)
+  # the state's initialiser (Program.init, as the trainer runs it): its compile and its run timed apart
+  _progress(start, "compiling the initialiser")
   t0 = time.time()
-  init, init_rng = train_state.init_program(model, tx, train_state.input_shapes(lengths), init_shardings, 0)
-  if init_on == "host":
-    init_rng = jax.device_put(init_rng, jax.devices("cpu")[0])
-  with train_state.init_rng_as_kernel(init_shardings):  # as the trainer compiles it
-    init_compiled = init.lower(init_rng).compile()
+  key = jax.random.PRNGKey(0)
+  init_compiled = prog.lower(prog.init, key).compile()
   row["init_compile_seconds"] = round(time.time() - t0, 1)
   t0 = time.time()
-  state = jax.block_until_ready(init_compiled(init_rng))
-  if init_on == "host":
-    state = jax.block_until_ready(jax.device_put(state, prog.shardings))
+  state = jax.block_until_ready(init_compiled(key))
   row["init_run_seconds"] = round(time.time() - t0, 1)
   _progress(start, "initialised; stepping")
   batch = jax.device_put(_random_batch(shapes, model.module.config.vocab_size), prog.batch_sharding)
@@ -284,30 +265,24 @@ def stage_model(name: str, steps: int, warmup: int, profile_dir: str | None = No
 
 def stage_parity() -> dict:
   import jax
-  import jax.numpy as jnp
   import numpy as np
 
   from remixer_t5 import gin_utils
-  from remixer_t5.training import optim, programs, train_state
+  from remixer_t5.training import optim, partitioning, programs
   jax.config.update("jax_default_matmul_precision", "highest")
   gin_utils.parse_gin(["models/t5_1_1/tiny.gin"], ["DROPOUT_RATE=0.0"])
   model = gin_utils.macro("MODEL")
   lengths = {"inputs": 64, "targets": 32}
-  shapes = programs.batch_shapes(lengths, 8, pack=False)
-  batch = _random_batch(shapes, model.module.config.vocab_size)
+  batch = _random_batch(programs.batch_shapes(lengths, 8, pack=False), model.module.config.vocab_size)
   tx = optim.adafactor(learning_rate=1e-2)
   gpu, cpu = jax.devices()[0], jax.devices("cpu")[0]
-  with jax.default_device(cpu):
-    params = model.init_variables(jax.random.PRNGKey(0), {k: (1, v.shape[1]) for k, v in shapes.items()})["params"]
-  step = programs.make_train_step(model, tx, None)
-  out = {}
-  for dev in (cpu, gpu):
-    p = jax.device_put(params, dev)
-    state = train_state.TrainState(step=jax.device_put(jnp.array(0, jnp.int32), dev), params=p,
-                               opt_state=jax.jit(tx.init)(p), rng=jax.device_put(jax.random.PRNGKey(1), dev))
-    b = jax.device_put(batch, dev)
-    metrics = jax.jit(programs.make_eval_step(model))(p, b)
-    new_state, train_metrics = jax.jit(step)(state, b)
+  out, host_state = {}, None
+  for dev in (cpu, gpu):  # the trainer's programs on each device, from the host's initial state
+    prog = programs.build(model, tx, lengths, partitioning.partitioner("1x1", [dev], rules="data"))
+    host_state = jax.device_get(prog.init_state(0)) if host_state is None else host_state
+    state, b = jax.device_put(host_state, prog.shardings), jax.device_put(batch, prog.batch_sharding)
+    metrics = prog.eval_step(state.params, b)
+    new_state, train_metrics = prog.train_step(state, b)
     out[dev.platform] = (jax.device_get(metrics), jax.device_get(train_metrics),
                          jax.device_get(new_state.params))
   (em_c, tm_c, p_c), (em_g, tm_g, p_g) = out["cpu"], out[gpu.platform]
@@ -473,52 +448,31 @@ def stage_hypermixing_forms() -> dict:
 
 
 def stage_init_rng(model_gin: str = "models/t5_1_1/tiny.gin") -> dict:
-  """`train_state.init_rng_as_kernel` on this device: the state's initialiser (`train_state.init_program`, one device,
-  data rules) lowered with jax's threefry kernel and with XLA's inlined threefry, both compiled and run here.
-  The kernel computes the same threefry2x32 function, so every value of the two states must be bit-identical;
-  the host CPU's initialiser (inlined threefry, the CPU's own float transforms) is compared too, each leaf's
-  largest difference within 1e-5 of its largest |value|. The tiny model: the inlined form of a base model takes
-  XLA:GPU minutes to compile."""
+  """The builder's `init_rng` forms on this device: the state's initialiser (`Program.init`, one device, data
+  rules) lowered with jax's threefry kernel ('kernel') and with XLA's inlined threefry ('inline'), both compiled
+  and run here. The kernel computes the same threefry2x32 function, so every value of the two states must be
+  bit-identical; the host CPU's initialiser (inlined threefry, the CPU's own float transforms) is compared too,
+  each leaf's largest difference within 1e-5 of its largest |value|. The tiny model: the inlined form of a base
+  model takes XLA:GPU minutes to compile."""
   import jax
   import numpy as np
 
-  from remixer_t5 import aot_compile
-  from remixer_t5.training import partitioning, programs, train_state
-  settings = _parse(model_gin, [])
-  model, lengths = settings["model"], dict(settings["feature_lengths"])
+  run = _parse(model_gin, [])
   dev, cpu = jax.devices()[0], jax.devices("cpu")[0]
-  tx = programs.optimizer(model, settings.get("optimizer") or aot_compile._default_optimizer(),
-                          settings.get("learning_rate"))
-  prog = programs.program(model, tx, None, lengths, partitioning.make_mesh(1, "1x1", [dev], rules="data"),
-                         settings.get("num_microbatches"))
-  on_cpu = _on_host(prog.shardings)
-  row = {"stage": "init_rng", "model": model_gin, "device_kind": dev.device_kind,
-         "rng_option": train_state.RNG_KERNEL_OPTION}
+  row = {"stage": "init_rng", "model": model_gin, "device_kind": dev.device_kind}
   states = {}
-
-  @contextlib.contextmanager
-  def inlined():  # the option off whatever the environment set (JAX_THREEFRY_GPU_KERNEL_LOWERING)
-    was = getattr(jax.config, train_state.RNG_KERNEL_OPTION)
-    jax.config.update(train_state.RNG_KERNEL_OPTION, False)
-    try:
-      yield
-    finally:
-      jax.config.update(train_state.RNG_KERNEL_OPTION, was)
-
-  for form, shardings in (("kernel", prog.shardings), ("inlined", prog.shardings), ("host", on_cpu)):
-    init, rng = train_state.init_program(model, tx, train_state.input_shapes(lengths), shardings, 0)
-    if form == "host":
-      rng = jax.device_put(rng, cpu)
+  for form, device, init_rng in (("kernel", dev, "kernel"), ("inlined", dev, "inline"), ("host", cpu, "inline")):
+    prog = _program(run, device, init_rng)
+    key = jax.device_put(jax.random.PRNGKey(0), device)
     t0 = time.time()
-    with train_state.init_rng_as_kernel(shardings) if form == "kernel" else inlined():
-      lowered = init.lower(rng)
+    lowered = prog.lower(prog.init, key)
     text = lowered.as_text()
     compiled = lowered.compile()
     row[f"{form}_compile_seconds"] = round(time.time() - t0, 2)
     # the kernel's custom call (cu_threefry2x32_ffi on CUDA, hip_... on ROCm)
     row[f"{form}_threefry_kernel_calls"] = len(re.findall(r"custom_call @\w*threefry2x32", text))
     t0 = time.time()
-    states[form] = jax.device_get(jax.block_until_ready(compiled(rng)))
+    states[form] = jax.device_get(jax.block_until_ready(compiled(key)))
     row[f"{form}_run_seconds"] = round(time.time() - t0, 2)
   trees = {k: jax.tree_util.tree_structure(v) for k, v in states.items()}
   if len(set(trees.values())) != 1:
@@ -576,7 +530,7 @@ def stage_cogs_quick(timeout: float) -> dict:
   return {"stage": "cogs_quick", "wall_seconds": round(time.time() - t0, 1), "rows": rows[-12:]}
 
 
-def run_one(stage: str, steps: int, warmup: int, topology: str, init_on: str = "device") -> dict:
+def run_one(stage: str, steps: int, warmup: int, topology: str) -> dict:
   if stage == "parity":
     return stage_parity()
   if stage == "init_rng":
@@ -590,7 +544,7 @@ def run_one(stage: str, steps: int, warmup: int, topology: str, init_on: str = "
   if stage == "cogs_quick":
     return stage_cogs_quick(TIMEOUTS["cogs_quick"] - 10)
   if stage in MODELS:
-    return stage_model(stage, steps, warmup, os.environ.get("GPU_MEASURE_PROFILE"), init_on)
+    return stage_model(stage, steps, warmup, os.environ.get("GPU_MEASURE_PROFILE"))
   raise ValueError(f"unknown stage {stage!r}: expected parity, init_rng, deviceless_<model> or one of "
                    f"{sorted(MODELS)}")
 
@@ -636,7 +590,7 @@ def summary(row: dict) -> str:
           f"{1e3 * row['step_seconds_median']:.1f} ms (waited), {1e3 * row['step_seconds_pipelined']:.1f} ms "
           f"(back to back), {row['tokens_per_s']:,.0f} tokens/s, MFU "
           f"{100 * (row['mfu'] or 0):.1f}%; losses {row['losses'][0]} -> {row['losses'][-1]}; init compiled in "
-          f"{row['init_compile_seconds']} s, ran in {row['init_run_seconds']} s ({row.get('init_on', 'device')})"
+          f"{row['init_compile_seconds']} s, ran in {row['init_run_seconds']} s"
           + (f"\n    device per step: {row['device_time']['kernels_per_step']:.0f} kernels, "
              f"{row['device_time']['kernel_ms_per_step']:.1f} ms of kernels, busy "
              f"{row['device_time']['busy_ms_per_step']:.1f} ms" if row.get("device_time") else "")
@@ -654,16 +608,12 @@ def main() -> int:
   ap.add_argument("--topology", default=None, help="deviceless target (default: from nvidia-smi's name)")
   ap.add_argument("--profile", action="store_true",
                   help="also trace 2 steps of each model: top kernels in its row, the trace in --out")
-  ap.add_argument("--host-init", default="",
-                  help="comma-separated model stages whose state is initialised on the host CPU and copied over "
-                       "(saves XLA:GPU's minutes-long compile of the init; the device init is timed elsewhere)")
   ap.add_argument("--model-timeout", type=float, default=MODEL_TIMEOUT, help="seconds a model stage may take")
   ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
   args = ap.parse_args()
   if args.one:  # the child: one stage, its row as the last line of stdout
-    init_on = "host" if args.one in args.host_init.split(",") else "device"
     try:
-      row = run_one(args.one, args.steps, args.warmup, args.topology, init_on)
+      row = run_one(args.one, args.steps, args.warmup, args.topology)
     except Exception as e:  # noqa: BLE001 - reported as the row
       import traceback
       row = {"stage": args.one, "error": f"{type(e).__name__}: {e}"[:3000], "trace": traceback.format_exc()[-3000:]}
@@ -696,7 +646,7 @@ def main() -> int:
       continue
     t0 = time.time()
     cmd = [sys.executable, __file__, "--out", args.out, "--one", stage, "--steps", str(args.steps),
-           "--warmup", str(args.warmup), "--topology", topology, "--host-init", args.host_init]
+           "--warmup", str(args.warmup), "--topology", topology]
     try:
       proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=min(limit, left))
       lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]

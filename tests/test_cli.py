@@ -91,15 +91,15 @@ def test_gin_binding_with_a_broken_literal_is_an_error_not_a_string(capsys, valu
 
 
 @pytest.mark.parametrize("registered", [False, True])
-@pytest.mark.parametrize("command,fn", [("train", "trainer.train"), ("eval", "trainer.evaluate_checkpoint")])
-def test_train_or_eval_without_a_run_file_names_what_is_missing(capsys, command, fn, registered):
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_train_or_eval_without_a_run_file_names_what_is_missing(capsys, command, registered):
   if registered:  # an earlier parse in this process registered the run functions with gin (as in a test session)
     from remixer_t5 import gin_utils
     gin_utils.parse_gin(["models/t5_1_1/tiny.gin", "runs/demo.gin", "runs/finetune.gin"], ["MODEL_DIR='unused'"])
   assert cli.main([command, "--gin_file=models/t5_1_1/tiny.gin"]) == 2
   err = capsys.readouterr().err
-  assert fn in err and "runs/pretrain.gin" in err and "demo.gin" in err and "Traceback" not in err, err
-  assert "Gin registry" not in err
+  assert "binds no run_config." in err and "runs/pretrain.gin" in err and "demo.gin" in err, err
+  assert "Traceback" not in err and "Gin registry" not in err
 
 
 def test_missing_vocabulary_says_where_it_looked(tmp_path, capsys):

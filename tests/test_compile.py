@@ -110,10 +110,11 @@ def test_compiling_imports_no_tensorflow_or_seqio():
   code = textwrap.dedent("""
       import sys
       from remixer_t5 import aot_compile, gin_utils
-      gin_utils.parse_gin(["models/remixer/tiny.gin", "runs/pretrain.gin"], [], macro_defaults={"MODEL_DIR": "None"})
-      settings = aot_compile.train_settings()
-      report = aot_compile.compile_run(dict(settings, batch_size=8, feature_lengths={"inputs": 32, "targets": 8}),
-                                       "v3-8", steps=("eval",))
+      from remixer_t5.training import run_config
+      gin_utils.parse_gin(["models/remixer/tiny.gin", "runs/pretrain.gin"],
+                          ["BATCH_SIZE=8", "TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}"],
+                          macro_defaults={"MODEL_DIR": "None"})
+      report = aot_compile.compile_run(run_config.from_gin(), "v3-8", steps=("eval",))
       assert report["devices"] == 8
       loaded = [m for m in ("tensorflow", "seqio") if m in sys.modules]
       assert not loaded, loaded
@@ -172,7 +173,7 @@ def test_a_scanned_stack_gets_no_step_time_from_a_loop_counted_once(capsys):
 @pytest.mark.parametrize("gin_file,extra,where", [
     pytest.param("models/hypermixer/tiny.gin", [], "token_mixer._segmented",  # packed HyperMixing scans segment ids
                  marks=pytest.mark.integration),
-    ("models/t5_1_1/tiny.gin", ["--gin.trainer.train.num_microbatches=2"], "microbatch"),
+    ("models/t5_1_1/tiny.gin", ["--gin.run_config.Training.num_microbatches=2"], "microbatch"),
 ])
 def test_any_loop_in_the_step_withholds_the_estimate_and_is_named(capsys, gin_file, extra, where):
   # Not only scanned stacks: a mixer's own scan or the microbatch loop is also counted once by XLA's cost model.

@@ -123,51 +123,33 @@ def test_an_out_of_memory_error_without_numbers_is_still_a_refusal(capsys, monke
   assert "near miss" not in err
 
 
-def _tiny_init_for_h100():
-  """The tiny model's `train_state.init_program` on a deviceless H100 (scripts/gpu_init_compile.py's setup)."""
-  import sys
-  from pathlib import Path
-  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-  import gpu_init_compile
-  init, key, _ = gpu_init_compile.initialiser("models/t5_1_1/tiny.gin", "runs/pretrain.gin", "h100",
-                                              ["TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}"])
-  return init, key
+def _tiny_program_for_h100(init_rng: str):
+  """The tiny model's programs (programs.build) on one deviceless H100, data rules."""
+  from remixer_t5 import aot_compile, gin_utils
+  from remixer_t5.training import partitioning, programs, run_config
+  gin_utils.parse_gin(["models/t5_1_1/tiny.gin", "runs/pretrain.gin"],
+                      ["TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}"], macro_defaults={"MODEL_DIR": "None"})
+  run = run_config.from_gin()
+  devices = aot_compile.gpu_topology_devices(aot_compile.accelerator("h100"))
+  part = partitioning.partitioner("1x1", devices[:1], rules="data")
+  return programs.from_run(run.training, run.data.feature_lengths, part, init_rng=init_rng)
 
 
 @needs_cuda_plugin
 def test_the_initialiser_draws_its_bits_with_the_threefry_kernel_on_gpus():
-  """train_state.init_rng_as_kernel: the GPU initialiser's threefry is jax's kernel (a custom call), so XLA:GPU
-  does not compile every parameter's stream unrolled; outside the block the inlined form is back."""
-  from remixer_t5.training import train_state
-  init, key = _tiny_init_for_h100()
-  with train_state.init_rng_as_kernel():
-    kernel = init.lower(key).as_text()
-  inlined = init.lower(key).as_text()
-  calls = [line for line in kernel.splitlines() if "custom_call" in line and "threefry2x32" in line]
-  assert calls  # one per draw's shape (the lowering outlines draws of the same shape into one function)
-  assert not [line for line in inlined.splitlines() if "custom_call" in line and "threefry2x32" in line]
+  """programs.build's initialiser on a GPU: with the kernel form ('auto' on one device) its threefry is jax's
+  kernel (a custom call), so XLA:GPU does not compile every parameter's stream unrolled; 'inline' keeps XLA's."""
+  import jax
+  key = jax.ShapeDtypeStruct((2,), jax.numpy.uint32)
+  texts = {}
+  for form in ("auto", "inline"):
+    prog = _tiny_program_for_h100(form)
+    texts[form] = prog.lower(prog.init, key).as_text()
+  calls = lambda text: [line for line in text.splitlines() if "custom_call" in line and "threefry2x32" in line]
+  assert calls(texts["auto"])  # one per draw's shape (the lowering outlines draws of the same shape into one function)
+  assert not calls(texts["inline"])
   # the kernel's program is the smaller one to compile (the inlined form unrolls 20 rounds per draw)
-  assert len(kernel) < len(inlined)
-
-
-@needs_cuda_plugin
-def test_the_init_compile_script_compiles_both_forms(tmp_path):
-  """scripts/gpu_init_compile.py (docs/benchmarks.md's initialiser figures) on the tiny model: one JSON row per
-  form, the kernel's program the smaller."""
-  import os
-  import subprocess
-  import sys
-  from pathlib import Path
-  repo = Path(__file__).resolve().parents[1]
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_gpu_enable_triton_gemm=false",
-         "PYTHONPATH": str(repo)}
-  out = subprocess.run([sys.executable, str(repo / "scripts" / "gpu_init_compile.py"), "--model",
-                        "models/t5_1_1/tiny.gin"], env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
-  assert out.returncode == 0, out.stderr[-3000:]
-  rows = {r["rng"]: r for r in map(json.loads, out.stdout.strip().splitlines())}
-  assert set(rows) == {"kernel", "inlined"}
-  assert rows["kernel"]["hlo_chars"] < rows["inlined"]["hlo_chars"]
-  assert all(r["output_mib"] > 0 and r["lower_and_compile_seconds"] > 0 for r in rows.values())
+  assert len(texts["auto"]) < len(texts["inline"])
 
 
 @needs_cuda_plugin

@@ -178,16 +178,18 @@ def test_nan_loss_stops_the_run_naming_the_step_and_keeps_the_last_good_checkpoi
                                                                                  embedded_cache):
   monkeypatch.setenv("REMIXER_T5_CACHE_DIR", str(embedded_cache.root))
   from remixer_t5 import gin_utils
-  from remixer_t5.training import trainer
+  from remixer_t5.training import run_config, trainer
   gin_utils.parse_gin(["models/t5_1_1/tiny.gin"], ["network.T5Config.emb_dim=32", "network.T5Config.mlp_dim=48",
                                                    "network.T5Config.num_encoder_layers=1",
                                                    "network.T5Config.num_decoder_layers=1"])
   model = gin_utils.macro("MODEL")
   lr = lambda step: jnp.where(step >= 5, jnp.nan, 1e-3)  # poisons the update made at step 6
   with pytest.raises(FloatingPointError, match=r"between steps 4 and 6.*last good checkpoint is 4"):
-    trainer.train(model_dir=str(tmp_path / "run"), model=model, task_name="embedded_span_corruption",
-                  feature_lengths={"inputs": 16, "targets": 8}, batch_size=2, train_steps=10,
-                  checkpoint_period=2, eval_period=0, log_period=3, learning_rate=lr)
+    trainer.train(run_config.Run(
+        model_dir=str(tmp_path / "run"), training=run_config.Training(model=model, learning_rate=lr),
+        data=run_config.Data(task="embedded_span_corruption", feature_lengths={"inputs": 16, "targets": 8},
+                             batch_size=2),
+        schedule=run_config.Schedule(train_steps=10, checkpoint_period=2, eval_period=0, log_period=3)))
   ckpt = checkpoints.Checkpointer(tmp_path / "run")
   assert ckpt.all_steps() == [2, 4]
   params = _params(tmp_path / "run")

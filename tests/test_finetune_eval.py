@@ -104,7 +104,7 @@ def test_finetune_started_from_the_pretrained_params_with_a_fresh_step(runs):
 def test_rerunning_a_finetune_resumes_it_instead_of_reinitialising(runs, capsys):
   args = [a if a != "--gin.TRAIN_STEPS=4" else "--gin.TRAIN_STEPS=6" for a in COGS]
   rc = cli.main(["train", *args, f"--gin.MODEL_DIR='{runs / 'ft'}'", f"--gin.DATA_DIR='{runs / 'data'}'",
-                 f"--gin.INIT_CHECKPOINT='{runs / 'pre'}'", "--gin.trainer.train.infer_eval_period=0"])
+                 f"--gin.INIT_CHECKPOINT='{runs / 'pre'}'", "--gin.run_config.Schedule.infer_eval_period=0"])
   assert rc == 0
   out = capsys.readouterr().out
   assert f"resumed from {runs / 'ft' / 'checkpoints'}/4" in out and "initialised params" not in out

@@ -138,6 +138,8 @@ def test_eval_plot_compare_info_and_export_read_a_run_in_the_bucket(gcs, bucket_
   _no_local_gs(REPO, Path.cwd(), tmp_path)
 
 
+# orbax leaves the reads of the corrupt step's other arrays as coroutines never awaited once one read fails.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_a_corrupt_latest_checkpoint_in_the_bucket_is_moved_aside(gcs, bucket_run, local_reference, capsys):
   """A bucket has no folder rename: the unreadable step's objects are copied aside, then deleted, and the run
   resumes from the previous step to the uninterrupted run's parameters."""
@@ -159,7 +161,7 @@ def test_a_corrupt_latest_checkpoint_in_the_bucket_is_moved_aside(gcs, bucket_ru
 
 def test_finetune_from_a_bucket_init_checkpoint(gcs, bucket_run, capsys):
   capsys.readouterr()
-  assert cli.main(_train("gs://bucket/finetune", 2, 2, f"--gin.trainer.train.init_checkpoint='{bucket_run}'")) == 0
+  assert cli.main(_train("gs://bucket/finetune", 2, 2, f"--gin.run_config.Training.init_checkpoint='{bucket_run}'")) == 0
   assert f"initialised params from {bucket_run}" in capsys.readouterr().out
   assert "finetune/checkpoints/2/commit_success.txt" in gcs.objects("bucket", "finetune/")
 

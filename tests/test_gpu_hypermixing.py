@@ -170,8 +170,7 @@ args = (S((16, 9, 40), jnp.float32), S((16, 9, 24), jnp.float32), S((16, 9, 40),
         S((16, 9), jnp.float32), S((16, 9), jnp.int32))
 out = {}
 for rules in ("data", "fsdp"):
-  mesh = partitioning.make_mesh(1, "4x2", rules=rules)
-  with partitioning.activation_sharding(mesh):
+  with partitioning.partitioner("4x2", rules=rules).activation_sharding():
     text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
   out[rules] = {"triton": text.count("__gpu$xla.gpu.triton"), "manual": text.count("manual_computation"),
                 "rows": sorted(set(re.findall(r"tensor<(\\d+)x9x40xf32>", text)))}

@@ -51,8 +51,8 @@ def test_a_model_stage_compiles_times_and_profiles_the_trainer_step(tmp_path):
   """The tiny T5.1.1 stage end to end (batch 8 at 512/114 on the CPU): the row a GPU session reads."""
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO), "COMMIT": "test"}
   proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_measure.py"), "--out", str(tmp_path),
-                         "--stages", "t5_1_1_tiny,init_rng,no_such_stage", "--steps", "2", "--warmup", "1", "--profile",
-                         "--host-init", "t5_1_1_tiny"],
+                         "--stages", "t5_1_1_tiny,init_rng,no_such_stage", "--steps", "2", "--warmup", "1",
+                         "--profile"],
                         capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
   assert proc.returncode == 0, proc.stderr[-2000:]
   rows = [json.loads(line) for line in (tmp_path / "gpu_measure.jsonl").read_text().splitlines()]
@@ -63,7 +63,7 @@ def test_a_model_stage_compiles_times_and_profiles_the_trainer_step(tmp_path):
   assert len(row["losses"]) == 3 and row["losses_finite"] and row["losses"][-1] < row["losses"][0]
   assert row["memory"]["total_bytes"] > 0 and row["model_flops_per_step"] > 0
   assert row["tokens_per_s"] == pytest.approx(8 * 626 / row["step_seconds_pipelined"])
-  assert row["init_compile_seconds"] >= 0 and row["init_run_seconds"] >= 0 and row["init_on"] == "host"
+  assert row["init_compile_seconds"] >= 0 and row["init_run_seconds"] >= 0
   assert (tmp_path / "t5_1_1_tiny.perfetto_trace.json.gz").stat().st_size > 0
   with gzip.open(tmp_path / "t5_1_1_tiny.hlo.txt.gz", "rt") as f:  # the compiled step's HLO, to map kernels
     assert "ENTRY" in f.read()

@@ -66,11 +66,10 @@ def test_model_flops_are_the_same_whether_the_stack_is_scanned_or_rematerialised
 
   # What the compiled steps count instead: a scanned stack's body once, rematerialised layers twice.
   def compiled(model):
-    mesh = partitioning.make_mesh(1, devices=jax.devices()[:1])
-    prog = programs.program(model, programs.optimizer(model, optim.adafactor, 1e-2), None,
-                           {"inputs": 16, "targets": 8}, mesh)
-    b = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=prog.batch_sharding) for k, v in batch.items()}
-    return mfu.compiled_flops(prog.compile(prog.train_step, prog.state, b))
+    part = partitioning.partitioner(None, jax.devices()[:1])
+    prog = programs.build(model, programs.optimizer(model, optim.adafactor, 1e-2), {"inputs": 16, "targets": 8},
+                          part)
+    return mfu.compiled_flops(prog.compile(prog.train_step, prog.state, prog.batch(4, pack=True)))
   unrolled = compiled(_tiny())
   # The model count is the unscanned step's fwd+bwd: XLA's count of that compiled step adds only the optimizer.
   assert 1.0 < unrolled / plain < 1.15

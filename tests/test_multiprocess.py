@@ -24,8 +24,8 @@ def _args(model_dir, data_dir):
           "--gin.VOCABULARY=@vocab.get_vocabulary()", "--gin.BATCH_SIZE=4",
           "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 32}", "--gin.LOG_PERIOD=1", f"--gin.EVAL_PERIOD={STEPS}", "--gin.EVAL_STEPS=1",
           f"--gin.CHECKPOINT_PERIOD={STEPS}", f"--gin.TRAIN_STEPS={STEPS}", "--gin.DROPOUT_RATE=0.0",
-          "--gin.trainer.train.shuffle=False", "--gin.trainer.train.pack=False",
-          f"--gin.trainer.train.infer_eval_period={STEPS}", "--gin.trainer.train.infer_examples=4", "--gin.network.T5Config.emb_dim=32",
+          "--gin.run_config.Data.shuffle=False", "--gin.run_config.Data.pack=False",
+          f"--gin.run_config.Schedule.infer_eval_period={STEPS}", "--gin.run_config.Schedule.infer_examples=4", "--gin.network.T5Config.emb_dim=32",
           "--gin.network.T5Config.mlp_dim=48", f"--gin.MODEL_DIR='{model_dir}'", f"--gin.DATA_DIR='{data_dir}'"]
 
 
@@ -108,7 +108,7 @@ def test_two_processes_resume_each_its_own_input_position(setup, two_run):
   """Stopped at step 3 and rerun to 5, each process restores its own shard's iterator state: the resumed steps
   have exactly the losses of the uninterrupted two-process run."""
   root, env = setup
-  quick = ["--gin.EVAL_PERIOD=0", "--gin.trainer.train.infer_eval_period=0"]
+  quick = ["--gin.EVAL_PERIOD=0", "--gin.run_config.Schedule.infer_eval_period=0"]
   _two_processes(env, [*_args(root / "resumed", root / "data"), "--gin.TRAIN_STEPS=3", *quick])
   outs = _two_processes(env, [*_args(root / "resumed", root / "data"), *quick])
   for pid, out in enumerate(outs):

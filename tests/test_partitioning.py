@@ -87,21 +87,23 @@ def test_presets_give_documented_meshes_and_a_mismatch_names_both_counts():
       plan(bad)
   with pytest.raises(ValueError, match="preset"):
     plan(partitioning.mesh_spec(preset="gpu_8", num_partitions=2), 8)
-  mesh = partitioning.make_mesh(shape="cpu")
-  assert dict(mesh.shape) == {"data": 1, "model": 1} and partitioning.rules_for(mesh) == partitioning.RULE_SETS["data"]
-  mesh = partitioning.make_mesh(shape="cpu", rules="fsdp")  # the same mesh: the latest request wins
-  assert partitioning.data_sharding(mesh).spec == P("data")
-  assert partitioning.rules_for(mesh) == partitioning.RULE_SETS["fsdp"]
-  mesh = partitioning.make_mesh(1, partitioning.mesh_spec(shape="1x1", rules="data"))  # as the trainer calls it
-  assert partitioning.data_sharding(mesh).spec == P(("data", "model"))
+  part = partitioning.partitioner("cpu")
+  assert dict(part.mesh.shape) == {"data": 1, "model": 1} and part.rules == partitioning.RULE_SETS["data"]
+  fsdp = partitioning.partitioner("cpu", rules="fsdp")  # an equal mesh with other rules: each keeps its own
+  assert fsdp.mesh == part.mesh and fsdp.data_sharding().spec == P("data") and fsdp.kind == "fsdp"
+  assert part.data_sharding().spec == P(("data", "model")) and part.kind == "data"
+  part = partitioning.partitioner(partitioning.mesh_spec(shape="1x1", rules="data"))  # as the trainer builds it
+  assert part.data_sharding().spec == P(("data", "model"))
+  assert partitioning.data_sharding(part.mesh).spec == P("data")  # the module's functions: DEFAULT_RULES unless given
 
 
 def test_indivisible_dimensions_fall_back_to_replicated_and_are_logged(caplog):
   model = tiny(vocab_size=66, num_heads=3, emb_dim=9)  # 66 % 4, 3 % 4 and 9 % 2 do not divide
   v = abstract_variables(model)
-  mesh = partitioning.abstract_mesh(shape=(2, 4), rules="fsdp")
+  part = partitioning.partitioner((2, 4), rules="fsdp", abstract=True)
+  mesh = part.mesh
   with caplog.at_level(logging.WARNING, logger="remixer_t5.training.partitioning"):
-    sh = partitioning.param_shardings(v["params_axes"], mesh, params=v["params"])
+    sh = part.param_shardings(v["params_axes"], params=v["params"])
   assert sh["token_embedder"]["embedding"].spec == P(None, None)              # (vocab 66, embed 9)
   assert sh["encoder"]["relpos_bias"]["rel_embedding"].spec == P(None, None)  # (heads 3, buckets)
   assert sh["encoder"]["layers_0"]["mlp"]["wi_0"]["kernel"].spec == P(None, "model")    # (9, 32)
@@ -110,7 +112,7 @@ def test_indivisible_dimensions_fall_back_to_replicated_and_are_logged(caplog):
   for s, p in zip(jax.tree_util.tree_leaves(sh), jax.tree_util.tree_leaves(v["params"])):
     assert all(d % n == 0 for d, n in zip(p.shape, s.shard_shape(p.shape)))
   # Shardings built without the shapes fail with a clear error before jit would.
-  raw = partitioning.param_shardings(v["params_axes"], mesh)
+  raw = part.param_shardings(v["params_axes"])
   tx = optim.adafactor(optim.constant_schedule(1e-2))
   with pytest.raises(ValueError, match="rel_embedding"):
     partitioning.opt_state_shardings(jax.eval_shape(tx.init, v["params"]), v["params"], raw, mesh)
@@ -118,11 +120,11 @@ def test_indivisible_dimensions_fall_back_to_replicated_and_are_logged(caplog):
 
 def test_adafactor_factored_statistics_shard_like_their_parameter():
   v = abstract_variables(tiny())
-  mesh = partitioning.abstract_mesh(shape=(2, 4), rules="fsdp")
+  part = partitioning.partitioner((2, 4), rules="fsdp", abstract=True)
   tx = optim.adafactor(optim.constant_schedule(1e-2), min_dim_size_to_factor=4)
-  sh = partitioning.param_shardings(v["params_axes"], mesh, params=v["params"])
+  sh = part.param_shardings(v["params_axes"], params=v["params"])
   state = jax.eval_shape(tx.init, v["params"])
-  opt = partitioning.opt_state_shardings(state, v["params"], sh, mesh)
+  opt = part.opt_state_shardings(state, v["params"], sh)
   factored = lambda t: [x for x in jax.tree_util.tree_leaves(t, is_leaf=lambda x: isinstance(x, FactoredState))
                         if isinstance(x, FactoredState)]
   (fstate,), (fsh,) = factored(state), factored(opt)
@@ -143,11 +145,11 @@ def test_adafactor_factored_statistics_shard_like_their_parameter():
 
 def test_layerwise_adafactor_statistics_of_a_scanned_stack_shard_like_their_parameter():
   v = abstract_variables(tiny(num_encoder_layers=2, num_decoder_layers=2, scan_layers=True))
-  mesh = partitioning.abstract_mesh(shape=(2, 4), rules="fsdp")
+  part = partitioning.partitioner((2, 4), rules="fsdp", abstract=True)
   tx = optim.layerwise(optim.adafactor(optim.constant_schedule(1e-2), min_dim_size_to_factor=4))
-  sh = partitioning.param_shardings(v["params_axes"], mesh, params=v["params"])
+  sh = part.param_shardings(v["params_axes"], params=v["params"])
   state = jax.eval_shape(tx.init, v["params"])
-  opt = partitioning.opt_state_shardings(state, v["params"], sh, mesh)
+  opt = part.opt_state_shardings(state, v["params"], sh)
   is_factored = lambda x: isinstance(x, FactoredState)
   pick = lambda t: [x for x in jax.tree_util.tree_leaves(t["layers"], is_leaf=is_factored) if is_factored(x)][0]
   fstate, fsh = pick(state.inner_states), pick(opt.inner_states)
@@ -204,16 +206,15 @@ def test_partitioning_gin_files_bind_the_trainer_mesh():
   for name, (shape, kind) in expect.items():
     gin_utils.parse_gin(["models/t5_1_1/tiny.gin", "runs/pretrain.gin", f"partitioning/{name}.gin"],
                         ["MODEL_DIR='/tmp/unused'"])
-    for fn in ("train", "evaluate_checkpoint"):
-      spec = gin.query_parameter(f"trainer.{fn}.mesh_shape").scoped_configurable_fn()
-      plan, rules = partitioning.mesh_plan(1, spec, None)
-      assert (shape is None or plan == shape) and partitioning.rules_kind(rules) == kind, (name, fn)
+    spec = gin.query_parameter("run_config.Training.mesh").scoped_configurable_fn()
+    plan, rules = partitioning.mesh_plan(1, spec, None)
+    assert (shape is None or plan == shape) and partitioning.rules_kind(rules) == kind, name
     # Only the large-model file turns rematerialisation on (it does not fit a v3-8 core without it).
     remat = gin.query_parameter("network.T5Config.remat_policy") if name == "tpu_v3_8_large" else None
     assert remat == ("full" if name == "tpu_v3_8_large" else None), name
   gin_utils.parse_gin(["models/t5_1_1/tiny.gin", "runs/pretrain.gin", "partitioning/tpu_v3_128.gin",
                        "partitioning/data_parallel.gin"], ["MODEL_DIR='/tmp/unused'"])
-  plan, rules = partitioning.mesh_plan(1, gin.query_parameter("trainer.train.mesh_shape").scoped_configurable_fn())
+  plan, rules = partitioning.mesh_plan(1, gin.query_parameter("run_config.Training.mesh").scoped_configurable_fn())
   assert plan == (128, 1) and partitioning.rules_kind(rules) == "data"
   gin.clear_config()
 
@@ -248,13 +249,14 @@ SCRIPT = textwrap.dedent("""
     factored = lambda s: [x for x in jax.tree_util.tree_leaves(s, is_leaf=lambda x: hasattr(x, "v_row"))
                           if hasattr(x, "v_row")][0]
 
-    # One host copy of the state, placed by each mesh's shardings (what _create_state's jit outputs use).
-    host_state, _ = train_state.create_state(model, tx, shapes, partitioning.make_mesh(1, devices=jax.devices()[:1]), 0)
+    # One host copy of the state, placed by each mesh's shardings (what the initialiser's jit outputs use).
+    lengths = {"inputs": 12, "targets": 6}
+    host_state = programs.build(model, tx, lengths, partitioning.partitioner(None, jax.devices()[:1])).init_state(0)
     for shape in [(8, 1), (4, 2), (2, 4)]:
       for kind in ["data", "data_model", "fsdp"]:
-        mesh = partitioning.make_mesh(shape=shape, rules=kind)
-        size = dict(mesh.shape)
-        _, shardings = train_state.abstract_state(model, tx, shapes, mesh)
+        part = partitioning.partitioner(shape, rules=kind)
+        mesh, size = part.mesh, dict(part.mesh.shape)
+        _, shardings = train_state.abstract_state(model, tx, shapes, part)
         state = jax.device_put(host_state, shardings)
         fs = factored(state.opt_state)
         for path, names, full in PARAMS:
@@ -267,16 +269,16 @@ SCRIPT = textwrap.dedent("""
               got = getattr(fs, stat)
               got = get(got, path).addressable_shards[0].data.shape
               assert got == want[:drop] + want[drop + 1:], (shape, kind, path, stat, got)
-        batch = partitioning.data_sharding(mesh)
+        batch = part.data_sharding()
         rows = batch.shard_shape((8, 12))[0]
         assert rows == (8 // (shape[0] * shape[1]) if kind == "data" else 8 // shape[0]), (kind, rows)
     print("sharded ok")
 
     # A mesh that does not divide the vocabulary (66) or the heads (3): replicated there, and it runs.
     odd = tiny(vocab_size=66, num_heads=3)
-    mesh = partitioning.make_mesh(shape=(2, 4), rules="fsdp")
+    part = partitioning.partitioner((2, 4), rules="fsdp")
     v = jax.eval_shape(lambda r: odd.init_variables(r, shapes), jax.random.PRNGKey(0))
-    sh = partitioning.param_shardings(v["params_axes"], mesh, params=v["params"])
+    sh = part.param_shardings(v["params_axes"], params=v["params"])
     params = jax.device_put(jax.tree_util.tree_map(lambda p: np.zeros(p.shape, p.dtype), v["params"]), sh)
     assert params["token_embedder"]["embedding"].addressable_shards[0].data.shape == (66, 8)
     assert params["encoder"]["relpos_bias"]["rel_embedding"].addressable_shards[0].data.shape == (3, 32)
@@ -290,12 +292,12 @@ SCRIPT = textwrap.dedent("""
                       "decoder_input_tokens": np.concatenate([np.zeros((8, 1), np.int32), tgt[:, :-1]], 1),
                       "decoder_target_tokens": tgt})
 
-    def run(mesh, constrained=False):
-      _, sh = train_state.abstract_state(model, tx, shapes, mesh)
+    def run(part, constrained=False):
+      _, sh = train_state.abstract_state(model, tx, shapes, part)
       state = jax.device_put(host_state, sh)
-      bsh = partitioning.data_sharding(mesh)
+      bsh = part.data_sharding()
       step = jax.jit(programs.make_train_step(model, tx, None), in_shardings=(sh, bsh), out_shardings=(sh, None))
-      ctx = partitioning.activation_sharding(mesh) if constrained else __import__("contextlib").nullcontext()
+      ctx = part.activation_sharding() if constrained else __import__("contextlib").nullcontext()
       losses = []
       with ctx:
         n_constraints = step.lower(state, batch_io.global_batch(batches[0], bsh)).as_text().count("sdy.sharding_constraint")
@@ -304,10 +306,10 @@ SCRIPT = textwrap.dedent("""
           losses.append(float(m["loss_sum"] / m["weight_sum"]))
       return losses, n_constraints
 
-    ref, _ = run(partitioning.make_mesh(1, devices=jax.devices()[:1]))  # host_state: _create_state's init
-    fsdp, plain = run(partitioning.make_mesh(shape=(2, 4), rules="fsdp"))
+    ref, _ = run(partitioning.partitioner(None, jax.devices()[:1]))  # host_state: the one-device initialiser's
+    fsdp, plain = run(partitioning.partitioner((2, 4), rules="fsdp"))
     np.testing.assert_allclose(fsdp, ref, rtol=1e-5, atol=1e-5)
-    act, pinned = run(partitioning.make_mesh(shape=(2, 4), rules="fsdp"), constrained=True)
+    act, pinned = run(partitioning.partitioner((2, 4), rules="fsdp"), constrained=True)
     np.testing.assert_allclose(act, ref, rtol=1e-5, atol=1e-5)
     assert pinned > plain, (pinned, plain)  # the activation constraints really were applied
     print("OK", ref, plain, pinned)

@@ -503,7 +503,7 @@ def _trainers_schedule(tmp_path, settings):
   flags = repro._gin_args("t5_1_1", tmp_path, 0, settings, {"inputs": 64, "targets": 400})
   gin_utils.parse_gin([f[len("--gin_file="):] for f in flags if f.startswith("--gin_file=")],
                       [f[len("--gin."):] for f in flags if f.startswith("--gin.")])
-  return flags, gin.query_parameter("remixer_t5.training.trainer.train.learning_rate").scoped_configurable_fn()
+  return flags, gin.query_parameter("remixer_t5.training.run_config.Training.learning_rate").scoped_configurable_fn()
 
 
 def _old_folder_resumes(tmp_path, key, default, other):

@@ -512,8 +512,8 @@ def test_cli_python_and_t5x_compile_the_same_program(gin_file, t5x_api):
       return _canonical_hlo(grad.lower(params, batch, rng).compile().as_text())
 
   gin_utils.parse_gin([_counterpart(gin_file)], bindings)
-  mesh = partitioning.make_mesh(1, None)
-  cli = compiled(gin_utils.macro("MODEL").module, mesh, partitioning.rules_for(mesh, None))
+  part = partitioning.partitioner(None)
+  cli = compiled(gin_utils.macro("MODEL").module, part.mesh, part.rules)
   gin.clear_config()
   python = compiled(our_models.from_gin(_counterpart(gin_file), *bindings))
   t5x_model = _parse_like_t5x(gin_file, SHRINK + ["network.T5Config.dropout_rate = 0.1"])

@@ -119,13 +119,12 @@ def test_mt_cotrain_gin_uses_dropout_and_decodes_super_glue_like_the_finetune_ru
     return value
 
   gin_utils.parse_gin(["models/t5_1_1/base.gin", "runs/mt_cotrain.gin"], ["MODEL_DIR='/tmp/unused'"])
-  assert bound("remixer_t5.training.trainer.train.task_name") == "mt_cotrain"
+  assert bound("remixer_t5.training.run_config.Data.task") == "mt_cotrain"
   assert bound("remixer_t5.model.network.T5Config.dropout_rate") == 0.1  # Remixer paper §3.2; pretraining's is 0.0
-  assert bound("remixer_t5.training.trainer.train.infer_eval_task") == "super_glue_proportional"
-  assert bound("remixer_t5.training.trainer.evaluate_checkpoint.infer_task") == "super_glue_proportional"
-  assert bound("remixer_t5.training.trainer.train.infer_eval_period") == bound("remixer_t5.training.trainer.train.eval_period") > 0
-  assert bound("remixer_t5.training.trainer.train.infer_examples") is None  # every validation example, as finetune.gin
-  assert bound("remixer_t5.training.trainer.train.train_steps") == 1_000_000
+  assert bound("remixer_t5.training.run_config.Schedule.infer_eval_task") == "super_glue_proportional"
+  assert bound("remixer_t5.training.run_config.Schedule.infer_eval_period") == bound("remixer_t5.training.run_config.Schedule.eval_period") > 0
+  assert bound("remixer_t5.training.run_config.Schedule.infer_examples") is None  # every validation example, as finetune.gin
+  assert bound("remixer_t5.training.run_config.Schedule.train_steps") == 1_000_000
   gin_utils.parse_gin(["models/t5_1_1/base.gin", "runs/pretrain.gin"], ["MODEL_DIR='/tmp/unused'"])
   assert bound("remixer_t5.model.network.T5Config.dropout_rate") == 0.0  # what mt_cotrain.gin used to inherit
   gin.clear_config()

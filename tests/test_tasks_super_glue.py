@@ -660,8 +660,8 @@ def test_a_run_decodes_and_scores_super_glue_while_training_on_another_task(data
           "--gin.network.T5Config.mlp_dim=48", "--gin.network.T5Config.num_encoder_layers=1",
           "--gin.network.T5Config.num_decoder_layers=1", "--gin_file=runs/demo.gin", "--gin.BATCH_SIZE=2",
           "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}", "--gin.EVAL_PERIOD=0",
-          "--gin.CHECKPOINT_PERIOD=2", "--gin.TRAIN_STEPS=2", "--gin.trainer.train.infer_eval_period=2",
-          "--gin.trainer.train.infer_eval_task='super_glue_proportional'", "--gin.trainer.train.infer_examples=2",
+          "--gin.CHECKPOINT_PERIOD=2", "--gin.TRAIN_STEPS=2", "--gin.run_config.Schedule.infer_eval_period=2",
+          "--gin.run_config.Schedule.infer_eval_task='super_glue_proportional'", "--gin.run_config.Schedule.infer_examples=2",
           f"--gin.MODEL_DIR='{model_dir}'"]
   assert cli.main(args) == 0
   rows = [json.loads(line) for line in (model_dir / "metrics.jsonl").read_text().splitlines()]

@@ -88,8 +88,8 @@ def test_resume_reaches_the_same_parameters_as_an_uninterrupted_run(trained, uni
 
 def test_gradient_accumulation_trains_like_the_whole_batch(trained, uninterrupted, monkeypatch, embedded_cache):
   monkeypatch.setenv("REMIXER_T5_CACHE_DIR", str(embedded_cache.root))
-  assert _train(trained / "acc", 4, "--gin.trainer.train.num_microbatches=2",
-                "--gin.trainer.train.peak_flops_per_device=1e12") == 0
+  assert _train(trained / "acc", 4, "--gin.run_config.Training.num_microbatches=2",
+                "--gin.run_config.Training.peak_flops_per_device=1e12") == 0
   whole = [r for r in _rows(uninterrupted) if r["split"] == "train"][:2]
   accumulated = [r for r in _rows(trained / "acc") if r["split"] == "train"]
   assert [r["step"] for r in accumulated] == [2, 4]
@@ -157,33 +157,49 @@ def test_a_config_can_name_a_real_vocabulary(tmp_path, capsys, monkeypatch, embe
   assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-def test_the_initialisers_rng_option_is_on_only_inside_the_block(monkeypatch):
-  """train_state.init_rng_as_kernel turns jax's GPU threefry kernel on while `init_state` lowers the initialiser
-  (its GPU lowering is checked on a deviceless H100 in tests/test_compile_gpu.py), only when the state is whole
-  on every device, and restores the setting after, also when the block raises."""
-  from remixer_t5.training import train_state
-  option = train_state.RNG_KERNEL_OPTION
-  before = getattr(jax.config, option)
-  with train_state.init_rng_as_kernel():
-    assert getattr(jax.config, option) is True
-  assert getattr(jax.config, option) is before
-  with pytest.raises(RuntimeError, match="boom"):
-    with train_state.init_rng_as_kernel():
-      raise RuntimeError("boom")
-  assert getattr(jax.config, option) is before
+def test_the_initialisers_rng_form_is_chosen_by_the_builder_and_scoped_to_its_thread():
+  """programs.build decides whether the initialiser draws its bits with jax's GPU threefry kernel (`init_rng`:
+  'auto' only where the state is whole on every device) and `Program.init_state` turns jax's option on for that
+  call, in this thread only, and off after, also when the call raises (its GPU lowering is checked on a
+  deviceless H100 in tests/test_compile_gpu.py)."""
+  import dataclasses
+  import threading
 
-  seen = []
+  from jax._src import config as jax_config
 
-  def program(model, tx, input_shapes, shardings, seed):  # records the option when the initialiser is traced
-    def init(rng):
-      seen.append(getattr(jax.config, option))
-      return rng
-    return jax.jit(init), jax.random.PRNGKey(seed)
+  from remixer_t5.model import models
+  from remixer_t5.training import optim, partitioning, programs
+  option = jax_config.threefry_gpu_kernel_lowering
+  before = option.value
 
   class Sharded:  # a sharding that splits a value over devices (fsdp or model rules)
     is_fully_replicated = False
-  monkeypatch.setattr(train_state, "init_program", program)
   cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
-  train_state.init_state(None, None, {}, {"params": {"w": cpu, "b": cpu}}, 0)
-  train_state.init_state(None, None, {}, {"params": {"w": Sharded(), "b": cpu}}, 1)
-  assert seen == [True, False] and getattr(jax.config, option) is before
+  assert programs.init_rng_kernel("auto", {"w": cpu, "b": cpu})
+  assert not programs.init_rng_kernel("auto", {"w": Sharded(), "b": cpu})
+  assert programs.init_rng_kernel("kernel", {"w": Sharded()}) and not programs.init_rng_kernel("inline", {"w": cpu})
+  with pytest.raises(ValueError, match="init_rng='gpu'"):
+    programs.init_rng_kernel("gpu", {})
+
+  model = models.EncoderDecoderModel(models.from_gin("models/t5_1_1/tiny.gin", "network.T5Config.num_encoder_layers=1",
+                                                    "network.T5Config.num_decoder_layers=1"))
+  part = partitioning.partitioner(None, jax.devices()[:1])
+  prog = programs.build(model, programs.optimizer(model, optim.adafactor, 1e-2), {"inputs": 8, "targets": 4}, part)
+  assert prog.init_rng_kernel  # one device: the state is whole
+  assert not programs.build(model, programs.optimizer(model), {"inputs": 8, "targets": 4}, part,
+                            init_rng="inline").init_rng_kernel
+  seen = []
+
+  def init(rng):  # records the option when the initialiser is traced, here and in another thread
+    other = threading.Thread(target=lambda: seen.append(("other thread", option.value)))
+    other.start()
+    other.join()
+    seen.append(("tracing", option.value))
+    return rng
+  traced = dataclasses.replace(prog, init=jax.jit(init))
+  traced.init_state(0)
+  assert seen == [("other thread", before), ("tracing", True)] and option.value is before
+  boom = dataclasses.replace(prog, init=lambda rng: (_ for _ in ()).throw(RuntimeError("boom")))
+  with pytest.raises(RuntimeError, match="boom"):
+    boom.init_state(0)
+  assert option.value is before

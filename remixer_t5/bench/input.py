@@ -141,6 +141,6 @@ def from_gin() -> dict[str, Any]:
     raise ValueError(f"bench input needs {', '.join(missing)} from the gin config (e.g. "
                      f"--gin_file=runs/pretrain.gin)")
   task = get_task(with_vocabulary(name, gin_utils.macro("VOCABULARY")))
-  bound = {k: gin_utils.binding(f"trainer.train.{k}") for k in ("pack", "shuffle")}
+  bound = {k: gin_utils.binding(f"run_config.Data.{k}") for k in ("pack", "shuffle")}
   return {"task": task, "feature_lengths": dict(lengths), "batch_size": int(batch_size),
           "seed": gin_utils.macro("RANDOM_SEED", 0) or 0, **{k: v for k, v in bound.items() if v is not None}}

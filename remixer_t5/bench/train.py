@@ -1,8 +1,8 @@
 """`remixer-t5 bench train`: the time of one training step of a gin-configured model, optionally beside
 Hugging Face transformers' PyTorch T5 on the same shapes.
 
-Our step is exactly the trainer's (`programs.make_train_step`: loss + z-loss, gradient, the run's optimizer
-update, jitted with the state donated) on random tokens of the run's batch size and feature lengths, unpacked,
+Our step is exactly the trainer's (`programs.build`: loss + z-loss, gradient, the run's optimizer update,
+jitted with the state donated) on random tokens of the run's batch size and feature lengths, unpacked,
 every token real. Dropout is whatever the gin config binds (use `--gin.DROPOUT_RATE=0.0` for a like-for-like
 comparison).
 
@@ -29,7 +29,6 @@ import time
 from typing import Any, Callable, Mapping
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 
@@ -62,15 +61,15 @@ def time_calls(call: Callable[[], Any], steps: int, warmup: int) -> tuple[list[f
 
 
 def ours(model, optimizer, batch: Mapping[str, np.ndarray], seed: int = 0) -> Callable[[], Any]:
-  """A zero-argument callable that runs (and waits for) one of the trainer's jitted train steps."""
-  from remixer_t5.training import programs, train_state
-  shapes = {k: (1, v.shape[1]) for k, v in batch.items()}
-  params = model.init_variables(jax.random.PRNGKey(seed), shapes)["params"]
-  state = train_state.TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=optimizer.init(params),
-                             rng=jax.random.PRNGKey(seed + 1))
-  step_fn = jax.jit(programs.make_train_step(model, optimizer, None), donate_argnums=0)
-  device_batch = {k: jnp.asarray(v) for k, v in batch.items()}
-  holder = {"state": state}
+  """A zero-argument callable that runs (and waits for) one of the trainer's jitted train steps (programs.build,
+  on this process's first device)."""
+  from remixer_t5.training import partitioning, programs
+  lengths = {"inputs": batch["encoder_input_tokens"].shape[1], "targets": batch["decoder_target_tokens"].shape[1]}
+  part = partitioning.partitioner("1x1", jax.devices()[:1], rules="data")
+  prog = programs.build(model, optimizer, lengths, part)
+  device_batch = {k: jax.device_put(v, prog.batch_sharding) for k, v in batch.items()}
+  holder = {"state": prog.init_state(seed)}
+  step_fn = prog.compile(prog.train_step, holder["state"], device_batch)
 
   def run():
     holder["state"], metrics = step_fn(holder["state"], device_batch)
@@ -247,21 +246,17 @@ def bench_train(model, optimizer, *, batch_size: int, feature_lengths: Mapping[s
 def from_gin(batch_size: int | None = None, feature_lengths: Mapping[str, int] | None = None
              ) -> dict[str, Any]:
   """bench_train's model, optimizer, batch size and feature lengths from the parsed gin config, as `train` reads
-  them: trainer.train's bindings when a run config binds them (model, feature_lengths, batch_size, optimizer,
-  learning_rate), else the MODEL, TASK_FEATURE_LENGTHS and BATCH_SIZE macros and Adafactor; the optimizer is
-  built as trainer.train builds it (programs.optimizer). `batch_size`/`feature_lengths` override the config.
-  """
+  them: the run config (run_config.from_gin) when a run file is loaded, else the MODEL macro, Adafactor and
+  `batch_size`/`feature_lengths`, which also override the run's."""
   from remixer_t5 import gin_utils
-  from remixer_t5.training import optim, programs
-
-  def bound(name, macro=None):
-    value = gin_utils.binding(f"trainer.train.{name}")
-    return value if value is not None or macro is None else gin_utils.macro(macro)
-
-  model = bound("model", "MODEL")
-  lengths = feature_lengths or bound("feature_lengths", "TASK_FEATURE_LENGTHS")
-  batch = batch_size or bound("batch_size", "BATCH_SIZE")
-  missing = [name for name, v in (("MODEL", model), ("TASK_FEATURE_LENGTHS (or --lengths)", lengths),
+  from remixer_t5.training import programs, run_config
+  try:
+    run = run_config.from_gin()
+    training, lengths, batch = run.training, feature_lengths or run.data.feature_lengths, batch_size or run.data.batch_size
+  except ValueError:  # a model config alone
+    training = run_config.Training(model=gin_utils.macro("MODEL")) if gin_utils.macro("MODEL") else None
+    lengths, batch = feature_lengths, batch_size
+  missing = [name for name, v in (("MODEL", training), ("TASK_FEATURE_LENGTHS (or --lengths)", lengths),
                                   ("BATCH_SIZE (or --batch_size)", batch)) if v is None]
   if missing:
     raise ValueError(f"bench train needs {', '.join(missing)} from the gin config (e.g. "
@@ -271,8 +266,8 @@ def from_gin(batch_size: int | None = None, feature_lengths: Mapping[str, int] |
     raise ValueError(f"feature lengths {lengths}: expected {{'inputs': N, 'targets': M}} with N, M >= 2")
   if int(batch) < 1:
     raise ValueError(f"batch size {batch}: expected a positive integer")
-  optimizer = programs.optimizer(model, bound("optimizer") or optim.adafactor, bound("learning_rate"))
-  return {"model": model, "optimizer": optimizer,
+  optimizer = programs.optimizer(training.model, training.optimizer, training.learning_rate)
+  return {"model": training.model, "optimizer": optimizer,
           "batch_size": int(batch), "feature_lengths": {"inputs": int(lengths["inputs"]),
                                                         "targets": int(lengths["targets"])}}
 

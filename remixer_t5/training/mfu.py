@@ -9,7 +9,7 @@ microbatch loop), so it is only a whole step's count for a step without loops.
 
 Peak figures are the vendors' dense (no sparsity) bf16 numbers per JAX device. On TPU v2/v3 a JAX device is
 one TensorCore (half a chip); from v4 on, one chip. `peak_flops` can be overridden (gin:
-`trainer.train.peak_flops_per_device`), e.g. for an unlisted device or to report against fp32 peaks.
+`run_config.Training.peak_flops_per_device`), e.g. for an unlisted device or to report against fp32 peaks.
 """
 from __future__ import annotations
 

@@ -28,8 +28,9 @@ T5.1.1-large fits a v3-8 only rematerialised (gin/partitioning/tpu_v3_8_large.gi
 data axis (`check_batch_size`).
 
 A dimension that its mesh axes do not divide is replicated instead (logged per parameter): jit refuses
-uneven parameter shardings. `make_mesh` remembers the rules it was asked for, and the functions below default
-to the rules of the mesh they are given (so a `mesh_spec(...)` bound at the trainer's `mesh_shape` sets them).
+uneven parameter shardings. A `Partitioner` (t5x's partitioner: a mesh and its rules, `partitioner(...)` from a
+`MeshSpec`) is what a run passes where shardings are made; the module's functions take a mesh and rules alike,
+the rules defaulting to DEFAULT_RULES. Nothing here keeps state between calls.
 """
 from __future__ import annotations
 
@@ -109,7 +110,7 @@ def logical_rules(kind: str = DEFAULT_KIND) -> Rules:
 
 @dataclasses.dataclass(frozen=True)
 class MeshSpec:
-  """What `make_mesh` should build; gin binds one at the trainer's `mesh_shape` (see `mesh_spec`)."""
+  """The mesh and rules a run asks for (`partitioner` builds them); gin binds one at `run_config.Training.mesh`."""
   preset: str | None = None
   shape: tuple[int, int] | str | None = None  # (data, model) or 'DxM'
   num_partitions: int | None = None
@@ -118,7 +119,7 @@ class MeshSpec:
 
 def mesh_spec(preset: str | None = None, shape: tuple[int, int] | str | None = None,
               num_partitions: int | None = None, rules: str | Rules | None = None) -> MeshSpec:
-  """gin: `trainer.train.mesh_shape = @partitioning.mesh_spec()`, `partitioning.mesh_spec.preset = 'gpu_8'`."""
+  """gin: `run_config.Training.mesh = @partitioning.mesh_spec()`, `partitioning.mesh_spec.preset = 'gpu_8'`."""
   return MeshSpec(preset, shape, num_partitions, rules)
 
 
@@ -180,23 +181,13 @@ def mesh_plan(num_partitions: int = 1, shape=None, num_devices: int | None = Non
   return _parse_shape(shape), rules or DEFAULT_RULES
 
 
-_MESH_RULES: dict[Any, Rules] = {}  # mesh -> the rules make_mesh was asked for (equal meshes are one object)
-
-
-def make_mesh(num_partitions: int = 1, shape=None, devices: Sequence[jax.Device] | None = None, *,
-              rules: str | Rules | None = None) -> Mesh:
-  """A ('data', 'model') mesh of `devices` (default all); `shape` as in `mesh_plan`; `rules` overrides.
-
-  The rules are remembered for this mesh: `param_shardings`, `opt_state_shardings`, `data_sharding` and
-  `activation_sharding` use them unless given others.
-  """
+def make_mesh(num_partitions: int = 1, shape=None, devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """A ('data', 'model') mesh of `devices` (default all); `shape` as in `mesh_plan`."""
   devices = list(devices) if devices is not None else jax.devices()
-  plan, planned_rules = mesh_plan(num_partitions, shape, len(devices))
+  plan, _ = mesh_plan(num_partitions, shape, len(devices))
   if math.prod(plan) != len(devices):
     raise ValueError(f"mesh shape {plan} needs {math.prod(plan)} devices, have {len(devices)}")
-  mesh = Mesh(_device_grid(plan, devices), AXES, axis_types=(AxisType.Auto,) * 2)
-  _MESH_RULES[mesh] = _as_rules(rules) or planned_rules
-  return mesh
+  return Mesh(_device_grid(plan, devices), AXES, axis_types=(AxisType.Auto,) * 2)
 
 
 def _device_grid(plan: tuple[int, int], devices: Sequence[jax.Device]) -> np.ndarray:
@@ -211,18 +202,54 @@ def _device_grid(plan: tuple[int, int], devices: Sequence[jax.Device]) -> np.nda
   return mesh_utils.create_device_mesh(plan, devices)
 
 
-def abstract_mesh(num_partitions: int = 1, shape=None, *, rules: str | Rules | None = None,
-                  num_devices: int | None = None) -> AbstractMesh:
-  """The mesh `make_mesh` would build, without devices (shapes and specs only: `remixer-t5 info`)."""
-  plan, planned_rules = mesh_plan(num_partitions, shape, num_devices)
-  mesh = AbstractMesh(plan, AXES, axis_types=(AxisType.Auto,) * 2)
-  _MESH_RULES[mesh] = _as_rules(rules) or planned_rules
-  return mesh
+@dataclasses.dataclass(frozen=True)
+class Partitioner:
+  """A mesh and the logical-axis rules that place a run's arrays on it (t5x's partitioner). The trainer,
+  `remixer-t5 compile`, `bench` and `info` each make one from the run's `MeshSpec` (`partitioner`) and pass it
+  where shardings are made. `mesh` may be abstract (`info`: specs only)."""
+  mesh: Mesh | AbstractMesh
+  rules: Rules = DEFAULT_RULES
+
+  @property
+  def kind(self) -> str:
+    return rules_kind(self.rules)
+
+  def param_specs(self, params_axes, params=None):
+    return param_specs(params_axes, self.mesh, self.rules, params=params)
+
+  def param_shardings(self, params_axes, params=None):
+    return param_shardings(params_axes, self.mesh, self.rules, params=params)
+
+  def opt_state_shardings(self, abstract_opt, params, param_sh):
+    return opt_state_shardings(abstract_opt, params, param_sh, self.mesh)
+
+  def data_sharding(self) -> NamedSharding:
+    return data_sharding(self.mesh, self.rules)
+
+  def check_batch_size(self, batch_size: int) -> None:
+    check_batch_size(batch_size, self.mesh, self.rules)
+
+  def replicated(self) -> NamedSharding:
+    return replicated(self.mesh)
+
+  def activation_sharding(self):
+    return activation_sharding(self.mesh, self.rules)
 
 
-def rules_for(mesh, rules: str | Rules | None = None) -> Rules:
-  """`rules` if given, else those `make_mesh`/`abstract_mesh` recorded for `mesh`, else DEFAULT_RULES."""
-  return _as_rules(rules) or _MESH_RULES.get(mesh, DEFAULT_RULES)
+def partitioner(spec=None, devices: Sequence[jax.Device] | None = None, *, num_partitions: int = 1,
+                rules: str | Rules | None = None, abstract: bool = False, num_devices: int | None = None
+                ) -> Partitioner:
+  """The partitioner a `MeshSpec` (or a preset name, 'DxM', a (data, model) tuple, None) describes over `devices`
+  (default all); `rules` overrides the spec's. `abstract`: an AbstractMesh instead, of `num_devices` where the
+  spec leaves the size open (see `mesh_plan`)."""
+  if abstract:
+    plan, planned = mesh_plan(num_partitions, spec, num_devices)
+    mesh = AbstractMesh(plan, AXES, axis_types=(AxisType.Auto,) * 2)
+  else:
+    devices = list(devices) if devices is not None else jax.devices()
+    _, planned = mesh_plan(num_partitions, spec, len(devices))
+    mesh = make_mesh(num_partitions, spec, devices)
+  return Partitioner(mesh, _as_rules(rules) or planned)
 
 
 def rules_kind(rules: Rules) -> str:
@@ -270,7 +297,7 @@ def param_specs(params_axes, mesh, rules: str | Rules | None = None, *, params=N
 
   With `params` (arrays or ShapeDtypeStructs) each spec is checked against the shape (`fit_spec`).
   """
-  rules = rules_for(mesh, rules)
+  rules = _as_rules(rules) or DEFAULT_RULES
   specs = jax.tree_util.tree_map(lambda s: nn.logical_to_mesh_axes(tuple(s), rules), logical_axes(params_axes),
                                  is_leaf=_is_spec)
   fallbacks: dict[str, list[str]] = {}
@@ -360,7 +387,7 @@ def opt_state_shardings(abstract_state, params, param_sh, mesh):
 
 def data_sharding(mesh, rules: str | Rules | None = None) -> NamedSharding:
   """Batch-major arrays: split as the rules place 'batch' (over 'data', or every device for 'data' rules)."""
-  return NamedSharding(mesh, nn.logical_to_mesh_axes(("batch",), rules_for(mesh, rules)))
+  return NamedSharding(mesh, nn.logical_to_mesh_axes(("batch",), _as_rules(rules) or DEFAULT_RULES))
 
 
 def batch_shards(mesh, rules: str | Rules | None = None) -> int:
@@ -374,7 +401,7 @@ def check_batch_size(batch_size: int, mesh, rules: str | Rules | None = None) ->
   if batch_size % n:
     raise ValueError(
         f"BATCH_SIZE={batch_size} does not split over the mesh {dict(mesh.shape)}: the "
-        f"{rules_kind(rules_for(mesh, rules))!r} rules place the batch on {n} devices, so the global batch must be "
+        f"{rules_kind(_as_rules(rules) or DEFAULT_RULES)!r} rules place the batch on {n} devices, so the global batch must be "
         f"a multiple of {n}; use --gin.BATCH_SIZE={max(n, batch_size // n * n)} (or {-(-batch_size // n) * n}), "
         "or a mesh with fewer data shards (e.g. a 'model' axis: mesh_spec.shape='DxM')")
 
@@ -389,7 +416,7 @@ def activation_sharding(mesh: Mesh, rules: str | Rules | None = None):
   """Trace under `mesh` and its rules, so that `constrain` (and the logical constraints layers.py already
   places, flax's `with_logical_constraint`) pin activations as t5x does; outside it they are no-ops.
   """
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules_for(mesh, rules)):
+  with jax.set_mesh(mesh), nn.logical_axis_rules(_as_rules(rules) or DEFAULT_RULES):
     yield
 
 

@@ -1,8 +1,9 @@
-"""The jitted programs of a run: the train step (loss, gradient, optimizer update; microbatched when asked), the
-eval step, and the abstract batch they take. `train`, `evaluate_checkpoint` and `remixer-t5 compile` all build
-them with `program`, so the ahead-of-time compile is of exactly the step `train` runs."""
+"""The program builder: a run's model, optimizer and partitioner in, its jitted initialiser, train and eval
+steps out. `train`, `eval`, `remixer-t5 compile`, `bench train` and the scripts all build them with `build`, so
+the ahead-of-time compile and every measurement are of exactly the step `train` runs."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any, Callable, Mapping
 
@@ -11,8 +12,11 @@ import jax.numpy as jnp
 import optax
 
 from remixer_t5.model.models import EncoderDecoderModel
-from remixer_t5.training import accumulate, optim, partitioning
+from remixer_t5.training import accumulate, optim
+from remixer_t5.training.partitioning import Partitioner
 from remixer_t5.training.train_state import TrainState, abstract_state, input_shapes
+
+INIT_RNG_FORMS = ("auto", "inline", "kernel")
 
 
 # --- steps -----------------------------------------------------------------------------------------------
@@ -44,6 +48,17 @@ def make_eval_step(model: EncoderDecoderModel):
   return eval_step
 
 
+def make_init(model: EncoderDecoderModel, tx: optax.GradientTransformation, feature_lengths: Mapping[str, int]):
+  """rng -> the TrainState: parameters from `rng`'s first half, the dropout key its second."""
+  shapes = input_shapes(feature_lengths)
+
+  def init(rng):
+    init_rng, dropout_rng = jax.random.split(rng)
+    params = model.init_variables(init_rng, shapes)["params"]
+    return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params), rng=dropout_rng)
+  return init
+
+
 def batch_shapes(feature_lengths: Mapping[str, int], batch_size: int, pack: bool
                  ) -> dict[str, jax.ShapeDtypeStruct]:
   """The global batch the steps take, as shapes: seqio.EncDecFeatureConverter's int32 features."""
@@ -56,31 +71,101 @@ def batch_shapes(feature_lengths: Mapping[str, int], batch_size: int, pack: bool
   return {k: jax.ShapeDtypeStruct((batch_size, n), jnp.int32) for k, n in lengths.items()}
 
 
+# --- the initialiser's random bits on GPUs ---------------------------------------------------------------
+def _rng_kernel_option():
+  """jax's thread-local switch for its GPU threefry kernel (None where this jax has no such option)."""
+  from jax._src import config  # the option's context-manager form is not exported
+  return getattr(config, "threefry_gpu_kernel_lowering", None)
+
+
+def init_rng_kernel(form: str, shardings) -> bool:
+  """Whether the initialiser draws its bits with jax's threefry kernel (one custom call a draw) instead of XLA's
+  inlined threefry, for `form` 'auto', 'inline' or 'kernel'.
+
+  Inlined, every parameter's threefry stream is unrolled into XLA:GPU's fusions, which makes the initialiser slow
+  to lower and compile. The kernel computes the same threefry2x32 function (jax's earlier GPU lowering), so the
+  state comes out bit-identical both ways (scripts/gpu_measure.py's init_rng stage). 'auto' takes it where the
+  state's `shardings` keep every value whole on each device (one device, or the data-parallel rules): XLA does
+  not partition the kernel's custom call, so under sharded parameters every device would draw every parameter in
+  full. It picks only the GPU lowering (CPUs and TPUs compile the same program either way); the train step
+  (dropout) always keeps the inlined form."""
+  if form not in INIT_RNG_FORMS:
+    raise ValueError(f"init_rng={form!r}: expected one of {INIT_RNG_FORMS}")
+  if form == "inline" or _rng_kernel_option() is None:
+    return False
+  return form == "kernel" or all(s.is_fully_replicated for s in jax.tree_util.tree_leaves(shardings))
+
+
+@contextlib.contextmanager
+def rng_kernel(on: bool):
+  """Inside the block (this thread only), jitted code lowered for a GPU draws threefry bits with jax's kernel."""
+  option = _rng_kernel_option()
+  with option(True) if on and option is not None else contextlib.nullcontext():
+    yield
+
+
+# --- the program -----------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Program:
-  """The jitted steps of a run and the abstract state and shardings they take (built by `program`)."""
-  mesh: Any
+  """The jitted steps of a run, the abstract state and shardings they take, and the partitioner that placed them.
+  `init_rng_kernel`: whether `init` draws its bits with jax's GPU threefry kernel (`init_rng_kernel`)."""
+  model: EncoderDecoderModel
+  partitioner: Partitioner
   state: TrainState  # abstract: ShapeDtypeStructs carrying their shardings
   shardings: TrainState
   batch_sharding: Any
+  init: Any  # jitted make_init: rng -> TrainState in `shardings`
+  init_rng_kernel: bool
   train_step: Any  # jitted make_train_step, state donated
   eval_step: Any  # jitted make_eval_step (params, batch)
+  feature_lengths: Mapping[str, int]
+
+  @property
+  def mesh(self):
+    return self.partitioner.mesh
+
+  def batch(self, batch_size: int, pack: bool) -> dict[str, jax.ShapeDtypeStruct]:
+    """The global batch as shapes carrying the batch's sharding (for lowering without data)."""
+    return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=self.batch_sharding)
+            for k, v in batch_shapes(self.feature_lengths, batch_size, pack).items()}
+
+  def init_state(self, seed: int) -> TrainState:
+    """The initial state, created directly in its shardings (nothing is built replicated first)."""
+    with rng_kernel(self.init_rng_kernel):
+      return self.init(jax.random.PRNGKey(seed))
+
+  def lower(self, step, *args):
+    """`step` (one of this program's) lowered under the partitioner's activation rules (constraints placed as t5x
+    does); the initialiser with its random-bit form."""
+    with self.partitioner.activation_sharding(), rng_kernel(self.init_rng_kernel and step is self.init):
+      return step.lower(*args)
 
   def compile(self, step, *args, compiler_options: dict | None = None):
-    """`step` lowered and compiled under the mesh's activation rules (constraints placed as t5x does);
-    `compiler_options`: XLA debug options for this compile only (e.g. {'xla_gpu_enable_triton_gemm': False})."""
-    with partitioning.activation_sharding(self.mesh):
-      return step.lower(*args).compile(compiler_options)
+    """`lower`, then XLA's compile; `compiler_options`: XLA debug options for this compile only (e.g.
+    {'xla_gpu_enable_triton_gemm': False})."""
+    return self.lower(step, *args).compile(compiler_options)
 
 
-def program(model: EncoderDecoderModel, tx: optax.GradientTransformation, schedule: Callable | None,
-            feature_lengths: Mapping[str, int], mesh, num_microbatches: int | None = None) -> Program:
-  abstract, shardings = abstract_state(model, tx, input_shapes(feature_lengths), mesh)
-  batch_sh = partitioning.data_sharding(mesh)
+def build(model: EncoderDecoderModel, tx: optax.GradientTransformation, feature_lengths: Mapping[str, int],
+          partitioner: Partitioner, *, schedule: Callable | None = None, num_microbatches: int | None = None,
+          init_rng: str = "auto") -> Program:
+  """The run's programs: `tx` (see `optimizer`) and its `schedule` (logged each step), gradient accumulation over
+  `num_microbatches`, every array placed by `partitioner`; `init_rng` as `init_rng_kernel`."""
+  abstract, shardings = abstract_state(model, tx, input_shapes(feature_lengths), partitioner)
+  batch_sh = partitioner.data_sharding()
+  init = jax.jit(make_init(model, tx, feature_lengths), out_shardings=shardings)
   train_step = jax.jit(make_train_step(model, tx, schedule, num_microbatches),
                        in_shardings=(shardings, batch_sh), out_shardings=(shardings, None), donate_argnums=0)
   eval_step = jax.jit(make_eval_step(model), in_shardings=(shardings.params, batch_sh))
-  return Program(mesh, abstract, shardings, batch_sh, train_step, eval_step)
+  return Program(model, partitioner, abstract, shardings, batch_sh, init, init_rng_kernel(init_rng, shardings),
+                 train_step, eval_step, dict(feature_lengths))
+
+
+def from_run(training, feature_lengths: Mapping[str, int], partitioner: Partitioner, **kwargs) -> Program:
+  """`build` for a run's `run_config.Training`: its model, optimizer (`optimizer`), schedule and microbatches."""
+  tx = optimizer(training.model, training.optimizer, training.learning_rate)
+  return build(training.model, tx, feature_lengths, partitioner, schedule=training.schedule,
+               num_microbatches=training.num_microbatches, **kwargs)
 
 
 def summarize(sums: Mapping[str, float]) -> dict[str, float]:
@@ -89,6 +174,6 @@ def summarize(sums: Mapping[str, float]) -> dict[str, float]:
           "accuracy": float(sums["correct_sum"]) / w}
 
 
-def optimizer(model, optimizer, learning_rate) -> optax.GradientTransformation:
+def optimizer(model, optimizer=optim.adafactor, learning_rate=None) -> optax.GradientTransformation:
   """The run's optimizer; a scanned model's stacked layers are optimised layer by layer (optim.layerwise)."""
   return optim.for_model(optimizer(learning_rate=learning_rate), model.module)

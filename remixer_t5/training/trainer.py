@@ -13,89 +13,85 @@ import signal
 import tempfile
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from remixer_t5 import storage
 from remixer_t5.model.models import EncoderDecoderModel
-from remixer_t5.training import checkpoints, optim, partitioning, plots, programs, validation
+from remixer_t5.training import checkpoints, partitioning, plots, programs, validation
 from remixer_t5.training import mfu as mfu_lib
 from remixer_t5.training.batches import get_batches, global_batch, real_tokens
 from remixer_t5.training.metrics_log import MetricsLogger, format_duration
-from remixer_t5.training.programs import batch_shapes, program, summarize
-from remixer_t5.training.train_state import abstract, fit_lengths, init_state, input_shapes
-
-if TYPE_CHECKING:
-  import seqio
+from remixer_t5.training.programs import batch_shapes, summarize
+from remixer_t5.training.run_config import Run
+from remixer_t5.training.train_state import fit_lengths
 
 # Config fields that may change between runs in one MODEL_DIR (they do not change the parameters).
 _RESUMABLE_FIELDS = ("dropout_rate", "dtype", "remat_policy")
 
 
-def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature_lengths: Mapping[str, int],
-          batch_size: int, train_steps: int, checkpoint_period: int = 1000, eval_period: int = 1000,
-          log_period: int = 100, random_seed: int = 0, learning_rate: Callable | float | None = None,
-          optimizer: Callable[..., optax.GradientTransformation] = optim.adafactor,
-          eval_steps: int = 10, num_decoded_examples: int = 3, num_partitions: int = 1,
-          mesh_shape: tuple[int, ...] | None = None, keep_checkpoints: int = 3, pack: bool = True,
-          shuffle: bool = True, vocabulary: seqio.Vocabulary | None = None, init_checkpoint: str | None = None,
-          run_signature: Mapping[str, Any] | None = None, config_text: str | None = None,
-          data_dir: str | None = None, infer_eval_period: int = 0, infer_examples: int | None = None,
-          infer_eval_task: str | None = None, peak_flops_per_device: float | None = None,
-          num_microbatches: int | None = None
+def train(run: Run, *, config_text: str | None = None, run_signature: Mapping[str, Any] | None = None
           ) -> dict[str, float]:
-  """Train `model` on `task_name`, resuming from the latest good checkpoint in `model_dir`. Returns last metrics.
+  """Train `run` (run_config.Run), resuming from the latest good checkpoint in its MODEL_DIR. Returns the last
+  train row's metrics.
 
   `config_text` (the launch's gin config) is saved as MODEL_DIR/config.gin once the run is accepted.
-  `data_dir`: local dataset release files (see remixer_t5.tasks.sources; default $REMIXER_T5_DATA_DIR).
-  `infer_eval_period`: every so many steps, also decode the validation split (first `infer_examples` of each
-  task) with the seqio Evaluator and log the tasks' metrics (0: never; `remixer-t5 eval` does it on demand).
-  `infer_eval_task`: the task or mixture decoded there (None: `task_name`; e.g. SuperGLUE while co-training
-  on mt_cotrain), in the vocabulary of the task trained on.
-  `num_microbatches`: gradient accumulation (memory), same gradient as the whole batch.
   Faults: SIGTERM saves a checkpoint and returns; an unreadable latest checkpoint is reported and the previous
   one restored; a non-finite loss or update stops the run (FloatingPointError) before it is checkpointed.
   """
-  if not model_dir:
-    raise ValueError("MODEL_DIR is not set: pass --gin.MODEL_DIR=\"'/path/to/run'\"")
-  model_dir = str(storage.run_path(model_dir))
-  storage.check_bucket(model_dir)
-  if init_checkpoint:
-    storage.check_bucket(init_checkpoint, "INIT_CHECKPOINT")
-  task_name, task, vocab, infer_task_name = _task(task_name, vocabulary, data_dir, infer_eval_task)
-  _check_vocab_fits(model, task)
-  pack = packing(model, pack)
-  _accept_run(model_dir, model, task_name, feature_lengths, vocab, run_signature, config_text)
+  run, task, vocab, infer_task = _setup(run, check_init=True)
+  _accept_run(run, vocab, run_signature, config_text)
+  prog = _program(run)
+  log = MetricsLogger(run.model_dir)
+  ckpt = checkpoints.Checkpointer(run.model_dir, keep=run.schedule.keep_checkpoints)
+  state, position, input_state = _restore(ckpt, prog, run, log)
+  return _loop(run, prog, state, task, vocab, infer_task, ckpt, log, position, input_state)
 
-  mesh = partitioning.make_mesh(num_partitions, mesh_shape)
-  partitioning.check_batch_size(batch_size, mesh)
-  tx = programs.optimizer(model, optimizer, learning_rate)
-  prog = program(model, tx, learning_rate if callable(learning_rate) else None, feature_lengths, mesh, num_microbatches)
-  state = init_state(model, tx, input_shapes(feature_lengths), prog.shardings, random_seed)
-  log = MetricsLogger(model_dir)
-  ckpt = checkpoints.Checkpointer(model_dir, keep=keep_checkpoints)
-  state, position, input_state = _restore(ckpt, state, prog.shardings, model, feature_lengths, init_checkpoint,
-                                          model_dir, log)
+
+def _setup(run: Run, check_init: bool = False):
+  """(`run` with its MODEL_DIR as a run path and packing as the model allows, the task, its targets vocabulary,
+  the name of the task inference evaluation decodes); the bucket checks and the vocabulary's fit, before any
+  compile."""
+  if not run.model_dir:
+    raise ValueError("MODEL_DIR is not set: pass --gin.MODEL_DIR=\"'/path/to/run'\"")
+  model_dir = str(storage.run_path(run.model_dir))
+  storage.check_bucket(model_dir)
+  if check_init and run.training.init_checkpoint:
+    storage.check_bucket(run.training.init_checkpoint, "INIT_CHECKPOINT")
+  data = run.data
+  task_name, task, vocab, infer_task = _task(data.task, data.vocabulary, data.data_dir, run.schedule.infer_eval_task)
+  _check_vocab_fits(run.training.model, task)
+  data = dataclasses.replace(data, task=task_name, pack=packing(run.training.model, data.pack))
+  return dataclasses.replace(run, model_dir=model_dir, data=data), task, vocab, infer_task
+
+
+def _program(run: Run) -> programs.Program:
+  """The run's programs, on the mesh its `Training.mesh` describes over every device."""
+  part = partitioning.partitioner(run.training.mesh)
+  part.check_batch_size(run.data.batch_size)
+  return programs.from_run(run.training, run.data.feature_lengths, part)
+
+
+def _loop(run, prog, state, task, vocab, infer_task, ckpt, log, position, input_state) -> dict[str, float]:
+  """The training loop from `state` to TRAIN_STEPS with its log, evaluation and checkpoint hooks."""
+  data, sched, model_dir = run.data, run.schedule, run.model_dir
   step = int(state.step)
   n_params = sum(int(np.prod(p.shape)) for p in jax.tree_util.tree_leaves(state.params))
-  log.info(f"model: {n_params:,} params | mesh {dict(mesh.shape)} | task {task_name} | "
-           f"batch {batch_size} | lengths {dict(feature_lengths)} | steps {step}->{train_steps}")
-  evaluate = lambda st: validation.evaluate(model, prog.eval_step, st, task, vocab, feature_lengths, batch_size,
-                                            eval_steps, num_decoded_examples, random_seed, pack,
-                                            prog.batch_sharding, log)
-  if step == 0 and eval_period:
+  log.info(f"model: {n_params:,} params | mesh {dict(prog.mesh.shape)} | task {data.task} | "
+           f"batch {data.batch_size} | lengths {dict(data.feature_lengths)} | steps {step}->{sched.train_steps}")
+  evaluate = lambda st: validation.evaluate(prog, st, task, vocab, run, log)
+  if step == 0 and sched.eval_period:
     evaluate(state)  # the starting point of the validation curve
-  batches = _restore_batches(task, feature_lengths, batch_size, random_seed, shuffle, pack, position,
-                             input_state, log)
-  data_position = {"batches": position, "seed": random_seed, "task": task_name, "iterator": True}
-  window = _LogWindow(model, batch_shapes(feature_lengths, batch_size, pack), peak_flops_per_device, step, log)
+  batches = _restore_batches(task, run, position, input_state, log)
+  data_position = {"batches": position, "seed": run.training.random_seed, "task": data.task, "iterator": True}
+  window = _LogWindow(prog.model, batch_shapes(data.feature_lengths, data.batch_size, data.pack),
+                      run.training.peak_flops_per_device, step, log)
   compiled, last, preempted = None, {}, False
   with _PreemptionWatch() as preemption:
-    while step < train_steps:
+    while step < sched.train_steps:
       host_batch = next(batches)
       data_position["batches"] += 1
       batch = global_batch(host_batch, prog.batch_sharding)
@@ -104,22 +100,21 @@ def train(*, model_dir: str, model: EncoderDecoderModel, task_name: str, feature
       state, metrics = compiled(state, batch)
       step += 1
       window.add(metrics, real_tokens(host_batch))
-      due = lambda period: step % period == 0 or step == train_steps
-      due_log, due_save = due(log_period), due(checkpoint_period)
+      due = lambda period: step % period == 0 or step == sched.train_steps
+      due_log, due_save = due(sched.log_period), due(sched.checkpoint_period)
       # Many processes must agree on stopping (a collective): ask only where the host syncs anyway.
       preempted = preemption.requested() if jax.process_count() == 1 or due_log or due_save else False
       if due_log or due_save or preempted:
         window.check_finite(step, ckpt)
       if due_log or preempted:  # a preempted run logs its last, partial window too: its steps' time is counted
-        last = window.write(step, train_steps)
+        last = window.write(step, sched.train_steps)
       if preempted:
         _save(model_dir, ckpt, step, state, batches, data_position, log)
         break
-      if eval_period and due(eval_period):
+      if sched.eval_period and due(sched.eval_period):
         last.update({f"validation_{k}": v for k, v in evaluate(state).items()})
-      if infer_eval_period and due(infer_eval_period):
-        validation.infer_eval(model, state.params, infer_task_name, feature_lengths, batch_size, infer_examples,
-                              model_dir, step, random_seed, prog.batch_sharding, log)
+      if sched.infer_eval_period and due(sched.infer_eval_period):
+        validation.infer_eval(prog, state.params, run, infer_task, step, log)
       if due_save:
         _save(model_dir, ckpt, step, state, batches, data_position, log)
   ckpt.close()
@@ -219,11 +214,12 @@ def _task(task_name, vocabulary, data_dir, infer_task):
   return task_name, task, vocab, infer_name
 
 
-def _accept_run(model_dir, model, task_name, feature_lengths, vocab, run_signature, config_text) -> None:
+def _accept_run(run: Run, vocab, run_signature, config_text) -> None:
   """MODEL_DIR's run signature checked against this launch (a second `train` must match the first in what
   shapes the parameters and the data), then the launch's gin config saved as MODEL_DIR/config.gin."""
+  model = run.training.model
   signature = dict(run_signature or {})
-  signature.update(task=task_name, feature_lengths=dict(feature_lengths), vocab_size=vocab.vocab_size,
+  signature.update(task=run.data.task, feature_lengths=dict(run.data.feature_lengths), vocab_size=vocab.vocab_size,
                    model=type(model.module).__name__)
   defaults = {}
   if dataclasses.is_dataclass(getattr(model.module, "config", None)):
@@ -231,23 +227,25 @@ def _accept_run(model_dir, model, task_name, feature_lengths, vocab, run_signatu
                       if k not in _RESUMABLE_FIELDS})
     defaults = {f"config.{f.name}": f.default for f in dataclasses.fields(model.module.config)
                 if f.name not in _RESUMABLE_FIELDS}
-  checkpoints.check_signature(model_dir, signature, defaults)
+  checkpoints.check_signature(run.model_dir, signature, defaults)
   if config_text is not None and jax.process_index() == 0:
-    checkpoints.atomic_write_text(storage.run_path(model_dir) / "config.gin", config_text)
+    checkpoints.atomic_write_text(storage.run_path(run.model_dir) / "config.gin", config_text)
 
 
-def _restore(ckpt, state, shardings, model, feature_lengths, init_checkpoint, model_dir, log):
+def _restore(ckpt, prog, run, log):
   """(state, input batches consumed, this process's saved iterator state or None): the latest good checkpoint,
-  else INIT_CHECKPOINT's parameters (fitted to this run's lengths) with a fresh optimizer, else `state`."""
-  restored = ckpt.restore_latest_good(abstract(state, shardings), log=log.info)
+  else INIT_CHECKPOINT's parameters (fitted to this run's lengths) with a fresh optimizer, else a new state."""
+  restored = ckpt.restore_latest_good(prog.state, log=log.info)
   if restored is not None:
     state, extra, at = restored
     position = int(extra.get("data_position", {}).get("batches", int(state.step)))
     log.info(f"resumed from {ckpt.directory}/{at} (input position: {position} batches)")
-    return state, position, checkpoints.input_state_prefix(model_dir, at)
+    return state, position, checkpoints.input_state_prefix(run.model_dir, at)
+  state = prog.init_state(run.training.random_seed)
+  init_checkpoint = run.training.init_checkpoint
   if init_checkpoint:
-    fit = lambda p: fit_lengths(model, feature_lengths, state.params, p, log)
-    params = checkpoints.restore_init_params(init_checkpoint, abstract(state.params, shardings.params), fit)
+    fit = lambda p: fit_lengths(prog.model, run.data.feature_lengths, state.params, p, log)
+    params = checkpoints.restore_init_params(init_checkpoint, prog.state.params, fit)
     state = state.replace(params=params)
     log.info(f"initialised params from {init_checkpoint} (fresh optimizer state and step)")
   return state, 0, None
@@ -273,15 +271,18 @@ class _PreemptionWatch:
       signal.signal(signal.SIGTERM, self.previous)
 
 
-def _restore_batches(task, feature_lengths, batch_size, seed, shuffle, pack, position, input_state, log):
+def _restore_batches(task, run: Run, position: int, input_state, log):
   """The training batches at `position`: the saved iterator state restored (constant time), else replayed
   with skip (a checkpoint from before iterator checkpoints, or a pipeline that cannot be checkpointed)."""
+  data = run.data
+  batches_at = lambda skip=0: get_batches(task, data.feature_lengths, "train", data.batch_size,
+                                          seed=run.training.random_seed, shuffle=data.shuffle, repeat=True,
+                                          pack=data.pack, skip_batches=skip)
   say = log.info
   if jax.process_count() > 1:  # each process restores its own shard's position: every one reports
     say = lambda m: print(f"[process {jax.process_index()}] {m}", flush=True)
   if input_state is not None:
-    batches = get_batches(task, feature_lengths, "train", batch_size, seed=seed, shuffle=shuffle, repeat=True,
-                          pack=pack)
+    batches = batches_at()
     try:
       with tempfile.TemporaryDirectory(prefix="remixer_t5-input-state-") as staging:  # a bucket's copied here
         seconds = batches.restore(checkpoints.local_input_state(input_state, staging), position)
@@ -294,8 +295,7 @@ def _restore_batches(task, feature_lengths, batch_size, seed, shuffle, pack, pos
     say(f"no input-iterator state for this checkpoint (a run from before iterator checkpoints, a pipeline "
         f"that cannot be checkpointed, or another number of processes): replaying {position} batches with "
         f"skip, which takes time proportional to the position")
-  return get_batches(task, feature_lengths, "train", batch_size, seed=seed, shuffle=shuffle, repeat=True,
-                     pack=pack, skip_batches=position)
+  return batches_at(position)
 
 
 def packing(model: EncoderDecoderModel, pack: bool) -> bool:
@@ -314,47 +314,33 @@ def _check_vocab_fits(model: EncoderDecoderModel, task) -> None:
                        f"{feature.vocabulary.vocab_size}")
 
 
-def evaluate_checkpoint(*, model_dir: str, model: EncoderDecoderModel, task_name: str,
-                        feature_lengths: Mapping[str, int], batch_size: int, random_seed: int = 0,
-                        eval_steps: int = 10, num_decoded_examples: int = 3, pack: bool = True,
-                        vocabulary: seqio.Vocabulary | None = None, num_partitions: int = 1,
-                        mesh_shape: tuple[int, ...] | None = None, checkpoint_step: int | None = None,
-                        learning_rate: Callable | float | None = None,
-                        optimizer: Callable[..., optax.GradientTransformation] = optim.adafactor,
-                        infer: bool | None = None, infer_split: str = "validation",
-                        infer_examples: int | None = None, beam_size: int = 1, data_dir: str | None = None,
-                        infer_task: str | None = None) -> dict[str, Any]:
-  """Restore a checkpoint from `model_dir`; evaluate loss/accuracy on the validation split (metrics.jsonl rows)
-  and, with `infer` (default: when the task has metrics), decode `infer_split` with the seqio Evaluator and
-  score it with each task's metrics (MODEL_DIR/inference_eval/: JSON and TensorBoard; metrics.jsonl rows
-  `infer/<task>`). Returns {"validation": {...}, "<task>": {metric: value}, ...}. `infer_task`: the task or
-  mixture decoded (None: `task_name`), in `task_name`'s vocabulary.
+def evaluate_checkpoint(run: Run, *, checkpoint_step: int | None = None, infer: bool | None = None,
+                        infer_split: str = "validation", beam_size: int = 1) -> dict[str, Any]:
+  """Restore a checkpoint of `run` (the latest, or `checkpoint_step`); evaluate loss/accuracy on the validation
+  split (metrics.jsonl rows) and, with `infer` (default: when the task has metrics), decode `infer_split` of
+  `Schedule.infer_eval_task` (None: the task trained on) with the seqio Evaluator, in the trained task's
+  vocabulary, and score it with each task's metrics (MODEL_DIR/inference_eval/: JSON and TensorBoard;
+  metrics.jsonl rows `infer/<task>`). Returns {"validation": {...}, "<task>": {metric: value}, ...}.
   """
   import seqio
   from remixer_t5.data.task_lookup import get_task
-  task_name, task, vocab, infer_name = _task(task_name, vocabulary, data_dir, infer_task)
-  pack = packing(model, pack)
-  mesh = partitioning.make_mesh(num_partitions, mesh_shape)
-  partitioning.check_batch_size(batch_size, mesh)
-  storage.check_bucket(model_dir)
-  ckpt = checkpoints.Checkpointer(model_dir)
+  run, task, vocab, infer_name = _setup(run)
+  ckpt = checkpoints.Checkpointer(run.model_dir)
   if ckpt.latest_step() is None:
+    ckpt.close()
     raise FileNotFoundError(f"no checkpoint in {ckpt.directory}; train first or pass the right MODEL_DIR")
-  prog = program(model, programs.optimizer(model, optimizer, learning_rate), None, feature_lengths, mesh)
+  prog = _program(dataclasses.replace(run, training=dataclasses.replace(run.training, learning_rate=None)))
   state, _ = ckpt.restore(prog.state, checkpoint_step)
   ckpt.close()
-  log = MetricsLogger(model_dir)
+  log = MetricsLogger(run.model_dir)
   try:
-    results: dict[str, Any] = {"validation": validation.evaluate(
-        model, prog.eval_step, state, task, vocab, feature_lengths, batch_size, eval_steps, num_decoded_examples,
-        random_seed, pack, prog.batch_sharding, log)}
+    results: dict[str, Any] = {"validation": validation.evaluate(prog, state, task, vocab, run, log)}
     if infer is None:
       infer_of = get_task(infer_name)
       infer = any(t.metric_fns for t in (infer_of.tasks if isinstance(infer_of, seqio.Mixture) else [infer_of]))
     if infer:
-      results.update(validation.infer_eval(model, state.params, infer_name, feature_lengths, batch_size,
-                                           infer_examples, model_dir, int(state.step), random_seed,
-                                           prog.batch_sharding, log, infer_split, beam_size, log.info))
+      results.update(validation.infer_eval(prog, state.params, run, infer_name, int(state.step), log,
+                                           split=infer_split, beam_size=beam_size, progress=log.info))
     return results
   finally:
     log.close()

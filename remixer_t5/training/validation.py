@@ -16,24 +16,26 @@ from remixer_t5.training.batches import get_batches, global_batch, global_from_h
 from remixer_t5.training.programs import summarize
 
 
-def evaluate(model, eval_step, state, task, vocab, feature_lengths, batch_size, eval_steps,
-              num_decoded_examples, seed, pack, batch_sh, log) -> dict[str, float]:
-  """Loss/accuracy over the first `eval_steps` validation batches, plus a few greedy decodes."""
+def evaluate(prog, state, task, vocab, run, log) -> dict[str, float]:
+  """Loss/accuracy over the first `run.schedule.eval_steps` validation batches of `task` (`prog.eval_step`),
+  plus a few greedy decodes (`num_decoded_examples`), logged as a metrics.jsonl row `validation`."""
+  data, n_decoded = run.data, run.schedule.num_decoded_examples
   sums, first = None, None
   t0 = time.time()
-  for i, host_batch in enumerate(get_batches(task, feature_lengths, "validation", batch_size, seed=seed,
-                                             shuffle=False, repeat=False, pack=pack)):
-    if i >= eval_steps:
+  for i, host_batch in enumerate(get_batches(task, data.feature_lengths, "validation", data.batch_size,
+                                             seed=run.training.random_seed, shuffle=False, repeat=False,
+                                             pack=data.pack)):
+    if i >= run.schedule.eval_steps:
       break
     first = first if first is not None else host_batch
-    m = eval_step(state.params, global_batch(host_batch, batch_sh))
+    m = prog.eval_step(state.params, global_batch(host_batch, prog.batch_sharding))
     sums = m if sums is None else jax.tree_util.tree_map(jnp.add, sums, m)
   if sums is None:
-    raise ValueError(f"the validation split of {task.name!r} gave no full batch of {batch_size}; lower "
+    raise ValueError(f"the validation split of {task.name!r} gave no full batch of {data.batch_size}; lower "
                      "BATCH_SIZE or TASK_FEATURE_LENGTHS")
   row = summarize(jax.device_get(sums))
-  examples = (decode_examples(model, state.params, first, vocab, num_decoded_examples, pack, batch_sh.mesh)
-              if num_decoded_examples else [])
+  examples = (decode_examples(prog.model, state.params, first, vocab, n_decoded, data.pack, prog.mesh)
+              if n_decoded else [])
   row["eval_seconds"] = time.time() - t0
   log.write(int(state.step), "validation", row, examples=examples)
   return {k: v for k, v in row.items() if k in ("loss", "accuracy")}
@@ -67,14 +69,16 @@ def strip(ids) -> list[int]:
   return [i for i in ids if i > 0]
 
 
-def infer_eval(model, params, task_name, feature_lengths, batch_size, num_examples, model_dir, step, seed,
-                batch_sh, log, split="validation", beam_size=1, progress=None) -> dict[str, dict[str, float]]:
-  """Decode-and-score evaluation (remixer_t5.training.evaluation) logged as metrics.jsonl rows `infer/<task>`."""
+def infer_eval(prog, params, run, task_name: str, step: int, log, *, split: str = "validation", beam_size: int = 1,
+               progress=None) -> dict[str, dict[str, float]]:
+  """Decode-and-score evaluation of `task_name` (remixer_t5.training.evaluation; the first
+  `run.schedule.infer_examples` of each task) logged as metrics.jsonl rows `infer/<task>`."""
   from remixer_t5.training import evaluation
   per_task = evaluation.infer_eval(
-      model, params, task_name, batch_size=batch_size, feature_lengths=feature_lengths, split=split,
-      num_examples=num_examples, log_dir=str(storage.run_path(model_dir) / "inference_eval"), step=step, seed=seed,
-      beam_size=beam_size, put=lambda x: global_from_host(x, batch_sh), fetch=to_host, progress=progress)
+      prog.model, params, task_name, batch_size=run.data.batch_size, feature_lengths=run.data.feature_lengths,
+      split=split, num_examples=run.schedule.infer_examples,
+      log_dir=str(storage.run_path(run.model_dir) / "inference_eval"), step=step, seed=run.training.random_seed,
+      beam_size=beam_size, put=lambda x: global_from_host(x, prog.batch_sharding), fetch=to_host, progress=progress)
   for name, metrics in per_task.items():
     log.write(step, f"infer/{name}", metrics)
   return per_task

@@ -1,0 +1,156 @@
+"""A run's settings: what is trained, on which data, and when it checkpoints, logs and evaluates.
+
+Four small frozen dataclasses, bound once per run file in gin (gin/runs/pretrain.gin) and read by every command
+that builds the run: `train`, `eval`, `compile`, `bench train` and the scripts (`from_gin`). The macros users
+write keep their names; each is bound once:
+
+  macro                  field                            macro            field
+  MODEL_DIR              Run.model_dir                    TRAIN_STEPS      Schedule.train_steps
+  MODEL                  Training.model                   CHECKPOINT_PERIOD Schedule.checkpoint_period
+  RANDOM_SEED            Training.random_seed             EVAL_PERIOD      Schedule.eval_period
+  INIT_CHECKPOINT        Training.init_checkpoint         LOG_PERIOD       Schedule.log_period
+  MIXTURE_OR_TASK_NAME   Data.task                        EVAL_STEPS       Schedule.eval_steps
+  TASK_FEATURE_LENGTHS   Data.feature_lengths             INFER_EVAL_TASK  Schedule.infer_eval_task
+  BATCH_SIZE             Data.batch_size                  VOCABULARY       Data.vocabulary
+  DATA_DIR               Data.data_dir
+
+The rest are bound by their field (`--gin.run_config.Training.num_microbatches=4`). What a run file used to bind
+on `trainer.train` / `trainer.evaluate_checkpoint` is refused with the field to bind instead (`MOVED`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Callable, Mapping
+
+import optax
+
+from remixer_t5.training import optim
+from remixer_t5.training.partitioning import MeshSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class Training:
+  """What is trained and how: the model, its optimizer and schedule, where its parameters start, the mesh.
+
+  `learning_rate`: a float or a schedule (step -> rate; logged each step). `init_checkpoint`: parameters to start
+  from (a training MODEL_DIR, an import-hf output or a t5x checkpoint), with a fresh optimizer. `num_microbatches`:
+  gradient accumulation (memory), the same gradient as the whole batch. `mesh`: `partitioning.mesh_spec(...)`
+  (None: every device on 'data', t5x's standard rules). `peak_flops_per_device`: the MFU's peak where the device
+  is not in mfu.py's table."""
+  model: Any
+  optimizer: Callable[..., optax.GradientTransformation] = optim.adafactor
+  learning_rate: Callable | float | None = None
+  random_seed: int = 0
+  init_checkpoint: str | None = None
+  num_microbatches: int | None = None
+  mesh: MeshSpec | None = None
+  peak_flops_per_device: float | None = None
+
+  @property
+  def schedule(self) -> Callable | None:
+    return self.learning_rate if callable(self.learning_rate) else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Data:
+  """The examples: a seqio task or mixture, its lengths and the global batch. `vocabulary` swaps the task's
+  (data/task_lookup.py); `data_dir`: local dataset release files (tasks/sources.py; None: $REMIXER_T5_DATA_DIR,
+  else TFDS); `pack`: several examples a row where every mixer of the model can mix them exactly."""
+  task: str
+  feature_lengths: Mapping[str, int]
+  batch_size: int
+  vocabulary: Any = None
+  data_dir: str | None = None
+  pack: bool = True
+  shuffle: bool = True
+
+  def __post_init__(self):
+    object.__setattr__(self, "feature_lengths", dict(self.feature_lengths))
+    if self.batch_size is None or int(self.batch_size) < 1:
+      raise ValueError(f"BATCH_SIZE={self.batch_size!r}: expected a positive number of examples")
+    missing = {"inputs", "targets"} - set(self.feature_lengths)
+    if missing:
+      raise ValueError(f"TASK_FEATURE_LENGTHS={self.feature_lengths!r} lacks {sorted(missing)}; expected e.g. "
+                       "{'inputs': 512, 'targets': 114}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+  """When things happen: steps, checkpoints (every `checkpoint_period`, the last `keep_checkpoints` kept; None
+  keeps all), the train log, the validation loss (`eval_steps` batches, `num_decoded_examples` decodes shown),
+  and inference evaluation (every `infer_eval_period` steps, 0: never; of `infer_eval_task`, None: the task
+  trained on, first `infer_examples` examples, None: all)."""
+  train_steps: int = 0
+  checkpoint_period: int = 1000
+  keep_checkpoints: int | None = 3
+  log_period: int = 100
+  eval_period: int = 1000
+  eval_steps: int = 10
+  num_decoded_examples: int = 3
+  infer_eval_period: int = 0
+  infer_eval_task: str | None = None
+  infer_examples: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One run: its directory (local or gs://) and its three parts."""
+  training: Training
+  data: Data
+  schedule: Schedule = Schedule()
+  model_dir: str | None = None
+
+
+# The macros of the table above, by field.
+MACROS = {"model_dir": "MODEL_DIR", "model": "MODEL", "random_seed": "RANDOM_SEED", "init_checkpoint": "INIT_CHECKPOINT",
+          "task": "MIXTURE_OR_TASK_NAME", "feature_lengths": "TASK_FEATURE_LENGTHS", "batch_size": "BATCH_SIZE",
+          "vocabulary": "VOCABULARY", "data_dir": "DATA_DIR", "train_steps": "TRAIN_STEPS",
+          "checkpoint_period": "CHECKPOINT_PERIOD", "eval_period": "EVAL_PERIOD", "log_period": "LOG_PERIOD",
+          "eval_steps": "EVAL_STEPS", "infer_eval_task": "INFER_EVAL_TASK"}
+
+
+def _where(cls: str, name: str) -> str:
+  return f"{cls}.{name}" + (f" (the macro {MACROS[name]})" if name in MACROS else "")
+
+
+# Parameters of trainer.train / trainer.evaluate_checkpoint that run files bound before this config existed.
+_FIELDS = {"model_dir": _where("Run", "model_dir"),
+           **{f.name: _where("Training", f.name) for f in dataclasses.fields(Training)},
+           **{f.name: _where("Data", f.name) for f in dataclasses.fields(Data)},
+           **{f.name: _where("Schedule", f.name) for f in dataclasses.fields(Schedule)},
+           "task_name": _where("Data", "task"), "infer_task": _where("Schedule", "infer_eval_task"),
+           "mesh_shape": "Training.mesh (= @partitioning.mesh_spec())",
+           "num_partitions": "partitioning.mesh_spec.num_partitions (with Training.mesh = @partitioning.mesh_spec())"}
+MOVED = {f"{fn}.{name}": where for fn in ("train", "evaluate_checkpoint") for name, where in _FIELDS.items()}
+
+
+def moved_hint(message: str) -> str:
+  """For gin's "Configurable 'train' doesn't have a parameter named 'batch_size'", the binding to write instead."""
+  m = re.search(r"Configurable '(?:[\w.]*\.)?(train|evaluate_checkpoint)' doesn't have a parameter named '(\w+)'",
+                message)
+  where = MOVED.get(f"{m.group(1)}.{m.group(2)}") if m else None
+  return (f"; a run's settings moved to remixer_t5/training/run_config.py: bind run_config.{where} instead"
+          if where else "")
+
+
+def from_gin() -> Run:
+  """The run the parsed gin config binds (each class built with its gin bindings)."""
+  import gin
+  parts = {}
+  for cls in (Training, Data, Schedule):
+    try:
+      parts[cls.__name__.lower()] = gin.get_configurable(cls)()
+    except ValueError as e:  # never registered: no run file was loaded
+      raise ValueError(f"the gin config binds no run_config.{cls.__name__}: add a run config, e.g. "
+                       "--gin_file=runs/pretrain.gin beside the model config") from e
+    except TypeError as e:  # a field without a default and without a binding
+      m = re.search(r"No values supplied by Gin or caller for arguments: \[([^\]]*)\]", str(e))
+      names = [n.strip(" '") for n in m.group(1).split(",")] if m else [str(e).splitlines()[0]]
+      raise ValueError(f"the gin config binds no {', '.join(f'run_config.{cls.__name__}.{n}' for n in names)}: "
+                       "add a run config, e.g. --gin_file=runs/pretrain.gin beside the model config") from e
+  try:
+    make_run = gin.get_configurable(Run)
+  except ValueError:  # the run file binds no MODEL_DIR
+    make_run = Run
+  return make_run(**parts)
