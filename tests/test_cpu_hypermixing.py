@@ -46,6 +46,28 @@ def test_other_dtypes_take_the_reference_without_building(fresh):
   assert fresh.usable("bfloat16") is False and fresh._state == {} and fresh.describe() is None  # nothing built
 
 
+def test_a_layer_naming_the_cpu_kernel_in_bfloat16_computes_xla_and_says_so_once(fresh, monkeypatch, caplog):
+  """HyperMixing.impl='cpu' in bfloat16: the C++ loops do not take it, so the layer computes XLA's form (the same
+  output as impl='xla') and the registry logs it once; impl='auto' takes the same form without a word."""
+  import logging
+
+  import jax
+  from remixer_t5 import kernels
+  from remixer_t5.model.config import T5Config
+  from remixer_t5.model.mixers import hypermixer
+  monkeypatch.setattr(kernels, "_SAID", set())
+  w1, x, w2, mask, seg = _args(dtype=jnp.bfloat16)
+  outs = {}
+  with caplog.at_level(logging.WARNING, logger="remixer_t5.kernels"):
+    for impl in ("cpu", "cpu", "auto", "xla"):
+      layer = hypermixer.HyperMixing(T5Config(dtype="bfloat16"), impl=impl)
+      outs[impl] = jax.jit(lambda *a, layer=layer: layer._causal(*a))(w1, x, w2, mask, seg)
+  said = [r.getMessage() for r in caplog.records]
+  assert said == ["hypermixer.HyperMixing.impl='cpu': " + fresh.UNUSABLE + "; computing the plain-JAX reference "
+                  "(hypermixer.HyperMixing.impl='xla') there"], said
+  assert (outs["cpu"] == outs["xla"]).all() and (outs["auto"] == outs["xla"]).all()
+
+
 @pytest.mark.skipif(not shutil.which("false"), reason="no `false` program to stand in for a failing compiler")
 def test_a_failing_build_takes_the_reference_once_and_says_why(fresh, tmp_path, monkeypatch):
   monkeypatch.setenv("CXX", shutil.which("false"))

@@ -252,7 +252,8 @@ def from_gin(batch_size: int | None = None, feature_lengths: Mapping[str, int] |
   from remixer_t5.training import programs, run_config
   try:
     run = run_config.from_gin()
-    training, lengths, batch = run.training, feature_lengths or run.data.feature_lengths, batch_size or run.data.batch_size
+    training = run.training
+    lengths, batch = feature_lengths or run.data.feature_lengths, batch_size or run.data.batch_size
   except ValueError:  # a model config alone
     training = run_config.Training(model=gin_utils.macro("MODEL")) if gin_utils.macro("MODEL") else None
     lengths, batch = feature_lengths, batch_size

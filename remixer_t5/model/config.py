@@ -1,4 +1,5 @@
-"""`T5Config`: the sizes and options that layers, mixers and the network read; it imports nothing of ours.
+"""`T5Config`: the sizes and options that layers, mixers and the network read; of ours it imports only the kernel
+registry (kernels/__init__.py), for the implementation names its fields take.
 
 The network (`network.py`) builds stacks from mixers; mixers and layers read their sizes from this config, so
 dependencies run downward: network -> mixers/layers -> config. gin files name it `network.T5Config` (re-exported).
@@ -9,6 +10,8 @@ import dataclasses
 from typing import Callable, Sequence
 
 import jax
+
+from remixer_t5 import kernels
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,9 +54,9 @@ class T5Config:
         raise ValueError(f"T5Config.{name} must be positive, got {getattr(self, name)}")
 
 
-# Implementations: remixer_t5/kernels/__init__.py's table says what each computes and which `auto` picks.
-ATTENTION_IMPLS = ("auto", "xla", "cpu", "pallas_gpu", "pallas_tpu")
-DROPOUT_IMPLS = ("auto", "xla", "cpu")
+# Implementations: remixer_t5/kernels/__init__.py's operations say what each computes and which `auto` picks.
+ATTENTION_IMPLS = kernels.choices("network.T5Config.attention_impl")
+DROPOUT_IMPLS = kernels.choices("network.T5Config.dropout_impl")
 
 # Layer layouts, as the HyperMixer paper's App. F writes them (TM = token mixing, FM = feature mixing, N = the
 # stack's norm; decoder layers chain their self and cross slots as token-mixing slots):

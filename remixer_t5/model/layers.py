@@ -112,10 +112,8 @@ class Dropout(nn.Dropout):
 def keep_mask(rng: Array, keep_prob: float, shape: tuple[int, ...], impl: str = "auto") -> Array:
   """Dropout's boolean keep mask, `jax.random.bernoulli(rng, keep_prob, shape)`; `impl` 'auto', 'xla' or 'cpu'
   (the same bits through an unrolled hash, kernels/cpu/threefry.py)."""
-  kernels.check("dropout_impl", impl, ("cpu",))
   reference = lambda key: jax.random.bernoulli(key, p=keep_prob, shape=shape)
-  return kernels.choose(impl, reference, {"cpu": "cpu.threefry:keep_mask"}, {"cpu": "cpu"},
-                        keep_prob=keep_prob, shape=shape)(rng)
+  return kernels.DROPOUT_MASK.choose(impl, reference, keep_prob=keep_prob, shape=shape)(rng)
 
 
 class Embed(nn.Module):

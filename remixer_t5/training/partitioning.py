@@ -401,7 +401,8 @@ def check_batch_size(batch_size: int, mesh, rules: str | Rules | None = None) ->
   if batch_size % n:
     raise ValueError(
         f"BATCH_SIZE={batch_size} does not split over the mesh {dict(mesh.shape)}: the "
-        f"{rules_kind(_as_rules(rules) or DEFAULT_RULES)!r} rules place the batch on {n} devices, so the global batch must be "
+        f"{rules_kind(_as_rules(rules) or DEFAULT_RULES)!r} rules place the batch on {n} devices, so the global "
+        "batch must be "
         f"a multiple of {n}; use --gin.BATCH_SIZE={max(n, batch_size // n * n)} (or {-(-batch_size // n) * n}), "
         "or a mesh with fewer data shards (e.g. a 'model' axis: mesh_spec.shape='DxM')")
 

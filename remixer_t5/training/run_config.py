@@ -103,7 +103,8 @@ class Run:
 
 
 # The macros of the table above, by field.
-MACROS = {"model_dir": "MODEL_DIR", "model": "MODEL", "random_seed": "RANDOM_SEED", "init_checkpoint": "INIT_CHECKPOINT",
+MACROS = {"model_dir": "MODEL_DIR", "model": "MODEL", "random_seed": "RANDOM_SEED",
+          "init_checkpoint": "INIT_CHECKPOINT",
           "task": "MIXTURE_OR_TASK_NAME", "feature_lengths": "TASK_FEATURE_LENGTHS", "batch_size": "BATCH_SIZE",
           "vocabulary": "VOCABULARY", "data_dir": "DATA_DIR", "train_steps": "TRAIN_STEPS",
           "checkpoint_period": "CHECKPOINT_PERIOD", "eval_period": "EVAL_PERIOD", "log_period": "LOG_PERIOD",

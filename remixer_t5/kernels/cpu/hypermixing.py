@@ -29,6 +29,7 @@ from __future__ import annotations
 import platform
 from typing import Callable, MutableMapping
 
+from remixer_t5 import kernels
 from remixer_t5.kernels.cpu import ffi
 
 SOURCE = ffi.CSRC / "hypermixing.cc"
@@ -54,6 +55,9 @@ def flags() -> tuple[str, ...]:
 def build(environ: MutableMapping[str, str] | None = None, log: Callable[[str], None] | None = None,
           out_dir=None):
   return ffi.build(SOURCE, "cpu_hypermixing", flags(), environ, log, out_dir, what="HyperMixing")
+
+
+UNUSABLE = "the C++ loops take float32 operands on one device, in a process that could build them"
 
 
 def usable(dtype) -> bool:
@@ -107,7 +111,7 @@ def causal(w1, x, w2, mask, segment_ids, *, reference: Callable, length_normaliz
   import jax.numpy as jnp
   import numpy as np
   if not usable(w1.dtype):
-    return reference(w1, x, w2, mask, segment_ids)
+    return kernels.hand_back(reference, UNUSABLE, w1, x, w2, mask, segment_ids)
   seg = jnp.zeros(mask.shape, jnp.int32) if segment_ids is None else jnp.asarray(segment_ids, jnp.int32)
   (b, n, h), d = w1.shape, x.shape[-1]
   shapes = (jax.ShapeDtypeStruct((b, n, d), jnp.float32), jax.ShapeDtypeStruct((b, -(-n // block), h, d), jnp.float32))
@@ -124,7 +128,7 @@ def segmented(w1, x, w2, mask, q_segment_ids, kv_segment_ids, *, reference: Call
   import jax.numpy as jnp
   import numpy as np
   if not usable(w1.dtype):
-    return reference(w1, x, w2, mask, q_segment_ids, kv_segment_ids)
+    return kernels.hand_back(reference, UNUSABLE, w1, x, w2, mask, q_segment_ids, kv_segment_ids)
   shapes = (jax.ShapeDtypeStruct((w2.shape[0], w2.shape[1], x.shape[-1]), jnp.float32),)
   args = (tuple(a.astype(jnp.float32) for a in (w1, x, w2, mask))
           + (jnp.asarray(q_segment_ids, jnp.int32), jnp.asarray(kv_segment_ids, jnp.int32)))

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
+from remixer_t5 import kernels
 from remixer_t5.kernels.cpu import ffi
 
 MATERIALIZE = "remixer_materialize"  # the custom call's target name
@@ -61,8 +62,11 @@ def keep_mask(key, keep_prob: float, shape: tuple[int, ...], *, reference: Calla
   import jax.numpy as jnp
   import numpy as np
   size = math.prod(shape)
-  if size < UNROLL_MIN or size >= 1 << 32 or not jax.config.jax_threefry_partitionable:
+  if size < UNROLL_MIN:  # small masks: JAX's own draw is as fast
     return reference(key)
+  if size >= 1 << 32 or not jax.config.jax_threefry_partitionable:
+    return kernels.hand_back(reference, "the unrolled hash takes masks under 2^32 elements with jax's "
+                             "partitionable threefry (jax_threefry_partitionable)", key)
   data = jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
   # JAX's counters: each element's row-major index as a 64-bit number, in two uint32 words (high ones 0 here).
   counts = jax.lax.broadcasted_iota(jnp.uint32, shape, 0)

@@ -81,7 +81,9 @@ def seam(query, key, value, bias, q_segment_ids, kv_segment_ids, keep, *, refere
   device = kernels.target_device()
   gen = generation(device.device_kind) if device.platform == "tpu" else None
   if keep is not None or gen is None or gen < FIRST_BFLOAT16_GENERATION:
-    return reference(query, key, value, bias, q_segment_ids, kv_segment_ids, keep)
+    why = ("the kernel takes no attention dropout" if keep is not None else
+           f"the kernel runs on TPU v{FIRST_BFLOAT16_GENERATION} and later, not on {device.device_kind}")
+    return kernels.hand_back(reference, why, query, key, value, bias, q_segment_ids, kv_segment_ids, keep)
   run = lambda q, k, v, b, qs, ks: attention(q, k, v, bias=b, q_segment_ids=qs, kv_segment_ids=ks, causal=causal,
                                              dtype=dtype)
   shared = (3,) if bias is not None and bias.shape[0] == 1 else ()

@@ -21,12 +21,6 @@ from remixer_t5.model.mixers import base
 Array = jax.Array
 
 
-# The attention operation's kernels (kernels/__init__.py) and what `auto` picks on each platform.
-ATTENTION_KERNELS = {"cpu": "cpu.attention:seam", "pallas_gpu": "gpu.flash_attention:seam",
-                     "pallas_tpu": "tpu.flash_attention:seam"}
-ATTENTION_AUTO = {"cpu": "cpu", "cuda": "pallas_gpu", "tpu": "pallas_tpu"}
-
-
 class Attention(nn.Module):
   """Self- or cross-attention; `relative_positions` adds the stack's T5 position bias (self-attention)."""
   KIND = "attention"  # slot naming in network.py (t5x parameter names)
@@ -138,9 +132,8 @@ class Attention(nn.Module):
 
 def attention_operation(impl: str, **static) -> Callable:
   """The attention operation (`dot_product_attention`'s positional arguments) in the implementation `impl` names
-  (`T5Config.attention_impl`: kernels.choose); `static`: its keyword arguments."""
-  return kernels.choose(impl, functools.partial(dot_product_attention, **static), ATTENTION_KERNELS, ATTENTION_AUTO,
-                        **static)
+  (`T5Config.attention_impl`: kernels.ATTENTION); `static`: its keyword arguments."""
+  return kernels.ATTENTION.choose(impl, functools.partial(dot_product_attention, **static), **static)
 
 
 def segment_ids(ctx: base.MixerContext) -> tuple[Array, Array]:

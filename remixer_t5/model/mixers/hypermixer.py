@@ -125,16 +125,12 @@ class HyperMixing(nn.Module):
   segment_block: int = 4
   impl: str = "auto"
 
-  CAUSAL_KERNELS = {"cpu": "cpu.hypermixing:causal", "pallas_gpu": "gpu.hypermixing:causal"}
-  SEGMENTED_KERNELS = {"cpu": "cpu.hypermixing:segmented"}
-  AUTO = {"cpu": "cpu", "cuda": "pallas_gpu"}
-
   @nn.compact
   def __call__(self, inputs_q: Array, inputs_kv: Array, ctx: base.MixerContext, *,
                deterministic: bool = True) -> Array:
     del deterministic  # the paper puts dropout at the layer input, which the stack owns
     cfg = self.config
-    kernels.check("HyperMixing.impl", self.impl, ("cpu", "pallas_gpu"))
+    kernels.check("hypermixer.HyperMixing.impl", self.impl)
     if self.position_features not in ("none", "sinusoidal"):
       raise ValueError(f"HyperMixing.position_features must be 'none' or 'sinusoidal', "
                        f"got {self.position_features!r}")
@@ -191,8 +187,7 @@ class HyperMixing(nn.Module):
 
   def _causal(self, w1: Array, x: Array, w2: Array, mask: Array, segment_ids: Array | None) -> Array:
     """out_i = W2[i] GELU(Σ_{j<=i, same segment} W1[j]^T x_j) through the implementation `impl` chooses."""
-    fn = kernels.choose(self.impl, self._scan_causal, self.CAUSAL_KERNELS, self.AUTO,
-                        length_normalize=self.length_normalize)
+    fn = kernels.HYPERMIXING_CAUSAL.choose(self.impl, self._scan_causal, length_normalize=self.length_normalize)
     return fn(w1, x, w2, mask, segment_ids).astype(self.config.dtype)
 
   def _scan_causal(self, w1: Array, x: Array, w2: Array, mask: Array, segment_ids: Array | None) -> Array:
@@ -241,8 +236,8 @@ class HyperMixing(nn.Module):
   def _segmented(self, w1: Array, x: Array, w2: Array, kv_mask: Array, q_seg: Array, kv_seg: Array) -> Array:
     """Packed non-causal: query i reads GELU(Σ_{j real, seg_j = seg_i} W1[j]^T x_j), one state per segment id,
     through the implementation `impl` chooses (the id blocks below on every platform but a CPU's `cpu`)."""
-    fn = kernels.choose(self.impl, self._block_segmented, self.SEGMENTED_KERNELS, self.AUTO,
-                        length_normalize=self.length_normalize)
+    fn = kernels.HYPERMIXING_PACKED.choose(self.impl, self._block_segmented,
+                                           length_normalize=self.length_normalize)
     return fn(w1, x, w2, kv_mask, q_seg, kv_seg).astype(self.config.dtype)
 
   def _block_segmented(self, w1: Array, x: Array, w2: Array, kv_mask: Array, q_seg: Array, kv_seg: Array
