@@ -47,8 +47,14 @@ def test_without_the_cuda_plugin_the_command_says_how_to_get_it(monkeypatch, cap
 
 @needs_cuda_plugin
 def test_a_tiny_config_compiles_for_8_h100s(capsys, monkeypatch):
+  """With XLA's attention (no Pallas kernel, whose FLOPs and bytes XLA's cost analysis does not see) the report
+  has a roofline step time; with the default (`auto`: the fused attention kernel) it says why it has none."""
   monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
-  assert cli.main(["compile", *TINY, "--topology", "h100x8", "--all_steps", "--json"]) == 0
+  assert cli.main(["compile", *TINY, "--topology", "h100x8", "--json"]) == 0
+  fused = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"]["train"]
+  assert fused["kernel_calls"] > 0 and "roofline_seconds" not in fused and "Pallas" in fused["estimate_note"]
+  assert cli.main(["compile", *TINY, "--gin.network.T5Config.attention_impl='xla'", "--topology", "h100x8",
+                   "--all_steps", "--json"]) == 0
   report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   assert (report["platform"], report["xla_topology"], report["devices"]) == ("cuda", "1x1x8", 8)
   assert report["device_kind"] == "NVIDIA H100 80GB HBM3" and report["mesh"] == {"data": 8, "model": 1}
