@@ -303,6 +303,8 @@ def _bench_reference(args: argparse.Namespace) -> tuple[str | None, bool]:
 
 def cmd_bench_train(args: argparse.Namespace) -> int:
   from remixer_t5.bench import env as bench_env, train as bench_train
+  if args.against:
+    return _bench_train_against(args)
   reference, flush = _bench_reference(args)
   setup = bench_train.from_gin(args.batch_size, _parse_lengths(args.lengths))
   load_start = bench_env.loadavg()
@@ -315,6 +317,27 @@ def cmd_bench_train(args: argparse.Namespace) -> int:
              load_average_start=load_start, load_average_end=bench_env.loadavg())
   bench_train.add_mfu(row, setup["model"], args.peak_flops)
   print(json.dumps(row) if args.json else bench_train.format_row(row), flush=True)
+  return 0
+
+
+def _bench_train_against(args: argparse.Namespace) -> int:
+  """`bench train --against COMMIT`: the same measurement at COMMIT and here, alternating (bench_train.against)."""
+  from remixer_t5.bench import env as bench_env, train as bench_train
+  if args.reference not in (None, "none"):
+    raise ValueError("--against compares this tree's step with another commit's; it takes no --reference")
+  argv, tokens = [], iter(args.argv)
+  for token in tokens:  # the command line as given, less the command and what `against` sets itself
+    if token in ("--against", "--rounds"):
+      next(tokens, None)  # and its value
+    elif token not in ("bench", "train", "--json") and not token.startswith(("--against=", "--rounds=")):
+      argv.append(token)
+  row = bench_train.against(args.against, argv, rounds=3 if args.rounds is None else args.rounds, log=_stderr)
+  row.update(bench_env.environment(with_torch=False), load_average_end=bench_env.loadavg())
+  print(json.dumps(row) if args.json else
+        f"bench train{' ' + ' '.join(argv) if argv else ''}: {row['against']} {row['base_s_per_step'] * 1e3:.1f} "
+        f"ms/step, {row['here']} {row['here_s_per_step'] * 1e3:.1f} ms/step, here / base "
+        f"{row['here_over_base']:.3f} (medians of {row['rounds']} alternating rounds; {row['cpu_model']}, load "
+        f"{row['load_average_end']})", flush=True)
   return 0
 
 
@@ -344,7 +367,7 @@ BENCH_FLAGS = {
     **dict.fromkeys(("mixers", "out", "repeats", "batch", "d_model", "hidden", "num_heads", "head_dim"), ("mixing",)),
     **dict.fromkeys(("batches", "position", "hosts", "steps_per_s", "process_index", "process_count"), ("input",)),
     **dict.fromkeys(("steps", "rounds", "reference", "hf_denormals", "batch_size"), ("train", "decode")),
-    "peak_flops": ("train",), "hf_process": ("train",),
+    "peak_flops": ("train",), "hf_process": ("train",), "against": ("train",),
     **dict.fromkeys(("input_length", "new_tokens", "beam_size", "modes", "checkpoint"), ("decode",)),
 }
 
@@ -484,7 +507,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "compilation included)")
   ben.add_argument("--steps", type=int, help="train/decode: timed steps/batches per round, median reported "
                    "(default: train 20, decode 3)")
-  ben.add_argument("--rounds", type=int, help="train/decode: rounds, alternating with --reference (default 3)")
+  ben.add_argument("--rounds", type=int, help="train/decode: rounds, alternating with --reference or --against "
+                   "(default 3)")
+  ben.add_argument("--against", metavar="COMMIT", help="train: time this tree's step against COMMIT's on this "
+                   "machine, each in fresh processes of its own tree's code, the two alternating --rounds times "
+                   "(medians, here / base)")
   ben.add_argument("--reference", help="train/decode: 'hf' also times transformers' PyTorch T5 (train step; "
                    "decode: generate on the same weights, T5.1.1 only) on the same shapes (pip install -e '.[hf]'); "
                    "'none' (default) times ours only")
@@ -540,6 +567,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   try:
     files, bindings, paths, rest = split_flags(argv)
     args = build_parser().parse_args(rest)
+    args.argv = argv
     if args.command == "bench":
       check_bench_flags(args.what, rest)
     if _PIN_ERROR is not None:

@@ -210,3 +210,28 @@ def test_set_xla_flags_defaults_to_xlas_own_and_keeps_a_chosen_platform(monkeypa
   monkeypatch.setenv("JAX_PLATFORMS", "tpu")
   assert bench_env.set_xla_flags("--xla_cpu_foo") == "--xla_cpu_foo" == os.environ["XLA_FLAGS"]
   assert os.environ["JAX_PLATFORMS"] == "tpu"
+
+
+def test_against_a_commit_times_both_trees_in_alternating_processes(capsys):
+  """`bench train --against HEAD`: each round one fresh process per tree (the commit's checked out aside), the
+  row their per-round times, medians and ratio; the worktree is gone after. Another commit's name is checked."""
+  import subprocess
+  repo = Path(__file__).resolve().parents[1]
+  head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True,
+                        text=True).stdout.strip()
+  if not head:
+    pytest.skip("not a git checkout")
+  worktrees = subprocess.run(["git", "-C", str(repo), "worktree", "list"], capture_output=True, text=True).stdout
+  argv = [*ARGS[:4], "--batch_size=2", "--lengths=16,8", "--steps=1", "--warmup=1", "--against", "HEAD",
+          "--rounds", "1", "--json"]
+  assert cli.main(argv) == 0
+  out, err = capsys.readouterr()
+  row = json.loads(out.strip().splitlines()[-1])
+  assert row["against"] == head and row["here"].startswith(head) and row["rounds"] == 1
+  assert len(row["base_round_s"]) == len(row["here_round_s"]) == 1 and row["base_s_per_step"] > 0
+  assert row["here_over_base"] == pytest.approx(row["here_s_per_step"] / row["base_s_per_step"])
+  assert "round 1/1: base" in err and "round 1/1: here" in err and row["cpu_model"]
+  assert subprocess.run(["git", "-C", str(repo), "worktree", "list"], capture_output=True,
+                        text=True).stdout == worktrees
+  assert cli.main([*ARGS[:4], "--against", "no-such-commit-xyz"]) == 2
+  assert "--against no-such-commit-xyz: not a commit" in capsys.readouterr().err

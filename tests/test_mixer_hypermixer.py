@@ -517,17 +517,3 @@ def test_packed_form_loops_only_over_the_blocks_that_hold_ids():
   names = [e.primitive.name for e in eqns]
   assert "cond" not in names and "scan" not in names
   assert names.count("while") == 2 and "reduce_max" in names  # forward and gradient; the bound from max(ids)
-
-
-def test_packed_benchmark_script_runs():
-  import json
-  import subprocess
-  import sys
-  from pathlib import Path
-  repo = Path(__file__).resolve().parents[1]
-  proc = subprocess.run([sys.executable, "scripts/bench_hypermixing_packed.py", "--rounds", "1", "--calls", "1",
-                         "--shape", "2,32,16,8", "--segments", "1,3", "--json"], cwd=repo, capture_output=True,
-                        text=True, timeout=600)
-  assert proc.returncode == 0, proc.stderr[-2000:]
-  rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-  assert [r["segments"] for r in rows] == [1, 3] and all(r["median_ms"] > 0 for r in rows)

@@ -26,7 +26,7 @@ import multiprocessing
 import resource
 import statistics
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -271,6 +271,47 @@ def from_gin(batch_size: int | None = None, feature_lengths: Mapping[str, int] |
   return {"model": training.model, "optimizer": optimizer,
           "batch_size": int(batch), "feature_lengths": {"inputs": int(lengths["inputs"]),
                                                         "targets": int(lengths["targets"])}}
+
+
+def against(commit: str, argv: Sequence[str], rounds: int = 3, log: Callable[[str], None] = print) -> dict[str, Any]:
+  """`bench train ARGV` of this tree against `commit`'s, on this machine: the commit checked out in a temporary
+  git worktree, every measurement a fresh process (`--rounds=1 --json`) running its own tree's code with this
+  interpreter, the two trees alternating `rounds` times so that both see the same drift in the machine's speed.
+  Returns each tree's per-round step times, their medians and here / base."""
+  import json
+  import os
+  import subprocess
+  import sys
+  import tempfile
+  from pathlib import Path
+  here = Path(__file__).resolve().parents[2]
+  git = lambda *a: subprocess.run(["git", "-C", str(here), *a], capture_output=True, text=True, check=True).stdout
+  try:
+    base = git("rev-parse", "--short", f"{commit}^{{commit}}").strip()
+  except subprocess.CalledProcessError as e:
+    raise ValueError(f"--against {commit}: not a commit of {here} ({e.stderr.strip()})") from None
+  times: dict[str, list[float]] = {"base": [], "here": []}
+  with tempfile.TemporaryDirectory(prefix="remixer_t5-against-") as tmp:
+    tree = Path(tmp) / base
+    git("worktree", "add", "--quiet", "--detach", str(tree), base)
+    try:
+      for r in range(rounds):
+        for side, root in (("base", tree), ("here", here)):
+          proc = subprocess.run([sys.executable, "-m", "remixer_t5.cli", "bench", "train", *argv, "--rounds=1",
+                                 "--json"], cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+                                capture_output=True, text=True)
+          if proc.returncode:
+            raise RuntimeError(f"bench train at {side} ({root}) exited {proc.returncode}: {proc.stderr[-1500:]}")
+          times[side].append(json.loads(proc.stdout.strip().splitlines()[-1])["ours_s_per_step"])
+          log(f"round {r + 1}/{rounds}: {side} {times[side][-1] * 1e3:.1f} ms/step")
+    finally:
+      git("worktree", "remove", "--force", str(tree))
+  dirty = git("status", "--porcelain", "--untracked-files=no").strip()
+  medians = {side: statistics.median(t) for side, t in times.items()}
+  return {"against": base, "here": git("rev-parse", "--short", "HEAD").strip() + ("+dirty" if dirty else ""),
+          "rounds": rounds, "base_s_per_step": medians["base"], "here_s_per_step": medians["here"],
+          "here_over_base": medians["here"] / medians["base"], "base_round_s": times["base"],
+          "here_round_s": times["here"]}
 
 
 def add_mfu(row: dict[str, Any], model, peak: float | None = None) -> dict[str, Any]:
