@@ -304,7 +304,7 @@ def _bench_reference(args: argparse.Namespace) -> tuple[str | None, bool]:
 def cmd_bench_train(args: argparse.Namespace) -> int:
   from remixer_t5.bench import env as bench_env, train as bench_train
   if args.against:
-    return _bench_train_against(args)
+    return _bench_against(args)
   reference, flush = _bench_reference(args)
   setup = bench_train.from_gin(args.batch_size, _parse_lengths(args.lengths))
   load_start = bench_env.loadavg()
@@ -320,29 +320,31 @@ def cmd_bench_train(args: argparse.Namespace) -> int:
   return 0
 
 
-def _bench_train_against(args: argparse.Namespace) -> int:
-  """`bench train --against COMMIT`: the same measurement at COMMIT and here, alternating (bench_train.against)."""
+def _bench_against(args: argparse.Namespace) -> int:
+  """`bench train|decode --against COMMIT`: the same measurement at COMMIT and here, alternating."""
   from remixer_t5.bench import env as bench_env, train as bench_train
   if args.reference not in (None, "none"):
-    raise ValueError("--against compares this tree's step with another commit's; it takes no --reference")
+    raise ValueError("--against compares this tree with another commit; it takes no --reference")
   argv, tokens = [], iter(args.argv)
   for token in tokens:  # the command line as given, less the command and what `against` sets itself
     if token in ("--against", "--rounds"):
       next(tokens, None)  # and its value
-    elif token not in ("bench", "train", "--json") and not token.startswith(("--against=", "--rounds=")):
+    elif token not in ("bench", args.what, "--json") and not token.startswith(("--against=", "--rounds=")):
       argv.append(token)
-  row = bench_train.against(args.against, argv, rounds=3 if args.rounds is None else args.rounds, log=_stderr)
+  row = bench_train.against(args.against, args.what, argv, rounds=3 if args.rounds is None else args.rounds,
+                            log=_stderr)
   row.update(bench_env.environment(with_torch=False), load_average_end=bench_env.loadavg())
-  print(json.dumps(row) if args.json else
-        f"bench train{' ' + ' '.join(argv) if argv else ''}: {row['against']} {row['base_s_per_step'] * 1e3:.1f} "
-        f"ms/step, {row['here']} {row['here_s_per_step'] * 1e3:.1f} ms/step, here / base "
-        f"{row['here_over_base']:.3f} (medians of {row['rounds']} alternating rounds; {row['cpu_model']}, load "
-        f"{row['load_average_end']})", flush=True)
+  timings = "; ".join(f"{k}: {v['base'] * 1e3:.1f} ms at {row['against']}, {v['here'] * 1e3:.1f} ms here, here / "
+                      f"base {v['here_over_base']:.3f}" for k, v in row.items() if isinstance(v, dict) and "base" in v)
+  print(json.dumps(row) if args.json else f"bench {args.what} (medians of {row['rounds']} alternating rounds, "
+        f"{row['cpu_model']}, load {row['load_average_end']}): {timings}", flush=True)
   return 0
 
 
 def cmd_bench_decode(args: argparse.Namespace) -> int:
   from remixer_t5.bench import decode as bench_decode
+  if args.against:
+    return _bench_against(args)
   reference, flush = _bench_reference(args)
   modes = tuple(m.strip() for m in (args.modes or ",".join(bench_decode.MODES)).split(",") if m.strip())
   kwargs = {k: bench_decode.DEFAULTS[k] if getattr(args, k) is None else getattr(args, k)
@@ -362,12 +364,13 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
 # Which `bench` kinds read each of its flags (argparse's dest); a flag given to a kind that would ignore it is
 # an error naming the kinds that take it (check_bench_flags).
 BENCH_FLAGS = {
-    "json": ("mixing", "input", "train", "decode"), "lengths": ("mixing", "train"),
-    "warmup": ("input", "train", "decode"),
+    "json": ("mixing", "input", "train", "decode", "kernels"), "lengths": ("mixing", "train"),
+    "warmup": ("input", "train", "decode", "kernels"), "workloads": ("kernels",),
     **dict.fromkeys(("mixers", "out", "repeats", "batch", "d_model", "hidden", "num_heads", "head_dim"), ("mixing",)),
     **dict.fromkeys(("batches", "position", "hosts", "steps_per_s", "process_index", "process_count"), ("input",)),
-    **dict.fromkeys(("steps", "rounds", "reference", "hf_denormals", "batch_size"), ("train", "decode")),
-    "peak_flops": ("train",), "hf_process": ("train",), "against": ("train",),
+    **dict.fromkeys(("steps", "rounds"), ("train", "decode", "kernels")),
+    **dict.fromkeys(("reference", "hf_denormals", "batch_size"), ("train", "decode")),
+    "peak_flops": ("train",), "hf_process": ("train",), "against": ("train", "decode"),
     **dict.fromkeys(("input_length", "new_tokens", "beam_size", "modes", "checkpoint"), ("decode",)),
 }
 
@@ -387,9 +390,20 @@ def check_bench_flags(what: str, argv: Sequence[str]) -> None:
                        f"{' and '.join(kinds)})")
 
 
+def cmd_bench_kernels(args: argparse.Namespace) -> int:
+  from remixer_t5.bench import kernels as bench_kernels
+  rows = bench_kernels.run(args.workloads.split(","), rounds=3 if args.rounds is None else args.rounds,
+                           steps=10 if args.steps is None else args.steps,
+                           warmup=2 if args.warmup is None else args.warmup, log=_stderr)
+  for row in rows:
+    print(json.dumps(row) if args.json else f"{row['workload']} {row['variant']} round {row['round']}: "
+          f"{row['s_per_step'] * 1e3:.1f} ms/step", flush=True)
+  return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
   return {"mixing": cmd_bench_mixing, "input": cmd_bench_input, "train": cmd_bench_train,
-          "decode": cmd_bench_decode}[args.what](args)
+          "decode": cmd_bench_decode, "kernels": cmd_bench_kernels}[args.what](args)
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -483,12 +497,15 @@ def build_parser() -> argparse.ArgumentParser:
                        "input: the training input pipeline's throughput and restore time; bench train: the train "
                        "step's time (optionally beside HF transformers' PyTorch T5); bench decode: greedy and "
                        "beam-search decoding of a batch through the evaluator's decode (optionally beside HF's "
-                       "generate on the same weights)")
-  ben.add_argument("what", choices=["mixing", "input", "train", "decode"],
+                       "generate on the same weights); bench kernels: each kernel against plain JAX")
+  ben.add_argument("what", choices=["mixing", "input", "train", "decode", "kernels"],
                    help="mixing: one token-mixing layer against length; input: the training input pipeline "
                         "(same gin flags as train) per process, restore time, and whether a host keeps up; train: "
                         "the jitted train step on random tokens (same gin flags as train); decode: the evaluator's "
-                        "jitted greedy and beam decode of random inputs, every position (same gin flags as train)")
+                        "jitted greedy and beam decode of random inputs, every position (same gin flags as train); "
+                        "kernels: each kernel against plain JAX in the train steps it exists for (the 1.2x rule)")
+  ben.add_argument("--workloads", default="cogs:t5_1_1,cogs:remixer,cogs:mixer_encdec,cogs:hypermixer,A,B",
+                   help="kernels: comma-separated, of cogs:<model> and the T5.1.1 configs A and B")
   ben.add_argument("--lengths", help="mixing: e.g. 128,256,...,4096 (default) or 256,1024; train: INPUTS,TARGETS "
                    "(default: TASK_FEATURE_LENGTHS)")
   ben.add_argument("--mixers", default="attention,hypermixer,linear_attention,fnet,mlp_mixer,gmlp,remixer",
@@ -509,7 +526,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: train 20, decode 3)")
   ben.add_argument("--rounds", type=int, help="train/decode: rounds, alternating with --reference or --against "
                    "(default 3)")
-  ben.add_argument("--against", metavar="COMMIT", help="train: time this tree's step against COMMIT's on this "
+  ben.add_argument("--against", metavar="COMMIT", help="train/decode: time this tree against COMMIT on this "
                    "machine, each in fresh processes of its own tree's code, the two alternating --rounds times "
                    "(medians, here / base)")
   ben.add_argument("--reference", help="train/decode: 'hf' also times transformers' PyTorch T5 (train step; "

@@ -1,6 +1,6 @@
 """Whether a kernel and plain JAX compute the same training, step by step: rounding or a fault.
 
-Two train steps of one workload (scripts/bench_kernels.py's workloads and batch), one with an implementation
+Two train steps of one workload (`remixer-t5 bench kernels`' workloads and batch), one with an implementation
 field at its default (`auto`), one with it at `xla`, each compiled right after its config is parsed (gin binds
 the mixers when the step is traced). Both run the same steps from the same state and batch. Each step prints
 - both losses;
@@ -42,25 +42,31 @@ def main(argv=None) -> int:
   if args.steps < 1:
     p.error("--steps must be at least 1")
   sys.path.insert(0, str(REPO))
-  sys.path.insert(0, str(REPO / "scripts"))
-  import bench_kernels as bk
-  from remixer_t5.bench import env as bench_env
-  from remixer_t5 import runtime
-  if args.field not in bk.IMPL_FIELDS:
-    p.error(f"--field {args.field!r}: expected one of {sorted(bk.IMPL_FIELDS)}")
+  from remixer_t5 import gin_utils, runtime
+  from remixer_t5.bench import env as bench_env, kernels as bench_kernels, train as bench_train
+  if args.field not in bench_kernels.fields() or args.workload not in bench_kernels.WORKLOADS:
+    p.error(f"--field {args.field!r} / --workload {args.workload!r}: expected one of "
+            f"{sorted(bench_kernels.fields())} / {sorted(bench_kernels.WORKLOADS)}")
   bench_env.set_xla_flags(None)
   runtime.configure()
   import jax
 
-  from remixer_t5.bench import train as bench_train
-  from remixer_t5.training import programs
-  files, bindings, batch_size, lengths = bk.workload(args.workload)
-  steps, state, data = {}, None, None
-  for name, extra in (("default", []), ("xla", [f"{bk.IMPL_FIELDS[args.field]}='xla'"])):
-    model, optimizer, bs, fl = bk.build(files, bindings + extra, batch_size, lengths)
-    if state is None:
-      state, data = bk.start(model, optimizer, bench_train.random_batch(model.module.config.vocab_size, bs, fl))
-    steps[name] = jax.jit(programs.make_train_step(model, optimizer, None)).lower(state, data).compile()
+  from remixer_t5.training import partitioning, programs
+  files, bindings, batch_size, lengths = bench_kernels.WORKLOADS[args.workload]
+  part = partitioning.partitioner("1x1", jax.devices()[:1], rules="data")
+  progs, host, data = {}, None, None
+  for name, extra in (("default", []), ("xla", [f"{bench_kernels.fields()[args.field]}='xla'"])):
+    gin_utils.parse_gin(files, bindings + extra, macro_defaults={"MODEL_DIR": "None"})
+    setup = bench_train.from_gin(batch_size, lengths)  # the trainer's programs, each traced with its bindings
+    prog = programs.build(setup["model"], setup["optimizer"], setup["feature_lengths"], part)
+    if host is None:
+      host = jax.device_get(prog.init_state(0))
+      data = jax.device_put(bench_train.random_batch(setup["model"].module.config.vocab_size, setup["batch_size"],
+                                                     setup["feature_lengths"]), prog.batch_sharding)
+    compiled = prog.compile(prog.train_step, prog.state, data)
+    # the step donates its state: each call gets its own copy of a host state, and its result comes back
+    progs[name] = lambda st, d, c=compiled, sh=prog.shardings: jax.device_get(c(jax.device_put(st, sh), d))
+  steps, state = progs, host
   out = open(args.out, "a") if args.out else None
   kernel, ref = state, state
   print(f"{'step':>4} {'loss (default)':>15} {'loss (xla)':>12} {'trajectory':>11} {'one step':>9}", file=sys.stderr)

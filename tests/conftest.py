@@ -22,9 +22,8 @@ os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 os.environ.setdefault("REMIXER_T5_HOST_MALLOC", "off")
 # The suite's programs are compiled with LLVM at -O0 and XLA:CPU's older elemental emitter in place of its MLIR
 # fusion emitters (XLA's HLO passes are unchanged, so are the programs' results up to floating-point
-# contraction): most test time is compiling hundreds of distinct small programs, which run a few steps each. -O0
-# makes that ~1.5x faster, the elemental emitter ~1.35x more (backend compile time of five tiny models' init,
-# forward and gradient, alternating fresh processes: 21-25 s -> 15-18.5 s; `make test` in CI 991 -> 727 s).
+# contraction): most test time is compiling hundreds of distinct small programs, which run a few steps each, and
+# both make the backend's compiles faster.
 # Benchmarks and runs keep XLA's defaults: benchmark scripts set $XLA_FLAGS themselves (bench_env.set_xla_flags).
 # Child processes inherit $XLA_FLAGS; helpers that give a child flags of its own add these
 # ($REMIXER_T5_TEST_XLA_FLAGS; tests/subprocess_util.py). Set it to '' to compile as a run does everywhere.
@@ -97,7 +96,7 @@ def embedded_cache(tmp_path_factory):
     base = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER") and base.name.startswith("popen-"):
         # pytest-xdist's local workers have basetemps <this run's folder>/popen-gw<N>: the first to take the lock
-        # prepares the corpus and vocabulary there (~25-40 s of CPU), the others wait and find them prepared
+        # prepares the corpus and vocabulary there, the others wait and find them prepared
         # (prepare() is then a no-op). Anything else gets a folder of its own.
         root = base.parent / "remixer_t5_cache"
         root.mkdir(exist_ok=True)

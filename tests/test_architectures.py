@@ -32,7 +32,7 @@ def arch(request, embedded_cache):
 
 
 def _prepared(name, module):
-  # Jitted: run op by op, a model's init compiles every primitive alone (~10 s for a tiny model, ~3 s jitted).
+  # Jitted: run op by op, a model's init compiles every primitive alone.
   variables = jax.jit(lambda: module.init(jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32),
                                           jnp.ones((1, 6), jnp.int32), jnp.ones((1, 6), jnp.int32),
                                           enable_dropout=False))()
@@ -41,7 +41,7 @@ def _prepared(name, module):
   shardings = partitioning.param_shardings(variables["params_axes"], partitioning.make_mesh(1))
   assert jax.tree_util.tree_structure(shardings) == jax.tree_util.tree_structure(params), name
   # Perturb every parameter so no mixer sits at a special initial point (e.g. gMLP's near-zero W).
-  # (numpy's normals: jax.random op by op compiles its sampler for every distinct shape, ~3-4 s here.)
+  # (numpy's normals: jax.random op by op compiles its sampler for every distinct shape.)
   rng = np.random.RandomState(1)
   params = jax.tree_util.tree_map(lambda x: x + 0.05 * rng.standard_normal(x.shape).astype(x.dtype), params)
   forward = jax.jit(lambda p, e, d, t, *packing: module.apply({"params": p}, e, d, t, *packing,

@@ -1,4 +1,5 @@
-"""scripts/bench_kernels.py: each kernel against plain JAX on the work it exists for, variants in one process."""
+"""`remixer-t5 bench kernels`: each kernel against plain JAX on the work it exists for, variants in one process;
+scripts/kernel_drift.py: a kernel's training against the reference's, step by step."""
 import json
 import os
 import subprocess
@@ -14,11 +15,11 @@ REPO = Path(__file__).resolve().parents[1]
 def test_cogs_step_variants_compile_run_and_agree(tmp_path):
   """T5.1.1's COGS step with every field `auto`, every field `xla` and each alone: one row per variant and round,
   a summary line, and last losses that agree (the kernels compute the same function, up to XLA's fusion order)."""
-  p = subprocess.run([sys.executable, "scripts/bench_kernels.py", "--workloads", "cogs:t5_1_1", "--rounds", "1",
-                      "--steps", "1", "--warmup", "0", "--out", str(tmp_path / "rows.jsonl")], capture_output=True,
+  p = subprocess.run([sys.executable, "-m", "remixer_t5.cli", "bench", "kernels", "--workloads", "cogs:t5_1_1",
+                      "--rounds", "1", "--steps", "1", "--warmup", "0", "--json"], capture_output=True,
                      text=True, timeout=900, cwd=REPO, env={**os.environ, "REMIXER_T5_CACHE_DIR": str(tmp_path)})
   assert p.returncode == 0, p.stderr[-3000:]
-  rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
+  rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
   by = {r["variant"]: r for r in rows}
   assert set(by) == {"default", "xla", "attention=xla", "dropout=xla"}
   assert all(r["workload"] == "cogs:t5_1_1" and r["s_per_step"] > 0 and r["git_commit"] for r in rows)

@@ -227,10 +227,11 @@ def test_against_a_commit_times_both_trees_in_alternating_processes(capsys):
   assert cli.main(argv) == 0
   out, err = capsys.readouterr()
   row = json.loads(out.strip().splitlines()[-1])
-  assert row["against"] == head and row["here"].startswith(head) and row["rounds"] == 1
-  assert len(row["base_round_s"]) == len(row["here_round_s"]) == 1 and row["base_s_per_step"] > 0
-  assert row["here_over_base"] == pytest.approx(row["here_s_per_step"] / row["base_s_per_step"])
-  assert "round 1/1: base" in err and "round 1/1: here" in err and row["cpu_model"]
+  assert row["against"] == head and row["here"].startswith(head) and row["rounds"] == 1 and row["bench"] == "train"
+  step = row["ours_s_per_step"]
+  assert len(step["base_rounds"]) == len(step["here_rounds"]) == 1 and step["base"] > 0
+  assert step["here_over_base"] == pytest.approx(step["here"] / step["base"])
+  assert "round 1/1: base ours_s_per_step" in err and "round 1/1: here" in err and row["cpu_model"]
   assert subprocess.run(["git", "-C", str(repo), "worktree", "list"], capture_output=True,
                         text=True).stdout == worktrees
   assert cli.main([*ARGS[:4], "--against", "no-such-commit-xyz"]) == 2

@@ -346,7 +346,7 @@ def test_every_simd_loop_vectorises_with_avx2(tmp_path):
   """Every `#pragma omp simd` loop of csrc/hypermixing.cc is vectorised under the module's flags for an AVX2 CPU
   (-march=x86-64-v3 for -march=native, whatever CPU runs this): GCC's report names a vectorised loop within 3
   lines of each pragma. Without -fno-trapping-math the GELU loops of the causal forward and the segmented form
-  ran scalar on AVX2 CPUs (AVX-512's masks hid it), 5.6x slower on a Zen 3."""
+  ran scalar on AVX2 CPUs (AVX-512's masks hid it)."""
   import re
 
   import jax

@@ -77,14 +77,16 @@ def _model_and_batch():
   return models.EncoderDecoderModel(module), params, enc
 
 
-def test_argmax_and_log_prob_match_numpy_with_ties():
+def test_greedy_picks_the_first_max_and_scores_it_with_log_softmax():
   """Greedy's token pick is the first index of the row's max (numpy's argmax), its score log_softmax there."""
   rng = np.random.default_rng(0)
   logits = rng.normal(size=(6, 1000)).astype(np.float32) * 4
   logits[1, [7, 500, 999]] = logits[1].max() + 1.0  # a three-way tie for the max: the first index wins
   logits[2, -1] = logits[2].max() + 2.0             # the max in the last column
   logits[3] = -3.0                                  # all equal: index 0
-  token, logp = jax.jit(decoding.argmax_and_log_prob)(jnp.asarray(logits))
+  step = lambda tokens, cache: (jnp.asarray(logits), cache)  # every row's logits at the one position decoded
+  tokens, logp = jax.jit(lambda c: decoding.greedy_decode(step, c, 6, 1, eos_id=-1))(jnp.zeros(()))
+  token = tokens[:, 0]
   expected = np.argmax(logits, axis=-1)
   np.testing.assert_array_equal(np.asarray(token), expected)
   assert list(np.asarray(token)[1:4]) == [7, 999, 0]

@@ -179,7 +179,7 @@ def test_windowed_token_mlp_packing_equals_alone():
 
 
 def test_windowed_token_mlp_gradients_equal_autodiff_of_the_equation():
-  """The window product's hand-written gradient (mlp_mixer._window_product) against JAX's autodiff of the
+  """The windowed token MLP's gradients (its windows gathered, then one product) against JAX's autodiff of the
   equation written per position, on packed rows with padding: every parameter and the input."""
   import jax.numpy as jnp
   seg = np.array([[1] * 6 + [2] * 5 + [0] * 2], np.int32)

@@ -352,8 +352,8 @@ def test_toeplitz_decode_padding_and_packing():
 def test_spatial_w_and_its_gradient_use_no_element_gathers(spatial, causal, packed):
   # TPUs serialise element-wise gathers and their scatter-add gradients: a Toeplitz W built by indexing its
   # 2L - 1 weights with an [n, n] offset matrix cost gMLP-base a fixed ~30 GB of memory traffic per step on
-  # every core (XLA's estimate on v3-128: 82.7 ms, 3.0x T5.1.1-base; built by tiling, 21.9 ms). Gathers of
-  # whole rows and columns (the packed 'full' W, base.slice_gather) are fine.
+  # every core (docs/benchmarks.md's TPU cost table has the step with the tiled form). Gathers of whole rows and
+  # columns (the packed 'full' W, base.slice_gather) are fine.
   module = make(spatial=spatial)
   variables = init_toeplitz(module, causal)[0] if spatial == "toeplitz" else init(module)
   x = inputs(B, LEN)

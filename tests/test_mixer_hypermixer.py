@@ -173,8 +173,8 @@ def test_cost_is_linear_in_length_and_causal_memory_is_bounded_by_the_chunk():
 def test_causal_gradient_moves_no_state_sized_array_by_transpose_or_sum():
   """The causal form's backward touches each chunk's d×d' states only with matmuls and elementwise ops: a
   transpose of them (the W2 read's gradient in a [d', d] layout) or a sum over them (the carried sum added as a
-  broadcast product, the outer products' gradients) was XLA:CPU's slowest part of the layer (361 of 500 ms a
-  decoder layer at COGS's shapes)."""
+  broadcast product, the outer products' gradients) was XLA:CPU's slowest part of the layer at COGS's
+  shapes."""
   # XLA's forms (impl='xla'): the kernels' own buffers are checked in test_cpu/gpu_hypermixing.py
   batch, length = 2, 32
   x = inputs(batch, length)

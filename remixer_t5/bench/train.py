@@ -61,8 +61,8 @@ def time_calls(call: Callable[[], Any], steps: int, warmup: int) -> tuple[list[f
 
 
 def ours(model, optimizer, batch: Mapping[str, np.ndarray], seed: int = 0) -> Callable[[], Any]:
-  """A zero-argument callable that runs (and waits for) one of the trainer's jitted train steps (programs.build,
-  on this process's first device)."""
+  """A zero-argument callable that runs one of the trainer's jitted train steps (programs.build, on this process's
+  first device) and returns its loss sum, waited for."""
   from remixer_t5.training import partitioning, programs
   lengths = {"inputs": batch["encoder_input_tokens"].shape[1], "targets": batch["decoder_target_tokens"].shape[1]}
   part = partitioning.partitioner("1x1", jax.devices()[:1], rules="data")
@@ -73,7 +73,7 @@ def ours(model, optimizer, batch: Mapping[str, np.ndarray], seed: int = 0) -> Ca
 
   def run():
     holder["state"], metrics = step_fn(holder["state"], device_batch)
-    jax.block_until_ready(metrics["loss_sum"])
+    return jax.block_until_ready(metrics["loss_sum"])
   return run
 
 
@@ -273,13 +273,16 @@ def from_gin(batch_size: int | None = None, feature_lengths: Mapping[str, int] |
                                                         "targets": int(lengths["targets"])}}
 
 
-def against(commit: str, argv: Sequence[str], rounds: int = 3, log: Callable[[str], None] = print) -> dict[str, Any]:
-  """`bench train ARGV` of this tree against `commit`'s, on this machine: the commit checked out in a temporary
-  git worktree, every measurement a fresh process (`--rounds=1 --json`) running its own tree's code with this
-  interpreter, the two trees alternating `rounds` times so that both see the same drift in the machine's speed.
-  Returns each tree's per-round step times, their medians and here / base."""
+def against(commit: str, what: str, argv: Sequence[str], rounds: int = 3, log: Callable[[str], None] = print
+            ) -> dict[str, Any]:
+  """`bench WHAT ARGV` (train or decode) of this tree against `commit`'s, on this machine: the commit checked out
+  in a temporary git worktree, every measurement a fresh process (`--rounds=1 --json`) running its own tree's
+  code with this interpreter, the two trees alternating `rounds` times so that both see the same drift in the
+  machine's speed. Returns, for each timing of the row (`ours_s_per_step`; decode's `ours_<mode>_s_per_batch`),
+  both trees' per-round seconds, their medians and here / base."""
   import json
   import os
+  import re
   import subprocess
   import sys
   import tempfile
@@ -290,28 +293,34 @@ def against(commit: str, argv: Sequence[str], rounds: int = 3, log: Callable[[st
     base = git("rev-parse", "--short", f"{commit}^{{commit}}").strip()
   except subprocess.CalledProcessError as e:
     raise ValueError(f"--against {commit}: not a commit of {here} ({e.stderr.strip()})") from None
-  times: dict[str, list[float]] = {"base": [], "here": []}
+  times: dict[str, dict[str, list[float]]] = {}
   with tempfile.TemporaryDirectory(prefix="remixer_t5-against-") as tmp:
     tree = Path(tmp) / base
     git("worktree", "add", "--quiet", "--detach", str(tree), base)
     try:
       for r in range(rounds):
         for side, root in (("base", tree), ("here", here)):
-          proc = subprocess.run([sys.executable, "-m", "remixer_t5.cli", "bench", "train", *argv, "--rounds=1",
+          proc = subprocess.run([sys.executable, "-m", "remixer_t5.cli", "bench", what, *argv, "--rounds=1",
                                  "--json"], cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
                                 capture_output=True, text=True)
           if proc.returncode:
-            raise RuntimeError(f"bench train at {side} ({root}) exited {proc.returncode}: {proc.stderr[-1500:]}")
-          times[side].append(json.loads(proc.stdout.strip().splitlines()[-1])["ours_s_per_step"])
-          log(f"round {r + 1}/{rounds}: {side} {times[side][-1] * 1e3:.1f} ms/step")
+            raise RuntimeError(f"bench {what} at {side} ({root}) exited {proc.returncode}: {proc.stderr[-1500:]}")
+          row = json.loads(proc.stdout.strip().splitlines()[-1])
+          for key in (k for k in row if re.fullmatch(r"ours_((greedy|beam)_)?s_per_(step|batch)", k)):
+            times.setdefault(key, {"base": [], "here": []})[side].append(row[key])
+          log(f"round {r + 1}/{rounds}: {side} " + ", ".join(f"{k} {v[side][-1] * 1e3:.1f} ms"
+                                                            for k, v in times.items()))
     finally:
       git("worktree", "remove", "--force", str(tree))
   dirty = git("status", "--porcelain", "--untracked-files=no").strip()
-  medians = {side: statistics.median(t) for side, t in times.items()}
-  return {"against": base, "here": git("rev-parse", "--short", "HEAD").strip() + ("+dirty" if dirty else ""),
-          "rounds": rounds, "base_s_per_step": medians["base"], "here_s_per_step": medians["here"],
-          "here_over_base": medians["here"] / medians["base"], "base_round_s": times["base"],
-          "here_round_s": times["here"]}
+  out: dict[str, Any] = {"bench": what, "against": base, "rounds": rounds,
+                         "here": git("rev-parse", "--short", "HEAD").strip() + ("+dirty" if dirty else "")}
+  for key, sides in times.items():
+    medians = {side: statistics.median(t) for side, t in sides.items()}
+    out[key] = {"base": medians["base"], "here": medians["here"],
+                "here_over_base": medians["here"] / medians["base"],
+                "base_rounds": sides["base"], "here_rounds": sides["here"]}
+  return out
 
 
 def add_mfu(row: dict[str, Any], model, peak: float | None = None) -> dict[str, Any]:

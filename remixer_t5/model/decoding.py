@@ -15,31 +15,6 @@ StepFn = Callable[[Array, object], tuple[Array, object]]
 NEG_INF = -1.0e7
 
 
-def log_softmax(logits: Array) -> Array:
-  """log_softmax over the last axis in float32, as `logits - logsumexp(logits)`.
-
-  The same values as jax.nn.log_softmax up to rounding, written so XLA:CPU does not fuse the max it subtracts
-  into the output layer's dot, a fusion that runs slower than the dot and the max apart.
-  """
-  logits = logits.astype(jnp.float32)
-  return logits - jax.nn.logsumexp(logits, axis=-1, keepdims=True)
-
-
-def argmax_and_log_prob(logits: Array) -> tuple[Array, Array]:
-  """(argmax over the last axis, first index on ties; its log-probability), as greedy decoding needs them.
-
-  The token is the argmax of the raw logits (as HF's greedy search takes it), found as the first index holding
-  the row's max; its log-probability is max - logsumexp, the same float as log_softmax(logits)[token]. Two
-  plain reductions vectorise on XLA:CPU where `jnp.argmax`'s (value, index) pair reduction does not.
-  """
-  logits = logits.astype(jnp.float32)
-  top = jnp.max(logits, axis=-1, keepdims=True)
-  lse = top + jnp.log(jnp.sum(jnp.exp(logits - top), axis=-1, keepdims=True))
-  iota = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
-  token = jnp.min(jnp.where(logits == top, iota, logits.shape[-1]), axis=-1)
-  return token, (top - lse)[..., 0]
-
-
 def greedy_decode(tokens_to_logits: StepFn, cache, batch_size: int, max_length: int, eos_id: int = 1
                   ) -> tuple[Array, Array]:
   """Argmax decoding; returns (tokens [batch, max_length], sum of log-probabilities [batch])."""
@@ -52,7 +27,9 @@ def greedy_decode(tokens_to_logits: StepFn, cache, batch_size: int, max_length: 
     i, seqs, logp, done, cache = state
     prev = jnp.where(i == 0, 0, jax.lax.dynamic_index_in_dim(seqs, jnp.maximum(i - 1, 0), 1, False))
     logits, cache = tokens_to_logits(prev[:, None], cache)
-    tok, tok_logp = argmax_and_log_prob(logits)
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
+    tok = jnp.argmax(logits, axis=-1)
+    tok_logp = jnp.take_along_axis(log_probs, tok[:, None], axis=-1)[:, 0]
     tok = jnp.where(done, 0, tok)
     logp = logp + jnp.where(done, 0.0, tok_logp)
     seqs = jax.lax.dynamic_update_index_in_dim(seqs, tok, i, 1)
@@ -111,7 +88,7 @@ def beam_search(tokens_to_logits: StepFn, cache, batch_size: int, beam_size: int
     prev = jnp.where(i == 0, 0, jax.lax.dynamic_index_in_dim(alive_seqs, jnp.maximum(i - 1, 0), 2, False))
     logits, cache = tokens_to_logits(prev.reshape(b * k, 1), cache)
     vocab = logits.shape[-1]
-    log_probs = log_softmax(logits).reshape(b, k, vocab)
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32)).reshape(b, k, vocab)
     cand = (alive_logp[:, :, None] + log_probs).reshape(b, k * vocab)
     top_logp, top_idx = jax.lax.top_k(cand, 2 * k)
     top_beam, top_tok = top_idx // vocab, (top_idx % vocab).astype(jnp.int32)

@@ -21,62 +21,25 @@ Batch = Mapping[str, Array]
 _MODULE_KEYS = ("encoder_segment_ids", "decoder_segment_ids", "encoder_positions", "decoder_positions")
 
 
-@jax.custom_vjp
-def target_logits(logits: Array, targets: Array) -> Array:
-  """logits[..., targets] ([..., V], [...] -> [...]); 0 for an id outside [0, V), as one_hot(targets) . logits.
-
-  A gather instead of the [..., V] product one_hot(targets, V) * logits, which XLA:CPU materialises. Its gradient is g *
-  one_hot(targets, V), written so that XLA fuses it into the softmax gradient's elementwise pass (the default gather
-  gradient is a scatter into a zero [..., V] buffer and a second pass to add it).
-  """
-  picked = jnp.take_along_axis(logits, targets[..., None], axis=-1, mode="fill", fill_value=0)[..., 0]
-  return jnp.where(targets >= 0, picked, 0)  # take_along_axis would wrap a negative id around
-
-
-def _target_logits_fwd(logits, targets):
-  return target_logits(logits, targets), (targets, jnp.zeros((0,) + logits.shape[-1:], logits.dtype))
-
-
-def _target_logits_bwd(res, g):
-  targets, like = res  # `like` carries V and the dtype (no [..., V] residual is kept)
-  return g[..., None] * jax.nn.one_hot(targets, like.shape[-1], dtype=like.dtype), None
-
-
-target_logits.defvjp(_target_logits_fwd, _target_logits_bwd)
-
-
-def correct_predictions(logits: Array, targets: Array) -> Array:
-  """argmax(logits, -1) == targets (bool [...]), exactly, first index winning ties, without an argmax.
-
-  argmax(l) == t  <=>  no id scores above l[t] and no earlier id ties with it. XLA:CPU runs this any-reduce
-  over the vocabulary far faster than argmax's (value, index) reduce, and the accuracy metric is computed in
-  every train step.
-  """
-  target = target_logits(jax.lax.stop_gradient(logits), targets)[..., None]
-  ids = jax.lax.broadcasted_iota(targets.dtype, logits.shape, logits.ndim - 1)
-  beaten = (logits > target) | ((logits == target) & (ids < targets[..., None]))
-  return ~jnp.any(beaten, axis=-1) & (targets >= 0) & (targets < logits.shape[-1])
-
-
 def cross_entropy_with_z_loss(logits: Array, targets: Array, weights: Array, z_loss: float = 0.0,
                               label_smoothing: float = 0.0) -> tuple[Array, Array, Array]:
-  """Summed token cross-entropy (+ z_loss * log(Z)^2, the PaLM/mesh-TF stabiliser) and its z part.
+  """Summed token cross-entropy (+ z_loss * log(Z)^2, the PaLM/mesh-TF stabiliser) and its z part, as t5x's
+  `cross_entropy_with_logits` on (smoothed) one-hot targets; a target id outside [0, V) has a zero row.
 
-  Returns (total_loss_sum, z_loss_sum, weight_sum); `total` includes the z term as in t5x. Without label
-  smoothing the target's logit is gathered (`target_logits`) rather than dotted with a one-hot row.
+  Returns (total_loss_sum, z_loss_sum, weight_sum); `total` includes the z term as in t5x.
   """
   logits = logits.astype(jnp.float32)
   vocab = logits.shape[-1]
   log_z = jax.nn.logsumexp(logits, axis=-1)
   if label_smoothing == 0:
-    ce = log_z - target_logits(logits, targets)
+    ce = log_z - jnp.sum(jax.nn.one_hot(targets, vocab, dtype=logits.dtype) * logits, axis=-1)
   else:
     confidence = 1.0 - label_smoothing
     low = label_smoothing / (vocab - 1) if vocab > 1 else 0.0
     soft = jax.nn.one_hot(targets, vocab) * (confidence - low) + low
-    ce = log_z - jnp.sum(soft * logits, axis=-1)
-    if label_smoothing > 0:  # subtract the entropy of the smoothed target so the minimum is 0
-      ce -= -(confidence * np.log(confidence) + (vocab - 1) * low * np.log(low + 1e-20))
+    # less the entropy of the smoothed target, so that the minimum is 0
+    ce = log_z - jnp.sum(soft * logits, axis=-1) + (confidence * np.log(confidence)
+                                                     + (vocab - 1) * low * np.log(low + 1e-20))
   zl = z_loss * jnp.square(log_z)
   w = weights.astype(jnp.float32)
   return jnp.sum((ce + zl) * w), jnp.sum(zl * w), jnp.sum(w)
@@ -116,7 +79,7 @@ class EncoderDecoderModel:
     weights = batch.get("decoder_loss_weights", (targets > 0).astype(jnp.float32))
     total, z, weight_sum = cross_entropy_with_z_loss(logits, targets, weights, self.z_loss, self.label_smoothing)
     norm = self.loss_normalizing_factor or jnp.maximum(weight_sum, 1.0)
-    correct = jnp.sum(correct_predictions(logits, targets) * weights)
+    correct = jnp.sum((jnp.argmax(logits, axis=-1) == targets) * weights)
     metrics = {"loss_sum": total, "z_loss_sum": z, "weight_sum": weight_sum, "correct_sum": correct}
     return total / norm, metrics
 

@@ -687,7 +687,7 @@ def add_arguments(p) -> None:
   import argparse
   p.add_argument("--quick", action="store_true",
                  help=f"T5.1.1 and the Remixer, 1 seed, {QUICK['steps']} steps; trained side by side where there are 2 "
-                 "cores or more (Linux), each run decoded on its own cores: 11-14 minutes on the 2-core Xeons measured")
+                 "cores or more (Linux), each run decoded on its own cores (its time: docs/reproductions.md)")
   p.add_argument("--models", help=f"comma-separated folders of gin/models/ with {MODEL_FILE} "
                  f"(default: {','.join(DEFAULT_MODELS)})")
   p.add_argument("--seeds", help="a count N (seeds 0..N-1) or comma-separated seeds, e.g. 3,4 (default 3)")

@@ -20,7 +20,7 @@ def seam(*args, reference: Callable, **static):
   """The model's attention operation (`reference`: `mixers.attention.dot_product_attention`) adding its
   biases with `add_bias` where a position bias is shared by the batch ([1, h, q, k], args[3]: the sum it
   speeds up); elsewhere (cross-attention, the mixers without a position bias) the reference as it is, which
-  timed faster there (scripts/bench_kernels.py, the MLP-Mixer enc-dec's COGS step)."""
+  timed faster there (`remixer-t5 bench kernels`, the MLP-Mixer enc-dec's COGS step)."""
   del static  # bound into `reference` already
   bias = args[3]
   if bias is None or bias.shape[0] != 1:

@@ -34,34 +34,6 @@ def _gelu(x: Array) -> Array:
   return jax.nn.gelu(x, approximate=True)
 
 
-@jax.custom_vjp
-def _window_product(windows: Array, w1: Array) -> Array:
-  """windows [batch, emb, len, w] x w1 [w, hidden] -> [batch, emb, len, hidden]: the windowed MLP's first layer.
-
-  The same product as `jnp.einsum("bdno,ok->bdnk", windows, w1)`, with its W1 gradient written as a batched product over
-  (batch, emb), each contracting len, then summed. Left to autodiff, the gradient is one product contracting
-  batch·emb·len into a small w x hidden result, which XLA:CPU runs as a single-threaded dot over transposed copies of
-  both operands. The batch axis stays a batch axis, so a sharded batch shards the gradient's products and sums as
-  before.
-  """
-  return jnp.einsum("bdno,ok->bdnk", windows, w1)
-
-
-def _window_product_fwd(windows: Array, w1: Array):
-  return _window_product(windows, w1), (windows, w1)
-
-
-def _window_product_bwd(residuals, grad: Array):
-  windows, w1 = residuals
-  d_windows = jnp.einsum("bdnk,ok->bdno", grad, w1)
-  # float32 partial products and sum (autodiff's single dot accumulates in float32 too, even for bfloat16)
-  d_w1 = jnp.einsum("bdno,bdnk->bdok", windows, grad, preferred_element_type=jnp.float32).sum((0, 1))
-  return d_windows, d_w1.astype(w1.dtype)
-
-
-_window_product.defvjp(_window_product_fwd, _window_product_bwd)
-
-
 class TokenMixingMlp(nn.Module):
   """MLP-Mixer token-mixing MLP (Tolstikhin et al. 2021, eq. 1); token slot, self-mixing only.
 
@@ -134,7 +106,7 @@ class TokenMixingMlp(nn.Module):
     # Only the current token's output row of W2 is ever read, so only that row exists. Its bias would be one
     # constant added to every channel, which the residual stream does not need.
     w2 = layers.param_with_axes("w2", nn.initializers.normal(hid ** -0.5), (hid,), jnp.float32, axes=("mix_hidden",))
-    h = _window_product(windows.astype(dt), w1.astype(dt)) + b1.astype(dt)
+    h = jnp.einsum("bdno,ok->bdnk", windows.astype(dt), w1.astype(dt)) + b1.astype(dt)
     h = layers.Dropout(self.config.dropout_rate, impl=self.config.dropout_impl)(_gelu(h), deterministic=deterministic)
     return jnp.swapaxes(jnp.einsum("bdnk,k->bdn", h, w2.astype(dt)), 1, 2)
 

@@ -1,0 +1,84 @@
+"""`remixer-t5 bench kernels`: each platform kernel against plain JAX on the work it exists for, in one process.
+
+A kernel (remixer_t5/kernels/) stays only if it makes one of these workloads at least 1.2x faster: the trainer's
+whole jitted step (`bench_train.ours`: programs.build) of each COGS model (`models/<model>/cogs.gin` +
+`runs/cogs_scratch.gin`: batch 4, 64/320, dropout 0.1) and of T5.1.1 configs A (d 256, 4+4 layers, batch 16,
+128/32) and B (T5.1.1-small, batch 8, 512/114), dropout 0, on random unpacked tokens. Every variant is compiled in
+this process from the same seed; rounds alternate the variants (a machine's speed drifts between minutes), each
+the median of `steps` timed steps after `warmup`. Variants: `default` (every implementation field at `auto`),
+`xla` (every field of the registry, kernels.OPERATIONS, that the workload exercises at `xla`) and `<field>=xla`
+(that one alone) where it exercises more than one. The last losses agree: the kernels compute the same function.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+from typing import Callable
+
+COGS_MODELS = ("t5_1_1", "remixer", "mixer_encdec", "hypermixer")
+SMALL = ["models/t5_1_1/small.gin"]
+WORKLOADS = {  # name -> (gin files, bindings, batch size, feature lengths; None: the run file's)
+    **{f"cogs:{m}": ([f"models/{m}/cogs.gin", "runs/cogs_scratch.gin"], [], None, None) for m in COGS_MODELS},
+    "A": (SMALL, ["DROPOUT_RATE=0.0", "network.T5Config.emb_dim=256", "network.T5Config.num_encoder_layers=4",
+                  "network.T5Config.num_decoder_layers=4", "network.T5Config.mlp_dim=1024",
+                  "network.T5Config.num_heads=4", "network.T5Config.head_dim=64"], 16, {"inputs": 128, "targets": 32}),
+    "B": (SMALL, ["DROPOUT_RATE=0.0"], 8, {"inputs": 512, "targets": 114}),
+}
+
+
+def fields() -> dict[str, str]:
+  """The registry's implementation fields by short name: attention, dropout, hypermixing."""
+  from remixer_t5 import kernels
+  short = lambda f: f.split(".")[-2].lower() if f.endswith(".impl") else f.rsplit(".", 1)[1].removesuffix("_impl")
+  return {short(op.field): op.field for op in kernels.OPERATIONS}
+
+
+def variants(name: str) -> dict[str, list[str]]:
+  """Variant -> extra gin bindings: `default`, `xla` and each exercised field alone at `xla` (HyperMixer has no
+  attention and the others no HyperMixing; configs A and B no dropout)."""
+  files, bindings, _, _ = WORKLOADS[name]
+  hyper = any("hypermixer" in f for f in files)
+  exercised = {"attention": not hyper, "hypermixing": hyper, "dropout": "DROPOUT_RATE=0.0" not in bindings}
+  used = {k: f for k, f in fields().items() if exercised[k]}
+  out = {"default": [], "xla": [f"{f}='xla'" for f in used.values()]}
+  if len(used) > 1:
+    out.update({f"{k}=xla": [f"{f}='xla'"] for k, f in used.items()})
+  return out
+
+
+def step(name: str, extra: list[str]) -> tuple[Callable[[], object], dict]:
+  """(a call running one of the trainer's jitted steps of workload `name` with bindings `extra`, its loss sum
+  waited for; the model's settings), the config parsed afresh (gin binds the mixers when the step is traced)."""
+  from remixer_t5 import gin_utils
+  from remixer_t5.bench import train as bench_train
+  files, bindings, batch_size, lengths = WORKLOADS[name]
+  gin_utils.parse_gin(files, bindings + extra, macro_defaults={"MODEL_DIR": "None"})
+  setup = bench_train.from_gin(batch_size, lengths)
+  batch = bench_train.random_batch(setup["model"].module.config.vocab_size, setup["batch_size"],
+                                   setup["feature_lengths"])
+  return bench_train.ours(setup["model"], setup["optimizer"], batch), setup
+
+
+def run(names: list[str], rounds: int, steps: int, warmup: int, log: Callable[[str], None]) -> list[dict]:
+  """One row per (workload, variant, round): its median step, steps timed, last loss sum; a summary line per
+  workload (each variant's median over rounds and its ratio to `default`) to `log`."""
+  from remixer_t5.bench import env as bench_env, train as bench_train
+  unknown = [n for n in names if n not in WORKLOADS]
+  if unknown or rounds < 1 or steps < 1 or warmup < 0:
+    raise ValueError(f"bench kernels: workloads {unknown or names} rounds {rounds} steps {steps} warmup {warmup}: "
+                     f"expected some of {', '.join(WORKLOADS)}, rounds and steps >= 1, warmup >= 0")
+  env, rows = bench_env.environment(), []
+  for name in names:
+    calls = {variant: step(name, extra)[0] for variant, extra in variants(name).items()}
+    n = max(1, steps // 3) if name == "B" else steps
+    medians: dict[str, list[float]] = {v: [] for v in calls}
+    for r in range(rounds):
+      for variant, call in calls.items():
+        times, loss = bench_train.time_calls(call, n, warmup)
+        medians[variant].append(statistics.median(times))
+        rows.append({"workload": name, "variant": variant, "round": r, "s_per_step": medians[variant][-1],
+                     "steps": n, "last_loss_sum": float(loss), "load_average": list(os.getloadavg()), **env})
+    base = statistics.median(medians["default"])
+    log(f"# {name}: " + "; ".join(f"{v} {statistics.median(m) * 1e3:.1f} ms ({statistics.median(m) / base:.3f}x)"
+                                 for v, m in medians.items()))
+  return rows
