@@ -347,16 +347,17 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
     return _bench_against(args)
   reference, flush = _bench_reference(args)
   modes = tuple(m.strip() for m in (args.modes or ",".join(bench_decode.MODES)).split(",") if m.strip())
-  kwargs = {k: bench_decode.DEFAULTS[k] if getattr(args, k) is None else getattr(args, k)
-            for k in ("batch_size", "input_length", "new_tokens", "beam_size", "steps", "rounds", "warmup")}
-  bench_decode.check_settings(modes=modes, reference=reference, **kwargs)  # before the model is built
+  given = {k: getattr(args, k) for k in ("batch_size", "input_length", "new_tokens", "beam_size", "steps", "rounds",
+                                         "warmup") if getattr(args, k) is not None}
+  settings = bench_decode.Settings(modes=modes, **given)  # checked before the model is built
+  bench_decode.check_reference(reference)
   model = bench_decode.model_from_gin()
   params = None
   if args.checkpoint:
     from remixer_t5.training import checkpoints
     params = checkpoints.restore_any_params(_checkpoint_arg(args.checkpoint))
-  row = bench_decode.bench_decode(model, params, modes=modes, reference=reference, log=_stderr,
-                                  hf_flush_denormal=flush, **kwargs)
+  row = bench_decode.bench_decode(model, params, settings, reference=reference, log=_stderr,
+                                  hf_flush_denormal=flush)
   print(json.dumps(row) if args.json else bench_decode.format_row(row), flush=True)
   return 0
 

@@ -38,8 +38,8 @@ def _eos_heavy(params, token: int, scale: float = 2.0):
 
 def _decode(model, params, modes=("greedy",), reference=None):
   outputs = {}
-  row = bench_decode.bench_decode(model, params, **SHAPE, modes=modes, steps=1, warmup=0, rounds=1,
-                                  reference=reference, outputs=outputs)
+  settings = bench_decode.Settings(**SHAPE, modes=modes, steps=1, warmup=0, rounds=1)
+  row = bench_decode.bench_decode(model, params, settings, reference=reference, outputs=outputs)
   return row, outputs
 
 
@@ -49,7 +49,7 @@ def _evaluator(model, params, enc, new_tokens):
     def as_numpy_iterator(self):
       return iter([(i, {"encoder_input_tokens": e, "decoder_target_tokens": np.zeros(new_tokens, np.int32)})
                    for i, e in enumerate(enc)])
-  predicted = dict(evaluation.make_predict_fn(model, params, batch_size=len(enc))(Rows()))
+  predicted = dict(evaluation.make_predict_fn(model, params, evaluation.Decoding(len(enc)))(Rows()))
   return np.array([predicted[i] for i in range(len(enc))])
 
 

@@ -138,7 +138,8 @@ def test_predict_fn_groups_batches_by_length_and_keeps_each_output_with_its_exam
   ds = tf.data.Dataset.from_tensor_slices((np.arange(23), {"encoder_input_tokens": enc,
                                                            "decoder_target_tokens": np.zeros((23, 12), np.int32)}))
   stats = {}
-  out = evaluation.make_predict_fn(Echo(), None, batch_size=5, put=np.asarray, fetch=np.asarray, stats=stats)(ds)
+  decoding = evaluation.Decoding(5, put=np.asarray, fetch=np.asarray, stats=stats)
+  out = evaluation.make_predict_fn(Echo(), None, decoding)(ds)
   assert sorted(i for i, _ in out) == list(range(23))
   for i, ids in out:
     np.testing.assert_array_equal(ids, enc[i])

@@ -25,10 +25,11 @@ batch (a beam-search row counts `new_tokens`, not K times it).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import tempfile
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -39,8 +40,32 @@ from remixer_t5.bench import env as bench_env, train as bench_train
 REFERENCES = (None, "hf")
 MODES = ("greedy", "beam")
 NO_EOS = -1  # an EOS id no token has: the evaluator's decode then runs every position
-DEFAULTS = {"batch_size": 32, "input_length": 128, "new_tokens": 64, "beam_size": 4, "steps": 3, "rounds": 3,
-            "warmup": 1}
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """One measurement: `batch_size` random inputs of `input_length` ids (ending in EOS), `new_tokens` positions
+  decoded per `modes` (greedy; beam search with `beam_size` beams), `rounds` of `warmup` untimed then `steps`
+  timed batches. Checked when made, before any model is built."""
+  batch_size: int = 32
+  input_length: int = 128
+  new_tokens: int = 64
+  beam_size: int = 4
+  modes: tuple[str, ...] = MODES
+  steps: int = 3
+  rounds: int = 3
+  warmup: int = 1
+
+  def __post_init__(self):
+    object.__setattr__(self, "modes", tuple(self.modes))
+    if not self.modes or not set(self.modes) <= set(MODES):
+      raise ValueError(f"--modes {','.join(self.modes)}: expected one or both of {', '.join(MODES)}")
+    for name, least in (("batch_size", 1), ("input_length", 1), ("new_tokens", 1), ("beam_size", 2), ("steps", 1),
+                        ("rounds", 1), ("warmup", 0)):
+      value = getattr(self, name)
+      if not isinstance(value, int) or value < least:
+        raise ValueError(f"--{name}={value}: expected an integer >= {least}"
+                         + (" (greedy is the 'greedy' mode)" if name == "beam_size" else ""))
 
 
 # --- the two decoders -----------------------------------------------------------------------------------
@@ -115,31 +140,23 @@ def hf_reference(model, enc: np.ndarray, new_tokens: int, beam_size: int = 1, al
 
 
 # --- the benchmark --------------------------------------------------------------------------------------
-def check_settings(batch_size, input_length, new_tokens, beam_size, modes, steps, rounds, warmup, reference):
+def check_reference(reference: str | None) -> None:
   if reference not in REFERENCES:
     raise ValueError(f"unknown --reference {reference!r}; expected 'hf' or 'none'")
-  if not modes or not set(modes) <= set(MODES):
-    raise ValueError(f"--modes {','.join(modes)}: expected one or both of {', '.join(MODES)}")
-  for name, value, least in (("batch_size", batch_size, 1), ("input_length", input_length, 1),
-                             ("new_tokens", new_tokens, 1), ("beam_size", beam_size, 2), ("steps", steps, 1),
-                             ("rounds", rounds, 1), ("warmup", warmup, 0)):
-    if not isinstance(value, int) or value < least:
-      raise ValueError(f"--{name}={value}: expected an integer >= {least}"
-                       + (" (greedy is the 'greedy' mode)" if name == "beam_size" else ""))
 
 
-def bench_decode(model, params=None, *, batch_size: int = 32, input_length: int = 128, new_tokens: int = 64,
-                 beam_size: int = 4, modes: Sequence[str] = MODES, steps: int = 3, warmup: int = 1,
-                 rounds: int = 3, reference: str | None = None, seed: int = 0, hf_flush_denormal: bool = True,
-                 log: Callable[[str], None] = lambda s: None,
+def bench_decode(model, params=None, settings: Settings = Settings(), *, reference: str | None = None, seed: int = 0,
+                 hf_flush_denormal: bool = True, log: Callable[[str], None] = lambda s: None,
                  outputs: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
-  """Median s per batch and tokens/s of our decode (and the reference's) per mode, alternated over `rounds`.
+  """Median s per batch and tokens/s of our decode (and the reference's) per mode, alternated over rounds.
 
   `params`: None initialises the model (seed `seed`). `outputs`, when given, receives each side's tokens per
   mode (`ours_greedy`, `hf_beam`, ...: [batch, new_tokens]) and the inputs (`inputs`)."""
   from remixer_t5.training import evaluation  # noqa: F401 - seqio, hence TensorFlow, before transformers (see below)
-  modes = tuple(modes)
-  check_settings(batch_size, input_length, new_tokens, beam_size, modes, steps, rounds, warmup, reference)
+  check_reference(reference)
+  batch_size, input_length, new_tokens, beam_size = (settings.batch_size, settings.input_length, settings.new_tokens,
+                                                     settings.beam_size)
+  modes, steps, rounds, warmup = settings.modes, settings.steps, settings.rounds, settings.warmup
   cfg = model.module.config
   if params is None:
     shapes = {"encoder_input_tokens": (1, input_length), "decoder_input_tokens": (1, new_tokens),

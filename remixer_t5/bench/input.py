@@ -41,14 +41,15 @@ def _segments(batch: Mapping[str, np.ndarray]) -> int:
   return int((batch["decoder_target_tokens"] > 0).any(axis=1).sum())
 
 
-def bench_input(task, feature_lengths: Mapping[str, int], batch_size: int, *, seed: int = 0,
-                shuffle: bool = True, pack: bool = True, batches: int = 50, warmup: int = 5, position: int = 0,
+def bench_input(task, data, *, seed: int = 0, batches: int = 50, warmup: int = 5, position: int = 0,
                 process_index: int = 0, process_count: int = PAPER_HOSTS, steps_per_s: float = PAPER_STEPS_PER_S,
                 hosts: int | None = None, log: Callable[[str], None] | None = None) -> dict[str, Any]:
-  """One measurement (see the module docstring); returns a flat dict of numbers and settings."""
+  """One measurement of `task`'s batches as the run's `data` (run_config.Data: lengths, global batch, packing,
+  shuffling) makes them (see the module docstring); returns a flat dict of numbers and settings."""
   from remixer_t5.data import input_pipeline
   log = log or (lambda msg: None)
   hosts = process_count if hosts is None else hosts
+  feature_lengths, batch_size, pack, shuffle = data.feature_lengths, data.batch_size, data.pack, data.shuffle
 
   def build(skip=0):
     return input_pipeline.get_batches(task, feature_lengths, "train", batch_size, seed=seed, shuffle=shuffle,
@@ -125,22 +126,16 @@ def format_report(r: Mapping[str, Any]) -> str:
 
 
 def from_gin() -> dict[str, Any]:
-  """bench_input's arguments from the parsed gin config (the same macros `train` reads)."""
-  from remixer_t5 import gin_utils
+  """bench_input's task, data and seed from the parsed gin config: the run's (run_config.from_gin), as `train`
+  reads them."""
   from remixer_t5.data.task_lookup import get_task, with_vocabulary
-  data_dir = gin_utils.macro("DATA_DIR")
-  if data_dir:
+  from remixer_t5.training import run_config
+  try:
+    run = run_config.from_gin()
+  except ValueError as e:
+    raise ValueError(f"bench input reads the run's data: {e}") from None
+  if run.data.data_dir:
     from remixer_t5.tasks import sources
-    sources.set_data_dir(data_dir)
-  name = gin_utils.macro("MIXTURE_OR_TASK_NAME")
-  lengths = gin_utils.macro("TASK_FEATURE_LENGTHS")
-  batch_size = gin_utils.macro("BATCH_SIZE")
-  missing = [n for n, v in (("MIXTURE_OR_TASK_NAME", name), ("TASK_FEATURE_LENGTHS", lengths),
-                            ("BATCH_SIZE", batch_size)) if v is None]
-  if missing:
-    raise ValueError(f"bench input needs {', '.join(missing)} from the gin config (e.g. "
-                     f"--gin_file=runs/pretrain.gin)")
-  task = get_task(with_vocabulary(name, gin_utils.macro("VOCABULARY")))
-  bound = {k: gin_utils.binding(f"run_config.Data.{k}") for k in ("pack", "shuffle")}
-  return {"task": task, "feature_lengths": dict(lengths), "batch_size": int(batch_size),
-          "seed": gin_utils.macro("RANDOM_SEED", 0) or 0, **{k: v for k, v in bound.items() if v is not None}}
+    sources.set_data_dir(run.data.data_dir)
+  task = get_task(with_vocabulary(run.data.task, run.data.vocabulary))
+  return {"task": task, "data": run.data, "seed": run.training.random_seed}

@@ -338,13 +338,12 @@ def evaluate_run(model: str, seed: int, settings: Settings, data: dict, run_dir:
   for split in splits:
     stats: dict = {}
     t0 = time.time()
+    decoding = evaluation.Decoding(settings.eval_batch_size, stats=stats, progress=lambda s, sp=split: progress(
+        f"{model} seed {seed} {SPLIT_LABELS[sp]}: {s}"))
     per_task = evaluation.infer_eval(
-        mdl, params, TASK, batch_size=settings.eval_batch_size, feature_lengths=decode_lengths(data, split),
-        split=split,
+        mdl, params, TASK, decoding, feature_lengths=decode_lengths(data, split), split=split,
         num_examples=settings.eval_examples, log_dir=str(run_dir / "inference_eval"),
-        step=settings.steps if step is None else step,
-        stats=stats, progress=lambda s, sp=split: progress(f"{model} seed {seed} {SPLIT_LABELS[sp]}: {s}"),
-        lengths_on_purpose=True)
+        step=settings.steps if step is None else step, lengths_on_purpose=True)
     out[split] = {**per_task[TASK], **stats, "wall_seconds": time.time() - t0}
   return out
 

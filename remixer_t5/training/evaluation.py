@@ -8,6 +8,7 @@ copied up once the evaluation has logged.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
@@ -22,18 +23,27 @@ from remixer_t5 import storage
 from remixer_t5.model.models import EncoderDecoderModel
 
 
-def make_predict_fn(model: EncoderDecoderModel, params, batch_size: int, *, beam_size: int = 1,
-                    put: Callable[[np.ndarray], Any] = jnp.asarray,
-                    fetch: Callable[[Any], np.ndarray] = jax.device_get,
-                    progress: Callable[[str], None] | None = None, stats: dict | None = None):
-  """seqio predict_fn: (index, features) dataset -> [(index, output ids)], decoded in fixed-shape batches of
-  ``batch_size`` (examples grouped by input length; the last batch padded with empty rows whose outputs are
-  dropped). The ids keep their full length (seqio stacks them; the vocabulary's decode stops at EOS). `put`
-  makes a device array of a host batch and `fetch` brings outputs back (multi-process runs pass global-array
-  versions of both).
-  `stats`, when given, receives `examples`, `tokens` (generated, up to and with EOS) and `seconds` (decoding
-  only, compilation included) of the calls."""
-  predict = _jit_predict(model, beam_size)
+@dataclasses.dataclass(frozen=True)
+class Decoding:
+  """How predictions are made: fixed-shape batches of `batch_size` examples, `beam_size` beams (1: greedy).
+  `put` makes a device array of a host batch and `fetch` brings outputs back (multi-process runs pass
+  global-array versions of both); `progress` gets a line per batch; `stats`, when given, receives `examples`,
+  `tokens` (generated, up to and with EOS) and `seconds` (decoding only, compilation included) of the calls."""
+  batch_size: int
+  beam_size: int = 1
+  put: Callable[[np.ndarray], Any] = jnp.asarray
+  fetch: Callable[[Any], np.ndarray] = jax.device_get
+  progress: Callable[[str], None] | None = None
+  stats: dict | None = None
+
+
+def make_predict_fn(model: EncoderDecoderModel, params, decoding: Decoding):
+  """seqio predict_fn: (index, features) dataset -> [(index, output ids)], decoded as `decoding` says (examples
+  grouped by input length; the last batch padded with empty rows whose outputs are dropped). The ids keep their
+  full length (seqio stacks them; the vocabulary's decode stops at EOS)."""
+  predict = _jit_predict(model, decoding.beam_size)
+  batch_size, put, fetch = decoding.batch_size, decoding.put, decoding.fetch
+  progress, stats = decoding.progress, decoding.stats
 
   def predict_fn(ds):
     rows = list(ds.as_numpy_iterator())
@@ -82,19 +92,17 @@ def _generated(tokens: np.ndarray, eos_id: int = 1) -> np.ndarray:
   return np.where(is_eos.any(-1), is_eos.argmax(-1) + 1, tokens.shape[-1])
 
 
-def infer_eval(model: EncoderDecoderModel, params, task_name: str, *, batch_size: int,
+def infer_eval(model: EncoderDecoderModel, params, task_name: str, decoding: Decoding, *,
                feature_lengths: Mapping[str, int] | None = None, split: str = "validation",
                num_examples: int | None = None, log_dir: str | None = None, step: int | None = None,
-               seed: int = 0, beam_size: int = 1, put: Callable[[np.ndarray], Any] = jnp.asarray,
-               fetch: Callable[[Any], np.ndarray] = jax.device_get,
-               progress: Callable[[str], None] | None = None,
-               stats: dict | None = None, lengths_on_purpose: bool = False) -> dict[str, dict[str, float]]:
-  """Decode ``split`` of every task of ``task_name`` that has metrics; returns ``{task: {metric: value}}``.
+               seed: int = 0, lengths_on_purpose: bool = False) -> dict[str, dict[str, float]]:
+  """Decode ``split`` of every task of ``task_name`` that has metrics as ``decoding`` says; returns
+  ``{task: {metric: value}}``.
 
   ``feature_lengths``: truncation lengths (None: the longest example of each feature, as seqio computes);
   ``lengths_on_purpose``: they are longer than the split needs by design (a fixed-length mixer's model length,
   decode lengths rounded up), so seqio's "longer than necessary" warning is not printed;
-  ``num_examples``: the first N examples of each task (None: all). ``stats``: see `make_predict_fn`.
+  ``num_examples``: the first N examples of each task (None: all).
   """
   absl_log = logging.getLogger("absl")
   absl_log.setLevel(logging.WARNING)  # seqio's per-dataset info lines drown the progress
@@ -105,15 +113,20 @@ def infer_eval(model: EncoderDecoderModel, params, task_name: str, *, batch_size
     mirror.pull("*-metrics.jsonl")  # the JSONLogger appends to these
     log_dir = str(mirror.local)
   try:
-    return _infer_eval(model, params, task_name, batch_size, feature_lengths, split, num_examples, loggers,
-                       log_dir, step, seed, beam_size, put, fetch, progress, stats, lengths_on_purpose, absl_log)
+    evaluator = _evaluator(task_name, split, feature_lengths, num_examples, seed, loggers, log_dir,
+                           lengths_on_purpose, absl_log)
+    metrics, _ = evaluator.evaluate(compute_metrics=True, step=step,
+                                    predict_fn=make_predict_fn(model, params, decoding))
+    # seqio wraps metrics in clu-style Scalar objects
+    return {task: {k: float(np.asarray(getattr(v, "value", v))) for k, v in values.items()}
+            for task, values in metrics.result().items()}
   finally:
     if mirror is not None:
       mirror.close()
 
 
-def _infer_eval(model, params, task_name, batch_size, feature_lengths, split, num_examples, loggers, log_dir,
-                step, seed, beam_size, put, fetch, progress, stats, lengths_on_purpose, absl_log):
+def _evaluator(task_name, split, feature_lengths, num_examples, seed, loggers, log_dir, lengths_on_purpose,
+               absl_log) -> seqio.Evaluator:
   # seqio's "Given sequence lengths are longer than necessary" warning, for callers whose lengths are longer on
   # purpose (`repro cogs`: fixed-length mixers see inputs at the model's length, decode lengths are rounded up),
   # would print for every split; elsewhere it stays, as it can be a real hint.
@@ -131,9 +144,4 @@ def _infer_eval(model, params, task_name, batch_size, feature_lengths, split, nu
   if not evaluator.eval_tasks:
     raise ValueError(f"{task_name!r} has no task with metrics and a {split!r} split to evaluate "
                      "(span corruption tasks have none; use loss evaluation)")
-  predict_fn = make_predict_fn(model, params, batch_size, beam_size=beam_size, put=put, fetch=fetch,
-                               progress=progress, stats=stats)
-  metrics, _ = evaluator.evaluate(compute_metrics=True, step=step, predict_fn=predict_fn)
-  # seqio wraps metrics in clu-style Scalar objects
-  return {task: {k: float(np.asarray(getattr(v, "value", v))) for k, v in values.items()}
-          for task, values in metrics.result().items()}
+  return evaluator

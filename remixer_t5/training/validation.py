@@ -74,11 +74,12 @@ def infer_eval(prog, params, run, task_name: str, step: int, log, *, split: str 
   """Decode-and-score evaluation of `task_name` (remixer_t5.training.evaluation; the first
   `run.schedule.infer_examples` of each task) logged as metrics.jsonl rows `infer/<task>`."""
   from remixer_t5.training import evaluation
+  decoding = evaluation.Decoding(run.data.batch_size, beam_size, put=lambda x: global_from_host(x, prog.batch_sharding),
+                                 fetch=to_host, progress=progress)
   per_task = evaluation.infer_eval(
-      prog.model, params, task_name, batch_size=run.data.batch_size, feature_lengths=run.data.feature_lengths,
-      split=split, num_examples=run.schedule.infer_examples,
-      log_dir=str(storage.run_path(run.model_dir) / "inference_eval"), step=step, seed=run.training.random_seed,
-      beam_size=beam_size, put=lambda x: global_from_host(x, prog.batch_sharding), fetch=to_host, progress=progress)
+      prog.model, params, task_name, decoding, feature_lengths=run.data.feature_lengths, split=split,
+      num_examples=run.schedule.infer_examples, log_dir=str(storage.run_path(run.model_dir) / "inference_eval"),
+      step=step, seed=run.training.random_seed)
   for name, metrics in per_task.items():
     log.write(step, f"infer/{name}", metrics)
   return per_task
