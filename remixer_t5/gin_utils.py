@@ -237,19 +237,14 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Seque
   logging.getLogger().setLevel(logging.WARNING)
 
 
-def binding(name: str, default=None):
-  """What gin binds to `name` ('trainer.train.model', or '%MACRO'), `default` when nothing does; a configurable
-  reference is called (`@f()`) or given as the function (`@f`), as gin would pass it."""
+def macro(name: str, default=None):
+  """A macro's value, `default` when the config has none; a configurable reference is called (`@f()`, so MODEL =
+  @models.EncoderDecoderModel() gives the model) or given as the function (`@f`), as gin would pass it."""
   import gin
   try:
-    value = gin.query_parameter(name)
+    value = gin.query_parameter(f"%{name}")
   except ValueError:
     return default
   if isinstance(value, gin.config.ConfigurableReference):
     return value.scoped_configurable_fn() if value.evaluate else value.scoped_configurable_fn
   return value
-
-
-def macro(name: str, default=None):
-  """A macro's value (MODEL = @models.EncoderDecoderModel() gives the model)."""
-  return binding(f"%{name}", default)

@@ -77,22 +77,26 @@ def _model_and_batch():
   return models.EncoderDecoderModel(module), params, enc
 
 
-def test_greedy_picks_the_first_max_and_scores_it_with_log_softmax():
-  """Greedy's token pick is the first index of the row's max (numpy's argmax), its score log_softmax there."""
+@pytest.mark.parametrize("form", ["token_and_log_prob", "token_and_log_prob_by_reductions"])
+def test_greedy_token_pick_matches_numpy_with_ties(form):
+  """Greedy's token pick is the first index of the row's max (numpy's argmax), its score log_softmax there: the
+  plain form and the reductions greedy decoding uses, each against numpy, and through greedy_decode."""
   rng = np.random.default_rng(0)
   logits = rng.normal(size=(6, 1000)).astype(np.float32) * 4
   logits[1, [7, 500, 999]] = logits[1].max() + 1.0  # a three-way tie for the max: the first index wins
   logits[2, -1] = logits[2].max() + 2.0             # the max in the last column
   logits[3] = -3.0                                  # all equal: index 0
-  step = lambda tokens, cache: (jnp.asarray(logits), cache)  # every row's logits at the one position decoded
-  tokens, logp = jax.jit(lambda c: decoding.greedy_decode(step, c, 6, 1, eos_id=-1))(jnp.zeros(()))
-  token = tokens[:, 0]
+  token, logp = jax.jit(getattr(decoding, form))(jnp.asarray(logits))
   expected = np.argmax(logits, axis=-1)
   np.testing.assert_array_equal(np.asarray(token), expected)
   assert list(np.asarray(token)[1:4]) == [7, 999, 0]
   x = logits.astype(np.float64)
   lse = x.max(-1) + np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1))
   np.testing.assert_allclose(np.asarray(logp), x[np.arange(6), expected] - lse, rtol=0, atol=2e-5)
+  step = lambda tokens, cache: (jnp.asarray(logits), cache)  # every row's logits at the one position decoded
+  tokens, scores = jax.jit(lambda c: decoding.greedy_decode(step, c, 6, 1, eos_id=-1))(jnp.zeros(()))
+  np.testing.assert_array_equal(np.asarray(tokens[:, 0]), expected)
+  np.testing.assert_allclose(np.asarray(scores), x[np.arange(6), expected] - lse, rtol=0, atol=2e-5)
 
 
 def test_greedy_equals_argmax_of_full_forward_per_prefix():

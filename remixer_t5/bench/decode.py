@@ -216,9 +216,9 @@ def bench_decode(model, params=None, settings: Settings = Settings(), *, referen
 
 
 def model_from_gin():
-  """The model `train` would build: the run config's when a run file is loaded, else MODEL."""
+  """The model `train` would build: MODEL, which every run file binds as the run's model."""
   from remixer_t5 import gin_utils
-  model = gin_utils.binding("run_config.Training.model") or gin_utils.macro("MODEL")
+  model = gin_utils.macro("MODEL")
   if model is None:
     raise ValueError("bench decode needs MODEL from the gin config (e.g. --gin_file=models/t5_1_1/small.gin)")
   return model

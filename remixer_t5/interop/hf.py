@@ -330,18 +330,8 @@ def fast_tokenizer_json(spiece_model: bytes, extra_ids: int = 100) -> dict:
   import base64
 
   from sentencepiece import sentencepiece_model_pb2 as pb
-  proto = pb.ModelProto.FromString(spiece_model)
+  proto = _t5_like_proto(spiece_model, extra_ids)
   trainer, norm = proto.trainer_spec, proto.normalizer_spec
-  if trainer.model_type != pb.TrainerSpec.UNIGRAM:
-    raise ValueError(f"the SentencePiece model is a {pb.TrainerSpec.ModelType.Name(trainer.model_type)} model; "
-                     "T5's tokenizer is a unigram one")
-  if not (norm.escape_whitespaces and norm.add_dummy_prefix) or trainer.treat_whitespace_as_suffix:
-    raise ValueError("the SentencePiece model does not start words with '\u2581' (escape_whitespaces or "
-                     "add_dummy_prefix off, or treat_whitespace_as_suffix on); T5's tokenizer does")
-  if proto.denormalizer_spec.precompiled_charsmap:
-    raise ValueError("the SentencePiece model has a denormalizer, which HF's tokenizer cannot apply")
-  if extra_ids < 0:
-    raise ValueError(f"extra_ids must be >= 0, got {extra_ids}")
   Piece = pb.ModelProto.SentencePiece
   n = len(proto.pieces)
   sentinels = [f"<extra_id_{i}>" for i in reversed(range(extra_ids))]  # ids n, n + 1, ...: <extra_id_0> last
@@ -385,6 +375,25 @@ def fast_tokenizer_json(spiece_model: bytes, extra_ids: int = 100) -> dict:
       "model": {"type": "Unigram", "unk_id": trainer.unk_id, "byte_fallback": trainer.byte_fallback,
                 "vocab": [[p.piece, p.score] for p in proto.pieces] + [[s, 0.0] for s in sentinels]},
   }
+
+
+def _t5_like_proto(spiece_model: bytes, extra_ids: int):
+  """The SentencePiece model proto, refused (ValueError) unless it is a unigram model starting words with "▁"
+  and without a denormalizer, as T5's tokenizer is."""
+  from sentencepiece import sentencepiece_model_pb2 as pb
+  proto = pb.ModelProto.FromString(spiece_model)
+  trainer, norm = proto.trainer_spec, proto.normalizer_spec
+  if trainer.model_type != pb.TrainerSpec.UNIGRAM:
+    raise ValueError(f"the SentencePiece model is a {pb.TrainerSpec.ModelType.Name(trainer.model_type)} model; "
+                     "T5's tokenizer is a unigram one")
+  if not (norm.escape_whitespaces and norm.add_dummy_prefix) or trainer.treat_whitespace_as_suffix:
+    raise ValueError("the SentencePiece model does not start words with '\u2581' (escape_whitespaces or "
+                     "add_dummy_prefix off, or treat_whitespace_as_suffix on); T5's tokenizer does")
+  if proto.denormalizer_spec.precompiled_charsmap:
+    raise ValueError("the SentencePiece model has a denormalizer, which HF's tokenizer cannot apply")
+  if extra_ids < 0:
+    raise ValueError(f"extra_ids must be >= 0, got {extra_ids}")
+  return proto
 
 
 def hf_tokenizer_files(spiece_model: bytes, extra_ids: int = 100, model_max_length: int = 512

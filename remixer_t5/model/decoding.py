@@ -15,6 +15,27 @@ StepFn = Callable[[Array, object], tuple[Array, object]]
 NEG_INF = -1.0e7
 
 
+def token_and_log_prob(logits: Array) -> tuple[Array, Array]:
+  """(argmax over the last axis, first index on ties; its log-probability), as greedy decoding needs them: the
+  plain form, `jnp.argmax` of the raw logits (as HF's greedy search takes it) and log_softmax there."""
+  token = jnp.argmax(logits, axis=-1)
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
+  return token, jnp.take_along_axis(log_probs, token[..., None], axis=-1)[..., 0]
+
+
+def token_and_log_prob_by_reductions(logits: Array) -> tuple[Array, Array]:
+  """`token_and_log_prob` as two plain reductions, which greedy decoding uses: the token is the first index
+  holding the row's max, its log-probability max - logsumexp. XLA:CPU vectorises these where `jnp.argmax`'s
+  (value, index) pair reduction does not; the greedy decode of a COGS batch pays it back (docs/benchmarks.md,
+  "Against an earlier commit"). Equal to the plain form (tests/test_decoding.py)."""
+  logits = logits.astype(jnp.float32)
+  top = jnp.max(logits, axis=-1, keepdims=True)
+  lse = top + jnp.log(jnp.sum(jnp.exp(logits - top), axis=-1, keepdims=True))
+  iota = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+  token = jnp.min(jnp.where(logits == top, iota, logits.shape[-1]), axis=-1)
+  return token, (top - lse)[..., 0]
+
+
 def greedy_decode(tokens_to_logits: StepFn, cache, batch_size: int, max_length: int, eos_id: int = 1
                   ) -> tuple[Array, Array]:
   """Argmax decoding; returns (tokens [batch, max_length], sum of log-probabilities [batch])."""
@@ -27,9 +48,7 @@ def greedy_decode(tokens_to_logits: StepFn, cache, batch_size: int, max_length: 
     i, seqs, logp, done, cache = state
     prev = jnp.where(i == 0, 0, jax.lax.dynamic_index_in_dim(seqs, jnp.maximum(i - 1, 0), 1, False))
     logits, cache = tokens_to_logits(prev[:, None], cache)
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
-    tok = jnp.argmax(logits, axis=-1)
-    tok_logp = jnp.take_along_axis(log_probs, tok[:, None], axis=-1)[:, 0]
+    tok, tok_logp = token_and_log_prob_by_reductions(logits)
     tok = jnp.where(done, 0, tok)
     logp = logp + jnp.where(done, 0.0, tok_logp)
     seqs = jax.lax.dynamic_update_index_in_dim(seqs, tok, i, 1)

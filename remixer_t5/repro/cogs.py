@@ -437,23 +437,10 @@ def core_groups(jobs: int) -> list[list[int] | None]:
   return [cpus[len(cpus) * k // jobs:len(cpus) * (k + 1) // jobs] for k in range(jobs)]
 
 
-def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None] = lambda r: None,
-        progress: Callable[[str], None] = lambda s: None, jobs: int = 1) -> list[dict]:
-  """Every model x seed: train (or resume), decode, score; outputs rewritten after every run.
-
-  `jobs` > 1 trains that many runs at once, each pinned to its share of the cores (core_groups); a run keeps
-  its share while it decodes, in a child process pinned there (decode_run; unpinned, without affinity support,
-  the driver decodes one run at a time), then the next run starts there. Rows then
-  come in the order runs finish and carry `jobs` (their timings shared the machine). XLA splits its sums
-  differently over fewer threads, so a run is not bit-identical to the same run with `jobs` 1.
-  A run that fails does not stop the others; the failures are raised together at the end. Interrupted (Ctrl-C),
-  the runs not started stay unstarted, a decode stops at its next batch (a decoding child gets SIGTERM) and a
-  training child gets SIGTERM (the trainer saves a checkpoint and exits); rerunning the command resumes them."""
-  import concurrent.futures
-  import queue
-  import threading
+def _prepare(settings: Settings, out_dir: Path | None, progress: Callable[[str], None]) -> tuple[Path, dict, dict]:
+  """(the sweep's folder, the splits' measurements, the model lengths): the gen file set, the models' names and
+  the examples' round trips checked, the folder's settings.json written or matched, before anything runs."""
   from remixer_t5.tasks import cogs
-  groups = core_groups(jobs)
   if settings.gen_file:
     cogs.set_gen_file(settings.gen_file)
     os.environ[cogs.GEN_ENV_VAR] = str(Path(settings.gen_file).expanduser().resolve())  # for the subprocesses
@@ -481,10 +468,15 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
   else:
     settings_path.write_text(json.dumps(record, indent=2))
   (work / "data.json").write_text(json.dumps(data, indent=2))
+  return work, data, lengths
+
+
+def _kept_and_todo(work: Path, settings: Settings, progress: Callable[[str], None], emit: Callable[[dict], None]
+                   ) -> tuple[list[dict], list[tuple[int, str, int]]]:
+  """(the rows of runs finished before, emitted again; the (index, model, seed) runs still to do)."""
   results_path = work / "cogs.jsonl"
   records = [json.loads(line) for line in results_path.read_text().splitlines()] if results_path.exists() else []
   done = {(r["model"], r["seed"]) for r in records}
-  categories = data["splits"]["gen"]["categories"]
   total = len(settings.models) * len(settings.seeds)
   todo = []
   for i, (seed, model) in enumerate(itertools.product(settings.seeds, settings.models), start=1):
@@ -495,6 +487,39 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
           emit(r)
     else:
       todo.append((i, model, seed))
+  return records, todo
+
+
+def _stop_all(stop, futures) -> None:
+  """Interrupted: no run starts; a decode stops at its next batch (its progress line), a training's reader at its
+  next line; each training child gets SIGTERM (the trainer saves a checkpoint and exits; a rerun resumes it)."""
+  stop.set()
+  for f in futures:
+    f.cancel()
+  for proc in list(_CHILDREN):
+    proc.terminate()
+
+
+def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None] = lambda r: None,
+        progress: Callable[[str], None] = lambda s: None, jobs: int = 1) -> list[dict]:
+  """Every model x seed: train (or resume), decode, score; outputs rewritten after every run.
+
+  `jobs` > 1 trains that many runs at once, each pinned to its share of the cores (core_groups); a run keeps
+  its share while it decodes, in a child process pinned there (decode_run; unpinned, without affinity support,
+  the driver decodes one run at a time), then the next run starts there. Rows then
+  come in the order runs finish and carry `jobs` (their timings shared the machine). XLA splits its sums
+  differently over fewer threads, so a run is not bit-identical to the same run with `jobs` 1.
+  A run that fails does not stop the others; the failures are raised together at the end. Interrupted (Ctrl-C),
+  the runs not started stay unstarted, a decode stops at its next batch (a decoding child gets SIGTERM) and a
+  training child gets SIGTERM (the trainer saves a checkpoint and exits); rerunning the command resumes them."""
+  import concurrent.futures
+  import queue
+  import threading
+  groups = core_groups(jobs)
+  work, data, lengths = _prepare(settings, out_dir, progress)
+  records, todo = _kept_and_todo(work, settings, progress, emit)
+  categories = data["splits"]["gen"]["categories"]
+  total = len(settings.models) * len(settings.seeds)
   if 0 < len(todo) < jobs:  # fewer runs left than jobs: each keeps all of its share, none gets a split meant for more
     jobs = len(todo)
     groups = core_groups(jobs)
@@ -555,11 +580,7 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
                  f"{decode_seconds:.0f}s); ETA {eta / 60:.0f} min")
         _write_outputs(work, records)
     except BaseException:  # Ctrl-C: runs not started stay unstarted, running ones stop (their checkpoints kept)
-      stop.set()  # a decode stops at its next batch (its progress line), a training's reader at its next line
-      for f in futures:
-        f.cancel()
-      for proc in list(_CHILDREN):  # SIGTERM: the trainer saves a checkpoint and exits (a rerun resumes it)
-        proc.terminate()
+      _stop_all(stop, futures)
       raise
   if failed or out_dir is not None:
     _write_outputs(work, records)

@@ -1,20 +1,9 @@
 """A run's settings: what is trained, on which data, and when it checkpoints, logs and evaluates.
 
 Four small frozen dataclasses, bound once per run file in gin (gin/runs/pretrain.gin) and read by every command
-that builds the run: `train`, `eval`, `compile`, `bench train` and the scripts (`from_gin`). The macros users
-write keep their names; each is bound once:
-
-  macro                  field                            macro            field
-  MODEL_DIR              Run.model_dir                    TRAIN_STEPS      Schedule.train_steps
-  MODEL                  Training.model                   CHECKPOINT_PERIOD Schedule.checkpoint_period
-  RANDOM_SEED            Training.random_seed             EVAL_PERIOD      Schedule.eval_period
-  INIT_CHECKPOINT        Training.init_checkpoint         LOG_PERIOD       Schedule.log_period
-  MIXTURE_OR_TASK_NAME   Data.task                        EVAL_STEPS       Schedule.eval_steps
-  TASK_FEATURE_LENGTHS   Data.feature_lengths             INFER_EVAL_TASK  Schedule.infer_eval_task
-  BATCH_SIZE             Data.batch_size                  VOCABULARY       Data.vocabulary
-  DATA_DIR               Data.data_dir
-
-The rest are bound by their field (`--gin.run_config.Training.num_microbatches=4`). What a run file used to bind
+that builds the run: `train`, `eval`, `compile`, `bench` and the scripts (`from_gin`). The macros users write
+keep their names, each bound once to its field (`MACROS`: BATCH_SIZE -> Data.batch_size, ...); the rest are
+bound by their field (`--gin.run_config.Training.num_microbatches=4`). What a run file used to bind
 on `trainer.train` / `trainer.evaluate_checkpoint` is refused with the field to bind instead (`MOVED`).
 """
 from __future__ import annotations
