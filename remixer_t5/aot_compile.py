@@ -408,7 +408,7 @@ def _report_header(acc, devices, num_slices: int, part, run, pack: bool) -> dict
 
 def _compile_step(name: str, prog, acc, batch_size: int, pack: bool, peak, log) -> dict[str, Any]:
   """One step of `prog` compiled for `acc`: its row (memory, XLA's costs, the estimates they imply)."""
-  from remixer_t5.training import validation
+  from remixer_t5.training import programs
   batch = prog.batch(batch_size, pack)
   if name == "train":
     row = _compiled_row(prog, acc, peak, log, prog.train_step, prog.state, batch)
@@ -416,9 +416,8 @@ def _compile_step(name: str, prog, acc, batch_size: int, pack: bool, peak, log) 
   if name == "eval":
     return _compiled_row(prog, acc, peak, log, prog.eval_step, prog.state.params, batch)
   if name == "decode":
-    enc = {"encoder_input_tokens": batch["encoder_input_tokens"]}
-    return _compiled_row(prog, acc, peak, log, validation.jit_predict(prog.model), prog.state.params, enc,
-                         prog.feature_lengths["targets"], name="decode")
+    return _compiled_row(prog, acc, peak, log, programs.jit_decode(prog.model), prog.state.params,
+                         batch["encoder_input_tokens"], prog.feature_lengths["targets"], name="decode")
   raise ValueError(f"unknown step {name!r}; expected train, eval or decode")
 
 

@@ -47,7 +47,8 @@ def main(argv=None) -> int:
   data = repro.measure_splits(progress)
   run_dir = args.out / "runs" / f"{args.model}-seed{args.seed}"
   repro.train_run(args.model, args.seed, settings, data["model_lengths"], run_dir, progress,
-                  extra_gin=[f"--gin.CHECKPOINT_PERIOD={args.every}", "--gin.run_config.Schedule.keep_checkpoints=None"])
+                  extra_gin=[f"--gin.CHECKPOINT_PERIOD={args.every}",
+                             "--gin.run_config.Schedule.keep_checkpoints=None"])
   path = args.out / "curve.jsonl"
   rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
   for step in range(args.every, args.steps + 1, args.every):

@@ -394,7 +394,7 @@ def stage_hypermixing_forms() -> dict:
   import numpy as np
 
   from remixer_t5.model.config import T5Config
-  from remixer_t5.model.mixers.hypermixer import HyperMixing, _activate
+  from remixer_t5.model.mixers.hypermixer import HyperMixing, activate
 
   rng = np.random.default_rng(0)
   mixer = HyperMixing(T5Config(dtype="bfloat16"))
@@ -413,7 +413,7 @@ def stage_hypermixing_forms() -> dict:
 
   def unpacked(w1, x, w2, kv_mask, q_seg, kv_seg):
     hsum = jnp.einsum("bjh,bjd->bhd", w1, x, preferred_element_type=jnp.float32)
-    return jnp.einsum("bih,bhd->bid", w2, _activate(hsum, None, jnp.bfloat16))
+    return jnp.einsum("bih,bhd->bid", w2, activate(hsum, None, jnp.bfloat16))
 
   cases = [(f"XLA {what}", nq, nk, pieces, mixer._block_segmented)
            for what, nq, nk, pieces in (("self, 512, 1 segment", 512, 512, 1), ("self, 512, 5 segments", 512, 512, 5),

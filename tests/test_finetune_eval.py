@@ -128,7 +128,7 @@ def test_predict_fn_groups_batches_by_length_and_keeps_each_output_with_its_exam
       return np.asarray(enc)[:, :length]
     return predict
 
-  monkeypatch.setattr(evaluation, "_jit_predict", fake_jit)
+  monkeypatch.setattr(evaluation.programs, "jit_decode", fake_jit)
   rng = np.random.default_rng(0)
   lengths = rng.integers(1, 12, size=23)
   enc = np.zeros((23, 12), np.int32)

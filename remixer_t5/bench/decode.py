@@ -2,7 +2,7 @@
 decode function, optionally beside Hugging Face transformers' `T5ForConditionalGeneration.generate` on the same
 weights.
 
-Ours is exactly what seqio evaluation calls per batch: `evaluation._jit_predict(model, beam_size)` (encoder
+Ours is exactly what seqio evaluation calls per batch: `programs.jit_decode(model, beam_size)` (encoder
 once, then greedy or beam search over the decoder's cache, length penalty alpha 0.6), then the tokens brought
 to the host. Inputs are random ids ending in EOS, no padding; parameters a fresh initialisation of the gin MODEL
 (seed 0) or `--checkpoint`'s.
@@ -72,8 +72,8 @@ class Settings:
 def ours(model, params, enc: np.ndarray, new_tokens: int, beam_size: int = 1) -> Callable[[], np.ndarray]:
   """A zero-argument callable: the evaluator's jitted decode of `enc` (EOS disabled), tokens on the host
   [batch, new_tokens] (the best beam)."""
-  from remixer_t5.training import evaluation
-  predict = evaluation._jit_predict(model, beam_size, NO_EOS)
+  from remixer_t5.training import programs
+  predict = programs.jit_decode(model, beam_size, NO_EOS)
   device_enc = jnp.asarray(enc)
 
   def run():

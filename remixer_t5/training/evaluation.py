@@ -9,7 +9,6 @@ copied up once the evaluation has logged.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import time
 from typing import Any, Callable, Mapping
@@ -21,6 +20,7 @@ import seqio
 
 from remixer_t5 import storage
 from remixer_t5.model.models import EncoderDecoderModel
+from remixer_t5.training import programs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +41,7 @@ def make_predict_fn(model: EncoderDecoderModel, params, decoding: Decoding):
   """seqio predict_fn: (index, features) dataset -> [(index, output ids)], decoded as `decoding` says (examples
   grouped by input length; the last batch padded with empty rows whose outputs are dropped). The ids keep their
   full length (seqio stacks them; the vocabulary's decode stops at EOS)."""
-  predict = _jit_predict(model, decoding.beam_size)
+  predict = programs.jit_decode(model, decoding.beam_size)
   batch_size, put, fetch = decoding.batch_size, decoding.put, decoding.fetch
   progress, stats = decoding.progress, decoding.stats
 
@@ -75,15 +75,6 @@ def make_predict_fn(model: EncoderDecoderModel, params, decoding: Decoding):
     return out
 
   return predict_fn
-
-
-@functools.lru_cache(maxsize=8)
-def _jit_predict(model: EncoderDecoderModel, beam_size: int, eos_id: int = 1):
-  """One jitted decode per (model, beam size), so evaluating several splits compiles each length once.
-  Evaluation stops at EOS (id 1); `remixer-t5 bench decode` passes an id no token has (bench_decode.NO_EOS) to
-  time every position of the same decode."""
-  return jax.jit(lambda p, enc, n: model.predict_batch(p, {"encoder_input_tokens": enc}, max_decode_length=n,
-                                                       beam_size=beam_size, eos_id=eos_id), static_argnums=2)
 
 
 def _generated(tokens: np.ndarray, eos_id: int = 1) -> np.ndarray:

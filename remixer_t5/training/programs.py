@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from typing import Any, Callable, Mapping
 
 import jax
@@ -57,6 +58,15 @@ def make_init(model: EncoderDecoderModel, tx: optax.GradientTransformation, feat
     params = model.init_variables(init_rng, shapes)["params"]
     return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params), rng=dropout_rng)
   return init
+
+
+@functools.lru_cache(maxsize=8)
+def jit_decode(model: EncoderDecoderModel, beam_size: int = 1, eos_id: int = 1):
+  """(params, encoder tokens, decode length) -> tokens: the jitted greedy (beam_size 1) or beam decode, one per
+  (model, beams, EOS) so that evaluating several splits compiles each length once. Evaluation stops at EOS (id 1);
+  `remixer-t5 bench decode` passes an id no token has (bench_decode.NO_EOS) to time every position."""
+  return jax.jit(lambda p, enc, n: model.predict_batch(p, {"encoder_input_tokens": enc}, max_decode_length=n,
+                                                       beam_size=beam_size, eos_id=eos_id), static_argnums=2)
 
 
 def batch_shapes(feature_lengths: Mapping[str, int], batch_size: int, pack: bool

@@ -3,7 +3,6 @@ the first examples (metrics.jsonl rows `validation`), and decode-and-score evalu
 (`evaluation.infer_eval`, rows `infer/<task>`)."""
 from __future__ import annotations
 
-import functools
 import time
 
 import jax
@@ -11,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from remixer_t5 import storage
-from remixer_t5.training import partitioning
+from remixer_t5.training import partitioning, programs
 from remixer_t5.training.batches import get_batches, global_batch, global_from_host, to_host
 from remixer_t5.training.programs import summarize
 
@@ -51,15 +50,9 @@ def decode_examples(model, params, batch, vocab, n, pack, mesh):
     from jax.experimental import multihost_utils
     enc, tgt = multihost_utils.broadcast_one_to_all((enc, tgt))
   replicated = partitioning.replicated(mesh)
-  preds = to_host(jit_predict(model)(params, {"encoder_input_tokens": global_from_host(enc, replicated)},
-                                      tgt.shape[-1]))
+  preds = to_host(programs.jit_decode(model)(params, global_from_host(enc, replicated), tgt.shape[-1]))
   return [{"inputs": vocab.decode(strip(e)), "targets": vocab.decode(strip(t)), "prediction": vocab.decode(strip(p))}
           for e, t, p in zip(enc, tgt, preds)]
-
-
-@functools.lru_cache(maxsize=4)
-def jit_predict(model):
-  return jax.jit(lambda p, b, n: model.predict_batch(p, b, max_decode_length=n), static_argnums=2)
 
 
 def strip(ids) -> list[int]:

@@ -66,7 +66,7 @@ class HyperNetwork(nn.Module):
     return w
 
 
-def _activate(hsum: Array, count: Array | None, dtype) -> Array:
+def activate(hsum: Array, count: Array | None, dtype) -> Array:
   """GELU of the TM-MLP hidden layer; `count` (broadcastable) divides it for length normalisation."""
   if count is not None:
     hsum = hsum / jnp.maximum(count, 1.0)
@@ -158,7 +158,7 @@ class HyperMixing(nn.Module):
       else:  # one d'×d hidden layer shared by all queries: linear in the length
         hsum = jnp.einsum("bjh,bjd->bhd", w1, x, preferred_element_type=f32)
         count = kv_mask.sum(-1)[:, None, None] if self.length_normalize else None
-        out = jnp.einsum("bih,bhd->bid", w2, _activate(hsum, count, dtype))
+        out = jnp.einsum("bih,bhd->bid", w2, activate(hsum, count, dtype))
     if self.layer_norm:
       out = layers.LayerNorm(cfg.layer_norm_epsilon, dtype, name="layer_norm")(out)
     return out.astype(dtype)
@@ -223,7 +223,7 @@ class HyperMixing(nn.Module):
       hsum = jnp.einsum("bij,bjk->bik", jnp.concatenate([cont[:, :, None], vis], axis=2), keys)
       hsum = hsum.reshape(b, -1, d, h)
       count = vis.sum(-1) + cont * run_count[:, None]
-      act = _activate(hsum, count[:, :, None, None] if length_normalize else None, dtype)
+      act = activate(hsum, count[:, :, None, None] if length_normalize else None, dtype)
       out = jnp.einsum("bih,bidh->bid", w2c, act)
       # The running sum after a chunk is the prefix sum at its last position (of that position's segment).
       return (hsum[:, -1], count[:, -1], sc[:, -1]), out
@@ -268,7 +268,7 @@ class HyperMixing(nn.Module):
       count = kv_hot.sum(1)[:, :, None, None] if length_normalize else None
       q_hot = (q_seg[:, :, None] == ids).astype(dtype)
       hot_w2 = (q_hot[:, :, :, None] * w2[:, :, None, :]).reshape(b, nq, k * h)  # [b, i, s·h]
-      act = _activate(hsum, count, dtype).reshape(b, k * h, d)
+      act = activate(hsum, count, dtype).reshape(b, k * h, d)
       return jnp.einsum("bik,bkd->bid", hot_w2, act, preferred_element_type=f32)
 
     # The segment ids, mask and trip count are arguments, not closed over: a custom_vjp may not capture tracers.
@@ -313,4 +313,4 @@ class HyperMixing(nn.Module):
                                                      preferred_element_type=f32)
     index.value = index.value + 1
     count = index.value.astype(f32) if self.length_normalize else None  # every decoded position is real
-    return jnp.einsum("bih,bhd->bid", w2, _activate(hidden_sum.value, count, self.config.dtype))
+    return jnp.einsum("bih,bhd->bid", w2, activate(hidden_sum.value, count, self.config.dtype))
