@@ -25,7 +25,8 @@ def _args(model_dir, data_dir):
           "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 32}", "--gin.LOG_PERIOD=1", f"--gin.EVAL_PERIOD={STEPS}", "--gin.EVAL_STEPS=1",
           f"--gin.CHECKPOINT_PERIOD={STEPS}", f"--gin.TRAIN_STEPS={STEPS}", "--gin.DROPOUT_RATE=0.0",
           "--gin.run_config.Data.shuffle=False", "--gin.run_config.Data.pack=False",
-          f"--gin.run_config.Schedule.infer_eval_period={STEPS}", "--gin.run_config.Schedule.infer_examples=4", "--gin.network.T5Config.emb_dim=32",
+          f"--gin.run_config.Schedule.infer_eval_period={STEPS}", "--gin.run_config.Schedule.infer_examples=4",
+          "--gin.network.T5Config.emb_dim=32",
           "--gin.network.T5Config.mlp_dim=48", f"--gin.MODEL_DIR='{model_dir}'", f"--gin.DATA_DIR='{data_dir}'"]
 
 
