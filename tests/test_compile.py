@@ -1,6 +1,6 @@
 """`remixer-t5 compile`: ahead-of-time compilation for TPU slices on this CPU machine (libtpu, no TPU).
 
-Only tiny configs compile here; base-size compiles (minutes, 7-9 GiB of RAM each) are scripts/tpu_cost_table.py's.
+Only tiny configs compile here; base-size compiles (minutes, 7-9 GiB of RAM each) are scripts/cost_table.py's.
 """
 import json
 import subprocess

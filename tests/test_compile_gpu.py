@@ -185,16 +185,16 @@ def test_hypermixer_compiles_its_pallas_kernel_and_claims_no_step_time(capsys, m
 
 
 def test_cost_table_compiles_what_is_missing_and_what_redo_names():
-  """scripts/gpu_cost_table.py: a rerun compiles the cells without a row, and with --redo every cell of the
+  """scripts/cost_table.py gpu: a rerun compiles the cells without a row, and with --redo every cell of the
   named models again (their old rows stay in the JSONL; the table shows the latest); an unknown name is refused."""
   import sys
   from pathlib import Path
   sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-  import gpu_cost_table as table
-  rows = [{"name": c[0], "topology": c[1], "rules": c[2], "mesh": c[3], "variant": c[4]} for c in table.cells()]
-  assert table.todo(rows, []) == []
-  assert table.todo(rows[1:], []) == [table.cells()[0]]
-  assert table.todo(rows, ["hypermixer_base"]) == [c for c in table.cells() if c[0] == "hypermixer_base"]
-  assert len(table.todo(rows, ["hypermixer_base"])) == len(table.SETUPS)
+  import cost_table as table
+  rows = [{"name": c[0], "topology": c[1], "rules": c[2], "mesh": c[3], "variant": c[4]} for c in table.gpu_cells()]
+  assert table.gpu_todo(rows, []) == []
+  assert table.gpu_todo(rows[1:], []) == [table.gpu_cells()[0]]
+  assert table.gpu_todo(rows, ["hypermixer_base"]) == [c for c in table.gpu_cells() if c[0] == "hypermixer_base"]
+  assert len(table.gpu_todo(rows, ["hypermixer_base"])) == len(table.SETUPS)
   with pytest.raises(SystemExit, match="unknown model.*hypermix; expected some of"):
-    table.todo(rows, ["hypermix"])
+    table.gpu_todo(rows, ["hypermix"])
