@@ -275,7 +275,7 @@ def from_gin(batch_size: int | None = None, feature_lengths: Mapping[str, int] |
 
 def against(commit: str, what: str, argv: Sequence[str], rounds: int = 3, log: Callable[[str], None] = print
             ) -> dict[str, Any]:
-  """`bench WHAT ARGV` (train or decode) of this tree against `commit`'s, on this machine: the commit checked out
+  """`bench WHAT ARGV` (train or decode) of this tree against `commit`'s, on the same host: the commit checked out
   in a temporary git worktree, every measurement a fresh process (`--rounds=1 --json`) running its own tree's
   code with this interpreter, the two trees alternating `rounds` times so that both see the same drift in the
   machine's speed. Returns, for each timing of the row (`ours_s_per_step`; decode's `ours_<mode>_s_per_batch`),
