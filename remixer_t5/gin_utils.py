@@ -122,8 +122,7 @@ def _included(path: str, search: Sequence[Path], seen: set | None = None) -> lis
   return out
 
 
-def _syntax_error(e: BaseException, where: str, path: str | None = None,
-                  search: Sequence[Path] = ()) -> GinError:
+def _syntax_error(e: BaseException, where: str, path: str | None = None, search: Sequence[Path] = ()) -> GinError:
   """One line naming the file (or binding), the line and what is wrong, for gin's SyntaxError and the
   tokenize.TokenError it lets through for an unclosed bracket (without a file name or, from an include, any
   message)."""
@@ -164,8 +163,7 @@ def _set_gin_search_path(search: Sequence[Path]) -> None:
   """Includes resolve in --gin_search_paths, then the package's gin/, then the working directory.
 
   gin also asks a package-resource reader, which crashes (TypeError) when the first path component names a
-  namespace package, e.g. a `runs/` folder in the working directory; make its existence check safe.
-  """
+  namespace package, e.g. a `runs/` folder in the working directory; make its existence check safe."""
   import gin
   gin.config._LOCATION_PREFIXES[:] = [str(p) for p in search] + [""]  # noqa: SLF001
 
@@ -189,8 +187,7 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Seque
   """Parse gin files then bindings; unknown configurables/parameters and unknown macros are errors.
 
   `macro_defaults` {NAME: gin value} binds those macros the files define (e.g. a run's `MODEL_DIR =
-  %gin.REQUIRED`) before the user's bindings, which still override them; names the files lack are ignored.
-  """
+  %gin.REQUIRED`) before the user's bindings, which still override them; names the files lack are ignored."""
   import gin
   gin.clear_config()
   # gin logs an ERROR for every search path an include is not found in before the one it is found in.

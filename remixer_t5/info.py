@@ -29,8 +29,7 @@ def model_info(model, lengths: Mapping[str, int]) -> dict[str, Any]:
   """{'params', 'modules' (name -> count), 'flops_per_token', 'forward_flops_per_example', ...}.
 
   FLOPs come from XLA's cost analysis of the lowered (not compiled) forward pass for one example at the
-  given feature lengths; training FLOPs per token = 3 x forward (backward ~ 2 x forward) / (inputs + targets).
-  """
+  given feature lengths; training FLOPs per token = 3 x forward (backward ~ 2 x forward) / (inputs + targets)."""
   shapes, variables = _shapes(model, lengths)
   params = variables["params"]
   modules: dict[str, int] = {}
@@ -65,8 +64,7 @@ def format_sharding(model, lengths, *, mesh=None, rules=None) -> str:
 
   `mesh`: a preset name ('tpu_v3_32', ...), 'DxM', a (data, model) tuple or None (the local devices,
   data-parallel); `rules`: 'data', 'data_model', 'fsdp' (default: the preset's, else data_model). Dimensions
-  the mesh does not divide are shown replicated, marked `*`.
-  """
+  the mesh does not divide are shown replicated, marked `*`."""
   _, variables = _shapes(model, lengths)
   params = variables["params"]
   part = partitioning.partitioner(mesh, rules=rules, abstract=True,

@@ -1,16 +1,15 @@
 """What a user sees at start-up: the project's own lines, not TensorFlow's native start-up log.
 
-TensorFlow is only the input pipeline here (seqio, tf.data). Importing it prints, from C++ and before any
-logging is set up, a oneDNN notice, "Could not find cuda drivers", a CPU-feature notice and absl's "All log
-messages before absl::InitializeLog()" banner; its first device enumeration on a machine without a GPU adds
-"failed call to cuInit: ... CUDA error". No setting turns all of it off, so `configure()` installs an import
-hook: when anything first imports `tensorflow`, the process's stderr (file descriptor 2) goes to a temporary
-file for the import and is put back after it; what was written there is shown only if the import fails. Right
-after the import the hook hides GPUs from TensorFlow (as t5x does), so on a GPU host the input pipeline never
-claims GPU memory that JAX needs; that enumeration runs hidden too. `import jax` is hidden the same way (with
-the CUDA compiler plugin installed it prints the same notices on a machine without a GPU), and
-`hidden_unless_verbose` also covers the plugin's start when `remixer-t5 compile` builds a GPU topology.
-`configure()` also defaults $TF_CPP_MIN_LOG_LEVEL to 2 (TensorFlow's and XLA's INFO and WARNING lines, e.g.
+TensorFlow is only the input pipeline here (seqio, tf.data). Importing it prints, from C++ and before any logging is set
+up, a oneDNN notice, "Could not find cuda drivers", a CPU-feature notice and absl's "All log messages before
+absl::InitializeLog()" banner; its first device enumeration on a machine without a GPU adds "failed call to cuInit: ...
+CUDA error". No setting turns all of it off, so `configure()` installs an import hook: when anything first imports
+`tensorflow`, the process's stderr (file descriptor 2) goes to a temporary file for the import and is put back after it;
+what was written there is shown only if the import fails. Right after the import the hook hides GPUs from TensorFlow (as
+t5x does), so on a GPU host the input pipeline never claims GPU memory that JAX needs; that enumeration runs hidden too.
+`import jax` is hidden the same way (with the CUDA compiler plugin installed it prints the same notices on a machine
+without a GPU), and `hidden_unless_verbose` also covers the plugin's start when `remixer-t5 compile` builds a GPU
+topology. `configure()` also defaults $TF_CPP_MIN_LOG_LEVEL to 2 (TensorFlow's and XLA's INFO and WARNING lines, e.g.
 tf.data cache notices; errors still show).
 
 `REMIXER_T5_VERBOSE=1` turns all of this off: everything is printed, and TensorFlow sees GPUs.

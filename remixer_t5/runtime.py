@@ -42,8 +42,7 @@ def jax_runs_on_cpu_only() -> bool:
   JAX_PLATFORMS (or jax.config's jax_platforms) decides when set; otherwise JAX uses an accelerator when one's
   support is installed (libtpu on a machine with TPU chips, or a `jax_plugins` package such as
   jax_cuda12_plugin), so none installed means CPU. libtpu without TPU chips (installed only to compile for a
-  TPU topology, `remixer-t5 compile`) still means CPU.
-  """
+  TPU topology, `remixer-t5 compile`) still means CPU."""
   import jax
   platforms = (jax.config.jax_platforms or "").strip()
   if platforms:

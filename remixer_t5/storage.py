@@ -2,17 +2,9 @@
 
 Everything a run reads or writes under MODEL_DIR, INIT_CHECKPOINT and the commands that read a run goes through
 `run_path`, so `gs://bucket/run` and `/home/me/run` work alike (pathlib would turn `gs://b/r` into a local
-`gs:/b/r`). Who speaks to the bucket:
-- epath, and orbax's folder operations through it, use fsspec's `gcsfs` (EPATH_USE_TF=false, set here as a
-  default): it honours `STORAGE_EMULATOR_HOST` and a TPU VM's default credentials alike;
-- orbax writes arrays with tensorstore, which speaks GCS itself (`TENSORSTORE_GCS_HTTP_URL` for an emulator);
-- what only TensorFlow writes or reads (TensorBoard event files, seqio's evaluation logs, the tf.data iterator
-  state) is written in a local staging folder and copied into the bucket by `Mirror`, file by file, each object
-  written once and complete; tf.data over TFDS in a bucket (`tf.io.gfile`) is left to TensorFlow.
-
-A bucket has no rename of folders and no append: writes that must be atomic write one object, whole (an upload
-is atomic); files that grow (metrics.jsonl, event files) are rewritten whole when they grow, as TensorFlow's own
-GCS file system does on flush; checkpoints rely on orbax's commit marker (`commit_success.txt`).
+`gs:/b/r`). epath uses fsspec's `gcsfs` (EPATH_USE_TF=false, set here as a default), which honours
+`STORAGE_EMULATOR_HOST`; what only TensorFlow writes goes through `Mirror`. Which client writes what, and how
+writes stay whole on a bucket (no folder rename, no append): docs/scaling.md, "Which client writes what".
 """
 from __future__ import annotations
 
@@ -138,11 +130,10 @@ def download_tree(remote, local: str | os.PathLike) -> None:
 
 
 class Mirror:
-  """A local folder standing in for `target` for writers that only TensorFlow's file system can drive
-  (TensorBoard, seqio's loggers, tf.train.Checkpoint). Local targets are used directly; for a bucket the
-  writers write into a staging folder and `sync()` copies every file that changed since the last sync (each
-  object rewritten whole: new lines of a log, a new event file). `pull(*patterns)` first brings the target's
-  existing files that the writers append to."""
+  """A local folder standing in for `target` for writers that only TensorFlow's file system can drive (TensorBoard,
+  seqio's loggers, tf.train.Checkpoint). Local targets are used directly; for a bucket the writers write into a staging
+  folder and `sync()` copies every file that changed since the last sync (each object rewritten whole: new lines of a
+  log, a new event file). `pull(*patterns)` first brings the target's existing files that the writers append to."""
 
   def __init__(self, target):
     self.target = run_path(target)

@@ -284,21 +284,27 @@ def tpu_main(args) -> None:
             and (not args.only or c[0] in args.only.split(","))
             and (not args.topologies or c[1] in args.topologies.split(","))]
     todo.sort(key=lambda c: c[0] not in args.again)  # stable: the models asked for again come first
-    todo = todo[:args.limit]
-    # XLA's TPU compiler runs mostly on one core: --jobs 2 keeps two compiles going (each needs 5-9 GiB of RAM).
-    with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
-      futures = {pool.submit(tpu_measure, *cell, timeout=args.timeout): (i, cell) for i, cell in enumerate(todo)}
-      for future in concurrent.futures.as_completed(futures):
-        i, cell = futures[future]
-        row = future.result()
-        with TPU_JSONL.open("a") as f:
-          f.write(json.dumps(row) + "\n")
-        rows.append(row)
-        t = row.get("report", {}).get("steps", {}).get("train", {})
-        print(f"[{i + 1}/{len(todo)}] {cell} -> {row.get('error') or ('fits' if t.get('fits') else 'does not fit')} "
-              f"{t.get('optimal_seconds', '')} ({row.get('wall_seconds')} s)", file=sys.stderr, flush=True)
-        tpu_write_doc(rows)
+    measure(todo[:args.limit], tpu_measure, rows, TPU_JSONL, args, lambda: tpu_write_doc(rows))
   tpu_write_doc(rows)
+
+
+def measure(cells: list[tuple], measure_cell, rows: list[dict], jsonl: Path, args, render) -> None:
+  """Each cell compiled (`args.jobs` at a time: XLA's TPU compiler runs mostly on one core, each compile needs
+  5-9 GiB of RAM), its row appended to `rows` and `jsonl` and the tables rendered as each lands."""
+  with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
+    futures = {pool.submit(measure_cell, *cell, timeout=args.timeout): (i, cell) for i, cell in enumerate(cells)}
+    for future in concurrent.futures.as_completed(futures):
+      i, cell = futures[future]
+      row = future.result()
+      with jsonl.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+      rows.append(row)
+      t = row.get("report", {}).get("steps", {}).get("train", {})
+      print(f"[{i + 1}/{len(cells)}] {' '.join(c for c in cell if c)}: {row.get('wall_seconds')} s, "
+            + (row.get("error") or ("fits" if t.get("fits") else "does not fit")
+               + f", {t.get('needs_bytes', 0) / 2 ** 30:.1f} GiB a device, step {t.get('optimal_seconds', '')}"),
+            file=sys.stderr, flush=True)
+      render()
 
 
 # --- GPUs -------------------------------------------------------------------------------------------------
@@ -383,18 +389,10 @@ def gpu_render(rows: list[dict]) -> str:
 
 def gpu_main(args) -> None:
   rows = load(GPU_JSONL)
+  render = lambda: write_between(GPU_START, GPU_END, gpu_render(rows))
   if not args.render:
-    cells_left = gpu_todo(rows, args.redo)
-    for i, cell in enumerate(cells_left, 1):
-      print(f"[{i}/{len(cells_left)}] {' '.join(c for c in cell if c)} ...", file=sys.stderr, flush=True)
-      row = gpu_measure(*cell, timeout=args.timeout)
-      rows.append(row)
-      with GPU_JSONL.open("a") as f:
-        f.write(json.dumps(row) + "\n")
-      t = row.get("report", {}).get("steps", {}).get("train", {})
-      print(f"    {row.get('wall_seconds', '?')} s: " + (row["error"] if "error" in row else
-            f"fits {t.get('fits')}, {t.get('needs_bytes', 0) / 2 ** 30:.1f} GiB/GPU"), file=sys.stderr, flush=True)
-  write_between(GPU_START, GPU_END, gpu_render(rows))
+    measure(gpu_todo(rows, args.redo), gpu_measure, rows, GPU_JSONL, args, render)
+  render()
 
 
 def main(argv=None) -> int:
@@ -410,8 +408,8 @@ def main(argv=None) -> int:
   p.add_argument("--only", help="tpu: comma-separated model names to measure (default: all)")
   p.add_argument("--topologies", help="tpu: comma-separated slices to measure (default: all)")
   p.add_argument("--limit", type=int, help="tpu: measure at most this many cells")
-  p.add_argument("--jobs", type=int, default=1, help="tpu: compiles at a time (XLA's TPU compiler uses about one "
-                 "core each, and 5-9 GiB of RAM at base size)")
+  p.add_argument("--jobs", type=int, default=1, help="compiles at a time (XLA's TPU compiler uses about one "
+                 "core each; 5-9 GiB of RAM each at base size)")
   args = p.parse_args(argv)
   args.redo = [m for m in args.redo.split(",") if m]
   args.again = [m for m in args.again.split(",") if m]

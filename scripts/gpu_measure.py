@@ -10,10 +10,8 @@ and the loss of each step (finite and falling). Stages:
   on the host CPU from the same parameters and batch: loss, gradient norm and the updated parameters must agree.
 - one stage per base model at the pretraining settings (runs/pretrain.gin: batch 128, 512/114, Adafactor,
   bfloat16 activations, mesh 1x1 with the data rules: the `h100`/`h200` rows of the GPU cost table);
-- `hypermixing_kernel`: kernels/gpu/hypermixing.py's Pallas kernel (HyperMixing's causal form) against XLA's scan
-  on this GPU (outputs and gradients), and one causal layer's forward + backward timed both ways at base size;
-- `hypermixing_forms`: the packed non-causal form (XLA's id blocks, what GPUs run) timed at base size beside the
-  unpacked form;
+- `kernels`: `remixer-t5 bench kernels` on this GPU: the COGS steps with the Pallas kernels (attention,
+  HyperMixing's causal form) against plain XLA, unpacked and packed rows;
 - `<model>_xla`: the same model with the plain XLA attention (`T5Config.attention_impl='xla'`), to set beside the
   default (`auto`: the Pallas flash attention of kernels/gpu/ on GPUs); `parity` runs the fused path on the GPU
   against the XLA form on the host;
@@ -67,8 +65,8 @@ XLA_ATTENTION = "network.T5Config.attention_impl='xla'"
 MODELS.update({f"{k}_xla": (gin, [*b, XLA_ATTENTION], f"{label}, XLA attention") for k, (gin, b, label) in
                list(MODELS.items()) if "hypermixer" not in k})
 DEFAULT_STAGES = ("parity", "t5_1_1_base", "t5_1_1_base_xla", "remixer_sbase", "remixer_sbase_xla",
-                  "remixer_base_mb2", "hypermixer_base_mb4", "cogs_quick", "deviceless_t5_1_1_base")
-TIMEOUTS = {"parity": 120, "cogs_quick": 420, "init_rng": 120, "hypermixing_kernel": 150, "hypermixing_forms": 150, "deviceless": 240}
+                  "remixer_base_mb2", "hypermixer_base_mb4", "kernels", "cogs_quick", "deviceless_t5_1_1_base")
+TIMEOUTS = {"parity": 120, "cogs_quick": 420, "init_rng": 120, "kernels": 300, "deviceless": 240}
 MODEL_TIMEOUT = 200
 
 
@@ -298,153 +296,17 @@ def stage_parity() -> dict:
   return row
 
 
-def stage_hypermixing_kernel(timed: bool = True) -> dict:
-  """kernels/gpu/hypermixing.py's Pallas kernel on this GPU, against XLA's chunked scan (`HyperMixing._scan_causal`,
-  `HyperMixing.impl='xla'`): outputs and the three gradients on small packed batches (float32, matmul precision
-  'highest'), then one causal layer's forward + backward timed at base size (a microbatch of 32 of
-  runs/pretrain.gin's 128 rows, 114 decoder positions, d' 2048, d 768, bfloat16), for a few tile shapes."""
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
-
-  from remixer_t5.model.config import T5Config
-  from remixer_t5.kernels.gpu import hypermixing as gpu_hypermixing
-  from remixer_t5.model.mixers.hypermixer import HyperMixing
-
-  rng = np.random.default_rng(0)
-
-  def inputs(b, n, h, d, dtype, pieces):
-    ends = np.sort(rng.choice(np.arange(1, n), size=(b, pieces - 1), replace=True), axis=1)
-    seg = 1 + (np.arange(n)[None, None, :] >= ends[:, :, None]).sum(1)
-    seg[:, n - n // 8:] = 0  # a padded tail
-    mask = (seg > 0).astype(np.float32)
-    w1, w2 = (jnp.asarray(rng.normal(size=(b, n, h)) * mask[:, :, None], dtype) for _ in range(2))
-    x = jnp.asarray(rng.normal(size=(b, n, d)), dtype)
-    return w1, x, w2, jnp.asarray(mask), jnp.asarray(seg, jnp.int32)
-
-  def causal_form(impl, ln, mask, seg):
-    """The causal layer f(w1, x, w2), float32: the kernel (`impl`: its keyword arguments) or XLA's scan."""
-    if impl == "scan":
-      scan = HyperMixing(T5Config(dtype="float32"), length_normalize=ln)._scan_causal
-      return lambda w1, x, w2: scan(w1, x, w2, mask, seg).astype(jnp.float32)
-    return lambda w1, x, w2: gpu_hypermixing.kernel(w1, x, w2, mask, seg, ln, **impl)
-
-  def layer(impl, ln, mask, seg):
-    """The timed step: the causal layer's value and gradients of sum(f * g), jitted, g an argument."""
-    f = causal_form(impl, ln, mask, seg)
-    return jax.jit(jax.value_and_grad(lambda w1, x, w2, g: jnp.sum(f(w1, x, w2) * g), argnums=(0, 1, 2)))
-
-  def out_and_grads(f, w1, x, w2, g):
-    """f(w1, x, w2), and the gradients of sum(f * g) for w1, x, w2; each jitted."""
-    return (jax.jit(f)(w1, x, w2),
-            jax.jit(jax.grad(lambda w1, x, w2: jnp.sum(f(w1, x, w2) * g), argnums=(0, 1, 2)))(w1, x, w2))
-
-  row = {"stage": "hypermixing_kernel", "device_kind": jax.devices()[0].device_kind, "checks": []}
-  with jax.default_matmul_precision("highest"):
-    for b, n, h, d, ln, pieces in ((3, 37, 96, 80, True, 3), (2, 114, 256, 128, False, 5)):
-      w1, x, w2, mask, seg = inputs(b, n, h, d, jnp.float32, pieces)
-      g = jnp.asarray(rng.normal(size=(b, n, d)), jnp.float32)
-      on_cpu = {"interpret": True} if jax.default_backend() == "cpu" else {}  # a CPU run of this script
-      forms = {"kernel": causal_form(on_cpu, ln, mask, seg), "scan": causal_form("scan", ln, mask, seg)}
-      results = {k: out_and_grads(f, w1, x, w2, g) for k, f in forms.items()}
-      rel = lambda a, r: float(jnp.max(jnp.abs(a - r)) / jnp.max(jnp.abs(r)))
-      check = {"shape": [b, n, h, d], "length_normalize": ln, "segments_a_row": pieces,
-               "out_rel": rel(results["kernel"][0], results["scan"][0]),
-               "grad_rel": [rel(a, r) for a, r in zip(results["kernel"][1], results["scan"][1])]}
-      check["ok"] = check["out_rel"] < 1e-4 and max(check["grad_rel"]) < 1e-4
-      row["checks"].append(check)
-      _progress(time.time(), f"check {check}")
-  row["ok"] = all(c["ok"] for c in row["checks"])
-  if not timed:
-    return row
-  b, n, h, d = 32, 114, 2048, 768
-  w1, x, w2, mask, seg = inputs(b, n, h, d, jnp.bfloat16, 6)
-  g = jnp.asarray(rng.normal(size=(b, n, d)), jnp.float32)
-  row["timed_shape"] = [b, n, h, d]
-  row["timings_ms"] = {}
-  variants = [(f"kernel {bh}x{bd} warps {w}", dict(block_h=bh, block_d=bd, num_warps=(w, w)))
-              for bh, bd, w in ((32, 64, 4), (64, 64, 4), (32, 32, 4), (32, 64, 2), (16, 64, 2), (32, 128, 4))]
-  variants += [("XLA scan (chunks of 8)", "scan")]
-  for name, impl in variants:
-    t0 = time.time()
-    try:
-      f = layer(impl, False, mask, seg)
-      jax.block_until_ready(f(w1, x, w2, g))
-      compile_s = time.time() - t0
-      times = []
-      for _ in range(3 if impl == "scan" else 5):
-        t = time.perf_counter()
-        jax.block_until_ready(f(w1, x, w2, g))
-        times.append(time.perf_counter() - t)
-      row["timings_ms"][name] = {"median": round(1e3 * statistics.median(times), 2),
-                                 "all": [round(1e3 * t, 2) for t in times], "first_call_s": round(compile_s, 1)}
-    except Exception as e:  # noqa: BLE001 - a tile shape that does not compile is a row, not the end
-      row["timings_ms"][name] = {"error": f"{type(e).__name__}: {e}"[:500]}
-    _progress(t0, f"{name}: {row['timings_ms'][name]}")
-  return row
-
-
-def stage_hypermixing_forms() -> dict:
-  """HyperMixing's packed non-causal form on this GPU, one layer's forward + backward at base size (a microbatch of
-  32 of runs/pretrain.gin's rows, d' 2048, d 768, bfloat16): XLA's form (`_block_segmented`, what GPUs run: there
-  is no GPU kernel for it) over the encoder's 512 positions with 1 and with 5 segments a row and for cross-mixing
-  (114 queries), beside the unpacked form (one state a row: the floor)."""
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
-
-  from remixer_t5.model.config import T5Config
-  from remixer_t5.model.mixers.hypermixer import HyperMixing, activate
-
-  rng = np.random.default_rng(0)
-  mixer = HyperMixing(T5Config(dtype="bfloat16"))
-  on_cpu = jax.default_backend() == "cpu"  # a CPU run of this script: small sizes
-  b, h, d = (2, 64, 32) if on_cpu else (32, 2048, 768)
-  shrink = 8 if on_cpu else 1  # on the CPU the lengths too (the names keep the GPU's)
-  row = {"stage": "hypermixing_forms", "device_kind": jax.devices()[0].device_kind, "timings_ms": {},
-         "lengths_divided_by": shrink}
-
-  def seg_ids(n, pieces):
-    ids = np.ones((b, n), np.int32)
-    for r in range(b):
-      ends = np.sort(rng.choice(np.arange(1, n), size=pieces - 1, replace=False))
-      ids[r] = 1 + (np.arange(n)[None, :] >= ends[:, None]).sum(0)
-    return jnp.asarray(ids)
-
-  def unpacked(w1, x, w2, kv_mask, q_seg, kv_seg):
-    hsum = jnp.einsum("bjh,bjd->bhd", w1, x, preferred_element_type=jnp.float32)
-    return jnp.einsum("bih,bhd->bid", w2, activate(hsum, None, jnp.bfloat16))
-
-  cases = [(f"XLA {what}", nq, nk, pieces, mixer._block_segmented)
-           for what, nq, nk, pieces in (("self, 512, 1 segment", 512, 512, 1), ("self, 512, 5 segments", 512, 512, 5),
-                                        ("cross, 114 x 512, 5 segments", 114, 512, 5))]
-  cases.append(("unpacked self, 512", 512, 512, 1, unpacked))
-  for name, nq, nk, pieces, form in cases:
-    t0 = time.time()
-    nq, nk = nq // shrink, nk // shrink
-    try:
-      w1 = jnp.asarray(rng.normal(size=(b, nk, h)), jnp.bfloat16)
-      x = jnp.asarray(rng.normal(size=(b, nk, d)), jnp.bfloat16)
-      w2 = jnp.asarray(rng.normal(size=(b, nq, h)), jnp.bfloat16)
-      kv_seg = seg_ids(nk, pieces)
-      q_seg = kv_seg[:, :nq] if nq == nk else seg_ids(nq, pieces)
-      mask = jnp.ones((b, nk), jnp.float32)
-      g = jnp.asarray(rng.normal(size=(b, nq, d)), jnp.float32)
-      f = jax.jit(jax.value_and_grad(lambda w1, x, w2, form=form: jnp.sum(
-          form(w1, x, w2, mask, q_seg, kv_seg).astype(jnp.float32) * g), argnums=(0, 1, 2)))
-      jax.block_until_ready(f(w1, x, w2))
-      first = time.time() - t0
-      times = []
-      for _ in range(3):
-        t = time.perf_counter()
-        jax.block_until_ready(f(w1, x, w2))
-        times.append(time.perf_counter() - t)
-      row["timings_ms"][name] = {"median": round(1e3 * statistics.median(times), 2),
-                                 "all": [round(1e3 * t, 2) for t in times], "first_call_s": round(first, 1)}
-    except Exception as e:  # noqa: BLE001 - one form that fails is a row, not the end
-      row["timings_ms"][name] = {"error": f"{type(e).__name__}: {e}"[:500]}
-    _progress(t0, f"{name}: {row['timings_ms'][name]}")
-  return row
+def stage_kernels(steps: int, warmup: int, timeout: float) -> dict:
+  """`remixer-t5 bench kernels` on this GPU: each COGS step with every implementation field `auto` (the Pallas
+  kernels) against plain XLA, variants compiled in one process and timed in alternating rounds."""
+  workloads = os.environ.get("GPU_MEASURE_KERNELS", "cogs:t5_1_1,cogs:remixer,cogs:hypermixer,cogs:hypermixer:packed")
+  proc = subprocess.run([sys.executable, "-m", "remixer_t5.cli", "bench", "kernels", "--workloads", workloads,
+                         "--rounds", "2", "--steps", str(steps), "--warmup", str(warmup), "--json"], cwd=ROOT, capture_output=True,
+                        text=True, timeout=timeout)
+  if proc.returncode:
+    raise RuntimeError(f"bench kernels exited {proc.returncode}: {proc.stderr.strip()[-1500:]}")
+  return {"stage": "kernels", "rows": [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")],
+          "summary": [line for line in proc.stderr.splitlines() if line.startswith("# ")]}
 
 
 def stage_init_rng(model_gin: str = "models/t5_1_1/tiny.gin") -> dict:
@@ -535,17 +397,16 @@ def run_one(stage: str, steps: int, warmup: int, topology: str) -> dict:
     return stage_parity()
   if stage == "init_rng":
     return stage_init_rng()
-  if stage == "hypermixing_kernel":
-    return stage_hypermixing_kernel()
-  if stage == "hypermixing_forms":
-    return stage_hypermixing_forms()
+  if stage == "kernels":
+    return stage_kernels(steps, warmup, TIMEOUTS["kernels"] - 10)
   if stage.startswith("deviceless_"):
     return stage_deviceless(stage[len("deviceless_"):], topology, TIMEOUTS["deviceless"] - 10)
   if stage == "cogs_quick":
     return stage_cogs_quick(TIMEOUTS["cogs_quick"] - 10)
   if stage in MODELS:
     return stage_model(stage, steps, warmup, os.environ.get("GPU_MEASURE_PROFILE"))
-  raise ValueError(f"unknown stage {stage!r}: expected parity, init_rng, deviceless_<model> or one of "
+  raise ValueError(f"unknown stage {stage!r}: expected parity, init_rng, kernels, cogs_quick, deviceless_<model> or "
+                   f"one of "
                    f"{sorted(MODELS)}")
 
 
@@ -566,14 +427,8 @@ def summary(row: dict) -> str:
             f"{row['kernel_run_seconds']} / {row['inlined_run_seconds']} s; host CPU's initialiser max |diff| "
             f"{row['host_max_abs_diff']:.2e}, relative to each leaf {row['host_max_rel_diff']:.2e}: "
             f"{'OK' if row['ok'] else 'MISMATCH'}")
-  if s == "hypermixing_forms":
-    return f"hypermixing_forms ({row['device_kind']}):" + "".join(
-        f"\n    {k}: {v}" for k, v in row["timings_ms"].items())
-  if s == "hypermixing_kernel":
-    return (f"hypermixing_kernel ({row['device_kind']}): kernel against XLA's scan "
-            + "; ".join(f"{c['shape']} out {c['out_rel']:.1e} grads {max(c['grad_rel']):.1e}" for c in row["checks"])
-            + f": {'OK' if row['ok'] else 'MISMATCH'}"
-            + "".join(f"\n    {k}: {v}" for k, v in row.get("timings_ms", {}).items()))
+  if s == "kernels":
+    return "kernels (bench kernels: default against xla):" + "".join(f"\n    {line}" for line in row["summary"])
   if s == "cogs_quick":
     scores = [f"{r.get('model')} {r.get('split') or r.get('category')} {r.get('exact_match')}" for r in row["rows"]
               if r.get("split") in ("dev", "test")]

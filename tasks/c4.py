@@ -92,8 +92,7 @@ def _shard_stem(path: str) -> str:
 
 
 def c4_source() -> C4Source:
-  """C4 English as a seqio source: local release shards (streamed) or TFDS ``c4/en:3.1.0``, read only; no I/O
-  here."""
+  """C4 English as a seqio source: local release shards (streamed) or TFDS ``c4/en:3.1.0``, read only; no I/O here."""
   import tensorflow as tf
   return C4Source(local_dir=LOCAL_DIR, local_files=LOCAL_FILES, reader=read_c4_jsonl,
                   features={key: tf.TensorSpec([], tf.string) for key in ("text",) + OPTIONAL_FIELDS},
@@ -104,8 +103,7 @@ def register_c4_task(name: str = TASK_NAME, vocabulary=None) -> str:
   """Registers span corruption over C4 English under ``name``; returns ``name``.
 
   ``vocabulary``: a seqio.Vocabulary, a SentencePiece model path, or None (T5's). Registering the same name
-  again with an equal vocabulary is a no-op; with another one, ValueError.
-  """
+  again with an equal vocabulary is a no-op; with another one, ValueError."""
   return add_span_corruption_task(name, c4_source(), vocabulary)
 
 

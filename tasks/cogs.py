@@ -143,8 +143,7 @@ def register_cogs_task(name: str = TASK_NAME, vocabulary=None, *, data_dir=None)
 
     ``vocabulary``: a seqio.Vocabulary, a SentencePiece model path, or None (T5's vocabulary). ``data_dir``: folder
     holding ``cogs/`` (default: ``$REMIXER_T5_DATA_DIR``, read when a dataset is built). Registering the same name
-    again with an equal vocabulary is a no-op; with another one, ValueError.
-    """
+    again with an equal vocabulary is a no-op; with another one, ValueError."""
     source = seqio.FunctionDataSource(functools.partial(cogs_dataset_fn, data_dir=data_dir), splits=list(SPLIT_FILES))
     return add_task(name, source, [], cogs_postprocess, [cogs_accuracy], vocabulary)
 

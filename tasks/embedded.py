@@ -1,9 +1,8 @@
 """seqio tasks: T5 span corruption over the embedded corpus.
 
-``embedded_span_corruption`` uses the project's embedded SentencePiece vocabulary;
-``register_span_corruption_task(name, vocabulary)`` registers the same corpus and objective with another vocabulary.
-Registration does no I/O: the corpus is prepared (and the embedded vocabulary trained) when a dataset is first built
-from the task.
+``embedded_span_corruption`` uses the project's embedded SentencePiece vocabulary; ``register_span_corruption_task(name,
+vocabulary)`` registers the same corpus and objective with another vocabulary. Registration does no I/O: the corpus is
+prepared (and the embedded vocabulary trained) when a dataset is first built from the task.
 """
 
 from __future__ import annotations
@@ -22,9 +21,8 @@ DEFAULT_SEQUENCE_LENGTH = {"inputs": 512, "targets": 114}
 
 
 class LazySplitFiles(Mapping):
-    """``{split: tfrecord path}`` that prepares the corpus on first lookup. Handed to seqio as
-    ``split_to_filepattern``: seqio reads only the keys when the task is registered and looks a split up when it
-    reads it."""
+    """``{split: tfrecord path}`` that prepares the corpus on first lookup. Handed to seqio as ``split_to_filepattern``:
+    seqio reads only the keys when the task is registered and looks a split up when it reads it."""
 
     def __init__(self, cache_dir=None):
         self._cache_dir = cache_dir
@@ -60,8 +58,7 @@ def register_span_corruption_task(name: str, vocabulary=None, *, cache_dir=None)
 
     ``vocabulary``: a seqio.Vocabulary, a SentencePiece model path, or None (the embedded vocabulary). ``cache_dir``:
     the corpus folder (default: see ``embedded_corpus.corpus_dir``). Registering the same name again with an equal
-    vocabulary is a no-op; with another vocabulary it raises ValueError.
-    """
+    vocabulary is a no-op; with another vocabulary it raises ValueError."""
     if vocabulary is None:
         vocabulary = get_vocabulary(cache_dir=cache_dir)
     return add_span_corruption_task(name, embedded_source(cache_dir), vocabulary)

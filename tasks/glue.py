@@ -46,8 +46,7 @@ def f1_with_invalid(targets: Sequence[int], predictions: Sequence[int]) -> dict[
   return metrics.f1_binary(targets, fixed, positive=1)
 
 
-def string_label_to_class_id(output: Any, label_classes: Sequence[str], example=None, is_target=False,
-                             **unused) -> int:
+def string_label_to_class_id(output: Any, label_classes: Sequence[str], example=None, is_target=False, **unused) -> int:
   """T5's postprocessor: the index of the decoded string in ``label_classes``, -1 for any other string."""
   del example, is_target, unused
   text = metrics._text(output)
@@ -69,8 +68,7 @@ def string_to_float(output: Any, example=None, is_target=False, **unused) -> flo
 def text_to_text(x, prefix: str, fields: Sequence[tuple[str, str]], label_names: Sequence[str]):
   """``"<prefix> <name>: <x[key]> ..."`` -> the label's name (``<unk>`` for label -1), as T5's ``glue``.
 
-  ``fields``: (name shown in the text, feature key) pairs in order. ``idx`` is kept when the example has one.
-  """
+  ``fields``: (name shown in the text, feature key) pairs in order. ``idx`` is kept when the example has one."""
   import tensorflow as tf
   parts = [prefix]
   for shown, key in fields:

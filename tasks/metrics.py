@@ -1,11 +1,10 @@
 """Metric functions for remixer_t5's seqio tasks: the generic scores (accuracy, F1, MCC, correlations,
 SQuAD-style EM/F1) and COGS' per-category accuracy. Task-specific groupings (MultiRC, ReCoRD) build on these.
 
-seqio calls a metric function as ``fn(targets, predictions)`` where ``targets`` are the task's postprocessed
-targets and ``predictions`` the postprocessed model outputs. For COGS the task's ``postprocess_fn``
-(``cogs_postprocess``) turns each *target* into ``{"target": str, "category": str}`` using the full example seqio
-passes with ``is_target=True``, so ``cogs_accuracy`` can report accuracy per category; predictions stay plain
-strings.
+seqio calls a metric function as ``fn(targets, predictions)`` where ``targets`` are the task's postprocessed targets and
+``predictions`` the postprocessed model outputs. For COGS the task's ``postprocess_fn`` (``cogs_postprocess``) turns
+each *target* into ``{"target": str, "category": str}`` using the full example seqio passes with ``is_target=True``, so
+``cogs_accuracy`` can report accuracy per category; predictions stay plain strings.
 
 Strings are compared after whitespace normalisation (``" ".join(s.split())``), so a SentencePiece round trip that
 only changes spacing still matches. All values are percentages (0-100).
@@ -136,8 +135,7 @@ def pearson_spearman(targets: Sequence[float], predictions: Sequence[float]) -> 
   t, p = np.asarray(targets, np.float64), np.asarray(predictions, np.float64)
   if len(t) < 2 or np.ptp(t) == 0 or np.ptp(p) == 0:
     return {"pearson": 0.0, "spearman": 0.0}
-  return {"pearson": 100.0 * float(stats.pearsonr(t, p)[0]),
-          "spearman": 100.0 * float(stats.spearmanr(t, p)[0])}
+  return {"pearson": 100.0 * float(stats.pearsonr(t, p)[0]), "spearman": 100.0 * float(stats.spearmanr(t, p)[0])}
 
 
 def normalize_answer(text: str) -> str:
@@ -179,8 +177,7 @@ def mean_group_metric(metric: Callable[[Sequence, Sequence], Mapping[str, float]
                       group_key: str = "group", value_key: str = "value") -> Callable:
   """A metric that applies ``metric`` within each group and averages over groups (T5's MultiRC EM).
 
-  Targets and predictions are ``{group_key: id, value_key: label}`` dicts (or predictions plain labels).
-  """
+  Targets and predictions are ``{group_key: id, value_key: label}`` dicts (or predictions plain labels)."""
   def grouped(targets: Sequence[Mapping], predictions: Sequence) -> dict[str, float]:
     _check_lengths(targets, predictions)
     groups: dict[Any, tuple[list, list]] = collections.OrderedDict()
@@ -203,8 +200,7 @@ def _sg_value(x: Any) -> Any:
 
 
 def super_glue_cb(targets: Sequence[int], predictions: Sequence[int]) -> dict[str, float]:
-  """CommitmentBank: ``f1_macro`` (unweighted mean F1 of the 3 classes, T5's mean_multiclass_f1) and
-  ``accuracy``."""
+  """CommitmentBank: ``f1_macro`` (unweighted mean F1 of the 3 classes, T5's mean_multiclass_f1) and ``accuracy``."""
   return {**f1_macro(targets, predictions, labels=(0, 1, 2)), **accuracy(targets, predictions)}
 
 

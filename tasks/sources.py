@@ -89,8 +89,7 @@ def parse_json_line(path: str, lineno: int, line: str, required: Sequence[str] =
     raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}: {line[:120]!r}")
   missing = [k for k in required if k not in row]
   if missing:
-    raise ValueError(f"{path}:{lineno}: row lacks field(s) {missing}; expected {list(required)}, "
-                     f"got {sorted(row)}")
+    raise ValueError(f"{path}:{lineno}: row lacks field(s) {missing}; expected {list(required)}, got {sorted(row)}")
   return row
 
 
@@ -103,14 +102,11 @@ def read_jsonl(path: str, required: Sequence[str] = ()) -> Iterator[tuple[int, d
         yield lineno, row
 
 
-def read_tsv(path: str, columns: Sequence[str] | None = None, *,
-             header: bool = True) -> Iterator[tuple[int, dict]]:
+def read_tsv(path: str, columns: Sequence[str] | None = None, *, header: bool = True) -> Iterator[tuple[int, dict]]:
   """(line number, {column: value}) for each row of a tab-separated file.
 
-  With ``header``, the first line names the columns and must contain ``columns``; without, ``columns`` name
-  the fields in order. A row with another number of fields than the columns is an error. No quoting (TFDS's
-  ``csv.QUOTE_NONE``).
-  """
+  With ``header``, the first line names the columns and must contain ``columns``; without, ``columns`` name the fields
+  in order. A row with another number of fields than the columns is an error. No quoting (TFDS's ``csv.QUOTE_NONE``)."""
   with _open_text(path) as f:
     reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
     names = list(columns or [])
@@ -170,8 +166,7 @@ class LocalOrTfdsSource(seqio.DataSource):
 
   Both local forms are tf.data-native (``rows_dataset``: tensors sliced by index; ``lines_dataset``:
   ``TextLineDataset`` with the parsing in a batched map), so a training run's ``tf.train.Checkpoint`` of its
-  input iterator holds the position and restores it in constant time (docs/architecture.md, "Input position").
-  """
+  input iterator holds the position and restores it in constant time (docs/architecture.md, "Input position")."""
 
   def __init__(self, *, local_dir: str, local_files: Mapping[str, str | Sequence[str]], reader: RowReader,
                features: Mapping[str, Any], tfds_name: str | None = None,
@@ -199,8 +194,7 @@ class LocalOrTfdsSource(seqio.DataSource):
       if path.is_dir():
         return path
     if self.tfds_name is None:
-      looked = (f"looked for {(Path(root).expanduser() / self.local_dir).resolve()}" if root
-                else _describe_data_dir())
+      looked = (f"looked for {(Path(root).expanduser() / self.local_dir).resolve()}" if root else _describe_data_dir())
       raise FileNotFoundError(
           f"no local copy of {self.local_dir!r} ({looked}) and TFDS has no such dataset: set {DATA_ENV_VAR} "
           f"(or the data_dir gin binding) to a folder holding {self.local_dir}/ with "
@@ -300,8 +294,7 @@ def rows_dataset(rows: Sequence[Mapping[str, Any]], signature: Mapping[str, Any]
 
   Leaves of ``signature`` are ``tf.TensorSpec`` of shape ``[]`` or ``[None]`` (variable-length lists, e.g.
   ReCoRD's entities). Unlike ``Dataset.from_generator``, the iterator's state is a row index, so
-  ``tf.train.Checkpoint(iterator=...)`` saves and restores it in constant time.
-  """
+  ``tf.train.Checkpoint(iterator=...)`` saves and restores it in constant time."""
   import tensorflow as tf
 
   def column(values, spec, where):
@@ -324,16 +317,13 @@ def rows_dataset(rows: Sequence[Mapping[str, Any]], signature: Mapping[str, Any]
       lambda x: x.to_tensor() if isinstance(x, tf.RaggedTensor) else tf.identity(x), row))
 
 
-def lines_dataset(files: Sequence[str], parse: LineParser, signature: Mapping[str, Any],
-                  lines_per_call: int = 128):
+def lines_dataset(files: Sequence[str], parse: LineParser, signature: Mapping[str, Any], lines_per_call: int = 128):
   """Rows of line-per-row files (``.gz`` too), read by ``tf.data.TextLineDataset`` in file order.
 
-  ``parse(path, line number, line)`` runs in a ``tf.py_function`` over ``lines_per_call`` lines at a time,
-  in parallel maps (order kept); it returns a row (flat dict of scalars as ``signature``) or None to drop
-  the line. Its ValueError (naming file and line) surfaces as a tf.errors.OpError carrying the message. The
-  parse is a pure function of the line, so the pipeline is checkpointable (the dataset's external-state
-  policy is IGNORE: the py_function holds no state).
-  """
+  ``parse(path, line number, line)`` runs in a ``tf.py_function`` over ``lines_per_call`` lines at a time, in parallel
+  maps (order kept); it returns a row (flat dict of scalars as ``signature``) or None to drop the line. Its ValueError
+  (naming file and line) surfaces as a tf.errors.OpError carrying the message. The parse is a pure function of the line,
+  so the pipeline is checkpointable (the dataset's external-state policy is IGNORE: the py_function holds no state)."""
   import tensorflow as tf
   names = list(signature)
   specs = [signature[k] for k in names]

@@ -1,11 +1,10 @@
 """SQuAD v1.1 as T5's ``squad_v010_allanswers`` seqio task, named ``squad``.
 
-Format (T5's ``preprocessors.squad``): spaces around every ASCII punctuation mark in question, context and
-answers (runs of whitespace collapsed), inputs ``question: <question> context: <context>``, target the first
-answer. The padded answers travel with each example as ``answers``; the postprocessor hands them to
-``metrics.squad`` as the targets, which scores a prediction by EM/F1 against each and keeps the best (the official
-v1.1 evaluation; its normalisation drops the punctuation again). Leading/trailing spaces the padding leaves are
-stripped (T5 left them; tokenization ignores them).
+Format (T5's ``preprocessors.squad``): spaces around every ASCII punctuation mark in question, context and answers (runs
+of whitespace collapsed), inputs ``question: <question> context: <context>``, target the first answer. The padded
+answers travel with each example as ``answers``; the postprocessor hands them to ``metrics.squad`` as the targets, which
+scores a prediction by EM/F1 against each and keeps the best (the official v1.1 evaluation; its normalisation drops the
+punctuation again). Leading/trailing spaces the padding leaves are stripped (T5 left them; tokenization ignores them).
 
 Data: TFDS ``squad/v1.1:3.0.0``, or the official nested JSON ``<data dir>/squad/{train,dev}-v1.1.json``
 (``data[].paragraphs[].qas[]``) converted to TFDS's features: id, title, context, question,

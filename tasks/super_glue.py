@@ -21,7 +21,6 @@ wsc_simple; postprocessors from t5/data/postprocessors.py):
 * WSC (T5's "wsc simple"): ``wsc: <text with the pronoun as *he*>`` -> the candidate noun phrase. Train on
   rows whose candidate is the referent only (the source filters the train split); eval on all rows: the
   prediction counts as True when it names the candidate (T5's postprocessors.wsc_simple rule).
-
 * DPR (T5's ``definite_pronoun_resolution_simple``): ``wsc: <sentence with the pronoun as *he*>`` -> the
   correct candidate, scored by accuracy on the decoded string (T5 has no postprocessor for it).
 
@@ -32,11 +31,9 @@ Metrics (percent; tasks/metrics.py): accuracy (BoolQ, COPA, RTE, WiC, WSC); CB f
 accuracy; MultiRC f1a over all answer options + exact_match per question; ReCoRD em / f1; AX-b mcc; AX-g
 accuracy + gender_parity. A decoded string naming no class becomes -1, which always counts as wrong.
 
-Data: TFDS ``super_glue/<config>:1.0.2`` (the version in tensorflow_datasets 4.9.10; WSC from ``wsc.fixed``
-as T5), or the official release files under ``<data dir>/super_glue/``: ``{BoolQ,CB,COPA,MultiRC,ReCoRD,RTE,
-WiC,WSC}/{train,val,test}.jsonl`` and ``AX-b/AX-b.jsonl``, ``AX-g/AX-g.jsonl`` (TFDS's test split of axb/axg).
-DPR: TFDS ``definite_pronoun_resolution:1.1.0`` or its release files ``<data dir>/definite_pronoun_resolution/
-{train,test}.c.txt`` (4 lines per example: sentence, pronoun, ``candidate,candidate``, answer; blank line).
+Data: TFDS ``super_glue/<config>:1.0.2`` (WSC from ``wsc.fixed`` as T5) and ``definite_pronoun_resolution:1.1.0``,
+or the release files under ``<data dir>/`` (layout: docs/data.md; AX-b/AX-g's are TFDS's test split; DPR's
+``{train,test}.c.txt`` hold 4 lines per example: sentence, pronoun, ``candidate,candidate``, answer; blank line).
 The readers turn release rows into TFDS's features (MultiRC: one row per answer option; ReCoRD: one per
 query with the sorted distinct entity / answer strings; WSC with TFDS's ``wsc.fixed`` span repairs).
 """
@@ -263,11 +260,10 @@ def _reader(convert: Callable, required: Sequence[str] = ()) -> Callable[[str], 
 
 
 def read_dpr(path: str) -> Iterable[dict]:
-  """A DPR release file (Rahman & Ng 2012; ``train.c.txt`` / ``test.c.txt``) as TFDS's
-  ``definite_pronoun_resolution`` examples. Each example is four lines (the sentence, the pronoun, the two
-  candidate antecedents separated by a comma, the correct one) and a blank line; TFDS strips each line and
-  each candidate, and the label is the correct candidate's position. A bad example raises ValueError naming
-  file and line."""
+  """A DPR release file (Rahman & Ng 2012; ``train.c.txt`` / ``test.c.txt``) as TFDS's ``definite_pronoun_resolution``
+  examples. Each example is four lines (the sentence, the pronoun, the two candidate antecedents separated by a comma,
+  the correct one) and a blank line; TFDS strips each line and each candidate, and the label is the correct candidate's
+  position. A bad example raises ValueError naming file and line."""
   for lineno, lines in read_line_blocks(path):
     where = f"{path}:{lineno}"
     if len(lines) != 4:
@@ -280,8 +276,7 @@ def read_dpr(path: str) -> Iterable[dict]:
                        f"one comma, got {candidates}")
     if correct not in candidates:
       raise ValueError(f"{where}: DPR correct antecedent {correct!r} is not one of the candidates {candidates}")
-    yield {"sentence": sentence, "pronoun": pronoun, "candidates": candidates,
-           "label": candidates.index(correct)}
+    yield {"sentence": sentence, "pronoun": pronoun, "candidates": candidates, "label": candidates.index(correct)}
 
 
 # --- text-to-text preprocessors (TensorFlow, as T5's) ---------------------------------------------------------
@@ -380,8 +375,7 @@ def dpr_simple_format(x):
   pronoun = tf.strings.regex_replace(x["pronoun"], r"([\\.^$|?*+()\[\]{}])", r"\\\1")  # as a literal
   pattern = tf.strings.join([" (", pronoun, r")( |\.|,)"])
   marked = tf.strings.regex_replace(x["sentence"], pattern, r" *\1*\2", replace_global=False)
-  return {"inputs": tf.strings.join(["wsc:", marked], separator=" "),
-          "targets": tf.gather(x["candidates"], x["label"])}
+  return {"inputs": tf.strings.join(["wsc:", marked], separator=" "), "targets": tf.gather(x["candidates"], x["label"])}
 
 
 class WscSource(LocalOrTfdsSource):
@@ -572,11 +566,8 @@ def register_super_glue_tasks(vocabulary=None, prefix: str = PREFIX, *, maximum:
   ``<prefix>proportional``; returns their names (SuperGLUE tasks, DPR, the mixture). Idempotent with an equal
   vocabulary (ValueError with another).
 
-  ``vocabulary``: a seqio.Vocabulary, a SentencePiece model path, or None (T5's, lazy).
-  The mixture is T5's super_glue_v102_proportional (t5/data/mixtures.py): the 8 training tasks and DPR at T5's
-  fixed rates (``MIXTURE_RATES``, t5/data/glue_utils.py), known without data. ``maximum``: cap each rate (T5's
-  mixture has none, hence None).
-  """
+  ``vocabulary``: a seqio.Vocabulary, a SentencePiece model path, or None (T5's, lazy). ``maximum``: cap each of the
+  mixture's rates (``MIXTURE_RATES``; T5's mixture has none, hence None)."""
   vocabulary = as_vocabulary(vocabulary)
   specs, names = _specs(), []
   for task in TRAIN_TASKS + DIAGNOSTIC_TASKS + (DPR,):

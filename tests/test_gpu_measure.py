@@ -92,15 +92,24 @@ def test_a_stage_out_of_time_keeps_its_phases(tmp_path):
 
 
 @pytest.mark.integration
-def test_the_hypermixing_stages_check_the_kernel_and_time_the_forms_on_the_cpu():
-  """The stages the next GPU lease runs first: on the CPU the causal kernel runs in Pallas's interpreter, so its
-  correctness checks against XLA's scan and the packed forms' timings run end to end."""
-  row = gpu_measure.stage_hypermixing_kernel(timed=False)
-  assert row["ok"] and len(row["checks"]) == 2 and all(c["out_rel"] < 1e-4 for c in row["checks"]), row
-  assert "hypermixing_kernel (cpu)" in gpu_measure.summary(row)
-  forms = gpu_measure.stage_hypermixing_forms()
-  assert len(forms["timings_ms"]) == 4 and all(t.get("median", 0) > 0 for t in forms["timings_ms"].values()), forms
-  assert "XLA cross, 114 x 512, 5 segments" in gpu_measure.summary(forms)
+def test_the_kernels_stage_runs_bench_kernels_on_packed_rows(tmp_path):
+  """The `kernels` stage on the CPU: `remixer-t5 bench kernels` on HyperMixer's packed COGS step (the C++ loops
+  here, the Pallas kernel on a GPU) against plain XLA, its rows and summary in the stage's row; the variants'
+  first losses agree (each round's state is the variant's own, so later steps drift apart by rounding)."""
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO), "COMMIT": "test",
+         "GPU_MEASURE_KERNELS": "cogs:hypermixer:packed", "REMIXER_T5_CACHE_DIR": str(tmp_path / "cache")}
+  proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_measure.py"), "--out", str(tmp_path),
+                         "--stages", "kernels", "--steps", "1", "--warmup", "0"],
+                        capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  row = json.loads((tmp_path / "gpu_measure.jsonl").read_text().splitlines()[-1])
+  assert row["stage"] == "kernels" and "error" not in row, row
+  first = {r["variant"]: r for r in row["rows"] if r["round"] == 0}
+  assert set(first) == {"default", "xla", "hypermixing=xla", "dropout=xla"}
+  assert all(r["workload"] == "cogs:hypermixer:packed" and r["s_per_step"] > 0 for r in row["rows"])
+  losses = [r["last_loss_sum"] for r in first.values()]
+  assert max(losses) - min(losses) <= 1e-4 * abs(losses[0]), first
+  assert "# cogs:hypermixer:packed: default" in proc.stdout
 
 
 def test_each_attention_model_has_an_xla_attention_stage_beside_it():

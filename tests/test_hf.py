@@ -1,6 +1,6 @@
 """Hugging Face T5 v1.1 interop (remixer_t5.interop.hf) against a fixture made by transformers.
 
-tests/fixtures/hf_t5_v1_1_tiny.npz comes from scripts/make_hf_fixture.py (random tiny T5 v1.1, untied
+tests/fixtures/hf_t5_v1_1_tiny.npz comes from tests/fixtures/make_hf_fixture.py (random tiny T5 v1.1, untied
 lm_head, encoder length 150 > relpos max distance, padded second rows). Only numpy + safetensors + jax here;
 the last test also runs transformers when it is importable.
 """

@@ -3,7 +3,9 @@
 A kernel (remixer_t5/kernels/) stays only if it makes one of these workloads at least 1.2x faster: the trainer's
 whole jitted step (`bench_train.ours`: programs.build) of each COGS model (`models/<model>/cogs.gin` +
 `runs/cogs_scratch.gin`: batch 4, 64/320, dropout 0.1) and of T5.1.1 configs A (d 256, 4+4 layers, batch 16,
-128/32) and B (T5.1.1-small, batch 8, 512/114), dropout 0, on random unpacked tokens. Every variant is compiled in
+128/32) and B (T5.1.1-small, batch 8, 512/114), dropout 0, on random unpacked tokens; `cogs:hypermixer:packed` is
+HyperMixer's COGS step on packed rows (7 examples a row, as COGS packs: HyperMixing's packed and segmented causal
+forms). Every variant is compiled in
 this process from the same seed; rounds alternate the variants (a machine's speed drifts between minutes), each
 the median of `steps` timed steps after `warmup`. Variants: `default` (every implementation field at `auto`),
 `xla` (every field of the registry, kernels.OPERATIONS, that the workload exercises at `xla`) and `<field>=xla`
@@ -24,6 +26,24 @@ WORKLOADS = {  # name -> (gin files, bindings, batch size, feature lengths; None
                   "network.T5Config.num_heads=4", "network.T5Config.head_dim=64"], 16, {"inputs": 128, "targets": 32}),
     "B": (SMALL, ["DROPOUT_RATE=0.0"], 8, {"inputs": 512, "targets": 114}),
 }
+WORKLOADS["cogs:hypermixer:packed"] = WORKLOADS["cogs:hypermixer"]
+PACKED = {"cogs:hypermixer:packed": 7}  # workload -> examples a row
+
+
+def pack(batch: dict, examples: int) -> dict:
+  """`batch` as packed rows: `examples` contiguous segments of near-equal length a row (ids 1..examples), the
+  positions counted within each, as seqio's packing gives."""
+  import numpy as np
+  out = dict(batch)
+  for feature, tokens in (("encoder", "encoder_input_tokens"), ("decoder", "decoder_target_tokens")):
+    rows, length = batch[tokens].shape
+    cuts = np.linspace(0, length, examples + 1).astype(int)
+    seg = np.repeat(np.arange(1, examples + 1), np.diff(cuts)).astype(np.int32)
+    pos = np.concatenate([np.arange(n) for n in np.diff(cuts)]).astype(np.int32)
+    out[f"{feature}_segment_ids"], out[f"{feature}_positions"] = np.tile(seg, (rows, 1)), np.tile(pos, (rows, 1))
+  starts = out["decoder_positions"] == 0  # each segment's decoder input starts from 0
+  out["decoder_input_tokens"] = np.where(starts, 0, np.roll(batch["decoder_target_tokens"], 1, axis=1))
+  return out
 
 
 def fields() -> dict[str, str]:
@@ -56,6 +76,7 @@ def step(name: str, extra: list[str]) -> tuple[Callable[[], object], dict]:
   setup = bench_train.from_gin(batch_size, lengths)
   batch = bench_train.random_batch(setup["model"].module.config.vocab_size, setup["batch_size"],
                                    setup["feature_lengths"])
+  batch = pack(batch, PACKED[name]) if name in PACKED else batch
   return bench_train.ours(setup["model"], setup["optimizer"], batch), setup
 
 

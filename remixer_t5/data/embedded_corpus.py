@@ -113,8 +113,7 @@ def prepare(cache_dir=None, *, wiki_path=None, lee_path=None) -> dict[str, Path]
     """Prepares the corpus once; returns ``{split: path of <split>.jsonl}``.
 
     A second call finds the manifest and returns at once. ``wiki_path`` and ``lee_path`` override the gensim source
-    files (FileNotFoundError, naming the path, when one is missing).
-    """
+    files (FileNotFoundError, naming the path, when one is missing)."""
     out_dir = corpus_dir(cache_dir)
     if is_prepared(out_dir):
         return split_paths(out_dir)
@@ -177,8 +176,7 @@ def clean_wiki_text(raw: str) -> str:
     """Wiki markup -> natural text (case and punctuation kept).
 
     gensim's ``filter_wiki`` removes templates, links, refs, tables and tags; this then drops headings' markup, quote
-    markup, list bullets, captions, URLs and everything from the first reference-like section on.
-    """
+    markup, list bullets, captions, URLs and everything from the first reference-like section on."""
     from gensim.corpora.wikicorpus import filter_wiki
 
     lines = []
@@ -249,8 +247,7 @@ def assign_splits(docs: Iterable[dict]) -> dict[str, list[dict]]:
 
     Per source, the ``VALIDATION_FRACTION`` of documents with the lowest hash (at least MIN_VALIDATION_DOCS) go to
     validation. Within a split, documents are ordered by a second hash, which mixes the sources (seqio concatenates
-    consecutive documents).
-    """
+    consecutive documents)."""
     by_source: dict[str, list[dict]] = {}
     for doc in docs:
         by_source.setdefault(doc["source"], []).append(doc)

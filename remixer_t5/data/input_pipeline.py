@@ -1,13 +1,12 @@
 """The trainer's input: batches of a seqio task or mixture, whose position is checkpointed in constant time.
 
-``get_batches`` builds the pipeline (seqio's preprocessing, the feature converter's packing, per-process
-batching, prefetch) and returns ``Batches``, an iterator of numpy batches that counts its position and can
-``save`` / ``restore`` the whole state of its ``tf.data`` iterator with ``tf.train.Checkpoint`` (source
-offsets, shuffle buffers and their RNG state, packing and span-corruption buffers, the prefetched batches).
-Restoring costs the same at step 500,000 as at step 1; the time of ``Dataset.skip(n)``, the fallback for
-pipelines that cannot be checkpointed (a ``from_generator`` source) and for checkpoints of older runs, grows
-with n. Where the files live and when they are written: remixer_t5/training/checkpoints.py (``*_input_state``); the
-choice of route: docs/architecture.md, "Input position".
+``get_batches`` builds the pipeline (seqio's preprocessing, the feature converter's packing, per-process batching,
+prefetch) and returns ``Batches``, an iterator of numpy batches that counts its position and can ``save`` / ``restore``
+the whole state of its ``tf.data`` iterator with ``tf.train.Checkpoint`` (source offsets, shuffle buffers and their RNG
+state, packing and span-corruption buffers, the prefetched batches). Restoring costs the same at step 500,000 as at step
+1; the time of ``Dataset.skip(n)``, the fallback for pipelines that cannot be checkpointed (a ``from_generator`` source)
+and for checkpoints of older runs, grows with n. Where the files live and when they are written:
+remixer_t5/training/checkpoints.py (``*_input_state``); the choice of route: docs/architecture.md, "Input position".
 """
 from __future__ import annotations
 
@@ -26,8 +25,7 @@ class Batches:
   """Iterator of numpy batches of ``dataset``; ``position`` counts the batches consumed.
 
   ``save(prefix)`` writes the iterator's state (a TF checkpoint at ``prefix``); ``restore(prefix)`` puts a
-  freshly built iterator of the same pipeline back at that state, so the next batch is the one that followed.
-  """
+  freshly built iterator of the same pipeline back at that state, so the next batch is the one that followed."""
 
   def __init__(self, dataset, position: int = 0):
     self.dataset = dataset
@@ -70,8 +68,7 @@ def get_batches(task, feature_lengths: Mapping[str, int], split: str, batch_size
 
   Each process reads its own shard (``process_index`` of ``process_count``, default JAX's); ``batch_size``
   is the global batch. ``skip_batches``: start there by replaying (``Dataset.skip``, time grows with it);
-  ``Batches.restore`` jumps there in constant time instead.
-  """
+  ``Batches.restore`` jumps there in constant time instead."""
   import jax
   num_procs = jax.process_count() if process_count is None else process_count
   index = jax.process_index() if process_index is None else process_index

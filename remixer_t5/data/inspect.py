@@ -29,8 +29,7 @@ def _rate(mix: seqio.Mixture, task: seqio.Task) -> str:
     return f"unknown ({type(e).__name__}: {str(e)[:120]})"
 
 
-def show(name: str, *, split: str = "train", num: int = 3,
-         feature_lengths: Mapping[str, int] | None = None) -> str:
+def show(name: str, *, split: str = "train", num: int = 3, feature_lengths: Mapping[str, int] | None = None) -> str:
   """The task's (or each of a mixture's tasks') first ``num`` preprocessed examples as text and token ids."""
   provider = get_mixture_or_task(name)
   if isinstance(provider, seqio.Mixture):

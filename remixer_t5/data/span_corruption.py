@@ -27,8 +27,7 @@ def random_spans_helper(inputs_length: int = 512, noise_density: float = 0.15,
 
     Finds the largest ``tokens_length`` whose corrupted inputs (non-noise tokens + one sentinel per noise span + EOS)
     fit in ``inputs_length``; returns ``(tokens_length, targets_length)``, the targets length (noise tokens + one
-    sentinel per span + EOS) included. ``random_spans_helper(512) == (568, 114)``.
-    """
+    sentinel per span + EOS) included. ``random_spans_helper(512) == (568, 114)``."""
 
     def corrupted_lengths(tokens_length: int) -> tuple[int, int]:
         num_noise = int(round(tokens_length * noise_density))
@@ -50,14 +49,12 @@ def _random_segmentation(num_items, num_segments, seed):
     """Random split of ``num_items`` items into ``num_segments`` non-empty runs: int32 run lengths summing to
     ``num_items``. Every composition is equally likely: ``num_segments - 1`` of the ``num_items - 1`` gaps between
     items, chosen by a stateless shuffle, start a new run."""
-    starts_new_run = seqio.utils.stateless_shuffle(
-        tf.cast(tf.range(num_items - 1) < num_segments - 1, tf.int32), seed)
+    starts_new_run = seqio.utils.stateless_shuffle(tf.cast(tf.range(num_items - 1) < num_segments - 1, tf.int32), seed)
     run_ids = tf.cumsum(tf.pad(starts_new_run, [[1, 0]]))
     return tf.math.segment_sum(tf.ones_like(run_ids), run_ids)
 
 
-def random_spans_noise_mask(length, noise_density: float, seeds,
-                            mean_noise_span_length: float = 3.0) -> tf.Tensor:
+def random_spans_noise_mask(length, noise_density: float, seeds, mean_noise_span_length: float = 3.0) -> tf.Tensor:
     """Boolean noise mask of ``length`` made of random spans (T5, §3.3.4).
 
     * noise tokens: ``round(length * noise_density)`` clipped to ``[1, length - 1]``;
@@ -66,8 +63,7 @@ def random_spans_noise_mask(length, noise_density: float, seeds,
       non-noise (so the mask ends with noise).
 
     ``seeds`` is an int32 tensor shaped [2, 2] (two stateless seeds). Lengths below 2 are handled as length 2 and
-    truncated, as in T5.
-    """
+    truncated, as in T5."""
     if noise_density == 0.0:
         return tf.zeros([length], tf.bool)
     orig_length = length
@@ -103,8 +99,7 @@ def nonnoise_span_to_unique_sentinel(tokens, noise_mask, vocabulary, seeds=None)
     return noise_span_to_unique_sentinel(tokens, tf.logical_not(noise_mask), vocabulary, seeds)
 
 
-def select_random_chunk(dataset: tf.data.Dataset, max_length: int,
-                        feature_key: str = "targets") -> tf.data.Dataset:
+def select_random_chunk(dataset: tf.data.Dataset, max_length: int, feature_key: str = "targets") -> tf.data.Dataset:
     """Keeps one random chunk of at most ``max_length`` tokens of each example. Like T5: the document is cut into
     consecutive chunks of ``max_length`` (the last may be shorter) and one is chosen uniformly; empty examples are
     dropped; only ``feature_key`` is kept."""
@@ -160,8 +155,7 @@ def denoise(dataset: tf.data.Dataset, output_features, noise_density: float,
 
     The generic denoising objective of T5 §3.3: ``noise_mask_fn(length, noise_density, seeds)`` picks the corrupted
     tokens, ``inputs_fn`` / ``targets_fn(tokens, noise_mask, vocabulary, seeds)`` build the two sides
-    (``targets_fn=None`` keeps the original tokens as targets).
-    """
+    (``targets_fn=None`` keeps the original tokens as targets)."""
     vocabulary = output_features["targets"].vocabulary
     if "inputs" in output_features and output_features["inputs"].vocabulary != vocabulary:
         raise ValueError("denoise builds inputs from the tokenized targets, so inputs and targets must share one "
@@ -187,8 +181,7 @@ def span_corruption(dataset: tf.data.Dataset, sequence_length: Mapping[str, int]
     concatenate documents in groups of 128 -> split into ``random_spans_helper(inputs_length)[0]`` raw tokens ->
     denoise with ``random_spans_noise_mask`` and unique sentinels. Follow it with
     ``seqio.preprocessors.append_eos_after_trim``: full-length examples then have exactly
-    ``sequence_length["inputs"]`` inputs and the helper's targets length (e.g. 512 and 114), EOS included.
-    """
+    ``sequence_length["inputs"]`` inputs and the helper's targets length (e.g. 512 and 114), EOS included."""
     if not sequence_length or "inputs" not in sequence_length or "targets" not in sequence_length:
         raise ValueError(f"span_corruption needs sequence_length with 'inputs' and 'targets' lengths, "
                          f"got {sequence_length!r}.")

@@ -25,8 +25,7 @@ def get_mixture_or_task(name: str):
 
 def vocabulary_tag(vocabulary: seqio.Vocabulary) -> str:
   """A short, stable name for a vocabulary: the model file's stem + a hash of its description."""
-  path = getattr(vocabulary, "sentencepiece_model_file", None) or getattr(vocabulary, "_sentencepiece_model_file",
-                                                                          None)
+  path = getattr(vocabulary, "sentencepiece_model_file", None) or getattr(vocabulary, "_sentencepiece_model_file", None)
   stem = Path(str(path)).stem if path else type(vocabulary).__name__
   digest = hashlib.sha1(repr(vocabulary).encode()).hexdigest()[:8]
   return re.sub(r"\W", "_", f"{stem}_{digest}")  # seqio names allow only [\w.:#]

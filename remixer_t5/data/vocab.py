@@ -92,8 +92,7 @@ def _embedded_class():
         """``seqio.SentencePieceVocabulary`` over the embedded model, prepared lazily.
 
         The model path is resolved (from ``cache_dir`` or ``$REMIXER_T5_CACHE_DIR``) at each use, and the
-        model trained if missing only when the model is first needed there.
-        """
+        model trained if missing only when the model is first needed there."""
 
         def __init__(self, vocab_size: int = DEFAULT_VOCAB_SIZE, extra_ids: int = DEFAULT_EXTRA_IDS,
                      cache_dir: str | os.PathLike | None = None):

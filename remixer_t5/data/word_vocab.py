@@ -1,9 +1,8 @@
 """Word vocabularies as SentencePiece models: one piece per training word, characters and bytes as fallback.
 
-Kim & Linzen (2020) train COGS models on word tokens. A word list built from a train split alone cannot
-represent every evaluation string (COGS's dev/test hold 'gardner', gen's variable indices run to ``x _ 44``
-where train's stop at 18), so the model built here is a SentencePiece *unigram* model written directly (no
-training): its pieces are
+Kim & Linzen (2020) train COGS models on word tokens. A word list built from a train split alone cannot represent every
+evaluation string (COGS's dev/test hold 'gardner', gen's variable indices run to ``x _ 44`` where train's stop at 18),
+so the model built here is a SentencePiece *unigram* model written directly (no training): its pieces are
 
   - the specials pad=0, eos=1, unk=2 (T5's ids, no bos), as every vocabulary of this project;
   - one piece ``▁word`` per distinct whitespace-separated training word without a digit (score -1);
@@ -13,15 +12,14 @@ training): its pieces are
     in training is spelled from known characters;
   - the 256 byte pieces (SentencePiece's byte fallback) for characters never seen in training.
 
-Encoding is SentencePiece's Viterbi over these pieces, so a training word is always one piece and an unseen
-word the fewest pieces that spell it. The normaliser is the identity on every character but one and whitespace
-is kept as written, so any single-space-separated string decodes back exactly (``round_trip_failures`` counts
-those that do not). The one exception, ``NORMALIZATION_RULE``, exists because with an empty character map (plain
-identity) tf_text's copy of SentencePiece logs "precompiled_charsmap is empty. use identity normalization."
-whenever it loads the model (on every dataset built from it), and SentencePiece compiles no map without a rule:
-it refuses an empty rule list and identity rules. So the map holds one rule on a character no text should hold,
-the Unicode noncharacter U+FFFF, mapped to U+FFFD (the replacement character), compiled by SentencePiece's own
-trainer.
+Encoding is SentencePiece's Viterbi over these pieces, so a training word is always one piece and an unseen word the
+fewest pieces that spell it. The normaliser is the identity on every character but one and whitespace is kept as
+written, so any single-space-separated string decodes back exactly (``round_trip_failures`` counts those that do not).
+The one exception, ``NORMALIZATION_RULE``, exists because with an empty character map (plain identity) tf_text's copy of
+SentencePiece logs "precompiled_charsmap is empty. use identity normalization." whenever it loads the model (on every
+dataset built from it), and SentencePiece compiles no map without a rule: it refuses an empty rule list and identity
+rules. So the map holds one rule on a character no text should hold, the Unicode noncharacter U+FFFF, mapped to U+FFFD
+(the replacement character), compiled by SentencePiece's own trainer.
 """
 from __future__ import annotations
 
@@ -154,8 +152,7 @@ def _lazy_class():
     """A ``seqio.SentencePieceVocabulary`` whose model file is found (and built) only when first needed.
 
     ``resolve()`` returns the model path; ``key`` names the vocabulary for equality (task registration
-    compares vocabularies) and must change when ``resolve`` would give another model.
-    """
+    compares vocabularies) and must change when ``resolve`` would give another model."""
 
     def __init__(self, key: str, resolve: Callable[[], str | os.PathLike], extra_ids: int = 0):
       self._key, self._resolver = key, resolve

@@ -1,9 +1,8 @@
 """Hugging Face T5 v1.1 interop: read/write `T5ForConditionalGeneration` checkpoints as `network.Transformer`.
 
-Only T5 v1.1-style models (`feed_forward_proj: "gated-gelu"`, e.g. google/t5-v1_1-*, mT5) map onto
-`network.Transformer` (parameter names: `_weight_map`). Torch `Linear` weights are (out, in) and our Dense kernels
-(in, out), so every kernel is the transpose of its HF weight; relative position tables are (buckets, heads) in HF
-and (heads, buckets) here.
+Only T5 v1.1-style models (`feed_forward_proj: "gated-gelu"`, e.g. google/t5-v1_1-*, mT5) map onto `network.Transformer`
+(parameter names: `_weight_map`). Torch `Linear` weights are (out, in) and our Dense kernels (in, out), so every kernel
+is the transpose of its HF weight; relative position tables are (buckets, heads) in HF and (heads, buckets) here.
 
 The output layer on import (`lm_head_convention`): `lm_head.weight` when the checkpoint has it (untied even if
 the config says tied, as transformers 5.x does when both tensors are present and differ), else `shared.weight`
@@ -52,9 +51,7 @@ _EMBED_COPIES = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
 Params = dict
 
 
-# --------------------------------------------------------------------------------------------- config
-
-
+# --- config -------------------------------------------------------------------------------------------------
 def config_from_hf(hf_config: Mapping[str, Any]) -> network.T5Config:
   """`network.T5Config` of an HF T5 v1.1 config.json dict. Anything but gated-GELU is a ValueError."""
   get = lambda key: hf_config.get(key, _HF_DEFAULTS.get(key))
@@ -107,9 +104,7 @@ def lm_head_convention(hf_config: Mapping[str, Any] | None, has_lm_head: bool) -
   return not has_lm_head and tied, tied if scale is None else bool(scale)
 
 
-# ------------------------------------------------------------------------------------------ weights
-
-
+# --- weights ------------------------------------------------------------------------------------------------
 def _weight_map(cfg: network.T5Config) -> list[tuple[str, tuple[str, ...], bool, tuple[int, ...]]]:
   """(HF name, our param path, transpose, HF shape) of every weight of the model but shared/lm_head.weight."""
   e, inner, m = cfg.emb_dim, cfg.num_heads * cfg.head_dim, cfg.mlp_dim
@@ -152,8 +147,7 @@ def hf_state_dict_to_params(state: Mapping[str, Any], cfg: network.T5Config, *,
 
   `hf_config` (the config.json dict) decides the output-layer convention (module docstring); without it
   the checkpoint must be a plain T5 v1.1 with `lm_head.weight`. Missing or unexpected weights and shape
-  mismatches raise one ValueError listing them all.
-  """
+  mismatches raise one ValueError listing them all."""
   state = dict(state)
   for key in _IGNORED_KEYS:
     state.pop(key, None)
@@ -203,10 +197,8 @@ def hf_state_dict_to_params(state: Mapping[str, Any], cfg: network.T5Config, *,
 def params_to_hf_state_dict(params: Mapping, cfg: network.T5Config) -> dict[str, np.ndarray]:
   """HF T5 v1.1 state dict (float32 numpy, torch layout) of `network.Transformer` params.
 
-  Writes what transformers' own `save_pretrained` writes for an untied T5 v1.1: `shared.weight`,
-  `lm_head.weight` and the blocks (the stacks' `embed_tokens.weight` are tied to `shared.weight` and left
-  out, as transformers does).
-  """
+  Writes what transformers' own `save_pretrained` writes for an untied T5 v1.1: `shared.weight`, `lm_head.weight` and
+  the blocks (the stacks' `embed_tokens.weight` are tied to `shared.weight` and left out, as transformers does)."""
   head = (cfg.vocab_size, cfg.emb_dim)
   entries = [("shared.weight", ("token_embedder", "embedding"), False, head),
              ("lm_head.weight", ("decoder", "logits_dense", "kernel"), True, head)] + _weight_map(cfg)
@@ -231,8 +223,7 @@ def params_to_hf_state_dict(params: Mapping, cfg: network.T5Config) -> dict[str,
   return state
 
 
-# ------------------------------------------------------------------------------------- checkpoints
-
+# --- checkpoints --------------------------------------------------------------------------------------------
 def _read_safetensors(path: str) -> dict[str, np.ndarray]:
   """All tensors of a .safetensors file as numpy (bfloat16 as ml_dtypes' type, which safetensors reads)."""
   import safetensors.numpy
@@ -266,8 +257,7 @@ def read_hf_checkpoint(path: str | os.PathLike) -> tuple[dict, dict[str, np.ndar
   """(config.json dict, state dict of numpy arrays) of an HF checkpoint directory.
 
   Weights from model.safetensors, model.safetensors.index.json (sharded), pytorch_model.bin or
-  pytorch_model.bin.index.json, in that order of preference (torch only for the .bin ones).
-  """
+  pytorch_model.bin.index.json, in that order of preference (torch only for the .bin ones)."""
   path = os.fspath(path)
   if not os.path.isdir(path):
     raise FileNotFoundError(f"HF checkpoint directory {path} does not exist (expected a directory with "
@@ -284,8 +274,7 @@ def read_hf_checkpoint(path: str | os.PathLike) -> tuple[dict, dict[str, np.ndar
   raise FileNotFoundError(f"no weights in HF checkpoint directory {path}: looked for {', '.join(WEIGHT_FILES)}")
 
 
-# --------------------------------------------------------------------------------------- tokenizer
-
+# --- tokenizer ----------------------------------------------------------------------------------------------
 SPIECE_NAME = "spiece.model"
 TOKENIZER_JSON_NAME = "tokenizer.json"
 TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
@@ -319,14 +308,12 @@ def fast_tokenizer_json(spiece_model: bytes, extra_ids: int = 100) -> dict:
     and matched in the raw text; a sentinel takes the whitespace before it (`lstrip`), as seqio's piece
     "▁<extra_id_N>" takes the "▁" before it.
 
-  It differs from SentencePiece only where the text names special pieces, and on some whitespace of models that
-  keep extra whitespace: "<pad>", "</s>", "<unk>" in the text are those tokens here (SentencePiece spells them
-  out); a sentinel right after a non-space ("a<extra_id_0>", where seqio's "▁<extra_id_0>" does not match) is a
-  sentinel here; `<unk>` decodes as "<unk>", not " ⁇ "; and without `remove_extra_whitespaces` (e.g. the COGS
-  word vocabularies) text that starts with spaces or "▁" gets one "▁" fewer, and a sentinel takes all the
-  whitespace before it, not one "▁". Models that are not unigram ones starting words with "▁" are refused
-  (ValueError).
-  """
+  It differs from SentencePiece only where the text names special pieces, and on some whitespace of models that keep
+  extra whitespace: "<pad>", "</s>", "<unk>" in the text are those tokens here (SentencePiece spells them out); a
+  sentinel right after a non-space ("a<extra_id_0>", where seqio's "▁<extra_id_0>" does not match) is a sentinel here;
+  `<unk>` decodes as "<unk>", not " ⁇ "; and without `remove_extra_whitespaces` (e.g. the COGS word vocabularies) text
+  that starts with spaces or "▁" gets one "▁" fewer, and a sentinel takes all the whitespace before it, not one "▁".
+  Models that are not unigram ones starting words with "▁" are refused (ValueError)."""
   import base64
 
   from sentencepiece import sentencepiece_model_pb2 as pb
@@ -396,22 +383,19 @@ def _t5_like_proto(spiece_model: bytes, extra_ids: int):
   return proto
 
 
-def hf_tokenizer_files(spiece_model: bytes, extra_ids: int = 100, model_max_length: int = 512
-                       ) -> dict[str, bytes]:
+def hf_tokenizer_files(spiece_model: bytes, extra_ids: int = 100, model_max_length: int = 512) -> dict[str, bytes]:
   """{file name: bytes} of a T5 tokenizer for transformers' `AutoTokenizer` (4.x or 5.x, sentencepiece or not).
 
-  As in the published google/t5-v1_1-* repositories: `spiece.model` is the plain SentencePiece model
-  (pad=0, eos=1, unk=2, no sentinels inside it) and the tokenizer adds `extra_ids` sentinels after its pieces
-  in reverse order, `<extra_id_0>` = the last id; seqio's `SentencePieceVocabulary(extra_ids=...)` numbers them
-  the same way, so ids agree. `tokenizer.json` is the same tokenizer for the `tokenizers` library
-  (`fast_tokenizer_json`), so transformers needs no `sentencepiece` (without it transformers 5 cannot read
-  `spiece.model` and falls back to a tiktoken reader, which fails). `tokenizer_config.json` names
-  `PreTrainedTokenizerFast` (`TokenizersBackend` in transformers 5), which runs `tokenizer.json` as written:
-  transformers 5's `T5Tokenizer` would take only its vocabulary and rebuild the rest its own way (no byte
-  fallback, a "▁" added to text right after a sentinel), so its ids would differ from seqio's. It also carries
-  `extra_ids` and the sentinels as `additional_special_tokens` (also in `special_tokens_map.json`);
-  `model_max_length` 512 is T5's value (transformers only warns beyond it; relative positions have no hard limit).
-  """
+  As in the published google/t5-v1_1-* repositories: `spiece.model` is the plain SentencePiece model (pad=0, eos=1,
+  unk=2, no sentinels inside it) and the tokenizer adds `extra_ids` sentinels after its pieces in reverse order,
+  `<extra_id_0>` = the last id; seqio's `SentencePieceVocabulary(extra_ids=...)` numbers them the same way, so ids
+  agree. `tokenizer.json` is the same tokenizer for the `tokenizers` library (`fast_tokenizer_json`), so transformers
+  needs no `sentencepiece` (without it transformers 5 cannot read `spiece.model` and falls back to a tiktoken reader,
+  which fails). `tokenizer_config.json` names `PreTrainedTokenizerFast` (`TokenizersBackend` in transformers 5), which
+  runs `tokenizer.json` as written: transformers 5's `T5Tokenizer` would take only its vocabulary and rebuild the rest
+  its own way (no byte fallback, a "▁" added to text right after a sentinel), so its ids would differ from seqio's. It
+  also carries `extra_ids` and the sentinels as `additional_special_tokens` (also in `special_tokens_map.json`);
+  `model_max_length` 512 is T5's value (transformers only warns beyond it; relative positions have no hard limit)."""
   import sentencepiece as spm
   try:
     sp = spm.SentencePieceProcessor(model_proto=spiece_model)
@@ -427,8 +411,7 @@ def hf_tokenizer_files(spiece_model: bytes, extra_ids: int = 100, model_max_leng
     raise ValueError(f"the SentencePiece model already holds {len(inside)} sentinel pieces (e.g. {inside[0]!r}); "
                      "write the plain model, without seqio's extra ids")
   sentinels = [f"<extra_id_{i}>" for i in range(extra_ids)]  # extra_ids < 0: refused by fast_tokenizer_json
-  tokens = {"eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>",
-            "additional_special_tokens": sentinels}
+  tokens = {"eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>", "additional_special_tokens": sentinels}
   config = {**tokens, "extra_ids": extra_ids, "model_max_length": model_max_length,
             "tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
   dump = lambda d: (json.dumps(d, indent=2, sort_keys=True) + "\n").encode()
@@ -459,10 +442,8 @@ def write_hf_checkpoint(path: str | os.PathLike, cfg: network.T5Config, params: 
   """Write config.json + model.safetensors to directory `path`, atomically (temp dir, then rename).
 
   `tokenizer`: files to write beside them ({name: bytes}, from `hf_tokenizer_files`), so that
-  `AutoTokenizer.from_pretrained(path)` works too.
-  An existing non-empty `path` is an error unless `overwrite`; then it is replaced only once the new
-  checkpoint is completely written.
-  """
+  `AutoTokenizer.from_pretrained(path)` works too. An existing non-empty `path` is an error unless `overwrite`; then it
+  is replaced only once the new checkpoint is completely written."""
   import safetensors.numpy
   path = os.path.abspath(os.fspath(path))
   parent = os.path.dirname(path)
@@ -497,8 +478,7 @@ def load_hf_t5(path: str | os.PathLike) -> tuple[network.Transformer, Params]:
   """(`network.Transformer`, float32 params) of an HF T5 v1.1 checkpoint directory.
 
   `module.apply({"params": params}, enc, dec_in, dec_tgt, enable_dropout=False)` gives HF's logits
-  (token id 0 = padding on both sides, decoder inputs = targets shifted right with start id 0).
-  """
+  (token id 0 = padding on both sides, decoder inputs = targets shifted right with start id 0)."""
   hf_config, state = read_hf_checkpoint(path)
   cfg = config_from_hf(hf_config)
   params = hf_state_dict_to_params(state, cfg, hf_config=hf_config)

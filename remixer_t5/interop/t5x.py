@@ -57,8 +57,7 @@ def logical_axis_rules() -> list[tuple[str, str | None]]:
   """The rules of `partitioning.DEFAULT_RULES` for logical axes t5x's standard rules do not name (needs t5x).
 
   For `partitioning.standard_logical_axis_rules.additional_rules`, so our mixers' weights shard in t5x as they
-  do here (all of them replicated today).
-  """
+  do here (all of them replicated today)."""
   from t5x import partitioning as t5x_partitioning
   # additional_rules=None explicitly: were the function gin-decorated, its binding (this function) would recurse.
   known = {name for name, _ in t5x_partitioning.standard_logical_axis_rules(additional_rules=None)}
@@ -70,8 +69,7 @@ def is_t5x_checkpoint(path: str | os.PathLike) -> bool:
   """True for a t5x MODEL_DIR (has checkpoint_<step>/), a step dir or its msgpack file; False for our layouts.
 
   Our own layouts never match: an import-hf output has a `checkpoint/` *directory*, a train MODEL_DIR has
-  `checkpoints/<step>/`, a params checkpoint is an orbax directory (whatever these directories are named).
-  """
+  `checkpoints/<step>/`, a params checkpoint is an orbax directory (whatever these directories are named)."""
   p = Path(path)
   if p.is_file():
     return p.name == CHECKPOINT_FILE and not (p.parent / _ORBAX_METADATA).exists()
@@ -96,8 +94,7 @@ def find_t5x_checkpoint(path: str | os.PathLike, step: int | None = None) -> tup
                                f"`{CHECKPOINT_FILE}` msgpack file")
     return "legacy", p
   if not _STEP_DIR.fullmatch(p.name) and not (p / CHECKPOINT_FILE).is_file() and not (p / STATE_ITEM).is_dir():
-    steps = sorted((int(m.group(1)), c) for c in p.iterdir()
-                   if c.is_dir() and (m := _STEP_DIR.fullmatch(c.name)))
+    steps = sorted((int(m.group(1)), c) for c in p.iterdir() if c.is_dir() and (m := _STEP_DIR.fullmatch(c.name)))
     if not steps:
       raise T5xCheckpointError(
           f"{p} is not a t5x checkpoint: it has no checkpoint_<step>/ directories (a t5x MODEL_DIR), "
@@ -124,8 +121,7 @@ def load_t5x_params(path: str | os.PathLike, step: int | None = None) -> dict:
   """The parameters (`target`) of a t5x checkpoint as nested dicts of numpy arrays, in their stored dtypes.
 
   `path`: a t5x MODEL_DIR (its latest checkpoint_<step>/, or `step`), a step directory or a legacy msgpack
-  file. The optimizer state is not read.
-  """
+  file. The optimizer state is not read."""
   kind, where = find_t5x_checkpoint(path, step)
   return _load_legacy(where) if kind == "legacy" else _load_orbax(where)
 

@@ -65,8 +65,7 @@ def brevity_penalty(alpha: float, length) -> Array:
   return jnp.power((5.0 + jnp.asarray(length, jnp.float32)) / 6.0, alpha)
 
 
-def _gather_beams(tree, beam_indices: Array, batch_size: int, old_beams: int, new_beams: int,
-                  flat: bool = False):
+def _gather_beams(tree, beam_indices: Array, batch_size: int, old_beams: int, new_beams: int, flat: bool = False):
   """Gather [batch, old_beams, ...] leaves (or [batch * old_beams, ...] with flat=True, as in the cache) by
   [batch, new_beams] beam indices."""
   flat_idx = (jnp.arange(batch_size)[:, None] * old_beams + beam_indices).reshape(-1)
@@ -90,8 +89,7 @@ def beam_search(tokens_to_logits: StepFn, cache, batch_size: int, beam_size: int
 
   Beams are sorted best first. `cache` must already be expanded to batch * beam_size rows (see
   `expand_to_beams`). Each step keeps the 2k best continuations so that k live beams survive even when k of
-  them end in EOS; finished hypotheses are scored log p / brevity_penalty(length).
-  """
+  them end in EOS; finished hypotheses are scored log p / brevity_penalty(length)."""
   k, b = beam_size, batch_size
 
   def cond(state):

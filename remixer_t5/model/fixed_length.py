@@ -53,8 +53,7 @@ def _host(x) -> np.ndarray:
   return np.asarray(x)
 
 
-def fit_leaf(name: str, old: np.ndarray, fresh: np.ndarray, axes: tuple[str | None, ...] | None
-             ) -> np.ndarray:
+def fit_leaf(name: str, old: np.ndarray, fresh: np.ndarray, axes: tuple[str | None, ...] | None) -> np.ndarray:
   """`old` copied into the leading block of `fresh` (the model's own initialisation), along position axes only."""
   old, fresh = np.asarray(old), np.asarray(fresh)
   if old.ndim != fresh.ndim:
@@ -76,11 +75,9 @@ def fit_leaf(name: str, old: np.ndarray, fresh: np.ndarray, axes: tuple[str | No
 def fit_params(params: Any, fresh: Any, logical_axes: Any) -> tuple[Any, list[str]]:
   """The checkpoint's `params` fitted to the model whose freshly initialised params are `fresh`.
 
-  `logical_axes`: a params-shaped tree of PartitionSpec-like logical names (`partitioning.logical_axes`).
-  Leaves of equal shape are returned as they are; others go through `fit_leaf`. Returns the fitted tree and
-  one line per resized parameter ('path: old shape -> new shape'). Missing or extra parameters are left to the
-  caller's structure check.
-  """
+  `logical_axes`: a params-shaped tree of PartitionSpec-like logical names (`partitioning.logical_axes`). Leaves of
+  equal shape are returned as they are; others go through `fit_leaf`. Returns the fitted tree and one line per resized
+  parameter ('path: old shape -> new shape'). Missing or extra parameters are left to the caller's structure check."""
   flat_axes = {jax.tree_util.keystr(k): tuple(v) for k, v in
                jax.tree_util.tree_leaves_with_path(logical_axes, is_leaf=lambda x: isinstance(x, tuple))}
   flat_fresh = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(fresh)}

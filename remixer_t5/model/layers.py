@@ -133,8 +133,7 @@ def sinusoidal_features(positions: Array, dim: int) -> Array:
   """Vaswani et al. (2017) §3.5: p[2k] = sin(pos / 10000^{2k/d}), p[2k+1] = cos(...); float32 [..., dim].
 
   The one definition of the sinusoidal encoding: HyperMixing adds it to its hypernetworks' inputs, and
-  `AbsolutePositionEmbedding('sinusoidal')` to a stack's token embeddings.
-  """
+  `AbsolutePositionEmbedding('sinusoidal')` to a stack's token embeddings."""
   half = (dim + 1) // 2
   inv_freq = 10000.0 ** (-2.0 * jnp.arange(half, dtype=jnp.float32) / dim)
   angle = positions.astype(jnp.float32)[..., None] * inv_freq
@@ -154,8 +153,7 @@ class AbsolutePositionEmbedding(nn.Module):
     'learned': a trained table [max_length, d] with logical axes ('abspos_buckets', 'embed'), initialised
       like the token embedding (normal, stddev 1, so both terms start at T5's embedding scale), as BERT's.
   Called with positions [batch or 1, len] (int; restarting in each packed segment, or the decode step),
-  returns [batch or 1, len, features] in `dtype`.
-  """
+  returns [batch or 1, len, features] in `dtype`."""
   kind: str
   features: int
   max_length: int = 512
@@ -189,10 +187,8 @@ def relative_position_bucket(relative_position: Array, bidirectional: bool, num_
                              max_distance: int) -> Array:
   """T5's log-spaced buckets for `relative_position = key_pos - query_pos` (Raffel et al. §2.1).
 
-  Half the buckets (or all, unidirectionally) are exact offsets, the rest grow logarithmically up to
-  `max_distance`. Computed as HF's T5 does (float32 log, no epsilon), which agrees with mesh TF on every
-  integer distance.
-  """
+  Half the buckets (or all, unidirectionally) are exact offsets, the rest grow logarithmically up to `max_distance`.
+  Computed as HF's T5 does (float32 log, no epsilon), which agrees with mesh TF on every integer distance."""
   ret = jnp.zeros_like(relative_position)
   n = relative_position
   if bidirectional:

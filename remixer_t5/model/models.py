@@ -26,8 +26,7 @@ def cross_entropy_with_z_loss(logits: Array, targets: Array, weights: Array, z_l
   """Summed token cross-entropy (+ z_loss * log(Z)^2, the PaLM/mesh-TF stabiliser) and its z part, as t5x's
   `cross_entropy_with_logits` on (smoothed) one-hot targets; a target id outside [0, V) has a zero row.
 
-  Returns (total_loss_sum, z_loss_sum, weight_sum); `total` includes the z term as in t5x.
-  """
+  Returns (total_loss_sum, z_loss_sum, weight_sum); `total` includes the z term as in t5x."""
   logits = logits.astype(jnp.float32)
   vocab = logits.shape[-1]
   log_z = jax.nn.logsumexp(logits, axis=-1)
@@ -123,8 +122,7 @@ class EncoderDecoderModel:
 def from_gin(gin_file: str, *bindings: str) -> nn.Module:
   """The Flax module a model config describes, e.g. `from_gin('models/remixer/tiny.gin')`.
 
-  `bindings` are 'NAME=VALUE' strings as on the command line (`'network.T5Config.emb_dim=64'`).
-  """
+  `bindings` are 'NAME=VALUE' strings as on the command line (`'network.T5Config.emb_dim=64'`)."""
   from remixer_t5 import gin_utils
   gin_utils.parse_gin([gin_file], list(bindings))
   model = gin_utils.macro("MODEL")

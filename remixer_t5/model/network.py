@@ -45,8 +45,7 @@ def _apply_slot(layer: nn.Module, x, factory: Factory, role: str, kv, ctx, deter
 
   pre_norm and serialized: residual + dropout(mixer(norm(x))), where the residual is x except for the
   serialized layout's feature slot, whose residual is the layer's input (`residual`); post_norm:
-  norm(x + dropout(mixer(x))). The norm is the project's RMSNorm (T5.1.1) in every layout.
-  """
+  norm(x + dropout(mixer(x))). The norm is the project's RMSNorm (T5.1.1) in every layout."""
   cfg = layer.config
   name = slot_name(factory, role)
   post = cfg.layer_layout == "post_norm"
@@ -76,8 +75,7 @@ def _with_table(ctx: base.MixerContext, cfg: T5Config, table: Array | None) -> b
   """`ctx` whose `relpos` applies the stack's relative position biases to `table`, when given (inside a lifted layer).
 
   A remat'd or scanned layer cannot call the stack's bound module (its parameter lives outside the lifted
-  scope), so the stack hands the table in as an argument and this applies the same module to it.
-  """
+  scope), so the stack hands the table in as an argument and this applies the same module to it."""
   if table is None:
     return ctx
   module = layers.RelativePositionBiases(cfg.relpos_num_buckets, cfg.relpos_max_distance, cfg.num_heads,
@@ -125,8 +123,7 @@ def _uses_relpos(layer: nn.Module, cfg: T5Config, args: tuple, ctx_index: int, d
   """Whether a layer calls `ctx.relpos`: an abstract init of one unbound layer with a recording stand-in.
 
   Only needed when initialising a lifted stack, which must know before the lifted call whether to create the
-  stack's table (attention-free stacks have none, as unrolled).
-  """
+  stack's table (attention-free stacks have none, as unrolled)."""
   calls = []
 
   def record(q, k, bidirectional):
@@ -149,8 +146,7 @@ def _scan_cache_layout(target):
   Inside the scan each layer's cache is a slice of a [layers, batch, ...] array and its position counter an
   element of a [layers] vector; outside, `decoding` gathers beams along axis 0 and treats 0-d leaves as the
   shared position, so the cache is stored transposed and with one counter (all layers step together).
-  The static cache (`base.static_cache`) stays [layers, batch, ...]: the decode loop never gathers it.
-  """
+  The static cache (`base.static_cache`) stays [layers, batch, ...]: the decode loop never gathers it."""
   def to_scan(tree, length):
     return jax.tree_util.tree_map(
         lambda x: jnp.broadcast_to(x, (length,)) if x.ndim == 0 else jnp.swapaxes(x, 0, 1), tree)
@@ -166,8 +162,7 @@ def _run_layers(stack: nn.Module, layer_cls, factories: Mapping[str, Any], num_l
   """The stack's layers applied in order: unrolled (default), remat'd per layer, or one nn.scan.
 
   `rest` are the layer arguments between `x` and `deterministic`; `rest[ctx_index]` is the context whose
-  `relpos` is the stack's shared module. Remat is for training: a decode step is never rematerialised.
-  """
+  `relpos` is the stack's shared module. Remat is for training: a decode step is never rematerialised."""
   cfg = stack.config
   policy = None if decode else REMAT_POLICIES[cfg.remat_policy]
   if num_layers == 0:
@@ -209,8 +204,7 @@ def _positions(tokens: Array, positions: Array | None, segment_ids: Array | None
   idx = jnp.arange(tokens.shape[-1], dtype=jnp.int32)[None, :]
   if segment_ids is None:
     return idx
-  starts = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool), segment_ids[:, 1:] != segment_ids[:, :-1]],
-                           axis=1)
+  starts = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
   return idx - jax.lax.cummax(jnp.where(starts, idx, 0), axis=1)
 
 
@@ -321,8 +315,7 @@ class Decoder(nn.Module):
 class Transformer(nn.Module):
   """Encoder-decoder with t5x's call contract. Token id 0 is padding (masks come from the tokens).
 
-  The defaults give T5.1.1; gin picks other mixers per stack (see gin/models/<arch>/).
-  """
+  The defaults give T5.1.1; gin picks other mixers per stack (see gin/models/<arch>/)."""
   config: T5Config
   encoder_token_mixer: Factory = Attention
   encoder_feature_mixer: Factory | None = GatedMlp
@@ -358,10 +351,8 @@ class Transformer(nn.Module):
                  self.decoder_cross_mixer, self.decoder_feature_mixer, self.encoder_input_layer)
     return all(getattr(f(config=self.config), "packable", True) for f in factories if f is not None)
 
-  def encode(self, encoder_input_tokens, encoder_segment_ids=None, encoder_positions=None, *,
-             enable_dropout=True):
-    return self.encoder(encoder_input_tokens, encoder_segment_ids, encoder_positions,
-                        deterministic=not enable_dropout)
+  def encode(self, encoder_input_tokens, encoder_segment_ids=None, encoder_positions=None, *, enable_dropout=True):
+    return self.encoder(encoder_input_tokens, encoder_segment_ids, encoder_positions, deterministic=not enable_dropout)
 
   def decode(self, encoded, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens,
              encoder_segment_ids=None, decoder_segment_ids=None, decoder_positions=None, *,
@@ -376,8 +367,7 @@ class Transformer(nn.Module):
                decoder_positions=None, *, enable_dropout=True, decode=False):
     if (encoder_segment_ids is None) != (decoder_segment_ids is None):
       raise ValueError("packed inputs need both encoder_segment_ids and decoder_segment_ids")
-    encoded = self.encode(encoder_input_tokens, encoder_segment_ids, encoder_positions,
-                          enable_dropout=enable_dropout)
+    encoded = self.encode(encoder_input_tokens, encoder_segment_ids, encoder_positions, enable_dropout=enable_dropout)
     return self.decode(encoded, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens,
                        encoder_segment_ids, decoder_segment_ids, decoder_positions,
                        enable_dropout=enable_dropout, decode=decode)
@@ -389,8 +379,7 @@ _STACKS = ("encoder", "decoder")
 def unstack_scanned_params(params: Mapping) -> dict:
   """A `scan_layers` tree (`<stack>/layers/...` [num_layers, ...]) as the unrolled one (`<stack>/layers_<i>/...`).
 
-  Works on any tree shaped like the parameters (e.g. optimizer moments); other entries pass through.
-  """
+  Works on any tree shaped like the parameters (e.g. optimizer moments); other entries pass through."""
   out = dict(params)
   for stack in _STACKS:
     if stack in out and "layers" in out[stack]:

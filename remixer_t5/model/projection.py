@@ -58,8 +58,7 @@ def hashed_strings(piece: str) -> list[str]:
   """The strings whose hashes a piece's fingerprint is the minimum of (§3.1).
 
   Word starts: the character trigrams of the piece without '▁' (the whole text if shorter than 3, the bare
-  marker if nothing else); continuations: '##' + piece, whole; special pieces: the piece, whole.
-  """
+  marker if nothing else); continuations: '##' + piece, whole; special pieces: the piece, whole."""
   kind = piece_kind(piece)
   if kind == "continuation":
     return [CONTINUATION_PREFIX + piece]
@@ -122,8 +121,7 @@ def word_fingerprints(ids: np.ndarray, fingerprints: np.ndarray, pieces: Sequenc
   """[..., n]: at each position the fingerprint of its word, the element-wise min over the word's pieces.
 
   `ids` is [len] or [batch, len] (0 = padding). A word starts at a non-continuation piece, after a special
-  piece or padding, and at a segment boundary. A plain host-side loop: the reference of the device code.
-  """
+  piece or padding, and at a segment boundary. A plain host-side loop: the reference of the device code."""
   ids = np.asarray(ids)
   if ids.ndim == 1:
     seg = None if segment_ids is None else np.asarray(segment_ids)[None]
@@ -174,8 +172,7 @@ def pieces_from_sentencepiece(path: str, vocab_size: int | None = None, extra_id
   """The pieces of a SentencePiece model by id, then seqio-style sentinels, then unused fillers.
 
   seqio appends `extra_ids` sentinels after the model's pieces, <extra_id_0> LAST; `vocab_size` (the
-  model's padded embedding size, e.g. 32128) is filled with '<unused_k>' pieces never produced by the data.
-  """
+  model's padded embedding size, e.g. 32128) is filled with '<unused_k>' pieces never produced by the data."""
   import sentencepiece as spm  # host-side only; the model code does not need it otherwise
 
   sp = spm.SentencePieceProcessor(model_proto=_read_bytes(str(path)))
@@ -225,8 +222,7 @@ def projection_features(ids: Array, table: FingerprintTable, m: int, mode: str =
                         mask: Array | None = None, segment_ids: Array | None = None) -> Array:
   """[b, L, m] ('piece', 'word') or [b, L, 2m] ('piece+word': piece counts, then word counts) float32.
 
-  Padded positions (mask 0) get zeros and are words of their own, so they change nothing elsewhere.
-  """
+  Padded positions (mask 0) get zeros and are words of their own, so they change nothing elsewhere."""
   if mode not in MODES:
     raise ValueError(f"projection mode must be one of {MODES}, got {mode!r}")
   mask = (ids > 0) if mask is None else mask > 0
@@ -293,8 +289,7 @@ class ProjectionEmbed(nn.Module):
   jit it is a device constant of vocab·n int32 (31 MiB for 32128 x 256).
 
   Parameters: bottleneck kernel [m·k·(2w+1), d] ('projection','embed') with k = 2 for 'piece+word' else 1,
-  bottleneck_bias [d] ('embed',), bottleneck_norm scale and bias [d] ('embed',). Count: m·k·(2w+1)·d + 3d.
-  """
+  bottleneck_bias [d] ('embed',), bottleneck_norm scale and bias [d] ('embed',). Count: m·k·(2w+1)·d + 3d."""
   config: Any  # remixer_t5.model.config.T5Config
   vocab_model: str = ""
   extra_ids: int = 100
@@ -335,8 +330,7 @@ class ProjectionEmbed(nn.Module):
     if self.window:
       same = mask.astype(jnp.int32) if segment_ids is None else segment_ids
       feats = _context_window(feats, self.window, same)
-    x = layers.Dense(cfg.emb_dim, ("projection", "embed"), dtype=cfg.dtype, name="bottleneck")(
-        feats.astype(cfg.dtype))
+    x = layers.Dense(cfg.emb_dim, ("projection", "embed"), dtype=cfg.dtype, name="bottleneck")(feats.astype(cfg.dtype))
     bias = layers.param_with_axes("bottleneck_bias", nn.initializers.zeros, (cfg.emb_dim,), jnp.float32,
                                   axes=("embed",))
     x = nn.leaky_relu(x + bias.astype(cfg.dtype), self.negative_slope)

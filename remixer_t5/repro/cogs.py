@@ -6,12 +6,11 @@ its log in ``<out>/runs/<model>-seed<seed>/train.log``); the run's last checkpoi
 generalization file greedily (``evaluation.infer_eval``; with ``--jobs`` > 1 in a child process on the run's
 cores, its log in ``<run>/decode.log``), and every split and gen category gets an exact-match score.
 
-The protocol, with its reasons, is docs/reproductions.md's "COGS from scratch": the train split's word
-vocabulary (task ``cogs_words``); a fixed step budget and the LAST checkpoint, no model selection on dev
-(Csordás et al. 2021, §3); Adafactor with T5's inverse-square-root schedule, dropout 0.1, no label smoothing;
-the model's lengths declared for the release (``MODEL_LENGTHS``), training rows packed at lengths fixed from
-the train split (``TRAIN_LENGTHS``), a longer row refused (``check_lengths``); each split decoded only to its
-own longest target (``decode_lengths``).
+The protocol, with its reasons, is docs/reproductions.md's "COGS from scratch": the train split's word vocabulary (task
+``cogs_words``); a fixed step budget and the LAST checkpoint, no model selection on dev (Csordás et al. 2021, §3);
+Adafactor with T5's inverse-square-root schedule, dropout 0.1, no label smoothing; the model's lengths declared for the
+release (``MODEL_LENGTHS``), training rows packed at lengths fixed from the train split (``TRAIN_LENGTHS``), a longer
+row refused (``check_lengths``); each split decoded only to its own longest target (``decode_lengths``).
 
 Outputs (``--out DIR``, rewritten after every run; a rerun skips the finished runs): ``cogs.jsonl`` (a row per
 model, seed and split or gen category), ``cogs_table.md`` (mean and range over seeds) and ``cogs.png``.
@@ -85,16 +84,13 @@ class Settings:
       raise ValueError(f"--eval_examples must be positive, got {self.eval_examples}")
 
 
-# The model's lengths (tokens with EOS under the `cogs_words` vocabulary), declared for the COGS release and
-# never measured from the files at hand: they size the fixed-length mixers (Remixer's H, the MLP-Mixer encoder's
-# token MLP), so the gen file a user has must not change the model. They are the release's longest input and
-# target (RELEASE_LONGEST, both cp_recursion rows of its 21,000 gen rows) rounded up to a multiple of 64; the
-# targets' spare tokens allow about one more level of nesting. Only gen_sample.tsv ships here: cp_recursion's
-# lengths come from a public variable-free copy of the release's gen.tsv (github.com/ykyaol7/template_tuning,
-# data/cogs/gen.tsv), its logical forms rebuilt in COGS's format. runs/cogs_scratch.gin binds the same values
-# (a test holds them equal).
+# The model's lengths (tokens with EOS, `cogs_words` vocabulary), declared for the COGS release and never measured
+# from the files at hand, as they size the fixed-length mixers: RELEASE_LONGEST rounded up to a multiple of 64
+# (docs/reproductions.md, "Lengths, declared for the release"). runs/cogs_scratch.gin binds the same values (a test
+# holds them equal).
 MODEL_LENGTHS = {"inputs": 64, "targets": 576}
-# The release's longest input and target (above); tests hold MODEL_LENGTHS to them.
+# The release's longest input and target (both cp_recursion rows of its 21,000 gen rows); tests hold MODEL_LENGTHS
+# to them.
 RELEASE_LONGEST = {"inputs": 62, "targets": 539}
 # Packed training rows (runs/cogs_scratch.gin's TASK_FEATURE_LENGTHS), fixed from the train split alone: its
 # examples average 9.7 input and 44.7 target tokens with EOS, so a row holds ~6.4 of them; its longest example
@@ -116,11 +112,10 @@ def model_gin(model: str) -> str:
 
 # --- data -------------------------------------------------------------------------------------------------
 def measure_splits(progress: Callable[[str], None] = print, eval_examples: int | None = None) -> dict:
-  """Per split: rows, examples that do not round-trip through the vocabulary, the longest input and target
-  (tokens with EOS); the model lengths (`MODEL_LENGTHS`, declared: not measured) and the packed training rows'
-  (`TRAIN_LENGTHS`). ValueError naming the file, line, length and limit when a row does not fit
-  (check_lengths). For gen, `categories` counts the rows of each category that are decoded (the first
-  `eval_examples` of the file)."""
+  """Per split: rows, examples that do not round-trip through the vocabulary, the longest input and target (tokens with
+  EOS); the model lengths (`MODEL_LENGTHS`, declared: not measured) and the packed training rows' (`TRAIN_LENGTHS`).
+  ValueError naming the file, line, length and limit when a row does not fit (check_lengths). For gen, `categories`
+  counts the rows of each category that are decoded (the first `eval_examples` of the file)."""
   from remixer_t5.data import word_vocab
   from remixer_t5.tasks import cogs
   vocab = cogs.cogs_word_vocabulary()
@@ -305,8 +300,7 @@ def train_run(model: str, seed: int, settings: Settings, lengths: dict, run_dir:
   [train] lines passed to `progress`; `extra_gin` flags come last (they override); `cpus` pins it to those
   cores (_run_child). Returns the seconds it took."""
   run_dir.mkdir(parents=True, exist_ok=True)
-  cmd = [sys.executable, "-m", "remixer_t5", "train", *_gin_args(model, run_dir, seed, settings, lengths),
-         *extra_gin]
+  cmd = [sys.executable, "-m", "remixer_t5", "train", *_gin_args(model, run_dir, seed, settings, lengths), *extra_gin]
   t0 = time.time()
   _run_child(cmd, run_dir / "train.log", cpus, lambda line: progress(f"{model} seed {seed}: {line}"),
              ("[train]", "[validation]", "model:"), f"training {model} seed {seed}")
@@ -366,12 +360,10 @@ def decode_run(model: str, seed: int, settings: Settings, data: dict, run_dir: P
   spec_path, result_path = run_dir / DECODE_SPEC, run_dir / DECODE_RESULT
   run_dir.mkdir(parents=True, exist_ok=True)
   result_path.unlink(missing_ok=True)
-  spec = {"model": model, "seed": seed, "settings": dataclasses.asdict(settings), "data": data,
-          "run_dir": str(run_dir)}
+  spec = {"model": model, "seed": seed, "settings": dataclasses.asdict(settings), "data": data, "run_dir": str(run_dir)}
   spec_path.write_text(json.dumps(spec))
   cmd = [sys.executable, "-m", "remixer_t5", "repro", "cogs", "--decode_spec", str(spec_path)]
-  _run_child(cmd, run_dir / "decode.log", cpus, progress, (f"{model} seed {seed} ",),
-             f"decoding {model} seed {seed}")
+  _run_child(cmd, run_dir / "decode.log", cpus, progress, (f"{model} seed {seed} ",), f"decoding {model} seed {seed}")
   if not result_path.is_file():
     raise RuntimeError(f"decoding {model} seed {seed} wrote no {result_path}; see {run_dir}/decode.log")
   return json.loads(result_path.read_text())
@@ -432,13 +424,12 @@ def core_groups(jobs: int) -> list[list[int] | None]:
     return [None] * jobs
   cpus = sorted(os.sched_getaffinity(0))
   if len(cpus) < jobs:
-    raise ValueError(f"--jobs {jobs}: this process may use {len(cpus)} core(s) ({cpus}); give at most one job "
-                     "per core")
+    raise ValueError(f"--jobs {jobs}: this process may use {len(cpus)} core(s) ({cpus}); give at most one job per core")
   return [cpus[len(cpus) * k // jobs:len(cpus) * (k + 1) // jobs] for k in range(jobs)]
 
 
-def _prepare(settings: Settings, out_dir: Path | None, progress: Callable[[str], None]) -> tuple[Path, dict, dict]:
-  """(the sweep's folder, the splits' measurements, the model lengths): the gen file set, the models' names and
+def _prepare(settings: Settings, out_dir: Path | None, progress: Callable[[str], None]) -> tuple[Path, dict]:
+  """(the sweep's folder, the splits' measurements): the gen file set, the models' names and
   the examples' round trips checked, the folder's settings.json written or matched, before anything runs."""
   from remixer_t5.tasks import cogs
   if settings.gen_file:
@@ -468,7 +459,7 @@ def _prepare(settings: Settings, out_dir: Path | None, progress: Callable[[str],
   else:
     settings_path.write_text(json.dumps(record, indent=2))
   (work / "data.json").write_text(json.dumps(data, indent=2))
-  return work, data, lengths
+  return work, data
 
 
 def _kept_and_todo(work: Path, settings: Settings, progress: Callable[[str], None], emit: Callable[[dict], None]
@@ -500,25 +491,43 @@ def _stop_all(stop, futures) -> None:
     proc.terminate()
 
 
+def _train_and_decode(label: str, model: str, seed: int, settings: Settings, data: dict, run_dir: Path,
+                      cpus: Sequence[int] | None, lock, progress: Callable[[str], None]) -> tuple[float, dict]:
+  """One run on `cpus`: train (or resume) it, then decode it; (its training seconds over all its starts,
+  decode_run's results)."""
+  on = f" on cores {','.join(map(str, cpus))}" if cpus else ""
+  progress(f"{label}: training {settings.steps} steps in {run_dir}{on}")
+  train_seconds = train_run(model, seed, settings, data["model_lengths"], run_dir, progress, cpus=cpus)
+  train_seconds = training_seconds(run_dir) or train_seconds  # all starts of a resumed run
+  progress(f"{label}: decoding{on}")  # and where an interrupted driver stops it
+  return train_seconds, decode_run(model, seed, settings, data, run_dir, progress, cpus, lock)
+
+
+def _eta(took: Sequence[float], started: dict, ended: dict, runs: int, jobs: int) -> float:
+  """eta_seconds of a sweep of `runs` runs, `started` and `ended` saying when each run took and gave back its
+  cores. Snapshots (the runs' threads write both), ended's first, so every run is counted exactly once: done,
+  running (begun, not ended) or queued (not begun)."""
+  ends, begun = dict(ended), dict(started)
+  now = time.time()
+  running = [now - t for k, t in begun.items() if k not in ends]
+  return eta_seconds(float(np.mean(took)), running, runs - len(begun), jobs)
+
+
 def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None] = lambda r: None,
         progress: Callable[[str], None] = lambda s: None, jobs: int = 1) -> list[dict]:
   """Every model x seed: train (or resume), decode, score; outputs rewritten after every run.
 
-  `jobs` > 1 trains that many runs at once, each pinned to its share of the cores (core_groups); a run keeps
-  its share while it decodes, in a child process pinned there (decode_run; unpinned, without affinity support,
-  the driver decodes one run at a time), then the next run starts there. Rows then
-  come in the order runs finish and carry `jobs` (their timings shared the machine). XLA splits its sums
-  differently over fewer threads, so a run is not bit-identical to the same run with `jobs` 1.
-  A run that fails does not stop the others; the failures are raised together at the end. Interrupted (Ctrl-C),
-  the runs not started stay unstarted, a decode stops at its next batch (a decoding child gets SIGTERM) and a
-  training child gets SIGTERM (the trainer saves a checkpoint and exits); rerunning the command resumes them."""
+  `jobs` > 1 trains that many runs at once, each pinned to its share of the cores (core_groups), which it keeps
+  while it decodes (decode_run); rows then come in the order runs finish and carry `jobs`. Such a run is not
+  bit-identical to the same run with `jobs` 1 (XLA splits its sums differently over fewer threads). A run that
+  fails does not stop the others; the failures are raised together at the end. Interrupted (Ctrl-C), the runs
+  stop as `_stop_all` says; rerunning the command resumes them."""
   import concurrent.futures
   import queue
   import threading
   groups = core_groups(jobs)
-  work, data, lengths = _prepare(settings, out_dir, progress)
+  work, data = _prepare(settings, out_dir, progress)
   records, todo = _kept_and_todo(work, settings, progress, emit)
-  categories = data["splits"]["gen"]["categories"]
   total = len(settings.models) * len(settings.seeds)
   if 0 < len(todo) < jobs:  # fewer runs left than jobs: each keeps all of its share, none gets a split meant for more
     jobs = len(todo)
@@ -533,16 +542,11 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
     progress(text)
 
   def one(i: int, model: str, seed: int) -> tuple[float, dict]:
-    progress = said
     cpus = free.get()
     started[(model, seed)] = time.time()
     try:
-      run_dir, on = work / "runs" / f"{model}-seed{seed}", f" on cores {','.join(map(str, cpus))}" if cpus else ""
-      progress(f"[{i}/{total}] {model} seed {seed}: training {settings.steps} steps in {run_dir}{on}")
-      train_seconds = train_run(model, seed, settings, lengths, run_dir, progress, cpus=cpus)
-      train_seconds = training_seconds(run_dir) or train_seconds  # all starts of a resumed run
-      progress(f"[{i}/{total}] {model} seed {seed}: decoding{on}")  # and where an interrupted driver stops it
-      return train_seconds, decode_run(model, seed, settings, data, run_dir, progress, cpus, decoding)
+      return _train_and_decode(f"[{i}/{total}] {model} seed {seed}", model, seed, settings, data,
+                               work / "runs" / f"{model}-seed{seed}", cpus, decoding, said)
     finally:
       ended[(model, seed)] = time.time()  # before its cores go to the next run (the ETA's bookkeeping)
       free.put(cpus)
@@ -562,19 +566,15 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
           progress(f"[{i}/{total}] {model} seed {seed} FAILED: {e}")
           continue
         params = _param_count(work / "runs" / f"{model}-seed{seed}")
-        new = _rows(model, seed, params, settings, results, train_seconds, categories, Path(data["gen_file"]).name)
+        new = _rows(model, seed, params, settings, results, train_seconds, data["splits"]["gen"]["categories"],
+                    Path(data["gen_file"]).name)
         records += new
         for r in new:
           r["jobs"] = jobs  # runs trained at once: train seconds and decode speeds shared the cores
           emit(r)
-        now = time.time()
         decode_seconds = sum(r["seconds"] for r in results.values())
         took.append(run_cost(ended[(model, seed)] - started[(model, seed)], train_seconds, decode_seconds))
-        # Snapshots (the runs' threads write both), ended's first, so every run is counted exactly once: done,
-        # running (begun, not ended) or queued (not begun).
-        ends, begun = dict(ended), dict(started)
-        running = [now - t for k, t in begun.items() if k not in ends]
-        eta = eta_seconds(float(np.mean(took)), running, len(todo) - len(begun), jobs)
+        eta = _eta(took, started, ended, len(todo), jobs)
         progress(f"[{i}/{total}] {model} seed {seed}: test {results['test']['exact_match']:.1f}%, gen mean "
                  f"{new[-1]['exact_match'] * 100:.1f}% (train {train_seconds:.0f}s, decode "
                  f"{decode_seconds:.0f}s); ETA {eta / 60:.0f} min")

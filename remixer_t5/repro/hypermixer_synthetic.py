@@ -13,20 +13,11 @@ attention (`mixers/attention.py`), built from a small `T5Config`; "none" puts on
 place. The metric is the test MSE against the number of training examples (Fig. 5b); the pseudo-attention maps
 are input gradients d output_i / d input_j after training on 25,000 examples (Fig. 5c/d, Fig. 6, App. B.4).
 
-The HyperMixer paper gives no sizes or training settings for this task. Where it is silent we take them from
-Fleuret's course code for the same toy problem (which the paper cites as its set-up) and otherwise choose:
-
-  sequence length 100, heights U[1, 25], widths U[5, 11], centres U[5.5, 94.5]; noise U[-0.15, 0.15] on the
-  input; examples where shapes overlap or touch, or where the two triangles' (or the two boxes') heights differ
-  by 4 or less, are rejected and redrawn; input normalised by the training set's mean and std; MSE on the raw
-  target scale; c = 64 channels; Adam, lr 1e-3, batch 100; 1,000 test examples  (all Fleuret's)
-  the target is noise-free (Fleuret's also carries input-like noise, which adds ~0.0075 to every MSE)
-  a fixed number of optimisation steps for every training-set size, batches drawn uniformly with replacement
-  (Fleuret trains 250 epochs of 25,000; our CPU budget allows far fewer steps: see `SweepSettings`)
-  d' = 2c for the hidden width of HyperMixing and of MLP-Mixer's token MLP (the paper's NLP runs use
-  d' = 2d); HyperMixing tied, with LayerNorm and sinusoidal p_j (the project's defaults); attention
-  single-head (Fleuret's), no position information (only the convolutions see positions), as in Fleuret's
-  model; no residual connection around the mixer (Fleuret's model has none).
+The HyperMixer paper gives no sizes or training settings for this task; docs/reproductions.md ("Settings beside
+the paper's") lists ours beside those of Fleuret's course code (which the paper cites as its set-up). Beyond that
+table: input normalised by the training set's mean and std, MSE on the raw target scale; HyperMixing tied, with
+LayerNorm and sinusoidal p_j (the project's defaults); attention with no position information (only the
+convolutions see positions); no residual connection around the mixer (Fleuret's model has none).
 """
 from __future__ import annotations
 
@@ -75,8 +66,7 @@ def render(triangles: np.ndarray, boxes: np.ndarray, length: int) -> tuple[np.nd
 
   A triangle at integer position t is max(0, h - max(0, |t - c| - 1/2) * 2h / w) (flat top of width 1); a box
   is h where |t - c| < w/2. Returns (sequence [n, length] = the largest shape value at each position,
-  collision [n] = two shapes are non-zero at the same or at adjacent positions).
-  """
+  collision [n] = two shapes are non-zero at the same or at adjacent positions)."""
   t = np.arange(length, dtype=np.float64)[None, :, None]
   c, h, w = (a[:, None, :] for a in (triangles[..., 0], triangles[..., 1], triangles[..., 2]))
   tri = np.maximum(h - np.maximum(np.abs(t - c) - 0.5, 0.0) * 2.0 * h / w, 0.0)
@@ -124,8 +114,7 @@ def generate(n: int, seed: int, spec: TaskSpec = TaskSpec()) -> dict[str, np.nda
   clean, _ = render(tri, box, spec.length)
   inputs = clean + rng.uniform(-spec.noise / 2, spec.noise / 2, clean.shape)
   targets, _ = render(pair_means(tri), pair_means(box), spec.length)
-  return {"inputs": inputs.astype(np.float32), "targets": targets.astype(np.float32),
-          "triangles": tri, "boxes": box}
+  return {"inputs": inputs.astype(np.float32), "targets": targets.astype(np.float32), "triangles": tri, "boxes": box}
 
 
 # --- models -----------------------------------------------------------------------------------------------
@@ -302,8 +291,7 @@ def run_sweep(settings: SweepSettings, *, emit: Callable[[dict], None] = lambda 
 
   Seed s draws its training pool (the first N examples serve size N, so sizes are nested), the parameters'
   initialisation and the batch order; the test set is shared by all runs. With out_dir, writes the error
-  plot and the pseudo-attention maps (models trained on `map_examples`, or the largest size below it).
-  """
+  plot and the pseudo-attention maps (models trained on `map_examples`, or the largest size below it)."""
   import jax
   import jax.numpy as jnp
 
@@ -475,8 +463,7 @@ def add_arguments(p) -> None:
   p.add_argument("--channels", type=int, help="convolution channels c (default 64)")
   p.add_argument("--hidden", type=int, help="d' of HyperMixing and of MLP-Mixer's token MLP (default 128)")
   p.add_argument("--test_examples", "--test-examples", type=int, help="default 1000")
-  p.add_argument("--json", action="store_true",
-                 help="one JSON line per model, training-set size and seed on stdout")
+  p.add_argument("--json", action="store_true", help="one JSON line per model, training-set size and seed on stdout")
   p.add_argument("--out", help="directory for hypermixer_synthetic_{mse,maps}.png, .jsonl and _table.md")
 
 

@@ -22,8 +22,7 @@ def split_microbatches(batch: Mapping[str, Array], num_microbatches: int) -> dic
 
   Strided rather than contiguous: with the batch axis split over the 'data' mesh axis, every device keeps
   batch / (k * devices) rows of each microbatch, so no microbatch waits on a subset of the devices and the
-  reshape moves no data (when k divides the per-device rows).
-  """
+  reshape moves no data (when k divides the per-device rows)."""
   sizes = {k: v.shape[0] for k, v in batch.items()}
   if len(set(sizes.values())) != 1:
     raise ValueError(f"batch features disagree on the batch size: {sizes}")
@@ -42,8 +41,7 @@ def value_and_grad(loss_fn: LossFn, num_microbatches: int | None = None, *,
   `jax.value_and_grad(loss_fn, has_aux=True)`. `metrics` are the sums over the whole batch; `loss` and `grads`
   are normalised by `loss_normalizing_factor`, or else by max(total `weight_sum`, 1), as `loss_fn` does for a
   single batch (pass the model's `loss_normalizing_factor`). Microbatch i uses `fold_in(dropout_rng, i)`.
-  With `num_microbatches` None or 1 this is plain `jax.value_and_grad` (same numbers, same rng).
-  """
+  With `num_microbatches` None or 1 this is plain `jax.value_and_grad` (same numbers, same rng)."""
   if not num_microbatches or num_microbatches == 1:
     return jax.value_and_grad(loss_fn, has_aux=True)
 

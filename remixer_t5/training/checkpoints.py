@@ -51,8 +51,7 @@ class Checkpointer:
   def restore(self, abstract_state: Any, step: int | None = None) -> tuple[Any, dict]:
     """Restore into the structure, dtypes and shardings of `abstract_state` (ShapeDtypeStructs)."""
     step = self.latest_step() if step is None else step
-    restored = self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract_state)))
+    restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state)))
     extra = {}
     if (self.directory / str(step) / "extra").exists():
       extra = self.manager.restore(step, args=ocp.args.Composite(extra=ocp.args.JsonRestore()))["extra"]
@@ -63,8 +62,7 @@ class Checkpointer:
 
     A checkpoint that fails to restore (truncated or corrupt files, a partial copy) is reported, moved aside to
     `checkpoints/<step>.corrupt-<n>` (process 0) so later saves and restores skip it, and the previous one is
-    tried. Unfinished saves (orbax's temporary directories) never count as checkpoints.
-    """
+    tried. Unfinished saves (orbax's temporary directories) never count as checkpoints."""
     for step in sorted(self.all_steps(), reverse=True):
       try:
         state, extra = self.restore(abstract_state, step)
@@ -108,8 +106,7 @@ def save_input_state(model_dir, step: int, write) -> None:
   `MODEL_DIR/input_state/<step>/process-<i>-of-<n>/`; in a bucket written in a local folder, then uploaded file
   by file with `iterator.index` last (its presence is what `input_state_prefix` looks for).
 
-  Call it BEFORE the orbax save of `step`: a finalised orbax step then always has its input states.
-  """
+  Call it BEFORE the orbax save of `step`: a finalised orbax step then always has its input states."""
   final = _input_state_dir(model_dir, step)
   if storage.is_bucket(final):
     with tempfile.TemporaryDirectory(prefix="remixer_t5-input-state-") as tmp:
@@ -190,8 +187,7 @@ def check_signature(model_dir: str | os.PathLike, signature: Mapping[str, Any],
                     defaults: Mapping[str, Any] | None = None) -> None:
   """Write the run signature on the first run; refuse a later run whose signature differs, naming fields.
 
-  `defaults`: values of fields that older runs did not record (added since), assumed for them.
-  """
+  `defaults`: values of fields that older runs did not record (added since), assumed for them."""
   path = storage.run_path(model_dir) / SIGNATURE_FILE
   signature = json.loads(json.dumps(signature, default=str))
   if path.exists():

@@ -93,8 +93,7 @@ def infer_eval(model: EncoderDecoderModel, params, task_name: str, decoding: Dec
   ``feature_lengths``: truncation lengths (None: the longest example of each feature, as seqio computes);
   ``lengths_on_purpose``: they are longer than the split needs by design (a fixed-length mixer's model length,
   decode lengths rounded up), so seqio's "longer than necessary" warning is not printed;
-  ``num_examples``: the first N examples of each task (None: all).
-  """
+  ``num_examples``: the first N examples of each task (None: all)."""
   absl_log = logging.getLogger("absl")
   absl_log.setLevel(logging.WARNING)  # seqio's per-dataset info lines drown the progress
   loggers = (seqio.JSONLogger, seqio.TensorBoardLogger) if log_dir and jax.process_index() == 0 else ()

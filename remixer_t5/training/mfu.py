@@ -78,8 +78,7 @@ def model_flops_per_step(model, batch: Mapping[str, jax.ShapeDtypeStruct]) -> fl
   `model.loss_fn` (no optimizer update, no dropout) of the same model unscanned and unrematerialised (see the
   module docstring), lowered from shapes (nothing is allocated or compiled). Divide by the device count for a
   per-device figure. Mixers' chunk scans are unrolled for the count and CPU/GPU kernels (FFI custom calls, which
-  XLA's cost analysis counts as nothing) take their XLA form (`flop_count.counting_model_flops`).
-  """
+  XLA's cost analysis counts as nothing) take their XLA form (`flop_count.counting_model_flops`)."""
   return model_flops_and_loops(model, batch)[0]
 
 

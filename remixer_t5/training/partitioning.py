@@ -20,12 +20,8 @@ Presets (`make_mesh(shape=NAME)`, `mesh_spec(preset=NAME)`, gin/partitioning/NAM
   tpu_v3_128_xl 128 cores (32, 4)        fsdp        v3-128 for xl-sized models
   gpu_8       8 GPUs      (8, 1)         fsdp        one 8-GPU host (ZeRO-3-like parameter sharding)
 
-The TPU presets are, per slice and model size, the fastest setting that fits by XLA's estimate of the compiled
-pretraining step (`remixer-t5 compile`; docs/benchmarks.md, "TPU, compiled without a TPU"): fsdp over every core
-wherever it fits (a 'model' axis only adds communication), except T5.1.1-xl on a v3-128 (tpu_v3_128_xl).
-T5.1.1-large fits a v3-8 only rematerialised (gin/partitioning/tpu_v3_8_large.gin); check a run with
-`remixer-t5 compile --topology ...` before paying for a slice. A slice's global batch must be a multiple of its
-data axis (`check_batch_size`).
+The TPU presets are the fastest setting that fits by XLA's estimate of the compiled pretraining step (docs/scaling.md,
+"Meshes and presets"). A slice's global batch must be a multiple of its data axis (`check_batch_size`).
 
 A dimension that its mesh axes do not divide is replicated instead (logged per parameter): jit refuses
 uneven parameter shardings. A `Partitioner` (t5x's partitioner: a mesh and its rules, `partitioner(...)` from a
@@ -143,14 +139,12 @@ def _parse_shape(shape) -> tuple[int, int]:
   return shape
 
 
-def mesh_plan(num_partitions: int = 1, shape=None, num_devices: int | None = None
-              ) -> tuple[tuple[int, int], Rules]:
+def mesh_plan(num_partitions: int = 1, shape=None, num_devices: int | None = None) -> tuple[tuple[int, int], Rules]:
   """((data, model), rules) for what `make_mesh` accepts, without devices.
 
   `shape`: None (all `num_devices`, `num_partitions` of them along 'model'), a (data, model) tuple, 'DxM', a
   preset name, or a `MeshSpec`. A preset whose size is not `num_devices` is an error; `num_devices=None`
-  skips that check (abstract meshes) except where the shape depends on it.
-  """
+  skips that check (abstract meshes) except where the shape depends on it."""
   rules = None
   if isinstance(shape, MeshSpec):
     spec = shape
@@ -267,8 +261,7 @@ def _mesh_axes(entry) -> tuple[str, ...]:
 def fit_spec(spec: P, shape: Sequence[int], axis_sizes: Mapping[str, int]) -> tuple[P, list[str]]:
   """`spec` with every dimension its mesh axes do not divide replicated (trailing axes dropped first).
 
-  Returns (spec, notes), one note per changed dimension, e.g. 'dim 0 (12) not divisible by data=8'.
-  """
+  Returns (spec, notes), one note per changed dimension, e.g. 'dim 0 (12) not divisible by data=8'."""
   entries = tuple(spec) + (None,) * (len(shape) - len(spec))
   out, notes = [], []
   for i, (dim, entry) in enumerate(zip(shape, entries)):
@@ -295,8 +288,7 @@ def param_specs(params_axes, mesh, rules: str | Rules | None = None, *, params=N
                 ) -> tuple[Any, dict[str, list[str]]]:
   """(params-shaped tree of mesh PartitionSpecs, {param path: fallback notes}).
 
-  With `params` (arrays or ShapeDtypeStructs) each spec is checked against the shape (`fit_spec`).
-  """
+  With `params` (arrays or ShapeDtypeStructs) each spec is checked against the shape (`fit_spec`)."""
   rules = _as_rules(rules) or DEFAULT_RULES
   specs = jax.tree_util.tree_map(lambda s: nn.logical_to_mesh_axes(tuple(s), rules), logical_axes(params_axes),
                                  is_leaf=_is_spec)
@@ -325,8 +317,7 @@ def param_shardings(params_axes, mesh, rules: str | Rules | None = None, *, para
 
 def _check_divisible(param_sh, params, mesh) -> None:
   bad = []
-  for (path, sh), p in zip(jax.tree_util.tree_flatten_with_path(param_sh)[0],
-                           jax.tree_util.tree_leaves(params)):
+  for (path, sh), p in zip(jax.tree_util.tree_flatten_with_path(param_sh)[0], jax.tree_util.tree_leaves(params)):
     _, notes = fit_spec(sh.spec, p.shape, dict(mesh.shape))
     if notes:
       bad.append(f"{jax.tree_util.keystr(path)} {tuple(p.shape)} {sh.spec}: {'; '.join(notes)}")
@@ -340,16 +331,14 @@ def opt_state_shardings(abstract_state, params, param_sh, mesh):
   """Optimizer-state shardings: leaves shaped like their parameter share its sharding, Adafactor's factored
   statistics (optax FactoredState: v_row = the parameter's mean over its largest axis, v_col over the next;
   per layer slice under optim.layerwise) take its spec without the reduced axis, and the rest (counts,
-  placeholders) are replicated. Leaves another branch of optax.multi_transform owns (MaskedNode) stay masked.
-  """
+  placeholders) are replicated. Leaves another branch of optax.multi_transform owns (MaskedNode) stay masked."""
   _check_divisible(param_sh, params, mesh)
   replicated = NamedSharding(mesh, P())
   params_def = jax.tree_util.tree_structure(params)
   masked = lambda x: isinstance(x, optax.MaskedNode)
 
   def params_like(x) -> bool:
-    return (isinstance(x, (dict, Mapping)) and
-            jax.tree_util.tree_structure(x, is_leaf=masked) == params_def)
+    return (isinstance(x, (dict, Mapping)) and jax.tree_util.tree_structure(x, is_leaf=masked) == params_def)
 
   def per_param(leaf, sh, param):
     return sh if getattr(leaf, "shape", None) == param.shape else replicated
@@ -415,8 +404,7 @@ def replicated(mesh) -> NamedSharding:
 @contextlib.contextmanager
 def activation_sharding(mesh: Mesh, rules: str | Rules | None = None):
   """Trace under `mesh` and its rules, so that `constrain` (and the logical constraints layers.py already
-  places, flax's `with_logical_constraint`) pin activations as t5x does; outside it they are no-ops.
-  """
+  places, flax's `with_logical_constraint`) pin activations as t5x does; outside it they are no-ops."""
   with jax.set_mesh(mesh), nn.logical_axis_rules(_as_rules(rules) or DEFAULT_RULES):
     yield
 

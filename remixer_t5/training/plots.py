@@ -53,8 +53,7 @@ def _slots(params, stack: str, has: str) -> list[tuple[str, str]]:
   """(layer, slot) of the `stack` layers, in order, whose slot holds a parameter (or submodule) named `has`."""
   tree = params.get(stack, {})
   layers = sorted((k for k in tree if k.startswith("layers_")), key=lambda k: int(k.split("_")[-1]))
-  return [(layer, slot) for layer in layers for slot, sub in tree[layer].items()
-          if hasattr(sub, "keys") and has in sub]
+  return [(layer, slot) for layer in layers for slot, sub in tree[layer].items() if hasattr(sub, "keys") and has in sub]
 
 
 def remix_matrices(params) -> list[tuple[str, "np.ndarray"]]:
@@ -62,8 +61,7 @@ def remix_matrices(params) -> list[tuple[str, "np.ndarray"]]:
 
   As the block applies H to a full-length sequence (mixers/remixer.py): each row i is a softmax over the source
   positions j, over all L in the encoder and over j <= i in the (causal) decoder, so every row sums to 1.
-  Blocks are found by their `remix` parameter, whatever their slot is called.
-  """
+  Blocks are found by their `remix` parameter, whatever their slot is called."""
   import jax.numpy as jnp
   from remixer_t5.model.mixers.remixer import masked_softmax
 
@@ -102,8 +100,7 @@ def attention_maps(module, params, tokens) -> list[tuple[str, "np.ndarray"]]:
 
   Recomputed from what the layer computes on the way (its query and key projections and the stack's relative
   position bias, captured by method interception) exactly as mixers/attention.py combines them:
-  softmax(q·k + mask bias + relative position bias). Rows sum to 1 over the real keys.
-  """
+  softmax(q·k + mask bias + relative position bias). Rows sum to 1 over the real keys."""
   import jax
   import jax.numpy as jnp
   from remixer_t5.model import layers
@@ -114,8 +111,7 @@ def attention_maps(module, params, tokens) -> list[tuple[str, "np.ndarray"]]:
   if not slots:
     return []
   paths = {("encoder", layer, slot) for layer, slot in slots}
-  calls = _record(module, params, tokens,
-                  lambda p: p in paths or p[:-1] in paths or p == ("encoder", "relpos_bias"))
+  calls = _record(module, params, tokens, lambda p: p in paths or p[:-1] in paths or p == ("encoder", "relpos_bias"))
   cfg = module.config
   out = []
   for layer, slot in slots:
@@ -144,8 +140,7 @@ def pseudo_attention(module, params, tokens, path: tuple[str, ...], samples: int
   ||d out_i / d x_j|| of the d×d Jacobian block, where x is the mixer's input in the model (after the layer's
   pre-norm, for `tokens` [1, n]) and out its output. `samples=0` computes it exactly (n·d vector-Jacobian
   products); `samples=S` estimates the squared norm from S Gaussian probes per output token (Hutchinson,
-  unbiased for ||·||², n·S products).
-  """
+  unbiased for ||·||², n·S products)."""
   import jax
   import jax.numpy as jnp
   from flax import linen as nn
@@ -234,8 +229,7 @@ def plot_mixing(module, params, tokens, out_dir, labels=None, pseudo_samples: in
     attention_encoder_layers_<i>.png         mean-over-heads self-attention of each encoder layer (Fig. 2, top)
     pseudo_attention_encoder_layers_<i>.png  HyperMixing input-gradient maps (HyperMixer paper Fig. 5c/d)
 
-  Kinds the model does not have are skipped with a message through `log`.
-  """
+  Kinds the model does not have are skipped with a message through `log`."""
   import jax.numpy as jnp
 
   tokens = jnp.asarray(tokens, jnp.int32).reshape(1, -1)

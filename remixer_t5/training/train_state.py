@@ -26,8 +26,7 @@ def input_shapes(feature_lengths: Mapping[str, int]) -> dict[str, tuple[int, int
 
 
 def abstract(tree, shardings):
-  return jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree,
-                                shardings)
+  return jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
 def abstract_state(model, tx, input_shapes, partitioner) -> tuple[TrainState, TrainState]:

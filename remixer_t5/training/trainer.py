@@ -40,8 +40,7 @@ def train(run: Run, *, config_text: str | None = None, run_signature: Mapping[st
 
   `config_text` (the launch's gin config) is saved as MODEL_DIR/config.gin once the run is accepted.
   Faults: SIGTERM saves a checkpoint and returns; an unreadable latest checkpoint is reported and the previous
-  one restored; a non-finite loss or update stops the run (FloatingPointError) before it is checkpointed.
-  """
+  one restored; a non-finite loss or update stops the run (FloatingPointError) before it is checkpointed."""
   run, task, vocab, infer_task = _setup(run, check_init=True)
   _accept_run(run, vocab, run_signature, config_text)
   prog = _program(run)
@@ -52,9 +51,8 @@ def train(run: Run, *, config_text: str | None = None, run_signature: Mapping[st
 
 
 def _setup(run: Run, check_init: bool = False):
-  """(`run` with its MODEL_DIR as a run path and packing as the model allows, the task, its targets vocabulary,
-  the name of the task inference evaluation decodes); the bucket checks and the vocabulary's fit, before any
-  compile."""
+  """(`run` with its MODEL_DIR as a run path and packing as the model allows, the task, its targets vocabulary, the name
+  of the task inference evaluation decodes); the bucket checks and the vocabulary's fit, before any compile."""
   if not run.model_dir:
     raise ValueError("MODEL_DIR is not set: pass --gin.MODEL_DIR=\"'/path/to/run'\"")
   model_dir = str(storage.run_path(run.model_dir))
@@ -320,8 +318,7 @@ def evaluate_checkpoint(run: Run, *, checkpoint_step: int | None = None, infer: 
   split (metrics.jsonl rows) and, with `infer` (default: when the task has metrics), decode `infer_split` of
   `Schedule.infer_eval_task` (None: the task trained on) with the seqio Evaluator, in the trained task's
   vocabulary, and score it with each task's metrics (MODEL_DIR/inference_eval/: JSON and TensorBoard;
-  metrics.jsonl rows `infer/<task>`). Returns {"validation": {...}, "<task>": {metric: value}, ...}.
-  """
+  metrics.jsonl rows `infer/<task>`). Returns {"validation": {...}, "<task>": {metric: value}, ...}."""
   import seqio
   from remixer_t5.data.task_lookup import get_task
   run, task, vocab, infer_name = _setup(run)

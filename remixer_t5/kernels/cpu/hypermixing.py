@@ -5,7 +5,7 @@ Why: two of the layer's three forms spend XLA:CPU's time on memory, not arithmet
 the segmented form (`_segmented`, packed rows without a causal mask) handles `segment_block` segment ids per step
 over every query and key. `csrc/hypermixing.cc` (its header has the equations) keeps one running state per
 sequence in cache, and gives each (row, segment id) its own state read by its queries only. What it saves:
-docs/benchmarks.md, "Kernels against plain JAX" (scripts/bench_hypermixing_cpu.py).
+docs/benchmarks.md, "Kernels against plain JAX" (`remixer-t5 bench kernels`).
 
 How: the handlers are compiled on first use (ffi.py: the system's C++ compiler, `-O3 -march=native`,
 cached under `$REMIXER_T5_CACHE_DIR/cpu_hypermixing/`) and registered as four custom calls on CPU

@@ -36,9 +36,8 @@ _state: dict = {}  # "registered" once the custom call is, "failed": why it coul
 
 
 def threefry_2x32(key1, key2, x1, x2):
-  """Threefry-2x32-20 of the counter words (x1, x2) under the key (key1, key2), all uint32 and broadcastable:
-  the hash's two output words. 20 rounds of (add, rotate, xor), a key word pair and the group's index added
-  after every 4."""
+  """Threefry-2x32-20 of the counter words (x1, x2) under the key (key1, key2), all uint32 and broadcastable: the hash's
+  two output words. 20 rounds of (add, rotate, xor), a key word pair and the group's index added after every 4."""
   import jax.numpy as jnp
   import numpy as np
   shape = jnp.broadcast_shapes(*(jnp.shape(a) for a in (key1, key2, x1, x2)))

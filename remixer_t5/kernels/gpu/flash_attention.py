@@ -30,15 +30,14 @@ The split of dK/dV and dQ into two kernels (JAX's Pallas attention fuses them in
 have as many blocks) keeps q != k (cross-attention) and causal bounds simple; each kernel skips the tiles that
 causality masks entirely.
 
-Supported: float32 and bfloat16 (any float dtype Triton's dot takes) queries, keys and values with one head
-dimension d (padded to a power of two >= 16 with zeros); any q and k lengths (padded to whole blocks with segment
-id 0, which masks them); bias None, [1, h, q, k] or [b, h, q, k] (float32; gradient in its own shape); segment
-ids (0 = padding), causal masking, and a dropout mask given as a [b, h, q, k] bool array (read tile by tile,
-never written: the kernels draw no random numbers). Not supported: a bias broadcast over heads ([., 1, q, k]),
-different head dimensions for values, grouped keys/values, higher-order derivatives, and partitioning: XLA does
-not partition a custom call, so under a mesh the caller runs it per batch shard (and sums the bias gradient
-over the shards). Padding is by copies (masked loads would avoid them), the outputs sliced: T5's 512 encoder
-positions need none, its 114 decoder positions pad to 128.
+Supported: float32 and bfloat16 (any float dtype Triton's dot takes) queries, keys and values with one head dimension d
+(padded to a power of two >= 16 with zeros); any q and k lengths (padded to whole blocks with segment id 0, which masks
+them); bias None, [1, h, q, k] or [b, h, q, k] (float32; gradient in its own shape); segment ids (0 = padding), causal
+masking, and a dropout mask given as a [b, h, q, k] bool array (read tile by tile, never written: the kernels draw no
+random numbers). Not supported: a bias broadcast over heads ([., 1, q, k]), different head dimensions for values,
+grouped keys/values, higher-order derivatives, and partitioning: XLA does not partition a custom call, so under a mesh
+the caller runs it per batch shard (and sums the bias gradient over the shards). Padding is by copies (masked loads
+would avoid them), the outputs sliced: T5's 512 encoder positions need none, its 114 decoder positions pad to 128.
 
 Numerics: logits, softmax statistics and every accumulator are float32; the softmax runs in base 2 (logits times
 log2(e), Triton's exp2 is one instruction where exp is a range reduction plus exp2); the weights are rounded to
@@ -341,8 +340,7 @@ def attention(query, key, value, *, bias=None, q_segment_ids=None, kv_segment_id
   query [b, q, h, d]; key, value [b, k, h, d]; bias None, [1, h, q, k] or [b, h, q, k] (float); segment ids
   [b, q] and [b, k] (int, 0 = padding; None: every position real); dropout_mask None or [b, h, q, k] bool, with
   dropout_rate the rate it was drawn at; returns [b, q, h, d] in `dtype`. `interpret=True` runs the kernels in
-  Pallas's interpreter (any platform: the tests); otherwise they lower for CUDA GPUs only.
-  """
+  Pallas's interpreter (any platform: the tests); otherwise they lower for CUDA GPUs only."""
   b, nq, h, d = query.shape
   nk = key.shape[1]
   kernels.check_attention_shapes(query, key, value, bias)

@@ -1,11 +1,10 @@
 """HyperMixing's causal form as a Pallas (Triton) kernel on GPUs: one running d'×d state per sequence, in registers.
 
-The function is `mixers/hypermixer.py`'s causal form, out_i = W2[i] GELU(Σ_{j<=i, same segment} W1[j]^T x_j
-(/ their count)) (the module docstring there; HyperMixer, Mai et al. 2023, §2.3, applied to every prefix). XLA's
-form (`HyperMixing._scan_causal`) writes every position's d'×d state to memory, so at base size its time is
-memory traffic. Here each Triton program owns one (sequence, d'-block, d-block) tile of the state and walks the
-positions in order, so the state never leaves the chip; what it writes is each position's partial output,
-summed over the d'-blocks after.
+The function is `mixers/hypermixer.py`'s causal form, out_i = W2[i] GELU(Σ_{j<=i, same segment} W1[j]^T x_j (/ their
+count)) (the module docstring there; HyperMixer, Mai et al. 2023, §2.3, applied to every prefix). XLA's form
+(`HyperMixing._scan_causal`) writes every position's d'×d state to memory, so at base size its time is memory traffic.
+Here each Triton program owns one (sequence, d'-block, d-block) tile of the state and walks the positions in order, so
+the state never leaves the chip; what it writes is each position's partial output, summed over the d'-blocks after.
 
 Forward, per program (row b, d'-block K, d-block D), for i = 0..n-1:
     S  = S·[seg_i = seg_{i-1}] + W1[i, K] ⊗ x_i[D]          (the running sum restarts with each packed segment)
@@ -80,8 +79,7 @@ def _forward_kernel(w1_ref, x_ref, w2_ref, seg_ref, scale_ref, out_ref, *, n: in
   jax.lax.fori_loop(0, n, body, (zero, seg_ref[0]))
 
 
-def _backward_kernel(w1_ref, x_ref, w2_ref, seg_ref, scale_ref, start_ref, g_ref, dw1_ref, dx_ref, dw2_ref, *,
-                     n: int):
+def _backward_kernel(w1_ref, x_ref, w2_ref, seg_ref, scale_ref, start_ref, g_ref, dw1_ref, dx_ref, dw2_ref, *, n: int):
   zero = jnp.zeros((w1_ref.shape[-1], x_ref.shape[-1]), f32)
 
   def body(t, carry):

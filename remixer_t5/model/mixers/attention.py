@@ -30,15 +30,13 @@ class Attention(nn.Module):
   head_dim: int = 0   # 0: config.head_dim
 
   @nn.compact
-  def __call__(self, inputs_q: Array, inputs_kv: Array, ctx: base.MixerContext, *,
-               deterministic: bool = True) -> Array:
+  def __call__(self, inputs_q: Array, inputs_kv: Array, ctx: base.MixerContext, *, deterministic: bool = True) -> Array:
     cfg = self.config
     heads, depth = self.num_heads or cfg.num_heads, self.head_dim or cfg.head_dim
     inner = heads * depth
     kernel_init = nn.initializers.variance_scaling(1.0, "fan_in", "normal")
     query_init = lambda *a: kernel_init(*a) / math.sqrt(depth)
-    proj = lambda name, init: layers.Dense(inner, ("embed", "joined_kv"), kernel_init=init, dtype=cfg.dtype,
-                                           name=name)
+    proj = lambda name, init: layers.Dense(inner, ("embed", "joined_kv"), kernel_init=init, dtype=cfg.dtype, name=name)
     split = lambda x: x.reshape(x.shape[:-1] + (heads, depth))
     constrain = lambda t: layers.with_sharding_constraint(t, ("batch", "length", "heads", "kv"))
     query = constrain(split(proj("query", query_init)(inputs_q)))
@@ -102,8 +100,7 @@ class Attention(nn.Module):
 
     The first call (cache absent) has all max_decode_length positions: it creates the cache and computes an
     ordinary causal pass (discarded). Later calls write one position and attend to all written ones.
-    Returns (keys, values, bias, the einsum spec of keys/values).
-    """
+    Returns (keys, values, bias, the einsum spec of keys/values)."""
     initialized = self.has_variable("cache", "cached_key")
     to_cache = lambda x: jnp.transpose(x, (0, 2, 1, 3))  # [b, l, h, d] -> [b, h, l, d]
     cached_key = self.variable("cache", "cached_key", jnp.zeros, to_cache(key).shape, key.dtype)
@@ -117,8 +114,7 @@ class Attention(nn.Module):
       raise ValueError(f"decode step expects one position at a time, got length {key.shape[1]}")
     i = index.value
     zero = jnp.array(0, dtype=jnp.int32)
-    write = lambda cache, x: jax.lax.dynamic_update_slice(cache, to_cache(x).astype(cache.dtype),
-                                                          (zero, zero, i, zero))
+    write = lambda cache, x: jax.lax.dynamic_update_slice(cache, to_cache(x).astype(cache.dtype), (zero, zero, i, zero))
     cached_key.value = write(cached_key.value, key)
     cached_value.value = write(cached_value.value, value)
     index.value = i + 1
@@ -159,8 +155,7 @@ def dot_product_attention(query: Array, key: Array, value: Array, bias: Array | 
   real keys of its own segment, and with `causal` keys j <= i only; `keep` None or dropout's boolean keep mask
   [b, h, q, k] (rate `dropout_rate`). No 1/sqrt(d) (T5 keeps it in the query initializer); logits and softmax in
   float32 (`float32_logits`). `add` adds the biases (the `cpu` implementation passes one with a CPU-shaped
-  gradient: kernels/cpu/attention.py). Returns [b, q, h, d] in `dtype`.
-  """
+  gradient: kernels/cpu/attention.py). Returns [b, q, h, d] in `dtype`."""
   mask = (q_segment_ids[:, :, None] == kv_segment_ids[:, None, :]) & (q_segment_ids[:, :, None] > 0) \
       & (kv_segment_ids[:, None, :] > 0)
   if causal:

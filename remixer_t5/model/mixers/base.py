@@ -5,12 +5,11 @@ A layer is "token mixing + feature mixing" (HyperMixer paper, Fig. 1). The stack
     token_mixer(inputs_q, inputs_kv, ctx, deterministic=...)  -> [batch, q_len, emb]
     feature_mixer(x, ctx, deterministic=...)                   -> [batch, len, emb]
 
-where self-mixing passes `inputs_kv is inputs_q` and cross-mixing passes the encoder output. Every mixer is a
-Flax module constructed as `factory(config=T5Config, name=...)`; its own hyperparameters are dataclass
-fields with defaults (bound in gin). With `ctx.decode` a mixer sees one new position per call and keeps what
-it needs in the 'cache' collection: the first call (cache absent) carries the full `max_decode_length` and
-only creates the cache (its output is discarded), like t5x's attention. What depends on the encoder output
-only is computed once (`static_cache`).
+where self-mixing passes `inputs_kv is inputs_q` and cross-mixing passes the encoder output. Every mixer is a Flax
+module constructed as `factory(config=T5Config, name=...)`; its own hyperparameters are dataclass fields with defaults
+(bound in gin). With `ctx.decode` a mixer sees one new position per call and keeps what it needs in the 'cache'
+collection: the first call (cache absent) carries the full `max_decode_length` and only creates the cache (its output is
+discarded), like t5x's attention. What depends on the encoder output only is computed once (`static_cache`).
 """
 from __future__ import annotations
 
@@ -30,8 +29,7 @@ class MixerContext:
   """What a mixer may know about the sequences besides their vectors.
 
   Masks are 1.0 at real tokens and 0.0 at padding. Positions restart at 0 in each packed segment; segment ids
-  are None when nothing is packed (otherwise 0 marks padding).
-  """
+  are None when nothing is packed (otherwise 0 marks padding)."""
   q_mask: Array                      # [batch, q_len]
   kv_mask: Array                     # [batch, kv_len]
   q_positions: Array                 # [batch or 1, q_len] int32
@@ -57,8 +55,7 @@ class MixerContext:
 def pairwise_mask(ctx: MixerContext) -> Array:
   """[batch, 1, q_len, kv_len] float mask: real query and key, same segment, and j <= i when causal.
 
-  Not for decode steps (there the cache decides which positions exist).
-  """
+  Not for decode steps (there the cache decides which positions exist)."""
   mask = ctx.q_mask[:, :, None] * ctx.kv_mask[:, None, :]
   if ctx.q_segment_ids is not None and ctx.kv_segment_ids is not None:
     mask = mask * (ctx.q_segment_ids[:, :, None] == ctx.kv_segment_ids[:, None, :])
@@ -82,8 +79,7 @@ def slice_gather(table: Array, pos: Array) -> Array:
   read at each example's own positions: a row gather, then a column gather per example.
 
   Two gathers of whole rows / columns (and their scatter-add transposes) instead of one gather of single
-  elements, which TPUs serialise.
-  """
+  elements, which TPUs serialise."""
   rows = jnp.take(table, pos, axis=0, mode="clip")                               # [b, len, L]
   columns = lambda r, p: jnp.take(r, p, axis=1, mode="clip")
   return jax.vmap(columns)(rows, jnp.broadcast_to(pos, rows.shape[:2]))
@@ -100,8 +96,7 @@ def static_cache(module, name: str, compute: Callable[[], Array]) -> Array:
   the value is computed there once, and hands it to every step as a constant: it is not decode-loop state, so
   beam search never reorders it. Callers that do not (t5x's decoding, which creates the cache from dummy
   inputs and makes only 'cache' mutable) get `compute()` every step, relying on XLA to hoist it, which XLA:CPU
-  does for the projection but not for the transpose to the layout the attention products read.
-  """
+  does for the projection but not for the transpose to the layout the attention products read."""
   if module.has_variable(STATIC_CACHE, name) or module.is_mutable_collection(STATIC_CACHE):
     return module.variable(STATIC_CACHE, name, compute).value
   return compute()

@@ -33,13 +33,11 @@ class FourierMixing(nn.Module):
   """FNet's Fourier token mixing (Lee-Thorp et al. 2021, eq. in §3.2); token slot, encoder self-mixing only.
 
   No parameters. Computed in float32 (the unnormalised DFT sums n * emb terms) and returned in cfg.dtype.
-  FNet has no causal form, so decoder self-mixing is refused with a ValueError.
-  """
+  FNet has no causal form, so decoder self-mixing is refused with a ValueError."""
   config: T5Config
 
   @nn.compact
-  def __call__(self, inputs_q: Array, inputs_kv: Array, ctx: base.MixerContext, *,
-               deterministic: bool = True) -> Array:
+  def __call__(self, inputs_q: Array, inputs_kv: Array, ctx: base.MixerContext, *, deterministic: bool = True) -> Array:
     del inputs_kv, deterministic  # a self-mixer without dropout
     if ctx.causal or ctx.decode:
       raise ValueError("FourierMixing (FNet) has no causal form: a DFT over the sequence mixes every "

@@ -10,11 +10,10 @@ One gMLP block (§2 Eq. 1 and §2.1; the stack adds the pre-norm and the residua
 W starts near zero and b at one, so the block starts as a plain FFN (§2.1). The block replaces BOTH
 attention and the FFN of a Transformer layer, so a gMLP stack has this token mixer and NO feature mixer.
 
-aMLP (§4.3, "tiny attention") adds a single-head attention computed from the block input X whose output
-(h/2 wide) is added to the spatial projection before the gating product:
-s(Z) = Z1 ⊙ (W norm(Z2) + b + TinyAttn(X)). Outside a decode step, TinyAttn runs through the attention
-operation of kernels/ (`T5Config.attention_impl`, as every softmax attention does: a fused kernel on GPUs and
-TPU v4 and later), with one head, no position bias and no dropout.
+aMLP (§4.3, "tiny attention") adds a single-head attention computed from the block input X whose output (h/2 wide) is
+added to the spatial projection before the gating product: s(Z) = Z1 ⊙ (W norm(Z2) + b + TinyAttn(X)). Outside a decode
+step, TinyAttn runs through the attention operation of kernels/ (`T5Config.attention_impl`, as every softmax attention
+does: a fused kernel on GPUs and TPU v4 and later), with one head, no position bias and no dropout.
 
 W is either a free L×L matrix (`spatial='full'`, Eq. 2) or, as in the paper's language models, a Toeplitz
 matrix (`spatial='toeplitz'`; §4: "In the following MLM experiments, we restrict W to be a Toeplitz matrix to
@@ -44,8 +43,7 @@ def spatial_matrix(spatial: str, n: int, params: dict[str, Array], causal: bool 
   'full': W = kernel[:n, :n] (Eq. 2, W ∈ R^{L×L}). 'toeplitz' (§4, the MLM experiments): W[i, j] = past[i - j]
   for i >= j and future[j - i - 1] for i < j, so `past` [L] holds offsets 0..L-1 and `future` [L-1] offsets
   1..L-1 ahead (2L - 1 weights). `params` holds 'kernel', or 'past' and 'future'. `causal` zeroes the upper
-  triangle (a decoder never reads it; a causal Toeplitz block has no `future`).
-  """
+  triangle (a decoder never reads it; a causal Toeplitz block has no `future`)."""
   d = jnp.arange(n)[:, None] - jnp.arange(n)[None, :]                      # i - j
   if spatial == "full":
     w = params["kernel"][:n, :n]
@@ -66,8 +64,7 @@ def _toeplitz(behind: Array, ahead: Array) -> Array:
   serialised on TPUs, with a large fixed memory traffic per step on every core.
 
   With v = [behind[0], ahead[0..n-2], behind[n-1..1]] (2n - 1 entries), v tiled n times and cut into rows of
-  2n - 2 puts v[(j - i) mod (2n - 1)] at [i, j]: row i starts i(2n - 2) ≡ -i (mod 2n - 1) into the tiling.
-  """
+  2n - 2 puts v[(j - i) mod (2n - 1)] at [i, j]: row i starts i(2n - 2) ≡ -i (mod 2n - 1) into the tiling."""
   n = behind.shape[0]
   if n == 1:
     return behind.reshape(1, 1)
@@ -97,14 +94,12 @@ class GatedMlpBlock(nn.Module):
   (positions are contiguous in a segment, so pos_i - pos_j = i - j). Decoding caches norm(Z2) of past positions
   (and aMLP's keys and values) and reads row `cache_index` of W.
 
-  Parameters (d = emb_dim, h = hidden_dim, a = tiny_attention_dim): proj_in (U) [d, h] ('embed','mlp');
-  sgu_norm scale, bias [h/2] ('mlp',); 'full': spatial_kernel (W) [L, L] ('mix_length','mix_source');
-  'toeplitz': spatial_past [L] and (encoder only) spatial_future [L-1] ('mix_length',); spatial_bias (b) [L]
-  ('mix_length',); proj_out (V) [h/2, d] ('mlp','embed'); aMLP adds tiny_attn_qkv [d, 3a] ('embed','kv') and
-  tiny_attn_out [a, h/2] ('kv','mlp').
-  Per layer: 1.5·d·h + h + L + (L² | 2L-1 | L), plus 3·d·a + a·h/2 for aMLP. U and V are bias-free as in Eq. 1;
-  the activation is the exact (erf) GELU; dropout (cfg.dropout_rate) acts on s(Z), like T5's MLP hidden dropout.
-  """
+  Parameters (d = emb_dim, h = hidden_dim, a = tiny_attention_dim): proj_in (U) [d, h] ('embed','mlp'); sgu_norm scale,
+  bias [h/2] ('mlp',); 'full': spatial_kernel (W) [L, L] ('mix_length','mix_source'); 'toeplitz': spatial_past [L] and
+  (encoder only) spatial_future [L-1] ('mix_length',); spatial_bias (b) [L] ('mix_length',); proj_out (V) [h/2, d]
+  ('mlp','embed'); aMLP adds tiny_attn_qkv [d, 3a] ('embed','kv') and tiny_attn_out [a, h/2] ('kv','mlp'). Per layer:
+  1.5·d·h + h + L + (L² | 2L-1 | L), plus 3·d·a + a·h/2 for aMLP. U and V are bias-free as in Eq. 1; the activation is
+  the exact (erf) GELU; dropout (cfg.dropout_rate) acts on s(Z), like T5's MLP hidden dropout."""
   config: Any  # remixer_t5.model.config.T5Config
   max_length: int = 512
   hidden_dim: int = 0
@@ -113,8 +108,7 @@ class GatedMlpBlock(nn.Module):
   spatial_init_scale: float = 1e-3
 
   @nn.compact
-  def __call__(self, inputs_q: Array, inputs_kv: Array, ctx: base.MixerContext, *,
-               deterministic: bool = True) -> Array:
+  def __call__(self, inputs_q: Array, inputs_kv: Array, ctx: base.MixerContext, *, deterministic: bool = True) -> Array:
     cfg = self.config
     if inputs_kv is not inputs_q:
       raise ValueError("GatedMlpBlock (gMLP/aMLP) only mixes a sequence with itself; it cannot be a cross "
@@ -195,8 +189,7 @@ class GatedMlpBlock(nn.Module):
                                                axes=("mix_length", "mix_source"))}
     out = {"past": layers.param_with_axes("spatial_past", near_zero, (L,), jnp.float32, axes=("mix_length",))}
     if not causal:
-      out["future"] = layers.param_with_axes("spatial_future", near_zero, (L - 1,), jnp.float32,
-                                             axes=("mix_length",))
+      out["future"] = layers.param_with_axes("spatial_future", near_zero, (L - 1,), jnp.float32, axes=("mix_length",))
     return out
 
   def _tiny_attention(self, q: Array, k: Array, v: Array, ctx: base.MixerContext, causal: bool,
@@ -222,8 +215,7 @@ class GatedMlpBlock(nn.Module):
   def _decode_step(self, spatial: dict[str, Array], b: Array, z2: Array, k: Array | None, v: Array | None):
     """Writes the new position's norm(Z2) (and aMLP key/value) into the cache.
 
-    Returns W's row and b's entry for the position, the visible cache slots (j <= i) and the cached rows.
-    """
+    Returns W's row and b's entry for the position, the visible cache slots (j <= i) and the cached rows."""
     if z2.shape[1] != 1:
       raise ValueError(f"GatedMlpBlock decode step expects one position at a time, got length {z2.shape[1]}")
     index = base.cache_index(self)

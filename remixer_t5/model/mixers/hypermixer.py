@@ -109,8 +109,7 @@ class HyperMixing(nn.Module):
   Parameters (d = emb_dim, e = hyper_hidden_dim): per hypernetwork `wi` [d, e] ('embed','mlp'), `wi_bias` [e]
   ('mlp',), `wo` [e, d'] ('mlp','mix_hidden'), `wo_bias` [d'] ('mix_hidden',), under `hypernetwork_in` (h_1)
   and, untied, `hypernetwork_out` (h_2); `layer_norm` scale and bias [d] ('embed',). Per layer:
-  T·(d·e + e·d' + e + d') + 2d with T = 1 tied, 2 untied (biases and LayerNorm only when enabled).
-  """
+  T·(d·e + e·d' + e + d') + 2d with T = 1 tied, 2 untied (biases and LayerNorm only when enabled)."""
   config: T5Config
   hidden_dim: int = 0
   hyper_hidden_dim: int = 0
@@ -126,14 +125,12 @@ class HyperMixing(nn.Module):
   impl: str = "auto"
 
   @nn.compact
-  def __call__(self, inputs_q: Array, inputs_kv: Array, ctx: base.MixerContext, *,
-               deterministic: bool = True) -> Array:
+  def __call__(self, inputs_q: Array, inputs_kv: Array, ctx: base.MixerContext, *, deterministic: bool = True) -> Array:
     del deterministic  # the paper puts dropout at the layer input, which the stack owns
     cfg = self.config
     kernels.check("hypermixer.HyperMixing.impl", self.impl)
     if self.position_features not in ("none", "sinusoidal"):
-      raise ValueError(f"HyperMixing.position_features must be 'none' or 'sinusoidal', "
-                       f"got {self.position_features!r}")
+      raise ValueError(f"HyperMixing.position_features must be 'none' or 'sinusoidal', got {self.position_features!r}")
     if (ctx.q_segment_ids is None) != (ctx.kv_segment_ids is None):
       raise ValueError("HyperMixing needs segment ids on both the query and the key side, or on neither")
     if ctx.causal and not ctx.decode and inputs_q.shape[1] != inputs_kv.shape[1]:
@@ -236,12 +233,10 @@ class HyperMixing(nn.Module):
   def _segmented(self, w1: Array, x: Array, w2: Array, kv_mask: Array, q_seg: Array, kv_seg: Array) -> Array:
     """Packed non-causal: query i reads GELU(Σ_{j real, seg_j = seg_i} W1[j]^T x_j), one state per segment id,
     through the implementation `impl` chooses (the id blocks below on every platform but a CPU's `cpu`)."""
-    fn = kernels.HYPERMIXING_PACKED.choose(self.impl, self._block_segmented,
-                                           length_normalize=self.length_normalize)
+    fn = kernels.HYPERMIXING_PACKED.choose(self.impl, self._block_segmented, length_normalize=self.length_normalize)
     return fn(w1, x, w2, kv_mask, q_seg, kv_seg).astype(self.config.dtype)
 
-  def _block_segmented(self, w1: Array, x: Array, w2: Array, kv_mask: Array, q_seg: Array, kv_seg: Array
-                       ) -> Array:
+  def _block_segmented(self, w1: Array, x: Array, w2: Array, kv_mask: Array, q_seg: Array, kv_seg: Array) -> Array:
     """Packed non-causal: query i reads GELU(Σ_{j real, seg_j = seg_i} W1[j]^T x_j), one state per segment id.
 
     Segment ids are 1, 2, ... (0 is padding). A step handles `segment_block` ids with one-hot sums, and only the
@@ -249,8 +244,7 @@ class HyperMixing(nn.Module):
     a larger id has no keys or no queries, whose queries read GELU(0) = 0 as they would from a block). The
     gradient is a loop of the same length that recomputes each step's block and adds its cotangents
     (`custom_vjp`: XLA cannot differentiate a loop of data-dependent length, and the recomputation keeps
-    nothing per step). A fixed-length scan whose unused steps sit in a `lax.cond` still pays for most of them.
-    """
+    nothing per step). A fixed-length scan whose unused steps sit in a `lax.cond` still pays for most of them."""
     b, nq, h = w2.shape
     d = x.shape[-1]
     k = max(1, self.segment_block)
@@ -294,8 +288,7 @@ class HyperMixing(nn.Module):
     run.defvjp(run_fwd, run_bwd)
     return run(w1, x, w2, jax.lax.stop_gradient(kv_mask), q_seg, kv_seg, steps)
 
-  def _decode(self, h_in, h_out, inputs_q: Array, inputs_kv: Array, ctx: base.MixerContext,
-              hidden: int) -> Array:
+  def _decode(self, h_in, h_out, inputs_q: Array, inputs_kv: Array, ctx: base.MixerContext, hidden: int) -> Array:
     """One position per call: add W1[i]^T x_i to the cached running sum, read it with W2[i]."""
     if not ctx.causal:
       raise ValueError("HyperMixing decodes only as the causal self-mixer (cross-mixing needs no cache)")

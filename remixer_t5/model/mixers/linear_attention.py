@@ -36,8 +36,7 @@ class LinearAttention(nn.Module):
   """Multi-head linear attention (Katharopoulos et al. 2020, §3.2; causal §3.3); token or cross slot.
 
   Parameters as in T5 attention: query/key/value kernels (embed, joined_kv) and out (joined_kv, embed), no
-  biases. The feature maps, sums and normaliser are float32; `eps` keeps rows without any real key finite.
-  """
+  biases. The feature maps, sums and normaliser are float32; `eps` keeps rows without any real key finite."""
   config: T5Config
   # Positions per step of the causal scan. A chunk costs a [chunk, chunk] masked product per head, nothing for
   # these sizes, and 128 keeps T5's 114 decoder positions in one chunk: no loop in the step (XLA's cost model,
@@ -46,14 +45,12 @@ class LinearAttention(nn.Module):
   eps: float = 1e-6
 
   @nn.compact
-  def __call__(self, inputs_q: Array, inputs_kv: Array, ctx: base.MixerContext, *,
-               deterministic: bool = True) -> Array:
+  def __call__(self, inputs_q: Array, inputs_kv: Array, ctx: base.MixerContext, *, deterministic: bool = True) -> Array:
     del deterministic  # there are no attention weights to drop out
     cfg = self.config
     inner = cfg.num_heads * cfg.head_dim
     init = nn.initializers.variance_scaling(1.0, "fan_in", "normal")
-    proj = lambda name, x: layers.Dense(inner, ("embed", "joined_kv"), kernel_init=init, dtype=cfg.dtype,
-                                        name=name)(x)
+    proj = lambda name, x: layers.Dense(inner, ("embed", "joined_kv"), kernel_init=init, dtype=cfg.dtype, name=name)(x)
     split = lambda x: x.reshape(x.shape[:-1] + (cfg.num_heads, cfg.head_dim))
     q = _feature_map(split(proj("query", inputs_q)))
     k = _feature_map(split(proj("key", inputs_kv)))
@@ -74,8 +71,7 @@ class LinearAttention(nn.Module):
         den = jnp.einsum("bihd,bhd->bih", q, k.sum(1))
         out = num / (den[..., None] + self.eps)
     out = out.reshape(out.shape[:2] + (inner,)).astype(cfg.dtype)
-    return layers.Dense(inputs_q.shape[-1], ("joined_kv", "embed"), kernel_init=init, dtype=cfg.dtype,
-                        name="out")(out)
+    return layers.Dense(inputs_q.shape[-1], ("joined_kv", "embed"), kernel_init=init, dtype=cfg.dtype, name="out")(out)
 
   def _causal(self, q: Array, k: Array, v: Array, segment_ids: Array | None) -> Array:
     b, n, h, dk = q.shape

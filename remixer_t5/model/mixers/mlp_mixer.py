@@ -5,10 +5,9 @@ to each feature channel independently, as an MLP over the positions of a fixed m
 
     Y[:, c] = W2 gelu(W1 X[:, c] + b1) + b2,      W1 in R^{hidden x L},  W2 in R^{L x hidden}.
 
-Mixer_Enc uses it in the encoder. For Mixer_EncDec the Remixer paper "simply adapt[s] the token mixing to a
-fixed window size w" in the decoder; we read that as the same token-mixing MLP applied to the causal window of
-the last w tokens, slid over the sequence (shared by all positions and channels) and read at the current
-token:
+Mixer_Enc uses it in the encoder. For Mixer_EncDec the Remixer paper "simply adapt[s] the token mixing to a fixed window
+size w" in the decoder; we read that as the same token-mixing MLP applied to the causal window of the last w tokens,
+slid over the sequence (shared by all positions and channels) and read at the current token:
 
     out_i[c] = w2 . gelu(W1 (x_i[c], x_{i-1}[c], ..., x_{i-w+1}[c]) + b1),    W1 in R^{hidden x w}.
 
@@ -48,8 +47,7 @@ class TokenMixingMlp(nn.Module):
   segments enter the window as zeros. Its activations are [batch, len, hidden, emb], so the hidden width is
   small by default. Decoding keeps the last w inputs in the cache.
 
-  Both forms drop out hidden units with cfg.dropout_rate, as T5's MlpBlock does (MLP-Mixer itself has none).
-  """
+  Both forms drop out hidden units with cfg.dropout_rate, as T5's MlpBlock does (MLP-Mixer itself has none)."""
   config: T5Config
   max_length: int = 512               # L (encoder form only; the windowed form works for any length)
   hidden_dim: int | None = None       # None: 512 in the encoder form, 2 * window in the windowed form
@@ -61,8 +59,7 @@ class TokenMixingMlp(nn.Module):
     return self.window is not None
 
   @nn.compact
-  def __call__(self, inputs_q: Array, inputs_kv: Array, ctx: base.MixerContext, *,
-               deterministic: bool = True) -> Array:
+  def __call__(self, inputs_q: Array, inputs_kv: Array, ctx: base.MixerContext, *, deterministic: bool = True) -> Array:
     del inputs_kv  # a self-mixer: MLP-Mixer has no cross form
     if self.window is None:
       if ctx.causal or ctx.decode:
@@ -98,8 +95,7 @@ class TokenMixingMlp(nn.Module):
 
     The window offsets are the minor axis, so both products are plain matmuls over it ([b·d·n, w] x [w, k],
     then [b·d·n, k] x [k]); with the offsets and hidden units between length and emb, XLA:CPU copies the
-    windows and the hidden activations to transpose them, forward and backward.
-    """
+    windows and the hidden activations to transpose them, forward and backward."""
     dt, hid = self.config.dtype, self.hidden_dim or 2 * self.window
     w1 = layers.param_with_axes("w1", _kernel_init, (self.window, hid), jnp.float32, axes=("mix_length", "mix_hidden"))
     b1 = layers.param_with_axes("b1", nn.initializers.zeros, (hid,), jnp.float32, axes=("mix_hidden",))

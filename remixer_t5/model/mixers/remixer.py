@@ -33,8 +33,7 @@ def _row_exp(logits: Array, allowed: Array | None = None) -> Array:
 
   softmax over any subset S of a row is then P[i, j] / sum_{k in S} P[i, k]: the shift cancels. This holds
   while the subset's logits lie within ~87 of the row maximum (float32 exp underflows below e^-87; bfloat16
-  shares float32's exponent range); a row whose every visible entry underflows mixes nothing (zero).
-  """
+  shares float32's exponent range); a row whose every visible entry underflows mixes nothing (zero)."""
   logits = logits.astype(jnp.float32)
   if allowed is not None:
     logits = jnp.where(allowed, logits, -jnp.inf)
@@ -72,8 +71,7 @@ class RemixerBlock(nn.Module):
   Parameters: wi_0 (W1, gelu branch) and wi_1 (W2) [d, w] ('embed','mlp'); wo (W3) [w, d] ('mlp','embed');
   remix (H) [L, L] ('mix_length','mix_source'); alpha: () for 'learned_scalar', [w] ('mlp',) for
   'learned_vector', alpha_gate kernel [d, w] ('embed','mlp') for 'gated', nothing for a fixed float or when
-  not compositional. Per layer: 3·d·w + L² + {1, w, d·w, 0}, with w = d_ff ('mlp') or d ('model').
-  """
+  not compositional. Per layer: 3·d·w + L² + {1, w, d·w, 0}, with w = d_ff ('mlp') or d ('model')."""
   config: Any  # remixer_t5.model.config.T5Config
   width: str = "mlp"
   alpha: str | float = "learned_scalar"
@@ -123,13 +121,11 @@ class RemixerBlock(nn.Module):
   def _remix(self, h: Array, xp: Array, ctx: base.MixerContext, deterministic: bool) -> Array:
     """X_S = softmax(H) X' (§2.1.1) over a whole sequence, row i normalised over its visible sources.
 
-    Visible: j real, in i's packed segment, and j <= i in the decoder; H is indexed by each example's own
-    positions. Padding queries get X_S = 0. With P = exp(H - rowmax(H)) (`_row_exp`) and m the key mask,
-    unpacked rows without remix dropout compute X_S = (P (m ⊙ X')) / (P m): one [L, L] matrix per layer, one
-    matmul over the batch. Packed rows, per-example positions and remix dropout (drawn per example) use the
-    per-example M = P[pos_i, pos_j] ⊙ mask (slice gathers of P), X_S = (M X') / rowsum(M), at [batch, L, L]
-    cost (docs/architectures.md, "Remixer speed").
-    """
+    Visible: j real, in i's packed segment, and j <= i in the decoder; H is indexed by each example's own positions.
+    Padding queries get X_S = 0. With P = exp(H - rowmax(H)) (`_row_exp`) and m the key mask, unpacked rows without
+    remix dropout compute X_S = (P (m ⊙ X')) / (P m): one [L, L] matrix per layer, one matmul over the batch. Packed
+    rows, per-example positions and remix dropout (drawn per example) use the per-example M = P[pos_i, pos_j] ⊙ mask
+    (slice gathers of P), X_S = (M X') / rowsum(M), at [batch, L, L] cost (docs/architectures.md, "Remixer speed")."""
     cfg = self.config
     length = xp.shape[1]
     key_mask = ctx.q_mask > 0
