@@ -1,9 +1,5 @@
-"""`remixer-t5 <command>`: train, eval, compare, compile, tasks, info, import-hf, export-hf, plot, bench,
-with t5x-style gin flags.
-
-  --gin_file=F          repeatable; looked up as given, then in --gin_search_paths, then in the package's gin/
-  --gin.NAME=VALUE      a binding applied after the files (`--gin.MODEL_DIR="'/tmp/run'"`, `--gin.BATCH_SIZE=8`)
-  --gin_search_paths=A,B
+"""`remixer-t5 <command>`: train, eval, infer, compare, compile, tasks, info, import-hf, export-hf, plot, bench,
+repro, with t5x-style gin flags.
 """
 from __future__ import annotations
 
@@ -30,6 +26,14 @@ from remixer_t5.training.checkpoints import IncompatibleModelDirError  # noqa: E
 from remixer_t5.storage import StorageError  # noqa: E402
 from remixer_t5.gin_utils import GinError, gin_dir, parse_gin, split_flags  # noqa: E402
 from remixer_t5.gin_utils import macro as _macro  # noqa: E402
+
+GIN_FLAGS = """gin flags (t5x's; any number, anywhere on the line):
+  --gin_file=F          repeatable; looked up as given, then in --gin_search_paths, then in the package's gin/
+                        (a model, e.g. models/t5_1_1/small.gin, then a run, e.g. runs/pretrain.gin)
+  --gin.NAME=VALUE      a binding applied after the files (`--gin.MODEL_DIR="'/tmp/run'"`, `--gin.BATCH_SIZE=8`)
+  --gin_search_paths=A,B
+"""
+__doc__ += "\n" + GIN_FLAGS
 
 
 # --- commands ------------------------------------------------------------------------------------------
@@ -77,6 +81,21 @@ def cmd_train(_: argparse.Namespace) -> int:
   from remixer_t5.training import trainer
   _start_line("train")
   trainer.train(_run(), config_text=gin.config_str())
+  return 0
+
+
+def cmd_infer(args: argparse.Namespace) -> int:
+  from remixer_t5.model import decoding
+  from remixer_t5.training import inference
+  _start_line("infer")
+  sampling = None
+  if args.temperature is not None or args.top_k or args.top_p is not None:
+    sampling = decoding.Sampling(temperature=1.0 if args.temperature is None else args.temperature,
+                                 top_k=args.top_k or 0, top_p=1.0 if args.top_p is None else args.top_p,
+                                 seed=args.seed)
+  request = inference.Request(inputs=args.inputs, output=args.output, split=args.split, checkpoint=args.checkpoint,
+                              beam_size=args.beam_size, sampling=sampling, max_examples=args.max_examples)
+  print(json.dumps(inference.infer(_run(), request, progress=_stderr)))
   return 0
 
 
@@ -442,10 +461,26 @@ def build_parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog="remixer-t5", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   sub = p.add_subparsers(dest="command", required=True)
-  tr = sub.add_parser("train", help="train (resumes from MODEL_DIR)")
-  ev = sub.add_parser("eval", help="evaluate the latest checkpoint in MODEL_DIR: validation loss, and the task's "
-                 "metrics on decoded outputs (seqio Evaluator; JSON + TensorBoard in MODEL_DIR/inference_eval)")
-  for cmd in (tr, ev):
+  gin_help = dict(epilog=GIN_FLAGS, formatter_class=argparse.RawDescriptionHelpFormatter)
+  tr = sub.add_parser("train", help="train (resumes from MODEL_DIR)", **gin_help)
+  ev = sub.add_parser("eval", help="evaluate the latest checkpoint in MODEL_DIR (a training run, an import-hf output "
+                      "or a t5x checkpoint): validation loss, and the task's metrics on decoded outputs (seqio "
+                      "Evaluator; JSON + TensorBoard in MODEL_DIR/inference_eval)", **gin_help)
+  inf = sub.add_parser("infer", help="predictions of a checkpoint (MODEL_DIR or --checkpoint: a training run, an "
+                       "import-hf output or a t5x checkpoint) for a task's split or a file of inputs, as JSONL",
+                       **gin_help)
+  inf.add_argument("--inputs", help="a file of inputs: one text a line, or JSONL rows with an 'inputs' field "
+                   "(default: the run's task, --split)")
+  inf.add_argument("--output", help="the JSONL to write (default: MODEL_DIR/infer/<inputs stem or task-split>.jsonl)")
+  inf.add_argument("--split", default="validation", help="the task's split, labelled or not (default validation)")
+  inf.add_argument("--checkpoint", help="where the parameters come from (default: MODEL_DIR)")
+  inf.add_argument("--beam_size", "--beam-size", type=int, default=1, help="beams (default 1: greedy)")
+  inf.add_argument("--temperature", type=float, help="sample at this temperature (0: greedy)")
+  inf.add_argument("--top_k", "--top-k", type=int, help="sample from the k most likely tokens")
+  inf.add_argument("--top_p", "--top-p", type=float, help="sample from the nucleus of probability p")
+  inf.add_argument("--seed", type=int, default=0, help="the sampling seed (default 0)")
+  inf.add_argument("--max_examples", "--max-examples", type=int, help="predict only the first N inputs")
+  for cmd in (tr, ev, inf):
     cmd.add_argument("--coordinator_address", "--coordinator-address",
                      help="HOST:PORT of process 0 for a multi-process run (or $REMIXER_T5_COORDINATOR)")
     cmd.add_argument("--num_processes", "--num-processes", type=int, help="(or $REMIXER_T5_NUM_PROCESSES)")
@@ -460,7 +495,7 @@ def build_parser() -> argparse.ArgumentParser:
   t.add_argument("--num", "-n", type=int, default=3, help="examples to show (default 3)")
   t.add_argument("--lengths", help="INPUTS,TARGETS truncation lengths (default: none)")
   t.add_argument("--data_dir", "--data-dir", help="local dataset files (default: $REMIXER_T5_DATA_DIR)")
-  i = sub.add_parser("info", help="parameter count, per-module breakdown, FLOPs per token")
+  i = sub.add_parser("info", help="parameter count, per-module breakdown, FLOPs per token", **gin_help)
   i.add_argument("--json", action="store_true", help="end with one JSON line")
   i.add_argument("--show-sharding", action="store_true",
                  help="each parameter's shape, logical axes, partition spec and per-device shard, and bytes per device")
@@ -558,7 +593,7 @@ def build_parser() -> argparse.ArgumentParser:
   ben.add_argument("--process_count", "--process-count", type=int, help="input: shards (default: --hosts)")
   com = sub.add_parser("compile", help="compile the train step (same gin flags as train) for a TPU slice or GPUs "
                        "on this host, no TPU or GPU needed: memory per device against HBM, FLOPs, estimated "
-                       "step time")
+                       "step time", **gin_help)
   com.add_argument("--topology", required=True, help="a Cloud TPU slice: v3-8, v3-32, v3-128, ..., v2-8.., "
                    "v4-8.., v5p-8.., v5e-1.., v6e-1.. (v2/v3/v4/v5p count cores, v5e/v6e chips); or one "
                    "process's GPUs: h100, h100x8, h200, a100x8, ... (needs `make gpu-compile-env`)")
@@ -591,10 +626,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if _PINNED:
       _stderr(f"cores: this process runs on {','.join(map(str, _PINNED))} (${runtime.CPUS_ENV})")
     runtime.pin_cpu_without_tpu_chips()  # libtpu without TPU chips (the .[tpu] extra): no TPU runtime start
-    if args.command in ("train", "eval", "plot", "bench", "repro"):
+    if args.command in ("train", "eval", "infer", "plot", "bench", "repro"):
       # before JAX starts its threads: see runtime's docstring
       runtime.configure(log=_stderr, verbose=getattr(args, "verbose", False))
-    if args.command in ("train", "eval"):
+    if args.command in ("train", "eval", "infer"):
       from remixer_t5.training import distributed
       distributed.maybe_initialize(args.coordinator_address, args.num_processes, args.process_id, args.distributed)
     if files or bindings:
@@ -602,12 +637,12 @@ def main(argv: Sequence[str] | None = None) -> int:
       # they are, with its `MODEL_DIR = %gin.REQUIRED` left unset.
       parse_gin(files, bindings, paths,
                 macro_defaults=None if args.command in ("train", "eval") else {"MODEL_DIR": "None"})
-    elif args.command in ("train", "eval", "info", "compile"):
+    elif args.command in ("train", "eval", "infer", "info", "compile"):
       raise GinError(f"`{args.command}` needs a config: --gin_file=... (see gin/ for models and runs)")
     else:  # export-hf/plot then read the checkpoint's own gin, never a config left by an earlier main() call
       import gin
       gin.clear_config()
-    return {"train": cmd_train, "eval": cmd_eval, "tasks": cmd_tasks, "info": cmd_info, "import-hf": cmd_import_hf,
+    return {"train": cmd_train, "eval": cmd_eval, "infer": cmd_infer, "tasks": cmd_tasks, "info": cmd_info, "import-hf": cmd_import_hf,
             "export-hf": cmd_export_hf, "plot": cmd_plot, "bench": cmd_bench, "compare": cmd_compare,
             "compile": cmd_compile, "repro": cmd_repro}[args.command](args)
   except (GinError, FileNotFoundError, FileExistsError, IncompatibleModelDirError, StorageError) as e:

@@ -184,3 +184,66 @@ def test_cross_attention_keys_and_values_are_computed_once_per_decode():
                                  enable_dropout=False, decode=True, max_decode_length=max_len,
                                  mutable=["cache"], method=model.module.decode)
   assert np.all(np.isnan(np.asarray(logits)))
+
+
+# --- sampling --------------------------------------------------------------------------------------------
+def _nucleus(probs: np.ndarray, p: float) -> set[int]:
+  """The smallest set of most likely tokens whose probability reaches p (Holtzman et al. 2020), by numpy."""
+  order = np.argsort(-probs, kind="stable")
+  n = int(np.searchsorted(np.cumsum(probs[order]), p)) + 1
+  return set(order[:min(n, len(order))].tolist())
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 0, 1.0), (1.3, 5, 1.0), (1.0, 0, 0.8),
+                                                     (0.8, 6, 0.9)])
+def test_sampling_draws_the_distribution_it_claims(temperature, top_k, top_p):
+  """40,000 draws of one row's next token: every draw inside the top k and the nucleus, and the frequencies those
+  of softmax(logits / temperature) renormalised over the kept tokens, as numpy computes it."""
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(12,)).astype(np.float32) * 2
+  sampling = decoding.Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
+  scaled = np.exp((logits - logits.max()) / temperature)
+  probs = scaled / scaled.sum()
+  kept = set(np.argsort(-logits)[:top_k].tolist()) if top_k else set(range(12))
+  if top_p < 1.0:  # the nucleus of the top-k distribution
+    masked = np.where(np.isin(np.arange(12), list(kept)), probs, 0.0)
+    kept = _nucleus(masked / masked.sum(), top_p)
+  want = np.where(np.isin(np.arange(12), list(kept)), probs, 0.0)
+  want /= want.sum()
+  keys = jax.random.split(jax.random.PRNGKey(1), 40_000)
+  tokens, logp = jax.jit(jax.vmap(lambda k: decoding.sample_token(jnp.asarray(logits), k, sampling)))(keys)
+  tokens = np.asarray(tokens)
+  assert set(np.unique(tokens).tolist()) <= kept
+  freq = np.bincount(tokens, minlength=12) / len(tokens)
+  np.testing.assert_allclose(freq, want, atol=0.012)
+  # the log-probability reported is the model's own (untempered, unfiltered)
+  np.testing.assert_allclose(np.asarray(logp), jax.nn.log_softmax(logits)[tokens], rtol=1e-5, atol=1e-6)
+
+
+def test_sampling_temperature_zero_and_top_1_are_greedy_and_a_seed_fixes_the_draws():
+  model, params, enc = _model_and_batch()
+  batch = {"encoder_input_tokens": jnp.asarray(enc)}
+  decode = jax.jit(lambda p, b, rng, s: model.predict_batch(p, b, max_decode_length=7, sampling=s, rng=rng,
+                                                            return_scores=True), static_argnums=3)
+  greedy, greedy_logp = model.predict_batch(params, batch, max_decode_length=7, return_scores=True)
+  key = jax.random.PRNGKey(3)
+  for sampling in (decoding.Sampling(temperature=0.0), decoding.Sampling(temperature=2.0, top_k=1),
+                   decoding.Sampling(top_p=1e-6)):
+    tokens, logp = decode(params, batch, key, sampling)
+    np.testing.assert_array_equal(np.asarray(tokens), np.asarray(greedy), err_msg=str(sampling))
+    np.testing.assert_allclose(np.asarray(logp), np.asarray(greedy_logp), rtol=1e-5, atol=1e-5)
+  hot = decoding.Sampling(temperature=5.0)
+  a, b = decode(params, batch, key, hot)[0], decode(params, batch, key, hot)[0]
+  c = decode(params, batch, jax.random.PRNGKey(4), hot)[0]
+  np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert not np.array_equal(np.asarray(a), np.asarray(c))
+
+
+def test_sampling_refuses_bad_settings():
+  for bad in (dict(temperature=-1.0), dict(top_k=-2), dict(top_p=0.0), dict(top_p=1.5)):
+    with pytest.raises(ValueError, match="expected temperature >= 0"):
+      decoding.Sampling(**bad)
+  model, params, enc = _model_and_batch()
+  with pytest.raises(ValueError, match="sampling needs beam_size 1"):
+    model.predict_batch(params, {"encoder_input_tokens": jnp.asarray(enc)}, beam_size=2,
+                        sampling=decoding.Sampling(), rng=jax.random.PRNGKey(0))

@@ -373,3 +373,24 @@ def test_cli_import_hf_checkpoint_and_gin_reproduce_hf_logits(fx, tmp_path, caps
   # A second import into the same, now non-empty, directory is refused and changes nothing.
   assert cli.main(["import-hf", hf_dir, str(out)]) == 2
   assert "not empty" in capsys.readouterr().err
+
+
+def test_greedy_infer_on_an_import_gives_transformers_generate_tokens(fx, tmp_path):
+  """`import-hf`, then `infer`'s greedy decode (inference.predict, the model from the import's model.gin, the
+  parameters as infer restores them) gives the tokens transformers' `generate` gave on the original model, for
+  both fixture rows (one padded), token for token."""
+  from remixer_t5 import cli, gin_utils
+  from remixer_t5.training import checkpoints, inference
+  out = tmp_path / "imported"
+  assert cli.main(["import-hf", write_hf_dir(tmp_path / "hf", fx), str(out)]) == 0
+  gin_utils.parse_gin([str(out / "model.gin")], [])
+  model = gin_utils.macro("MODEL")
+  params = checkpoints.restore_any_params(out)
+  want = fx["generate_tokens"]
+  enc = fx["encoder_input_tokens"]
+  ids = [row[:int(np.count_nonzero(row))] for row in enc]
+  got = list(inference.predict(model, params, ids, inference.Request(), batch_size=2,
+                               lengths={"inputs": enc.shape[1], "targets": want.shape[1]}))
+  for (tokens, log_prob), row in zip(got, want):
+    np.testing.assert_array_equal(np.asarray(tokens), row[:len(tokens)])
+    assert len(tokens) == (list(row).index(1) + 1 if 1 in row else len(row)) and np.isfinite(log_prob)

@@ -1,10 +1,11 @@
-"""Autoregressive decoding over a model-agnostic step function: greedy and beam search.
+"""Autoregressive decoding over a model-agnostic step function: greedy, sampling and beam search.
 
 `tokens_to_logits(tokens [batch, 1], cache) -> (logits [batch, vocab], cache)` advances the cache one position.
 Sequences start from token 0 (T5's decoder start) and stop at `eos_id`; positions after EOS are 0.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import jax
@@ -36,9 +37,10 @@ def token_and_log_prob_by_reductions(logits: Array) -> tuple[Array, Array]:
   return token, (top - lse)[..., 0]
 
 
-def greedy_decode(tokens_to_logits: StepFn, cache, batch_size: int, max_length: int, eos_id: int = 1
-                  ) -> tuple[Array, Array]:
-  """Argmax decoding; returns (tokens [batch, max_length], sum of log-probabilities [batch])."""
+def greedy_decode(tokens_to_logits: StepFn, cache, batch_size: int, max_length: int, eos_id: int = 1,
+                  pick: Callable[[Array, Array], tuple[Array, Array]] | None = None) -> tuple[Array, Array]:
+  """Argmax decoding, or with `pick(logits, position) -> (token, log-probability)` any one-token choice (as
+  `sample_decode` draws); returns (tokens [batch, max_length], sum of log-probabilities [batch])."""
 
   def cond(state):
     i, _, _, done, _ = state
@@ -48,7 +50,7 @@ def greedy_decode(tokens_to_logits: StepFn, cache, batch_size: int, max_length: 
     i, seqs, logp, done, cache = state
     prev = jnp.where(i == 0, 0, jax.lax.dynamic_index_in_dim(seqs, jnp.maximum(i - 1, 0), 1, False))
     logits, cache = tokens_to_logits(prev[:, None], cache)
-    tok, tok_logp = token_and_log_prob_by_reductions(logits)
+    tok, tok_logp = token_and_log_prob_by_reductions(logits) if pick is None else pick(logits, i)
     tok = jnp.where(done, 0, tok)
     logp = logp + jnp.where(done, 0.0, tok_logp)
     seqs = jax.lax.dynamic_update_index_in_dim(seqs, tok, i, 1)
@@ -58,6 +60,56 @@ def greedy_decode(tokens_to_logits: StepFn, cache, batch_size: int, max_length: 
           jnp.zeros((batch_size,), bool), cache)
   _, seqs, logp, _, _ = jax.lax.while_loop(cond, body, init)
   return seqs, logp
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+  """Ancestral sampling from the model's next-token distribution, reshaped as Holtzman et al. 2020 ("The Curious
+  Case of Neural Text Degeneration") and HF's `generate` do: logits divided by `temperature`, then only the
+  `top_k` most likely tokens kept (0: all), then only the smallest set of most likely tokens whose probability
+  reaches `top_p` (the nucleus; 1.0: all). `seed` fixes the draws. A temperature of 0 is greedy decoding."""
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+  seed: int = 0
+
+  def __post_init__(self):
+    if self.temperature < 0 or self.top_k < 0 or not 0.0 < self.top_p <= 1.0:
+      raise ValueError(f"sampling: temperature {self.temperature}, top_k {self.top_k}, top_p {self.top_p}: expected "
+                       "temperature >= 0 (0: greedy), top_k >= 0 (0: every token) and 0 < top_p <= 1")
+
+
+def sampling_logits(logits: Array, sampling: Sampling) -> Array:
+  """The logits the next token is drawn from: scaled by 1/temperature, then every token outside the top k and
+  outside the nucleus set to NEG_INF. The most likely token always stays (a nucleus smaller than it keeps it)."""
+  logits = logits.astype(jnp.float32) / sampling.temperature
+  if sampling.top_k and sampling.top_k < logits.shape[-1]:
+    kth = jax.lax.top_k(logits, sampling.top_k)[0][..., -1:]
+    logits = jnp.where(logits < kth, NEG_INF, logits)
+  if sampling.top_p < 1.0:
+    ordered = jnp.sort(logits, axis=-1)[..., ::-1]
+    probs = jax.nn.softmax(ordered, axis=-1)
+    before = jnp.cumsum(probs, axis=-1) - probs  # probability of the tokens more likely than each
+    kept = jnp.where(before < sampling.top_p, ordered, jnp.inf)  # the nucleus: reached top_p only with this one
+    logits = jnp.where(logits < jnp.min(kept, axis=-1, keepdims=True), NEG_INF, logits)
+  return logits
+
+
+def sample_token(logits: Array, key: Array, sampling: Sampling) -> tuple[Array, Array]:
+  """(a token drawn from `sampling_logits`, its log-probability under the model's own distribution)."""
+  token = jax.random.categorical(key, sampling_logits(logits, sampling), axis=-1)
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
+  return token, jnp.take_along_axis(log_probs, token[..., None], axis=-1)[..., 0]
+
+
+def sample_decode(tokens_to_logits: StepFn, cache, batch_size: int, max_length: int, rng: Array,
+                  sampling: Sampling, eos_id: int = 1) -> tuple[Array, Array]:
+  """Sampling as `sampling` says, position i drawing with key fold_in(rng, i); temperature 0 is greedy. Returns
+  (tokens [batch, max_length], the model's log-probability of them [batch])."""
+  if sampling.temperature == 0:
+    return greedy_decode(tokens_to_logits, cache, batch_size, max_length, eos_id)
+  pick = lambda logits, i: sample_token(logits, jax.random.fold_in(rng, i), sampling)
+  return greedy_decode(tokens_to_logits, cache, batch_size, max_length, eos_id, pick)
 
 
 def brevity_penalty(alpha: float, length) -> Array:

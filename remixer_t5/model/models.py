@@ -92,8 +92,13 @@ class EncoderDecoderModel:
     return variables["cache"], {k: v for k, v in variables.items() if k == base.STATIC_CACHE}
 
   def predict_batch(self, params, batch: Batch, max_decode_length: int | None = None, beam_size: int = 1,
-                    alpha: float = 0.6, eos_id: int = 1, return_scores: bool = False):
-    """Greedy (beam_size=1) or beam-search decoding; returns tokens [batch, max_decode_length] (best beam)."""
+                    alpha: float = 0.6, eos_id: int = 1, return_scores: bool = False,
+                    sampling: decoding.Sampling | None = None, rng: Array | None = None):
+    """Greedy (beam_size=1), beam-search or, with `sampling` and `rng`, sampled decoding; returns tokens [batch,
+    max_decode_length] (the best beam), and with `return_scores` their log-probability [batch] (beam search: the
+    beam's length-penalised score)."""
+    if sampling is not None and (beam_size != 1 or rng is None):
+      raise ValueError(f"predict_batch: sampling needs beam_size 1 (got {beam_size}) and an rng (got {rng})")
     enc_tokens = batch["encoder_input_tokens"]
     max_len = max_decode_length or batch["decoder_target_tokens"].shape[-1]
     batch_size = enc_tokens.shape[0]
@@ -111,7 +116,9 @@ class EncoderDecoderModel:
                                             method=self.module.decode)
       return logits[:, -1, :], variables["cache"]
 
-    if beam_size == 1:
+    if sampling is not None:
+      tokens, scores = decoding.sample_decode(step, cache, batch_size, max_len, rng, sampling, eos_id)
+    elif beam_size == 1:
       tokens, scores = decoding.greedy_decode(step, cache, batch_size, max_len, eos_id)
     else:
       beams, beam_scores = decoding.beam_search(step, cache, batch_size, beam_size, max_len, eos_id, alpha)

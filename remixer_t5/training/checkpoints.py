@@ -175,7 +175,10 @@ def restore_params(directory: str | os.PathLike) -> Any:
     raise FileNotFoundError(f"no checkpoint at {path}")
   with ocp.StandardCheckpointer() as ckptr:
     # Onto this process's first device whatever mesh saved it (a run of many hosts read on one machine).
-    tree = ckptr.metadata(path).item_metadata.tree
+    metadata = ckptr.metadata(path)
+    if metadata is None or metadata.item_metadata is None:
+      raise FileNotFoundError(f"no checkpoint at {path}")
+    tree = metadata.item_metadata.tree
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     is_array = lambda m: hasattr(m, "shape") and hasattr(m, "dtype")
     target = jax.tree_util.tree_map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device)
@@ -225,7 +228,8 @@ def restore_any_params(path: str | os.PathLike) -> Any:
   return restore_params(path)
 
 
-def restore_init_params(path: str | os.PathLike, abstract_params: Any, fit=None) -> Any:
+def restore_init_params(path: str | os.PathLike, abstract_params: Any, fit=None, what: str = "INIT_CHECKPOINT"
+                        ) -> Any:
   """Params to start a finetune from: an import-hf output, a train MODEL_DIR (its latest step: params only,
   the optimizer state and step are left behind) or a params checkpoint, placed as ``abstract_params`` says
   (shapes, dtypes, shardings). `fit(params) -> params` first adapts the restored tree (the trainer passes
@@ -240,7 +244,7 @@ def restore_init_params(path: str | os.PathLike, abstract_params: Any, fit=None)
   problems += [f"{k}: shape {tuple(got[k].shape)} in the checkpoint, {tuple(v.shape)} in the model"
                for k, v in want.items() if k in got and tuple(got[k].shape) != tuple(v.shape)]
   if problems:
-    raise ValueError(f"INIT_CHECKPOINT {path} does not fit this model: " + "; ".join(problems[:8])
+    raise ValueError(f"{what} {path} does not fit this model: " + "; ".join(problems[:8])
                      + (f" (+{len(problems) - 8} more)" if len(problems) > 8 else ""))
   return jax.tree_util.tree_map(lambda x, a: jax.device_put(np.asarray(x).astype(a.dtype), a.sharding), params,
                                 abstract_params)

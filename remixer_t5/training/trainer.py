@@ -60,7 +60,8 @@ def _setup(run: Run, check_init: bool = False):
   if check_init and run.training.init_checkpoint:
     storage.check_bucket(run.training.init_checkpoint, "INIT_CHECKPOINT")
   data = run.data
-  task_name, task, vocab, infer_task = _task(data.task, data.vocabulary, data.data_dir, run.schedule.infer_eval_task)
+  task_name, task, vocab, infer_task = task_and_vocabulary(data.task, data.vocabulary, data.data_dir,
+                                                            run.schedule.infer_eval_task)
   _check_vocab_fits(run.training.model, task)
   data = dataclasses.replace(data, task=task_name, pack=packing(run.training.model, data.pack))
   return dataclasses.replace(run, model_dir=model_dir, data=data), task, vocab, infer_task
@@ -197,7 +198,7 @@ def _save(model_dir, ckpt, step: int, state, batches, data_position: dict, log) 
   checkpoints.prune_input_states(model_dir, min([*ckpt.all_steps(), step]))
 
 
-def _task(task_name, vocabulary, data_dir, infer_task):
+def task_and_vocabulary(task_name, vocabulary, data_dir, infer_task):
   """(name, task, targets vocabulary, name of the task decoded by inference evaluation): `vocabulary` swaps the
   task's (data/task_lookup.py), `data_dir` is where local dataset files are read (tasks/sources.py)."""
   if data_dir is not None:
@@ -312,23 +313,41 @@ def _check_vocab_fits(model: EncoderDecoderModel, task) -> None:
                        f"{feature.vocabulary.vocab_size}")
 
 
+def _restore_for_eval(model_dir: str, prog: programs.Program, step: int | None):
+  """The state to evaluate: a training checkpoint's (the latest or `step`), else MODEL_DIR's parameters alone
+  at step 0 (the optimizer state is never read by evaluation)."""
+  if (storage.run_path(model_dir) / "checkpoints").is_dir():
+    ckpt = checkpoints.Checkpointer(model_dir)
+    try:
+      if ckpt.latest_step() is None:
+        raise FileNotFoundError(f"no checkpoint in {ckpt.directory}; train first or pass the right MODEL_DIR")
+      return ckpt.restore(prog.state, step)[0]
+    finally:
+      ckpt.close()
+  if step is not None:
+    raise FileNotFoundError(f"checkpoint_step={step}: {model_dir} has no training checkpoints (checkpoints/)")
+  try:
+    params = checkpoints.restore_init_params(model_dir, prog.state.params, what="MODEL_DIR")
+  except FileNotFoundError:
+    raise FileNotFoundError(f"no checkpoint in {model_dir}: expected a training run's checkpoints/, an import-hf "
+                            "output or a t5x checkpoint; train first or pass the right MODEL_DIR") from None
+  return prog.state.replace(params=params, step=0)
+
+
 def evaluate_checkpoint(run: Run, *, checkpoint_step: int | None = None, infer: bool | None = None,
                         infer_split: str = "validation", beam_size: int = 1) -> dict[str, Any]:
   """Restore a checkpoint of `run` (the latest, or `checkpoint_step`); evaluate loss/accuracy on the validation
   split (metrics.jsonl rows) and, with `infer` (default: when the task has metrics), decode `infer_split` of
   `Schedule.infer_eval_task` (None: the task trained on) with the seqio Evaluator, in the trained task's
   vocabulary, and score it with each task's metrics (MODEL_DIR/inference_eval/: JSON and TensorBoard;
-  metrics.jsonl rows `infer/<task>`). Returns {"validation": {...}, "<task>": {metric: value}, ...}."""
+  metrics.jsonl rows `infer/<task>`). Returns {"validation": {...}, "<task>": {metric: value}, ...}.
+  A MODEL_DIR without training checkpoints is read as parameters alone (`checkpoints.restore_any_params`: an
+  `import-hf` output, a t5x checkpoint), scored as step 0: zero-shot evaluation of an imported model."""
   import seqio
   from remixer_t5.data.task_lookup import get_task
   run, task, vocab, infer_name = _setup(run)
-  ckpt = checkpoints.Checkpointer(run.model_dir)
-  if ckpt.latest_step() is None:
-    ckpt.close()
-    raise FileNotFoundError(f"no checkpoint in {ckpt.directory}; train first or pass the right MODEL_DIR")
   prog = _program(dataclasses.replace(run, training=dataclasses.replace(run.training, learning_rate=None)))
-  state, _ = ckpt.restore(prog.state, checkpoint_step)
-  ckpt.close()
+  state = _restore_for_eval(run.model_dir, prog, checkpoint_step)
   log = MetricsLogger(run.model_dir)
   try:
     results: dict[str, Any] = {"validation": validation.evaluate(prog, state, task, vocab, run, log)}
