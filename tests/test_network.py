@@ -178,3 +178,26 @@ def test_loss_matches_numpy_cross_entropy_with_z_loss(model_params):
   assert float(m["weight_sum"]) == w.sum()
   acc = ((logits.argmax(-1) == tgt) * w).sum()
   assert float(m["correct_sum"]) == acc
+
+
+@pytest.mark.parametrize("platform,want", [("cpu", "float32"), ("tpu", "bfloat16"), ("gpu", "bfloat16")])
+def test_auto_activation_dtype_follows_the_platform_compiled_for(monkeypatch, platform, want):
+  """ACTIVATION_DTYPE 'auto' (every model file's): the network computes in bfloat16 where the program is compiled
+  for a TPU or a GPU and in float32 for a CPU; the parameters stay float32 either way. The platform is the one
+  `kernels.target_device` gives at trace time (a mesh's devices under one), here stood in for."""
+  import dataclasses
+  from remixer_t5 import kernels
+  monkeypatch.setattr(kernels, "target_device", lambda: type("Device", (), {"platform": platform})())
+  module = network.Transformer(dataclasses.replace(CFG, dtype="auto", attention_impl="xla", dropout_impl="xla"))
+  enc, dec = jnp.ones((1, 8), jnp.int32), jnp.ones((1, 6), jnp.int32)
+  params = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), enc, dec, dec, enable_dropout=False))["params"]
+  assert {x.dtype for x in jax.tree_util.tree_leaves(params)} == {jnp.dtype("float32")}
+  jaxpr = jax.make_jaxpr(lambda p: module.apply({"params": p}, enc, dec, dec, enable_dropout=False))(params)
+  dots = [e for e in eqns_in(jaxpr.jaxpr) if e.primitive.name == "dot_general"]
+  kinds = [str(e.invars[0].aval.dtype) for e in dots]
+  if want == "float32":
+    assert dots and set(kinds) == {"float32"}
+  else:  # the projections in bfloat16 (attention logits and the loss head keep float32 where T5 does)
+    assert kinds.count("bfloat16") >= 0.75 * len(kinds), kinds
+  with pytest.raises(ValueError, match="T5Config.dtype must be one of"):
+    network.T5Config(dtype="bf16")

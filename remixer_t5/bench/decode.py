@@ -190,7 +190,7 @@ def bench_decode(model, params=None, settings: Settings = Settings(), *, referen
       "batch_size": batch_size, "input_length": input_length, "new_tokens": new_tokens, "beam_size": beam_size,
       "modes": list(modes), "steps": steps, "rounds": rounds, "warmup": warmup, "reference": reference,
       "eos": "disabled on both sides: every row decodes new_tokens positions", "length_penalty_alpha": 0.6,
-      "activation_dtype": str(jnp.dtype(cfg.dtype)), "vocab_size": cfg.vocab_size,
+      "activation_dtype": str(jnp.dtype(cfg.for_target().dtype)), "vocab_size": cfg.vocab_size,
       "backend": jax.default_backend(), "devices": jax.device_count()}
   for key, per_round in medians.items():
     s = statistics.median(per_round)

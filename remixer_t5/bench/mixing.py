@@ -75,7 +75,7 @@ class MixingLayer(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    cfg = self.config
+    cfg = self.config.for_target()
     b, n = x.shape[:2]
     relpos = layers.RelativePositionBiases(cfg.relpos_num_buckets, cfg.relpos_max_distance, cfg.num_heads,
                                            cfg.dtype, name="relpos_bias")

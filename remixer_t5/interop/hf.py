@@ -72,7 +72,7 @@ def config_from_hf(hf_config: Mapping[str, Any]) -> network.T5Config:
       head_dim=get("d_kv"), mlp_dim=get("d_ff"), mlp_activations=("gelu", "linear"),
       dropout_rate=float(get("dropout_rate")), relpos_num_buckets=get("relative_attention_num_buckets"),
       relpos_max_distance=get("relative_attention_max_distance"),
-      layer_norm_epsilon=float(get("layer_norm_epsilon")))
+      layer_norm_epsilon=float(get("layer_norm_epsilon")), dtype="auto")
 
 
 def config_to_hf(cfg: network.T5Config) -> dict:

@@ -26,7 +26,7 @@ class T5Config:
   mlp_dim: int = 1024
   mlp_activations: Sequence[str] = ("gelu", "linear")
   dropout_rate: float = 0.0
-  dtype: str = "float32"  # activations; parameters are always float32
+  dtype: str = "float32"  # activations (ACTIVATION_DTYPES; the model files: 'auto'); parameters always float32
   relpos_num_buckets: int = 32
   relpos_max_distance: int = 128
   layer_norm_epsilon: float = 1e-6
@@ -45,7 +45,8 @@ class T5Config:
 
   def __post_init__(self):
     object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
-    for name, choices in (("remat_policy", tuple(REMAT_POLICIES)), ("layer_layout", LAYER_LAYOUTS),
+    for name, choices in (("dtype", ACTIVATION_DTYPES), ("remat_policy", tuple(REMAT_POLICIES)),
+                          ("layer_layout", LAYER_LAYOUTS),
                           ("attention_impl", ATTENTION_IMPLS), ("dropout_impl", DROPOUT_IMPLS)):
       if getattr(self, name) not in choices:
         raise ValueError(f"T5Config.{name} must be one of {choices}, got {getattr(self, name)!r}")
@@ -53,6 +54,21 @@ class T5Config:
       if getattr(self, name) <= 0:
         raise ValueError(f"T5Config.{name} must be positive, got {getattr(self, name)}")
 
+
+  def for_target(self) -> "T5Config":
+    """This config with `dtype='auto'` resolved for the platform being compiled for (`kernels.target_device`,
+    read at trace time: under a mesh, its devices'; so `remixer-t5 compile --topology v3-32` on a CPU host gets
+    the TPU's): bfloat16 on TPUs and GPUs, whose matrix units take it at full rate (T5 and t5x train in it),
+    float32 on CPUs, where XLA has no faster bfloat16 products and the exact-parity tests run."""
+    if self.dtype != "auto":
+      return self
+    platform = kernels.target_device().platform
+    return dataclasses.replace(self, dtype="bfloat16" if platform in ("tpu", "gpu") else "float32")
+
+
+# Activation dtypes: 'auto' (bfloat16 on TPUs and GPUs, float32 on CPUs; the network resolves it where it is
+# traced: `T5Config.for_target`, network.Transformer) or one named. A mixer built on its own takes a named one.
+ACTIVATION_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 # Implementations: remixer_t5/kernels/__init__.py's operations say what each computes and which `auto` picks.
 ATTENTION_IMPLS = kernels.choices("network.T5Config.attention_impl")

@@ -330,7 +330,7 @@ class Transformer(nn.Module):
   max_position_embeddings: int = 512
 
   def setup(self):
-    cfg = self.config
+    cfg = self.config.for_target()  # dtype 'auto' resolved for the platform compiled for
     for which in ("encoder", "decoder"):
       kind = getattr(self, f"{which}_position_embeddings")
       if kind not in layers.POSITION_EMBEDDINGS:
