@@ -188,6 +188,8 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
     tokenizer = hf.vocabulary_tokenizer_files(vocabulary)
   hf.write_hf_checkpoint(args.out_dir, model.module.config, params, tokenizer=tokenizer)
   print(f"wrote Hugging Face T5 v1.1 checkpoint to {args.out_dir}")
+  if hf.is_scanned(params):  # write_hf_checkpoint unstacks them: one HF block per layer
+    print("the checkpoint's layers were scanned (T5Config.scan_layers): exported unstacked, one block per layer")
   if tokenizer:
     print(f"with its tokenizer ({', '.join(tokenizer)}; {vocabulary.vocab_size} ids, {vocabulary.extra_ids} "
           f"sentinels) from {source}")
@@ -457,6 +459,32 @@ def model_gin(cfg, source: str = "") -> str:
   return "\n".join(lines) + "\n"
 
 
+CUSTOM_GIN = "runs/custom.gin"  # MIXTURE_OR_TASK_NAME = @custom.register(); tasks/custom.py
+
+
+def _custom_data(args: argparse.Namespace, files: list[str], bindings: list[str]) -> tuple[list[str], list[str]]:
+  """--train_file/--validation_file/--objective as gin: runs/custom.gin after the user's files, and bindings of
+  custom.register (paths made absolute, so MODEL_DIR/config.gin reads the same files from anywhere)."""
+  train, validation = getattr(args, "train_file", None), getattr(args, "validation_file", None)
+  if not (train or validation):
+    if getattr(args, "objective", None):
+      raise GinError("--objective applies to --train_file / --validation_file; pass them too")
+    return files, bindings
+  if any(b.partition("=")[0].strip() == "MIXTURE_OR_TASK_NAME" for b in bindings):
+    raise GinError("--train_file/--validation_file set MIXTURE_OR_TASK_NAME (the task 'custom'); drop "
+                   "--gin.MIXTURE_OR_TASK_NAME")
+  if args.command == "train" and train and not validation and not any(
+      b.startswith("custom.register.validation") for b in bindings):
+    raise GinError("train evaluates on a validation split: pass --validation_file too")
+  from remixer_t5 import storage
+  paths = lambda values: [p.as_posix() if storage.is_bucket(p) else str(p) for p in map(storage.run_path, values)]
+  added = [f"custom.register.{split}={paths(values)!r}" for split, values in (("train", train),
+                                                                           ("validation", validation)) if values]
+  if args.objective:
+    added.append(f"custom.register.objective={args.objective!r}")
+  return files + [str(gin_dir() / CUSTOM_GIN)], added + bindings
+
+
 def build_parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog="remixer-t5", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -481,6 +509,14 @@ def build_parser() -> argparse.ArgumentParser:
   inf.add_argument("--seed", type=int, default=0, help="the sampling seed (default 0)")
   inf.add_argument("--max_examples", "--max-examples", type=int, help="predict only the first N inputs")
   for cmd in (tr, ev, inf):
+    cmd.add_argument("--train_file", "--train-file", action="append", metavar="PATH",
+                     help="your own data: a TSV or JSONL file (or glob; local or gs://; repeatable) as the train "
+                     "split of the run's task (gin/runs/custom.gin; docs/data.md, \"Your own data\")")
+    cmd.add_argument("--validation_file", "--validation-file", action="append", metavar="PATH",
+                     help="the validation split of that task, as --train_file")
+    cmd.add_argument("--objective", choices=("inputs_targets", "span_corruption"),
+                     help="with --train_file/--validation_file: inputs/targets rows (default) or span corruption "
+                     "of a text field")
     cmd.add_argument("--coordinator_address", "--coordinator-address",
                      help="HOST:PORT of process 0 for a multi-process run (or $REMIXER_T5_COORDINATOR)")
     cmd.add_argument("--num_processes", "--num-processes", type=int, help="(or $REMIXER_T5_NUM_PROCESSES)")
@@ -632,6 +668,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in ("train", "eval", "infer"):
       from remixer_t5.training import distributed
       distributed.maybe_initialize(args.coordinator_address, args.num_processes, args.process_id, args.distributed)
+    files, bindings = _custom_data(args, files, bindings)
     if files or bindings:
       # Only train and eval read or write MODEL_DIR; the others (info, tasks, ...) take a run's gin files as
       # they are, with its `MODEL_DIR = %gin.REQUIRED` left unset.

@@ -29,7 +29,9 @@ example counts (t5/data/glue_utils.py SUPER_GLUE_WEIGHT_MAPPING; ``MIXTURE_RATES
 
 Metrics (percent; tasks/metrics.py): accuracy (BoolQ, COPA, RTE, WiC, WSC); CB f1_macro over the 3 classes +
 accuracy; MultiRC f1a over all answer options + exact_match per question; ReCoRD em / f1; AX-b mcc; AX-g
-accuracy + gender_parity. A decoded string naming no class becomes -1, which always counts as wrong.
+accuracy + gender_parity. A decoded string naming no class becomes -1, which always counts as wrong. The
+benchmark's score (``super_glue_average``) is the leaderboard's and T5's: the mean over the 8 tasks of each task's
+mean metric, without AX-b, AX-g and DPR; evaluations log it as ``<prefix>average`` once all 8 tasks are scored.
 
 Data: TFDS ``super_glue/<config>:1.0.2`` (WSC from ``wsc.fixed`` as T5) and ``definite_pronoun_resolution:1.1.0``,
 or the release files under ``<data dir>/`` (layout: docs/data.md; AX-b/AX-g's are TFDS's test split; DPR's
@@ -464,6 +466,72 @@ def axg_postprocess(output: Any, example=None, is_target: bool = False, **unused
   if is_target:
     return {"value": value, "idx": int(example["idx"]), "hypothesis": _str(example["hypothesis"])}
   return value
+
+
+# --- the benchmark's score ---------------------------------------------------------------------------------------
+# What each task contributes to the SuperGLUE score: the mean of these metrics (tasks/metrics.py's keys).
+AVERAGE_METRICS = {"boolq": ("accuracy",), "cb": ("f1_macro", "accuracy"), "copa": ("accuracy",),
+                   "multirc": ("f1a", "exact_match"), "record": ("f1", "em"), "rte": ("accuracy",),
+                   "wic": ("accuracy",), "wsc": ("accuracy",)}
+AVERAGE_NAME = "average"  # the score's entry: ``<prefix>average`` (T5's TensorBoard tag super_glue_average)
+AVERAGE_METRIC = "score"  # its one metric (the leaderboard's column "Score")
+
+
+def missing_for_average(scores_by_task: Mapping[str, Mapping[str, float]], prefix: str = PREFIX) -> list[str]:
+  """The task names ``<prefix><task>`` the SuperGLUE score needs that ``scores_by_task`` lacks, or has without
+  all of the task's ``AVERAGE_METRICS``; [] when the score can be computed."""
+  return [f"{prefix}{task}" for task, keys in AVERAGE_METRICS.items()
+          if not all(k in scores_by_task.get(f"{prefix}{task}", {}) for k in keys)]
+
+
+def super_glue_average(scores_by_task: Mapping[str, Mapping[str, float]], prefix: str = PREFIX) -> float:
+  """The SuperGLUE score of ``{task name: {metric: value}}`` (percent, as the metrics): the unweighted mean over
+  the 8 tasks BoolQ, CB, COPA, MultiRC, ReCoRD, RTE, WiC and WSC of each task's score, a task with two metrics
+  scoring their mean (CB: macro-F1 and accuracy; MultiRC: F1a and exact match; ReCoRD: F1 and EM).
+
+  This is the leaderboard's "Score" (Wang et al. 2019's scoring: every task weighted equally, a task with several
+  metrics first averaged into one task score; the leaderboard's published rows reproduce from their task scores,
+  tests/test_tasks_super_glue.py) and T5's "Average SuperGLUE Score" (t5/evaluation/eval_utils.py
+  compute_avg_glue: the SGLUE Average column of Raffel et al. 2020's Table 14). The diagnostics AX-b (Matthews
+  corr.) and AX-g are reported beside it, not averaged in; DPR, a training task of T5's mixture, is not part of
+  it (T5's WSC score is its WSC task's accuracy alone). Like T5's, the score needs every task: a missing task (or
+  metric) raises ValueError naming them rather than averaging the rest (``missing_for_average`` says which)."""
+  missing = missing_for_average(scores_by_task, prefix)
+  if missing:
+    raise ValueError(f"the SuperGLUE average needs all of {[prefix + t for t in AVERAGE_METRICS]} with their "
+                     f"metrics ({AVERAGE_METRICS}); missing or incomplete: {missing}")
+  task_scores = [sum(float(scores_by_task[f"{prefix}{task}"][k]) for k in keys) / len(keys)
+                 for task, keys in AVERAGE_METRICS.items()]
+  return sum(task_scores) / len(task_scores)
+
+
+def average_entries(scores_by_task: Mapping[str, Mapping[str, float]]) -> tuple[dict[str, dict[str, float]],
+                                                                                list[str]]:
+  """The SuperGLUE scores of an evaluation's results: ``({"<prefix>average": {"score": value}}, notes)`` for
+  each task prefix whose SuperGLUE tasks were scored, a note (and no score) for a prefix that lacks some of the
+  tasks the score needs. A prefix counts when a task only SuperGLUE has (all but RTE, which GLUE also names
+  ``<prefix>rte``) is among the results; results without one give ``({}, [])``. Tasks evaluated in another
+  vocabulary are copies named ``<task>#<vocabulary tag>`` (remixer_t5.data.task_lookup): each tag's copies are
+  averaged together, as ``<prefix>average#<tag>``."""
+  distinctive = [t for t in AVERAGE_METRICS if t != "rte"]
+  groups: dict[tuple[str, str], dict[str, Mapping[str, float]]] = {}
+  for name in scores_by_task:
+    base, hash_, tag = name.partition("#")
+    for task in distinctive:
+      if base.endswith(task):
+        groups[(base[:-len(task)], hash_ + tag)] = {}
+  for (prefix, suffix), view in groups.items():  # the results of one vocabulary, by their tasks' own names
+    view.update({name[:len(name) - len(suffix)]: scores for name, scores in scores_by_task.items()
+                 if "".join(name.partition("#")[1:]) == suffix})
+  entries, notes = {}, []
+  for (prefix, suffix), view in sorted(groups.items()):
+    missing = missing_for_average(view, prefix)
+    if missing:
+      notes.append(f"SuperGLUE average ({prefix}{AVERAGE_NAME}{suffix}) not reported: it needs all 8 tasks, and "
+                   f"these were not scored (or lack a metric): {', '.join(m + suffix for m in missing)}")
+    else:
+      entries[f"{prefix}{AVERAGE_NAME}{suffix}"] = {AVERAGE_METRIC: super_glue_average(view, prefix)}
+  return entries, notes
 
 
 # --- the tasks --------------------------------------------------------------------------------------------------

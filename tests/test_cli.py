@@ -122,15 +122,21 @@ def test_python_dash_m_entry_point():
   assert json.loads(out.strip().splitlines()[-1])["params"] > 0
 
 
-def test_every_gin_file_parses():
+def test_every_gin_file_parses(tmp_path):
   files = sorted(p.relative_to(gin_utils.gin_dir()) for p in gin_utils.gin_dir().rglob("*.gin"))
   assert len(files) >= 8
   import remixer_t5.tasks  # noqa: F401
   import seqio
+  (tmp_path / "dev.tsv").write_text("inputs\ttargets\na b\tc\n")
   for f in files:
     if str(f).startswith("t5x/"):  # for t5x's own trainer: tests/test_t5x_interop.py loads them
       continue
-    if str(f).startswith("runs/"):  # run files pair with a model file
+    if str(f) == "runs/custom.gin":  # an add-on: your own files as the task of any run file
+      gin_utils.parse_gin(["models/t5_1_1/tiny.gin", "runs/demo.gin", str(f)],
+                          ["MODEL_DIR='/tmp/unused'", f"custom.register.validation='{tmp_path / 'dev.tsv'}'"])
+      assert gin_utils.macro("MIXTURE_OR_TASK_NAME") == "custom"
+      seqio.TaskRegistry.remove("custom")
+    elif str(f).startswith("runs/"):  # run files pair with a model file
       gin_utils.parse_gin(["models/t5_1_1/tiny.gin", str(f)], ["MODEL_DIR='/tmp/unused'"])
       assert gin_utils.macro("TRAIN_STEPS") > 0
       assert seqio.get_mixture_or_task(gin_utils.macro("MIXTURE_OR_TASK_NAME")) is not None, f

@@ -394,3 +394,50 @@ def test_greedy_infer_on_an_import_gives_transformers_generate_tokens(fx, tmp_pa
   for (tokens, log_prob), row in zip(got, want):
     np.testing.assert_array_equal(np.asarray(tokens), row[:len(tokens)])
     assert len(tokens) == (list(row).index(1) + 1 if 1 in row else len(row)) and np.isfinite(log_prob)
+
+
+def test_cli_export_hf_unstacks_a_scanned_checkpoint(tmp_path, capsys):
+  """A `scan_layers=True` model saved as import-hf lays out a params-only checkpoint (checkpoint/ + model.gin)
+  exports with `export-hf` alone: the same config and weights as exporting its unrolled equivalent, and the
+  exported model, read back, gives the scanned model's logits."""
+  from flax.core import meta
+  from remixer_t5 import cli
+  from remixer_t5.training import checkpoints
+  cfg = network.T5Config(vocab_size=64, emb_dim=32, num_heads=2, head_dim=8, num_encoder_layers=2,
+                         num_decoder_layers=3, mlp_dim=48, dtype="float32", scan_layers=True)
+  module = network.Transformer(cfg)
+  rng = np.random.default_rng(0)
+  enc = rng.integers(2, cfg.vocab_size, (2, 7)).astype(np.int32)
+  tgt = rng.integers(2, cfg.vocab_size, (2, 5)).astype(np.int32)
+  enc[1, 5:], tgt[1, 3:] = 0, 0  # a padded row
+  dec_in = np.concatenate([np.zeros((2, 1), np.int32), tgt[:, :-1]], axis=1) * (tgt > 0)
+  params = meta.unbox(module.init(jax.random.PRNGKey(0), enc, dec_in, tgt, enable_dropout=False)["params"])
+  assert hf.is_scanned(params) and params["decoder"]["layers"]["mlp"]["wo"]["kernel"].shape[0] == 3
+  unrolled = network.unstack_scanned_params(params)
+  assert not hf.is_scanned(unrolled)
+
+  def save(name, tree, config):
+    run = tmp_path / name
+    checkpoints.save_params(run / "checkpoint", tree)
+    (run / "model.gin").write_text(cli.model_gin(config))
+    return str(run)
+
+  scanned_run = save("scanned", params, cfg)
+  unrolled_run = save("unrolled", unrolled, dataclasses.replace(cfg, scan_layers=False))
+  assert cli.main(["export-hf", scanned_run, str(tmp_path / "hf_scanned")]) == 0
+  assert "scanned" in capsys.readouterr().out
+  assert cli.main(["export-hf", unrolled_run, str(tmp_path / "hf_unrolled")]) == 0
+  got = safetensors.numpy.load_file(str(tmp_path / "hf_scanned" / "model.safetensors"))
+  want = safetensors.numpy.load_file(str(tmp_path / "hf_unrolled" / "model.safetensors"))
+  assert sorted(got) == sorted(want) == sorted(hf.hf_weight_shapes(cfg))
+  for name in want:
+    np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+  assert (json.loads((tmp_path / "hf_scanned" / "config.json").read_text())
+          == json.loads((tmp_path / "hf_unrolled" / "config.json").read_text()))
+  # Read back as Hugging Face's model: the scanned model's logits.
+  hf_module, hf_params = hf.load_hf_t5(tmp_path / "hf_scanned")
+  assert hf_module.config.num_encoder_layers == 2 and hf_module.config.num_decoder_layers == 3
+  want_logits = module.apply({"params": params}, enc, dec_in, tgt, enable_dropout=False)
+  got_logits = hf_module.apply({"params": hf_params}, enc, dec_in, tgt, enable_dropout=False)
+  real = tgt > 0
+  np.testing.assert_allclose(np.asarray(got_logits)[real], np.asarray(want_logits)[real], atol=1e-5)

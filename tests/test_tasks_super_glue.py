@@ -667,8 +667,116 @@ def test_a_run_decodes_and_scores_super_glue_while_training_on_another_task(data
   rows = [json.loads(line) for line in (model_dir / "metrics.jsonl").read_text().splitlines()]
   infer = {r["split"].split("/", 1)[1].split("#")[0]: r for r in rows if r["split"].startswith("infer/")}
   # The 8 tasks with a validation split, scored with their own metrics (DPR has none: train and test only).
+  average = infer.pop("super_glue_average")  # the benchmark's score, beside the tasks it averages
   assert sorted(infer) == sorted(f"super_glue_{t}" for t in ("boolq", "cb", "copa", "multirc", "record", "rte",
                                                                "wic", "wsc"))
-  assert {r["step"] for r in infer.values()} == {2}
+  assert {r["step"] for r in infer.values()} == {2} == {average["step"]}
+  from remixer_t5.tasks import super_glue
+  assert average["score"] == pytest.approx(super_glue.super_glue_average(infer))
   assert "f1_macro" in infer["super_glue_cb"] and "f1a" in infer["super_glue_multirc"]
   assert 0 <= infer["super_glue_record"]["em"] <= 100 and 0 <= infer["super_glue_boolq"]["accuracy"] <= 100
+
+
+# --- the benchmark's score (super_glue.super_glue_average) ------------------------------------------------------
+def _scores(boolq, cb, copa, multirc, record, rte, wic, wsc, prefix="super_glue_"):
+  """Per-task results in this project's metric names from a published row: CB (F1, acc), MultiRC (F1a, EM),
+  ReCoRD (F1, EM)."""
+  return {f"{prefix}boolq": {"accuracy": boolq}, f"{prefix}cb": {"f1_macro": cb[0], "accuracy": cb[1]},
+          f"{prefix}copa": {"accuracy": copa}, f"{prefix}multirc": {"f1a": multirc[0], "exact_match": multirc[1]},
+          f"{prefix}record": {"f1": record[0], "em": record[1]}, f"{prefix}rte": {"accuracy": rte},
+          f"{prefix}wic": {"accuracy": wic}, f"{prefix}wsc": {"accuracy": wsc}}
+
+
+# SuperGLUE test-set rows as the leaderboard (super.gluebenchmark.com) published them, with its Score: the T5-11B
+# submission of Raffel et al. 2020 and the rows beside it, as tabulated from the leaderboard in He et al. 2021
+# (DeBERTa, ICLR, Table 5); T5-11B's row also in Vu et al. 2022 (SPoT, Table 1). The score is given to one
+# decimal, so the computed mean must round to it.
+PUBLISHED = {
+    "T5-11B": ((91.2, (93.9, 96.8), 94.8, (88.1, 63.3), (94.1, 93.4), 92.5, 76.9, 93.8), 89.3),
+    "T5-11B + Meena": ((91.3, (95.8, 97.6), 97.4, (88.3, 63.0), (94.2, 93.5), 92.7, 77.9, 95.9), 90.2),
+    "RoBERTa-large": ((87.1, (90.5, 95.2), 90.6, (84.4, 52.5), (90.6, 90.0), 88.2, 69.9, 89.0), 84.6),
+    "Human baselines": ((89.0, (95.8, 98.9), 100.0, (81.8, 51.9), (91.7, 91.3), 93.6, 80.0, 100.0), 89.8),
+    "DeBERTa-1.5B + SiFT": ((90.4, (94.9, 97.2), 96.8, (88.2, 63.7), (94.5, 94.1), 93.2, 76.4, 95.9), 89.9),
+}
+
+
+@pytest.mark.parametrize("row", sorted(PUBLISHED))
+def test_super_glue_average_reproduces_published_scores(row):
+  from remixer_t5.tasks import super_glue
+  tasks, score = PUBLISHED[row]
+  average = super_glue.super_glue_average(_scores(*tasks))
+  assert abs(average - score) <= 0.05 + 1e-9, (row, average, score)
+
+
+def test_super_glue_average_leaves_out_the_diagnostics_and_dpr():
+  from remixer_t5.tasks import super_glue
+  tasks, score = PUBLISHED["T5-11B"]
+  scores = _scores(*tasks)
+  with_extras = {**scores, "super_glue_axb": {"mcc": 0.0}, "super_glue_axg": {"accuracy": 0.0, "gender_parity": 0.0},
+                 "dpr": {"accuracy": 0.0}, "glue_rte": {"accuracy": 0.0}}
+  assert super_glue.super_glue_average(with_extras) == super_glue.super_glue_average(scores)
+  # Each task weighs 1/8, CB's two metrics 1/16 each.
+  changed = {**scores, "super_glue_cb": {"f1_macro": 93.9 - 16.0, "accuracy": 96.8}}
+  assert super_glue.super_glue_average(scores) - super_glue.super_glue_average(changed) == pytest.approx(1.0)
+
+
+def test_super_glue_average_needs_every_task():
+  from remixer_t5.tasks import super_glue
+  scores = _scores(*PUBLISHED["T5-11B"][0])
+  del scores["super_glue_wsc"]
+  scores["super_glue_multirc"] = {"f1a": 88.1}  # one of its two metrics
+  assert super_glue.missing_for_average(scores) == ["super_glue_multirc", "super_glue_wsc"]
+  with pytest.raises(ValueError, match=r"missing or incomplete: \['super_glue_multirc', 'super_glue_wsc'\]"):
+    super_glue.super_glue_average(scores)
+  entries, notes = super_glue.average_entries(scores)
+  assert entries == {}
+  assert len(notes) == 1 and "super_glue_average" in notes[0] and "super_glue_multirc, super_glue_wsc" in notes[0]
+  # Results without SuperGLUE (GLUE's RTE alone does not count) give neither a score nor a note.
+  assert super_glue.average_entries({"glue_rte": {"accuracy": 50.0}, "cogs": {"exact_match": 1.0}}) == ({}, [])
+
+
+def test_super_glue_average_entries_per_task_prefix():
+  from remixer_t5.tasks import super_glue
+  tasks, score = PUBLISHED["Human baselines"]
+  results = {**_scores(*PUBLISHED["T5-11B"][0]), **_scores(*tasks, prefix=PREFIX), "glue_rte": {"accuracy": 0.0}}
+  entries, notes = super_glue.average_entries(results)
+  assert notes == [] and sorted(entries) == sorted([f"{PREFIX}average", "super_glue_average"])
+  assert entries[f"{PREFIX}average"]["score"] == pytest.approx(89.7875)
+  assert entries["super_glue_average"]["score"] == pytest.approx(89.25)
+
+
+def test_super_glue_average_of_tasks_copied_into_another_vocabulary():
+  """A run evaluates in its own vocabulary: the tasks are copies ``<task>#<tag>`` (data/task_lookup.py)."""
+  from remixer_t5.tasks import super_glue
+  tag = "#spm_unigram_2000_1a2642eb"
+  results = {name + tag: scores for name, scores in _scores(*PUBLISHED["T5-11B"][0]).items()}
+  results[f"super_glue_axb{tag}"] = {"mcc": 65.6}
+  assert super_glue.average_entries(results) == ({f"super_glue_average{tag}": {"score": pytest.approx(89.25)}}, [])
+  del results[f"super_glue_copa{tag}"]
+  results["super_glue_copa"] = {"accuracy": 94.8}  # another vocabulary's COPA does not complete this one's
+  entries, notes = super_glue.average_entries(results)
+  assert entries == {} and len(notes) == 2
+  assert f"super_glue_average{tag}" in notes[1] and notes[1].endswith(f"super_glue_copa{tag}")
+
+
+def test_infer_eval_logs_and_returns_the_average(monkeypatch, tmp_path):
+  from types import SimpleNamespace
+
+  from remixer_t5.training import evaluation, validation
+  per_task = {**_scores(*PUBLISHED["T5-11B"][0]), "super_glue_axb": {"mcc": 65.6}}
+  monkeypatch.setattr(evaluation, "infer_eval", lambda *a, **k: dict(per_task))
+  run = SimpleNamespace(data=SimpleNamespace(batch_size=2, feature_lengths=None), model_dir=str(tmp_path),
+                        schedule=SimpleNamespace(infer_examples=None), training=SimpleNamespace(random_seed=0))
+  written, said = [], []
+  log = SimpleNamespace(write=lambda step, split, row: written.append((step, split, dict(row))), info=said.append)
+  results = validation.infer_eval(SimpleNamespace(model=None, batch_sharding=None), {}, run, "super_glue_proportional",
+                                  7, log)
+  assert results == {**per_task, "super_glue_average": {"score": pytest.approx(89.25)}}
+  assert written[-1] == (7, "infer/super_glue_average", {"score": pytest.approx(89.25)}) and not said
+  # Only some tasks scored: no score, a line naming the missing ones.
+  del per_task["super_glue_record"]
+  written.clear()
+  assert "super_glue_average" not in validation.infer_eval(SimpleNamespace(model=None, batch_sharding=None), {}, run,
+                                                           "super_glue_proportional", 7, log)
+  assert [split for _, split, _ in written] == [f"infer/{name}" for name in per_task]
+  assert len(said) == 1 and "super_glue_record" in said[0]

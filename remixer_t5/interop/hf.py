@@ -194,11 +194,21 @@ def hf_state_dict_to_params(state: Mapping[str, Any], cfg: network.T5Config, *,
   return traverse_util.unflatten_dict(flat)
 
 
+def is_scanned(params: Mapping) -> bool:
+  """Whether a stack of `params` is scanned (`T5Config.scan_layers=True`): its layers stored as one subtree
+  `<stack>/layers/...` with a leading [num_layers] axis, where an unrolled stack has `<stack>/layers_<i>/...`."""
+  return any(isinstance(params.get(stack), Mapping) and "layers" in params[stack] for stack in ("encoder", "decoder"))
+
+
 def params_to_hf_state_dict(params: Mapping, cfg: network.T5Config) -> dict[str, np.ndarray]:
   """HF T5 v1.1 state dict (float32 numpy, torch layout) of `network.Transformer` params.
 
   Writes what transformers' own `save_pretrained` writes for an untied T5 v1.1: `shared.weight`, `lm_head.weight` and
-  the blocks (the stacks' `embed_tokens.weight` are tied to `shared.weight` and left out, as transformers does)."""
+  the blocks (the stacks' `embed_tokens.weight` are tied to `shared.weight` and left out, as transformers does).
+  Scanned stacks (`is_scanned`) are unstacked first (`network.unstack_scanned_params`): HF has one block per
+  layer, and layer i of the scan is the unrolled model's `layers_<i>`, so both trees export the same weights."""
+  if is_scanned(params):
+    params = network.unstack_scanned_params(params)
   head = (cfg.vocab_size, cfg.emb_dim)
   entries = [("shared.weight", ("token_embedder", "embedding"), False, head),
              ("lm_head.weight", ("decoder", "logits_dense", "kernel"), True, head)] + _weight_map(cfg)

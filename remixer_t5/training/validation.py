@@ -1,6 +1,6 @@
 """Evaluation during and after training: validation loss and accuracy over a few batches with greedy decodes of
 the first examples (metrics.jsonl rows `validation`), and decode-and-score evaluation with each task's metrics
-(`evaluation.infer_eval`, rows `infer/<task>`)."""
+(`evaluation.infer_eval`, rows `infer/<task>`, and the SuperGLUE score `infer/super_glue_average`)."""
 from __future__ import annotations
 
 import time
@@ -65,7 +65,11 @@ def strip(ids) -> list[int]:
 def infer_eval(prog, params, run, task_name: str, step: int, log, *, split: str = "validation", beam_size: int = 1,
                progress=None) -> dict[str, dict[str, float]]:
   """Decode-and-score evaluation of `task_name` (remixer_t5.training.evaluation; the first
-  `run.schedule.infer_examples` of each task) logged as metrics.jsonl rows `infer/<task>`."""
+  `run.schedule.infer_examples` of each task) logged as metrics.jsonl rows `infer/<task>`. When the SuperGLUE
+  tasks were scored, the benchmark's score (tasks/super_glue.py `super_glue_average`) is logged beside them as a
+  row `infer/super_glue_average` ({"score": ...}; `...#<tag>` for tasks copied into the run's vocabulary) and
+  returned under that name; with only some of the 8 tasks it needs, no score is given and a line says which are
+  missing."""
   from remixer_t5.training import evaluation
   decoding = evaluation.Decoding(run.data.batch_size, beam_size, put=lambda x: global_from_host(x, prog.batch_sharding),
                                  fetch=to_host, progress=progress)
@@ -75,4 +79,10 @@ def infer_eval(prog, params, run, task_name: str, step: int, log, *, split: str 
       step=step, seed=run.training.random_seed)
   for name, metrics in per_task.items():
     log.write(step, f"infer/{name}", metrics)
-  return per_task
+  from remixer_t5.tasks import super_glue
+  averages, notes = super_glue.average_entries(per_task)
+  for note in notes:
+    log.info(note)
+  for name, metrics in averages.items():
+    log.write(step, f"infer/{name}", metrics)
+  return {**per_task, **averages}
