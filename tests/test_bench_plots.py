@@ -188,7 +188,7 @@ def test_pseudo_attention_is_the_jacobian_block_norm(hypermixer_ckpt):
   mask = jnp.ones((1, n), jnp.float32)
   pos = jnp.arange(n, dtype=jnp.int32)[None]
   ctx = base.MixerContext(q_mask=mask, kv_mask=mask, q_positions=pos, kv_positions=pos)
-  mixer = module.encoder_token_mixer(config=module.config)
+  mixer = module.encoder_token_mixer(config=module.config.for_target())  # a mixer alone takes a named dtype
   f = lambda x_: mixer.apply({"params": params["encoder"]["layers_1"]["token_mixer"]}, x_, x_, ctx)[0]
   jac = jax.jacrev(f)(x)[:, :, 0]                                    # [i, d_out, j, d_in]
   want = np.sqrt(np.sum(np.square(np.asarray(jac)), axis=(1, 3)))

@@ -10,6 +10,7 @@ import dataclasses
 from typing import Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 
 from remixer_t5 import kernels
 
@@ -45,6 +46,11 @@ class T5Config:
 
   def __post_init__(self):
     object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
+    if self.dtype != "auto":  # a name or a dtype (jnp.bfloat16), kept as its name
+      try:
+        object.__setattr__(self, "dtype", jnp.dtype(self.dtype).name)
+      except TypeError:
+        pass  # not a dtype: refused below, with the choices
     for name, choices in (("dtype", ACTIVATION_DTYPES), ("remat_policy", tuple(REMAT_POLICIES)),
                           ("layer_layout", LAYER_LAYOUTS),
                           ("attention_impl", ATTENTION_IMPLS), ("dropout_impl", DROPOUT_IMPLS)):
