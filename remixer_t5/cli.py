@@ -274,8 +274,9 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_repro(args: argparse.Namespace) -> int:
-  from remixer_t5.repro import cogs, hypermixer_synthetic
-  return {"hypermixer-synthetic": hypermixer_synthetic, "cogs": cogs}[args.experiment].main(args)
+  from remixer_t5.repro import cogs, cogs_curve, hypermixer_synthetic
+  return {"hypermixer-synthetic": hypermixer_synthetic, "cogs": cogs, "cogs-curve": cogs_curve}[args.experiment].main(
+      args)
 
 
 def cmd_bench_mixing(args: argparse.Namespace) -> int:
@@ -382,14 +383,16 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
   return 0
 
 
+BENCH_WORKLOADS = "cogs:t5_1_1,cogs:remixer,cogs:mixer_encdec,cogs:hypermixer,A,B"  # bench kernels' default
+
 # Which `bench` kinds read each of its flags (argparse's dest); a flag given to a kind that would ignore it is
 # an error naming the kinds that take it (check_bench_flags).
 BENCH_FLAGS = {
-    "json": ("mixing", "input", "train", "decode", "kernels"), "lengths": ("mixing", "train"),
-    "warmup": ("input", "train", "decode", "kernels"), "workloads": ("kernels",),
+    "json": ("mixing", "input", "train", "decode", "kernels", "drift"), "lengths": ("mixing", "train"),
+    "warmup": ("input", "train", "decode", "kernels"), "workloads": ("kernels", "drift"), "field": ("drift",),
     **dict.fromkeys(("mixers", "out", "repeats", "batch", "d_model", "hidden", "num_heads", "head_dim"), ("mixing",)),
     **dict.fromkeys(("batches", "position", "hosts", "steps_per_s", "process_index", "process_count"), ("input",)),
-    **dict.fromkeys(("steps", "rounds"), ("train", "decode", "kernels")),
+    "steps": ("train", "decode", "kernels", "drift"), "rounds": ("train", "decode", "kernels"),
     **dict.fromkeys(("reference", "hf_denormals", "batch_size"), ("train", "decode")),
     "peak_flops": ("train",), "hf_process": ("train",), "against": ("train", "decode"),
     **dict.fromkeys(("input_length", "new_tokens", "beam_size", "modes", "checkpoint"), ("decode",)),
@@ -421,9 +424,20 @@ def cmd_bench_kernels(args: argparse.Namespace) -> int:
   return 0
 
 
+def cmd_bench_drift(args: argparse.Namespace) -> int:
+  from remixer_t5.bench import drift, env as bench_env
+  rows = drift.run(args.workloads, args.field, steps=40 if args.steps is None else args.steps, log=_stderr)
+  if args.json:
+    rows[0]["env"] = bench_env.environment()
+    print("".join(json.dumps(row) + "\n" for row in rows), end="", flush=True)
+  return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+  if args.what == "drift" and args.workloads == BENCH_WORKLOADS:
+    args.workloads = "cogs:hypermixer"
   return {"mixing": cmd_bench_mixing, "input": cmd_bench_input, "train": cmd_bench_train,
-          "decode": cmd_bench_decode, "kernels": cmd_bench_kernels}[args.what](args)
+          "decode": cmd_bench_decode, "kernels": cmd_bench_kernels, "drift": cmd_bench_drift}[args.what](args)
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -567,15 +581,21 @@ def build_parser() -> argparse.ArgumentParser:
                        "input: the training input pipeline's throughput and restore time; bench train: the train "
                        "step's time (optionally beside HF transformers' PyTorch T5); bench decode: greedy and "
                        "beam-search decoding of a batch through the evaluator's decode (optionally beside HF's "
-                       "generate on the same weights); bench kernels: each kernel against plain JAX")
-  ben.add_argument("what", choices=["mixing", "input", "train", "decode", "kernels"],
+                       "generate on the same weights); bench kernels: each kernel against plain JAX; bench drift: a kernel's "
+                       "training against plain JAX's, step by step")
+  ben.add_argument("what", choices=["mixing", "input", "train", "decode", "kernels", "drift"],
                    help="mixing: one token-mixing layer against length; input: the training input pipeline "
                         "(same gin flags as train) per process, restore time, and whether a host keeps up; train: "
                         "the jitted train step on random tokens (same gin flags as train); decode: the evaluator's "
                         "jitted greedy and beam decode of random inputs, every position (same gin flags as train); "
-                        "kernels: each kernel against plain JAX in the train steps it exists for (the 1.2x rule)")
-  ben.add_argument("--workloads", default="cogs:t5_1_1,cogs:remixer,cogs:mixer_encdec,cogs:hypermixer,A,B",
-                   help="kernels: comma-separated, of cogs:<model> and the T5.1.1 configs A and B")
+                        "kernels: each kernel against plain JAX in the train steps it exists for (the 1.2x rule); "
+                        "drift: one workload's steps with a field at auto and at xla, from the same state: rounding "
+                        "or a fault (docs/benchmarks.md)")
+  ben.add_argument("--workloads", default=BENCH_WORKLOADS,
+                   help="kernels: comma-separated, of cogs:<model>, cogs:hypermixer:packed and the T5.1.1 configs "
+                   "A and B; drift: one of them (default cogs:hypermixer)")
+  ben.add_argument("--field", default="hypermixing", help="drift: the implementation field (attention, dropout, "
+                   "hypermixing) set to xla in the reference (default hypermixing)")
   ben.add_argument("--lengths", help="mixing: e.g. 128,256,...,4096 (default) or 256,1024; train: INPUTS,TARGETS "
                    "(default: TASK_FEATURE_LENGTHS)")
   ben.add_argument("--mixers", default="attention,hypermixer,linear_attention,fnet,mlp_mixer,gmlp,remixer",
@@ -593,7 +613,7 @@ def build_parser() -> argparse.ArgumentParser:
   ben.add_argument("--warmup", type=int, help="input/train/decode: untimed batches/steps first (default 5; decode 1, "
                    "compilation included)")
   ben.add_argument("--steps", type=int, help="train/decode: timed steps/batches per round, median reported "
-                   "(default: train 20, decode 3)")
+                   "(default: train 20, decode 3); drift: steps (default 40)")
   ben.add_argument("--rounds", type=int, help="train/decode: rounds, alternating with --reference or --against "
                    "(default 3)")
   ben.add_argument("--against", metavar="COMMIT", help="train/decode: time this tree against COMMIT on this "
@@ -641,11 +661,13 @@ def build_parser() -> argparse.ArgumentParser:
   rep = sub.add_parser("repro", help="reproduce a paper experiment on a CPU (hypermixer-synthetic: HyperMixer "
                        "§4.7, Fig. 5; cogs: COGS from scratch, Remixer paper §3.4)")
   rep_sub = rep.add_subparsers(dest="experiment", required=True)
-  from remixer_t5.repro import cogs, hypermixer_synthetic
+  from remixer_t5.repro import cogs, cogs_curve, hypermixer_synthetic
   hypermixer_synthetic.add_arguments(rep_sub.add_parser(
       "hypermixer-synthetic", help="test MSE against training-set size and pseudo-attention maps"))
   cogs.add_arguments(rep_sub.add_parser(
       "cogs", help="train each model from scratch on COGS, exact match on dev, test and every gen category"))
+  cogs_curve.add_arguments(rep_sub.add_parser(
+      "cogs-curve", help="one COGS run with a checkpoint every --every steps, each decoded: exact match against steps"))
   return p
 
 

@@ -1,5 +1,5 @@
 """`remixer-t5 bench kernels`: each kernel against plain JAX on the work it exists for, variants in one process;
-scripts/kernel_drift.py: a kernel's training against the reference's, step by step."""
+`remixer-t5 bench drift`: a kernel's training against the reference's, step by step."""
 import json
 import os
 import subprocess
@@ -29,17 +29,24 @@ def test_cogs_step_variants_compile_run_and_agree(tmp_path):
 
 
 @pytest.mark.integration
-def test_kernel_drift_tells_rounding_from_a_fault(tmp_path):
-  """scripts/kernel_drift.py on HyperMixer's COGS step: a row per step, and one step of the C++ HyperMixing
+def test_bench_drift_tells_rounding_from_a_fault():
+  """`remixer-t5 bench drift` on HyperMixer's COGS step: a row per step, and one step of the C++ HyperMixing
   loops from the reference's state within float32 rounding of XLA's (a fault would show here, whatever the
   trajectories do)."""
-  out = tmp_path / "rows.jsonl"
-  p = subprocess.run([sys.executable, "scripts/kernel_drift.py", "--workload", "cogs:hypermixer", "--field",
-                      "hypermixing", "--steps", "3", "--out", str(out)], capture_output=True, text=True,
+  p = subprocess.run([sys.executable, "-m", "remixer_t5.cli", "bench", "drift", "--workloads", "cogs:hypermixer",
+                      "--field", "hypermixing", "--steps", "3", "--json"], capture_output=True, text=True,
                      timeout=900, cwd=REPO)
   assert p.returncode == 0, p.stderr[-3000:]
-  rows = [json.loads(line) for line in out.read_text().splitlines()]
+  rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
   assert [r["step"] for r in rows] == [1, 2, 3] and "env" in rows[0]
   assert all(0 < r["one_step_rel_diff"] < 1e-4 for r in rows)  # computed by different code, and agreeing
   assert rows[0]["trajectory_rel_diff"] == rows[0]["one_step_rel_diff"]  # the same state before step 1
   assert abs(rows[0]["loss_sum_default"] - rows[0]["loss_sum_xla"]) <= 1e-5 * rows[0]["loss_sum_xla"]
+
+
+def test_bench_drift_refuses_a_bad_field_and_flags_of_other_kinds(capsys):
+  from remixer_t5 import cli
+  assert cli.main(["bench", "drift", "--field", "nope", "--steps", "1"]) == 2
+  assert "expected one of ['attention', 'dropout', 'hypermixing']" in capsys.readouterr().err
+  assert cli.main(["bench", "drift", "--rounds", "2"]) == 2
+  assert "bench drift does not take --rounds" in capsys.readouterr().err

@@ -230,4 +230,4 @@ def test_every_bench_flag_says_which_kinds_read_it():
   bench = next(a for a in cli.build_parser()._subparsers._group_actions if a.choices).choices["bench"]
   flags = {a.dest for a in bench._actions if a.option_strings and a.dest != "help"}
   assert flags == set(cli.BENCH_FLAGS)
-  assert all(set(kinds) <= {"mixing", "input", "train", "decode", "kernels"} for kinds in cli.BENCH_FLAGS.values())
+  assert all(set(kinds) <= {"mixing", "input", "train", "decode", "kernels", "drift"} for kinds in cli.BENCH_FLAGS.values())

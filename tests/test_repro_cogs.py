@@ -475,13 +475,13 @@ def test_decoding_shorter_than_the_model_length_decodes_the_same_prefix(model):
 
 
 @pytest.mark.integration
-def test_cogs_curve_script_decodes_every_kept_checkpoint(tmp_path, fresh_cache):
-  """scripts/cogs_curve.py: the sweep's training with every checkpoint kept, then test and gen decoded at each."""
-  repo = Path(__file__).resolve().parents[1]
+def test_cogs_curve_decodes_every_kept_checkpoint(tmp_path, fresh_cache):
+  """`remixer-t5 repro cogs-curve`: the sweep's training with every checkpoint kept, then test and gen decoded at
+  each."""
   _toy_cogs(tmp_path / "data")
   env = {**__import__("os").environ, "REMIXER_T5_CACHE_DIR": str(fresh_cache), "JAX_PLATFORMS": "cpu",
          "REMIXER_T5_DATA_DIR": str(tmp_path / "data")}
-  cmd = [sys.executable, str(repo / "scripts" / "cogs_curve.py"), "--model", "t5_1_1", "--steps", "4",
+  cmd = [sys.executable, "-m", "remixer_t5", "repro", "cogs-curve", "--model", "t5_1_1", "--steps", "4",
          "--every", "2", "--out", str(tmp_path / "out")]
   proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,4 +1,5 @@
-"""Exact match against training steps for one COGS run: how many steps does generalisation need?
+"""`remixer-t5 repro cogs-curve`: exact match against training steps for one COGS run (how many steps does
+generalisation need?).
 
 Trains one model and seed exactly as `remixer-t5 repro cogs` does (remixer_t5/repro/cogs.py: same gin files,
 flags and schedule; the rsqrt schedule does not depend on the step budget, so the state at step s is the state
@@ -8,40 +9,38 @@ a run of s steps ends with), but keeps a checkpoint every `--every` steps, then 
   curve.png    exact match against steps, one line per split / gen category
 Resumable: training resumes from its last checkpoint, decoded (step, split) pairs are kept.
 
-  python scripts/cogs_curve.py --model t5_1_1 --seed 0 --steps 12000 --every 2000 \\
-      --out DIR
+  remixer-t5 repro cogs-curve --model t5_1_1 --seed 0 --steps 12000 --every 2000 --out DIR
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
+from remixer_t5.repro import cogs as repro
 
-def main(argv=None) -> int:
-  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+
+def add_arguments(p) -> None:
   p.add_argument("--model", default="t5_1_1")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--steps", type=int, default=12000)
   p.add_argument("--every", type=int, default=2000, help="decode the checkpoint of every this many steps")
   p.add_argument("--splits", default="test,gen", help="comma-separated: validation, test, gen")
   p.add_argument("--out", type=Path, required=True)
-  args = p.parse_args(argv)
-  from remixer_t5 import quiet
-  quiet.configure()  # as the CLI: TensorFlow's and XLA's start-up lines hidden ($REMIXER_T5_VERBOSE=1 shows them)
-  from remixer_t5.repro import cogs as repro
+
+
+def main(args) -> int:
   splits = tuple(args.splits.split(","))
   bad = [s for s in splits if s not in repro.SPLITS]
   if bad or args.every <= 0 or args.steps % args.every:
-    p.error(f"--splits must name {', '.join(repro.SPLITS)} (got {bad}); --every must divide --steps "
-            f"({args.every}, {args.steps})")
+    raise ValueError(f"--splits must name {', '.join(repro.SPLITS)} (got {bad}); --every must divide --steps "
+                     f"({args.every}, {args.steps})")
   progress = lambda s: print(s, file=sys.stderr, flush=True)
   args.out.mkdir(parents=True, exist_ok=True)
   record = {"model": args.model, "seed": args.seed, "steps": args.steps, "every": args.every}
   kept = args.out / "curve_settings.json"
   if kept.exists() and json.loads(kept.read_text()) != record:
-    p.error(f"{args.out} holds a curve made with {kept.read_text().strip()}; use another --out")
+    raise ValueError(f"{args.out} holds a curve made with {kept.read_text().strip()}; use another --out")
   kept.write_text(json.dumps(record))
   settings = repro.Settings(models=(args.model,), seeds=(args.seed,), steps=args.steps)
   data = repro.measure_splits(progress)
@@ -94,6 +93,3 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
   fig.savefig(path, dpi=120)
   plt.close(fig)
 
-
-if __name__ == "__main__":
-  sys.exit(main())
