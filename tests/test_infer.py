@@ -105,4 +105,4 @@ def test_eval_scores_a_params_only_directory_without_training(imported, capsys):
   empty.mkdir()
   assert cli.main(["eval", *TINY, f"--gin.MODEL_DIR='{empty}'", "--gin.EVAL_STEPS=1"]) == 2
   err = capsys.readouterr().err
-  assert "no checkpoint in" in err and "import-hf output or a t5x checkpoint" in err and "Traceback" not in err
+  assert "no checkpoint in" in err and "an import-hf output, a t5x checkpoint" in err and "Traceback" not in err

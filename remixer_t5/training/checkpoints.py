@@ -171,7 +171,7 @@ def save_params(directory: str | os.PathLike, params: Any) -> None:
 
 def restore_params(directory: str | os.PathLike) -> Any:
   path = storage.run_path(directory)
-  if not path.exists():
+  if not any((path / name).exists() for name in ("_METADATA", "_CHECKPOINT_METADATA")):  # orbax's own files
     raise FileNotFoundError(f"no checkpoint at {path}")
   with ocp.StandardCheckpointer() as ckptr:
     # Onto this process's first device whatever mesh saved it (a run of many hosts read on one machine).
@@ -225,7 +225,11 @@ def restore_any_params(path: str | os.PathLike) -> Any:
     path = path / "checkpoints" / str(max(steps))
   if (path / "state").is_dir():
     return restore_params(path / "state")["params"]
-  return restore_params(path)
+  try:
+    return restore_params(path)
+  except FileNotFoundError:
+    raise FileNotFoundError(f"no checkpoint in {path}: expected a training run's MODEL_DIR (checkpoints/), an "
+                            "import-hf output, a t5x checkpoint or a params checkpoint") from None
 
 
 def restore_init_params(path: str | os.PathLike, abstract_params: Any, fit=None, what: str = "INIT_CHECKPOINT"

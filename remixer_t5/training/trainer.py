@@ -326,11 +326,7 @@ def _restore_for_eval(model_dir: str, prog: programs.Program, step: int | None):
       ckpt.close()
   if step is not None:
     raise FileNotFoundError(f"checkpoint_step={step}: {model_dir} has no training checkpoints (checkpoints/)")
-  try:
-    params = checkpoints.restore_init_params(model_dir, prog.state.params, what="MODEL_DIR")
-  except FileNotFoundError:
-    raise FileNotFoundError(f"no checkpoint in {model_dir}: expected a training run's checkpoints/, an import-hf "
-                            "output or a t5x checkpoint; train first or pass the right MODEL_DIR") from None
+  params = checkpoints.restore_init_params(model_dir, prog.state.params, what="MODEL_DIR")
   return prog.state.replace(params=params, step=0)
 
 
