@@ -345,15 +345,8 @@ def test_adafactor_clips_a_scanned_stack_by_the_whole_models_norm():
             "out": jnp.asarray(rng.normal(size=(5,)), jnp.float32)} for s in (1.0, 0.01)]
   unroll = lambda t: {**{f"l{i}": t["layers"][i] for i in range(3)}, "out": t["out"]}
   make = lambda: optim.adafactor(optim.constant_schedule(1e-2), clip_gradient_norm=1.0)
-
-  def train(tx, params, steps):
-    state = tx.init(params)
-    for g in steps:
-      updates, state = tx.update(g, state, params)
-      params = optax.apply_updates(params, updates)
-    return params
-  got = train(optim.layerwise(make(), stacked=lambda path: getattr(path[0], "key", None) == "layers"), stacked, grads)
-  want = train(make(), unroll(stacked), [unroll(g) for g in grads])
+  got = _run(optim.layerwise(make(), stacked=lambda path: getattr(path[0], "key", None) == "layers"), stacked, grads)
+  want = _run(make(), unroll(stacked), [unroll(g) for g in grads])
   for i in range(3):
     np.testing.assert_allclose(got["layers"][i], want[f"l{i}"], rtol=1e-5, atol=1e-7)
   np.testing.assert_allclose(got["out"], want["out"], rtol=1e-5, atol=1e-7)
