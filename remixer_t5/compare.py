@@ -305,9 +305,9 @@ def plot(runs: Sequence[Run], path: str | Path) -> Path:
   """One PNG: loss against step and against tokens seen (train lines, validation markers + dashes, one colour
   per run), best validation loss per run, and the table's main numbers."""
   import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
 
+  from remixer_t5.training import plots
+  plt = plots.pyplot()
   fig = plt.figure(figsize=(14, 9.5))
   grid = fig.add_gridspec(2, 2, height_ratios=(1.25, 1))
   by_step, by_tokens = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1], sharey=None)
@@ -369,7 +369,6 @@ def plot(runs: Sequence[Run], path: str | Path) -> Path:
   table_ax.text(0.0, 1 - height - 0.05, models, transform=table_ax.transAxes, fontsize=8, va="top", family="monospace")
   table_ax.set_title("final numbers (compare.md / compare.csv)")
   fig.tight_layout()
-  from remixer_t5.training import plots
   return plots.save_png(fig, path)
 
 

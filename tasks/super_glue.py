@@ -84,12 +84,6 @@ class _RowError(ValueError):
   """A release row that cannot become a TFDS example (the reader adds file and line)."""
 
 
-def _unlabeled_allowed(path: str) -> bool:
-  # Only test files are unlabeled in the release; TFDS gives such rows label -1. AX-b/AX-g are TFDS's
-  # test split (labeled in the v2 release).
-  return Path(path).name.startswith(("test", "AX-"))
-
-
 def _field(row: Mapping, key: str, kind: type, what: str):
   if key not in row:
     raise _RowError(f"lacks field {key!r}")
@@ -249,7 +243,9 @@ def _wsc(row, unlabeled_ok):
 def _reader(convert: Callable, required: Sequence[str] = ()) -> Callable[[str], Iterable[dict]]:
   """path -> TFDS examples of each release row; a bad row raises ValueError naming file and line."""
   def read(path: str):
-    unlabeled_ok = _unlabeled_allowed(path)
+    # Only test files are unlabeled in the release; TFDS gives such rows label -1. AX-b/AX-g are TFDS's
+    # test split (labeled in the v2 release).
+    unlabeled_ok = Path(path).name.startswith(("test", "AX-"))
     for lineno, row in read_jsonl(path, required):
       try:
         examples = convert(row, unlabeled_ok)
@@ -607,13 +603,6 @@ def _specs() -> dict[str, dict]:
   }
 
 
-def _source(spec: Mapping) -> LocalOrTfdsSource:
-  return spec.get("source_cls", LocalOrTfdsSource)(
-      local_dir=spec["local_dir"], local_files=spec["local_files"], reader=spec["reader"],
-      features=spec["features"],
-      tfds_name=spec.get("tfds_name") or f"super_glue/{spec['tfds_config']}:{TFDS_VERSION}")
-
-
 def dpr_task_name(prefix: str = PREFIX) -> str:
   """DPR's task name: ``dpr`` beside the ``super_glue_`` tasks, ``<prefix>dpr`` beside another prefix's."""
   return DPR if prefix == PREFIX else f"{prefix}{DPR}"
@@ -640,7 +629,10 @@ def register_super_glue_tasks(vocabulary=None, prefix: str = PREFIX, *, maximum:
   specs, names = _specs(), []
   for task in TRAIN_TASKS + DIAGNOSTIC_TASKS + (DPR,):
     s = specs[task]
-    names.append(add_task(dpr_task_name(prefix) if task == DPR else f"{prefix}{task}", _source(s),
+    source = s.get("source_cls", LocalOrTfdsSource)(
+        local_dir=s["local_dir"], local_files=s["local_files"], reader=s["reader"], features=s["features"],
+        tfds_name=s.get("tfds_name") or f"super_glue/{s['tfds_config']}:{TFDS_VERSION}")
+    names.append(add_task(dpr_task_name(prefix) if task == DPR else f"{prefix}{task}", source,
                           [s["preprocessor"]], s["postprocess_fn"], s["metric_fns"], vocabulary))
   mixture = f"{prefix}proportional"
   rates = mixture_rates(prefix, maximum)

@@ -197,10 +197,8 @@ def format_table(rows: Sequence[dict]) -> str:
 def plot_bench(rows: Sequence[dict], path) -> str:
   """Log-log time and FLOPs against length, one line per mixer; written atomically as PNG."""
   from pathlib import Path
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
+  from remixer_t5.training import plots
+  plt = plots.pyplot()
   path = Path(path)
   fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
   for mixer in dict.fromkeys(r["mixer"] for r in rows):
@@ -218,5 +216,4 @@ def plot_bench(rows: Sequence[dict], path) -> str:
   fig.suptitle(f"one token-mixing layer, batch {r0.get('batch')}, d_model {r0.get('d_model')}, "
                f"{jax.default_backend()}")
   fig.tight_layout()
-  from remixer_t5.training import plots
   return str(plots.save_png(fig, path))

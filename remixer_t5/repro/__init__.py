@@ -32,9 +32,5 @@ def mean_range(values: Sequence[float], digits: int) -> str:
 
 def pyplot():
   """(matplotlib.pyplot on the file-only Agg backend, plots.save_png)."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
   from remixer_t5.training import plots
-  return plt, plots.save_png
+  return plots.pyplot(), plots.save_png

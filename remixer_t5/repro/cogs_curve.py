@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from remixer_t5.repro import cogs as repro
+from remixer_t5.repro import cogs as repro, pyplot
 
 
 def add_arguments(p) -> None:
@@ -72,9 +72,7 @@ def main(args) -> int:
 
 
 def plot(rows: list[dict], path: Path, title: str) -> None:
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  plt, save_png = pyplot()
   lines: dict[str, list[tuple[int, float]]] = {}
   for r in rows:
     name = r["split"] if r["category"] is None else (
@@ -90,6 +88,5 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  save_png(fig, path, dpi=120)
 

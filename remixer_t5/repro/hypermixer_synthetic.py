@@ -410,16 +410,15 @@ def plot_maps(maps: dict, test: dict, settings: SweepSettings, map_size: int, pa
   pseudo-attention |d out_i / d in_j| (rows: output i, columns: input j)."""
   plt, save_png = pyplot()
   L = settings.spec.length
-  panels = []
+  panels, shown = [], [m for m in MODELS if m in maps]
   if "attention" in maps:
     p, x, _ = maps["attention"]
     w = np.asarray(attention_weights(p, x[None], settings.channels, settings.hidden, L)[0])
     panels.append(("Self-attention: weights", w))
-  for m in MODELS:
-    if m in maps:
-      p, x, _ = maps[m]
-      model = _build_model(m, settings.channels, settings.hidden, L)
-      panels.append((f"{LABELS[m]}: pseudo-attention", pseudo_attention(model.apply, p, x)))
+  for m in shown:
+    p, x, _ = maps[m]
+    model = _build_model(m, settings.channels, settings.hidden, L)
+    panels.append((f"{LABELS[m]}: pseudo-attention", pseudo_attention(model.apply, p, x)))
   cols = max(1, math.ceil((len(panels) + 1) / 2))
   rows = 1 if len(panels) + 1 <= cols else 2
   fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 3.3 * rows), squeeze=False)
@@ -429,9 +428,8 @@ def plot_maps(maps: dict, test: dict, settings: SweepSettings, map_size: int, pa
   ax = axes[0]
   ax.plot(test["inputs"][0], label="input")
   ax.plot(test["targets"][0], label="target")
-  for m in MODELS:
-    if m in maps:
-      ax.plot(maps[m][2], lw=0.8, label=LABELS[m])
+  for m in shown:
+    ax.plot(maps[m][2], lw=0.8, label=LABELS[m])
   ax.set_title("test sequence 0")
   ax.legend(fontsize=6)
   for a, (title, mat) in zip(axes[1:], panels):

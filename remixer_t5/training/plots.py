@@ -10,6 +10,14 @@ from remixer_t5 import storage
 from remixer_t5.storage import Path
 
 
+def pyplot():
+  """matplotlib.pyplot on the file-only Agg backend."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  return plt
+
+
 def save_png(fig, path, dpi: int = 100) -> Path:
   """Writes `fig` to `path` (local or a bucket) whole or not at all, creating its folder; closes it."""
   import matplotlib.pyplot as plt
@@ -23,10 +31,7 @@ def save_png(fig, path, dpi: int = 100) -> Path:
 
 def plot_metrics(model_dir: str, out: str | None = None) -> Path:
   """Loss and accuracy against step for the train and validation rows of MODEL_DIR/metrics.jsonl."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
+  plt = pyplot()
   model_dir = storage.run_path(model_dir)
   rows = [json.loads(line) for line in (model_dir / "metrics.jsonl").read_text().splitlines() if line]
   fig, axes = plt.subplots(1, 2, figsize=(10, 4))
@@ -201,10 +206,7 @@ def pseudo_attention_maps(module, params, tokens, samples: int = 0) -> list[tupl
 def draw_matrix(matrix, path, title: str, labels=None, xlabel: str = "source / key position j",
                 ylabel: str = "output / query position i", colorbar: str = "") -> Path:
   """One heatmap PNG of a [rows, cols] matrix; `labels` (tokens) label both axes when there are few."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
+  plt = pyplot()
   m = np.asarray(matrix, dtype=np.float32)
   fig, ax = plt.subplots(figsize=(6.4, 5.6))
   im = ax.imshow(m, cmap="viridis", interpolation="nearest", aspect="equal")
