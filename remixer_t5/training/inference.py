@@ -22,7 +22,7 @@ import numpy as np
 
 from remixer_t5 import storage
 from remixer_t5.model import decoding
-from remixer_t5.training import checkpoints, partitioning, programs
+from remixer_t5.training import checkpoints
 from remixer_t5.training.run_config import Run
 
 log = logging.getLogger(__name__)
@@ -156,9 +156,7 @@ def infer(run: Run, request: Request, progress: Callable[[str], None] = log.info
   if not source:
     raise ValueError("infer: no checkpoint: set MODEL_DIR or pass --checkpoint PATH")
   out = output_path(run, request)
-  part = partitioning.partitioner(run.training.mesh)
-  part.check_batch_size(run.data.batch_size)
-  prog = programs.from_run(dataclasses.replace(run.training, learning_rate=None), lengths, part)
+  prog = trainer.eval_program(run)
   params = checkpoints.restore_init_params(source, prog.state.params, None, what="checkpoint")
   if request.inputs:
     rows = read_inputs(request.inputs)[:request.max_examples]

@@ -74,6 +74,11 @@ def _program(run: Run) -> programs.Program:
   return programs.from_run(run.training, run.data.feature_lengths, part)
 
 
+def eval_program(run: Run) -> programs.Program:
+  """The run's programs for evaluation and inference: no learning rate (no schedule is traced)."""
+  return _program(dataclasses.replace(run, training=dataclasses.replace(run.training, learning_rate=None)))
+
+
 def _loop(run, prog, state, task, vocab, infer_task, ckpt, log, position, input_state) -> dict[str, float]:
   """The training loop from `state` to TRAIN_STEPS with its log, evaluation and checkpoint hooks."""
   data, sched, model_dir = run.data, run.schedule, run.model_dir
@@ -342,7 +347,7 @@ def evaluate_checkpoint(run: Run, *, checkpoint_step: int | None = None, infer: 
   import seqio
   from remixer_t5.data.task_lookup import get_task
   run, task, vocab, infer_name = _setup(run)
-  prog = _program(dataclasses.replace(run, training=dataclasses.replace(run.training, learning_rate=None)))
+  prog = eval_program(run)
   state = _restore_for_eval(run.model_dir, prog, checkpoint_step)
   log = MetricsLogger(run.model_dir)
   try:
