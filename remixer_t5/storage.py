@@ -214,23 +214,40 @@ def check_bucket(path, what: str = "MODEL_DIR") -> None:
                        "network (or that the emulator is running) and retry") from None
 
 
-_LOCAL_COPIES: list[str] = []
+_LOCAL_COPIES: dict[str, str] = {}  # bucket path -> its local copy, made once per process, removed at exit
 
 
 def local_copy(path) -> str:
-  """A local file with `path`'s bytes (same name, in a temporary folder removed at exit), for readers that take
-  local files only (gin's parser)."""
+  """A local file with `path`'s bytes, for readers that take local files only (gin's parser, tf.data's
+  TextLineDataset): `path` itself when local, else a copy (same name, streamed, in a temporary folder removed at
+  exit) made the first time this process asks for it."""
   import atexit
   path = run_path(path)
   if not is_bucket(path):
     return str(path)
-  if not path.is_file():
-    raise FileNotFoundError(f"{path} does not exist")
-  if not _LOCAL_COPIES:
-    _LOCAL_COPIES.append(tempfile.mkdtemp(prefix="remixer_t5-copies-"))
-    atexit.register(shutil.rmtree, _LOCAL_COPIES[0], ignore_errors=True)
-  folder = tempfile.mkdtemp(dir=_LOCAL_COPIES[0])
-  local = os.path.join(folder, path.name)
-  with open(local, "wb") as f:
-    f.write(path.read_bytes())
-  return local
+  key = path.as_posix()
+  if key not in _LOCAL_COPIES:
+    if not path.is_file():
+      raise FileNotFoundError(f"{path} does not exist")
+    root = tempfile.mkdtemp(prefix="remixer_t5-copy-")
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    local = os.path.join(root, path.name)
+    with path.open("rb") as src, open(local + ".part", "wb") as dst:
+      shutil.copyfileobj(src, dst, 8 << 20)
+    os.replace(local + ".part", local)
+    _LOCAL_COPIES[key] = local
+  return _LOCAL_COPIES[key]
+
+
+def glob(pattern: str | os.PathLike) -> list[str]:
+  """The paths matching `pattern` (local or gs://; `*`, `?` and `[...]` in any part after the bucket), sorted;
+  a pattern without those characters matches itself when it exists."""
+  path = run_path(pattern)
+  text = path.as_posix() if is_bucket(path) else str(path)
+  parts = text.split("/")
+  first = next((i for i, part in enumerate(parts) if any(c in part for c in "*?[")), None)
+  if first is None:
+    return [text] if path.exists() else []
+  root = run_path("/".join(parts[:first]) or "/")
+  found = root.glob("/".join(parts[first:]))
+  return sorted(p.as_posix() if is_bucket(p) else str(p) for p in found)

@@ -19,7 +19,8 @@ Formats (``format='auto'`` tells them by the file name, ``.gz`` allowed):
     ``inputs<TAB>targets``, or for span corruption one document a line.
 
 Files are streamed by tf.data (``sources.lines_dataset``), so a corpus of any size works and a training run's input
-position is checkpointed. When a dataset is built, each file's first row is checked (header, fields, empty file);
+position is checkpointed; a ``gs://`` file is copied to local disk when the run reaches it (once per process, removed
+at exit), as TensorFlow's GCS client cannot be pointed at anything but Google's endpoint. When a dataset is built, each file's first row is checked (header, fields, empty file);
 any later malformed line stops the run with an error naming the file, the line and what was expected.
 
 Vocabulary: ``vocabulary`` (a seqio.Vocabulary or a SentencePiece model path), default the project's embedded
@@ -45,7 +46,6 @@ SPLITS = ("train", "validation", "test")
 SUFFIXES = {"tsv": (".tsv", ".txt"), "jsonl": (".jsonl", ".json", ".ndjson")}
 METRICS = {"exact_match": metrics_lib.exact_match, "accuracy": metrics_lib.accuracy}
 DEFAULT_METRICS = ("exact_match",)
-GLOB_CHARS = "*?["
 CHECK_ALL_BYTES = 16 << 20  # files up to this size are checked whole when a dataset is built
 
 # name -> the (normalized) arguments it was registered with, for idempotent registration.
@@ -134,7 +134,8 @@ class FileSource(seqio.DataSource):
     fields: the row's features -> the file's field (column) names, e.g. ``{"inputs": "question", ...}``.
     format: ``'tsv'``, ``'jsonl'`` or ``'auto'`` (each file by its name).
 
-  Files are read by ``sources.lines_dataset`` (tf.data's TextLineDataset; checkpointable). Input shards
+  Files are read by ``sources.lines_dataset`` (tf.data's TextLineDataset, a bucket's files from a local copy;
+  checkpointable) and listed through remixer_t5.storage. Input shards
   (processes) each read their own files when a split has enough of them, else every file with seqio keeping
   every n-th example."""
 
@@ -146,18 +147,15 @@ class FileSource(seqio.DataSource):
 
   def files(self, split: str) -> list[str]:
     """The files of ``split``: each pattern's matches, sorted (FileNotFoundError naming a pattern that matches none)."""
-    import tensorflow as tf
+    from remixer_t5 import storage
     if split not in self.split_files:
       raise ValueError(f"unknown split {split!r}; this task has {list(self.split_files)}")
     found = []
     for pattern in self.split_files[split]:
-      if any(c in pattern for c in GLOB_CHARS):
-        matches = sorted(tf.io.gfile.glob(pattern))
-      else:
-        matches = [pattern] if tf.io.gfile.exists(pattern) else []
+      matches = storage.glob(pattern)
       if not matches:
         raise FileNotFoundError(f"split {split!r}: no file matches {pattern}")
-      found += [m for m in matches if m not in found and not tf.io.gfile.isdir(m)]
+      found += [m for m in matches if m not in found and storage.run_path(m).is_file()]
     return found
 
   @property
@@ -177,14 +175,14 @@ class FileSource(seqio.DataSource):
     carrying the same message)."""
     import functools
 
-    import tensorflow as tf
+    from remixer_t5 import storage
     kind = file_format(path, self.format)
-    check_all = tf.io.gfile.stat(path).length <= CHECK_ALL_BYTES
+    check_all = storage.run_path(path).stat().length <= CHECK_ALL_BYTES
     found = None
     if kind == "jsonl":
       parse = functools.partial(parse_jsonl_line, self.fields)
     header = None
-    with sources._open_text(path) as f:  # noqa: SLF001 - the project's reader of local, gs:// and .gz files
+    with sources.open_text(path) as f:
       for lineno, line in enumerate(f, start=1):
         line = line.rstrip("\n")
         if not line.strip().lstrip("\ufeff"):
@@ -252,13 +250,12 @@ def _vocabulary(vocabulary) -> seqio.Vocabulary:
 def _check_local(split_files: Mapping[str, Sequence[str]], format: str) -> None:
   """Local patterns must match a file whose format is known now, not when training starts (gs:// ones are
   listed when the dataset is built)."""
-  import glob
+  from remixer_t5 import storage
   for split, patterns in split_files.items():
     for pattern in patterns:
       if pattern.startswith("gs://"):
         continue
-      matches = sorted(glob.glob(pattern)) if any(c in pattern for c in GLOB_CHARS) else [pattern]
-      matches = [m for m in matches if os.path.isfile(m)]
+      matches = [m for m in storage.glob(pattern) if os.path.isfile(m)]
       if not matches:
         raise FileNotFoundError(f"{split}: no file matches {pattern}")
       for path in matches:

@@ -48,28 +48,10 @@ def _describe_data_dir() -> str:
 
 
 # --- row readers: every error names file and line ----------------------------------------------------------
-class _RawGFile(io.RawIOBase):
-  """A GFile as a raw byte stream: io.TextIOWrapper needs readable()/readinto(), which GFile lacks."""
-
-  def __init__(self, f):
-    self._f = f
-
-  def readable(self) -> bool:
-    return True
-
-  def readinto(self, buffer) -> int:
-    data = self._f.read(len(buffer))
-    buffer[:len(data)] = data
-    return len(data)
-
-  def close(self) -> None:
-    self._f.close()
-    super().close()
-
-
-def _open_text(path: str) -> io.TextIOBase:
-  import tensorflow as tf
-  raw = io.BufferedReader(_RawGFile(tf.io.gfile.GFile(path, "rb")))
+def open_text(path: str) -> io.TextIOBase:
+  """A UTF-8 text file (a BOM dropped, ``.gz`` decompressed), local or ``gs://`` (read through remixer_t5.storage)."""
+  from remixer_t5 import storage
+  raw = storage.run_path(path).open("rb") if storage.is_bucket(path) else open(path, "rb")  # noqa: SIM115
   if path.endswith(".gz"):
     raw = gzip.GzipFile(fileobj=raw)
   return io.TextIOWrapper(raw, encoding="utf-8-sig", newline="")
@@ -95,7 +77,7 @@ def parse_json_line(path: str, lineno: int, line: str, required: Sequence[str] =
 
 def read_jsonl(path: str, required: Sequence[str] = ()) -> Iterator[tuple[int, dict]]:
   """(line number, object) for each non-blank line of a JSON-lines file (``.gz`` too)."""
-  with _open_text(path) as f:
+  with open_text(path) as f:
     for lineno, line in enumerate(f, start=1):
       row = parse_json_line(path, lineno, line, required)
       if row is not None:
@@ -107,7 +89,7 @@ def read_tsv(path: str, columns: Sequence[str] | None = None, *, header: bool = 
 
   With ``header``, the first line names the columns and must contain ``columns``; without, ``columns`` name the fields
   in order. A row with another number of fields than the columns is an error. No quoting (TFDS's ``csv.QUOTE_NONE``)."""
-  with _open_text(path) as f:
+  with open_text(path) as f:
     reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
     names = list(columns or [])
     for row in reader:
@@ -129,7 +111,7 @@ def read_tsv(path: str, columns: Sequence[str] | None = None, *, header: bool = 
 def read_line_blocks(path: str) -> Iterator[tuple[int, list[str]]]:
   """(line number of its first line, its lines stripped) for each block of non-blank lines separated by blank
   lines (e.g. DPR's ``train.c.txt``: sentence, pronoun, candidates, answer, then a blank line)."""
-  with _open_text(path) as f:
+  with open_text(path) as f:
     block, start = [], 0
     for lineno, line in enumerate(f, start=1):
       if line.strip():
@@ -323,8 +305,12 @@ def lines_dataset(files: Sequence[str], parse: LineParser, signature: Mapping[st
   ``parse(path, line number, line)`` runs in a ``tf.py_function`` over ``lines_per_call`` lines at a time, in parallel
   maps (order kept); it returns a row (flat dict of scalars as ``signature``) or None to drop the line. Its ValueError
   (naming file and line) surfaces as a tf.errors.OpError carrying the message. The parse is a pure function of the line,
-  so the pipeline is checkpointable (the dataset's external-state policy is IGNORE: the py_function holds no state)."""
+  so the pipeline is checkpointable (the dataset's external-state policy is IGNORE: the py_function holds no state).
+  A ``gs://`` file is read from a local copy (``storage.local_copy``, made when the file is reached, once per
+  process), since TensorFlow's own GCS client cannot be pointed at anything but Google's endpoint."""
   import tensorflow as tf
+
+  from remixer_t5 import storage
   names = list(signature)
   specs = [signature[k] for k in names]
   if any(isinstance(s, Mapping) or s.shape.rank != 0 for s in specs):
@@ -332,7 +318,9 @@ def lines_dataset(files: Sequence[str], parse: LineParser, signature: Mapping[st
   compression = ["GZIP" if f.endswith(".gz") else "" for f in files]
 
   def read(path, comp):
-    lines = tf.data.TextLineDataset(path, compression_type=comp).enumerate(start=1)
+    local = tf.py_function(lambda p: storage.local_copy(p.numpy().decode()), [path], tf.string)
+    local.set_shape([])
+    lines = tf.data.TextLineDataset(local, compression_type=comp).enumerate(start=1)
     return lines.map(lambda i, line: (path, i, line))
 
   def parse_many(paths, linenos, lines):

@@ -235,6 +235,43 @@ def test_another_models_run_in_the_bucket_is_refused(gcs, bucket_run, capfd):
   assert "config.emb_dim" in err
 
 
+def _own_files(root, upload):
+  """A task's own files: two TSV shards with a header (train) and a gzipped JSONL (validation), written under
+  `root` by `upload(name, bytes)`; returns the train glob and the validation file."""
+  import gzip
+  rows = [(f"say {w} twice", f"{w} {w}") for w in "one two three four five six seven eight nine ten".split()]
+  for shard in range(2):
+    lines = ["targets\tinputs"] + [f"{t}\t{i}" for i, t in rows[shard::2]]
+    upload(f"train-{shard}.tsv", "".join(line + "\n" for line in lines).encode())
+  upload("dev.jsonl.gz", gzip.compress("".join(json.dumps({"inputs": i, "targets": t}) + "\n"
+                                               for i, t in rows[:3]).encode()))
+  return f"{root}/train-*.tsv", f"{root}/dev.jsonl.gz"
+
+
+def test_your_own_files_in_a_bucket_train_and_resume_as_local_ones(gcs, tmp_path, capsys):
+  """--train_file/--validation_file in gs://: listed, checked and read through the emulator (a gzipped file too),
+  and a run's input position restored, not replayed, after its copies of the files are gone: the losses are those
+  of the same files read locally."""
+  local_dir = tmp_path / "own"
+  local_dir.mkdir()
+  local = _own_files(local_dir, lambda name, data: (local_dir / name).write_bytes(data))
+  bucket = _own_files("gs://bucket/own", lambda name, data: storage.write_bytes(f"gs://bucket/own/{name}", data))
+  own = lambda files, name: [f"--train_file={files[0]}", f"--validation_file={files[1]}",
+                             f"--gin.custom.register.name='{name}'", "--gin.EVAL_PERIOD=2", "--gin.EVAL_STEPS=1"]
+  assert cli.main(_train(tmp_path / "local", 4, 4, *own(local, "own_local"))) == 0
+  run = "gs://bucket/own_run"
+  assert cli.main(_train(run, 2, 2, *own(bucket, "own_bucket"))) == 0
+  storage._LOCAL_COPIES.clear()  # a new process: the files are copied again, to other local paths
+  capsys.readouterr()
+  assert cli.main(_train(run, 4, 2, *own(bucket, "own_bucket"))) == 0
+  out = capsys.readouterr().out
+  assert "input position restored from gs://bucket/own_run/" in out and "replaying" not in out
+  assert _losses(run) == _losses(tmp_path / "local")
+  validation = lambda d: {r["step"]: r["loss"] for r in _rows(d) if r["split"] == "validation"}
+  assert validation(run) == validation(tmp_path / "local")
+  _no_local_gs(REPO, Path.cwd(), tmp_path)
+
+
 @pytest.mark.parametrize("bad, why", [("gs:/bucket/run", "expected gs://bucket/path"),
                                       ("s3://bucket/run", "unsupported storage scheme 's3'"),
                                       ("gs:///run", "expected gs://bucket/path")])
