@@ -129,9 +129,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 
 def cmd_info(args: argparse.Namespace) -> int:
   from remixer_t5 import info
-  model = _macro("MODEL")
-  if model is None:
-    raise GinError("the gin files define no MODEL; pass a model config, e.g. --gin_file=models/t5_1_1/small.gin")
+  model = _model()
   lengths = _parse_lengths(args.lengths) or _macro("TASK_FEATURE_LENGTHS") or {"inputs": 512, "targets": 114}
   report = info.model_info(model, lengths)
   print(info.format_report(report))
@@ -222,6 +220,14 @@ def _checkpoint_arg(text: str):
   path = storage.run_path(text)
   storage.check_bucket(path, "checkpoint")
   return path
+
+
+def _model():
+  """MODEL from the gin flags (GinError when they bind none: every model file does)."""
+  model = _macro("MODEL")
+  if model is None:
+    raise GinError("the gin files define no MODEL; pass a model config, e.g. --gin_file=models/t5_1_1/small.gin")
+  return model
 
 
 def _model_for_checkpoint(ckpt):
@@ -372,8 +378,7 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
   given = {k: getattr(args, k) for k in ("batch_size", "input_length", "new_tokens", "beam_size", "steps", "rounds",
                                          "warmup") if getattr(args, k) is not None}
   settings = bench_decode.Settings(modes=modes, **given)  # checked before the model is built
-  bench_decode.check_reference(reference)
-  model = bench_decode.model_from_gin()
+  model = _model()
   params = None
   if args.checkpoint:
     from remixer_t5.training import checkpoints

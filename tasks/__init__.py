@@ -7,4 +7,3 @@ docs/data.md, "Tasks" (`remixer-t5 tasks` lists them); where the data comes from
 
 # Each module registers its tasks on import; mixtures imports the tasks it mixes first.
 from remixer_t5.tasks import c4, cogs, embedded, glue, mixtures, nli, squad, super_glue  # noqa: F401
-from remixer_t5.tasks.embedded import TASK_NAME, register_span_corruption_task  # noqa: F401

@@ -96,7 +96,7 @@ def c4_source() -> C4Source:
   import tensorflow as tf
   return C4Source(local_dir=LOCAL_DIR, local_files=LOCAL_FILES, reader=read_c4_jsonl,
                   features={key: tf.TensorSpec([], tf.string) for key in ("text",) + OPTIONAL_FIELDS},
-                  tfds_name=TFDS_NAME, streaming=True, line_parser=parse_c4_line, tfds_read_only=True)
+                  tfds_name=TFDS_NAME, line_parser=parse_c4_line, tfds_read_only=True)
 
 
 def register_c4_task(name: str = TASK_NAME, vocabulary=None) -> str:

@@ -20,8 +20,9 @@ Formats (``format='auto'`` tells them by the file name, ``.gz`` allowed):
 
 Files are streamed by tf.data (``sources.lines_dataset``), so a corpus of any size works and a training run's input
 position is checkpointed; a ``gs://`` file is copied to local disk when the run reaches it (once per process, removed
-at exit), as TensorFlow's GCS client cannot be pointed at anything but Google's endpoint. When a dataset is built, each file's first row is checked (header, fields, empty file);
-any later malformed line stops the run with an error naming the file, the line and what was expected.
+at exit), as TensorFlow's GCS client cannot be pointed at anything but Google's endpoint. When a dataset is built,
+each file's first row is checked (header, fields, empty file); any later malformed line stops the run with an error
+naming the file, the line and what was expected.
 
 Vocabulary: ``vocabulary`` (a seqio.Vocabulary or a SentencePiece model path), default the project's embedded
 vocabulary, which ``models/t5_1_1/tiny.gin`` pairs with; a run's ``VOCABULARY`` swaps it as for any task
@@ -37,7 +38,8 @@ import seqio
 
 from remixer_t5.tasks import metrics as metrics_lib
 from remixer_t5.tasks import sources
-from remixer_t5.tasks.common import add_span_corruption_task, add_task
+from remixer_t5.data.vocab import get_vocabulary
+from remixer_t5.tasks.common import add_span_corruption_task, add_task, as_vocabulary
 
 TASK_NAME = "custom"
 OBJECTIVES = ("inputs_targets", "span_corruption")
@@ -240,13 +242,6 @@ def _patterns(value, split: str) -> list[str]:
   return out
 
 
-def _vocabulary(vocabulary) -> seqio.Vocabulary:
-  from remixer_t5.data.vocab import get_vocabulary
-  if vocabulary is None or isinstance(vocabulary, (str, os.PathLike)):
-    return get_vocabulary(vocabulary)
-  return vocabulary
-
-
 def _check_local(split_files: Mapping[str, Sequence[str]], format: str) -> None:
   """Local patterns must match a file whose format is known now, not when training starts (gs:// ones are
   listed when the dataset is built)."""
@@ -293,7 +288,7 @@ def register(name: str = TASK_NAME, train=None, validation=None, test=None, form
     raise ValueError(f"custom.register({name!r}): no files; pass train=, validation= and/or test= (a path, a glob "
                      "or a list), e.g. --train_file/--validation_file or --gin.custom.register.train=\"'my.tsv'\"")
   fields = _fields(objective, inputs_field, targets_field, text_field)
-  vocab = _vocabulary(vocabulary)
+  vocab = get_vocabulary() if vocabulary is None else as_vocabulary(vocabulary)
   args = {**{split: split_files.get(split) for split in SPLITS}, "format": format, "objective": objective,
           "inputs_field": inputs_field, "targets_field": targets_field, "text_field": text_field,
           "vocabulary": vocab, "metrics": metrics}

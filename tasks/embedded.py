@@ -16,8 +16,6 @@ from remixer_t5.data import embedded_corpus
 from remixer_t5.data.vocab import get_vocabulary
 
 TASK_NAME = "embedded_span_corruption"
-# Span corruption of 568 raw tokens gives exactly these lengths (T5.1.1's).
-DEFAULT_SEQUENCE_LENGTH = {"inputs": 512, "targets": 114}
 
 
 class LazySplitFiles(Mapping):

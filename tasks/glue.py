@@ -65,19 +65,27 @@ def string_to_float(output: Any, example=None, is_target=False, **unused) -> flo
 
 # --- text-to-text preprocessors -------------------------------------------------------------------------------
 @seqio.map_over_dataset
-def text_to_text(x, prefix: str, fields: Sequence[tuple[str, str]], label_names: Sequence[str]):
+def text_to_text(x, prefix: str, fields: Sequence[tuple[str, str]], label_names: Sequence[str], *,
+                 strip_html: bool = False, passthrough: Sequence[str] = ()):
   """``"<prefix> <name>: <x[key]> ..."`` -> the label's name (``<unk>`` for label -1), as T5's ``glue``.
 
-  ``fields``: (name shown in the text, feature key) pairs in order. ``idx`` is kept when the example has one."""
+  ``fields``: (name shown in the text, feature key) pairs in order. ``idx`` is kept when the example has one
+  (MultiRC's nested one flattened as ``idx/<part>``), and the ``passthrough`` features; ``strip_html`` drops
+  MultiRC's ``<br>`` and ``<b>`` markup from the inputs."""
   import tensorflow as tf
   parts = [prefix]
   for shown, key in fields:
     parts += [f"{shown}:", x[key]]
+  inputs = tf.strings.join(parts, separator=" ")
+  if strip_html:
+    inputs = tf.strings.regex_replace(tf.strings.regex_replace(inputs, "<br>", " "), "<(/)?b>", "")
   label = tf.cast(x["label"], tf.int32)
   names = tf.constant(list(label_names))
   targets = tf.cond(label < 0, lambda: tf.constant("<unk>"), lambda: tf.gather(names, label))
-  out = {"inputs": tf.strings.join(parts, separator=" "), "targets": targets}
-  if "idx" in x:
+  out = {"inputs": inputs, "targets": targets, **{k: x[k] for k in passthrough}}
+  if isinstance(x.get("idx"), Mapping):
+    out.update({f"idx/{k}": v for k, v in x["idx"].items()})
+  elif "idx" in x:
     out["idx"] = x["idx"]
   return out
 

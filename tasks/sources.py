@@ -140,10 +140,10 @@ class LocalOrTfdsSource(seqio.DataSource):
     features: feature name -> ``tf.TensorSpec`` (nested dicts allowed) of a row, as TFDS gives them.
     tfds_name: ``"name/config:version"`` (pinned) or None when TFDS lacks the dataset.
     tfds_splits: split -> TFDS split name, where they differ (default: the same names).
-    streaming: read files lazily, one at a time (for corpora too large to hold: C4); small datasets are read
-      whole when the dataset is built, so a malformed row fails there with a plain ValueError.
-    line_parser: for a streaming source of line-per-row files, (path, line number, line) -> row or None; the
-      files are then read by tf.data itself (``lines_dataset``), so the input position can be checkpointed.
+    line_parser: for corpora too large to hold (C4), (path, line number, line) -> row or None: the files are then
+      streamed, one at a time, by tf.data itself (``lines_dataset``), so the input position can be checkpointed.
+      Without it the files are read whole when the dataset is built, so a malformed row fails there with a plain
+      ValueError.
     tfds_read_only: read the TFDS copy, never build it (C4: a Beam job over Common Crawl).
 
   Both local forms are tf.data-native (``rows_dataset``: tensors sliced by index; ``lines_dataset``:
@@ -152,7 +152,7 @@ class LocalOrTfdsSource(seqio.DataSource):
 
   def __init__(self, *, local_dir: str, local_files: Mapping[str, str | Sequence[str]], reader: RowReader,
                features: Mapping[str, Any], tfds_name: str | None = None,
-               tfds_splits: Mapping[str, str] | None = None, streaming: bool = False,
+               tfds_splits: Mapping[str, str] | None = None,
                line_parser: LineParser | None = None, tfds_read_only: bool = False):
     super().__init__(splits=list(local_files))
     self.local_dir = local_dir
@@ -161,7 +161,6 @@ class LocalOrTfdsSource(seqio.DataSource):
     self.features = dict(features)
     self.tfds_name = tfds_name
     self.tfds_splits = {s: (tfds_splits or {}).get(s, s) for s in local_files}
-    self.streaming = streaming
     self.line_parser = line_parser
     self.tfds_read_only = tfds_read_only
     self._tfds: seqio.TfdsDataSource | None = None
@@ -210,7 +209,7 @@ class LocalOrTfdsSource(seqio.DataSource):
   # seqio.DataSource ---------------------------------------------------------------------------------------
   @property
   def supports_arbitrary_sharding(self) -> bool:
-    return not self.streaming and self._is_local()
+    return self.line_parser is None and self._is_local()
 
   def list_shards(self, split: str) -> Sequence[str]:
     return self.files(split) if self._is_local() else self.tfds_source.list_shards(split)
@@ -218,7 +217,7 @@ class LocalOrTfdsSource(seqio.DataSource):
   def num_input_examples(self, split: str) -> int | None:
     if not self._is_local():
       return self.tfds_source.num_input_examples(split)
-    if self.streaming:
+    if self.line_parser is not None:
       return None  # counting would read the whole corpus, and seqio asks on every get_dataset
     key = (str(self.local_root()), split)
     if key not in self._counts:
@@ -231,10 +230,9 @@ class LocalOrTfdsSource(seqio.DataSource):
     del sequence_length, use_cached, num_epochs
     if not self._is_local():
       return self._tfds_dataset(split, shuffle, seed, shard_info)
-    import tensorflow as tf
     files = self.files(split)
     signature = self.features
-    if self.streaming:
+    if self.line_parser is not None:
       if shard_info and shard_info.num_shards > 1:
         if len(files) < shard_info.num_shards:
           raise ValueError(f"{self.local_dir} split {split!r} has {len(files)} file(s), fewer than the "
@@ -243,11 +241,7 @@ class LocalOrTfdsSource(seqio.DataSource):
       if shuffle:
         import numpy as np
         files = [files[i] for i in np.random.default_rng(seed).permutation(len(files))]
-      if self.line_parser is not None:
-        return lines_dataset(files, self.line_parser, signature)
-      reader = self.reader  # a Python generator: works, but tf.data cannot checkpoint its position
-      gen = lambda: (dict(row) for path in files for row in reader(path))
-      return tf.data.Dataset.from_generator(gen, output_signature=signature)
+      return lines_dataset(files, self.line_parser, signature)
     rows = [dict(row) for path in files for row in self.reader(path)]
     if shard_info and shard_info.num_shards > 1:
       rows = rows[shard_info.index::shard_info.num_shards]

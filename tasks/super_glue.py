@@ -49,6 +49,7 @@ from typing import Any
 import seqio
 from remixer_t5.tasks import metrics
 from remixer_t5.tasks.common import add_task, as_vocabulary
+from remixer_t5.tasks.glue import text_to_text
 from remixer_t5.tasks.sources import LocalOrTfdsSource, read_jsonl, read_line_blocks
 
 TFDS_VERSION = "1.0.2"  # tensorflow_datasets 4.9.10's super_glue (1.0.2: deterministic ReCoRD)
@@ -278,42 +279,10 @@ def read_dpr(path: str) -> Iterable[dict]:
 
 
 # --- text-to-text preprocessors (TensorFlow, as T5's) ---------------------------------------------------------
-def _tf():
-  import tensorflow as tf
-  return tf
-
-
-def glue_format(benchmark: str, keys: Sequence[tuple[str, str]], label_names: Sequence[str], *,
-                strip_html: bool = False, passthrough: Sequence[str] = ()):
-  """T5's ``glue`` preprocessor: inputs ``"<benchmark> <name>: <x[feature]> ..."`` for (name, feature) in
-  ``keys``, targets the label name; keeps idx (MultiRC's flattened as ``idx/<part>``) and ``passthrough``."""
-  @seqio.map_over_dataset
-  def fmt(x):
-    tf = _tf()
-    parts = [benchmark]
-    for name, feature in keys:
-      parts += [f"{name}:", x[feature]]
-    inputs = tf.strings.join(parts, separator=" ")
-    out = {}
-    if strip_html:  # MultiRC's paragraphs carry <br> and <b> markup
-      inputs = tf.strings.regex_replace(inputs, "<br>", " ")
-      inputs = tf.strings.regex_replace(inputs, "<(/)?b>", "")
-    if isinstance(x["idx"], Mapping):
-      out.update({f"idx/{k}": v for k, v in x["idx"].items()})
-    else:
-      out["idx"] = x["idx"]
-    out.update({k: x[k] for k in passthrough})
-    out["inputs"] = inputs
-    out["targets"] = tf.cond(tf.equal(x["label"], -1), lambda: tf.constant(UNKNOWN_TARGET),
-                             lambda: tf.gather(tf.constant(list(label_names)), x["label"]))
-    return out
-  return fmt
-
-
 def record_format(dataset):
   """T5's ``record`` preprocessor: one example per answer (one ``<unk>`` example for an unanswered query),
   ``@highlight`` lines turned into sentences, all answers passed through for eval."""
-  tf = _tf()
+  import tensorflow as tf
 
   def expand(x):
     passage = tf.strings.regex_replace(x["passage"], r"(\.|\?|\!|\"|\')\n@highlight\n", r"\1 ")
@@ -339,7 +308,7 @@ def record_format(dataset):
 def wsc_simple_format(x):
   """T5's ``wsc_simple``: ``"wsc: " + text`` with the pronoun (word span2_index) marked ``*pronoun*``;
   target the candidate (span1_text); label kept for eval."""
-  tf = _tf()
+  import tensorflow as tf
   text, index = x["text"], x["span2_index"]
   special_texts = tf.constant(list(_WSC_SPECIAL))
   hit = tf.equal(special_texts, text)
@@ -369,7 +338,7 @@ def dpr_simple_format(x):
   (case-sensitive; a pronoun that opens the sentence stays unmarked, as in T5; the pronoun is matched as
   literal text, where T5 puts it into the pattern unescaped); target the correct candidate.
   WSC's format, so DPR's examples teach the WSC task (T5 trains both in super_glue_v102_proportional)."""
-  tf = _tf()
+  import tensorflow as tf
   pronoun = tf.strings.regex_replace(x["pronoun"], r"([\\.^$|?*+()\[\]{}])", r"\\\1")  # as a literal
   pattern = tf.strings.join([" (", pronoun, r")( |\.|,)"])
   marked = tf.strings.regex_replace(x["sentence"], pattern, r" *\1*\2", replace_global=False)
@@ -384,7 +353,7 @@ class WscSource(LocalOrTfdsSource):
                   shard_info: seqio.ShardInfo | None = None, **kwargs):
     ds = super().get_dataset(split, shuffle, seed, shard_info, **kwargs)
     if split == "train":
-      tf = _tf()
+      import tensorflow as tf
       ds = ds.filter(lambda x: tf.equal(x["label"], 1))
     return ds
 
@@ -546,7 +515,8 @@ def _specs() -> dict[str, dict]:
     return dict(tfds_config=config, local_dir=f"super_glue/{folder}", local_files=local_files,
                 reader=_reader(_flat(names, labels, ints)),
                 features={**text(*names), **{k: idx for k in ints}, "idx": idx, "label": label},
-                preprocessor=glue_format(benchmark or config, keys, labels, **kw),
+                preprocessor=functools.partial(text_to_text, prefix=benchmark or config, fields=keys,
+                                               label_names=labels, **kw),
                 postprocess_fn=postprocess_fn or functools.partial(label_to_class_id, label_classes=labels),
                 metric_fns=metric_fns)
 
@@ -578,8 +548,8 @@ def _specs() -> dict[str, dict]:
           reader=_reader(_multirc, required=("idx", "passage")),
           features={**text("paragraph", "question", "answer"), "label": label,
                     "idx": {"paragraph": idx, "question": idx, "answer": idx}},
-          preprocessor=glue_format("multirc", [(n, n) for n in ("question", "answer", "paragraph")],
-                                   BOOL_LABELS, strip_html=True),
+          preprocessor=functools.partial(text_to_text, prefix="multirc", fields=[
+              (n, n) for n in ("question", "answer", "paragraph")], label_names=BOOL_LABELS, strip_html=True),
           postprocess_fn=multirc_postprocess, metric_fns=[metrics.super_glue_multirc]),
       "record": dict(
           tfds_config="record", local_dir="super_glue/ReCoRD", local_files=SPLIT_FILES,

@@ -24,7 +24,7 @@ os.environ.setdefault("REMIXER_T5_HOST_MALLOC", "off")
 # fusion emitters (XLA's HLO passes are unchanged, so are the programs' results up to floating-point
 # contraction): most test time is compiling hundreds of distinct small programs, which run a few steps each, and
 # both make the backend's compiles faster.
-# Benchmarks and runs keep XLA's defaults: benchmark scripts set $XLA_FLAGS themselves (bench_env.set_xla_flags).
+# This is the suite's setting alone: benchmarks and runs started as commands compile with XLA's defaults.
 # Child processes inherit $XLA_FLAGS; helpers that give a child flags of its own add these
 # ($REMIXER_T5_TEST_XLA_FLAGS; tests/subprocess_util.py). Set it to '' to compile as a run does everywhere.
 from subprocess_util import TEST_XLA_FLAGS_ENV  # noqa: E402 (tests/ is on sys.path, as for the test modules)

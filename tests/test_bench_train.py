@@ -200,18 +200,6 @@ def test_cores_env_refuses_cores_this_process_may_not_use():
     runtime.pin_from_env({"REMIXER_T5_CPUS": "100000"})
 
 
-def test_set_xla_flags_defaults_to_xlas_own_and_keeps_a_chosen_platform(monkeypatch):
-  """The benchmark scripts' XLA_FLAGS: XLA's own defaults ("") unless given, whatever the process had."""
-  from remixer_t5.bench import env as bench_env
-  monkeypatch.setenv("XLA_FLAGS", "--stale")
-  monkeypatch.delenv("JAX_PLATFORMS", raising=False)
-  assert bench_env.set_xla_flags(None) == "" == os.environ["XLA_FLAGS"]
-  assert os.environ["JAX_PLATFORMS"] == "cpu"
-  monkeypatch.setenv("JAX_PLATFORMS", "tpu")
-  assert bench_env.set_xla_flags("--xla_cpu_foo") == "--xla_cpu_foo" == os.environ["XLA_FLAGS"]
-  assert os.environ["JAX_PLATFORMS"] == "tpu"
-
-
 def test_against_a_commit_times_both_trees_in_alternating_processes(capsys):
   """`bench train --against HEAD`: each round one fresh process per tree (the commit's checked out aside), the
   row their per-round times, medians and ratio; the worktree is gone after. Another commit's name is checked."""

@@ -193,14 +193,14 @@ def test_importing_tasks_registers_without_io(tmp_path, monkeypatch):
     import remixer_t5.tasks as tasks
 
     monkeypatch.setenv(embedded_corpus.CACHE_ENV_VAR, str(tmp_path / "untouched"))
-    task = seqio.TaskRegistry.get(tasks.TASK_NAME)
+    task = seqio.TaskRegistry.get(tasks.embedded.TASK_NAME)
     importlib.reload(tasks.embedded)  # a second import registers nothing new
     importlib.reload(tasks)
-    assert seqio.TaskRegistry.get(tasks.TASK_NAME) is task
+    assert seqio.TaskRegistry.get(tasks.embedded.TASK_NAME) is task
     # A fresh registration (as on a first import) reads no files either.
-    seqio.TaskRegistry.remove(tasks.TASK_NAME)
+    seqio.TaskRegistry.remove(tasks.embedded.TASK_NAME)
     importlib.reload(tasks.embedded)
-    assert seqio.TaskRegistry.get(tasks.TASK_NAME).splits == ("train", "validation")
+    assert seqio.TaskRegistry.get(tasks.embedded.TASK_NAME).splits == ("train", "validation")
     assert not (tmp_path / "untouched").exists()
 
 
@@ -222,7 +222,7 @@ def test_registered_task_yields_span_corrupted_examples(embedded_env):
 
 
 def test_register_task_with_another_vocabulary(embedded_env):
-    from remixer_t5.tasks import register_span_corruption_task
+    from remixer_t5.tasks.embedded import register_span_corruption_task
 
     if not T5_VOCAB.exists():
         pytest.skip(f"T5 vocabulary not found at {T5_VOCAB}")

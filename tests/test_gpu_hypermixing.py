@@ -13,6 +13,7 @@ import pytest
 import jaxpr_util
 from scipy.special import erf
 
+from remixer_t5 import flop_count
 from remixer_t5.kernels.gpu import hypermixing as gpu_hypermixing
 from remixer_t5.model.config import T5Config
 from remixer_t5.model.mixers import base
@@ -149,7 +150,7 @@ def test_only_programs_lowered_for_cuda_call_the_kernel(impl):
       assert "stablehlo.while" not in cuda, impl  # the chunked scan is gone
     else:
       assert "triton" not in cuda and "stablehlo.while" in cuda, (impl, causal)  # the scan, or the id blocks
-    with base.counting_model_flops():
+    with flop_count.counting_model_flops():
       assert "triton" not in lowered("cuda", grad, *shapes)
     if impl != "pallas_gpu":  # (an explicit 'pallas_gpu' is for GPU programs: Pallas lowers it nowhere else)
       for platform in ("cpu", "tpu"):

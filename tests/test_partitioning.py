@@ -188,15 +188,6 @@ def test_show_sharding_for_tpu_v3_32_needs_no_devices():
   assert "optimizer state:" in out
 
 
-def test_constrain_is_the_identity_without_mesh_and_rules():
-  x = jax.numpy.arange(6.0).reshape(2, 3)
-  assert partitioning.constrain(x, ("batch", "embed")) is x
-  mesh = partitioning.make_mesh(1)
-  with partitioning.activation_sharding(mesh, rules="fsdp"):
-    y = jax.jit(lambda a: partitioning.constrain(a, ("batch", "embed")) * 2)(x)
-  np.testing.assert_array_equal(y, 2 * x)
-
-
 def test_partitioning_gin_files_bind_the_trainer_mesh():
   import gin
   from remixer_t5 import gin_utils

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import jax
@@ -27,6 +28,54 @@ assert len(PIECES) == CFG.vocab_size
 T5_VOCAB = Path(__file__).resolve().parents[2] / "shared" / "vocab" / "t5_cc_all_32000" / "sentencepiece.model"
 
 
+# --- numpy references of §3.1, independent of the device code ----------------------------------------------
+def string_hashes(s: str, num_hashes: int, seed: int = 0) -> np.ndarray:
+  """[n] int64: h_0(s) .. h_{n-1}(s) by their definition: a keyed BLAKE2b of s, then a_i g + b_i mod 2^31 - 1."""
+  a, b = pj.hash_coefficients(num_hashes, seed)
+  digest = hashlib.blake2b(s.encode(), digest_size=8, person=b"remixer-minhash").digest()
+  g = int.from_bytes(digest, "little") % pj.PRIME
+  return np.array([(int(ai) * g + int(bi)) % pj.PRIME for ai, bi in zip(a, b)], np.int64)
+
+
+def word_fingerprints(ids: np.ndarray, fingerprints: np.ndarray, pieces: Sequence[str],
+                      segment_ids: np.ndarray | None = None) -> np.ndarray:
+  """[..., n]: at each position the fingerprint of its word, the element-wise min over the word's pieces.
+
+  `ids` is [len] or [batch, len] (0 = padding). A word starts at a non-continuation piece, after a special
+  piece or padding, and at a segment boundary. A plain host-side loop, the reference of the device code."""
+  ids = np.asarray(ids)
+  if ids.ndim == 1:
+    seg = None if segment_ids is None else np.asarray(segment_ids)[None]
+    return word_fingerprints(ids[None], fingerprints, pieces, seg)[0]
+  kinds = [pj.piece_kind(p) for p in pieces]
+  starts = np.array([k != "continuation" for k in kinds])
+  alone = np.array([k == "special" for k in kinds])
+  out = np.zeros(ids.shape + (fingerprints.shape[1],), fingerprints.dtype)
+  for r, row in enumerate(ids):
+    begin = 0
+    for i in range(len(row) + 1):
+      boundary = i == len(row) or i == 0 or starts[row[i]] or alone[row[i - 1]] or row[i] == 0 or (
+          row[i - 1] == 0) or (segment_ids is not None and segment_ids[r][i] != segment_ids[r][i - 1])
+      if boundary and i > begin:
+        out[r, begin:i] = fingerprints[row[begin:i]].min(axis=0)
+        begin = i
+  return out
+
+
+def counting_bloom_filter(fingerprints: np.ndarray, m: int) -> np.ndarray:
+  """[..., m] float32 counts: each of the n values F_i adds one at F_i mod m (§3.1)."""
+  fingerprints = np.asarray(fingerprints)
+  flat = fingerprints.reshape(-1, fingerprints.shape[-1]) % m
+  counts = np.zeros((flat.shape[0], m), np.float32)
+  np.add.at(counts, (np.arange(flat.shape[0])[:, None], flat), 1.0)
+  return counts.reshape(fingerprints.shape[:-1] + (m,))
+
+
+def build_feature_table(pieces: Sequence[str], m: int, num_hashes: int, seed: int = 0) -> np.ndarray:
+  """[vocab, m] counting Bloom filters of the pieces on their own (single-piece words)."""
+  return counting_bloom_filter(pj.minhash_fingerprints(pieces, num_hashes, seed), m)
+
+
 @functools.lru_cache(maxsize=None)
 def table():
   return pj.FingerprintTable.from_pieces(PIECES, N, seed=0)
@@ -43,7 +92,7 @@ def naive_fingerprint(piece, num_hashes, seed):
     grams = [text[i:i + 3] for i in range(len(text) - 2)] or [text or piece]
   best = [None] * num_hashes
   for g in grams:
-    h = pj.string_hashes(g, num_hashes, seed)
+    h = string_hashes(g, num_hashes, seed)
     for i in range(num_hashes):
       best[i] = h[i] if best[i] is None else min(best[i], h[i])
   return np.array(best, np.int64)
@@ -56,8 +105,8 @@ def test_hash_family_is_fixed_and_unsalted():
   d = hashlib.blake2b(b"7/3", digest_size=16, person=b"minhash-coeffs").digest()
   a = 1 + int.from_bytes(d[:8], "little") % (2**31 - 2)
   b = int.from_bytes(d[8:], "little") % (2**31 - 1)
-  assert pj.string_hashes("ing", 5, seed=7)[3] == (a * g + b) % (2**31 - 1)
-  assert not np.array_equal(pj.string_hashes("ing", 5, 0), pj.string_hashes("ing", 5, 1))  # seeds differ
+  assert string_hashes("ing", 5, seed=7)[3] == (a * g + b) % (2**31 - 1)
+  assert not np.array_equal(string_hashes("ing", 5, 0), string_hashes("ing", 5, 1))  # seeds differ
 
 
 def test_fingerprints_are_min_over_trigrams_and_deterministic():
@@ -83,9 +132,9 @@ def test_deterministic_across_processes():
 
 def test_continuations_are_hashed_whole():
   fp = pj.minhash_fingerprints(["ing", "▁ing", "able", "▁Bring"], N)
-  np.testing.assert_array_equal(fp[0], pj.string_hashes("##ing", N))      # one hash of the whole piece
-  np.testing.assert_array_equal(fp[1], pj.string_hashes("ing", N))        # the word "ing": its one trigram
-  np.testing.assert_array_equal(fp[2], pj.string_hashes("##able", N))
+  np.testing.assert_array_equal(fp[0], string_hashes("##ing", N))      # one hash of the whole piece
+  np.testing.assert_array_equal(fp[1], string_hashes("ing", N))        # the word "ing": its one trigram
+  np.testing.assert_array_equal(fp[2], string_hashes("##able", N))
   assert not np.array_equal(fp[0], fp[1])
   # Trigram sharing is what makes similar words similar: "▁Bring" contains the trigram "ing".
   assert np.any(fp[3] == fp[1])
@@ -95,7 +144,7 @@ def test_continuations_are_hashed_whole():
 def test_word_fingerprint_is_elementwise_min_over_its_pieces():
   ids = np.array([4, 5, 9, 10, 8, 6, 19, 1, 5, 30, 5, 0, 0])  # Bring|ing unbeliev|able|s the t </s> ing ...
   fp = table().fingerprints
-  words = pj.word_fingerprints(ids, fp, PIECES)
+  words = word_fingerprints(ids, fp, PIECES)
   expect = {(0, 2): [4, 5], (2, 5): [9, 10, 8], (5, 7): [6, 19], (7, 8): [1], (8, 9): [5], (9, 10): [30],
             (10, 11): [5], (11, 12): [0], (12, 13): [0]}
   for (lo, hi), members in expect.items():
@@ -105,8 +154,8 @@ def test_word_fingerprint_is_elementwise_min_over_its_pieces():
   # The device code agrees with the host reference, and its Bloom filters sum to n.
   feats = jax.jit(lambda x: pj.projection_features(x, table(), M, "piece+word"))(ids[None])[0]
   real = (ids > 0)[:, None]
-  np.testing.assert_array_equal(np.asarray(feats[:, M:]), pj.counting_bloom_filter(words, M) * real)
-  np.testing.assert_array_equal(np.asarray(feats[:, :M]), pj.build_feature_table(PIECES, M, N)[ids] * real)
+  np.testing.assert_array_equal(np.asarray(feats[:, M:]), counting_bloom_filter(words, M) * real)
+  np.testing.assert_array_equal(np.asarray(feats[:, :M]), build_feature_table(PIECES, M, N)[ids] * real)
   np.testing.assert_array_equal(np.asarray(feats.sum(-1)), 2 * N * (ids > 0))
 
 
@@ -114,19 +163,19 @@ def test_words_stop_at_segment_boundaries():
   ids = np.array([[4, 5, 5, 8, 0]])
   seg = np.array([[1, 1, 2, 2, 0]])
   fp = table().fingerprints
-  want = pj.word_fingerprints(ids, fp, PIECES, seg)
+  want = word_fingerprints(ids, fp, PIECES, seg)
   np.testing.assert_array_equal(want[0, 2], np.minimum(fp[5], fp[8]))  # 'ing' starts segment 2's word
   np.testing.assert_array_equal(want[0, 0], np.minimum(fp[4], fp[5]))
   got = jax.jit(lambda i, s: pj.projection_features(i, table(), M, "word", segment_ids=s))(ids, seg)
-  np.testing.assert_array_equal(np.asarray(got), pj.counting_bloom_filter(want, M) * (ids > 0)[..., None])
+  np.testing.assert_array_equal(np.asarray(got), counting_bloom_filter(want, M) * (ids > 0)[..., None])
 
 
 def test_counting_bloom_filter_counts_each_hash():
   fp = np.array([[3, 3 + M, 5, 7], [0, 1, 2, 2 * M + 2]])
-  c = pj.counting_bloom_filter(fp, M)
+  c = counting_bloom_filter(fp, M)
   assert c.shape == (2, M) and np.all(c.sum(-1) == 4)
   assert c[0, 3] == 2 and c[0, 5] == 1 and c[1, 2] == 2
-  t = pj.build_feature_table(PIECES, M, N)
+  t = build_feature_table(PIECES, M, N)
   assert t.shape == (len(PIECES), M) and np.all(t.sum(-1) == N)
 
 
@@ -173,8 +222,8 @@ def test_module_matches_numpy_bottleneck_and_has_axes():
   fp = table().fingerprints
   for r in range(2):
     real = ids_np[r] > 0
-    words = pj.word_fingerprints(ids_np[r], fp, PIECES)
-    f = np.concatenate([pj.counting_bloom_filter(fp[ids_np[r]], M), pj.counting_bloom_filter(words, M)], -1)
+    words = word_fingerprints(ids_np[r], fp, PIECES)
+    f = np.concatenate([counting_bloom_filter(fp[ids_np[r]], M), counting_bloom_filter(words, M)], -1)
     f = f * real[:, None]
     for i in np.flatnonzero(real):
       ctx_f = [f[j] if 0 <= j < len(f) and real[j] else np.zeros_like(f[0]) for j in (i - 1, i, i + 1)]
@@ -237,9 +286,9 @@ def test_real_t5_vocabulary(tmp_path):
   assert pieces[32099] == "<extra_id_0>" and pieces[32000] == "<extra_id_99>"
   start = time.perf_counter()
   first = pieces[:1000]
-  t1 = pj.build_feature_table(first, 1024, 64, seed=0)
+  t1 = build_feature_table(first, 1024, 64, seed=0)
   assert time.perf_counter() - start < 10
-  np.testing.assert_array_equal(t1, pj.build_feature_table(first, 1024, 64, seed=0))
+  np.testing.assert_array_equal(t1, build_feature_table(first, 1024, 64, seed=0))
   assert t1.shape == (1000, 1024) and np.all(t1.sum(-1) == 64)
   fp = pj.minhash_fingerprints(first, 64)
   for i in (3, 8, 11, 500, 999):

@@ -140,13 +140,12 @@ T5_VOCAB = Path(__file__).resolve().parents[2] / "shared" / "vocab" / "t5_cc_all
 
 @pytest.mark.skipif(not T5_VOCAB.exists(), reason=f"real T5 vocabulary not found at {T5_VOCAB}")
 def test_a_config_can_name_a_real_vocabulary(tmp_path, capsys, monkeypatch, embedded_cache):
-  from remixer_t5.training import batches
-  from remixer_t5.data import task_lookup, vocab
+  from remixer_t5.data import input_pipeline, task_lookup, vocab
   monkeypatch.setenv("REMIXER_T5_CACHE_DIR", str(embedded_cache.root))
   task = task_lookup.get_task("embedded_span_corruption", vocab.get_vocabulary(str(T5_VOCAB)))
   assert task.output_features["inputs"].vocabulary.vocab_size == 32100
-  batch = next(batches.get_batches(task, {"inputs": 64, "targets": 16}, "validation", 2, seed=0, shuffle=False,
-                                   repeat=False, pack=False))
+  batch = next(input_pipeline.get_batches(task, {"inputs": 64, "targets": 16}, "validation", 2, seed=0,
+                                          shuffle=False, repeat=False, pack=False))
   assert batch["encoder_input_tokens"].max() > 2100  # T5 ids, e.g. its sentinels from 32099 down
   # The tiny model's 2,176-row embedding cannot hold that vocabulary: a clear refusal, nothing written.
   code = _train(tmp_path / "run", 2, "--gin.VOCABULARY=@vocab.get_vocabulary()",

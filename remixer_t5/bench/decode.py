@@ -140,11 +140,6 @@ def hf_reference(model, enc: np.ndarray, new_tokens: int, beam_size: int = 1, al
 
 
 # --- the benchmark --------------------------------------------------------------------------------------
-def check_reference(reference: str | None) -> None:
-  if reference not in REFERENCES:
-    raise ValueError(f"unknown --reference {reference!r}; expected 'hf' or 'none'")
-
-
 def bench_decode(model, params=None, settings: Settings = Settings(), *, reference: str | None = None, seed: int = 0,
                  hf_flush_denormal: bool = True, log: Callable[[str], None] = lambda s: None,
                  outputs: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
@@ -153,7 +148,8 @@ def bench_decode(model, params=None, settings: Settings = Settings(), *, referen
   `params`: None initialises the model (seed `seed`). `outputs`, when given, receives each side's tokens per
   mode (`ours_greedy`, `hf_beam`, ...: [batch, new_tokens]) and the inputs (`inputs`)."""
   from remixer_t5.training import evaluation  # noqa: F401 - seqio, hence TensorFlow, before transformers (see below)
-  check_reference(reference)
+  if reference not in REFERENCES:
+    raise ValueError(f"unknown reference {reference!r}; expected one of {REFERENCES}")
   batch_size, input_length, new_tokens, beam_size = (settings.batch_size, settings.input_length, settings.new_tokens,
                                                      settings.beam_size)
   modes, steps, rounds, warmup = settings.modes, settings.steps, settings.rounds, settings.warmup
@@ -215,16 +211,6 @@ def bench_decode(model, params=None, settings: Settings = Settings(), *, referen
   return row
 
 
-def model_from_gin():
-  """The model `train` would build: MODEL, which every run file binds as the run's model."""
-  from remixer_t5 import gin_utils
-  model = gin_utils.macro("MODEL")
-  if model is None:
-    raise ValueError("bench decode needs MODEL from the gin config (e.g. --gin_file=models/t5_1_1/small.gin)")
-  return model
-
-
-# --- report ---------------------------------------------------------------------------------------------
 def format_row(row: Mapping[str, Any]) -> str:
   lines = [f"batch {row['batch_size']} x {row['input_length']} input tokens, {row['new_tokens']} new tokens "
            f"(EOS disabled) on {row['backend']} ({row['devices']} device(s)), median of {row['steps']} "

@@ -40,10 +40,7 @@ def steps_both_ways(workload: str, field: str):
     prog = programs.build(setup["model"], setup["optimizer"], setup["feature_lengths"], part)
     if host is None:
       host = jax.device_get(prog.init_state(0))
-      batch = bench_train.random_batch(setup["model"].module.config.vocab_size, setup["batch_size"],
-                                       setup["feature_lengths"])
-      data = jax.device_put(bench_kernels.pack(batch, bench_kernels.PACKED[workload])
-                            if workload in bench_kernels.PACKED else batch, prog.batch_sharding)
+      data = jax.device_put(bench_kernels.batch(workload, setup), prog.batch_sharding)
     compiled = prog.compile(prog.train_step, prog.state, data)
     # the step donates its state: each call gets its own copy of a host state, and its result comes back
     steps[name] = lambda st, d, c=compiled, sh=prog.shardings: jax.device_get(c(jax.device_put(st, sh), d))

@@ -68,15 +68,6 @@ def git_commit() -> str | None:
     return None
 
 
-def set_xla_flags(flags: str | None) -> str:
-  """A benchmark script's XLA_FLAGS, set before JAX starts its CPU client: `flags`, or XLA's own defaults ("")
-  when None, so a benchmark times what a run compiles; JAX_PLATFORMS=cpu unless the caller set one. Returns the
-  flags in force."""
-  os.environ["XLA_FLAGS"] = "" if flags is None else flags
-  os.environ.setdefault("JAX_PLATFORMS", "cpu")
-  return os.environ["XLA_FLAGS"]
-
-
 def set_torch_flush_denormal(flush: bool) -> None:
   """PyTorch's flush-to-zero/denormals-are-zero mode (XLA:CPU's is always on; module docstring). The mode is per
   thread and a new thread copies its creator's, so this must run before PyTorch's first parallel operation starts

@@ -128,14 +128,10 @@ def format_report(r: Mapping[str, Any]) -> str:
 def from_gin() -> dict[str, Any]:
   """bench_input's task, data and seed from the parsed gin config: the run's (run_config.from_gin), as `train`
   reads them."""
-  from remixer_t5.data.task_lookup import get_task, with_vocabulary
-  from remixer_t5.training import run_config
+  from remixer_t5.training import run_config, trainer
   try:
     run = run_config.from_gin()
   except ValueError as e:
     raise ValueError(f"bench input reads the run's data: {e}") from None
-  if run.data.data_dir:
-    from remixer_t5.tasks import sources
-    sources.set_data_dir(run.data.data_dir)
-  task = get_task(with_vocabulary(run.data.task, run.data.vocabulary))
+  _, task, _, _ = trainer.task_and_vocabulary(run.data.task, run.data.vocabulary, run.data.data_dir, None)
   return {"task": task, "data": run.data, "seed": run.training.random_seed}

@@ -74,10 +74,14 @@ def step(name: str, extra: list[str]) -> tuple[Callable[[], object], dict]:
   files, bindings, batch_size, lengths = WORKLOADS[name]
   gin_utils.parse_gin(files, bindings + extra, macro_defaults={"MODEL_DIR": "None"})
   setup = bench_train.from_gin(batch_size, lengths)
-  batch = bench_train.random_batch(setup["model"].module.config.vocab_size, setup["batch_size"],
-                                   setup["feature_lengths"])
-  batch = pack(batch, PACKED[name]) if name in PACKED else batch
-  return bench_train.ours(setup["model"], setup["optimizer"], batch), setup
+  return bench_train.ours(setup["model"], setup["optimizer"], batch(name, setup)), setup
+
+
+def batch(name: str, setup: dict) -> dict:
+  """Workload `name`'s batch of random tokens for `setup` (bench_train.from_gin), packed where `name` is packed."""
+  from remixer_t5.bench import train as bench_train
+  out = bench_train.random_batch(setup["model"].module.config.vocab_size, setup["batch_size"], setup["feature_lengths"])
+  return pack(out, PACKED[name]) if name in PACKED else out
 
 
 def run(names: list[str], rounds: int, steps: int, warmup: int, log: Callable[[str], None]) -> list[dict]:

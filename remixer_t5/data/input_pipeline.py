@@ -14,7 +14,6 @@ import time
 from typing import Mapping
 
 import numpy as np
-import seqio
 
 
 class InputNotCheckpointableError(RuntimeError):
@@ -70,6 +69,7 @@ def get_batches(task, feature_lengths: Mapping[str, int], split: str, batch_size
   is the global batch. ``skip_batches``: start there by replaying (``Dataset.skip``, time grows with it);
   ``Batches.restore`` jumps there in constant time instead."""
   import jax
+  import seqio  # here, not at the top: compiling a run imports this module and needs no TensorFlow
   num_procs = jax.process_count() if process_count is None else process_count
   index = jax.process_index() if process_index is None else process_index
   if batch_size % num_procs:

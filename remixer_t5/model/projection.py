@@ -89,13 +89,6 @@ def hash_coefficients(num_hashes: int, seed: int) -> tuple[np.ndarray, np.ndarra
   return a, b
 
 
-def string_hashes(s: str, num_hashes: int, seed: int = 0) -> np.ndarray:
-  """[n] int64: h_0(s) .. h_{n-1}(s)."""
-  a, b = hash_coefficients(num_hashes, seed)
-  g = _base_hash(s)
-  return np.array([(int(ai) * g + int(bi)) % PRIME for ai, bi in zip(a, b)], np.int64)
-
-
 def minhash_fingerprints(pieces: Sequence[str], num_hashes: int, seed: int = 0) -> np.ndarray:
   """[num_pieces, num_hashes] int64 MinHash fingerprints of vocabulary pieces (§3.1), vectorised."""
   strings = [hashed_strings(p) for p in pieces]
@@ -114,43 +107,6 @@ def minhash_fingerprints(pieces: Sequence[str], num_hashes: int, seed: int = 0) 
 def _word_flags(pieces: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
   kinds = [piece_kind(p) for p in pieces]
   return (np.array([k != "continuation" for k in kinds], bool), np.array([k == "special" for k in kinds], bool))
-
-
-def word_fingerprints(ids: np.ndarray, fingerprints: np.ndarray, pieces: Sequence[str],
-                      segment_ids: np.ndarray | None = None) -> np.ndarray:
-  """[..., n]: at each position the fingerprint of its word, the element-wise min over the word's pieces.
-
-  `ids` is [len] or [batch, len] (0 = padding). A word starts at a non-continuation piece, after a special
-  piece or padding, and at a segment boundary. A plain host-side loop: the reference of the device code."""
-  ids = np.asarray(ids)
-  if ids.ndim == 1:
-    seg = None if segment_ids is None else np.asarray(segment_ids)[None]
-    return word_fingerprints(ids[None], fingerprints, pieces, seg)[0]
-  starts, alone = _word_flags(pieces)
-  out = np.zeros(ids.shape + (fingerprints.shape[1],), fingerprints.dtype)
-  for r, row in enumerate(ids):
-    begin = 0
-    for i in range(len(row) + 1):
-      boundary = i == len(row) or i == 0 or starts[row[i]] or alone[row[i - 1]] or row[i] == 0 or (
-          row[i - 1] == 0) or (segment_ids is not None and segment_ids[r][i] != segment_ids[r][i - 1])
-      if boundary and i > begin:
-        out[r, begin:i] = fingerprints[row[begin:i]].min(axis=0)
-        begin = i
-  return out
-
-
-def counting_bloom_filter(fingerprints: np.ndarray, m: int) -> np.ndarray:
-  """[..., m] float32 counts: each of the n values F_i adds one at F_i mod m (§3.1)."""
-  fingerprints = np.asarray(fingerprints)
-  flat = fingerprints.reshape(-1, fingerprints.shape[-1]) % m
-  counts = np.zeros((flat.shape[0], m), np.float32)
-  np.add.at(counts, (np.arange(flat.shape[0])[:, None], flat), 1.0)
-  return counts.reshape(fingerprints.shape[:-1] + (m,))
-
-
-def build_feature_table(pieces: Sequence[str], m: int, num_hashes: int, seed: int = 0) -> np.ndarray:
-  """[vocab, m] counting Bloom filters of the pieces on their own (single-piece words)."""
-  return counting_bloom_filter(minhash_fingerprints(pieces, num_hashes, seed), m)
 
 
 def _read_bytes(path: str) -> bytes:

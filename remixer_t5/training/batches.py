@@ -8,17 +8,6 @@ import jax
 import numpy as np
 
 
-# --- data ------------------------------------------------------------------------------------------------
-def get_batches(task, feature_lengths: Mapping[str, int], split: str, batch_size: int, *, seed: int,
-                shuffle: bool, repeat: bool, pack: bool, skip_batches: int = 0):
-  """Iterator of numpy batches in the model's feature format (t5x's EncDecFeatureConverter): this process's
-  shard of the global `batch_size`; its position can be saved and restored in constant time
-  (remixer_t5/data/input_pipeline.py)."""
-  from remixer_t5.data import input_pipeline
-  return input_pipeline.get_batches(task, feature_lengths, split, batch_size, seed=seed, shuffle=shuffle,
-                                    repeat=repeat, pack=pack, skip_batches=skip_batches)
-
-
 def global_from_host(x: np.ndarray, sharding) -> jax.Array:
   """A global array from a host array that every process holds in full (identical on all processes)."""
   x = np.asarray(x)

@@ -203,11 +203,7 @@ def check_signature(model_dir: str | os.PathLike, signature: Mapping[str, Any],
           + "\n  ".join(diffs) + "\nUse a new MODEL_DIR (or delete the old run).")
     return
   if jax.process_index() == 0:
-    atomic_write_text(path, json.dumps(signature, indent=2, sort_keys=True))
-
-
-def atomic_write_text(path, text: str) -> None:
-  storage.write_text(path, text)
+    storage.write_text(path, json.dumps(signature, indent=2, sort_keys=True))
 
 
 def restore_any_params(path: str | os.PathLike) -> Any:

@@ -403,18 +403,7 @@ def replicated(mesh) -> NamedSharding:
 # --- activations ---------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def activation_sharding(mesh: Mesh, rules: str | Rules | None = None):
-  """Trace under `mesh` and its rules, so that `constrain` (and the logical constraints layers.py already
-  places, flax's `with_logical_constraint`) pin activations as t5x does; outside it they are no-ops."""
+  """Trace under `mesh` and its rules, so that the logical constraints layers.py places (flax's
+  `with_logical_constraint`) pin activations as t5x does; outside it they are no-ops."""
   with jax.set_mesh(mesh), nn.logical_axis_rules(_as_rules(rules) or DEFAULT_RULES):
     yield
-
-
-def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
-  """`with_sharding_constraint` by logical names (t5x), identity unless a mesh and rules are active; dimensions
-  the mesh does not divide are left replicated rather than padded."""
-  mesh = jax.sharding.get_abstract_mesh()
-  rules = nn.get_logical_axis_rules()
-  if mesh.empty or not rules:
-    return x
-  spec, _ = fit_spec(nn.logical_to_mesh_axes(tuple(logical_axes), rules), x.shape, dict(mesh.shape))
-  return jax.lax.with_sharding_constraint(x, spec)

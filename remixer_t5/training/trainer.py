@@ -23,7 +23,8 @@ from remixer_t5 import storage
 from remixer_t5.model.models import EncoderDecoderModel
 from remixer_t5.training import checkpoints, partitioning, plots, programs, validation
 from remixer_t5.training import mfu as mfu_lib
-from remixer_t5.training.batches import get_batches, global_batch, real_tokens
+from remixer_t5.data.input_pipeline import get_batches
+from remixer_t5.training.batches import global_batch, real_tokens
 from remixer_t5.training.metrics_log import MetricsLogger, format_duration
 from remixer_t5.training.programs import batch_shapes, summarize
 from remixer_t5.training.run_config import Run
@@ -233,7 +234,7 @@ def _accept_run(run: Run, vocab, run_signature, config_text) -> None:
                 if f.name not in _RESUMABLE_FIELDS}
   checkpoints.check_signature(run.model_dir, signature, defaults)
   if config_text is not None and jax.process_index() == 0:
-    checkpoints.atomic_write_text(storage.run_path(run.model_dir) / "config.gin", config_text)
+    storage.write_text(storage.run_path(run.model_dir) / "config.gin", config_text)
 
 
 def _restore(ckpt, prog, run, log):

@@ -107,10 +107,6 @@ def cache_index(module, name: str = "cache_index") -> Any:
   return module.variable("cache", name, lambda: jnp.array(0, dtype=jnp.int32))
 
 
-# The FLOP-counting context lives below layers and mixers (flop_count.py).
-counting_model_flops = flop_count.counting_model_flops
-
-
 def scan(step: Callable, init: Any, xs: Any, *, remat: bool = False) -> tuple[Any, Any]:
   """`jax.lax.scan` for a mixer's chunk loop, its body rematerialised for the gradient when `remat`; fully
   unrolled and without the checkpoint inside `counting_model_flops()`."""
