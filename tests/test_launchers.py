@@ -50,6 +50,12 @@ def jax_pin():
   return re.search(r'"jax==([^"]+)"', (REPO / "setup.py").read_text()).group(1)
 
 
+def test_the_gpu_extra_is_jaxs_cuda_plugin_at_the_pinned_jax():
+  text = (REPO / "setup.py").read_text()
+  assert re.search(r'GPU_REQUIRES = \["jax\[cuda12\]==([^"]+)"\]', text).group(1) == jax_pin()
+  assert '"gpu": GPU_REQUIRES' in text
+
+
 # --- all launchers ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("script", sorted(p.name for p in LAUNCH.glob("*.sh")))
 def test_syntax(script):
