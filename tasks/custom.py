@@ -36,9 +36,9 @@ from collections.abc import Mapping, Sequence
 
 import seqio
 
+from remixer_t5.data.vocab import get_vocabulary
 from remixer_t5.tasks import metrics as metrics_lib
 from remixer_t5.tasks import sources
-from remixer_t5.data.vocab import get_vocabulary
 from remixer_t5.tasks.common import add_span_corruption_task, add_task, as_vocabulary
 
 TASK_NAME = "custom"

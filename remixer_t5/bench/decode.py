@@ -37,7 +37,6 @@ import numpy as np
 
 from remixer_t5.bench import env as bench_env, train as bench_train
 
-REFERENCES = (None, "hf")
 MODES = ("greedy", "beam")
 NO_EOS = -1  # an EOS id no token has: the evaluator's decode then runs every position
 
@@ -148,8 +147,8 @@ def bench_decode(model, params=None, settings: Settings = Settings(), *, referen
   `params`: None initialises the model (seed `seed`). `outputs`, when given, receives each side's tokens per
   mode (`ours_greedy`, `hf_beam`, ...: [batch, new_tokens]) and the inputs (`inputs`)."""
   from remixer_t5.training import evaluation  # noqa: F401 - seqio, hence TensorFlow, before transformers (see below)
-  if reference not in REFERENCES:
-    raise ValueError(f"unknown reference {reference!r}; expected one of {REFERENCES}")
+  if reference not in bench_train.REFERENCES:
+    raise ValueError(f"unknown reference {reference!r}; expected one of {bench_train.REFERENCES}")
   batch_size, input_length, new_tokens, beam_size = (settings.batch_size, settings.input_length, settings.new_tokens,
                                                      settings.beam_size)
   modes, steps, rounds, warmup = settings.modes, settings.steps, settings.rounds, settings.warmup

@@ -20,10 +20,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from remixer_t5 import storage
+from remixer_t5.data.input_pipeline import get_batches
 from remixer_t5.model.models import EncoderDecoderModel
 from remixer_t5.training import checkpoints, partitioning, plots, programs, validation
 from remixer_t5.training import mfu as mfu_lib
-from remixer_t5.data.input_pipeline import get_batches
 from remixer_t5.training.batches import global_batch, real_tokens
 from remixer_t5.training.metrics_log import MetricsLogger, format_duration
 from remixer_t5.training.programs import batch_shapes, summarize

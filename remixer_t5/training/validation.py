@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from remixer_t5 import storage
-from remixer_t5.training import partitioning, programs
 from remixer_t5.data.input_pipeline import get_batches
+from remixer_t5.training import partitioning, programs
 from remixer_t5.training.batches import global_batch, global_from_host, to_host
 from remixer_t5.training.programs import summarize
 
