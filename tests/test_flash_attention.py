@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from remixer_t5.kernels.bias import RelativeBias
 from remixer_t5.kernels.gpu import flash_attention as fa
 from remixer_t5.model.mixers.attention import dot_product_attention
 from tiers import needs_cuda_plugin, tiered
@@ -43,30 +44,32 @@ def segments(rng, b, n, pieces, pad):
   return seg
 
 
-# name: (b, nq, nk, h, d, causal, bias batch (None: no bias), q pieces, q padding, kv pieces, kv padding)
+# name: (b, nq, nk, h, d, causal, bias, q pieces, q padding, kv pieces, kv padding); pieces None: no segment ids
 CASES = {
-    "packed": (2, 37, 37, 2, 24, False, 1, 3, 4, 3, 4),  # d 24 padded to 32 inside
-    "padded": (3, 29, 29, 2, 16, False, 1, 1, [0, 5, 11], 1, [0, 5, 11]),  # unpacked rows: 1 real, 0 padding
-    "causal": (2, 37, 37, 2, 16, True, 1, 2, 3, 2, 3),  # decoder self-attention
-    "cross": (2, 21, 45, 2, 16, False, None, 2, 3, 2, 6),  # decoder queries, encoder keys, packed, no bias
-    "head_dim_64": (2, 40, 40, 2, 64, True, 1, 2, 5, 2, 5),
-    "per_example_bias": (2, 20, 20, 2, 16, False, 2, 2, 3, 2, 3),  # a [b, h, q, k] bias: its own gradient
+    "packed": (2, 37, 37, 2, 24, False, True, 3, 4, 3, 4),  # d 24 padded to 32 inside
+    "padded": (3, 29, 29, 2, 16, False, True, 1, [0, 5, 11], 1, [0, 5, 11]),  # unpacked rows: 1 real, 0 padding
+    "causal": (2, 37, 37, 2, 16, True, True, 2, 3, 2, 3),  # decoder self-attention
+    "cross": (2, 21, 45, 2, 16, False, False, 2, 3, 2, 6),  # decoder queries, encoder keys, packed, no bias
+    "head_dim_64": (2, 40, 40, 2, 64, True, True, 2, 5, 2, 5),
+    "cross_bias": (3, 20, 33, 2, 16, False, True, 2, 3, 2, 4),  # q != k with a bias: the offsets' both ends
+    "unmasked_causal": (2, 64, 64, 2, 16, True, True, None, 0, None, 0),  # no segment ids, whole blocks
 }
 
 
-def make(name, dtype=jnp.float32, dropout_rate=0.0, seed=0):
-  b, nq, nk, h, d, causal, bias_batch, qp, qpad, kp, kpad = CASES[name]
+def make(name, dtype=jnp.float32, dropout_rate=0.0, seed=0, cases=CASES):
+  b, nq, nk, h, d, causal, bias, qp, qpad, kp, kpad = cases[name]
   rng = np.random.default_rng(seed)
-  q_seg = segments(rng, b, nq, qp, qpad)
+  q_seg = None if qp is None else segments(rng, b, nq, qp, qpad)
   kv_seg = q_seg if (nq == nk and qp == kp and qpad == kpad) else segments(rng, b, nk, kp, kpad)
   normal = lambda *s: jnp.asarray(rng.normal(size=s), jnp.float32)
   inputs = dict(query=normal(b, nq, h, d).astype(dtype), key=normal(b, nk, h, d).astype(dtype),
                 value=normal(b, nk, h, d).astype(dtype),
-                bias=None if bias_batch is None else 2 * normal(bias_batch, h, nq, nk))
-  static = dict(q_segment_ids=jnp.asarray(q_seg), kv_segment_ids=jnp.asarray(kv_seg), causal=causal, dtype=dtype,
+                bias=RelativeBias(2 * normal(h, nq + nk - 1), nq) if bias else None)
+  as_ids = lambda seg: None if seg is None else jnp.asarray(seg)
+  static = dict(q_segment_ids=as_ids(q_seg), kv_segment_ids=as_ids(kv_seg), causal=causal, dtype=dtype,
                 dropout_rate=dropout_rate,
                 dropout_mask=jnp.asarray(rng.random((b, h, nq, nk)) >= dropout_rate) if dropout_rate else None)
-  real = (q_seg > 0)[:, :, None, None]
+  real = True if q_seg is None else (q_seg > 0)[:, :, None, None]
   cotangent = (normal(b, nq, h, d) * real).astype(dtype)
   return inputs, static, real, cotangent
 
@@ -87,12 +90,22 @@ def rel(got, want, where=True):
   return float(np.max(np.abs(np.where(where, got - want, 0))) / np.max(np.abs(np.where(where, want, 0))))
 
 
+def leaves(grads):
+  """The gradients by input name, the relative bias's as its values."""
+  return {k: v.values if isinstance(v, RelativeBias) else v for k, v in grads.items()}
+
+
+def interpreted(tiling):
+  return lambda **kw: fa.attention(**kw, interpret=True, tiling=tiling)
+
+
 def check(name, *, dtype=jnp.float32, dropout_rate=0.0, tol=1e-5, blocks=16):
   inputs, static, real, g = make(name, dtype, dropout_rate)
-  kernel = lambda **kw: fa.attention(**kw, interpret=True, block_q=blocks, block_k=blocks)
+  kernel = interpreted(fa.Tiling(blocks, blocks))
   out, grads = value_and_grads(kernel, inputs, static, g)
   with jax.default_matmul_precision("highest"):
     want_out, want_grads = value_and_grads(reference, inputs, static, g)
+  grads, want_grads, inputs = leaves(grads), leaves(want_grads), leaves(inputs)
   assert out.dtype == dtype and out.shape == want_out.shape
   assert all(bool(jnp.all(jnp.isfinite(x))) for x in [out, *grads.values()])  # padding rows included
   errors = {"out": rel(out, want_out, real)}
@@ -122,8 +135,34 @@ def test_bfloat16_within_bfloat16_tolerance():
 def test_the_default_blocks_shrink_for_short_sequences():
   """At the default 64 x 64 blocks a 70-position row is two blocks (padded to 128); 20 positions take one
   block of 32."""
-  assert (fa._block(fa.BLOCK_Q, 70), fa._block(fa.BLOCK_Q, 20), fa._block(fa.BLOCK_Q, 3)) == (64, 32, 16)
-  check("per_example_bias", blocks=fa.BLOCK_Q)
+  assert (fa._block(64, 70), fa._block(64, 20), fa._block(64, 3)) == (64, 32, 16)
+  check("cross_bias", blocks=64)
+
+
+def test_forward_and_gradient_tilings_may_differ():
+  """The forward's tiles and the gradient kernels' are separate entries of a tiling (padding takes the larger
+  block); 16 x 32 forward tiles beside 32 x 16 gradient tiles give the reference's output and gradients."""
+  inputs, static, real, g = make("causal")
+  out, grads = value_and_grads(interpreted((fa.Tiling(16, 32), fa.Tiling(32, 16))), inputs, static, g)
+  with jax.default_matmul_precision("highest"):
+    want_out, want_grads = value_and_grads(reference, inputs, static, g)
+  assert rel(out, want_out, real) < 1e-5
+  grads, want_grads = leaves(grads), leaves(want_grads)
+  assert max(rel(grads[k], want_grads[k]) for k in want_grads) < 1e-5
+
+
+def test_the_bias_gradient_is_split_over_groups_of_batch_rows(monkeypatch):
+  """The bias gradient's grid splits the batch into groups of rows (`bias_groups`: ~BIAS_PROGRAMS programs);
+  with 5 rows in groups of 2 (the last one short) and in one group of all 5, the gradient is the reference's."""
+  assert fa.bias_groups(128, 768) == (2, 64) and fa.bias_groups(128, 48) == (22, 6)
+  assert fa.bias_groups(5, 4, programs=12) == (3, 2) and fa.bias_groups(5, 4096) == (1, 5)
+  inputs, static, real, g = make("five", cases={"five": (5, 24, 24, 2, 16, True, True, 2, 3, 2, 3)})
+  with jax.default_matmul_precision("highest"):
+    want = leaves(value_and_grads(reference, inputs, static, g)[1])["bias"]
+  for programs in (12, 4096):  # 4 tiles a head x 2 heads = 8 tiles: groups of 2 rows, then one group
+    monkeypatch.setattr(fa, "BIAS_PROGRAMS", programs)
+    got = leaves(value_and_grads(interpreted(fa.Tiling(16, 16)), inputs, static, g)[1])["bias"]
+    assert rel(got, want) < 1e-5
 
 
 @pytest.mark.integration
@@ -132,26 +171,37 @@ def test_the_default_blocks_shrink_for_short_sequences():
 def test_sweep_of_seeds_blocks_and_dropout(name, seed):
   inputs, static, real, g = make(name, jnp.float32, 0.2, seed)
   for bq, bk in ((16, 32), (32, 16)):
-    kernel = lambda **kw: fa.attention(**kw, interpret=True, block_q=bq, block_k=bk)
-    out, grads = value_and_grads(kernel, inputs, static, g)
+    out, grads = value_and_grads(interpreted(fa.Tiling(bq, bk)), inputs, static, g)
     with jax.default_matmul_precision("highest"):
       want_out, want_grads = value_and_grads(reference, inputs, static, g)
+    grads, want_grads = leaves(grads), leaves(want_grads)
     assert rel(out, want_out, real) < 1e-5
     assert max(rel(grads[k], want_grads[k]) for k in want_grads) < 1e-5
 
 
 def test_bad_shapes_are_named():
   q = jnp.zeros((2, 8, 2, 16))
-  with pytest.raises(ValueError, match=r"bias \(1, 1, 8, 8\) must be \[1, 2, 8, 8\] or \[2, 2, 8, 8\]"):
-    fa.attention(q, q, q, bias=jnp.zeros((1, 1, 8, 8)), interpret=True)
+  with pytest.raises(ValueError, match=r"relative bias values \(2, 16\) \(q_len 8\) must be \[2, 15\]"):
+    fa.attention(q, q, q, bias=RelativeBias(jnp.zeros((2, 16)), 8), interpret=True)
   with pytest.raises(ValueError, match=r"dropout_mask \(2, 1, 8, 8\) must be \[2, 2, 8, 8\]"):
     fa.attention(q, q, q, dropout_mask=jnp.ones((2, 1, 8, 8), bool), dropout_rate=0.1, interpret=True)
   with pytest.raises(ValueError, match="must be"):
     fa.attention(q, q[:, :, :1], q, interpret=True)
 
 
-# T5.1.1-base: batch 8, 12 heads of 64, encoder 512 positions, decoder 114.
-BASE = dict(b=8, h=12, d=64)
+def test_the_seam_hands_a_dense_bias_to_the_reference():
+  """The kernels take T5's bias as its offset vector; given a dense [1, h, q, k] bias the `pallas_gpu` seam
+  computes the reference (nothing is lowered for a GPU here)."""
+  inputs, static, real, g = make("packed")
+  ref = lambda *a: dot_product_attention(*a, causal=False, dropout_rate=0.0, dtype=jnp.float32)
+  args = (inputs["query"], inputs["key"], inputs["value"], inputs["bias"].dense(), static["q_segment_ids"],
+          static["kv_segment_ids"], None)
+  got = fa.seam(*args, reference=ref, causal=False, dropout_rate=0.0, dtype=jnp.float32)
+  np.testing.assert_array_equal(got, ref(*args))
+
+
+# T5.1.1-base: batch 32, 12 heads of 64, encoder 512 positions, decoder 114.
+BASE = dict(b=32, h=12, d=64)
 
 
 def _base_program(nq, nk, causal, bias, dropout):
@@ -159,10 +209,11 @@ def _base_program(nq, nk, causal, bias, dropout):
   b, h, d = BASE["b"], BASE["h"], BASE["d"]
   S = jax.ShapeDtypeStruct
   args = [S((b, nq, h, d), jnp.bfloat16), S((b, nk, h, d), jnp.bfloat16), S((b, nk, h, d), jnp.bfloat16),
-          S((1, h, nq, nk), jnp.float32) if bias else None, S((b, nq), jnp.int32), S((b, nk), jnp.int32),
+          S((h, nq + nk - 1), jnp.float32) if bias else None, S((b, nq), jnp.int32), S((b, nk), jnp.int32),
           S((b, h, nq, nk), jnp.bool_) if dropout else None, S((b, nq, h, d), jnp.bfloat16)]
 
-  def program(q, k, v, bias, q_seg, kv_seg, mask, g):
+  def program(q, k, v, rel, q_seg, kv_seg, mask, g):
+    bias = None if rel is None else RelativeBias(rel, q.shape[1])
     fn = lambda q, k, v, bias: fa.attention(q, k, v, bias=bias, q_segment_ids=q_seg, kv_segment_ids=kv_seg,
                                             causal=causal, dropout_mask=mask, dropout_rate=0.1 if dropout else 0.0,
                                             dtype=jnp.bfloat16)
@@ -181,7 +232,8 @@ BASE_FORMS = {"encoder": (512, 512, False, True, False), "decoder_dropout": (114
 def test_programs_lowered_for_cuda_call_the_kernels_and_hold_no_attention_matrix(form):
   """Pallas lowers the kernels to Triton IR here (no GPU or plugin needed): the forward and the three gradient
   kernels (dK/dV, dQ, and the bias's when there is one) are custom calls, and no [b, h, q, k] float array is in
-  the program; the dropout mask is the only [b, h, q, k] array, read as it is given."""
+  the program; the dropout mask is the only [b, h, q, k] array, read as it is given. (The bias gradient's
+  group sums are [groups, h, q, k], fewer groups than rows: 2 for the encoder, 22 for the decoder.)"""
   nq, nk, causal, bias, dropout = BASE_FORMS[form]
   program, args = _base_program(nq, nk, causal, bias, dropout)
   text = jax.jit(program).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
@@ -198,11 +250,11 @@ def test_programs_lowered_for_cuda_call_the_kernels_and_hold_no_attention_matrix
 @pytest.mark.parametrize("form", ["encoder", "decoder_dropout"])
 def test_the_kernels_compile_for_an_h100_without_a_gpu(form):
   """Deviceless: XLA:GPU compiles the program for an H100 target (Triton to PTX, ptxas): the optimised HLO
-  keeps the kernels' custom calls, and its largest float buffers are the [b, q, h, d] arrays and the [1, h, q, k]
-  bias and its gradient (at lengths padded to whole blocks). Scratch memory: at 512 positions (whole blocks)
-  the softmax statistics only, 8 bytes a query row and head (393 KB); the decoder's 114 positions pad to 128,
-  and the padded copies of q, k, v, the cotangent, the mask and the gradients before slicing take ~8 arrays of
-  [b, 128, h, d] (12.6 MB)."""
+  keeps the kernels' custom calls, and its largest float buffers are the [b, q, h, d] arrays, the bias
+  gradient's group sums [groups, h, q, k] and their diagonal sums' skewed [h, q, q + k] layout (at lengths padded
+  to whole blocks). Scratch memory: the softmax statistics, 8 bytes a query row and head, and those two bias
+  gradient arrays; the decoder's 114 positions pad to 128, and the padded copies of q, k, v, the cotangent, the
+  mask and the gradients before slicing take ~8 arrays of [b, 128, h, d]."""
   from remixer_t5 import aot_compile
   device = aot_compile.gpu_topology_devices(aot_compile.accelerator("h100"))[0]
   sharding = jax.sharding.SingleDeviceSharding(device)
@@ -214,14 +266,16 @@ def test_the_kernels_compile_for_an_h100_without_a_gpu(form):
   assert text.count("__gpu$xla.gpu.triton") == 4
   b, h, d = BASE["b"], BASE["h"], BASE["d"]
   floats = {tuple(map(int, s.split(","))) for s in re.findall(r"\b(?:f32|bf16|f16)\[([\d,]+)\]", text)}
-  pq, pk = (-(-n // fa.BLOCK_Q) * fa.BLOCK_Q for n in (nq, nk))  # the lengths padded to whole blocks
-  assert max(np.prod(s) for s in floats) <= max(b * pq * h * d, h * pq * pk), sorted(floats)
+  block = fa.tilings("NVIDIA H100 80GB HBM3")[1].block_q
+  pq, pk = (-(-n // block) * block for n in (nq, nk))  # the lengths padded to whole blocks
+  groups = fa.bias_groups(b, (pq // block) * (pk // block) * h)[0]
+  bias_grad = groups * h * pq * pk + h * pq * (pq + pk)  # the group sums and the skewed diagonal sums
+  assert max(np.prod(s) for s in floats) <= max(b * pq * h * d, groups * h * pq * pk, h * pq * (pq + pk)), \
+      sorted(floats)
   assert not [s for s in floats if len(s) == 4 and s[0] == b and s[1] == h], sorted(floats)
   temp = compiled.memory_analysis().temp_size_in_bytes
-  if (pq, pk) == (nq, nk):
-    assert temp <= 8 * b * h * nq + 4096, temp  # the log-sum-exp L and D = rowsum(O dO), float32 [b, h, q]
-  else:
-    assert temp <= 10 * b * pq * h * d * 2, temp  # padded bfloat16 copies
+  padded_copies = 0 if (pq, pk) == (nq, nk) else 10 * b * pq * h * d * 2
+  assert temp <= 8 * b * h * pq + 4 * bias_grad + padded_copies + 4096, temp
 
 
 # --- TPU: kernels/tpu/flash_attention.py, JAX's Pallas (Mosaic) flash attention behind the same contract --------
@@ -238,6 +292,7 @@ def test_the_tpu_wrapper_matches_the_reference_in_tpu_interpret_mode(name):
     out, grads = value_and_grads(tpu_fa.attention, inputs, static, g)
   with jax.default_matmul_precision("highest"):
     want_out, want_grads = value_and_grads(reference, inputs, static, g)
+  grads, want_grads = leaves(grads), leaves(want_grads)
   assert rel(out, want_out, real) < 1e-5
   assert max(rel(grads[k], want_grads[k]) for k in want_grads) < 1e-5
 

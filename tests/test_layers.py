@@ -105,13 +105,13 @@ def _numpy_relpos_bias(table, q_len, k_len, bidirectional, max_distance=128):
 @pytest.mark.parametrize("q_len,k_len,bidirectional", [(7, 7, True), (5, 9, True), (9, 5, False), (1, 6, False),
                                                        (150, 160, True), (3, 1, True)])
 def test_relpos_bias_from_row_lengths_equals_the_bucket_formula_and_the_gather(q_len, k_len, bidirectional):
-  """The row-index path (ints: a Toeplitz layout of one read per offset) against numpy's element-by-element
-  bias, and its gradient against the gather path's (positions as arrays) up to summation order; its backward
+  """The row-index path (ints: one value per head and offset, laid out by `RelativeBias.dense`) against
+  numpy's element-by-element bias, and its gradient against the gather path's (positions as arrays) up to summation order; its backward
   has no scatter (the gather's is one of q x k x heads updates into the table)."""
   module = layers.RelativePositionBiases(32, 128, 3)
   table = np.asarray(jax.random.normal(jax.random.PRNGKey(q_len), (3, 32)), np.float32)
   params = {"params": {"rel_embedding": jnp.asarray(table)}}
-  rows = lambda p: module.apply(p, q_len, k_len, bidirectional=bidirectional)
+  rows = lambda p: module.apply(p, q_len, k_len, bidirectional=bidirectional).dense()
   gather = lambda p: module.apply(p, jnp.arange(q_len)[None], jnp.arange(k_len)[None], bidirectional=bidirectional)
   np.testing.assert_array_equal(rows(params), _numpy_relpos_bias(table, q_len, k_len, bidirectional))
   np.testing.assert_array_equal(gather(params), _numpy_relpos_bias(table, q_len, k_len, bidirectional))

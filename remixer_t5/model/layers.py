@@ -15,6 +15,7 @@ from flax import linen as nn
 from flax.linen import partitioning as nn_partitioning
 
 from remixer_t5 import kernels
+from remixer_t5.kernels import bias as kernels_bias
 
 param_with_axes = nn_partitioning.param_with_axes
 with_sharding_constraint = nn_partitioning.with_sharding_constraint
@@ -213,35 +214,31 @@ class RelativePositionBiases(nn.Module):
   dtype: str = "float32"
 
   @nn.compact
-  def __call__(self, query_positions: Array | int, key_positions: Array | int, bidirectional: bool) -> Array:
-    """Positions are [batch or 1, len] arrays, or two lengths (ints) for the row indices 0..len-1, which every
-    non-decoding attention uses (a packed segment's positions are consecutive, so its key - query offsets are
-    the rows'); returns a [batch or 1, heads, q_len, k_len] bias."""
+  def __call__(self, query_positions: Array | int, key_positions: Array | int, bidirectional: bool
+               ) -> Array | kernels_bias.RelativeBias:
+    """Positions are [batch or 1, len] arrays (decoding's one query row): returns a [batch or 1, heads, q_len,
+    k_len] bias. Or two lengths (ints) for the row indices 0..len-1, which every non-decoding attention uses (a
+    packed segment's positions are consecutive, so its key - query offsets are the rows'): returns the bias as
+    one value per head and offset (`kernels.bias.RelativeBias`), which the attention operation takes."""
     table = param_with_axes("rel_embedding", relpos_init, (self.num_heads, self.num_buckets), jnp.float32,
                             axes=("heads", "relpos_buckets"))
     if isinstance(query_positions, int):
-      return self._rows(table, query_positions, key_positions, bidirectional).astype(self.dtype)
+      return self._rows(table, query_positions, key_positions, bidirectional)
     rel = key_positions[:, None, :] - query_positions[:, :, None]
     buckets = relative_position_bucket(rel.astype(jnp.int32), bidirectional, self.num_buckets, self.max_distance)
     bias = jnp.take(table, buckets, axis=1)  # [heads, b, q, k]: decoding's one query row
     return jnp.transpose(bias, (1, 0, 2, 3)).astype(self.dtype)
 
-  def _rows(self, table: Array, q_len: int, k_len: int, bidirectional: bool) -> Array:
-    """bias[h, q, k] = v[h, k - q + q_len - 1] for row indices: the table read once per offset (q_len + k_len
-    - 1 of them, by a product with their buckets' one-hot), then laid out as the Toeplitz matrix by
-    broadcasting, reshaping and slicing. Exact; and the table's gradient is sums over rows and one small
-    product, where `take` over [q, k] buckets is a scatter-add of q x k x heads updates into heads x buckets
-    addresses."""
+  def _rows(self, table: Array, q_len: int, k_len: int, bidirectional: bool) -> kernels_bias.RelativeBias:
+    """The bias of row indices as one value per head and offset k - q (q_len + k_len - 1 of them): the table
+    read once per offset by a product with their buckets' one-hot. Exact; its gradient is one small product,
+    where `take` over [q, k] buckets is a scatter-add of q x k x heads updates into heads x buckets addresses."""
     n = q_len + k_len - 1
     offsets = jnp.arange(n, dtype=jnp.int32) - (q_len - 1)
     buckets = relative_position_bucket(offsets, bidirectional, self.num_buckets, self.max_distance)
     one_hot = (buckets[:, None] == jnp.arange(self.num_buckets, dtype=jnp.int32)).astype(table.dtype)
     v = jnp.einsum("hm,nm->hn", table, one_hot, precision=jax.lax.Precision.HIGHEST)     # [heads, n]
-    # Rows of width n + 1 read back as rows of width n shift one place a row: skewed[q, j] = v[j - q] for j >= q,
-    # so row q's columns q_len - 1 .. n - 1 are v[k - q + q_len - 1] for k = 0 .. k_len - 1.
-    padded = jnp.pad(jnp.broadcast_to(v[:, None, :], (self.num_heads, q_len, n)), ((0, 0), (0, 0), (0, 1)))
-    skewed = padded.reshape(self.num_heads, q_len * (n + 1))[:, :q_len * n].reshape(self.num_heads, q_len, n)
-    return skewed[None, :, :, q_len - 1:]
+    return kernels_bias.RelativeBias(v.astype(self.dtype), q_len)
 
 
 def mask_to_bias(mask: Array, dtype) -> Array:

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 from flax.linen import partitioning as nn_partitioning
 
+from remixer_t5.kernels import bias as kernels_bias
 from remixer_t5.model import layers
 from remixer_t5.model.config import REMAT_POLICIES, T5Config  # noqa: F401  (gin files name network.T5Config)
 from remixer_t5.model.mixers import base
@@ -130,7 +131,7 @@ def _uses_relpos(layer: nn.Module, cfg: T5Config, args: tuple, ctx_index: int, d
     del bidirectional
     calls.append(True)
     if isinstance(q, int):  # lengths: the row indices
-      return jnp.zeros((1, cfg.num_heads, q, k), cfg.dtype)
+      return kernels_bias.RelativeBias(jnp.zeros((cfg.num_heads, q + k - 1), cfg.dtype), q)
     return jnp.zeros((q.shape[0], cfg.num_heads, q.shape[1], k.shape[1]), cfg.dtype)
 
   args = list(args)

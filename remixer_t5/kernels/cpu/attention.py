@@ -15,15 +15,17 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from remixer_t5.kernels.bias import RelativeBias
+
 
 def seam(*args, reference: Callable, **static):
   """The model's attention operation (`reference`: `mixers.attention.dot_product_attention`) adding its
-  biases with `add_bias` where a position bias is shared by the batch ([1, h, q, k], args[3]: the sum it
-  speeds up); elsewhere (cross-attention, the mixers without a position bias) the reference as it is, which
+  biases with `add_bias` where a position bias is shared by the batch (T5's relative bias or a [1, h, q, k]
+  array, args[3]: the sum it speeds up); elsewhere (cross-attention, the mixers without a position bias) the reference as it is, which
   timed faster there (`remixer-t5 bench kernels`, the MLP-Mixer enc-dec's COGS step)."""
   del static  # bound into `reference` already
   bias = args[3]
-  if bias is None or bias.shape[0] != 1:
+  if bias is None or (not isinstance(bias, RelativeBias) and bias.shape[0] != 1):
     return reference(*args)
   return reference(*args, add=add_bias)
 

@@ -1,9 +1,10 @@
 """Fused (flash) attention with T5's relative position bias, its gradient included, as Pallas (Triton) kernels.
 
-The function is `mixers.attention.dot_product_attention` (T5's attention: no 1/sqrt(d) on the logits):
+The function is `mixers.attention.dot_product_attention` (T5's attention: no 1/sqrt(d) on the logits), with
+T5's bias as one value per head and key - query offset (`kernels.bias.RelativeBias`):
 
     allowed[b, i, j] = (q_seg[b, i] == kv_seg[b, j]) & (kv_seg[b, j] != 0) & (not causal or j <= i)
-    logits[b, h, i, j] = q[b, i, h] · k[b, j, h] + bias[b|0, h, i, j] + (0 if allowed else NEG_INF)
+    logits[b, h, i, j] = q[b, i, h] · k[b, j, h] + rel[h, j - i + q_len - 1] + (0 if allowed else NEG_INF)
     W = softmax(logits over j) in float32, rounded to `dtype`
     W' = where(dropout_mask, W / (1 - rate), 0) when a dropout mask is given, else W
     out[b, i, h] = Σ_j W'[b, h, i, j] v[b, j, h]
@@ -11,33 +12,40 @@ The function is `mixers.attention.dot_product_attention` (T5's attention: no 1/s
 Forward (FlashAttention-2, Dao 2023, Algorithm 1): one program per (row b, query block, head) walks the key
 blocks with an online softmax: a running maximum m and sum l per query row and an unnormalised float32 output
 accumulator, rescaled by exp(m_old - m_new) when the maximum grows. It writes the output and the log-sum-exp
-L = m + log l of each row (float32, [b, h, q]); nothing of size q x k leaves the chip.
+L = m + log l of each row (float32, [b, h, q]); nothing of size q x k leaves the chip. A tile's bias is
+gathered from the head's offset vector (q + k - 1 float32 values, read from L1/L2), not from a [h, q, k] array:
+a 64 x 64 tile otherwise loads as many bytes of bias as of K and V together.
 
 Backward (recomputation, no stored weights): with P = exp(logits - L) rebuilt tile by tile,
     dW' = dO V^T,   dW = where(mask, dW' / (1 - rate), 0),   D_i = Σ_d O[i, d] dO[i, d]  (= Σ_j P_ij dW_ij)
-    dS = P ⊙ (dW - D)   (the logits' gradient),   dQ = dS K,   dK = dS^T Q,   dV = W'^T dO,   dbias = Σ_b dS
+    dS = P ⊙ (dW - D)   (the logits' gradient),   dQ = dS K,   dK = dS^T Q,   dV = W'^T dO,
+    drel[h, o] = Σ_{b, i, j: j - i = o - q_len + 1} dS[b, h, i, j]
 in three kernels:
   - `dkv`: one program per (b, key block, head) walks the query blocks and accumulates dK and dV;
   - `dq`: one program per (b, query block, head) walks the key blocks and accumulates dQ;
-  - `dbias`: one program per (query block, key block, head) walks the batch and accumulates that tile of the
-    bias gradient in registers, writing it once. T5's bias is [1, h, q, k], shared by the batch, so its gradient
-    is a sum over the batch; summing inside the program needs no [b, h, q, k] buffer and no atomics (the sum is
-    deterministic). It recomputes QK^T and dO V^T for its tile (two of the backward's seven tile products), which
-    is expected to cost less than moving dS through memory, as a [b, h, q, k] array or as per-example
-    accumulators in the dQ or dK/dV programs (not yet measured on a GPU). A bias with its own batch axis
-    ([b, h, q, k]) gets its gradient per element from the same kernel.
+  - `dbias`: one program per (query block, key block, head, group of batch rows) sums dS over its rows in
+    registers and writes the tile once; XLA then sums the groups and each offset's diagonal ([h, q, k] values,
+    no batch axis). The batch is split into groups so that the grid has ~`BIAS_PROGRAMS` programs: the
+    decoder's 2 x 2 tiles a head would otherwise be 48 programs each walking all 128 rows. It recomputes QK^T
+    and dO V^T for its tile (two of the backward's seven tile products) rather than moving dS through memory.
 The split of dK/dV and dQ into two kernels (JAX's Pallas attention fuses them into one program when q and k
-have as many blocks) keeps q != k (cross-attention) and causal bounds simple; each kernel skips the tiles that
-causality masks entirely.
+have as many blocks) keeps q != k (cross-attention) and causal bounds simple.
+
+Masks only where they can bite: with causal masking, key blocks wholly at or below the diagonal take no causal
+comparison (each loop is split in two at the diagonal) and those above it are skipped; without segment ids
+(and no padding) there is no segment comparison at all.
 
 Supported: float32 and bfloat16 (any float dtype Triton's dot takes) queries, keys and values with one head dimension d
 (padded to a power of two >= 16 with zeros); any q and k lengths (padded to whole blocks with segment id 0, which masks
-them); bias None, [1, h, q, k] or [b, h, q, k] (float32; gradient in its own shape); segment ids (0 = padding), causal
-masking, and a dropout mask given as a [b, h, q, k] bool array (read tile by tile, never written: the kernels draw no
-random numbers). Not supported: a bias broadcast over heads ([., 1, q, k]), different head dimensions for values,
-grouped keys/values, higher-order derivatives, and partitioning: XLA does not partition a custom call, so under a mesh
-the caller runs it per batch shard (and sums the bias gradient over the shards). Padding is by copies (masked loads
-would avoid them), the outputs sliced: T5's 512 encoder positions need none, its 114 decoder positions pad to 128.
+them); bias None or a `RelativeBias` (its gradient per offset); segment ids (0 = padding), causal masking, and a dropout
+mask given as a [b, h, q, k] bool array (read tile by tile, never written: the kernels draw no random numbers). Not
+supported: a dense [., h, q, k] bias (the seam hands it to the reference), different head dimensions for values, grouped
+keys/values, higher-order derivatives, and partitioning: XLA does not partition a custom call, so under a mesh the caller
+runs it per batch shard (and sums the bias gradient over the shards). Padding is by copies (masked loads would avoid
+them), the outputs sliced: T5's 512 encoder positions need none, its 114 decoder positions pad to 128.
+
+Tiles: `TILINGS` holds the (block_q, block_k, num_warps, num_stages) of the forward and of the gradient kernels per GPU
+(`device_kind`), measured by scripts/gpu_measure.py's attention stage; a GPU without a row takes "default".
 
 Numerics: logits, softmax statistics and every accumulator are float32; the softmax runs in base 2 (logits times
 log2(e), Triton's exp2 is one instruction where exp is a range reduction plus exp2); the weights are rounded to
@@ -57,6 +65,7 @@ dropout, and needs the cuDNN library when the program is traced (not in the gpu-
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -67,36 +76,59 @@ from jax.experimental.pallas import triton as plt
 
 from remixer_t5 import kernels
 from remixer_t5.kernels import pad_axis, sharding
+from remixer_t5.kernels.bias import RelativeBias, check as check_bias
 
 f32 = jnp.float32
 NEG_INF = -1e10  # layers.NEG_INF: the mask value of the reference (finite, so fully masked rows stay finite)
 LOG2E = math.log2(math.e)
-# Tiles of 64 x 64: Triton's tensors need powers of two, its dot needs >= 16 per side; 64 rows are a whole
-# H100 warpgroup MMA (m64) and, with d = 64 and 4 warps, the forward's accumulator, logits, bias and weights
-# tiles each take 32 float32 registers per thread, so nothing spills. T5's lengths pad little: 512 is 8 blocks,
-# the decoder's 114 pads to 128 (2 blocks, of which causality skips one tile in 4). Not tuned on a GPU: the
-# keyword arguments override them.
-BLOCK_Q = 64
-BLOCK_K = 64
 MIN_BLOCK = 16  # Triton's dot needs at least 16 along each side
-NUM_WARPS = 4
-NUM_STAGES = 2  # the key-block loop's loads are double-buffered
+BIAS_PROGRAMS = 1024  # the bias gradient's grid: ~8 programs per SM of an H100/H200 (132 SMs)
 
 
-def _scaled_logits(q, k, bias, q_seg, kv_seg, rows, cols, causal: bool):
+@dataclasses.dataclass(frozen=True)
+class Tiling:
+  """A kernel's tile: query and key block lengths (powers of two >= 16), Triton's warps and pipeline stages."""
+  block_q: int = 64
+  block_k: int = 64
+  num_warps: int = 4
+  num_stages: int = 2
+
+
+# device_kind -> (forward, gradient kernels). The default: tiles of 64 x 64, 64 rows a whole H100 warpgroup MMA
+# (m64); with d = 64 and 4 warps the forward's accumulator, logits and weights tiles each take 32 float32
+# registers a thread, so nothing spills; two stages double-buffer the key-block loop's loads. T5's lengths pad
+# little at 64: 512 is 8 blocks, the decoder's 114 pads to 128.
+TILINGS = {"default": (Tiling(), Tiling())}
+
+
+def tilings(device_kind: str | None = None) -> tuple[Tiling, Tiling]:
+  """The (forward, gradient) tilings for a GPU by its device kind (the compile target's when None)."""
+  kind = kernels.target_device().device_kind if device_kind is None else device_kind
+  return TILINGS.get(kind, TILINGS["default"])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+  """What every kernel body is specialised on."""
+  block_q: int
+  block_k: int
+  keep_scale: float
+  weights_dtype: object
+  pv_dtype: object
+  rel_offset: int  # the padded offset vector's index of key - query = 0 (the padded query length - 1)
+
+
+def _scaled_logits(q, k, rel_ref, q_seg, kv_seg, rows, cols, st: _Static, causal: bool):
   """log2(e) (q k^T + bias) where allowed, else NEG_INF: a [block_q, block_k] float32 tile."""
   s = plt.dot(q, k, trans_b=True)
-  if bias is not None:
-    s = s + bias
-  allowed = (q_seg[:, None] == kv_seg[None, :]) & (kv_seg[None, :] != 0)
+  if rel_ref is not None:
+    s = s + rel_ref[cols[None, :] - rows[:, None] + st.rel_offset]
+  s = s * LOG2E
+  allowed = None if q_seg is None else (q_seg[:, None] == kv_seg[None, :]) & (kv_seg[None, :] != 0)
   if causal:
-    allowed = allowed & (cols[None, :] <= rows[:, None])
-  return jnp.where(allowed, s * LOG2E, NEG_INF)
-
-
-def _causal_key_blocks(q_block, block_q: int, block_k: int, num_k_blocks: int):
-  """How many key blocks hold a key j <= i for some query i of the block (the rest are masked entirely)."""
-  return jnp.minimum(jax.lax.div((q_block + 1) * block_q + block_k - 1, block_k), num_k_blocks)
+    below = cols[None, :] <= rows[:, None]
+    allowed = below if allowed is None else allowed & below
+  return s if allowed is None else jnp.where(allowed, s, NEG_INF)
 
 
 def _logits_gradient(p, dw, delta, keep, keep_scale: float):
@@ -110,112 +142,147 @@ def _dropped(p, keep, keep_scale: float):
   return p if keep is None else jnp.where(keep, p * keep_scale, 0.0)
 
 
-def _forward_kernel(q_ref, k_ref, v_ref, bias_ref, qseg_ref, kvseg_ref, drop_ref, o_ref, lse_ref, *,
-                    causal: bool, keep_scale: float, block_q: int, block_k: int, weights_dtype, pv_dtype):
+def _read(ref, index=...):
+  return None if ref is None else ref[index]
+
+
+def _split_at_diagonal(body, lo, diagonal, hi, carry, *, masked_first: bool):
+  """`body(causal)` over blocks lo..hi in two loops: the blocks on the diagonal with the causal comparison,
+  the rest without; `diagonal` is where they meet (the masked blocks come first when `masked_first`)."""
+  diagonal = jnp.clip(diagonal, lo, hi)
+  first, second = (body(True), body(False)) if masked_first else (body(False), body(True))
+  carry = jax.lax.fori_loop(lo, diagonal, first, carry)
+  return jax.lax.fori_loop(diagonal, hi, second, carry)
+
+
+def _forward_kernel(q_ref, k_ref, v_ref, rel_ref, qseg_ref, kvseg_ref, drop_ref, o_ref, lse_ref, *, st: _Static,
+                    causal: bool):
+  bq, bk = st.block_q, st.block_k
   qb = pl.program_id(1)
-  num_k_blocks = k_ref.shape[0] // block_k
-  q, q_seg = q_ref[...], qseg_ref[...]
-  rows = qb * block_q + jnp.arange(block_q)
+  num_k_blocks = k_ref.shape[0] // bk
+  q, q_seg = q_ref[...], _read(qseg_ref)
+  rows = qb * bq + jnp.arange(bq)
 
-  def body(kb, carry):
-    acc, m, l = carry
-    ks = pl.ds(kb * block_k, block_k)
-    cols = kb * block_k + jnp.arange(block_k)
-    s = _scaled_logits(q, k_ref[ks, :], None if bias_ref is None else bias_ref[:, ks], q_seg, kvseg_ref[ks],
-                       rows, cols, causal)
-    m_new = jnp.maximum(m, jnp.max(s, axis=1))
-    rescale = jnp.exp2(m - m_new)
-    p = jnp.exp2(s - m_new[:, None])
-    l = l * rescale + jnp.sum(p, axis=1)
-    p = _dropped(p, None if drop_ref is None else drop_ref[:, ks], keep_scale)
-    pv = plt.dot(p.astype(weights_dtype).astype(pv_dtype), v_ref[ks, :].astype(pv_dtype))
-    return acc * rescale[:, None] + pv, m_new, l
+  def body(masked):
+    def step(kb, carry):
+      acc, m, l = carry
+      ks = pl.ds(kb * bk, bk)
+      cols = kb * bk + jnp.arange(bk)
+      s = _scaled_logits(q, k_ref[ks, :], rel_ref, q_seg, _read(kvseg_ref, ks), rows, cols, st, masked)
+      m_new = jnp.maximum(m, jnp.max(s, axis=1))
+      rescale = jnp.exp2(m - m_new)
+      p = jnp.exp2(s - m_new[:, None])
+      l = l * rescale + jnp.sum(p, axis=1)
+      p = _dropped(p, _read(drop_ref, (slice(None), ks)), st.keep_scale)
+      pv = plt.dot(p.astype(st.weights_dtype).astype(st.pv_dtype), v_ref[ks, :].astype(st.pv_dtype))
+      return acc * rescale[:, None] + pv, m_new, l
+    return step
 
-  init = (jnp.zeros((block_q, q_ref.shape[-1]), f32), jnp.full((block_q,), NEG_INF, f32), jnp.zeros((block_q,), f32))
-  hi = _causal_key_blocks(qb, block_q, block_k, num_k_blocks) if causal else num_k_blocks
-  acc, m, l = jax.lax.fori_loop(0, hi, body, init)
+  init = (jnp.zeros((bq, q_ref.shape[-1]), f32), jnp.full((bq,), NEG_INF, f32), jnp.zeros((bq,), f32))
+  if causal:  # key blocks below the first query row need no comparison; those past the last are skipped
+    hi = jnp.minimum(jax.lax.div((qb + 1) * bq + bk - 1, bk), num_k_blocks)
+    acc, m, l = _split_at_diagonal(body, 0, jax.lax.div(qb * bq + 1, bk), hi, init, masked_first=False)
+  else:
+    acc, m, l = jax.lax.fori_loop(0, num_k_blocks, body(False), init)
   o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
   lse_ref[...] = m + jnp.log2(l)
 
 
-def _dkv_kernel(q_ref, k_ref, v_ref, bias_ref, qseg_ref, kvseg_ref, drop_ref, do_ref, lse_ref, delta_ref,
-                dk_ref, dv_ref, *, causal: bool, keep_scale: float, block_q: int, block_k: int, weights_dtype,
-                pv_dtype):
+def _dkv_kernel(q_ref, k_ref, v_ref, rel_ref, qseg_ref, kvseg_ref, drop_ref, do_ref, lse_ref, delta_ref,
+                dk_ref, dv_ref, *, st: _Static, causal: bool):
+  bq, bk = st.block_q, st.block_k
   kb = pl.program_id(1)
-  num_q_blocks = q_ref.shape[0] // block_q
-  k, v, kv_seg = k_ref[...], v_ref[...].astype(pv_dtype), kvseg_ref[...]
-  cols = kb * block_k + jnp.arange(block_k)
+  num_q_blocks = q_ref.shape[0] // bq
+  k, v, kv_seg = k_ref[...], v_ref[...].astype(st.pv_dtype), _read(kvseg_ref)
+  cols = kb * bk + jnp.arange(bk)
 
-  def body(qb, carry):
-    dk, dv = carry
-    qs = pl.ds(qb * block_q, block_q)
-    rows = qb * block_q + jnp.arange(block_q)
-    q, do = q_ref[qs, :], do_ref[qs, :].astype(pv_dtype)
-    s = _scaled_logits(q, k, None if bias_ref is None else bias_ref[qs, :], qseg_ref[qs], kv_seg, rows, cols, causal)
-    p = jnp.exp2(s - lse_ref[qs][:, None])
-    keep = None if drop_ref is None else drop_ref[qs, :]
-    dv = dv + plt.dot(_dropped(p, keep, keep_scale).astype(weights_dtype).astype(pv_dtype), do, trans_a=True)
-    ds = _logits_gradient(p, plt.dot(do, v, trans_b=True), delta_ref[qs], keep, keep_scale)
-    dk = dk + plt.dot(ds.astype(q.dtype), q, trans_a=True)
-    return dk, dv
+  def body(masked):
+    def step(qb, carry):
+      dk, dv = carry
+      qs = pl.ds(qb * bq, bq)
+      rows = qb * bq + jnp.arange(bq)
+      q, do = q_ref[qs, :], do_ref[qs, :].astype(st.pv_dtype)
+      s = _scaled_logits(q, k, rel_ref, _read(qseg_ref, qs), kv_seg, rows, cols, st, masked)
+      p = jnp.exp2(s - lse_ref[qs][:, None])
+      keep = _read(drop_ref, (qs, slice(None)))
+      dv = dv + plt.dot(_dropped(p, keep, st.keep_scale).astype(st.weights_dtype).astype(st.pv_dtype), do,
+                        trans_a=True)
+      ds = _logits_gradient(p, plt.dot(do, v, trans_b=True), delta_ref[qs], keep, st.keep_scale)
+      return dk + plt.dot(ds.astype(q.dtype), q, trans_a=True), dv
+    return step
 
-  zero = jnp.zeros((block_k, k_ref.shape[-1]), f32)
-  lo = jax.lax.div(kb * block_k, block_q) if causal else 0  # query blocks before it see none of its keys
-  dk, dv = jax.lax.fori_loop(lo, num_q_blocks, body, (zero, zero))
+  zero = jnp.zeros((bk, k_ref.shape[-1]), f32)
+  if causal:  # query blocks before the block's first key see none of it; those after its last key see all
+    lo = jax.lax.div(kb * bk, bq)
+    dk, dv = _split_at_diagonal(body, lo, jax.lax.div(kb * bk + bk - 1 + bq - 1, bq), num_q_blocks, (zero, zero),
+                                masked_first=True)
+  else:
+    dk, dv = jax.lax.fori_loop(0, num_q_blocks, body(False), (zero, zero))
   dk_ref[...] = dk.astype(dk_ref.dtype)
   dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, bias_ref, qseg_ref, kvseg_ref, drop_ref, do_ref, lse_ref, delta_ref, dq_ref,
-               *, causal: bool, keep_scale: float, block_q: int, block_k: int, weights_dtype, pv_dtype):
-  del weights_dtype
+def _dq_kernel(q_ref, k_ref, v_ref, rel_ref, qseg_ref, kvseg_ref, drop_ref, do_ref, lse_ref, delta_ref, dq_ref,
+               *, st: _Static, causal: bool):
+  bq, bk = st.block_q, st.block_k
   qb = pl.program_id(1)
-  num_k_blocks = k_ref.shape[0] // block_k
-  q, q_seg, do = q_ref[...], qseg_ref[...], do_ref[...].astype(pv_dtype)
+  num_k_blocks = k_ref.shape[0] // bk
+  q, q_seg, do = q_ref[...], _read(qseg_ref), do_ref[...].astype(st.pv_dtype)
   lse, delta = lse_ref[...], delta_ref[...]
-  rows = qb * block_q + jnp.arange(block_q)
+  rows = qb * bq + jnp.arange(bq)
 
-  def body(kb, dq):
-    ks = pl.ds(kb * block_k, block_k)
-    cols = kb * block_k + jnp.arange(block_k)
-    k = k_ref[ks, :]
-    s = _scaled_logits(q, k, None if bias_ref is None else bias_ref[:, ks], q_seg, kvseg_ref[ks], rows, cols, causal)
-    p = jnp.exp2(s - lse[:, None])
-    keep = None if drop_ref is None else drop_ref[:, ks]
-    ds = _logits_gradient(p, plt.dot(do, v_ref[ks, :].astype(pv_dtype), trans_b=True), delta, keep, keep_scale)
-    return dq + plt.dot(ds.astype(k.dtype), k)
+  def body(masked):
+    def step(kb, dq):
+      ks = pl.ds(kb * bk, bk)
+      cols = kb * bk + jnp.arange(bk)
+      k = k_ref[ks, :]
+      s = _scaled_logits(q, k, rel_ref, q_seg, _read(kvseg_ref, ks), rows, cols, st, masked)
+      p = jnp.exp2(s - lse[:, None])
+      keep = _read(drop_ref, (slice(None), ks))
+      ds = _logits_gradient(p, plt.dot(do, v_ref[ks, :].astype(st.pv_dtype), trans_b=True), delta, keep,
+                            st.keep_scale)
+      return dq + plt.dot(ds.astype(k.dtype), k)
+    return step
 
-  hi = _causal_key_blocks(qb, block_q, block_k, num_k_blocks) if causal else num_k_blocks
-  dq = jax.lax.fori_loop(0, hi, body, jnp.zeros((block_q, q_ref.shape[-1]), f32))
+  zero = jnp.zeros((bq, q_ref.shape[-1]), f32)
+  if causal:
+    hi = jnp.minimum(jax.lax.div((qb + 1) * bq + bk - 1, bk), num_k_blocks)
+    dq = _split_at_diagonal(body, 0, jax.lax.div(qb * bq + 1, bk), hi, zero, masked_first=False)
+  else:
+    dq = jax.lax.fori_loop(0, num_k_blocks, body(False), zero)
   dq_ref[...] = dq.astype(dq_ref.dtype)
 
 
-def _dbias_kernel(q_ref, k_ref, v_ref, bias_ref, qseg_ref, kvseg_ref, drop_ref, do_ref, lse_ref, delta_ref,
-                  db_ref, *, causal: bool, keep_scale: float, block_q: int, block_k: int, weights_dtype, pv_dtype,
-                  batch: int, per_example: bool):
-  del weights_dtype
-  qb, kb = pl.program_id(0), pl.program_id(1)
-  rows = qb * block_q + jnp.arange(block_q)
-  cols = kb * block_k + jnp.arange(block_k)
+def _dbias_kernel(q_ref, k_ref, v_ref, rel_ref, qseg_ref, kvseg_ref, drop_ref, do_ref, lse_ref, delta_ref,
+                  db_ref, *, st: _Static, causal: bool, batch: int, rows_per_program: int):
+  bq, bk = st.block_q, st.block_k
+  qb, kb, group = pl.program_id(0), pl.program_id(1), pl.program_id(3)
+  rows = qb * bq + jnp.arange(bq)
+  cols = kb * bk + jnp.arange(bk)
 
-  def tile(r):  # dS of batch row r for this (query block, key block, head)
-    do = do_ref[r].astype(pv_dtype)
-    s = _scaled_logits(q_ref[r], k_ref[r], bias_ref[r if per_example else 0], qseg_ref[r], kvseg_ref[r], rows,
-                       cols, causal)
-    p = jnp.exp2(s - lse_ref[r][:, None])
-    keep = None if drop_ref is None else drop_ref[r]
-    return _logits_gradient(p, plt.dot(do, v_ref[r].astype(pv_dtype), trans_b=True), delta_ref[r], keep, keep_scale)
+  def body(masked):
+    def step(r, total):  # dS of batch row r for this (query block, key block, head), added to the sum
+      do = do_ref[r].astype(st.pv_dtype)
+      s = _scaled_logits(q_ref[r], k_ref[r], rel_ref, _read(qseg_ref, r), _read(kvseg_ref, r), rows, cols, st,
+                         masked)
+      p = jnp.exp2(s - lse_ref[r][:, None])
+      ds = _logits_gradient(p, plt.dot(do, v_ref[r].astype(st.pv_dtype), trans_b=True), delta_ref[r],
+                            _read(drop_ref, r), st.keep_scale)
+      return total + ds
+    return step
 
-  if per_example:
-    def write(r, carry):
-      db_ref[r] = tile(r).astype(db_ref.dtype)
-      return carry
-    jax.lax.fori_loop(0, batch, write, 0)
+  lo = group * rows_per_program
+  hi = jnp.minimum(lo + rows_per_program, batch)
+  zero = jnp.zeros((bq, bk), f32)
+  if causal:
+    # Above the diagonal every logit is masked and dS is 0 (no rows walked); below it nothing is masked.
+    above, below = kb * bk > qb * bq + bq - 1, kb * bk + bk - 1 <= qb * bq
+    hi = jnp.where(above, lo, hi)
+    total = jax.lax.cond(below, lambda: jax.lax.fori_loop(lo, hi, body(False), zero),
+                         lambda: jax.lax.fori_loop(lo, hi, body(True), zero))
   else:
-    # Above the diagonal every logit is masked and dS is 0: the loop over the batch is skipped.
-    trips = batch * (kb * block_k < (qb + 1) * block_q).astype(jnp.int32) if causal else batch
-    total = jax.lax.fori_loop(0, trips, lambda r, acc: acc + tile(r), jnp.zeros((block_q, block_k), f32))
-    db_ref[...] = total.astype(db_ref.dtype)
+    total = jax.lax.fori_loop(lo, hi, body(False), zero)
+  db_ref[...] = total
 
 
 # --- pallas_calls --------------------------------------------------------------------------------------------
@@ -229,69 +296,85 @@ def _block(preferred: int, length: int) -> int:
   return max(MIN_BLOCK, min(preferred, _next_power_of_2(length)))
 
 
+def bias_groups(batch: int, tiles: int, programs: int = BIAS_PROGRAMS) -> tuple[int, int]:
+  """(groups, rows a group) splitting `batch` rows so the bias gradient's grid of `tiles` x groups programs
+  has about `programs` of them."""
+  rows = -(-batch // max(1, min(batch, -(-programs // tiles))))
+  return -(-batch // rows), rows
+
+
 class _Calls:
   """The four pallas_calls for padded shapes: batch b, lengths nq, nk (whole blocks), heads h, head dim d."""
 
-  def __init__(self, b, nq, nk, h, d, *, bias_batch, has_drop, causal, keep_scale, block_q, block_k,
-               weights_dtype, pv_dtype, num_warps, num_stages, interpret):
+  def __init__(self, b, nq, nk, h, d, *, tiling: tuple[Tiling, Tiling], has_rel, has_seg, has_drop, causal,
+               keep_scale, weights_dtype, pv_dtype, interpret):
     self.shape = (b, nq, nk, h, d)
-    self.bias_batch, self.has_drop = bias_batch, has_drop
-    self.block_q, self.block_k, self.interpret = block_q, block_k, interpret
-    self.static = dict(causal=causal, keep_scale=keep_scale, block_q=block_q, block_k=block_k,
-                       weights_dtype=weights_dtype, pv_dtype=pv_dtype)
-    self.num_warps, self.num_stages = num_warps, num_stages
+    self.has = dict(rel=has_rel, seg=has_seg, drop=has_drop)
+    self.causal, self.interpret = causal, interpret
+    self.tiling = dict(zip(("forward", "backward"), tiling))
+    self.static = {k: _Static(_block(t.block_q, nq), _block(t.block_k, nk), keep_scale, weights_dtype, pv_dtype,
+                              nq - 1) for k, t in self.tiling.items()}
 
-  def _call(self, kernel, name, grid, in_specs, out_specs, out_shape, args):
+  def _call(self, kernel, direction, name, grid, in_specs, out_specs, out_shape, args, **static):
+    t = self.tiling[direction]
     return pl.pallas_call(
-        kernel, grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
-        compiler_params=plt.CompilerParams(num_warps=self.num_warps, num_stages=self.num_stages),
+        functools.partial(kernel, st=self.static[direction], causal=self.causal, **static), grid=grid,
+        in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
+        compiler_params=plt.CompilerParams(num_warps=t.num_warps, num_stages=t.num_stages),
         interpret=self.interpret, name=name)(*args)
 
-  def _specs(self, q, k, bias, qseg, kvseg, drop):
-    """The BlockSpecs of (q, k, v, bias, q_seg, kv_seg, dropout mask), each given as (block shape, index map);
-    None where the bias or the mask is absent."""
-    return [pl.BlockSpec(*q), pl.BlockSpec(*k), pl.BlockSpec(*k),
-            None if self.bias_batch is None else pl.BlockSpec(*bias), pl.BlockSpec(*qseg), pl.BlockSpec(*kvseg),
-            pl.BlockSpec(*drop) if self.has_drop else None]
+  def _specs(self, q, k, rel, qseg, kvseg, drop):
+    """The BlockSpecs of (q, k, v, rel, q_seg, kv_seg, dropout mask), each given as (block shape, index map);
+    None where the bias, the segment ids or the mask is absent."""
+    has = self.has
+    opt = lambda present, spec: pl.BlockSpec(*spec) if present else None
+    return [pl.BlockSpec(*q), pl.BlockSpec(*k), pl.BlockSpec(*k), opt(has["rel"], rel), opt(has["seg"], qseg),
+            opt(has["seg"], kvseg), opt(has["drop"], drop)]
 
-  @property
-  def per_example(self) -> bool:
-    """Whether the bias has a batch axis of its own (else one [1, h, q, k] bias is shared by the batch)."""
-    return self.bias_batch == self.shape[0] and self.shape[0] > 1
+  def _rel(self, head):
+    """The head's whole offset vector [h, nq + nk]: (block shape, index map)."""
+    nq, nk = self.shape[1:3]
+    return (None, nq + nk), lambda *ids: (ids[head], 0)
 
   def _by_query_block(self):
-    """For programs over (row, query block, head): the specs of (q, k, v, bias, q_seg, kv_seg, mask), and the
+    """For programs over (row, query block, head): the specs of (q, k, v, rel, q_seg, kv_seg, mask), and the
     BlockSpecs of a query block's rows [b, q, h, d] and of its statistics [b, h, q]."""
     b, nq, nk, h, d = self.shape
-    bq, per_example = self.block_q, self.per_example
+    bq = self.static["backward"].block_q
     in_specs = self._specs(
         ((None, bq, None, d), lambda r, i, hh: (r, i, hh, 0)),
         ((None, nk, None, d), lambda r, i, hh: (r, 0, hh, 0)),
-        ((None, None, bq, nk), lambda r, i, hh: (r if per_example else 0, hh, i, 0)),
+        self._rel(2),
         ((None, bq), lambda r, i, hh: (r, i)),
         ((None, nk), lambda r, i, hh: (r, 0)),
         ((None, None, bq, nk), lambda r, i, hh: (r, hh, i, 0)))
     return (in_specs, pl.BlockSpec((None, bq, None, d), lambda r, i, hh: (r, i, hh, 0)),
             pl.BlockSpec((None, None, bq), lambda r, i, hh: (r, hh, i)))
 
-  def forward(self, q, k, v, bias, qseg, kvseg, drop, out_dtype):
+  def forward(self, q, k, v, rel, qseg, kvseg, drop, out_dtype):
     b, nq, nk, h, d = self.shape
-    in_specs, rows, stats = self._by_query_block()
-    out_specs = [rows, stats]
+    bq = self.static["forward"].block_q
+    in_specs = self._specs(
+        ((None, bq, None, d), lambda r, i, hh: (r, i, hh, 0)),
+        ((None, nk, None, d), lambda r, i, hh: (r, 0, hh, 0)),
+        self._rel(2),
+        ((None, bq), lambda r, i, hh: (r, i)),
+        ((None, nk), lambda r, i, hh: (r, 0)),
+        ((None, None, bq, nk), lambda r, i, hh: (r, hh, i, 0)))
+    out_specs = [pl.BlockSpec((None, bq, None, d), lambda r, i, hh: (r, i, hh, 0)),
+                 pl.BlockSpec((None, None, bq), lambda r, i, hh: (r, hh, i))]
     out_shape = [jax.ShapeDtypeStruct((b, nq, h, d), out_dtype), jax.ShapeDtypeStruct((b, h, nq), f32)]
-    # The batch is the grid's fastest axis: programs running together read the same head's bias tiles, which
-    # then come from L2 after the first reads them.
-    return self._call(functools.partial(_forward_kernel, **self.static), "flash_attention_fwd",
-                      (b, nq // self.block_q, h), in_specs, out_specs, out_shape, (q, k, v, bias, qseg, kvseg, drop))
+    # The batch is the grid's fastest axis: programs running together read the same head's K/V columns' bias.
+    return self._call(_forward_kernel, "forward", "flash_attention_fwd", (b, nq // bq, h), in_specs, out_specs,
+                      out_shape, (q, k, v, rel, qseg, kvseg, drop))
 
   def dkv(self, *args):
     b, nq, nk, h, d = self.shape
-    bk, per_example = self.block_k, self.per_example
+    bk = self.static["backward"].block_k
     rows = ((None, nq, None, d), lambda r, j, hh: (r, 0, hh, 0))
     keys = ((None, bk, None, d), lambda r, j, hh: (r, j, hh, 0))
     in_specs = self._specs(
-        rows, keys,
-        ((None, None, nq, bk), lambda r, j, hh: (r if per_example else 0, hh, 0, j)),
+        rows, keys, self._rel(2),
         ((None, nq), lambda r, j, hh: (r, 0)),
         ((None, bk), lambda r, j, hh: (r, j)),
         ((None, None, nq, bk), lambda r, j, hh: (r, hh, 0, j)))
@@ -300,79 +383,90 @@ class _Calls:
     out_specs = [pl.BlockSpec(*keys), pl.BlockSpec(*keys)]
     k, v = args[1:3]
     out_shape = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
-    return self._call(functools.partial(_dkv_kernel, **self.static), "flash_attention_dkv", (b, nk // bk, h),
-                      in_specs, out_specs, out_shape, args)
+    return self._call(_dkv_kernel, "backward", "flash_attention_dkv", (b, nk // bk, h), in_specs, out_specs,
+                      out_shape, args)
 
   def dq(self, *args):
     b, nq, nk, h, d = self.shape
     in_specs, rows, stats = self._by_query_block()
     q = args[0]
-    return self._call(functools.partial(_dq_kernel, **self.static), "flash_attention_dq", (b, nq // self.block_q, h),
+    return self._call(_dq_kernel, "backward", "flash_attention_dq", (b, nq // self.static["backward"].block_q, h),
                       in_specs + [rows, stats, stats], rows, jax.ShapeDtypeStruct(q.shape, q.dtype), args)
 
-  def dbias(self, *args, bias_dtype):
+  def dbias(self, *args):
+    """The bias gradient's tiles summed over each group of batch rows: [groups, h, nq, nk] float32."""
     b, nq, nk, h, d = self.shape
-    bq, bk, per_example = self.block_q, self.block_k, self.per_example
-    rows = ((b, bq, None, d), lambda i, j, hh: (0, i, hh, 0))
+    st = self.static["backward"]
+    bq, bk = st.block_q, st.block_k
+    groups, rows_per_program = bias_groups(b, (nq // bq) * (nk // bk) * h)
+    rows = ((b, bq, None, d), lambda i, j, hh, g: (0, i, hh, 0))
     in_specs = self._specs(
         rows,
-        ((b, bk, None, d), lambda i, j, hh: (0, j, hh, 0)),
-        ((self.bias_batch, None, bq, bk), lambda i, j, hh: (0, hh, i, j)),
-        ((b, bq), lambda i, j, hh: (0, i)),
-        ((b, bk), lambda i, j, hh: (0, j)),
-        ((b, None, bq, bk), lambda i, j, hh: (0, hh, i, j)))
-    stats = pl.BlockSpec((b, None, bq), lambda i, j, hh: (0, hh, i))
+        ((b, bk, None, d), lambda i, j, hh, g: (0, j, hh, 0)),
+        self._rel(2),
+        ((b, bq), lambda i, j, hh, g: (0, i)),
+        ((b, bk), lambda i, j, hh, g: (0, j)),
+        ((b, None, bq, bk), lambda i, j, hh, g: (0, hh, i, j)))
+    stats = pl.BlockSpec((b, None, bq), lambda i, j, hh, g: (0, hh, i))
     in_specs += [pl.BlockSpec(*rows), stats, stats]
-    out_spec = pl.BlockSpec((b if per_example else None, None, bq, bk), lambda i, j, hh: (0, hh, i, j))
-    out_shape = jax.ShapeDtypeStruct((self.bias_batch, h, nq, nk), bias_dtype)
-    kernel = functools.partial(_dbias_kernel, **self.static, batch=b, per_example=per_example)
+    out_spec = pl.BlockSpec((None, None, bq, bk), lambda i, j, hh, g: (g, hh, i, j))
+    out_shape = jax.ShapeDtypeStruct((groups, h, nq, nk), f32)
     # Query blocks vary fastest: programs running together share a key block's tiles.
-    return self._call(kernel, "flash_attention_dbias", (nq // bq, nk // bk, h), in_specs, out_spec, out_shape, args)
+    return self._call(_dbias_kernel, "backward", "flash_attention_dbias", (nq // bq, nk // bk, h, groups),
+                      in_specs, out_spec, out_shape, args, batch=b, rows_per_program=rows_per_program)
 
 
-def attention(query, key, value, *, bias=None, q_segment_ids=None, kv_segment_ids=None, causal: bool = False,
-              dropout_mask=None, dropout_rate: float = 0.0, dtype=jnp.float32, interpret: bool = False,
-              block_q: int = BLOCK_Q, block_k: int = BLOCK_K, num_warps: int = NUM_WARPS,
-              num_stages: int = NUM_STAGES):
+def attention(query, key, value, *, bias: RelativeBias | None = None, q_segment_ids=None, kv_segment_ids=None,
+              causal: bool = False, dropout_mask=None, dropout_rate: float = 0.0, dtype=jnp.float32,
+              interpret: bool = False, tiling: tuple[Tiling, Tiling] | Tiling | None = None):
   """The model's attention operation (`mixers.attention.dot_product_attention`) through the kernels, with a custom
-  gradient for query, key, value and bias.
+  gradient for query, key, value and the bias's values.
 
-  query [b, q, h, d]; key, value [b, k, h, d]; bias None, [1, h, q, k] or [b, h, q, k] (float); segment ids
-  [b, q] and [b, k] (int, 0 = padding; None: every position real); dropout_mask None or [b, h, q, k] bool, with
-  dropout_rate the rate it was drawn at; returns [b, q, h, d] in `dtype`. `interpret=True` runs the kernels in
+  query [b, q, h, d]; key, value [b, k, h, d]; bias None or a `RelativeBias` ([h, q + k - 1] values); segment
+  ids [b, q] and [b, k] (int, 0 = padding; None: every position real); dropout_mask None or [b, h, q, k] bool,
+  with dropout_rate the rate it was drawn at; returns [b, q, h, d] in `dtype`. `tiling`: (forward, gradient)
+  tilings, or one for both (None: `tilings()`, by the GPU compiled for). `interpret=True` runs the kernels in
   Pallas's interpreter (any platform: the tests); otherwise they lower for CUDA GPUs only."""
   b, nq, h, d = query.shape
   nk = key.shape[1]
-  kernels.check_attention_shapes(query, key, value, bias)
+  kernels.check_attention_shapes(query, key, value, None)
+  if bias is not None:
+    check_bias(bias, h, nq, nk, "flash attention")
   if dropout_mask is not None and dropout_mask.shape != (b, h, nq, nk):
     raise ValueError(f"flash attention: dropout_mask {dropout_mask.shape} must be [{b}, {h}, {nq}, {nk}]")
   if not 0.0 <= dropout_rate < 1.0:
     raise ValueError(f"flash attention: dropout_rate {dropout_rate} must be in [0, 1)")
-  q_seg = jnp.ones((b, nq), jnp.int32) if q_segment_ids is None else jnp.asarray(q_segment_ids, jnp.int32)
-  kv_seg = jnp.ones((b, nk), jnp.int32) if kv_segment_ids is None else jnp.asarray(kv_segment_ids, jnp.int32)
+  tiling = tilings() if tiling is None else (tiling, tiling) if isinstance(tiling, Tiling) else tuple(tiling)
+  block = lambda side, n: max(_block(getattr(t, side), n) for t in tiling)  # a multiple of each kernel's
+  pq, pk, pd = -(-nq // block("block_q", nq)) * block("block_q", nq), \
+      -(-nk // block("block_k", nk)) * block("block_k", nk), max(MIN_BLOCK, _next_power_of_2(d))
+  # Segment ids are compared only when given, or when padding to whole blocks adds keys to mask.
+  has_seg = q_segment_ids is not None or kv_segment_ids is not None or pk != nk
+  seg = lambda ids, n: None if not has_seg else (
+      jnp.ones((b, n), jnp.int32) if ids is None else jnp.asarray(ids, jnp.int32))
+  q_seg, kv_seg = seg(q_segment_ids, nq), seg(kv_segment_ids, nk)
   drop = None if dropout_mask is None else jnp.asarray(dropout_mask, jnp.bool_)
   dtype = jnp.dtype(dtype)
+  calls = _Calls(b, pq, pk, h, pd, tiling=tiling, has_rel=bias is not None, has_seg=has_seg,
+                 has_drop=drop is not None, causal=causal, keep_scale=1.0 / (1.0 - dropout_rate),
+                 weights_dtype=dtype, pv_dtype=jnp.promote_types(dtype, value.dtype), interpret=interpret)
 
-  bq, bk = _block(block_q, nq), _block(block_k, nk)
-  pq, pk, pd = -(-nq // bq) * bq, -(-nk // bk) * bk, max(MIN_BLOCK, _next_power_of_2(d))
-  calls = _Calls(b, pq, pk, h, pd, bias_batch=None if bias is None else bias.shape[0], has_drop=drop is not None,
-                 causal=causal, keep_scale=1.0 / (1.0 - dropout_rate), block_q=bq, block_k=bk,
-                 weights_dtype=dtype, pv_dtype=jnp.promote_types(dtype, value.dtype), num_warps=num_warps,
-                 num_stages=num_stages, interpret=interpret)
-
-  def padded(q, k, v, bias, q_seg, kv_seg, drop):
-    """Whole blocks and a power-of-two head dimension: zeros, segment id 0 (masked), mask False."""
+  def padded(q, k, v, rel, q_seg, kv_seg, drop):
+    """Whole blocks and a power-of-two head dimension: zeros, segment id 0 (masked), mask False; the offset
+    vector [h, pq + pk] indexed by key - query + pq - 1 (zeros for the padded rows' and columns' offsets)."""
     rows = lambda x, n: pad_axis(pad_axis(x, 1, n), 3, pd)
-    tiles = lambda x, fill=0: None if x is None else pad_axis(pad_axis(x, 2, pq), 3, pk, fill)
-    return (rows(q, pq), rows(k, pk), rows(v, pk), tiles(bias), pad_axis(q_seg, 1, pq), pad_axis(kv_seg, 1, pk),
-            tiles(drop, False))
+    pad = lambda x, n: None if x is None else pad_axis(x, 1, n)
+    if rel is not None:
+      rel = jnp.pad(rel, ((0, 0), (pq - nq, pk - nk + 1)))
+    drop = None if drop is None else pad_axis(pad_axis(drop, 2, pq), 3, pk, False)
+    return rows(q, pq), rows(k, pk), rows(v, pk), rel, pad(q_seg, pq), pad(kv_seg, pk), drop
 
   @jax.custom_vjp
-  def run(q, k, v, bias, q_seg, kv_seg, drop):
-    return run_fwd(q, k, v, bias, q_seg, kv_seg, drop)[0]
+  def run(q, k, v, rel, q_seg, kv_seg, drop):
+    return run_fwd(q, k, v, rel, q_seg, kv_seg, drop)[0]
 
-  def run_fwd(q, k, v, bias, q_seg, kv_seg, drop):
-    args = padded(q, k, v, bias, q_seg, kv_seg, drop)
+  def run_fwd(q, k, v, rel, q_seg, kv_seg, drop):
+    args = padded(q, k, v, rel, q_seg, kv_seg, drop)
     out, lse = calls.forward(*args, dtype)
     return out[:, :nq, :, :d], (args, out, lse)
 
@@ -384,23 +478,31 @@ def attention(query, key, value, *, bias=None, q_segment_ids=None, kv_segment_id
     bwd = (*args, do, lse, delta)
     dk, dv = calls.dkv(*bwd)
     dq = calls.dq(*bwd)
-    bias_in = args[3]
-    dbias = None if bias_in is None else calls.dbias(*bwd, bias_dtype=bias_in.dtype)[:, :, :nq, :nk]
+    drel = None
+    if args[3] is not None:  # the groups' tiles summed, then each offset's diagonal: [h, pq + pk - 1]
+      sums = RelativeBias(jnp.zeros((h, pq + pk - 1), f32), pq).offset_sums(calls.dbias(*bwd).sum(0))
+      drel = sums[:, pq - nq:pq + nk - 1]
     cut = lambda x, n: x[:, :n, :, :d]
-    return cut(dq, nq), cut(dk, nk), cut(dv, nk), dbias, None, None, None
+    return cut(dq, nq), cut(dk, nk), cut(dv, nk), drel, None, None, None
 
   run.defvjp(run_fwd, run_bwd)
-  return run(query, key, value, bias, q_seg, kv_seg, drop)
+  rel = None if bias is None else bias.values.astype(f32)
+  return run(query, key, value, rel, q_seg, kv_seg, drop)
 
 
 def seam(query, key, value, bias, q_segment_ids, kv_segment_ids, keep, *, reference, causal: bool,
          dropout_rate: float, dtype, float32_logits: bool = True):
   """The `pallas_gpu` implementation of the model's attention operation (`T5Config.attention_impl`; the
   reference is `mixers.attention.dot_product_attention`, whose positional arguments these are), each device's
-  batch rows through the kernels under a mesh. Logits are float32 in the kernels whatever `float32_logits`."""
-  del reference, float32_logits
-  run = lambda q, k, v, b, qs, ks, m: attention(q, k, v, bias=b, q_segment_ids=qs, kv_segment_ids=ks,
-                                                  causal=causal, dropout_mask=m, dropout_rate=dropout_rate,
-                                                  dtype=dtype)
-  shared = (3,) if bias is not None and bias.shape[0] == 1 else ()
-  return sharding.per_batch_shard(run, shared)(query, key, value, bias, q_segment_ids, kv_segment_ids, keep)
+  batch rows through the kernels under a mesh. Logits are float32 in the kernels whatever `float32_logits`. A
+  dense bias (not T5's per-offset one) goes to the reference."""
+  del float32_logits
+  if bias is not None and not isinstance(bias, RelativeBias):
+    return kernels.hand_back(reference, "the kernel takes T5's relative bias (kernels.bias.RelativeBias), not a "
+                             "dense bias", query, key, value, bias, q_segment_ids, kv_segment_ids, keep)
+  q_len = query.shape[1]
+  run = lambda q, k, v, rel, qs, ks, m: attention(
+      q, k, v, bias=None if rel is None else RelativeBias(rel[0], q_len), q_segment_ids=qs, kv_segment_ids=ks,
+      causal=causal, dropout_mask=m, dropout_rate=dropout_rate, dtype=dtype)
+  rel = None if bias is None else bias.values[None]  # shared by the batch: one copy per shard
+  return sharding.per_batch_shard(run, (3,))(query, key, value, rel, q_segment_ids, kv_segment_ids, keep)

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 
 from remixer_t5 import kernels
 from remixer_t5.kernels import pad_axis, sharding
+from remixer_t5.kernels.bias import RelativeBias
 
 FIRST_BFLOAT16_GENERATION = 4  # v2 and v3: Mosaic takes no bfloat16 matmul operands
 BLOCK = 128  # JAX's default blocks; its backward needs key blocks of at least 128 (its MIN_BLOCK_SIZE)
@@ -36,15 +37,17 @@ BLOCK = 128  # JAX's default blocks; its backward needs key blocks of at least 1
 def attention(query, key, value, *, bias=None, q_segment_ids=None, kv_segment_ids=None, causal: bool = False,
               dropout_mask=None, dropout_rate: float = 0.0, dtype=jnp.float32, operand_dtype=None,
               block: int = BLOCK):
-  """The model's attention operation (`mixers.attention.dot_product_attention`) through JAX's TPU flash attention (differentiable in query,
-  key, value and bias). query [b, q, h, d]; key, value [b, k, h, d]; bias None, [1, h, q, k] or [b, h, q, k];
-  segment ids [b, q], [b, k] (0 = padding); returns [b, q, h, d] in `dtype`. operand_dtype: what query, key
+  """The model's attention operation (`mixers.attention.dot_product_attention`) through JAX's TPU flash
+  attention (differentiable in query, key, value and bias). query [b, q, h, d]; key, value [b, k, h, d]; bias
+  None, a `RelativeBias` or a [1|b, h, q, k] array; segment ids [b, q], [b, k] (0 = padding); returns [b, q, h, d] in `dtype`. operand_dtype: what query, key
   and value are cast to for the kernel (None: as given); v2 and v3 need float32, their Mosaic compiler takes no
   bfloat16 matmul operands."""
   if dropout_mask is not None or dropout_rate:
     raise NotImplementedError("TPU flash attention takes no dropout mask (JAX's Pallas TPU kernel has no "
                               "dropout): use the XLA attention when attention dropout is on")
   from jax.experimental.pallas.ops.tpu import flash_attention as tpu
+  if isinstance(bias, RelativeBias):  # JAX's kernel reads a dense [b, h, q, k] bias
+    bias = bias.dense()
   b, nq, h, d = query.shape
   nk = key.shape[1]
   kernels.check_attention_shapes(query, key, value, bias)
@@ -86,5 +89,6 @@ def seam(query, key, value, bias, q_segment_ids, kv_segment_ids, keep, *, refere
     return kernels.hand_back(reference, why, query, key, value, bias, q_segment_ids, kv_segment_ids, keep)
   run = lambda q, k, v, b, qs, ks: attention(q, k, v, bias=b, q_segment_ids=qs, kv_segment_ids=ks, causal=causal,
                                              dtype=dtype)
+  bias = bias.dense() if isinstance(bias, RelativeBias) else bias
   shared = (3,) if bias is not None and bias.shape[0] == 1 else ()
   return sharding.per_batch_shard(run, shared)(query, key, value, bias, q_segment_ids, kv_segment_ids)

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from remixer_t5 import kernels
+from remixer_t5.kernels import bias as kernels_bias
 from remixer_t5.model import layers
 from remixer_t5.model.mixers import base
 
@@ -58,8 +59,7 @@ class Attention(nn.Module):
       # indices (as t5x/flaxformer compute it from the lengths): a packed segment's positions are consecutive, so
       # key_pos - query_pos = key_idx - query_idx on every pair the mask keeps, and no per-example
       # [batch, heads, q, k] bias (nor a scatter of its gradient into the small table) is built.
-      relpos = (ctx.relpos(inputs_q.shape[1], inputs_kv.shape[1], bidirectional=not ctx.causal).astype(jnp.float32)
-                if use_relpos else None)
+      relpos = ctx.relpos(inputs_q.shape[1], inputs_kv.shape[1], bidirectional=not ctx.causal) if use_relpos else None
       keep = None
       if not deterministic and cfg.dropout_rate > 0:
         keep = layers.Dropout(cfg.dropout_rate, impl=cfg.dropout_impl).keep(
@@ -150,8 +150,8 @@ def dot_product_attention(query: Array, key: Array, value: Array, bias: Array | 
   """softmax(q k^T + bias + mask) v with T5's conventions, in plain JAX: the reference (`xla`) implementation of
   the attention operation, which every kernel of it is tested against (kernels/__init__.py).
 
-  query [b, q, h, d], key and value [b, k, h, d]; bias None or [1|b, h, q, k] float32 (T5's relative position
-  bias); segment ids [b, q] and [b, k], int32, 0 for padding (unpacked rows: 1 for real tokens): a query sees the
+  query [b, q, h, d], key and value [b, k, h, d]; bias None, T5's relative position bias as one value per head
+  and offset (`kernels.bias.RelativeBias`, expanded here) or a [1|b, h, q, k] array; segment ids [b, q] and [b, k], int32, 0 for padding (unpacked rows: 1 for real tokens): a query sees the
   real keys of its own segment, and with `causal` keys j <= i only; `keep` None or dropout's boolean keep mask
   [b, h, q, k] (rate `dropout_rate`). No 1/sqrt(d) (T5 keeps it in the query initializer); logits and softmax in
   float32 (`float32_logits`). `add` adds the biases (the `cpu` implementation passes one with a CPU-shaped
@@ -161,6 +161,8 @@ def dot_product_attention(query: Array, key: Array, value: Array, bias: Array | 
   if causal:
     mask &= jnp.arange(key.shape[1])[None, None, :] <= jnp.arange(query.shape[1])[None, :, None]
   bias_all = layers.mask_to_bias(mask[:, None].astype(jnp.float32), jnp.float32)
+  if isinstance(bias, kernels_bias.RelativeBias):
+    bias = bias.dense()
   if bias is not None:  # [b, 1, q, k] + [1, h, q, k]: the position bias's gradient sums over the batch
     bias_all = add(bias_all, bias.astype(bias_all.dtype))
   logits = jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32 if float32_logits else None)

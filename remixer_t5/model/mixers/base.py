@@ -44,7 +44,7 @@ class MixerContext:
   static_kv: bool = struct.field(pytree_node=False, default=False)
   # The stack's shared relative-position-bias module (T5); only attention uses it, so only then the table
   # exists. Called as relpos(q_positions, kv_positions, bidirectional=not causal) -> [b|1, heads, q, k], or
-  # with two ints (q_len, kv_len) for the row indices 0..len-1.
+  # with two ints (q_len, kv_len) for the row indices 0..len-1 -> kernels.bias.RelativeBias.
   relpos: Callable[..., Array] | None = struct.field(pytree_node=False, default=None)
 
   @property
