@@ -6,6 +6,8 @@ real compile beside the deviceless prediction, then runs it on random tokens and
 time, tokens/s and MFU (model FLOPs, mfu.py, against the GPU's bf16 dense peak), the allocator's peak memory,
 and the loss of each step (finite and falling). Stages:
 
+- `attention`: bench/attention.py, the fused attention alone at T5.1.1-base's encoder and decoder shapes
+  (forward, forward + backward, candidate tilings) beside the XLA form and JAX's Pallas `mha` without bias;
 - `parity`: the tiny T5.1.1 (float32, matmul precision 'highest') evaluated and trained one step on the GPU and
   on the host CPU from the same parameters and batch: loss, gradient norm and the updated parameters must agree.
 - one stage per base model at the pretraining settings (runs/pretrain.gin: batch 128, 512/114, Adafactor,
@@ -64,9 +66,11 @@ MODELS = {
 XLA_ATTENTION = "network.T5Config.attention_impl='xla'"
 MODELS.update({f"{k}_xla": (gin, [*b, XLA_ATTENTION], f"{label}, XLA attention") for k, (gin, b, label) in
                list(MODELS.items()) if "hypermixer" not in k})
-DEFAULT_STAGES = ("parity", "t5_1_1_base", "t5_1_1_base_xla", "remixer_sbase", "remixer_sbase_xla",
-                  "remixer_base_mb2", "hypermixer_base_mb4", "kernels", "cogs_quick", "deviceless_t5_1_1_base")
-TIMEOUTS = {"parity": 120, "cogs_quick": 420, "init_rng": 120, "kernels": 300, "deviceless": 240}
+# In the order a short GPU slot needs them: the attention micro-benchmark, T5.1.1-base fused beside XLA, the
+# Remixer_Base (one command of ~6 minutes with --profile --deadline 330), then the rest.
+DEFAULT_STAGES = ("attention", "t5_1_1_base", "t5_1_1_base_xla", "remixer_base", "parity", "remixer_sbase",
+                  "remixer_sbase_xla", "hypermixer_base", "kernels", "cogs_quick", "deviceless_t5_1_1_base")
+TIMEOUTS = {"parity": 120, "attention": 150, "cogs_quick": 420, "init_rng": 120, "kernels": 300, "deviceless": 240}
 MODEL_TIMEOUT = 200
 
 
@@ -309,6 +313,18 @@ def stage_kernels(steps: int, warmup: int, timeout: float) -> dict:
           "summary": [line for line in proc.stderr.splitlines() if line.startswith("# ")]}
 
 
+def stage_attention(steps: int, warmup: int) -> dict:
+  """bench/attention.py: the fused attention's forward and forward + backward at T5.1.1-base's encoder and
+  decoder shapes, at each candidate tiling, beside the XLA form and JAX's Pallas `mha` (no bias: the ceiling).
+  On a CPU, its interpreter dry run at tiny shapes."""
+  import jax
+
+  from remixer_t5.bench import attention as bench_attention
+  dry = jax.devices()[0].platform != "gpu"
+  rows = bench_attention.run(dry=dry, repeats=steps, warmup=warmup, log=lambda s: print(s, file=sys.stderr))
+  return {"stage": "attention", "dry": dry, "rows": rows}
+
+
 def stage_init_rng(model_gin: str = "models/t5_1_1/tiny.gin") -> dict:
   """The builder's `init_rng` forms on this device: the state's initialiser (`Program.init`, one device, data
   rules) lowered with jax's threefry kernel ('kernel') and with XLA's inlined threefry ('inline'), both compiled
@@ -397,6 +413,8 @@ def run_one(stage: str, steps: int, warmup: int, topology: str) -> dict:
     return stage_parity()
   if stage == "init_rng":
     return stage_init_rng()
+  if stage == "attention":
+    return stage_attention(steps, warmup)
   if stage == "kernels":
     return stage_kernels(steps, warmup, TIMEOUTS["kernels"] - 10)
   if stage.startswith("deviceless_"):
@@ -405,7 +423,7 @@ def run_one(stage: str, steps: int, warmup: int, topology: str) -> dict:
     return stage_cogs_quick(TIMEOUTS["cogs_quick"] - 10)
   if stage in MODELS:
     return stage_model(stage, steps, warmup, os.environ.get("GPU_MEASURE_PROFILE"))
-  raise ValueError(f"unknown stage {stage!r}: expected parity, init_rng, kernels, cogs_quick, deviceless_<model> or "
+  raise ValueError(f"unknown stage {stage!r}: expected parity, attention, init_rng, kernels, cogs_quick, deviceless_<model> or "
                    f"one of "
                    f"{sorted(MODELS)}")
 
@@ -427,6 +445,14 @@ def summary(row: dict) -> str:
             f"{row['kernel_run_seconds']} / {row['inlined_run_seconds']} s; host CPU's initialiser max |diff| "
             f"{row['host_max_abs_diff']:.2e}, relative to each leaf {row['host_max_rel_diff']:.2e}: "
             f"{'OK' if row['ok'] else 'MISMATCH'}")
+  if s == "attention":
+    cell = lambda r: r.get("error", "")[:100] or (
+        f"fwd {r['fwd_ms']:.3f} ms, fwd+bwd {r['fwd_bwd_ms']:.3f} ms ({r['fwd_bwd_tflops']:.1f} TFLOP/s"
+        + (f", {100 * r['of_mha']:.0f}% of mha" if "of_mha" in r else "") + ")"
+        + (f", max diff vs xla {r['max_diff_vs_xla']:.1e}" if "max_diff_vs_xla" in r else ""))
+    return "attention" + (" (CPU interpreter dry run)" if row["dry"] else "") + ":" + "".join(
+        f"\n    {r['shape']} best: forward {r['forward']}, gradient {r['gradient']}" if r["form"] == "best" else
+        f"\n    {r['shape']} {r['form']}: {cell(r)}" for r in row["rows"])
   if s == "kernels":
     return "kernels (bench kernels: default against xla):" + "".join(f"\n    {line}" for line in row["summary"])
   if s == "cogs_quick":

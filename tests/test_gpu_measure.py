@@ -121,3 +121,25 @@ def test_each_attention_model_has_an_xla_attention_stage_beside_it():
       assert gpu_measure.MODELS[f"{stage}_xla"] == (gin_file, [*bindings, gpu_measure.XLA_ATTENTION],
                                                     gpu_measure.MODELS[f"{stage}_xla"][2])
   assert any(s.endswith("_xla") for s in gpu_measure.DEFAULT_STAGES) and "cogs_quick" in gpu_measure.DEFAULT_STAGES
+
+
+def test_the_attention_stage_dry_runs_every_form_in_the_interpreter(tmp_path):
+  """The `attention` stage on the CPU: bench/attention.py's forms (the fused kernels at two tilings, the XLA form,
+  JAX's `mha`) run in Pallas's interpreter at tiny encoder and decoder shapes; each has its times and rate, the
+  kernels' outputs match the XLA form's within bfloat16 rounding, and each shape names its fastest tilings."""
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO), "COMMIT": "test"}
+  proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_measure.py"), "--out", str(tmp_path),
+                         "--stages", "attention", "--steps", "1", "--warmup", "0"],
+                        capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  row = json.loads((tmp_path / "gpu_measure.jsonl").read_text().splitlines()[-1])
+  assert row["stage"] == "attention" and row["dry"] and "error" not in row, row
+  timed = [r for r in row["rows"] if r["form"] != "best"]
+  assert {(r["shape"], r["form"]) for r in timed} == {
+      (s, f) for s in ("encoder", "decoder") for f in ("pallas 16x16 w4 s2", "pallas 32x16 w4 s2", "xla", "mha")}
+  assert all("error" not in r and r["fwd_ms"] > 0 and r["fwd_bwd_tflops"] > 0 for r in timed), timed
+  assert all(r["max_diff_vs_xla"] < 3e-2 for r in timed if r["form"].startswith("pallas")), timed
+  assert all("of_mha" in r for r in timed)
+  best = {r["shape"]: r for r in row["rows"] if r["form"] == "best"}
+  assert set(best) == {"encoder", "decoder"} and best["encoder"]["forward"].startswith("pallas")
+  assert "encoder best: forward pallas" in proc.stdout
