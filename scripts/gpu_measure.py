@@ -17,6 +17,8 @@ and the loss of each step (finite and falling). Stages:
 - `<model>_xla`: the same model with the plain XLA attention (`T5Config.attention_impl='xla'`), to set beside the
   default (`auto`: the Pallas flash attention of kernels/gpu/ on GPUs); `parity` runs the fused path on the GPU
   against the XLA form on the host;
+- `t5_1_1_base_fused`, `t5_1_1_base_bf16_logits`: T5Config's step-layout options (`fuse_projections`,
+  `logits_in_activation_dtype`), each kept on only if it pays here;
 - `cogs_quick`: `remixer-t5 repro cogs --quick` on this GPU, its time and scores beside the CPU's;
 - `deviceless_<model>`: `remixer-t5 compile --topology <this GPU> --json` in a child with JAX_PLATFORMS=cpu, on
   the same machine, for the prediction of the same cell (needs the CUDA plugin; reported, never fatal).
@@ -58,6 +60,10 @@ MODELS = {
     "remixer_base_mb2": ("models/remixer/base.gin", ["run_config.Training.num_microbatches=2"],
                          "Remixer_Base, 2 microbatches"),
     "amlp_base": ("models/amlp/base.gin", [], "aMLP-base (its tiny attention through the attention operation)"),
+    "t5_1_1_base_fused": ("models/t5_1_1/base.gin", ["network.T5Config.fuse_projections=True"],
+                          "T5.1.1-base, fused projections"),
+    "t5_1_1_base_bf16_logits": ("models/t5_1_1/base.gin", ["network.T5Config.logits_in_activation_dtype=True"],
+                                "T5.1.1-base, bfloat16 logits product"),
     "t5_1_1_small": ("models/t5_1_1/small.gin", [], "T5.1.1-small"),
     "t5_1_1_tiny": ("models/t5_1_1/tiny.gin", ["BATCH_SIZE=8"], "T5.1.1-tiny, batch 8 (a CPU check of this script)"),
 }
@@ -67,9 +73,11 @@ XLA_ATTENTION = "network.T5Config.attention_impl='xla'"
 MODELS.update({f"{k}_xla": (gin, [*b, XLA_ATTENTION], f"{label}, XLA attention") for k, (gin, b, label) in
                list(MODELS.items()) if "hypermixer" not in k})
 # In the order a short GPU slot needs them: the attention micro-benchmark, T5.1.1-base fused beside XLA, the
-# Remixer_Base (one command of ~6 minutes with --profile --deadline 330), then the rest.
-DEFAULT_STAGES = ("attention", "t5_1_1_base", "t5_1_1_base_xla", "remixer_base", "parity", "remixer_sbase",
-                  "remixer_sbase_xla", "hypermixer_base", "kernels", "cogs_quick", "deviceless_t5_1_1_base")
+# Remixer_Base (one command of ~6 minutes with --profile --deadline 330); then T5Config's step-layout options
+# (each kept only if it pays here), then the rest.
+DEFAULT_STAGES = ("attention", "t5_1_1_base", "t5_1_1_base_xla", "remixer_base", "t5_1_1_base_fused",
+                  "t5_1_1_base_bf16_logits", "parity", "remixer_sbase", "remixer_sbase_xla", "hypermixer_base",
+                  "kernels", "cogs_quick", "deviceless_t5_1_1_base")
 TIMEOUTS = {"parity": 120, "attention": 150, "cogs_quick": 420, "init_rng": 120, "kernels": 300, "deviceless": 240}
 MODEL_TIMEOUT = 200
 

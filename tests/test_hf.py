@@ -133,6 +133,16 @@ def test_matches_transformers_outputs(fx, loaded):
   assert loss == pytest.approx(float(fx["loss"]), rel=1e-5, abs=1e-5)
 
 
+def test_fused_projections_match_transformers_outputs(fx, loaded):
+  """The imported checkpoint with `fuse_projections` (query/key/value, key/value and wi_0/wi_1 as one product
+  each, the same parameters) gives HF's logits as closely as the unfused model does."""
+  module, params = loaded
+  fused = module.clone(config=dataclasses.replace(module.config, fuse_projections=True))
+  logits, _ = forward(fused, params, fx)
+  dec_mask = fx["decoder_attention_mask"].astype(bool)
+  np.testing.assert_allclose(logits[dec_mask], fx["logits"][dec_mask], rtol=0, atol=LOGITS_ATOL)
+
+
 @pytest.mark.parametrize("config_update", [
     pytest.param({"tie_word_embeddings": False, "scale_decoder_outputs": None}, id="transformers-4.x"),
     pytest.param({"tie_word_embeddings": True, "scale_decoder_outputs": False}, id="transformers-5.x"),

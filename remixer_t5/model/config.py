@@ -43,6 +43,12 @@ class T5Config:
   # platform the program is lowered for; 'xla' is the plain-JAX reference everywhere).
   attention_impl: str = "auto"
   dropout_impl: str = "auto"
+  # Step layout (the same parameters, checkpoints and function, rounding aside): the products that read one
+  # input as one product each (attention's query/key/value, cross-attention's key/value, the gated MLP's
+  # wi_0/wi_1: `layers.fused_dense`); the logits product with activation-dtype operands and float32 output (else
+  # all float32: on GPUs TF32).
+  fuse_projections: bool = False
+  logits_in_activation_dtype: bool = False
 
   def __post_init__(self):
     object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))

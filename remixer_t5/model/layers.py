@@ -7,7 +7,7 @@ checkpoints line up. Every parameter is created with `param_with_axes`, which re
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -65,21 +65,37 @@ class LayerNorm(nn.Module):
 
 
 class Dense(nn.Module):
-  """Bias-free dense layer over the last axis with a 2-D float32 kernel and logical axes."""
+  """Bias-free dense layer over the last axis with a 2-D float32 kernel and logical axes; `accumulate`: the
+  product's output dtype where it differs from `dtype` (float32 from bfloat16 operands)."""
   features: int
   kernel_axes: tuple[str, str]
   kernel_init: Initializer = default_kernel_init
   dtype: str = "float32"
+  accumulate: str | None = None
 
   @nn.compact
-  def __call__(self, x: Array) -> Array:
-    kernel = param_with_axes("kernel", self.kernel_init, (x.shape[-1], self.features), jnp.float32,
-                             axes=self.kernel_axes)
+  def __call__(self, x: Array | int) -> Array:
+    """x [..., in] -> [..., features]. Given the input width (an int) instead: the kernel in `dtype`, made as a
+    call makes it, for a product the caller fuses with other layers' kernels (`fused_dense`)."""
+    kernel = param_with_axes("kernel", self.kernel_init, (x if isinstance(x, int) else x.shape[-1], self.features),
+                             jnp.float32, axes=self.kernel_axes).astype(self.dtype)
+    if isinstance(x, int):
+      return kernel
     # One 2-D matmul over all leading axes (tokens x features), reshaped back: the same result, and the kernel
     # gradient is a plain tokens-contracting matmul (over two leading axes XLA:CPU copies the activation gradient
     # transposed). Only batch and length are merged, neither or only the batch axis sharded (partitioning.py).
-    y = jnp.dot(x.reshape(-1, x.shape[-1]).astype(self.dtype), kernel.astype(self.dtype))
+    y = jnp.dot(x.reshape(-1, x.shape[-1]).astype(self.dtype), kernel, preferred_element_type=self.accumulate)
     return y.reshape(*x.shape[:-1], self.features)
+
+
+def fused_dense(x: Array, denses: Sequence[Dense]) -> list[Array]:
+  """Each of `denses` (one width and dtype) applied to `x` as one product: their kernels stacked on a new axis
+  ([in, n, features]; the axis is unsharded, so each device stacks its own shards), x read once where n products
+  read it n times. The parameters are the layers' own (names, shapes, logical axes), so checkpoints are unchanged
+  (`T5Config.fuse_projections`)."""
+  kernels = jnp.stack([d(x.shape[-1]) for d in denses], axis=1)
+  y = jnp.einsum("td,dnf->tnf", x.reshape(-1, x.shape[-1]).astype(kernels.dtype), kernels)
+  return [y[:, i].reshape(*x.shape[:-1], y.shape[-1]) for i in range(len(denses))]
 
 
 class Dropout(nn.Dropout):

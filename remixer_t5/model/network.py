@@ -308,8 +308,10 @@ class Decoder(nn.Module):
                     cfg.num_decoder_layers, relpos, y, (encoded, self_ctx, cross_ctx), 1, deterministic, decode)
     y = layers.RMSNorm(cfg.layer_norm_epsilon, cfg.dtype, name="decoder_norm")(y)
     y = layers.Dropout(cfg.dropout_rate, broadcast_dims=(-2,), impl=cfg.dropout_impl)(y, deterministic=deterministic)
-    # Logits in float32 whatever the activation dtype: the softmax over the vocabulary needs the range.
-    logits = layers.Dense(cfg.vocab_size, ("embed", "vocab"), dtype="float32", name="logits_dense")(y)
+    # Logits in float32 whatever the activation dtype: the softmax over the vocabulary needs the range (with
+    # `logits_in_activation_dtype`, from activation-dtype operands).
+    logits = layers.Dense(cfg.vocab_size, ("embed", "vocab"), dtype=cfg.dtype if cfg.logits_in_activation_dtype
+                          else "float32", accumulate="float32", name="logits_dense")(y)
     return layers.with_sharding_constraint(logits, ("batch", "length", "vocab"))
 
 

@@ -37,11 +37,16 @@ class Attention(nn.Module):
     inner = heads * depth
     kernel_init = nn.initializers.variance_scaling(1.0, "fan_in", "normal")
     query_init = lambda *a: kernel_init(*a) / math.sqrt(depth)
-    proj = lambda name, init: layers.Dense(inner, ("embed", "joined_kv"), kernel_init=init, dtype=cfg.dtype, name=name)
+    dense = {name: layers.Dense(inner, ("embed", "joined_kv"), kernel_init=query_init if name == "query" else
+                                kernel_init, dtype=cfg.dtype, name=name) for name in ("query", "key", "value")}
     split = lambda x: x.reshape(x.shape[:-1] + (heads, depth))
     constrain = lambda t: layers.with_sharding_constraint(t, ("batch", "length", "heads", "kv"))
-    query = constrain(split(proj("query", query_init)(inputs_q)))
-    project = lambda name: constrain(split(proj(name, kernel_init)(inputs_kv)))
+    fused = {}
+    if cfg.fuse_projections and not ctx.static_kv:  # one product per input (self-attention: one for all three)
+      names = ("query", "key", "value") if inputs_q is inputs_kv else ("key", "value")
+      fused = dict(zip(names, layers.fused_dense(inputs_kv, [dense[n] for n in names])))
+    project = lambda name, x=inputs_kv: constrain(split(fused[name] if name in fused else dense[name](x)))
+    query = project("query", inputs_q)
 
     use_relpos = self.relative_positions and ctx.relpos is not None
     kv_spec = "bkhd"  # keys/values [batch, length, heads, head_dim]

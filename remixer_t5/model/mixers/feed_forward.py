@@ -17,11 +17,12 @@ class GatedMlp(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, ctx: base.MixerContext | None = None, *, deterministic: bool = True):
     cfg = self.config
+    acts = cfg.mlp_activations
+    wi = [layers.Dense(self.hidden_dim or cfg.mlp_dim, ("embed", "mlp"), dtype=cfg.dtype,
+                       name=f"wi_{i}" if len(acts) > 1 else "wi") for i in range(len(acts))]
     hidden = None
-    for i, act in enumerate(cfg.mlp_activations):
-      name = f"wi_{i}" if len(cfg.mlp_activations) > 1 else "wi"
-      h = layers.activation(act)(layers.Dense(self.hidden_dim or cfg.mlp_dim, ("embed", "mlp"),
-                                              dtype=cfg.dtype, name=name)(x))
+    for act, h in zip(acts, layers.fused_dense(x, wi) if cfg.fuse_projections and len(wi) > 1 else [d(x) for d in wi]):
+      h = layers.activation(act)(h)
       hidden = h if hidden is None else hidden * h
     hidden = layers.Dropout(cfg.dropout_rate, broadcast_dims=(-2,), impl=cfg.dropout_impl)(
         hidden, deterministic=deterministic)
