@@ -22,26 +22,56 @@ _MODULE_KEYS = ("encoder_segment_ids", "decoder_segment_ids", "encoder_positions
 
 
 def cross_entropy_with_z_loss(logits: Array, targets: Array, weights: Array, z_loss: float = 0.0,
-                              label_smoothing: float = 0.0) -> tuple[Array, Array, Array]:
-  """Summed token cross-entropy (+ z_loss * log(Z)^2, the PaLM/mesh-TF stabiliser) and its z part, as t5x's
-  `cross_entropy_with_logits` on (smoothed) one-hot targets; a target id outside [0, V) has a zero row.
+                              label_smoothing: float = 0.0) -> tuple[Array, Array, Array, Array]:
+  """Summed token cross-entropy (+ z_loss * log(Z)^2, the PaLM/mesh-TF stabiliser), its z part and the tokens
+  whose target is the top logit, as t5x's `cross_entropy_with_logits` on (smoothed) one-hot targets and
+  `compute_weighted_accuracy`; a target id outside [0, V) has a zero row and is never correct.
 
-  Returns (total_loss_sum, z_loss_sum, weight_sum); `total` includes the z term as in t5x."""
+  Returns (total_loss_sum, z_loss_sum, weight_sum, correct_sum); `total` includes the z term as in t5x."""
   logits = logits.astype(jnp.float32)
+  w = weights.astype(jnp.float32)
+  if label_smoothing == 0:
+    ce_z, zl, correct = _one_hot_cross_entropy(logits, targets, z_loss)
+    return jnp.sum(ce_z * w), jnp.sum(zl * w), jnp.sum(w), jnp.sum(correct * w)
   vocab = logits.shape[-1]
   log_z = jax.nn.logsumexp(logits, axis=-1)
-  if label_smoothing == 0:
-    ce = log_z - jnp.sum(jax.nn.one_hot(targets, vocab, dtype=logits.dtype) * logits, axis=-1)
-  else:
-    confidence = 1.0 - label_smoothing
-    low = label_smoothing / (vocab - 1) if vocab > 1 else 0.0
-    soft = jax.nn.one_hot(targets, vocab) * (confidence - low) + low
-    # less the entropy of the smoothed target, so that the minimum is 0
-    ce = log_z - jnp.sum(soft * logits, axis=-1) + (confidence * np.log(confidence)
-                                                     + (vocab - 1) * low * np.log(low + 1e-20))
+  confidence = 1.0 - label_smoothing
+  low = label_smoothing / (vocab - 1) if vocab > 1 else 0.0
+  soft = jax.nn.one_hot(targets, vocab) * (confidence - low) + low
+  # less the entropy of the smoothed target, so that the minimum is 0
+  ce = log_z - jnp.sum(soft * logits, axis=-1) + (confidence * np.log(confidence)
+                                                   + (vocab - 1) * low * np.log(low + 1e-20))
   zl = z_loss * jnp.square(log_z)
-  w = weights.astype(jnp.float32)
-  return jnp.sum((ce + zl) * w), jnp.sum(zl * w), jnp.sum(w)
+  correct = jnp.argmax(logits, axis=-1) == targets
+  return jnp.sum((ce + zl) * w), jnp.sum(zl * w), jnp.sum(w), jnp.sum(correct * w)
+
+
+def _one_hot_cross_entropy(logits: Array, targets: Array, z_loss: float) -> tuple[Array, Array, Array]:
+  """Per token: log Z - logit[target] + z_loss log(Z)^2, its z term, and whether the target's logit is the row's
+  largest (1.0; ties count as correct, where argmax would take the first). Two passes over each row of logits
+  (its max, then the sum of exp) and one gathered value, where autodiff's form also reads them for the target's
+  one-hot product and an argmax; the gradient is one elementwise pass, softmax (1 + 2 z_loss log Z) - one-hot."""
+  vocab = logits.shape[-1]
+  valid = (targets >= 0) & (targets < vocab)
+
+  def forward(logits):
+    top = jnp.max(logits, axis=-1)
+    log_z = top + jnp.log(jnp.sum(jnp.exp(logits - top[..., None]), axis=-1))
+    target = jnp.take_along_axis(logits, jnp.clip(targets, 0, vocab - 1)[..., None], axis=-1)[..., 0]
+    target = jnp.where(valid, target, 0.0)
+    zl = z_loss * jnp.square(log_z)
+    return (log_z - target + zl, zl, (valid & (target >= top)).astype(logits.dtype)), (logits, log_z)
+
+  def backward(residuals, g):
+    logits, log_z = residuals
+    g_total, g_z, _ = g
+    scale = g_total * (1.0 + 2.0 * z_loss * log_z) + g_z * 2.0 * z_loss * log_z
+    softmax = jnp.exp(logits - log_z[..., None])
+    return (softmax * scale[..., None] - jax.nn.one_hot(targets, vocab, dtype=softmax.dtype) * g_total[..., None],)
+
+  fn = jax.custom_vjp(lambda x: forward(x)[0])
+  fn.defvjp(forward, backward)
+  return fn(logits)
 
 
 class EncoderDecoderModel:
@@ -76,9 +106,9 @@ class EncoderDecoderModel:
     logits = self.logits(params, batch, dropout_rng)
     targets = batch["decoder_target_tokens"]
     weights = batch.get("decoder_loss_weights", (targets > 0).astype(jnp.float32))
-    total, z, weight_sum = cross_entropy_with_z_loss(logits, targets, weights, self.z_loss, self.label_smoothing)
+    total, z, weight_sum, correct = cross_entropy_with_z_loss(logits, targets, weights, self.z_loss,
+                                                              self.label_smoothing)
     norm = self.loss_normalizing_factor or jnp.maximum(weight_sum, 1.0)
-    correct = jnp.sum((jnp.argmax(logits, axis=-1) == targets) * weights)
     metrics = {"loss_sum": total, "z_loss_sum": z, "weight_sum": weight_sum, "correct_sum": correct}
     return total / norm, metrics
 
