@@ -130,7 +130,7 @@ def attention_maps(module, params, tokens) -> list[tuple[str, "np.ndarray"]]:
     logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
     bias = layers.mask_to_bias(base.pairwise_mask(ctx), jnp.float32)
     if getattr(mixer, "relative_positions", False) and ctx.relpos is not None:
-      bias = bias + calls[("encoder", "relpos_bias")][0][2].astype(jnp.float32)
+      bias = bias + calls[("encoder", "relpos_bias")][0][2].dense().astype(jnp.float32)  # a RelativeBias
     weights = jax.nn.softmax(logits + bias, axis=-1)
     out.append((f"encoder_{layer}", np.asarray(weights[0].mean(0))))
   return out
