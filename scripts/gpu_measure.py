@@ -73,12 +73,13 @@ XLA_ATTENTION = "network.T5Config.attention_impl='xla'"
 MODELS.update({f"{k}_xla": (gin, [*b, XLA_ATTENTION], f"{label}, XLA attention") for k, (gin, b, label) in
                list(MODELS.items()) if "hypermixer" not in k})
 # In the order a short GPU slot needs them: the attention micro-benchmark, T5.1.1-base fused beside XLA, the
-# Remixer_Base (one command of ~6 minutes with --profile --deadline 330); then T5Config's step-layout options
-# (each kept only if it pays here), then the rest.
-DEFAULT_STAGES = ("attention", "t5_1_1_base", "t5_1_1_base_xla", "remixer_base", "t5_1_1_base_fused",
+# Remixer_Base (one command of ~6 minutes with --profile --deadline 330); then the causal HyperMixing kernel
+# against its arithmetic alone, T5Config's step-layout options (each kept only if it pays here), then the rest.
+DEFAULT_STAGES = ("attention", "t5_1_1_base", "t5_1_1_base_xla", "remixer_base", "hypermixing", "t5_1_1_base_fused",
                   "t5_1_1_base_bf16_logits", "parity", "remixer_sbase", "remixer_sbase_xla", "hypermixer_base",
                   "kernels", "cogs_quick", "deviceless_t5_1_1_base")
-TIMEOUTS = {"parity": 120, "attention": 150, "cogs_quick": 420, "init_rng": 120, "kernels": 300, "deviceless": 240}
+TIMEOUTS = {"parity": 120, "attention": 150, "hypermixing": 120, "cogs_quick": 420, "init_rng": 120, "kernels": 300,
+            "deviceless": 240}
 MODEL_TIMEOUT = 200
 
 
@@ -333,6 +334,18 @@ def stage_attention(steps: int, warmup: int) -> dict:
   return {"stage": "attention", "dry": dry, "rows": rows}
 
 
+def stage_hypermixing(steps: int, warmup: int) -> dict:
+  """bench/hypermixing.py: the causal HyperMixing kernel at HyperMixer-base's decoder shape, at three tiles,
+  against the same arithmetic with no per-position memory traffic (the bound any kernel of the design meets).
+  On a CPU, its interpreter dry run at a tiny shape."""
+  import jax
+
+  from remixer_t5.bench import hypermixing as bench_hypermixing
+  dry = jax.devices()[0].platform != "gpu"
+  rows = bench_hypermixing.run(dry=dry, repeats=steps, warmup=warmup, log=lambda s: print(s, file=sys.stderr))
+  return {"stage": "hypermixing", "dry": dry, "rows": rows}
+
+
 def stage_init_rng(model_gin: str = "models/t5_1_1/tiny.gin") -> dict:
   """The builder's `init_rng` forms on this device: the state's initialiser (`Program.init`, one device, data
   rules) lowered with jax's threefry kernel ('kernel') and with XLA's inlined threefry ('inline'), both compiled
@@ -423,6 +436,8 @@ def run_one(stage: str, steps: int, warmup: int, topology: str) -> dict:
     return stage_init_rng()
   if stage == "attention":
     return stage_attention(steps, warmup)
+  if stage == "hypermixing":
+    return stage_hypermixing(steps, warmup)
   if stage == "kernels":
     return stage_kernels(steps, warmup, TIMEOUTS["kernels"] - 10)
   if stage.startswith("deviceless_"):
@@ -431,9 +446,8 @@ def run_one(stage: str, steps: int, warmup: int, topology: str) -> dict:
     return stage_cogs_quick(TIMEOUTS["cogs_quick"] - 10)
   if stage in MODELS:
     return stage_model(stage, steps, warmup, os.environ.get("GPU_MEASURE_PROFILE"))
-  raise ValueError(f"unknown stage {stage!r}: expected parity, attention, init_rng, kernels, cogs_quick, deviceless_<model> or "
-                   f"one of "
-                   f"{sorted(MODELS)}")
+  raise ValueError(f"unknown stage {stage!r}: expected parity, attention, hypermixing, init_rng, kernels, "
+                   f"cogs_quick, deviceless_<model> or one of {sorted(MODELS)}")
 
 
 def summary(row: dict) -> str:
@@ -461,6 +475,13 @@ def summary(row: dict) -> str:
     return "attention" + (" (CPU interpreter dry run)" if row["dry"] else "") + ":" + "".join(
         f"\n    {r['shape']} best: forward {r['forward']}, gradient {r['gradient']}" if r["form"] == "best" else
         f"\n    {r['shape']} {r['form']}: {cell(r)}" for r in row["rows"])
+  if s == "hypermixing":
+    cell = lambda r: r.get("error", "")[:100] or (
+        f"fwd {r['fwd_ms']:.2f} ms, fwd+bwd {r['fwd_bwd_ms']:.2f} ms, {r['gelu_per_s'] / 1e9:.0f} G GELU/s, "
+        f"x{r['dims'][5]} layers {r['decoder_ms']:.0f} ms"
+        + (f", {r['of_arithmetic']:.2f}x its arithmetic" if "of_arithmetic" in r else ""))
+    return "hypermixing" + (" (CPU interpreter dry run)" if row["dry"] else "") + ":" + "".join(
+        f"\n    {r['form']}: {cell(r)}" for r in row["rows"])
   if s == "kernels":
     return "kernels (bench kernels: default against xla):" + "".join(f"\n    {line}" for line in row["summary"])
   if s == "cogs_quick":

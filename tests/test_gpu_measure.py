@@ -123,16 +123,17 @@ def test_each_attention_model_has_an_xla_attention_stage_beside_it():
   assert any(s.endswith("_xla") for s in gpu_measure.DEFAULT_STAGES) and "cogs_quick" in gpu_measure.DEFAULT_STAGES
 
 
-def test_the_attention_stage_dry_runs_every_form_in_the_interpreter(tmp_path):
+def test_the_attention_and_hypermixing_stages_dry_run_every_form_in_the_interpreter(tmp_path):
   """The `attention` stage on the CPU: bench/attention.py's forms (the fused kernels at two tilings, the XLA form,
   JAX's `mha`) run in Pallas's interpreter at tiny encoder and decoder shapes; each has its times and rate, the
-  kernels' outputs match the XLA form's within bfloat16 rounding, and each shape names its fastest tilings."""
+  kernels' outputs match the XLA form's within bfloat16 rounding, and each shape names its fastest tilings. The
+  `hypermixing` stage (bench/hypermixing.py) times the causal kernel and its arithmetic alone the same way."""
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO), "COMMIT": "test"}
   proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_measure.py"), "--out", str(tmp_path),
-                         "--stages", "attention", "--steps", "1", "--warmup", "0"],
+                         "--stages", "attention,hypermixing", "--steps", "1", "--warmup", "0"],
                         capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
   assert proc.returncode == 0, proc.stderr[-2000:]
-  row = json.loads((tmp_path / "gpu_measure.jsonl").read_text().splitlines()[-1])
+  row, hyper = (json.loads(line) for line in (tmp_path / "gpu_measure.jsonl").read_text().splitlines()[-2:])
   assert row["stage"] == "attention" and row["dry"] and "error" not in row, row
   timed = [r for r in row["rows"] if r["form"] != "best"]
   assert {(r["shape"], r["form"]) for r in timed} == {
@@ -143,3 +144,7 @@ def test_the_attention_stage_dry_runs_every_form_in_the_interpreter(tmp_path):
   best = {r["shape"]: r for r in row["rows"] if r["form"] == "best"}
   assert set(best) == {"encoder", "decoder"} and best["encoder"]["forward"].startswith("pallas")
   assert "encoder best: forward pallas" in proc.stdout
+  assert hyper["stage"] == "hypermixing" and hyper["dry"] and "error" not in hyper, hyper
+  assert [r["form"] for r in hyper["rows"]] == ["kernel 16x16 w2", "arithmetic"]
+  assert all("error" not in r and r["decoder_ms"] > 0 and "of_arithmetic" in r for r in hyper["rows"]), hyper
+  assert "hypermixing (CPU interpreter dry run):" in proc.stdout and "x12 layers" in proc.stdout
