@@ -123,3 +123,41 @@ def test_relpos_bias_from_row_lengths_equals_the_bucket_formula_and_the_gather(q
     np.testing.assert_allclose(grad(f), expected, rtol=1e-5, atol=2e-4)
   jaxpr = jax.make_jaxpr(jax.grad(lambda p: jnp.sum(rows(p) * g)))(params).jaxpr
   assert not [e for e in eqns_in(jaxpr) if e.primitive.name.startswith("scatter")]
+
+
+
+def _dots(fn, *args):
+  """(lhs dtype, rhs dtype) of every dot_general `fn` traces to, nested jaxprs included."""
+  return [tuple(str(v.aval.dtype) for v in e.invars) for e in eqns_in(jax.make_jaxpr(fn)(*args).jaxpr)
+          if e.primitive.name == "dot_general"]
+
+
+def test_accumulating_einsum_keeps_the_gradient_products_in_the_operands_dtype():
+  """bfloat16 operands: the float32 result of preferred_element_type=float32 exactly, and a gradient without a
+  mixed float32 x bfloat16 product (JAX's own has two), equal to the plain bfloat16 einsum's gradient of the
+  cotangent rounded to bfloat16 and within bfloat16 rounding of the float32 gradient. Float32 operands: JAX's
+  own gradient, bit for bit."""
+  rng = np.random.default_rng(0)
+  x32, y32 = rng.normal(size=(3, 16, 8)).astype(np.float32), rng.normal(size=(3, 16, 24)).astype(np.float32)
+  g = jnp.asarray(rng.normal(size=(3, 8, 24)), jnp.float32)
+  x, y = jnp.asarray(x32, jnp.bfloat16), jnp.asarray(y32, jnp.bfloat16)
+  spec = "bjh,bjd->bhd"
+  ours = lambda x, y: layers.accumulating_einsum(spec, x, y)
+  jaxs = lambda x, y: jnp.einsum(spec, x, y, preferred_element_type=jnp.float32)
+  assert ours(x, y).dtype == jnp.float32
+  np.testing.assert_array_equal(np.asarray(ours(x, y)), np.asarray(jaxs(x, y)))
+  grad = lambda f: jax.vjp(f, x, y)[1](g)
+  assert sum(len(set(d)) == 2 for d in _dots(lambda: grad(jaxs))) == 2, _dots(lambda: grad(jaxs))
+  ours_dots = _dots(lambda: grad(ours))  # the forward product (with its custom_vjp's body) and the two gradients
+  assert len(ours_dots) >= 3 and set(ours_dots) == {("bfloat16", "bfloat16")}, ours_dots
+  plain = jax.vjp(lambda x, y: jnp.einsum(spec, x, y), x, y)[1](g.astype(jnp.bfloat16))
+  exact = jax.vjp(lambda x, y: jnp.einsum(spec, x, y, precision="highest"), x.astype(jnp.float32),
+                  y.astype(jnp.float32))[1](g)
+  for got, same, want in zip(grad(ours), plain, exact):
+    assert got.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(same, np.float32))
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), rtol=0.05, atol=0.05 * float(
+        np.max(np.abs(want))))
+  f32 = lambda f: jax.vjp(f, jnp.asarray(x32), jnp.asarray(y32))[1](g)
+  for got, want in zip(f32(ours), f32(jaxs)):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

@@ -199,6 +199,24 @@ def test_logits_in_the_activation_dtype_take_its_operands_and_give_float32():
                                                                                                 "float32")]
 
 
+@pytest.mark.parametrize("mixers", ["attention", "hypermixing"])
+def test_bfloat16_gradients_have_no_float32_by_bfloat16_product(mixers):
+  """In bfloat16 (with the logits product in bfloat16 too), every product of the gradient takes operands of one
+  dtype: the products with float32 results (attention logits, HyperMixing's sums, the logits) round their
+  cotangent to bfloat16 (layers.accumulating_einsum) rather than multiply it, float32, by a bfloat16 operand."""
+  from remixer_t5.model.mixers import hypermixer
+  cfg = dataclasses.replace(CFG, dtype="bfloat16", logits_in_activation_dtype=True)
+  hyper = {k: hypermixer.HyperMixing for k in ("encoder_token_mixer", "decoder_token_mixer", "decoder_cross_mixer")}
+  module = network.Transformer(cfg, **(hyper if mixers == "hypermixing" else {}))
+  enc, tgt = _tokens(24, (2, 8)), _tokens(25, (2, 6))
+  v = module.init(jax.random.PRNGKey(0), enc, _shift(tgt), tgt, enable_dropout=False)
+  loss = lambda p: jnp.sum(module.apply({"params": p}, enc, _shift(tgt), tgt, enable_dropout=False))
+  dots = [tuple(str(x.aval.dtype) for x in e.invars) for e in eqns_in(jax.make_jaxpr(jax.grad(loss))(v["params"]).jaxpr)
+          if e.primitive.name == "dot_general"]
+  assert len(dots) > 10 and ("bfloat16", "bfloat16") in dots
+  assert [d for d in dots if len(set(d)) > 1] == []
+
+
 def test_dropout_only_when_enabled():
   module = network.Transformer(network.T5Config(**{**CFG.__dict__, "dropout_rate": 0.3}))
   enc, tgt = _tokens(14, (2, 8)), _tokens(15, (2, 6))

@@ -45,8 +45,8 @@ class T5Config:
   dropout_impl: str = "auto"
   # Step layout (the same parameters, checkpoints and function, rounding aside): the products that read one
   # input as one product each (attention's query/key/value, cross-attention's key/value, the gated MLP's
-  # wi_0/wi_1: `layers.fused_dense`); the logits product with activation-dtype operands and float32 output (else
-  # all float32: on GPUs TF32).
+  # wi_0/wi_1: `layers.fused_dense`); the logits product with activation-dtype operands and float32 output, its
+  # gradient's products too (`layers.accumulating_einsum`; else all float32: on GPUs TF32).
   fuse_projections: bool = False
   logits_in_activation_dtype: bool = False
 

@@ -6,6 +6,7 @@ checkpoints line up. Every parameter is created with `param_with_axes`, which re
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable, Sequence
 
@@ -64,9 +65,39 @@ class LayerNorm(nn.Module):
     return (y * scale + bias).astype(self.dtype)
 
 
+def accumulating_einsum(spec: str, x: Array, y: Array) -> Array:
+  """jnp.einsum(spec, x, y) with a float32 result, its operands in their own dtype (bfloat16 in mixed precision),
+  whose gradient's products take that dtype too.
+
+  With preferred_element_type=float32, JAX's own gradient multiplies the float32 cotangent by the other bfloat16
+  operand: a mixed product that XLA computes in float32 (TF32 on GPUs, at about half bfloat16's rate, twice the
+  bytes). Here the cotangent is rounded to the operands' dtype first, as a bfloat16 product's own cotangent is,
+  so the gradient is the plain bfloat16 einsum's. Float32 operands (or two dtypes): jnp.einsum's own gradient."""
+  if x.dtype != y.dtype or x.dtype == jnp.float32:
+    return jnp.einsum(spec, x, y, preferred_element_type=jnp.float32)
+  return _accumulating_einsum(spec, x, y)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _accumulating_einsum(spec: str, x: Array, y: Array) -> Array:
+  return jnp.einsum(spec, x, y, preferred_element_type=jnp.float32)
+
+
+def _accumulating_einsum_fwd(spec, x, y):
+  return _accumulating_einsum(spec, x, y), (x, y)
+
+
+def _accumulating_einsum_bwd(spec, operands, g):
+  _, pullback = jax.vjp(functools.partial(jnp.einsum, spec), *operands)
+  return pullback(g.astype(operands[0].dtype))
+
+
+_accumulating_einsum.defvjp(_accumulating_einsum_fwd, _accumulating_einsum_bwd)
+
+
 class Dense(nn.Module):
   """Bias-free dense layer over the last axis with a 2-D float32 kernel and logical axes; `accumulate`: the
-  product's output dtype where it differs from `dtype` (float32 from bfloat16 operands)."""
+  product's output dtype where it differs from `dtype` (float32 from bfloat16 operands: `accumulating_einsum`)."""
   features: int
   kernel_axes: tuple[str, str]
   kernel_init: Initializer = default_kernel_init
@@ -84,7 +115,11 @@ class Dense(nn.Module):
     # One 2-D matmul over all leading axes (tokens x features), reshaped back: the same result, and the kernel
     # gradient is a plain tokens-contracting matmul (over two leading axes XLA:CPU copies the activation gradient
     # transposed). Only batch and length are merged, neither or only the batch axis sharded (partitioning.py).
-    y = jnp.dot(x.reshape(-1, x.shape[-1]).astype(self.dtype), kernel, preferred_element_type=self.accumulate)
+    tokens = x.reshape(-1, x.shape[-1]).astype(self.dtype)
+    if self.accumulate is not None and jnp.dtype(self.accumulate) == jnp.float32:
+      y = accumulating_einsum("td,df->tf", tokens, kernel)
+    else:
+      y = jnp.dot(tokens, kernel, preferred_element_type=self.accumulate)
     return y.reshape(*x.shape[:-1], self.features)
 
 

@@ -84,8 +84,9 @@ class Attention(nn.Module):
       if beams > 1:
         query = _beams_to_queries(query, beams)
         bias = _beams_to_queries(jnp.swapaxes(bias, 1, 2), beams).swapaxes(1, 2)  # [b*k, h|1, q, kv]
-      logits = jnp.einsum(f"bqhd,{kv_spec}->bhqk", query, key,
-                          preferred_element_type=jnp.float32 if cfg.float32_attention_logits else None)
+      spec = f"bqhd,{kv_spec}->bhqk"
+      logits = (layers.accumulating_einsum(spec, query, key) if cfg.float32_attention_logits
+                else jnp.einsum(spec, query, key))
       logits = logits + bias.astype(logits.dtype)
       weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(cfg.dtype)
       out = jnp.swapaxes(jnp.einsum(f"bhqk,{kv_spec}->bhqd", weights, value), 1, 2)
@@ -170,7 +171,8 @@ def dot_product_attention(query: Array, key: Array, value: Array, bias: Array | 
     bias = bias.dense()
   if bias is not None:  # [b, 1, q, k] + [1, h, q, k]: the position bias's gradient sums over the batch
     bias_all = add(bias_all, bias.astype(bias_all.dtype))
-  logits = jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32 if float32_logits else None)
+  logits = (layers.accumulating_einsum("bqhd,bkhd->bhqk", query, key) if float32_logits
+            else jnp.einsum("bqhd,bkhd->bhqk", query, key))
   logits = add(logits, bias_all.astype(logits.dtype))
   weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(dtype)
   if keep is not None:

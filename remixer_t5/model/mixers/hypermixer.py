@@ -153,7 +153,7 @@ class HyperMixing(nn.Module):
       elif ctx.packed:
         out = self._segmented(w1, x, w2, kv_mask, ctx.q_segment_ids, ctx.kv_segment_ids)
       else:  # one d'×d hidden layer shared by all queries: linear in the length
-        hsum = jnp.einsum("bjh,bjd->bhd", w1, x, preferred_element_type=f32)
+        hsum = layers.accumulating_einsum("bjh,bjd->bhd", w1, x)
         count = kv_mask.sum(-1)[:, None, None] if self.length_normalize else None
         out = jnp.einsum("bih,bhd->bid", w2, activate(hsum, count, dtype))
     if self.layer_norm:
@@ -258,12 +258,12 @@ class HyperMixing(nn.Module):
       # Two-operand contractions (XLA:CPU runs the three-operand einsums as slow generic loops): the block's
       # one-hot rows scale W1, one batched matmul over the keys; then one matmul over (segment, d') per query.
       hot_w1 = kv_hot.astype(dtype)[:, :, :, None] * w1[:, :, None, :]  # [b, j, s, h]
-      hsum = jnp.einsum("bjsh,bjd->bshd", hot_w1, x, preferred_element_type=f32)
+      hsum = layers.accumulating_einsum("bjsh,bjd->bshd", hot_w1, x)
       count = kv_hot.sum(1)[:, :, None, None] if length_normalize else None
       q_hot = (q_seg[:, :, None] == ids).astype(dtype)
       hot_w2 = (q_hot[:, :, :, None] * w2[:, :, None, :]).reshape(b, nq, k * h)  # [b, i, s·h]
       act = activate(hsum, count, dtype).reshape(b, k * h, d)
-      return jnp.einsum("bik,bkd->bid", hot_w2, act, preferred_element_type=f32)
+      return layers.accumulating_einsum("bik,bkd->bid", hot_w2, act)
 
     # The segment ids, mask and trip count are arguments, not closed over: a custom_vjp may not capture tracers.
     @jax.custom_vjp
