@@ -48,30 +48,18 @@ def cross_entropy_with_z_loss(logits: Array, targets: Array, weights: Array, z_l
 
 def _one_hot_cross_entropy(logits: Array, targets: Array, z_loss: float) -> tuple[Array, Array, Array]:
   """Per token: log Z - logit[target] + z_loss log(Z)^2, its z term, and whether the target's logit is the row's
-  largest (1.0; ties count as correct, where argmax would take the first). Two passes over each row of logits
-  (its max, then the sum of exp) and one gathered value, where autodiff's form also reads them for the target's
-  one-hot product and an argmax; the gradient is one elementwise pass, softmax (1 + 2 z_loss log Z) - one-hot."""
+  largest (1.0; ties count as correct, where argmax would take the first). Each row's max, its sum of exp and the
+  target's logit (a masked sum that XLA fuses with the max: two passes over the logits, where the smoothed form's
+  one-hot product and argmax add more). JAX differentiates it: the gradient, softmax (1 + 2 z_loss log Z) -
+  one-hot, is elementwise, so XLA fuses it into the logits product's gradient, which a custom gradient (opaque
+  to XLA) would prevent."""
   vocab = logits.shape[-1]
   valid = (targets >= 0) & (targets < vocab)
-
-  def forward(logits):
-    top = jnp.max(logits, axis=-1)
-    log_z = top + jnp.log(jnp.sum(jnp.exp(logits - top[..., None]), axis=-1))
-    target = jnp.take_along_axis(logits, jnp.clip(targets, 0, vocab - 1)[..., None], axis=-1)[..., 0]
-    target = jnp.where(valid, target, 0.0)
-    zl = z_loss * jnp.square(log_z)
-    return (log_z - target + zl, zl, (valid & (target >= top)).astype(logits.dtype)), (logits, log_z)
-
-  def backward(residuals, g):
-    logits, log_z = residuals
-    g_total, g_z, _ = g
-    scale = g_total * (1.0 + 2.0 * z_loss * log_z) + g_z * 2.0 * z_loss * log_z
-    softmax = jnp.exp(logits - log_z[..., None])
-    return (softmax * scale[..., None] - jax.nn.one_hot(targets, vocab, dtype=softmax.dtype) * g_total[..., None],)
-
-  fn = jax.custom_vjp(lambda x: forward(x)[0])
-  fn.defvjp(forward, backward)
-  return fn(logits)
+  top = jax.lax.stop_gradient(jnp.max(logits, axis=-1))
+  log_z = top + jnp.log(jnp.sum(jnp.exp(logits - top[..., None]), axis=-1))
+  target = jnp.sum(jnp.where(jnp.arange(vocab) == targets[..., None], logits, 0.0), axis=-1)
+  zl = z_loss * jnp.square(log_z)
+  return log_z - target + zl, zl, (valid & (target >= top)).astype(logits.dtype)
 
 
 class EncoderDecoderModel:
