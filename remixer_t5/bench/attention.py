@@ -15,14 +15,13 @@ check that every form runs, not a measurement.
 """
 from __future__ import annotations
 
-import statistics
-import time
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from remixer_t5.bench.train import jit_seconds
 from remixer_t5.kernels.bias import RelativeBias
 from remixer_t5.kernels.gpu import flash_attention as fa
 from remixer_t5.model.mixers.attention import dot_product_attention
@@ -62,18 +61,6 @@ def forms(shape, dry: bool, candidates) -> dict[str, Callable]:
   return out
 
 
-def _seconds(fn: Callable, args, repeats: int, warmup: int) -> float:
-  fn = jax.jit(fn)
-  for _ in range(1 + warmup):
-    jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - t0)
-  return statistics.median(times)
-
-
 def measure(shape, form: Callable, repeats: int, warmup: int, want=None) -> dict:
   """Times of the forward and of forward + backward; with `want` (the XLA form's output), the output's largest
   difference from it."""
@@ -83,8 +70,8 @@ def measure(shape, form: Callable, repeats: int, warmup: int, want=None) -> dict
     got = np.asarray(jax.jit(form)(q, k, v, rel, qs, ks), np.float32)
     diff["max_diff_vs_xla"] = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
   loss = lambda q, k, v, rel: jnp.sum(form(q, k, v, rel, qs, ks).astype(jnp.float32) * g.astype(jnp.float32))
-  fwd = _seconds(lambda q, k, v, rel: form(q, k, v, rel, qs, ks), (q, k, v, rel), repeats, warmup)
-  both = _seconds(jax.grad(loss, argnums=(0, 1, 2, 3)), (q, k, v, rel), repeats, warmup)
+  fwd = jit_seconds(lambda q, k, v, rel: form(q, k, v, rel, qs, ks), (q, k, v, rel), repeats, warmup)
+  both = jit_seconds(jax.grad(loss, argnums=(0, 1, 2, 3)), (q, k, v, rel), repeats, warmup)
   b, nq, nk, h, d, causal, _ = shape
   flops = 4 * b * h * nq * nk * d * (0.5 if causal else 1.0)
   return {**diff, "fwd_ms": 1e3 * fwd, "fwd_bwd_ms": 1e3 * both, "fwd_tflops": flops / fwd / 1e12,

@@ -21,14 +21,13 @@ On a CPU (`dry=True`) both run in Pallas's interpreter at a tiny shape: a check 
 from __future__ import annotations
 
 import functools
-import statistics
-import time
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from remixer_t5.bench.train import jit_seconds
 from remixer_t5.kernels.gpu import hypermixing as hm
 
 f32 = jnp.float32
@@ -107,33 +106,21 @@ def _inputs(shape, seed: int = 0):
           jnp.asarray(rng.normal(size=(b, n, d)), f32))
 
 
-def _seconds(fn: Callable, args, repeats: int, warmup: int) -> float:
-  fn = jax.jit(fn)
-  for _ in range(1 + warmup):
-    jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - t0)
-  return statistics.median(times)
-
-
 def measure_kernel(shape, tile, dry: bool, repeats: int, warmup: int) -> dict:
   w1, x, w2, mask, seg, g = _inputs(shape)
   block_h, block_d, warps = tile
   fn = lambda w1, x, w2: hm.kernel(w1, x, w2, mask, seg, False, block_h=block_h, block_d=block_d,
                                    num_warps=(warps, warps), interpret=dry)
   grad = jax.grad(lambda w1, x, w2: jnp.sum(fn(w1, x, w2) * g), argnums=(0, 1, 2))
-  return {"fwd_ms": 1e3 * _seconds(fn, (w1, x, w2), repeats, warmup),
-          "fwd_bwd_ms": 1e3 * _seconds(grad, (w1, x, w2), repeats, warmup)}
+  return {"fwd_ms": 1e3 * jit_seconds(fn, (w1, x, w2), repeats, warmup),
+          "fwd_bwd_ms": 1e3 * jit_seconds(grad, (w1, x, w2), repeats, warmup)}
 
 
 def measure_arithmetic(shape, tile, dry: bool, repeats: int, warmup: int) -> dict:
   w1, x, w2, _, _, g = _inputs(shape)
   forward, backward = arithmetic(shape[:4], *tile, interpret=dry)
-  fwd = _seconds(forward, (w1, x, w2), repeats, warmup)
-  bwd = _seconds(backward, (w1, x, w2, g), repeats, warmup)
+  fwd = jit_seconds(forward, (w1, x, w2), repeats, warmup)
+  bwd = jit_seconds(backward, (w1, x, w2, g), repeats, warmup)
   return {"fwd_ms": 1e3 * fwd, "bwd_ms": 1e3 * bwd, "fwd_bwd_ms": 1e3 * (fwd + bwd)}
 
 

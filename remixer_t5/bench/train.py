@@ -60,6 +60,14 @@ def time_calls(call: Callable[[], Any], steps: int, warmup: int) -> tuple[list[f
   return times, out
 
 
+def jit_seconds(fn: Callable, args, repeats: int, warmup: int) -> float:
+  """The median wall time of `jax.jit(fn)(*args)`, waited for, over `repeats` calls after its compiling call
+  and `warmup` more."""
+  compiled = jax.jit(fn)
+  times, _ = time_calls(lambda: jax.block_until_ready(compiled(*args)), repeats, 1 + warmup)
+  return statistics.median(times)
+
+
 def ours(model, optimizer, batch: Mapping[str, np.ndarray], seed: int = 0) -> Callable[[], Any]:
   """A zero-argument callable that runs one of the trainer's jitted train steps (programs.build, on this process's
   first device) and returns its loss sum, waited for."""
