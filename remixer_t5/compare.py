@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from remixer_t5 import storage
+from remixer_t5.training.metrics_log import current_rows
 
 METRICS_FILE = "metrics.jsonl"
 SIGNATURE_FILE = "run_signature.json"
@@ -98,8 +99,9 @@ def read_metrics(model_dir: str | Path) -> list[dict[str, Any]]:
 
 
 def latest_rows(rows: Iterable[Mapping[str, Any]], split: str) -> list[dict[str, Any]]:
-  """The rows of `split` sorted by step, the last one logged for a step winning (a resumed run re-logs)."""
-  by_step = {int(row["step"]): dict(row) for row in rows if row["split"] == split}
+  """The rows of `split` sorted by step, a resumed run's re-logged steps superseding the earlier ones
+  (metrics_log.current_rows; the last one logged for a step winning in files without `start` rows)."""
+  by_step = {int(row["step"]): dict(row) for row in current_rows(list(rows)) if row["split"] == split}
   return [by_step[s] for s in sorted(by_step)]
 
 

@@ -179,12 +179,56 @@ def _stamp(p: LocalPath) -> tuple[int, int]:
   return st.st_size, st.st_mtime_ns
 
 
-def check_bucket(path, what: str = "MODEL_DIR") -> None:
-  """For a `gs://` path: that the server answers, the credentials are accepted and the bucket exists, as one
-  StorageError naming the path and what to do (before a run compiles anything). Local paths pass."""
+class BadPathError(ValueError):
+  """A bucket path that Cloud Storage or its clients cannot hold as given."""
+  exit_code = 2
+
+
+_BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*[a-z0-9]$")
+# Characters GCS allows in object names but URLs and tensorstore's gs:// paths read as syntax: an array written
+# through tensorstore would land outside the run's folder ('?' and '#' end the path there).
+_OBJECT_SPECIAL = {"?": "a query", "#": "a fragment", "[": "a wildcard", "]": "a wildcard", "*": "a wildcard"}
+
+
+def check_names(path, what: str = "MODEL_DIR") -> None:
+  """Refuses (BadPathError, one line) a gs:// path whose bucket breaks Cloud Storage's bucket-naming rules or
+  whose object names hold characters that a client reads as URL syntax or a wildcard. Local paths pass."""
   path = run_path(path)
   if not is_bucket(path):
     return
+  bucket, _, name = path.as_posix()[len("gs://"):].partition("/")
+  parts = bucket.split(".")
+  problem = None
+  if not _BUCKET_NAME.match(bucket) or len(bucket) < 3:
+    problem = ("3 to 63 characters of lowercase letters, digits, '-', '_' and '.', starting and ending with a "
+               "letter or digit")
+  elif len(bucket) > (222 if len(parts) > 1 else 63) or any(len(p) > 63 or not p for p in parts):
+    problem = "at most 63 characters (222 with dots, 63 between dots)"
+  elif re.fullmatch(r"\d+\.\d+\.\d+\.\d+", bucket):
+    problem = "not an IP address"
+  elif bucket.startswith("goog") or "google" in bucket or "g00gle" in bucket:
+    problem = "not starting with 'goog' nor containing 'google'"
+  if problem:
+    raise BadPathError(f"{what} {path}: {bucket!r} is not a valid bucket name; Cloud Storage expects {problem}")
+  for char, reads_as in _OBJECT_SPECIAL.items():
+    if char in name:
+      raise BadPathError(f"{what} {path}: the object path holds {char!r}, which storage clients read as "
+                         f"{reads_as}; expected letters, digits and -_./ (rename the folder)")
+  if any(ord(c) < 32 or ord(c) == 127 for c in name) or any(p in (".", "..") for p in name.split("/")):
+    raise BadPathError(f"{what} {path}: control characters and '.'/'..' parts are not valid in object names")
+  if len(name.encode()) > 900:
+    raise BadPathError(f"{what} {path}: the object path is {len(name.encode())} bytes; Cloud Storage allows "
+                       "1,024 for a whole object name, and a run adds its own below it")
+
+
+def check_bucket(path, what: str = "MODEL_DIR") -> None:
+  """For a `gs://` path: a valid bucket and object name (check_names), that the server answers, the credentials
+  are accepted and the bucket exists, as one StorageError naming the path and what to do (before a run
+  compiles anything). Local paths pass."""
+  path = run_path(path)
+  if not is_bucket(path):
+    return
+  check_names(path, what)
   bucket = path.as_posix()[len("gs://"):].split("/")[0]
   emulator = os.environ.get("STORAGE_EMULATOR_HOST")
   where = f"the GCS emulator at {emulator} (STORAGE_EMULATOR_HOST)" if emulator else "Cloud Storage"
@@ -251,3 +295,113 @@ def glob(pattern: str | os.PathLike) -> list[str]:
   root = run_path("/".join(parts[:first]) or "/")
   found = root.glob("/".join(parts[first:]))
   return sorted(p.as_posix() if is_bucket(p) else str(p) for p in found)
+
+
+# --- bounded waits and the write probe --------------------------------------------------------------------
+TIMEOUT_ENV = "REMIXER_T5_STORAGE_TIMEOUT"
+DEFAULT_TIMEOUT_S = 600.0
+
+
+class StorageTimeout(StorageError):
+  """A wait on storage that ran past $REMIXER_T5_STORAGE_TIMEOUT."""
+
+
+def timeout_seconds() -> float:
+  """The longest any wait on storage may take ($REMIXER_T5_STORAGE_TIMEOUT seconds, default 600)."""
+  text = os.environ.get(TIMEOUT_ENV)
+  if not text:
+    return DEFAULT_TIMEOUT_S
+  try:
+    value = float(text)
+  except ValueError:
+    value = -1.0
+  if value <= 0:
+    raise ValueError(f"${TIMEOUT_ENV}={text!r}: expected a positive number of seconds")
+  return value
+
+
+def bounded(fn, what: str, timeout: float | None = None):
+  """`fn()` in a helper thread, waited for at most `timeout` (default timeout_seconds()); StorageTimeout naming
+  `what` after that (the thread is left behind: a storage client that does not answer cannot be interrupted)."""
+  import threading
+  timeout = timeout_seconds() if timeout is None else timeout
+  result: dict = {}
+
+  def run():
+    try:
+      result["value"] = fn()
+    except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+      result["error"] = e
+
+  thread = threading.Thread(target=run, name=f"remixer_t5-bounded-{what[:40]}", daemon=True)
+  thread.start()
+  thread.join(timeout)
+  if thread.is_alive():
+    global ABANDONED
+    ABANDONED = True
+    raise StorageTimeout(f"{what} did not finish within {timeout:.0f}s (${TIMEOUT_ENV}); the storage did not "
+                         "answer")
+  if "error" in result:
+    raise result["error"]
+  return result.get("value")
+
+
+ABANDONED = False  # a storage wait was given up: the process must not wait for its threads at exit
+
+
+def probe_writes(model_dir, timeout: float = 60.0) -> None:
+  """For a bucket MODEL_DIR: writes, reads back and deletes one small object through each client the run
+  writes with (epath/gcsfs for its files, tensorstore for the checkpoint arrays), each within `timeout`;
+  StorageError naming the client that failed. Local folders pass."""
+  import uuid
+  root = run_path(model_dir)
+  if not is_bucket(root):
+    return
+  name = f".probe-{uuid.uuid4().hex[:12]}"
+  timeout = min(timeout, timeout_seconds())
+
+  def files():
+    target = root / name
+    target.write_bytes(b"probe")
+    if target.read_bytes() != b"probe":
+      raise StorageError(f"{target} read back other bytes than were written")
+    target.unlink()
+
+  def arrays():
+    import tensorstore as ts
+    bucket, _, prefix = root.as_posix()[len("gs://"):].partition("/")
+    store = ts.KvStore.open({"driver": "gcs", "bucket": bucket, "path": f"{prefix}/" if prefix else ""}).result(
+        timeout=timeout)
+    store.write(name + "-ts", b"probe").result(timeout=timeout)
+    if store.read(name + "-ts").result(timeout=timeout).value != b"probe":
+      raise StorageError("tensorstore read back other bytes than were written")
+    store.delete_range(ts.KvStore.KeyRange(name + "-ts", name + "-tt")).result(timeout=timeout)
+
+  for client, fn in (("the file client (gcsfs)", files), ("the array client (tensorstore)", arrays)):
+    try:
+      bounded(fn, f"a test write to MODEL_DIR {root} through {client}", timeout)
+    except StorageError as e:
+      raise StorageError(f"{e}; checkpoints could not be written (check the endpoint: "
+                         f"{'TENSORSTORE_GCS_HTTP_URL' if 'tensorstore' in client else 'STORAGE_EMULATOR_HOST'} "
+                         "for an emulator)") from None
+    except Exception as e:  # noqa: BLE001 - each client has its own error types: one line each
+      text = str(e).splitlines()[0][:200] if str(e) else ""
+      raise StorageError(f"MODEL_DIR {root}: a test write through {client} failed ({type(e).__name__}: "
+                         f"{text}); checkpoints could not be written") from None
+
+
+def fingerprint(path) -> str:
+  """A content fingerprint of a file: a bucket object's CRC32C and size (Cloud Storage computes it over the
+  bytes), a local file's SHA-256 and size (read once)."""
+  import hashlib
+  path = run_path(path)
+  if is_bucket(path):
+    import gcsfs
+    info = gcsfs.GCSFileSystem().info(path.as_posix())
+    return f"crc32c:{info.get('crc32c') or info.get('md5Hash')}:{info.get('size')}"
+  digest, size = hashlib.sha256(), 0
+  with open(str(path), "rb") as f:
+    while chunk := f.read(8 << 20):
+      digest.update(chunk)
+      size += len(chunk)
+  return f"sha256:{digest.hexdigest()[:16]}:{size}"

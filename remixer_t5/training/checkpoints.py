@@ -3,12 +3,11 @@
 A MODEL_DIR (a local folder or a gs:// bucket path; remixer_t5.storage) holds `checkpoints/<step>/` (orbax,
 saved collectively; orbax finalises a step atomically, a local folder by renaming it into place, a bucket's by
 its commit marker, so a killed save never becomes the latest step), `input_state/<step>/process-<i>-of-<n>/`
-(each process's tf.data iterator state at that step, written before the orbax step) and `run_signature.json`,
-which a later `train` into the same directory must match.
+(each process's tf.data iterator state at that step, written before the orbax step). What the run is
+(`run_signature.json`) is run_identity.py's; who writes it (`LOCK`) run_lock.py's.
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -20,12 +19,7 @@ import orbax.checkpoint as ocp
 
 from remixer_t5 import storage
 from remixer_t5.storage import Path
-
-SIGNATURE_FILE = "run_signature.json"
-
-
-class IncompatibleModelDirError(ValueError):
-  pass
+from remixer_t5.training.run_identity import IncompatibleModelDirError
 
 
 class Checkpointer:
@@ -35,6 +29,7 @@ class Checkpointer:
     self.directory = storage.run_path(model_dir) / "checkpoints"
     self.manager = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(
         max_to_keep=keep, create=True, cleanup_tmp_directories=True))
+    self.pending: int | None = None  # the step whose save runs in the background
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -46,7 +41,30 @@ class Checkpointer:
     args = {"state": ocp.args.StandardSave(state)}
     if extra is not None:
       args["extra"] = ocp.args.JsonSave(dict(extra))
-    return self.manager.save(step, args=ocp.args.Composite(**args), force=force)
+    self.wait()  # the previous save first, within the storage timeout (orbax would wait without a bound)
+    saved = self.manager.save(step, args=ocp.args.Composite(**args), force=force)
+    self.pending = step if saved else None
+    return saved
+
+  def check(self) -> None:
+    """A background save that has failed stops the run here (StorageError naming the step and the cause); a
+    call costs no wait while a save is running."""
+    if self.pending is not None and not self.manager.is_saving_in_progress():
+      self.wait()
+
+  def wait(self) -> None:
+    """Waits for the background save, at most $REMIXER_T5_STORAGE_TIMEOUT; StorageError naming its step and
+    cause when it failed or did not finish."""
+    if self.pending is None:
+      return
+    step, self.pending = self.pending, None
+    try:
+      storage.bounded(self.manager.wait_until_finished, f"the save of checkpoint {self.directory / str(step)}")
+    except storage.StorageTimeout:
+      raise
+    except Exception as e:  # noqa: BLE001 - orbax's and tensorstore's errors: the cause in one line
+      raise storage.StorageError(f"checkpoint {self.directory / str(step)} could not be written: "
+                                 f"{storage_cause(e)}") from e
 
   def restore(self, abstract_state: Any, step: int | None = None) -> tuple[Any, dict]:
     """Restore into the structure, dtypes and shardings of `abstract_state` (ShapeDtypeStructs)."""
@@ -64,6 +82,7 @@ class Checkpointer:
     `checkpoints/<step>.corrupt-<n>` (process 0) so later saves and restores skip it, and the previous one is
     tried. Unfinished saves (orbax's temporary directories) never count as checkpoints."""
     for step in sorted(self.all_steps(), reverse=True):
+      self.check_fits(step, abstract_state)
       try:
         state, extra = self.restore(abstract_state, step)
       except Exception as e:  # noqa: BLE001 - any failure to read means this step is unusable
@@ -73,6 +92,25 @@ class Checkpointer:
         continue
       return state, extra, step
     return None
+
+  def check_fits(self, step: int, abstract_state: Any) -> None:
+    """Refuses (IncompatibleModelDirError) a checkpoint whose readable metadata records another state (other
+    parameters, shapes or optimizer state): it belongs to another configuration and is never moved aside.
+    Unreadable metadata passes here; the restore then finds the checkpoint unusable."""
+    try:
+      with ocp.StandardCheckpointer() as reader:
+        tree = reader.metadata(self.directory / str(step) / "state").item_metadata.tree
+      saved = _shapes(tree["params"])
+    except Exception:  # noqa: BLE001 - unreadable: judged by the restore
+      return
+    want = _shapes(abstract_state.params)
+    problems = ([f"missing {k}" for k in want if k not in saved] + [f"unexpected {k}" for k in saved if k not in want]
+                + [f"{k}: {saved[k]} saved, {v} now" for k, v in want.items() if k in saved and saved[k] != v])
+    if problems:
+      raise IncompatibleModelDirError(
+          f"checkpoint {self.directory / str(step)} holds another model's state ({'; '.join(problems[:4])}"
+          f"{f' and {len(problems) - 4} more' if len(problems) > 4 else ''}); refusing to restore or move it: "
+          "use a new MODEL_DIR, or this run's own configuration")
 
   def _quarantine(self, step: int) -> None:
     if jax.process_index() == 0:
@@ -86,8 +124,32 @@ class Checkpointer:
     self.manager.reload()
 
   def close(self):
-    self.manager.wait_until_finished()
-    self.manager.close()
+    """Finishes the save in flight (bounded, as `wait`) and closes the manager."""
+    try:
+      self.wait()
+    finally:
+      if not storage.ABANDONED:
+        storage.bounded(self.manager.close, f"closing the checkpoints of {self.directory}")
+
+
+def _shapes(tree) -> dict[str, tuple]:
+  """'a/b/c' -> shape for each array of a parameter tree (the saved metadata's or the model's)."""
+  name = lambda k: str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
+  return {"/".join(name(k) for k in path): tuple(leaf.shape)
+          for path, leaf in jax.tree_util.tree_leaves_with_path(tree) if hasattr(leaf, "shape")}
+
+
+def storage_cause(e: BaseException) -> str:
+  """The cause of a storage failure in words: a full disk, a missing permission, else the error's first line
+  without the native library's source locations."""
+  text = f"{type(e).__name__}: {e}"
+  if "No space left on device" in text or "os_error_code='28'" in text:
+    return "no space left on the device"
+  if "Permission denied" in text or "PERMISSION_DENIED" in text:
+    return "permission denied"
+  first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
+  first = first.split(" [source locations=")[0].split(" === Source Location")[0]
+  return f"{type(e).__name__}: {first[:240]}"
 
 
 # --- input position: one tf.data iterator checkpoint per process and step, beside the orbax steps -----------
@@ -184,26 +246,6 @@ def restore_params(directory: str | os.PathLike) -> Any:
     target = jax.tree_util.tree_map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device)
                                     if is_array(m) else m, tree, is_leaf=is_array)
     return ckptr.restore(path, target)
-
-
-def check_signature(model_dir: str | os.PathLike, signature: Mapping[str, Any],
-                    defaults: Mapping[str, Any] | None = None) -> None:
-  """Write the run signature on the first run; refuse a later run whose signature differs, naming fields.
-
-  `defaults`: values of fields that older runs did not record (added since), assumed for them."""
-  path = storage.run_path(model_dir) / SIGNATURE_FILE
-  signature = json.loads(json.dumps(signature, default=str))
-  if path.exists():
-    old = {**json.loads(json.dumps(dict(defaults or {}), default=str)), **json.loads(path.read_text())}
-    diffs = [f"{k}: {old.get(k)!r} in {path} vs {signature.get(k)!r} now"
-             for k in sorted(set(old) | set(signature)) if old.get(k) != signature.get(k)]
-    if diffs:
-      raise IncompatibleModelDirError(
-          f"MODEL_DIR {model_dir} holds a run with a different configuration; refusing to mix them:\n  "
-          + "\n  ".join(diffs) + "\nUse a new MODEL_DIR (or delete the old run).")
-    return
-  if jax.process_index() == 0:
-    storage.write_text(path, json.dumps(signature, indent=2, sort_keys=True))
 
 
 def restore_any_params(path: str | os.PathLike) -> Any:

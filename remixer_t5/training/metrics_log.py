@@ -1,7 +1,12 @@
 """Host-side run logging: console progress, `MODEL_DIR/metrics.jsonl` and TensorBoard (process 0 only).
 
 MODEL_DIR may be a bucket (remixer_t5.storage): metrics.jsonl grows by whole-object rewrites there, and the
-TensorBoard event files, which only TensorFlow writes, are written in a local mirror copied up after each row."""
+TensorBoard event files, which only TensorFlow writes, are written in a local mirror copied up after each row.
+
+A resumed run logs again the steps after the checkpoint it restored. Every launch of `train` writes a row
+`{"split": "start", "step": S, "attempt": k}` (S: the step it starts from) and tags its rows with `attempt`, so
+the file says which rows supersede which: a `start` row at step S makes every earlier row with a step above S
+stale (`current_rows`). One curve is the rows that no later `start` row makes stale."""
 from __future__ import annotations
 
 import json
@@ -28,8 +33,18 @@ class MetricsLogger:
     self.path = storage.run_path(model_dir) / "metrics.jsonl"
     self._writers: dict[str, Any] = {}
     self._tb: storage.Mirror | None = None
+    self.attempt: int | None = None
     if self.enabled:
       self.path.parent.mkdir(parents=True, exist_ok=True)
+
+  def start(self, step: int) -> None:
+    """The launch's `start` row: this launch continues from `step`; its rows carry the next `attempt` number."""
+    if not self.enabled:
+      return
+    rows = read_rows(self.path) if self.path.exists() else []
+    self.attempt = 1 + sum(1 for r in rows if r.get("split") == "start")
+    record = {"step": int(step), "split": "start", "time": time.time(), "attempt": self.attempt}
+    storage.append_text(self.path, json.dumps(record) + "\n")
 
   def info(self, message: str) -> None:
     if self.enabled:
@@ -45,6 +60,8 @@ class MetricsLogger:
       print(f"  input: {ex['inputs'][:160]}\n  target: {ex['targets'][:160]}\n  prediction: "
             f"{ex['prediction'][:160]}", flush=True)
     record = {"step": int(step), "split": split, "time": time.time(), **{k: float(v) for k, v in row.items()}}
+    if self.attempt is not None:
+      record["attempt"] = self.attempt
     if examples:
       record["examples"] = list(examples)
     storage.append_text(self.path, json.dumps(record) + "\n")
@@ -84,3 +101,25 @@ def _fmt(k: str, v: float) -> str:
   if k == "learning_rate":
     return f"lr {v:.2e}"
   return f"{k} {v:.4f}"
+
+
+def read_rows(path) -> list[dict[str, Any]]:
+  """The rows of a metrics.jsonl in file order; a last line cut short by a kill is skipped."""
+  rows = []
+  for line in storage.run_path(path).read_text().splitlines():
+    try:
+      rows.append(json.loads(line))
+    except json.JSONDecodeError:
+      continue
+  return rows
+
+
+def current_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+  """The rows no later `start` row supersedes (module docstring), in file order, without the `start` rows."""
+  kept: list[dict[str, Any]] = []
+  for row in rows:
+    if row.get("split") == "start":
+      kept = [r for r in kept if int(r["step"]) <= int(row["step"])]
+    else:
+      kept.append(dict(row))
+  return kept

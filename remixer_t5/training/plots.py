@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import io
-import json
 
 import numpy as np
 
 from remixer_t5 import storage
 from remixer_t5.storage import Path
+from remixer_t5.training.metrics_log import current_rows, read_rows
 
 
 def pyplot():
@@ -33,7 +33,7 @@ def plot_metrics(model_dir: str, out: str | None = None) -> Path:
   """Loss and accuracy against step for the train and validation rows of MODEL_DIR/metrics.jsonl."""
   plt = pyplot()
   model_dir = storage.run_path(model_dir)
-  rows = [json.loads(line) for line in (model_dir / "metrics.jsonl").read_text().splitlines() if line]
+  rows = current_rows(read_rows(model_dir / "metrics.jsonl"))
   fig, axes = plt.subplots(1, 2, figsize=(10, 4))
   for split, style in (("train", "-"), ("validation", "o-")):
     pts = sorted((r["step"], r["loss"], r["accuracy"]) for r in rows if r.get("split") == split)

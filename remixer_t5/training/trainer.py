@@ -13,7 +13,7 @@ import signal
 import tempfile
 import threading
 import time
-from typing import Any, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +22,7 @@ import numpy as np
 from remixer_t5 import storage
 from remixer_t5.data.input_pipeline import get_batches
 from remixer_t5.model.models import EncoderDecoderModel
-from remixer_t5.training import checkpoints, partitioning, plots, programs, validation
+from remixer_t5.training import checkpoints, partitioning, plots, programs, run_identity, run_lock, validation
 from remixer_t5.training import mfu as mfu_lib
 from remixer_t5.training.batches import global_batch, real_tokens
 from remixer_t5.training.metrics_log import MetricsLogger, format_duration
@@ -30,25 +30,72 @@ from remixer_t5.training.programs import batch_shapes, summarize
 from remixer_t5.training.run_config import Run
 from remixer_t5.training.train_state import fit_lengths
 
-# Config fields that may change between runs in one MODEL_DIR (they do not change the parameters).
-_RESUMABLE_FIELDS = ("dropout_rate", "dtype", "remat_policy")
-
-
-def train(run: Run, *, config_text: str | None = None, run_signature: Mapping[str, Any] | None = None
-          ) -> dict[str, float]:
+def train(run: Run, *, config_text: str | None = None) -> dict[str, float]:
   """Train `run` (run_config.Run), resuming from the latest good checkpoint in its MODEL_DIR. Returns the last
   train row's metrics.
 
-  `config_text` (the launch's gin config) is saved as MODEL_DIR/config.gin once the run is accepted.
-  Faults: SIGTERM saves a checkpoint and returns; an unreadable latest checkpoint is reported and the previous
-  one restored; a non-finite loss or update stops the run (FloatingPointError) before it is checkpointed."""
+  MODEL_DIR holds one run: a launch whose identity (run_identity.py) differs from the one recorded there is
+  refused before anything in the folder changes, and a second launch while one runs is refused by the lock
+  (run_lock.py). `config_text` (the launch's gin config) is saved as MODEL_DIR/config.gin once the run is
+  accepted. Faults: SIGTERM or Ctrl-C save a checkpoint and return (a second Ctrl-C aborts); an unreadable
+  latest checkpoint is reported and the previous one restored; a failed checkpoint save stops the run
+  (StorageError); a non-finite loss or update stops it (FloatingPointError) before it is checkpointed."""
   run, task, vocab, infer_task = _setup(run, check_init=True)
-  _accept_run(run, vocab, run_signature, config_text)
   prog = _program(run)
-  log = MetricsLogger(run.model_dir)
-  ckpt = checkpoints.Checkpointer(run.model_dir, keep=run.schedule.keep_checkpoints)
-  state, position, input_state = _restore(ckpt, prog, run, log)
-  return _loop(run, prog, state, task, vocab, infer_task, ckpt, log, position, input_state)
+  ident = run_identity.identity(run, vocab, prog.state, run.data.feature_lengths)
+  run_identity.check(run.model_dir, ident)  # read only: a refused launch leaves the folder as it was
+  lock = _lock(run.model_dir)
+  ckpt = log = None
+  try:
+    new = run_identity.check(run.model_dir, ident)  # again, holding the lock: a launch may have ended meanwhile
+    storage.probe_writes(run.model_dir)
+    if jax.process_index() == 0:
+      if new:
+        run_identity.write(run.model_dir, ident)
+      if config_text is not None:
+        storage.write_text(storage.run_path(run.model_dir) / "config.gin", config_text)
+    log = MetricsLogger(run.model_dir)
+    ckpt = checkpoints.Checkpointer(run.model_dir, keep=run.schedule.keep_checkpoints)
+    state, position, input_state = _restore(ckpt, prog, run, log)
+    log.start(int(state.step))
+    return _loop(run, prog, state, task, vocab, infer_task, ckpt, log, position, input_state, lock)
+  finally:
+    _close(ckpt, log)
+    if lock is not None:
+      lock.release()
+
+
+def _lock(model_dir):
+  """The run's lock, held by process 0 for all; every process refuses when it is held elsewhere."""
+  lock, error = None, None
+  if jax.process_index() == 0:
+    try:
+      lock = run_lock.acquire(model_dir)
+    except run_lock.RunLockedError as e:
+      error = e
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    refused = bool(multihost_utils.broadcast_one_to_all(np.array(error is not None)))
+    if refused and error is None:
+      raise run_lock.RunLockedError(f"MODEL_DIR {model_dir} is in use by another run (process 0 says which)")
+  if error is not None:
+    raise error
+  return lock
+
+
+def _close(ckpt, log) -> None:
+  """Finishes the checkpoint in flight and the logs, whatever ended the run (after an exception, the
+  exception is the one reported)."""
+  import sys
+  failing = sys.exc_info()[0] is not None
+  for closer in (ckpt, log):
+    if closer is None:
+      continue
+    try:
+      closer.close()
+    except Exception:  # noqa: BLE001
+      if not failing:
+        raise
 
 
 def _setup(run: Run, check_init: bool = False):
@@ -80,7 +127,7 @@ def eval_program(run: Run) -> programs.Program:
   return _program(dataclasses.replace(run, training=dataclasses.replace(run.training, learning_rate=None)))
 
 
-def _loop(run, prog, state, task, vocab, infer_task, ckpt, log, position, input_state) -> dict[str, float]:
+def _loop(run, prog, state, task, vocab, infer_task, ckpt, log, position, input_state, lock) -> dict[str, float]:
   """The training loop from `state` to TRAIN_STEPS with its log, evaluation and checkpoint hooks."""
   data, sched, model_dir = run.data, run.schedule, run.model_dir
   step = int(state.step)
@@ -94,8 +141,8 @@ def _loop(run, prog, state, task, vocab, infer_task, ckpt, log, position, input_
   data_position = {"batches": position, "seed": run.training.random_seed, "task": data.task, "iterator": True}
   window = _LogWindow(prog.model, batch_shapes(data.feature_lengths, data.batch_size, data.pack),
                       run.training.peak_flops_per_device, step, log)
-  compiled, last, preempted = None, {}, False
-  with _PreemptionWatch() as preemption:
+  compiled, last, preempted = None, {}, None
+  with _StopWatch(lock) as stop:
     while step < sched.train_steps:
       host_batch = next(batches)
       data_position["batches"] += 1
@@ -104,14 +151,15 @@ def _loop(run, prog, state, task, vocab, infer_task, ckpt, log, position, input_
         compiled = window.note_compiled(prog.compile(prog.train_step, state, batch))
       state, metrics = compiled(state, batch)
       step += 1
+      ckpt.check()  # a background save that failed stops the run now, not at the next save
       window.add(metrics, real_tokens(host_batch))
       due = lambda period: step % period == 0 or step == sched.train_steps
       due_log, due_save = due(sched.log_period), due(sched.checkpoint_period)
       # Many processes must agree on stopping (a collective): ask only where the host syncs anyway.
-      preempted = preemption.requested() if jax.process_count() == 1 or due_log or due_save else False
+      preempted = stop.requested() if jax.process_count() == 1 or due_log or due_save else None
       if due_log or due_save or preempted:
         window.check_finite(step, ckpt)
-      if due_log or preempted:  # a preempted run logs its last, partial window too: its steps' time is counted
+      if due_log or preempted:  # a stopped run logs its last, partial window too: its steps' time is counted
         last = window.write(step, sched.train_steps)
       if preempted:
         _save(model_dir, ckpt, step, state, batches, data_position, log)
@@ -125,7 +173,7 @@ def _loop(run, prog, state, task, vocab, infer_task, ckpt, log, position, input_
   ckpt.close()
   log.close()
   if preempted:
-    log.info(f"preempted (SIGTERM): saved step {step} in {ckpt.directory}; rerun the same command to resume")
+    log.info(f"{preempted}: saved step {step} in {ckpt.directory}; rerun the same command to resume")
   elif jax.process_index() == 0:
     log.info(f"curves drawn in {plots.plot_metrics(model_dir)}")
   return last
@@ -219,24 +267,6 @@ def task_and_vocabulary(task_name, vocabulary, data_dir, infer_task):
   return task_name, task, vocab, infer_name
 
 
-def _accept_run(run: Run, vocab, run_signature, config_text) -> None:
-  """MODEL_DIR's run signature checked against this launch (a second `train` must match the first in what
-  shapes the parameters and the data), then the launch's gin config saved as MODEL_DIR/config.gin."""
-  model = run.training.model
-  signature = dict(run_signature or {})
-  signature.update(task=run.data.task, feature_lengths=dict(run.data.feature_lengths), vocab_size=vocab.vocab_size,
-                   model=type(model.module).__name__)
-  defaults = {}
-  if dataclasses.is_dataclass(getattr(model.module, "config", None)):
-    signature.update({f"config.{k}": v for k, v in dataclasses.asdict(model.module.config).items()
-                      if k not in _RESUMABLE_FIELDS})
-    defaults = {f"config.{f.name}": f.default for f in dataclasses.fields(model.module.config)
-                if f.name not in _RESUMABLE_FIELDS}
-  checkpoints.check_signature(run.model_dir, signature, defaults)
-  if config_text is not None and jax.process_index() == 0:
-    storage.write_text(storage.run_path(run.model_dir) / "config.gin", config_text)
-
-
 def _restore(ckpt, prog, run, log):
   """(state, input batches consumed, this process's saved iterator state or None): the latest good checkpoint,
   else INIT_CHECKPOINT's parameters (fitted to this run's lengths) with a fresh optimizer, else a new state."""
@@ -256,24 +286,46 @@ def _restore(ckpt, prog, run, log):
   return state, 0, None
 
 
-class _PreemptionWatch:
-  """SIGTERM (a preemption notice) sets a flag the loop polls; with many processes they agree (any -> all)."""
-  flag, previous = False, None
+class _StopWatch:
+  """SIGTERM (a preemption notice) and Ctrl-C (SIGINT) set a flag the loop polls at step boundaries, where the
+  run then saves and returns; a second Ctrl-C aborts at once (KeyboardInterrupt). A lock that is no longer this
+  run's stops it unsaved (run_lock.RunLockLostError). With many processes they agree (any -> all)."""
+  SIGNALS = {signal.SIGTERM: "preempted (SIGTERM)", signal.SIGINT: "interrupted (Ctrl-C)"}
+
+  def __init__(self, lock):
+    self.lock, self.reason, self.previous = lock, None, {}
+
+  def _handle(self, signum, _frame):
+    if signum == signal.SIGINT and self.reason is not None:
+      raise KeyboardInterrupt  # the second Ctrl-C
+    self.reason = self.SIGNALS[signum]
+    if signum == signal.SIGINT:
+      print("\ninterrupted: saving at the end of this step, then stopping (Ctrl-C again to abort without saving)",
+            flush=True)
 
   def __enter__(self):
     if threading.current_thread() is threading.main_thread():
-      self.previous = signal.signal(signal.SIGTERM, lambda *_: setattr(self, "flag", True))
+      self.previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
     return self
 
-  def requested(self) -> bool:
-    if jax.process_count() == 1:
-      return self.flag
-    from jax.experimental import multihost_utils
-    return bool(np.any(multihost_utils.process_allgather(np.array(self.flag))))
+  def requested(self) -> str | None:
+    """Why the run stops here (a signal's name), or None; RunLockLostError when the lock was lost."""
+    lost = self.lock is not None and self.lock.lost is not None
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils
+      flags = multihost_utils.process_allgather(np.array([self.reason is not None, lost]))
+      any_stop, lost = bool(np.any(flags[..., 0])), bool(np.any(flags[..., 1]))
+      if any_stop and self.reason is None:
+        self.reason = "preempted (another process was signalled)"
+    if lost:
+      if self.lock is not None:
+        self.lock.check()
+      raise run_lock.RunLockLostError("stopped: process 0 lost the run's lock; this run writes nothing more")
+    return self.reason
 
   def __exit__(self, *exc):
-    if self.previous is not None:
-      signal.signal(signal.SIGTERM, self.previous)
+    for s, previous in self.previous.items():
+      signal.signal(s, previous)
 
 
 def _restore_batches(task, run: Run, position: int, input_state, log):
