@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import sys
+import traceback
 from pathlib import Path
 from typing import Sequence
 
@@ -22,8 +23,7 @@ try:  # $REMIXER_T5_CPUS: before any thread pool starts (numpy's, XLA's, TensorF
 except ValueError as _e:  # reported by main() like any bad input
   _PINNED, _PIN_ERROR = None, _e
 
-from remixer_t5.training.checkpoints import IncompatibleModelDirError  # noqa: E402 - after quiet.configure()
-from remixer_t5.storage import StorageError  # noqa: E402
+from remixer_t5.storage import StorageError  # noqa: E402 - after quiet.configure()
 from remixer_t5.gin_utils import GinError, gin_dir, parse_gin, split_flags  # noqa: E402
 from remixer_t5.gin_utils import macro as _macro  # noqa: E402
 
@@ -42,13 +42,20 @@ def _stderr(msg: str) -> None:
 
 
 def _run():
-  """The run the gin files configure (run_config.from_gin); a GinError naming the missing run file when none does."""
+  """The run the gin files configure (run_config.from_gin: a GinError naming the run files when none is loaded;
+  any other error raised while the run is built, e.g. a bad value or a schedule's own check, as it was raised)."""
   from remixer_t5.training import run_config
-  try:
-    return run_config.from_gin()
-  except ValueError as e:
-    runs = sorted(p.name for p in (gin_dir() / "runs").glob("*.gin"))
-    raise GinError(f"{e}; gin/runs/ holds {', '.join(runs)}") from e
+  return run_config.from_gin()
+
+
+def _check_model_dir() -> None:
+  """A local MODEL_DIR that exists must be a folder (checked before anything is built or compiled)."""
+  from remixer_t5 import storage
+  model_dir = _macro("MODEL_DIR")
+  if isinstance(model_dir, (str, os.PathLike)) and model_dir and not storage.is_bucket(model_dir):
+    path = Path(model_dir).expanduser()
+    if path.exists() and not path.is_dir():
+      raise NotADirectoryError(f"MODEL_DIR {model_dir} is a file; expected a folder (a new one, or a run's)")
 
 
 def _configured(fn):
@@ -76,17 +83,36 @@ def _start_line(command: str) -> None:
           f"{jax.process_count()} process(es); kernels: {'; '.join(chosen) or 'auto (by platform)'}{out}")
 
 
+def _check_checkpoint_source(path, what: str) -> None:
+  """A local checkpoint source (eval's MODEL_DIR, infer's --checkpoint or MODEL_DIR) that does not exist or is an
+  empty folder is reported here, before the model is built (a bucket's is checked where it is read)."""
+  from remixer_t5 import storage
+  if not path or storage.is_bucket(path):
+    return
+  folder = Path(path).expanduser()
+  if not folder.exists() or (folder.is_dir() and not any(folder.iterdir())):
+    raise FileNotFoundError(f"no checkpoint in {path} ({what} {'is empty' if folder.exists() else 'does not exist'}):"
+                            " expected a training run's MODEL_DIR (checkpoints/), an import-hf output, a t5x "
+                            "checkpoint or a params checkpoint")
+
+
 def cmd_train(_: argparse.Namespace) -> int:
   import gin
   from remixer_t5.training import trainer
+  run = _run()
   _start_line("train")
-  trainer.train(_run(), config_text=gin.config_str())
+  trainer.train(run, config_text=gin.config_str())
   return 0
 
 
 def cmd_infer(args: argparse.Namespace) -> int:
   from remixer_t5.model import decoding
   from remixer_t5.training import inference
+  from remixer_t5 import storage
+  run = _run()
+  _check_checkpoint_source(args.checkpoint or run.model_dir, "--checkpoint" if args.checkpoint else "MODEL_DIR")
+  if args.inputs and not storage.run_path(args.inputs).is_file():
+    raise FileNotFoundError(f"--inputs {args.inputs}: no such file")
   _start_line("infer")
   sampling = None
   if args.temperature is not None or args.top_k or args.top_p is not None:
@@ -95,14 +121,16 @@ def cmd_infer(args: argparse.Namespace) -> int:
                                  seed=args.seed)
   request = inference.Request(inputs=args.inputs, output=args.output, split=args.split, checkpoint=args.checkpoint,
                               beam_size=args.beam_size, sampling=sampling, max_examples=args.max_examples)
-  print(json.dumps(inference.infer(_run(), request, progress=_stderr)))
+  print(json.dumps(inference.infer(run, request, progress=_stderr)))
   return 0
 
 
 def cmd_eval(_: argparse.Namespace) -> int:
   from remixer_t5.training import trainer
+  run = _run()
+  _check_checkpoint_source(run.model_dir, "MODEL_DIR")
   _start_line("eval")
-  print(json.dumps(_configured(trainer.evaluate_checkpoint)(_run())))
+  print(json.dumps(_configured(trainer.evaluate_checkpoint)(run)))
   return 0
 
 
@@ -114,7 +142,13 @@ def _parse_lengths(text: str | None) -> dict[str, int] | None:
   if not text:
     return None
   inputs, _, targets = text.partition(",")
-  return {"inputs": int(inputs), "targets": int(targets or inputs)}
+  try:
+    lengths = {"inputs": int(inputs), "targets": int(targets or inputs)}
+  except ValueError:
+    lengths = None
+  if lengths is None or min(lengths.values()) < 1:
+    raise ValueError(f"--lengths {text}: expected INPUTS[,TARGETS], positive integers (e.g. 512,114)")
+  return lengths
 
 
 def cmd_tasks(args: argparse.Namespace) -> int:
@@ -146,6 +180,8 @@ def cmd_import_hf(args: argparse.Namespace) -> int:
   from remixer_t5 import storage
   out = storage.run_path(args.out_dir)
   storage.check_bucket(out, "OUT_DIR")
+  if out.exists() and not out.is_dir():
+    raise NotADirectoryError(f"OUT_DIR {out} is a file; expected a new folder")
   if out.exists() and any(out.iterdir()):
     unfinished = storage.is_bucket(out) and not (out / "model.gin").exists()
     raise FileExistsError(f"{out} exists and is not empty" + (" (an unfinished import: no model.gin; delete it)"
@@ -504,9 +540,15 @@ def _custom_data(args: argparse.Namespace, files: list[str], bindings: list[str]
   return files + [str(gin_dir() / CUSTOM_GIN)], added + bindings
 
 
+class _Parser(argparse.ArgumentParser):
+  """argparse's parser whose usage errors are one line, as every other error of the CLI (exit 2, its code)."""
+
+  def error(self, message: str):
+    self.exit(2, f"remixer-t5: error: {message} (`{self.prog} --help` lists the options)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(prog="remixer-t5", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = _Parser(prog="remixer-t5", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   sub = p.add_subparsers(dest="command", required=True)
   gin_help = dict(epilog=GIN_FLAGS, formatter_class=argparse.RawDescriptionHelpFormatter)
   tr = sub.add_parser("train", help="train (resumes from MODEL_DIR)", **gin_help)
@@ -676,6 +718,66 @@ def build_parser() -> argparse.ArgumentParser:
   return p
 
 
+# --- errors: one line and an exit code ------------------------------------------------------------------
+# docs/cli.md, "Exit codes". An exception class of the project may carry its own code (`exit_code`).
+EXIT_BAD_INPUT, EXIT_NON_FINITE, EXIT_STORAGE, EXIT_OUT_OF_MEMORY, EXIT_INTERRUPTED = 2, 3, 4, 5, 130
+TRACEBACK_ENV = "REMIXER_T5_TRACEBACK"
+# Status codes (absl's, as XLA, TensorFlow and tensorstore spell them) of a store that did not answer or refused.
+_STORAGE_STATUS = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "PERMISSION_DENIED", "UNAUTHENTICATED", "ABORTED")
+# TensorFlow's errors that are about what was read (a missing file, a malformed row), not about reading it.
+_TF_INPUT_ERRORS = ("NotFoundError", "InvalidArgumentError", "DataLossError", "OutOfRangeError", "UnimplementedError")
+# Clients of remote storage whose exceptions are not OSErrors.
+_STORAGE_CLIENTS = ("gcsfs", "fsspec", "aiohttp", "google.auth", "google.api_core", "google.cloud", "requests")
+
+
+def _traceback_wanted() -> bool:
+  return os.environ.get(TRACEBACK_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def _message(e: BaseException) -> str:
+  """The exception's own text (TensorFlow's errors keep theirs in `.message`, without the op's context)."""
+  message = getattr(e, "message", None)
+  return message if isinstance(message, str) and message else str(e)
+
+
+def exit_code(e: BaseException) -> int | None:
+  """The exit code of an error the CLI reports in one line (docs/cli.md, "Exit codes"); None for anything else
+  (a bug), which keeps its traceback."""
+  code = getattr(e, "exit_code", None)
+  if isinstance(code, int) and not isinstance(code, bool):
+    return code
+  if isinstance(e, KeyboardInterrupt):
+    return EXIT_INTERRUPTED
+  if isinstance(e, FloatingPointError):
+    return EXIT_NON_FINITE
+  name, module = type(e).__name__, type(e).__module__ or ""
+  status = _message(e).lstrip().split(":", 1)[0]
+  if isinstance(e, MemoryError) or status == "RESOURCE_EXHAUSTED" or name == "ResourceExhaustedError":
+    return EXIT_OUT_OF_MEMORY
+  if isinstance(e, StorageError) or status in _STORAGE_STATUS or module.startswith(_STORAGE_CLIENTS):
+    return EXIT_STORAGE
+  if module.startswith("tensorflow"):
+    return EXIT_BAD_INPUT if name in _TF_INPUT_ERRORS else EXIT_STORAGE
+  if isinstance(e, (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError)):
+    return EXIT_BAD_INPUT  # a path given that is not what it should be
+  if isinstance(e, OSError):  # a full disk, a refused write, an I/O error
+    return EXIT_STORAGE
+  if isinstance(e, (ValueError, ImportError)):  # GinError and IncompatibleModelDirError are ValueErrors
+    return EXIT_BAD_INPUT
+  return None
+
+
+def error_line(e: BaseException) -> str:
+  """What `remixer-t5: error:` is followed by: the message as its raiser wrote it, on one line (quiet.one_line);
+  a foreign storage client's error and a message-less one are named by their type."""
+  if isinstance(e, KeyboardInterrupt):
+    return "interrupted"
+  text = quiet.one_line(_message(e))
+  if not text:
+    return type(e).__name__
+  return f"{type(e).__name__}: {text}" if (type(e).__module__ or "").startswith(_STORAGE_CLIENTS) else text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   try:
@@ -701,6 +803,8 @@ def main(argv: Sequence[str] | None = None) -> int:
       # they are, with its `MODEL_DIR = %gin.REQUIRED` left unset.
       parse_gin(files, bindings, paths,
                 macro_defaults=None if args.command in ("train", "eval") else {"MODEL_DIR": "None"})
+      if args.command in ("train", "eval", "infer"):
+        _check_model_dir()
     elif args.command in ("train", "eval", "infer", "info", "compile"):
       raise GinError(f"`{args.command}` needs a config: --gin_file=... (see gin/ for models and runs)")
     else:  # export-hf/plot then read the checkpoint's own gin, never a config left by an earlier main() call
@@ -709,18 +813,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     return {"train": cmd_train, "eval": cmd_eval, "infer": cmd_infer, "tasks": cmd_tasks, "info": cmd_info, "import-hf": cmd_import_hf,
             "export-hf": cmd_export_hf, "plot": cmd_plot, "bench": cmd_bench, "compare": cmd_compare,
             "compile": cmd_compile, "repro": cmd_repro}[args.command](args)
-  except (GinError, FileNotFoundError, FileExistsError, IncompatibleModelDirError, StorageError) as e:
-    print(f"remixer-t5: error: {e}", file=sys.stderr)
-    return 2
-  except Exception as e:  # noqa: BLE001
-    # Bad values reach us from deep inside (configs, data rows, sizes); TensorFlow's I/O errors (unreachable
-    # gs:// paths, malformed rows surfacing through tf.data) carry their own clear message.
-    if not (isinstance(e, ValueError) or type(e).__module__.startswith("tensorflow")) or os.environ.get(
-        "REMIXER_T5_TRACEBACK"):
+  except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - mapped below; anything else keeps its traceback
+    code = exit_code(e)
+    if code is None:  # not a cause the user can act on: a bug, shown whole
       raise
-    message = getattr(e, "message", None) or str(e)
-    print(f"remixer-t5: error: {message}\n(set REMIXER_T5_TRACEBACK=1 for the full traceback)", file=sys.stderr)
-    return 2
+    if _traceback_wanted():
+      traceback.print_exception(e)
+    print(f"remixer-t5: error: {error_line(e)}", file=sys.stderr, flush=True)
+    return code
 
 
 if __name__ == "__main__":

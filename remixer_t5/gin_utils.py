@@ -5,6 +5,9 @@ Used by the CLI and by `models.from_gin`; the library itself never reads gin.
 from __future__ import annotations
 
 import ast
+import difflib
+import importlib
+import inspect
 import io
 import logging
 import re
@@ -37,6 +40,79 @@ def gin_dir() -> Path:
 
 class GinError(ValueError):
   pass
+
+
+def _closest(name: str, candidates, prefix: str = "") -> str:
+  """' (did you mean PREFIX.X?)' for the candidate nearest `name`, '' when none is near."""
+  match = difflib.get_close_matches(name, sorted(set(candidates)), n=1, cutoff=0.6)
+  return f" (did you mean {prefix + '.' if prefix else ''}{match[0]}?)" if match else ""
+
+
+def _parameters(fn) -> list[str]:
+  """The keyword parameters gin can bind on `fn` (a class: its constructor's)."""
+  try:
+    signature = inspect.signature(inspect.unwrap(fn))
+  except (TypeError, ValueError):
+    return []
+  return [p.name for p in signature.parameters.values()
+          if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name != "self"]
+
+
+def _imported(alias: str, imports: Sequence[str]):
+  """The module an import of the parsed files binds to `alias` (dynamic registration: its last component)."""
+  for name in imports:
+    if name != "__gin__.dynamic_registration" and (name == alias or name.rpartition(".")[2] == alias):
+      try:
+        return importlib.import_module(name)
+      except ImportError:
+        return None
+  return None
+
+
+def _unknown_name(message: str, imports: Sequence[str]) -> str | None:
+  """For gin's errors about a name it does not know (a configurable, a parameter, an import), what is unknown
+  and the closest known name; None for any other error."""
+  import gin
+  m = re.search(r"Couldn't resolve selector ([\w.]+); .* has no attribute (\w+)", message)
+  if m:  # dynamic registration: `module.Name` where the module has no Name
+    selector, attr = m.groups()
+    parts = selector.split(".")
+    depth = parts.index(attr) if attr in parts else len(parts) - 1
+    parent = _imported(parts[0], imports)
+    for part in parts[1:depth]:
+      parent = getattr(parent, part, None)
+    known = [n for n in dir(parent) if not n.startswith("_")] if parent is not None else []
+    return f"unknown configurable {selector!r}" + _closest(attr, known, ".".join(parts[:depth]))
+  m = re.search(r"No configurable matching (?:reference )?'@?([\w./]+?)(?:\(\))?'", message)
+  if m:  # a configurable registered by name (gin.configurable) that is not
+    selector = m.group(1).rpartition("/")[2]
+    registered = [c.selector for _, c in gin.config._REGISTRY.items()]  # noqa: SLF001
+    tails = [".".join(sel.split(".")[-(selector.count(".") + 1):]) for sel in registered]
+    return f"unknown configurable {selector!r}" + _closest(selector, tails)
+  m = re.search(r"Configurable '([\w.]+)' doesn't have a parameter named '(\w+)'", message)
+  if m:
+    selector, name = m.groups()
+    try:
+      configurable = gin.config._REGISTRY.get_match(selector)  # noqa: SLF001
+    except (KeyError, ValueError):
+      configurable = None
+    known = _parameters(configurable.wrapped) if configurable is not None else []
+    return f"{selector} has no parameter {name!r}" + _closest(name, known)
+  m = re.search(r"'(\w+)' was not provided by an import statement", message)
+  if m:
+    aliases = [n.rpartition(".")[2] for n in imports if n != "__gin__.dynamic_registration"]
+    return f"{m.group(1)!r} was not imported by the gin files" + _closest(m.group(1), aliases)
+  return None
+
+
+def _file_error(f: str, e: BaseException, imports: Sequence[str]) -> GinError:
+  """One line for an error gin raised parsing file `f`: its file and line where gin says them, and what is
+  unknown (with the closest known name) where a name is."""
+  text = str(e)
+  where = re.search(r'In file "([^"]+)", line (\d+)', text)
+  place = f"{where.group(1)}, line {where.group(2)}" if where else f"gin file {f}"
+  what = _unknown_name(text, imports) or text.splitlines()[0].rstrip(".")
+  return GinError(f"in {place}: {what}{_moved_hint(text)}")
 
 
 def split_flags(argv: Sequence[str]) -> tuple[list[str], list[str], list[str], list[str]]:
@@ -188,10 +264,29 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Seque
 
   `macro_defaults` {NAME: gin value} binds those macros the files define (e.g. a run's `MODEL_DIR =
   %gin.REQUIRED`) before the user's bindings, which still override them; names the files lack are ignored."""
+  # gin logs an ERROR for every search path an include is not found in before the one it is found in.
+  root = logging.getLogger()
+  level = root.level
+  root.setLevel(logging.CRITICAL)
+  try:
+    _parse(files, bindings, search_paths, macro_defaults)
+  finally:
+    root.setLevel(level)
+
+
+def _file_imports(path: str) -> list[str]:
+  """The modules a gin file imports (its own lines only), for naming what a failed parse of it knew."""
+  try:
+    text = Path(path).read_text()
+  except OSError:
+    return []
+  return [m.group(1) or f"{m.group(2)}.{m.group(3)}" for m in re.finditer(
+      r"^\s*(?:import\s+([\w.]+)|from\s+([\w.]+)\s+import\s+(\w+))", text, flags=re.M)]
+
+
+def _parse(files, bindings, search_paths, macro_defaults) -> None:
   import gin
   gin.clear_config()
-  # gin logs an ERROR for every search path an include is not found in before the one it is found in.
-  logging.getLogger().setLevel(logging.CRITICAL)
   search = [Path(p) for p in search_paths] + [gin_dir()]
   _set_gin_search_path(search)
   imports: list[str] = []
@@ -203,8 +298,8 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Seque
       raise
     except (SyntaxError, tokenize.TokenError) as e:
       raise _syntax_error(e, f"{f} (or a file it includes)", path, search) from e
-    except (ValueError, KeyError, ImportError, NameError, IOError) as e:
-      raise GinError(f"in gin file {f}: {e}{_moved_hint(str(e))}") from e
+    except (ValueError, KeyError, ImportError, NameError, AttributeError, IOError) as e:
+      raise _file_error(f, e, imports + _file_imports(path)) from e
   # Bindings see the files' imports, so `--gin.VOCABULARY=@vocab.get_vocabulary()` resolves as in the files.
   prelude = _import_lines(imports)
   macros = {name for (name, kind) in gin.config._CONFIG if kind == "gin.macro"}  # noqa: SLF001
@@ -213,15 +308,20 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Seque
     name, _, value = b.partition("=")
     name = name.strip()
     if "." not in name and "/" not in name and name not in macros:
-      raise GinError(f"unknown gin macro {name!r} in --gin.{b}; the loaded files define: "
-                     f"{', '.join(sorted(macros)) or 'none'}")
+      from remixer_t5.training.run_config import MACROS
+      if name in MACROS.values():  # a run's setting, and no run file among the files
+        raise GinError(f"--gin.{b} sets a run's {name}, and no run config is loaded: add a run config, e.g. "
+                       "--gin_file=runs/pretrain.gin beside the model config")
+      raise GinError(f"unknown gin macro {name!r} in --gin.{b}{_closest(name, macros)}; the loaded files "
+                     f"define: {', '.join(sorted(macros)) or 'none'}")
     try:
       gin.parse_config(prelude + f"{name} = {_binding_value(value)}")
     except (SyntaxError, tokenize.TokenError) as e:
       raise GinError(f"bad gin binding --gin.{b}: not a gin value (an unclosed bracket or string, or a "
                      f"stray character)") from e
-    except (ValueError, KeyError, ImportError, NameError) as e:
-      raise GinError(f"bad gin binding --gin.{b}: {str(e).splitlines()[0].rstrip('.')}{_moved_hint(str(e))}") from e
+    except (ValueError, KeyError, ImportError, NameError, AttributeError) as e:
+      what = _unknown_name(str(e), imports) or str(e).splitlines()[0].rstrip(".")
+      raise GinError(f"bad gin binding --gin.{b}: {what}{_moved_hint(str(e))}") from e
   try:
     gin.finalize()
   except ValueError as e:
@@ -230,8 +330,15 @@ def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Seque
       name = required.group(1)
       example = "\"'/path/to/run'\"" if name == "MODEL_DIR" else "VALUE"
       raise GinError(f"the gin files require {name}: pass --gin.{name}={example}") from e
-    raise GinError(f"incomplete gin config: {e}") from e
-  logging.getLogger().setLevel(logging.WARNING)
+    unbound = re.match(r"No bindings specified for '(\w+)/gin\.macro'", str(e))
+    if unbound and unbound.group(1) == "MODEL":  # every model file defines it: none was given
+      raise GinError("the gin config uses %MODEL, which no file defines: pass a model config before the run "
+                     "config, e.g. --gin_file=models/t5_1_1/small.gin") from e
+    if unbound:
+      name = unbound.group(1)
+      raise GinError(f"the gin config uses %{name}, which no file or binding defines{_closest(name, macros)}; "
+                     f"define it in a gin file or pass --gin.{name}=VALUE") from e
+    raise GinError(f"incomplete gin config: {str(e).splitlines()[0]}") from e
 
 
 def macro(name: str, default=None):

@@ -12,6 +12,13 @@ without a GPU), and `hidden_unless_verbose` also covers the plugin's start when 
 topology. `configure()` also defaults $TF_CPP_MIN_LOG_LEVEL to 2 (TensorFlow's and XLA's INFO and WARNING lines, e.g.
 tf.data cache notices; errors still show).
 
+Python-side noise goes the same way (`quiet_logs`): orbax's absl log records ("Metadata file does not exist" at
+every params restore, the JSON and read errors of a checkpoint that `restore_latest_good` then reports itself in one
+line), asyncio's records, and the "Event loop is closed" RuntimeErrors that tensorstore's threads report as
+unraisable after orbax gave up a read (hundreds of tracebacks for one corrupt checkpoint). An orbax failure still
+reaches the run as the exception orbax raises; other libraries' absl warnings (seqio's) and the project's own
+loggers are untouched. `one_line` is how the CLI shows an exception's message.
+
 `REMIXER_T5_VERBOSE=1` turns all of this off: everything is printed, and TensorFlow sees GPUs.
 """
 from __future__ import annotations
@@ -19,7 +26,9 @@ from __future__ import annotations
 import contextlib
 import importlib.abc
 import importlib.util
+import logging
 import os
+import re
 import sys
 import tempfile
 from typing import Iterator
@@ -99,11 +108,102 @@ class _QuietImportFinder(importlib.abc.MetaPathFinder):
     return spec
 
 
+# Libraries whose records on the "absl" logger are dropped, by the folders of their code. absl's records name
+# absl's own file as where they were logged, so the filter looks at the code that is logging (its call stack).
+QUIET_SOURCES = (f"{os.sep}orbax{os.sep}", f"{os.sep}tensorstore{os.sep}")
+
+
+def _from_quiet_source(depth: int = 64) -> bool:
+  frame = sys._getframe(2)  # noqa: SLF001 - past this function and the filter
+  while frame is not None and depth > 0:
+    if any(s in frame.f_code.co_filename for s in QUIET_SOURCES):
+      return True
+    frame, depth = frame.f_back, depth - 1
+  return False
+
+
+def _foreign(record: logging.LogRecord) -> bool:
+  return record.name == "asyncio" or record.name.startswith("orbax") or (record.name == "absl"
+                                                                          and _from_quiet_source())
+
+
+class _DropForeign(logging.Filter):
+  """Drops orbax's and asyncio's records (module docstring); everything else passes."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not _foreign(record)
+
+
+_DROP = _DropForeign()
+
+
+def _closed_loop(unraisable) -> bool:
+  """Whether an unraisable exception is asyncio's 'Event loop is closed' (a callback from another thread, e.g.
+  tensorstore's, into the loop orbax already closed)."""
+  return isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == "Event loop is closed"
+
+
+def quiet_logs() -> None:
+  """Installs the log filters and the unraisable-exception hook of the module docstring (once)."""
+  for name in ("absl", "asyncio", "orbax"):
+    logger = logging.getLogger(name)
+    if _DROP not in logger.filters:
+      logger.addFilter(_DROP)
+  previous = sys.unraisablehook
+  if getattr(previous, "_remixer_quiet", False):
+    return
+
+  def hook(unraisable):
+    if not _closed_loop(unraisable):
+      previous(unraisable)
+  hook._remixer_quiet = True
+  sys.unraisablehook = hook
+
+
+# C++ reprs that pybind11-wrapped libraries (tensorstore, orbax, XLA) put in their messages: what they say
+# beside them is the readable part.
+_REPRS = [(re.compile(r"\s*\[(?:tensorstore_spec|source locations)(?:\[\d+\])?='.*?'\]", re.S), ""),
+          (re.compile(r"<(?:built-in method|bound method|function|method) ([\w.]+)[^<>]*>"), r"\1"),
+          (re.compile(r"<([\w.]+) object at 0x[0-9a-fA-F]+>"), r"\1")]
+# What gin appends to an exception raised inside a configurable or a parse: where, not what.
+_GIN_CONTEXT = re.compile(r"^\s+In (?:call to configurable|file|bindings string)\b")
+
+
+def one_line(message: str, limit: int = 600) -> str:
+  """An exception's message as one line: C++ reprs trimmed (`_REPRS`), gin's context lines dropped, its other
+  lines joined ("; ", or " " after a colon), up to `limit` characters; a longer message keeps its first line
+  and counts the lines left out."""
+  for pattern, repl in _REPRS:
+    message = pattern.sub(repl, message)
+  lines, skip = [], False
+  for line in message.splitlines():
+    if skip:  # the source line gin quotes under its "In file"/"In bindings string" line
+      skip = False
+      continue
+    if _GIN_CONTEXT.match(line):
+      skip = not line.lstrip().startswith("In call to configurable")
+      continue
+    if line.strip():
+      lines.append(line.strip())
+  if not lines:
+    return ""
+  text = lines[0]
+  for i, line in enumerate(lines[1:], 1):
+    joined = text + (" " if text.endswith(":") else "; ") + line
+    if len(joined) > limit:
+      return f"{text} (+{len(lines) - i} more lines)"
+    text = joined
+  return text
+
+
 def configure() -> bool:
-  """Installs the hooks (module docstring) for the modules of QUIET_MODULES not yet imported, unless
-  $REMIXER_T5_VERBOSE is set; returns whether TensorFlow's is in place."""
+  """Installs the hooks (module docstring) for the modules of QUIET_MODULES not yet imported and the log
+  filters, unless $REMIXER_T5_VERBOSE is set; returns whether TensorFlow's import hook is in place."""
   global installed
-  if verbose() or "tensorflow" in sys.modules:
+  if verbose():
+    return False
+  quiet_logs()
+  if "tensorflow" in sys.modules:
     return False
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   if not installed:

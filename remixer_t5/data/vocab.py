@@ -120,15 +120,59 @@ def _embedded_class():
 def __getattr__(name: str):
     if name == "EmbeddedSentencePieceVocabulary":  # pickling and isinstance checks find it here
         return _embedded_class()
+    if name == "SentencePieceVocabulary":
+        return _sentencepiece_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class VocabularyUnavailable(FileNotFoundError):
+    """A SentencePiece model that cannot be read where it was looked for (an unreachable bucket, no credentials, a
+    missing object); the message names it and what to do."""
+
+
+@functools.cache
+def _sentencepiece_class():
+    """This module's ``SentencePieceVocabulary``, defined on first use (it subclasses seqio's)."""
+    import seqio
+
+    class SentencePieceVocabulary(seqio.SentencePieceVocabulary):
+        """``seqio.SentencePieceVocabulary`` as it is (same name, state and ids: equal to seqio's over the same
+        file), except that a model that cannot be read (``gs://...`` unreachable, no credentials) is one
+        VocabularyUnavailable naming the path and the fix, where seqio raises TensorFlow's I/O error from deep
+        inside tf.io.gfile."""
+
+        def _model_context(self):
+            try:
+                return super()._model_context()
+            except VocabularyUnavailable:
+                raise
+            except Exception as e:  # noqa: BLE001 - tf.errors.* and OSError: any failed read of the model
+                raise VocabularyUnavailable(unavailable_message(self._sentencepiece_model_file, e)) from e
+
+    SentencePieceVocabulary.__qualname__ = "SentencePieceVocabulary"  # pickled by name: the module's __getattr__
+    SentencePieceVocabulary.__module__ = __name__
+    return SentencePieceVocabulary
+
+
+def unavailable_message(path: str, error: BaseException) -> str:
+    """What to say when the SentencePiece model at ``path`` cannot be read: the path, the first line of the
+    reader's error, and the fix (for T5's default vocabulary: $REMIXER_T5_VOCAB)."""
+    text = str(getattr(error, "message", None) or error).strip().splitlines()
+    why = f" ({type(error).__name__}: {text[0][:200]})" if text else f" ({type(error).__name__})"
+    if path == T5_VOCAB_PATH and not os.environ.get(T5_VOCAB_ENV_VAR):
+        fix = (f"set ${T5_VOCAB_ENV_VAR} to a local copy of this sentencepiece.model (fetched once with `gcloud "
+               f"storage cp {T5_VOCAB_PATH} .`)")
+    else:
+        fix = "check the path, the network and the credentials, or point at a local copy of the file"
+    return f"cannot read the SentencePiece model {path}{why}; {fix}"
 
 
 def get_vocabulary(path: str | None = None, extra_ids: int = DEFAULT_EXTRA_IDS, *,
                    vocab_size: int = DEFAULT_VOCAB_SIZE,
                    cache_dir: str | os.PathLike | None = None) -> seqio.SentencePieceVocabulary:
     """The vocabulary for ``path``, or the embedded one when ``path`` is None (``vocab_size`` and ``cache_dir`` apply
-    to it only). Remote paths (``gs://...``) are passed to seqio untouched; a local path that does not exist raises
-    FileNotFoundError."""
+    to it only). Remote paths (``gs://...``) are read on first use, a failed read raising VocabularyUnavailable; a
+    local path that does not exist raises FileNotFoundError."""
     if path is None:
         return _embedded_class()(vocab_size, extra_ids, cache_dir)
     path = os.fspath(path)
@@ -140,8 +184,7 @@ def get_vocabulary(path: str | None = None, extra_ids: int = DEFAULT_EXTRA_IDS, 
                 ".model file (e.g. the shared T5 vocabulary t5_cc_all_32000/sentencepiece.model, or T5_VOCAB_PATH = "
                 f"{T5_VOCAB_PATH!r} with GCS access), or None for the project's embedded vocabulary.")
         path = str(local)
-    import seqio
-    return seqio.SentencePieceVocabulary(path, extra_ids=extra_ids)
+    return _sentencepiece_class()(path, extra_ids=extra_ids)  # read on first use (a remote one: gs://)
 
 
 def t5_vocab_path() -> str:

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from remixer_t5 import storage
+from remixer_t5 import quiet, storage
 from remixer_t5.storage import Path
 from remixer_t5.training.run_identity import IncompatibleModelDirError
 
@@ -86,8 +86,10 @@ class Checkpointer:
       try:
         state, extra = self.restore(abstract_state, step)
       except Exception as e:  # noqa: BLE001 - any failure to read means this step is unusable
-        log(f"checkpoint {self.directory / str(step)} cannot be restored ({type(e).__name__}: "
-            f"{str(e).splitlines()[0][:200] if str(e) else ''}); moving it aside and trying the previous one")
+        why = quiet.one_line(str(e), limit=400)  # tensorstore's spec and other C++ reprs trimmed
+        why = why if len(why) <= 400 else why[:399] + "…"
+        log(f"checkpoint {self.directory / str(step)} cannot be restored ({type(e).__name__}"
+            f"{': ' + why if why else ''}); moving it aside and trying the previous one")
         self._quarantine(step)
         continue
       return state, extra, step

@@ -9,6 +9,7 @@ on `trainer.train` / `trainer.evaluate_checkpoint` is refused with the field to 
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import re
 from typing import Any, Callable, Mapping
 
@@ -16,6 +17,24 @@ import optax
 
 from remixer_t5.training import optim
 from remixer_t5.training.partitioning import MeshSpec
+
+
+def _is_int(value) -> bool:
+  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+  return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _check_int(part, name: str, minimum: int | None = None, optional: bool = False) -> None:
+  """ValueError naming the binding and its value unless `part.name` is an integer >= `minimum` (or None where
+  `optional`): a string or float there would otherwise fail far from its binding, or not at all."""
+  value = getattr(part, name)
+  if (optional and value is None) or (_is_int(value) and (minimum is None or value >= minimum)):
+    return
+  want = "an integer" + ("" if minimum is None else f" >= {minimum}") + (" or None" if optional else "")
+  raise ValueError(f"run_config.{_where(type(part).__name__, name)} = {value!r}: expected {want}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +55,20 @@ class Training:
   mesh: MeshSpec | None = None
   peak_flops_per_device: float | None = None
 
+  def __post_init__(self):
+    if self.model is None:
+      raise ValueError("run_config.Training.model (the macro MODEL) is None: pass a model config, e.g. "
+                       "--gin_file=models/t5_1_1/small.gin")
+    _check_int(self, "random_seed")
+    _check_int(self, "num_microbatches", minimum=1, optional=True)
+    where = lambda name: f"run_config.{_where('Training', name)} = {getattr(self, name)!r}"
+    if not (self.learning_rate is None or callable(self.learning_rate) or _is_number(self.learning_rate)):
+      raise ValueError(f"{where('learning_rate')}: expected a number or a schedule (e.g. @optim.rsqrt_schedule())")
+    if not (self.peak_flops_per_device is None or _is_number(self.peak_flops_per_device)):
+      raise ValueError(f"{where('peak_flops_per_device')}: expected a number of FLOP/s or None")
+    if not (self.init_checkpoint is None or isinstance(self.init_checkpoint, str)):
+      raise ValueError(f"{where('init_checkpoint')}: expected a path (a string) or None")
+
   @property
   def schedule(self) -> Callable | None:
     return self.learning_rate if callable(self.learning_rate) else None
@@ -55,13 +88,22 @@ class Data:
   shuffle: bool = True
 
   def __post_init__(self):
-    object.__setattr__(self, "feature_lengths", dict(self.feature_lengths))
-    if self.batch_size is None or int(self.batch_size) < 1:
-      raise ValueError(f"BATCH_SIZE={self.batch_size!r}: expected a positive number of examples")
+    _check_int(self, "batch_size", minimum=1)
+    lengths = self.feature_lengths
+    example = "expected e.g. {'inputs': 512, 'targets': 114}"
+    if not isinstance(lengths, Mapping):
+      raise ValueError(f"run_config.{_where('Data', 'feature_lengths')} = {lengths!r}: {example}")
+    object.__setattr__(self, "feature_lengths", dict(lengths))
     missing = {"inputs", "targets"} - set(self.feature_lengths)
     if missing:
-      raise ValueError(f"TASK_FEATURE_LENGTHS={self.feature_lengths!r} lacks {sorted(missing)}; expected e.g. "
-                       "{'inputs': 512, 'targets': 114}")
+      raise ValueError(f"TASK_FEATURE_LENGTHS={self.feature_lengths!r} lacks {sorted(missing)}; {example}")
+    bad = {k: v for k, v in self.feature_lengths.items() if not _is_int(v) or v < 1}
+    if bad:
+      raise ValueError(f"TASK_FEATURE_LENGTHS={self.feature_lengths!r}: {', '.join(map(repr, bad))} must be a "
+                       f"positive integer; {example}")
+    if not self.task:
+      raise ValueError(f"run_config.{_where('Data', 'task')} = {self.task!r}: expected a task or mixture name "
+                       "(remixer-t5 tasks lists them)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +122,14 @@ class Schedule:
   infer_eval_period: int = 0
   infer_eval_task: str | None = None
   infer_examples: int | None = None
+
+  def __post_init__(self):
+    for name in ("train_steps", "eval_period", "eval_steps", "num_decoded_examples", "infer_eval_period"):
+      _check_int(self, name, minimum=0)
+    for name in ("log_period", "checkpoint_period"):  # every N steps: N >= 1
+      _check_int(self, name, minimum=1)
+    for name in ("keep_checkpoints", "infer_examples"):
+      _check_int(self, name, minimum=1, optional=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,21 +174,34 @@ def moved_hint(message: str) -> str:
           if where else "")
 
 
+def _no_run_config(what: str):
+  """The error for a config without a run file: `what` it lacks, and the run files there are."""
+  from remixer_t5.gin_utils import GinError, gin_dir
+  runs = sorted(p.name for p in (gin_dir() / "runs").glob("*.gin"))
+  return GinError(f"the gin config binds no {what}: add a run config, e.g. --gin_file=runs/pretrain.gin beside "
+                  f"the model config; gin/runs/ holds {', '.join(runs)}")
+
+
 def from_gin() -> Run:
-  """The run the parsed gin config binds (each class built with its gin bindings)."""
+  """The run the parsed gin config binds (each class built with its gin bindings).
+
+  A GinError when no run file was loaded (a class never registered with gin, or a field without a default left
+  unbound); an error raised while a part is built (a bad value, a schedule's own check) propagates unchanged."""
   import gin
   parts = {}
   for cls in (Training, Data, Schedule):
     try:
-      parts[cls.__name__.lower()] = gin.get_configurable(cls)()
+      make = gin.get_configurable(cls)
     except ValueError as e:  # never registered: no run file was loaded
-      raise ValueError(f"the gin config binds no run_config.{cls.__name__}: add a run config, e.g. "
-                       "--gin_file=runs/pretrain.gin beside the model config") from e
+      raise _no_run_config(f"run_config.{cls.__name__}") from e
+    try:
+      parts[cls.__name__.lower()] = make()
     except TypeError as e:  # a field without a default and without a binding
       m = re.search(r"No values supplied by Gin or caller for arguments: \[([^\]]*)\]", str(e))
-      names = [n.strip(" '") for n in m.group(1).split(",")] if m else [str(e).splitlines()[0]]
-      raise ValueError(f"the gin config binds no {', '.join(f'run_config.{cls.__name__}.{n}' for n in names)}: "
-                       "add a run config, e.g. --gin_file=runs/pretrain.gin beside the model config") from e
+      if not m:
+        raise
+      names = [n.strip(" '") for n in m.group(1).split(",")]
+      raise _no_run_config(", ".join(f"run_config.{cls.__name__}.{n}" for n in names)) from e
   try:
     make_run = gin.get_configurable(Run)
   except ValueError:  # the run file binds no MODEL_DIR
