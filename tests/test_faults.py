@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from subprocess_util import xla_flags
 
-from remixer_t5.training import checkpoints
+from remixer_t5.training import checkpoints, metrics_log
 from remixer_t5 import cli
 
 RUN = ["--gin_file=models/t5_1_1/tiny.gin", "--gin_file=runs/demo.gin", "--gin.BATCH_SIZE=2",
@@ -105,7 +105,13 @@ def test_kill_9_mid_save_then_restart_matches_uninterrupted(tmp_path, env, refer
   assert cli.main(_args(run)) == 0
   out = capsys.readouterr().out
   assert "resumed from" in out and "input position restored from" in out  # the iterator state, not a replay
+  assert "taking over MODEL_DIR" in out and "has ended" in out  # the killed process's lock
+  assert not (run / "LOCK").exists()
   assert not [p for p in ckpt_dir.iterdir() if "tmp" in p.name]  # the unfinished save was cleaned up
+  # The history: re-logged steps supersede the killed run's, one current train row per step.
+  rows = metrics_log.read_rows(run / "metrics.jsonl")
+  assert [r["step"] for r in rows if r["split"] == "start"][0] == 0
+  assert [r["step"] for r in metrics_log.current_rows(rows) if r["split"] == "train"] == list(range(1, STEPS + 1))
   # Every kept checkpoint has its input state; older ones are pruned (one save behind orbax's own deletions).
   kept = checkpoints.Checkpointer(run).all_steps()
   states = sorted(int(p.name) for p in (run / checkpoints.INPUT_STATE_DIR).iterdir())
@@ -115,19 +121,22 @@ def test_kill_9_mid_save_then_restart_matches_uninterrupted(tmp_path, env, refer
 
 
 @pytest.mark.integration
-def test_sigterm_saves_exits_0_and_the_rerun_resumes_exactly(tmp_path, env, reference, monkeypatch,
-                                                            embedded_cache, capsys):
+@pytest.mark.parametrize("signum, said", [(signal.SIGTERM, "preempted (SIGTERM)"),
+                                           (signal.SIGINT, "interrupted (Ctrl-C)")])
+def test_sigterm_or_ctrl_c_saves_exits_0_and_the_rerun_resumes_exactly(tmp_path, env, reference, monkeypatch,
+                                                                      embedded_cache, capsys, signum, said):
   run = tmp_path / "run"
   proc = _spawn(_args(run, period=100), env)  # no periodic checkpoint before the end
   deadline = time.time() + 180
   while proc.poll() is None and len(_train_steps_logged(run)) < 3 and time.time() < deadline:
     time.sleep(0.01)
-  proc.send_signal(signal.SIGTERM)
+  proc.send_signal(signum)
   out, _ = proc.communicate(timeout=120)
   assert proc.returncode == 0, out[-2000:]
-  assert "preempted (SIGTERM): saved step" in out
+  assert f"{said}: saved step" in out and "Traceback" not in out
   saved = checkpoints.Checkpointer(run).latest_step()
   assert saved is not None and 3 <= saved < STEPS
+  assert saved == _train_steps_logged(run)[-1]  # the step the signal's boundary ended
   monkeypatch.setenv("REMIXER_T5_CACHE_DIR", str(embedded_cache.root))
   capsys.readouterr()
   assert cli.main(_args(run, period=100)) == 0

@@ -198,7 +198,7 @@ def test_kill_9_mid_save_in_a_bucket_then_resume_matches_uninterrupted(gcs, loca
 def test_a_missing_bucket_is_one_line_before_any_compile(gcs, capfd):
   code = cli.main(_train("gs://no-such-bucket/run", 2, 2))
   err = capfd.readouterr().err
-  assert code == 2
+  assert code == 4  # storage (docs/cli.md, exit codes)
   assert "gs://no-such-bucket" in err and "does not exist" in err and "Traceback" not in err
   assert "no-such-bucket" not in "".join(gcs.objects("bucket"))
 
@@ -212,7 +212,7 @@ def test_a_server_that_does_not_answer_is_one_line(gcs, monkeypatch, capfd):
   finally:
     gcsfs.GCSFileSystem.clear_instance_cache()
   err = capfd.readouterr().err
-  assert code == 2 and "did not answer" in err and "gs://bucket/unreachable" in err and "Traceback" not in err
+  assert code == 4 and "did not answer" in err and "gs://bucket/unreachable" in err and "Traceback" not in err
 
 
 def test_missing_credentials_name_the_bucket_and_the_fix(gcs, monkeypatch):
@@ -224,15 +224,59 @@ def test_missing_credentials_name_the_bucket_and_the_fix(gcs, monkeypatch):
   def refuse(self, path, **kwargs):
     raise google.auth.exceptions.DefaultCredentialsError("Your default credentials were not found.")
   monkeypatch.setattr(gcsfs.GCSFileSystem, "info", refuse)
-  with pytest.raises(storage.StorageError, match=r"MODEL_DIR gs://b/run: no usable credentials.*application-default"):
-    storage.check_bucket("gs://b/run")
+  with pytest.raises(storage.StorageError, match=r"MODEL_DIR gs://bkt/run: no usable credentials.*application-default"):
+    storage.check_bucket("gs://bkt/run")
 
 
 def test_another_models_run_in_the_bucket_is_refused(gcs, bucket_run, capfd):
   code = cli.main(_train(bucket_run, 9, 9, "--gin.network.T5Config.emb_dim=48"))
   err = capfd.readouterr().err
-  assert code == 2 and f"MODEL_DIR {bucket_run} holds a run with a different configuration" in err
-  assert "config.emb_dim" in err
+  assert code == 2 and f"MODEL_DIR {bucket_run} holds another run" in err
+  assert "config.emb_dim: 32 -> 48" in err
+
+
+def test_a_second_writer_in_the_bucket_is_refused_and_the_first_logs_each_step_once(gcs, capfd):
+  run = "gs://bucket/locked"
+  first = subprocess.Popen([sys.executable, "-m", "remixer_t5", *_train(run, 30, 10)], env=gcs.child_env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  deadline = time.time() + 240
+  while first.poll() is None and "locked/metrics.jsonl" not in gcs.objects("bucket", "locked/") and (
+      time.time() < deadline):
+    time.sleep(0.2)
+  assert first.poll() is None and "locked/LOCK" in gcs.objects("bucket", "locked/")
+  capfd.readouterr()
+  assert cli.main(_train(run, 30, 10)) == 2
+  err = capfd.readouterr().err
+  assert f"MODEL_DIR {run} is in use by process {first.pid} on " in err and "Traceback" not in err
+  out, _ = first.communicate(timeout=400)
+  assert first.returncode == 0, out[-3000:]
+  assert sorted(_losses(run)) == list(range(1, 31))
+  assert [r["step"] for r in _rows(run) if r["split"] == "train"] == list(range(1, 31))  # one row per step
+  assert "locked/LOCK" not in gcs.objects("bucket", "locked/")
+
+
+@pytest.mark.parametrize("name", ["q?dir", "r#x"])
+def test_object_names_that_urls_cut_are_refused_before_anything_is_written(gcs, capfd, name):
+  before = set(gcs.objects("bucket"))
+  code = cli.main(_train(f"gs://bucket/{name}/run", 2, 2))
+  err = capfd.readouterr().err
+  assert code == 2 and f"holds {name[1]!r}" in err and "Traceback" not in err, err[-2000:]
+  assert set(gcs.objects("bucket")) == before
+
+
+def test_a_dead_array_endpoint_fails_before_training_in_one_line(gcs, monkeypatch, capfd):
+  """gcsfs reaches the bucket, tensorstore (the checkpoint arrays' client) does not: the start-up probe of each
+  client refuses the run before it trains, instead of a save that never ends."""
+  monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", f"http://127.0.0.1:{free_port()}")
+  monkeypatch.setenv("REMIXER_T5_STORAGE_TIMEOUT", "15")
+  t0 = time.time()
+  code = cli.main(_train("gs://bucket/dead-arrays", 2, 2))
+  elapsed = time.time() - t0
+  err = capfd.readouterr().err
+  assert code == 4 and "tensorstore" in err and "Traceback" not in err, err[-2000:]
+  assert elapsed < 90, elapsed
+  assert "dead-arrays/checkpoints" not in " ".join(gcs.objects("bucket", "dead-arrays/"))
+  assert "dead-arrays/LOCK" not in gcs.objects("bucket", "dead-arrays/")
 
 
 def _own_files(root, upload):

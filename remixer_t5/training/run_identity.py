@@ -29,10 +29,16 @@ from remixer_t5 import storage
 
 SIGNATURE_FILE = "run_signature.json"
 
-# Fields (of T5Config and of every module) that may change on resume: how the same function is computed.
+# Fields (of T5Config and of every module) that may change on resume: how the same function is computed, and
+# (`resumable`) every dropout rate.
 RESUMABLE = frozenset({"dropout_rate", "dtype", "remat_policy", "attention_impl", "dropout_impl", "impl",
                        "fuse_projections", "logits_in_activation_dtype", "deterministic", "decode", "parent",
                        "name"})
+
+
+def resumable(field: str) -> bool:
+  """Whether a setting may change between launches: RESUMABLE, and every dropout rate (regularisation)."""
+  return field in RESUMABLE or "dropout" in field
 
 
 class IncompatibleModelDirError(ValueError):
@@ -46,7 +52,7 @@ def identity(run, vocab, abstract_state, model_lengths: Mapping[str, int]) -> di
   out: dict[str, Any] = {"model": type(model.module).__name__}
   config = getattr(model.module, "config", None)
   if dataclasses.is_dataclass(config):
-    out.update({f"config.{k}": _plain(v) for k, v in dataclasses.asdict(config).items() if k not in RESUMABLE})
+    out.update({f"config.{k}": _plain(v) for k, v in dataclasses.asdict(config).items() if not resumable(k)})
   out["modules"] = modules(model, model_lengths)
   out["params"] = _shapes(abstract_state.params)
   out["optimizer"] = _callable_name(training.optimizer)
@@ -68,7 +74,7 @@ def modules(model, lengths: Mapping[str, int]) -> dict[str, str]:
   def record(next_fun, args, kwargs, context):
     module = context.module
     path = "/".join(module.scope.path) if module.scope is not None else ""
-    if path not in seen:
+    if path not in seen and "Dropout" not in type(module).__name__:  # regularisation: resumable
       seen[path] = describe(module)
     return next_fun(*args, **kwargs)
 
@@ -84,7 +90,7 @@ def describe(module: nn.Module) -> str:
   class name (its fields are recorded once, as config.*), other modules, factories and functions by name."""
   fields = []
   for f in dataclasses.fields(module):
-    if f.name in RESUMABLE or not f.init:
+    if resumable(f.name) or not f.init:
       continue
     fields.append(f"{f.name}={_setting(getattr(module, f.name, None))}")
   return f"{type(module).__name__}({', '.join(fields)})"
@@ -184,9 +190,13 @@ def differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     if a == b:
       continue
     if isinstance(a, dict) and isinstance(b, dict) and key != "feature_lengths":
+      by_change: dict[tuple[str, str], list[str]] = {}  # one line per change, naming where it happens
       for sub in sorted(set(a) | set(b)):
         if a.get(sub) != b.get(sub):
-          diffs.append(f"{key} {sub}: {_short(a.get(sub, 'absent'))} -> {_short(b.get(sub, 'absent'))}")
+          by_change.setdefault((_short(a.get(sub, "absent")), _short(b.get(sub, "absent"))), []).append(sub)
+      for (was, now), where in by_change.items():
+        at = ", ".join(where[:2]) + (f" and {len(where) - 2} more" if len(where) > 2 else "")
+        diffs.append(f"{key} at {at}: {was} -> {now}")
     else:
       diffs.append(f"{key}: {_short(a)} -> {_short(b)}")
   return diffs

@@ -248,6 +248,9 @@ def _save(model_dir, ckpt, step: int, state, batches, data_position: dict, log) 
     except InputNotCheckpointableError as e:  # keep training; a resume replays the position with skip
       data_position["iterator"] = False
       log.info(str(e))
+    except Exception as e:  # noqa: BLE001 - TensorFlow's and the file system's errors: one line, the cause
+      raise storage.StorageError(f"checkpoint {ckpt.directory / str(step)} could not be written (its input "
+                                 f"position): {checkpoints.storage_cause(e)}") from e
   ckpt.save(step, state, extra={"data_position": dict(data_position)}, force=True)
   checkpoints.prune_input_states(model_dir, min([*ckpt.all_steps(), step]))
 
