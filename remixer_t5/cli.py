@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import shutil
 import sys
 import traceback
@@ -764,7 +765,15 @@ def exit_code(e: BaseException) -> int | None:
     return EXIT_STORAGE
   if isinstance(e, (ValueError, ImportError)):  # GinError and IncompatibleModelDirError are ValueErrors
     return EXIT_BAD_INPUT
+  if isinstance(e, TypeError) and _configurable(e):  # a value of the wrong type where gin builds an object
+    return EXIT_BAD_INPUT
   return None
+
+
+def _configurable(e: BaseException) -> str | None:
+  """The configurable gin was calling when `e` was raised (gin appends "In call to configurable 'X'")."""
+  found = re.search(r"In call to configurable '([\w.]+)'", str(e))
+  return found.group(1) if found else None
 
 
 def error_line(e: BaseException) -> str:
@@ -775,6 +784,8 @@ def error_line(e: BaseException) -> str:
   text = quiet.one_line(_message(e))
   if not text:
     return type(e).__name__
+  if isinstance(e, TypeError) and _configurable(e):  # the message alone does not say where
+    return f"{text} (in {_configurable(e)}: a binding of the wrong type?)"
   return f"{type(e).__name__}: {text}" if (type(e).__module__ or "").startswith(_STORAGE_CLIENTS) else text
 
 
@@ -823,5 +834,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+def console_main() -> int:
+  """The `remixer-t5` command: `main`, then the process's exit. After a wait on storage was given up (its
+  client's threads still blocked: storage.bounded) the interpreter would wait for them at exit, so the process
+  ends at once with the code instead."""
+  code = main()
+  from remixer_t5 import storage
+  if storage.ABANDONED:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+  return code
+
+
 if __name__ == "__main__":
-  sys.exit(main())
+  sys.exit(console_main())

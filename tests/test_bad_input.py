@@ -118,6 +118,8 @@ ROWS = [
     ("tasks-bad-lengths", ["tasks", "cogs", "--lengths", "abc"], 2, "--lengths abc", None),
     ("tasks-zero-lengths", ["tasks", "cogs", "--lengths", "0,8"], 2, "--lengths 0,8", None),
     # elsewhere
+    ("model-config-bad-type", ["info", "--gin_file=models/t5_1_1/tiny.gin", "--gin.network.T5Config.emb_dim=abc"],
+     2, "in T5Config", None),
     ("info-bad-lengths", ["info", "--gin_file=models/t5_1_1/tiny.gin", "--lengths", "x"], 2, "--lengths x", None),
     ("bench-unknown-mixer", ["bench", "mixing", "--mixers", "attention,nosuch"], 2, "unknown mixer(s) nosuch", None),
     ("unknown-command", ["trian"], 2, "invalid choice: 'trian'", None),
