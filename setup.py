@@ -62,5 +62,5 @@ setuptools.setup(
         # Only for tests/fixtures/make_hf_fixture.py and reading pytorch_model.bin checkpoints.
         "hf": ["torch==2.13.0", "transformers"],
     },
-    entry_points={"console_scripts": ["remixer-t5=remixer_t5.cli:main"]},
+    entry_points={"console_scripts": ["remixer-t5=remixer_t5.cli:console_main"]},
 )

@@ -1,6 +1,6 @@
 """`python -m remixer_t5 ...` is the `remixer-t5` command."""
 import sys
 
-from remixer_t5.cli import main
+from remixer_t5.cli import console_main
 
-sys.exit(main())
+sys.exit(console_main())

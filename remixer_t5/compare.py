@@ -38,9 +38,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from remixer_t5 import storage
 from remixer_t5.training.metrics_log import current_rows
+from remixer_t5.training.run_identity import SIGNATURE_FILE
 
 METRICS_FILE = "metrics.jsonl"
-SIGNATURE_FILE = "run_signature.json"
 CONFIG_FILE = "config.gin"
 OUTPUT_FILES = ("compare.png", "compare.md", "compare.csv")
 

@@ -146,6 +146,21 @@ def test_sigterm_or_ctrl_c_saves_exits_0_and_the_rerun_resumes_exactly(tmp_path,
   _assert_same(_params(run), reference)
 
 
+def test_a_second_ctrl_c_aborts_at_once():
+  """The first Ctrl-C asks for a save at the step's end; a second one raises KeyboardInterrupt where the process
+  is (`remixer-t5` then exits 130 in one line: tests/test_bad_input.py). Outside the loop Ctrl-C is Python's."""
+  from remixer_t5.training import trainer
+  with trainer._StopWatch(None) as watch:
+    assert watch.requested() is None
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.05)
+    assert watch.requested() == "interrupted (Ctrl-C)"
+    with pytest.raises(KeyboardInterrupt):
+      os.kill(os.getpid(), signal.SIGINT)
+      time.sleep(1)
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_checkpoint_without_input_state_resumes_by_replay(tmp_path, monkeypatch, embedded_cache, reference_dir,
                                                          reference, capsys):
   """A checkpoint of a run from before iterator checkpoints (position only) still resumes exactly: skip."""

@@ -378,3 +378,31 @@ def test_two_processes_train_and_resume_one_run_in_the_bucket(gcs):
   redone = [r for r in _rows(run) if r["split"] == "train"][6:]
   assert [(r["step"], r["loss"]) for r in redone] == [(5, first[5]), (6, first[6])]
   _assert_same(checkpoints.restore_any_params(run), params)
+
+
+def test_an_array_endpoint_that_dies_mid_run_stops_it_within_the_storage_timeout(gcs):
+  """The checkpoint arrays' client (tensorstore) on a server of its own that stops after the first save: the
+  next save cannot finish, and the run ends within $REMIXER_T5_STORAGE_TIMEOUT in one line, with exit code 4,
+  instead of waiting for ever (the process does not wait for the blocked client's threads either)."""
+  arrays = GCSServer()
+  try:
+    arrays.create_bucket("bucket")
+    env = dict(gcs.child_env, TENSORSTORE_GCS_HTTP_URL=arrays.url, REMIXER_T5_STORAGE_TIMEOUT="15")
+    proc = subprocess.Popen([sys.executable, "-m", "remixer_t5", *_train("gs://bucket/outage", 100000, 20),
+                             "--gin.LOG_PERIOD=20"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    deadline = time.time() + 240
+    while proc.poll() is None and "outage/checkpoints/20/commit_success.txt" not in gcs.objects(
+        "bucket", "outage/") and time.time() < deadline:
+      time.sleep(0.1)
+    arrays.stop()
+    stopped = time.time()
+    out, _ = proc.communicate(timeout=240)
+    elapsed = time.time() - stopped
+  finally:
+    arrays.stop()
+  assert proc.returncode == 4, out[-3000:]
+  assert elapsed < 90, elapsed
+  last = out.strip().splitlines()[-1]
+  assert last.startswith("remixer-t5: error: ") and "gs://bucket/outage/checkpoints/" in last, out[-3000:]
+  assert "Traceback" not in out

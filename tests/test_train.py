@@ -68,7 +68,8 @@ def test_a_preempted_run_logs_its_last_partial_window(tmp_path, monkeypatch, emb
   from remixer_t5.training import trainer
   monkeypatch.setenv("REMIXER_T5_CACHE_DIR", str(embedded_cache.root))
   polls = []
-  monkeypatch.setattr(trainer._PreemptionWatch, "requested", lambda self: polls.append(1) or len(polls) >= 3)
+  monkeypatch.setattr(trainer._StopWatch, "requested",
+                      lambda self: polls.append(1) or ("preempted (SIGTERM)" if len(polls) >= 3 else None))
   assert _train(tmp_path / "p", 8, "--gin.LOG_PERIOD=5", "--gin.EVAL_PERIOD=0") == 0
   train = [r for r in _rows(tmp_path / "p") if r["split"] == "train"]
   assert [r["step"] for r in train] == [3] and train[0]["window_seconds"] > 0

@@ -42,7 +42,9 @@ class Checkpointer:
     if extra is not None:
       args["extra"] = ocp.args.JsonSave(dict(extra))
     self.wait()  # the previous save first, within the storage timeout (orbax would wait without a bound)
-    saved = self.manager.save(step, args=ocp.args.Composite(**args), force=force)
+    # orbax's synchronous part (the step's folders, the arrays copied to host) is bounded too
+    saved = storage.bounded(lambda: self.manager.save(step, args=ocp.args.Composite(**args), force=force),
+                            f"the save of checkpoint {self.directory / str(step)}")
     self.pending = step if saved else None
     return saved
 

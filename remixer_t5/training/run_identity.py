@@ -142,7 +142,7 @@ def vocabulary_digest(vocab) -> str:
   """A digest of what maps text to ids: a SentencePiece model's bytes, else the vocabulary's class and size."""
   model = getattr(vocab, "sp_model", None)
   if isinstance(model, bytes):
-    return f"{type(vocab).__name__}:{hashlib.sha256(model).hexdigest()[:16]}"
+    return f"sentencepiece:{hashlib.sha256(model).hexdigest()[:16]}"
   return f"{type(vocab).__name__}:{vocab.vocab_size}"
 
 

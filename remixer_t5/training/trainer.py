@@ -214,8 +214,9 @@ class _LogWindow:
       ckpt.close()  # finish the saves in flight: they hold good states
       raise FloatingPointError(
           f"non-finite loss or update between steps {self.checked_through} and {step} (loss "
-          f"{float(m['loss_sum']) / max(float(m['weight_sum']), 1.0):.4g}); stopped without saving. The last "
-          f"good checkpoint is {ckpt.latest_step()} in {ckpt.directory}")
+          f"{float(m['loss_sum']) / max(float(m['weight_sum']), 1.0):.4g}); stopped without saving. "
+          + (f"The last good checkpoint is {ckpt.latest_step()} in {ckpt.directory}" if ckpt.latest_step()
+             is not None else f"No checkpoint was saved before it ({ckpt.directory} is empty)"))
     self.checked_through = step
 
   def write(self, step: int, train_steps: int) -> dict:
