@@ -371,6 +371,7 @@ def test_two_processes_train_and_resume_one_run_in_the_bucket(gcs):
     assert f"two/input_state/6/process-{pid:05d}-of-00002/iterator.index" in names
   first, params = _losses(run), checkpoints.restore_any_params(run)
   assert sorted(first) == [1, 2, 3, 4, 5, 6]
+  assert "two/LOCK" not in names  # process 0 held the run's one lock and released it
   storage.remove_tree(f"{run}/checkpoints/6")
   outs = _two_processes(gcs.child_env, _train(run, 6, 2))
   for pid, out in enumerate(outs):

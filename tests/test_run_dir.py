@@ -77,6 +77,9 @@ def test_another_run_is_refused_and_the_folder_is_left_byte_identical(t5_run, ca
     assert "Traceback" not in err and "moving it aside" not in err
     assert _snapshot(t5_run) == before, change  # nothing written, renamed or moved aside
   assert not list((t5_run / "checkpoints").glob("*.corrupt-*"))
+  capfd.readouterr()
+  assert cli.main(_train(t5_run, 6)) == 0  # the run itself still resumes
+  assert f"resumed from {t5_run / 'checkpoints'}/4" in capfd.readouterr().out
 
 
 def test_resumable_settings_may_change_and_the_same_run_resumes(tmp_path, cache, capsys):

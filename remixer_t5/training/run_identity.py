@@ -105,7 +105,7 @@ def _setting(value) -> str:
     return "{" + ", ".join(f"{k!r}: {_setting(v)}" for k, v in sorted(value.items(), key=str)) + "}"
   if isinstance(value, nn.Module):
     return describe(value)
-  if dataclasses.is_dataclass(value):
+  if dataclasses.is_dataclass(value) and not isinstance(value, type):  # a config instance
     return type(value).__name__
   return _callable_name(value)
 
