@@ -141,7 +141,7 @@ def _child_env(embedded_cache, **extra):
 
 def test_a_second_writer_is_refused_and_the_first_logs_each_step_once(tmp_path, cache, capfd):
   run = tmp_path / "run"
-  first = _spawn(_train(run, 40, period=20), _child_env(cache))
+  first = _spawn(_train(run, 10**6, period=10**6), _child_env(cache))  # runs until told to stop
   deadline = time.time() + 180
   while first.poll() is None and not _train_steps(run) and time.time() < deadline:
     time.sleep(0.05)
@@ -149,12 +149,14 @@ def test_a_second_writer_is_refused_and_the_first_logs_each_step_once(tmp_path, 
   holder = json.loads((run / run_lock.LOCK_FILE).read_text())
   assert holder["pid"] == first.pid
   capfd.readouterr()
-  assert cli.main(_train(run, 40, period=20)) == 2
+  assert cli.main(_train(run, 10**6, period=10**6)) == 2
   err = capfd.readouterr().err
   assert f"MODEL_DIR {run} is in use by process {first.pid} on " in err and "Traceback" not in err, err
+  first.send_signal(signal.SIGTERM)
   out, _ = first.communicate(timeout=300)
   assert first.returncode == 0, out[-2000:]
-  assert _train_steps(run) == list(range(1, 41))
+  saved = checkpoints.Checkpointer(run).latest_step()
+  assert saved and _train_steps(run) == list(range(1, saved + 1))
   assert not (run / run_lock.LOCK_FILE).exists()
 
 

@@ -56,9 +56,10 @@ def train(run: Run, *, config_text: str | None = None) -> dict[str, float]:
         storage.write_text(storage.run_path(run.model_dir) / "config.gin", config_text)
     log = MetricsLogger(run.model_dir)
     ckpt = checkpoints.Checkpointer(run.model_dir, keep=run.schedule.keep_checkpoints)
-    state, position, input_state = _restore(ckpt, prog, run, log)
-    log.start(int(state.step))
-    return _loop(run, prog, state, task, vocab, infer_task, ckpt, log, position, input_state, lock)
+    with _StopWatch(lock) as stop:  # a signal while restoring or compiling stops after the first step
+      state, position, input_state = _restore(ckpt, prog, run, log)
+      log.start(int(state.step))
+      return _loop(run, prog, state, task, vocab, infer_task, ckpt, log, position, input_state, stop)
   finally:
     _close(ckpt, log)
     if lock is not None:
@@ -127,7 +128,7 @@ def eval_program(run: Run) -> programs.Program:
   return _program(dataclasses.replace(run, training=dataclasses.replace(run.training, learning_rate=None)))
 
 
-def _loop(run, prog, state, task, vocab, infer_task, ckpt, log, position, input_state, lock) -> dict[str, float]:
+def _loop(run, prog, state, task, vocab, infer_task, ckpt, log, position, input_state, stop) -> dict[str, float]:
   """The training loop from `state` to TRAIN_STEPS with its log, evaluation and checkpoint hooks."""
   data, sched, model_dir = run.data, run.schedule, run.model_dir
   step = int(state.step)
@@ -142,34 +143,33 @@ def _loop(run, prog, state, task, vocab, infer_task, ckpt, log, position, input_
   window = _LogWindow(prog.model, batch_shapes(data.feature_lengths, data.batch_size, data.pack),
                       run.training.peak_flops_per_device, step, log)
   compiled, last, preempted = None, {}, None
-  with _StopWatch(lock) as stop:
-    while step < sched.train_steps:
-      host_batch = next(batches)
-      data_position["batches"] += 1
-      batch = global_batch(host_batch, prog.batch_sharding)
-      if compiled is None:
-        compiled = window.note_compiled(prog.compile(prog.train_step, state, batch))
-      state, metrics = compiled(state, batch)
-      step += 1
-      ckpt.check()  # a background save that failed stops the run now, not at the next save
-      window.add(metrics, real_tokens(host_batch))
-      due = lambda period: step % period == 0 or step == sched.train_steps
-      due_log, due_save = due(sched.log_period), due(sched.checkpoint_period)
-      # Many processes must agree on stopping (a collective): ask only where the host syncs anyway.
-      preempted = stop.requested() if jax.process_count() == 1 or due_log or due_save else None
-      if due_log or due_save or preempted:
-        window.check_finite(step, ckpt)
-      if due_log or preempted:  # a stopped run logs its last, partial window too: its steps' time is counted
-        last = window.write(step, sched.train_steps)
-      if preempted:
-        _save(model_dir, ckpt, step, state, batches, data_position, log)
-        break
-      if sched.eval_period and due(sched.eval_period):
-        last.update({f"validation_{k}": v for k, v in evaluate(state).items()})
-      if sched.infer_eval_period and due(sched.infer_eval_period):
-        validation.infer_eval(prog, state.params, run, infer_task, step, log)
-      if due_save:
-        _save(model_dir, ckpt, step, state, batches, data_position, log)
+  while step < sched.train_steps:
+    host_batch = next(batches)
+    data_position["batches"] += 1
+    batch = global_batch(host_batch, prog.batch_sharding)
+    if compiled is None:
+      compiled = window.note_compiled(prog.compile(prog.train_step, state, batch))
+    state, metrics = compiled(state, batch)
+    step += 1
+    ckpt.check()  # a background save that failed stops the run now, not at the next save
+    window.add(metrics, real_tokens(host_batch))
+    due = lambda period: step % period == 0 or step == sched.train_steps
+    due_log, due_save = due(sched.log_period), due(sched.checkpoint_period)
+    # Many processes must agree on stopping (a collective): ask only where the host syncs anyway.
+    preempted = stop.requested() if jax.process_count() == 1 or due_log or due_save else None
+    if due_log or due_save or preempted:
+      window.check_finite(step, ckpt)
+    if due_log or preempted:  # a stopped run logs its last, partial window too: its steps' time is counted
+      last = window.write(step, sched.train_steps)
+    if preempted:
+      _save(model_dir, ckpt, step, state, batches, data_position, log)
+      break
+    if sched.eval_period and due(sched.eval_period):
+      last.update({f"validation_{k}": v for k, v in evaluate(state).items()})
+    if sched.infer_eval_period and due(sched.infer_eval_period):
+      validation.infer_eval(prog, state.params, run, infer_task, step, log)
+    if due_save:
+      _save(model_dir, ckpt, step, state, batches, data_position, log)
   ckpt.close()
   log.close()
   if preempted:
