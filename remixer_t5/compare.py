@@ -10,14 +10,16 @@ written by metrics_log.MetricsLogger), `run_signature.json` and `config.gin`, an
   compare.csv   the same numbers, unformatted
 
 How the numbers are derived (all from what the runs logged):
-  * a resumed run re-logs the steps between its last checkpoint and its interruption: the last row logged for a
-    (split, step) wins;
+  * a resumed run re-logs the steps between its last checkpoint and its interruption: the rows no later `start`
+    row supersedes count (metrics_log.current_rows; in older files the last row logged for a (split, step));
   * tokens seen: real (non-padding) input + target tokens. A train row covers the steps since the previous train
     row and logs `tokens_per_s` and `steps_per_s` over its window, so it adds
     (tokens_per_s / steps_per_s) x (its step - the previous row's step); a row carrying `tokens_seen` itself is
     taken as is. Validation points get the tokens seen at their step (interpolated between train rows);
   * tokens/s: the median of the train rows' `tokens_per_s`, leaving out the first row of the file when there
     are more (it includes compilation); windows that ran an evaluation include its time;
+  * goodput and input share: over the same windows, the step's and the input's share of their wall time
+    (`time/step`, `time/input` over `window_seconds`: training/time_split.py);
   * parameters: counted from the shapes of the model in config.gin (no weights are read); empty when
     config.gin is missing or no longer parses;
   * task metrics: the latest `infer/<task>` row of metrics.jsonl, else the latest row of
@@ -62,6 +64,8 @@ class Run:
   validation: list[tuple[int, float, float | None]] = dataclasses.field(default_factory=list)
   tokens_seen: float | None = None
   tokens_per_s: float | None = None
+  goodput: float | None = None
+  input_share: float | None = None
   final_train_loss: float | None = None
   best_validation_loss: float | None = None
   best_validation_step: int | None = None
@@ -215,6 +219,11 @@ def load_run(model_dir: str | Path, name: str | None = None, params: bool = True
     timed = [v for r in train if (v := _finite(r.get("tokens_per_s"))) is not None
              and (int(r["step"]) != first_in_file or len(train) == 1)]
     run.tokens_per_s = float(statistics.median(timed)) if timed else None
+    split = [r for r in train if "time/step" in r and (int(r["step"]) != first_in_file or len(train) == 1)]
+    seconds = sum(float(r["window_seconds"]) for r in split)
+    if seconds > 0:
+      run.goodput = sum(float(r["time/step"]) for r in split) / seconds
+      run.input_share = sum(float(r["time/input"]) for r in split) / seconds
   finite_val = [(loss, step) for step, loss, _ in run.validation if _finite(loss) is not None]
   if finite_val:
     run.best_validation_loss, run.best_validation_step = min(finite_val)
@@ -251,7 +260,8 @@ def unique_names(model_dirs: Sequence[str | Path]) -> list[str]:
 # --- the table ---------------------------------------------------------------------------------------------
 # The fixed columns (each a Run field, `run` its name) and their headers.
 _HEADERS = {"run": "run", "model": "model", "params": "parameters", "steps": "steps", "tokens_seen": "tokens seen",
-            "tokens_per_s": "tokens/s", "final_train_loss": "final train loss",
+            "tokens_per_s": "tokens/s", "goodput": "goodput", "input_share": "input share",
+            "final_train_loss": "final train loss",
             "best_validation_loss": "best validation loss", "best_validation_step": "at step"}
 TABLE_COLUMNS = tuple(_HEADERS)
 
@@ -278,6 +288,8 @@ def _fmt(column: str, value) -> str:
     return f"{int(value):,}"
   if column in ("tokens_seen", "tokens_per_s"):
     return _si(float(value))
+  if column in ("goodput", "input_share"):
+    return f"{float(value):.0%}"
   if isinstance(value, float):
     return f"{value:.4f}"
   return str(value)

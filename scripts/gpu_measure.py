@@ -190,7 +190,7 @@ def stage_model(name: str, steps: int, warmup: int, profile_dir: str | None = No
   import numpy as np
 
   from remixer_t5 import aot_compile
-  from remixer_t5.training import mfu, programs, trainer
+  from remixer_t5.training import mfu, profiling, programs, trainer
   model_gin, bindings, label = MODELS[name]
   run = _parse(model_gin, bindings)
   model = run.training.model
@@ -243,13 +243,11 @@ def stage_model(name: str, steps: int, warmup: int, profile_dir: str | None = No
     import glob
     import gzip
     import shutil
-    import tempfile
-    tmp = tempfile.mkdtemp()
-    jax.profiler.start_trace(tmp, create_perfetto_trace=True)
-    for _ in range(2):
-      state, metrics = compiled(state, batch)
-    jax.block_until_ready(metrics)
-    jax.profiler.stop_trace()
+    with profiling.trace(None, perfetto=True) as tmp:  # the trainer's `--profile_steps` path, steps annotated
+      for i in range(2):
+        with profiling.annotate(i + 1):
+          state, metrics = compiled(state, batch)
+      jax.block_until_ready(metrics)
     traces = glob.glob(f"{tmp}/**/*perfetto_trace.json.gz", recursive=True)
     if traces:
       shutil.copy(traces[0], Path(profile_dir) / f"{name}.perfetto_trace.json.gz")

@@ -52,9 +52,16 @@ def _write(d: Path, rows, config: str | None = TINY_T5_GIN, signature=SIGNATURE,
   return d
 
 
-def _train(step, loss, tokens_per_s, steps_per_s):
-  return {"step": step, "split": "train", "time": 0.0, "loss": loss, "accuracy": 0.1,
-          "tokens_per_s": tokens_per_s, "steps_per_s": steps_per_s}
+def _train(step, loss, tokens_per_s, steps_per_s, split=None):
+  """A train row; `split`: (window seconds, step seconds, input seconds), the rest of the window `other`."""
+  row = {"step": step, "split": "train", "time": 0.0, "loss": loss, "accuracy": 0.1,
+         "tokens_per_s": tokens_per_s, "steps_per_s": steps_per_s}
+  if split:
+    seconds, step_s, input_s = split
+    row.update({"window_seconds": seconds, "time/step": step_s, "time/input": input_s, "time/compile": 0.0,
+                "time/eval": 0.0, "time/checkpoint": 0.0, "time/other": seconds - step_s - input_s,
+                "goodput": step_s / seconds})
+  return row
 
 
 def _val(step, loss):
@@ -66,11 +73,11 @@ def runs(tmp_path):
   # Run a: 1000 tokens/step throughout; log every 10 steps; validation at 0, 20, 40.
   a = _write(tmp_path / "a", [
       _val(0, 8.0),
-      _train(10, 6.0, 500.0, 0.5),    # first row: compilation, left out of tokens/s
-      _train(20, 5.0, 4000.0, 4.0),
+      _train(10, 6.0, 500.0, 0.5, (20.0, 1.0, 0.0)),    # first row: compilation, left out of tokens/s
+      _train(20, 5.0, 4000.0, 4.0, (2.5, 2.0, 0.25)),
       _val(20, 5.5),
-      _train(30, 4.5, 3000.0, 3.0),
-      _train(40, 4.0, 2000.0, 2.0),
+      _train(30, 4.5, 3000.0, 3.0, (10 / 3, 2.5, 0.5)),
+      _train(40, 4.0, 2000.0, 2.0, (5.0, 3.0, 1.25)),
       _val(40, 5.2),
   ])
   # Run b: resumed. Its first launch logged 10 and 20 and died after step 25 (checkpoint at 20), the second
@@ -103,6 +110,11 @@ def test_numbers_in_the_table_come_from_the_files(runs, tmp_path):
   assert float(a["tokens_per_s"]) == 3000
   assert (float(a["best_validation_loss"]), int(a["best_validation_step"])) == (5.2, 40)
   assert float(a["final_train_loss"]) == 4.0 and int(a["steps"]) == 40
+  # goodput and input share: summed step and input seconds over the summed windows, the first left out.
+  windows = 2.5 + 10 / 3 + 5.0
+  assert float(a["goodput"]) == pytest.approx((2.0 + 2.5 + 3.0) / windows)
+  assert float(a["input_share"]) == pytest.approx((0.25 + 0.5 + 1.25) / windows)
+  assert b["goodput"] == "" and b["input_share"] == ""  # rows without a time split
   # b: 10 x 800 + 10 x 800 + 10 x 600; tokens/s median of 1600 and 1200 (the stale 8000 row is gone).
   assert float(b["tokens_seen"]) == 22_000
   assert float(b["tokens_per_s"]) == 1400
@@ -119,7 +131,8 @@ def test_numbers_in_the_table_come_from_the_files(runs, tmp_path):
   assert md == compare.markdown_table(loaded)
   line_a = next(line for line in md.splitlines() if line.startswith("| a |"))
   cells = [c.strip() for c in line_a.strip("|").split("|")]
-  assert cells == ["a", "T5.1.1; d8 1+1", f"{TINY_T5_PARAMS:,}", "40", "40k", "3k", "4.0000", "5.2000", "40", "", ""]
+  assert cells == ["a", "T5.1.1; d8 1+1", f"{TINY_T5_PARAMS:,}", "40", "40k", "3k", "69%", "18%", "4.0000",
+                   "5.2000", "40", "", ""]
 
 
 def test_curves_against_tokens_seen(runs):

@@ -17,6 +17,7 @@ import optax
 
 from remixer_t5.training import optim
 from remixer_t5.training.partitioning import MeshSpec
+from remixer_t5.training.profiling import parse_steps
 
 
 def _is_int(value) -> bool:
@@ -111,7 +112,8 @@ class Schedule:
   """When things happen: steps, checkpoints (every `checkpoint_period`, the last `keep_checkpoints` kept; None
   keeps all), the train log, the validation loss (`eval_steps` batches, `num_decoded_examples` decodes shown),
   and inference evaluation (every `infer_eval_period` steps, 0: never; of `infer_eval_task`, None: the task
-  trained on, first `infer_examples` examples, None: all)."""
+  trained on, first `infer_examples` examples, None: all); `profile_steps` ('A:B'): a profiler trace of steps A
+  to B under MODEL_DIR/profile/ (training/profiling.py)."""
   train_steps: int = 0
   checkpoint_period: int = 1000
   keep_checkpoints: int | None = 3
@@ -122,6 +124,7 @@ class Schedule:
   infer_eval_period: int = 0
   infer_eval_task: str | None = None
   infer_examples: int | None = None
+  profile_steps: str | None = None
 
   def __post_init__(self):
     for name in ("train_steps", "eval_period", "eval_steps", "num_decoded_examples", "infer_eval_period"):
@@ -130,6 +133,8 @@ class Schedule:
       _check_int(self, name, minimum=1)
     for name in ("keep_checkpoints", "infer_examples"):
       _check_int(self, name, minimum=1, optional=True)
+    if self.profile_steps is not None:
+      parse_steps(self.profile_steps, what="run_config.Schedule.profile_steps")
 
 
 @dataclasses.dataclass(frozen=True)

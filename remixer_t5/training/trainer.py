@@ -22,7 +22,8 @@ import numpy as np
 from remixer_t5 import storage
 from remixer_t5.data.input_pipeline import get_batches
 from remixer_t5.model.models import EncoderDecoderModel
-from remixer_t5.training import checkpoints, partitioning, plots, programs, run_identity, run_lock, validation
+from remixer_t5.training import checkpoints, partitioning, plots, profiling, programs, run_identity, run_lock
+from remixer_t5.training import time_split, validation
 from remixer_t5.training import mfu as mfu_lib
 from remixer_t5.training.batches import global_batch, real_tokens
 from remixer_t5.training.metrics_log import MetricsLogger, format_duration
@@ -142,16 +143,24 @@ def _loop(run, prog, state, task, vocab, infer_task, ckpt, log, position, input_
   data_position = {"batches": position, "seed": run.training.random_seed, "task": data.task, "iterator": True}
   window = _LogWindow(prog.model, batch_shapes(data.feature_lengths, data.batch_size, data.pack),
                       run.training.peak_flops_per_device, step, log)
+  profiler = profiling.StepProfiler(model_dir, sched.profile_steps, log.info)
+  timed = window.split
   compiled, last, preempted = None, {}, None
   while step < sched.train_steps:
-    host_batch = next(batches)
+    with timed("input"):
+      host_batch = next(batches)
+      batch = global_batch(host_batch, prog.batch_sharding)
     data_position["batches"] += 1
-    batch = global_batch(host_batch, prog.batch_sharding)
     if compiled is None:
-      compiled = window.note_compiled(prog.compile(prog.train_step, state, batch))
-    state, metrics = compiled(state, batch)
+      with timed("compile"):
+        compiled = window.note_compiled(prog.compile(prog.train_step, state, batch))
+    profiler.before(step + 1)
+    with timed("step"), profiling.annotate(step + 1):
+      state, metrics = compiled(state, batch)
     step += 1
-    ckpt.check()  # a background save that failed stops the run now, not at the next save
+    profiler.after(step, metrics)
+    with timed("checkpoint"):
+      ckpt.check()  # a background save that failed stops the run now, not at the next save
     window.add(metrics, real_tokens(host_batch))
     due = lambda period: step % period == 0 or step == sched.train_steps
     due_log, due_save = due(sched.log_period), due(sched.checkpoint_period)
@@ -161,15 +170,20 @@ def _loop(run, prog, state, task, vocab, infer_task, ckpt, log, position, input_
       window.check_finite(step, ckpt)
     if due_log or preempted:  # a stopped run logs its last, partial window too: its steps' time is counted
       last = window.write(step, sched.train_steps)
+      profiler.poll(step)
     if preempted:
       _save(model_dir, ckpt, step, state, batches, data_position, log)
       break
     if sched.eval_period and due(sched.eval_period):
-      last.update({f"validation_{k}": v for k, v in evaluate(state).items()})
+      with timed("eval"):
+        last.update({f"validation_{k}": v for k, v in evaluate(state).items()})
     if sched.infer_eval_period and due(sched.infer_eval_period):
-      validation.infer_eval(prog, state.params, run, infer_task, step, log)
+      with timed("eval"):
+        validation.infer_eval(prog, state.params, run, infer_task, step, log)
     if due_save:
-      _save(model_dir, ckpt, step, state, batches, data_position, log)
+      with timed("checkpoint"):
+        _save(model_dir, ckpt, step, state, batches, data_position, log)
+  profiler.close()
   ckpt.close()
   log.close()
   if preempted:
@@ -194,7 +208,8 @@ class _LogWindow:
       if model_loops:
         log.info(f"mfu is a lower bound: the model's mixers loop ({model_loops} while loops in the step) and "
                  "XLA's cost analysis counts each loop body once")
-    self.sums, self.tokens, self.steps, self.t0 = None, 0, 0, time.time()
+    self.sums, self.tokens, self.steps = None, 0, 0
+    self.split = time_split.TimeSplit()
     self.run_t0 = time.time()
 
   def note_compiled(self, compiled):
@@ -208,8 +223,10 @@ class _LogWindow:
     self.steps += 1
 
   def check_finite(self, step: int, ckpt) -> None:
-    """Fetches the window's sums; a non-finite loss or update since the last check stops the run unsaved."""
-    self.host = m = jax.device_get(self.sums)
+    """Fetches the window's sums (the loop's wait for its steps: step time); a non-finite loss or update since
+    the last check stops the run unsaved."""
+    with self.split("step"):
+      self.host = m = jax.device_get(self.sums)
     if m["nonfinite"]:
       ckpt.close()  # finish the saves in flight: they hold good states
       raise FloatingPointError(
@@ -222,10 +239,11 @@ class _LogWindow:
   def write(self, step: int, train_steps: int) -> dict:
     """The window's metrics.jsonl row (summed step metrics averaged, throughput, utilisation), logged with the
     run's ETA; the window then starts again."""
-    m, steps, seconds = self.host, self.steps, time.time() - self.t0
+    m, steps, split = self.host, self.steps, self.split.row()
+    seconds = split["window_seconds"]
     row = summarize(m)
     row.update(tokens_per_s=self.tokens / seconds, tokens_per_s_per_device=self.tokens / seconds / jax.device_count(),
-               steps_per_s=steps / seconds, window_seconds=seconds, grad_norm=float(m["grad_norm"]) / steps)
+               steps_per_s=steps / seconds, grad_norm=float(m["grad_norm"]) / steps, **split)
     for name, count in self.flops.items():
       utilisation = mfu_lib.mfu(count, steps / seconds, self.peak)
       if utilisation is not None:
@@ -233,9 +251,10 @@ class _LogWindow:
     if "learning_rate" in m:
       row["learning_rate"] = float(m["learning_rate"]) / steps
     eta = (train_steps - step) * seconds / steps
-    self.log.write(step, "train", row, f"ETA {format_duration(eta)} (elapsed "
+    self.log.write(step, "train", row, f"{time_split.summary(split)} | ETA {format_duration(eta)} (elapsed "
                    f"{format_duration(time.time() - self.run_t0)})")
-    self.sums, self.tokens, self.steps, self.t0 = None, 0, 0, time.time()
+    self.sums, self.tokens, self.steps = None, 0, 0
+    self.split.reset()
     return row
 
 
