@@ -116,3 +116,21 @@ def test_the_split_sums_to_the_window():
   row = split.row()
   assert row["time/input"] >= 0.02 and row["time/step"] >= 0.03 and row["time/other"] >= 0.01
   assert sum(row[p] for p in PARTS) == pytest.approx(row["window_seconds"], rel=1e-6)
+
+
+def test_a_trace_goes_to_a_bucket_through_the_runs_storage_client(monkeypatch):
+  import gcsfs
+  from gcs_server import GCSServer
+  server = GCSServer()
+  try:
+    server.create_bucket("bucket")
+    for k, v in server.env.items():
+      monkeypatch.setenv(k, v)
+    gcsfs.GCSFileSystem.clear_instance_cache()
+    with profiling.trace("gs://bucket/run/profile/steps_1-1"):
+      jax.jit(lambda x: x + 1)(jnp.ones(3)).block_until_ready()
+    names = server.objects("bucket", "run/profile/steps_1-1/")
+  finally:
+    gcsfs.GCSFileSystem.clear_instance_cache()
+    server.stop()
+  assert any(n.endswith(".xplane.pb") and "/plugins/profile/" in n for n in names), names
