@@ -1,7 +1,7 @@
 # Shared by launch/*.sh (sourced, not run): error exit and "--flag VALUE | --flag=VALUE" parsing.
 # The sourcing script sets $prog first.
 
-die() { echo "$prog: error: $*" >&2; echo "(see $prog --help)" >&2; exit 2; }
+die() { echo "$prog: error: $* (see $prog --help)" >&2; exit 2; }  # one line, exit 2
 
 # take FLAG WHAT "$@": sets $val and how many words were used in $used.
 take() {

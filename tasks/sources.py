@@ -6,6 +6,10 @@ The local data directory is ``set_data_dir(path)`` (the trainer's ``data_dir`` g
 A task reads its local copy when the dataset's folder exists there, and TFDS otherwise (or says where it
 looked when it has no TFDS twin). The choice is made when a dataset is built, never at import.
 
+The data directory may be a ``gs://bucket/path``: its folders are looked up and its files listed and read
+through ``remixer_t5.storage`` (a bucket that cannot be reached is one error naming DATA_DIR); another URL
+scheme is refused in one line rather than taken for a local folder that does not exist.
+
 Local rows are converted to the TFDS features of the same dataset (same names, dtypes, label ids, -1 for
 unlabeled test rows), so one chain of preprocessors serves both sources. Readers raise ``ValueError`` naming
 file and line for a malformed row.
@@ -18,6 +22,7 @@ import gzip
 import io
 import json
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +31,8 @@ import seqio
 
 DATA_ENV_VAR = "REMIXER_T5_DATA_DIR"
 _data_dir_override: str | None = None
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")  # a URL scheme (gs://, s3://); one letter is a Windows drive
+_checked_buckets: set[str] = set()
 
 
 def set_data_dir(path: str | os.PathLike | None) -> None:
@@ -37,6 +44,28 @@ def set_data_dir(path: str | os.PathLike | None) -> None:
 def data_dir() -> str | None:
   """The local data directory: ``set_data_dir``'s value, else ``$REMIXER_T5_DATA_DIR``, else None."""
   return _data_dir_override or os.environ.get(DATA_ENV_VAR) or None
+
+
+def dataset_dir(root: str, local_dir: str):
+  """``<root>/<local_dir>``: a ``pathlib.Path`` for a local folder (``~`` expanded), an ``epath.Path`` for
+  ``gs://`` (the bucket checked once per process: StorageError naming DATA_DIR when it cannot be read); another
+  URL scheme is a ValueError."""
+  if _URL.match(root):
+    from remixer_t5 import storage
+    path = storage.run_path(root)  # ValueError for a scheme other than gs://
+    if root not in _checked_buckets:
+      storage.check_bucket(path, what="DATA_DIR")
+      _checked_buckets.add(root)
+    return path / local_dir
+  return Path(root).expanduser() / local_dir
+
+
+def glob_files(pattern: str) -> list[str]:
+  """The files matching ``pattern`` (local or ``gs://``), sorted."""
+  if pattern.startswith("gs://"):
+    from remixer_t5 import storage
+    return storage.glob(pattern)
+  return sorted(glob.glob(pattern))
 
 
 def _describe_data_dir() -> str:
@@ -167,15 +196,16 @@ class LocalOrTfdsSource(seqio.DataSource):
     self._counts: dict[tuple[str, str], int] = {}
 
   # which copy ---------------------------------------------------------------------------------------------
-  def local_root(self) -> Path | None:
-    """``<data dir>/<local_dir>`` if it exists; None when the dataset should come from TFDS."""
+  def local_root(self):
+    """``<data dir>/<local_dir>`` (a ``Path``, or an ``epath.Path`` in a bucket) if it exists; None when the
+    dataset should come from TFDS."""
     root = data_dir()
     if root:
-      path = Path(root).expanduser() / self.local_dir
+      path = dataset_dir(root, self.local_dir)
       if path.is_dir():
         return path
     if self.tfds_name is None:
-      looked = (f"looked for {(Path(root).expanduser() / self.local_dir).resolve()}" if root else _describe_data_dir())
+      looked = (f"looked for {path if _URL.match(root) else path.resolve()}" if root else _describe_data_dir())
       raise FileNotFoundError(
           f"no local copy of {self.local_dir!r} ({looked}) and TFDS has no such dataset: set {DATA_ENV_VAR} "
           f"(or the data_dir gin binding) to a folder holding {self.local_dir}/ with "
@@ -190,7 +220,7 @@ class LocalOrTfdsSource(seqio.DataSource):
     assert root is not None
     found = []
     for pattern in self.local_files[split]:
-      matches = sorted(glob.glob(str(root / pattern)))
+      matches = glob_files(str(root / pattern))
       if not matches:
         raise FileNotFoundError(f"{self.local_dir} split {split!r}: no file matches {root / pattern}")
       found.extend(matches)

@@ -408,3 +408,40 @@ def test_an_array_endpoint_that_dies_mid_run_stops_it_within_the_storage_timeout
   last = out.strip().splitlines()[-1]
   assert last.startswith("remixer-t5: error: ") and "gs://bucket/outage/checkpoints/" in last, out[-3000:]
   assert "Traceback" not in out
+
+
+def test_a_data_dir_in_the_bucket_is_read_as_the_same_files_locally(gcs, tmp_path):
+  """DATA_DIR=gs://...: a dataset's release files in the bucket (ANLI round 1 here) are found, listed and read to
+  the examples the same files give in a local DATA_DIR; a dataset missing from the bucket still comes from TFDS, as
+  from a local folder; a bucket that does not exist is one StorageError naming DATA_DIR; another URL scheme is a
+  ValueError, never a local folder that does not exist."""
+  from remixer_t5.tasks import nli, sources
+  rows = [{"uid": f"r1-{i}", "context": f"Context {i}.", "hypothesis": f"Hypothesis {i}.", "label": "enc"[i % 3],
+           "model_label": "n", "emturk": False, "genre": "", "reason": "", "tag": ""} for i in range(5)]
+  for name in ("train", "dev", "test"):
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    (tmp_path / "anli" / "R1").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "anli" / "R1" / f"{name}.jsonl").write_text(text)
+    storage.write_text(f"gs://bucket/data/anli/R1/{name}.jsonl", text)
+  source = nli.anli_source(1)
+
+  def read(root):
+    sources.set_data_dir(root)
+    assert source.local_root() is not None
+    return source.files("validation"), list(source.get_dataset("validation", shuffle=False).as_numpy_iterator())
+
+  local_files, local_rows = read(str(tmp_path))
+  bucket_files, bucket_rows = read("gs://bucket/data")
+  assert bucket_files == ["gs://bucket/data/anli/R1/dev.jsonl"] and local_files == [str(tmp_path / "anli/R1/dev.jsonl")]
+  assert len(bucket_rows) == 5 and bucket_rows[1]["label"] == 1
+  _assert_same(bucket_rows, local_rows)
+  sources.set_data_dir("gs://bucket/elsewhere")
+  assert source.local_root() is None  # no anli/R1 there: TFDS's copy, as for a local folder without it
+  sources.set_data_dir("gs://no-such-bucket/data")
+  with pytest.raises(storage.StorageError, match=r"^DATA_DIR gs://no-such-bucket/data: bucket gs://no-such-bucket "
+                                                 r"does not exist"):
+    source.local_root()
+  sources.set_data_dir("s3://bucket/data")
+  with pytest.raises(ValueError, match="unsupported storage scheme 's3'"):
+    source.local_root()
+  _no_local_gs(REPO, Path.cwd(), tmp_path)

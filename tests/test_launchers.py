@@ -1,17 +1,23 @@
-"""launch/*.sh: dry runs print the right gcloud/sbatch commands, arguments survive quoting, bad flags exit 2.
+"""launch/*.sh: dry runs print the right gcloud/sbatch commands, arguments survive quoting, bad flags exit 2, and
+the TPU VM launcher carries a run through a slice's lifecycle.
 
-Nothing here runs gcloud or sbatch: every launcher call is a --dry-run, or runs with an empty PATH (where
-the launcher must refuse for lack of gcloud/sbatch). The printed remote command and sbatch script are
+Nothing here reaches Google Cloud or a SLURM cluster: launcher calls are --dry-runs, run with an empty PATH (where
+the launcher must refuse for lack of gcloud/sbatch), or run against tests/fake_gcloud.py, a `gcloud` that plays
+queued resources, preemption and workers on this computer. The printed remote commands and sbatch script are
 executed by bash against stub programs, so quoting is checked by bash itself, not by string matching.
 """
+import json
 import os
 import re
 import shlex
 import shutil
+import signal
 import stat
 import subprocess
+import time
 from pathlib import Path
 
+import fake_gcloud
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,12 +38,27 @@ def tpu(*argv, **kw):
 
 
 def commands(stdout):
-  """The printed command lines, each split as a POSIX shell would."""
-  return [shlex.split(line) for line in stdout.splitlines() if line.strip()]
+  """The printed command lines (comment lines dropped), each split into words by bash itself."""
+  lines = [line for line in stdout.splitlines() if line.strip() and not line.startswith("#")]
+  script = "".join(f"set -- {line}\nprintf '%s\\0' \"$@\"; printf '\\1\\0'\n" for line in lines)
+  words = subprocess.run([BASH, "-c", script], capture_output=True, text=True, check=True, timeout=30).stdout
+  out, current = [], []
+  for word in words.split("\0")[:-1]:
+    if word == "\1":
+      out.append(current)
+      current = []
+    else:
+      current.append(word)
+  return out
 
 
 def ssh_commands(cmds):
   return [next(a.split("=", 1)[1] for a in c if a.startswith("--command=")) for c in cmds if c[4:5] == ["ssh"]]
+
+
+def gcloud_verbs(cmds):
+  """(group, verb) of each gcloud command, e.g. ('queued-resources', 'create'), ('tpu-vm', 'ssh')."""
+  return [tuple(c[3:5]) for c in cmds if c[0] == "gcloud"]
 
 
 def make_exe(path, text):
@@ -77,51 +98,120 @@ def test_help(script):
   assert res.returncode == 0 and "Usage" in res.stdout and "--dry-run" in res.stdout
 
 
-# --- TPU VM ----------------------------------------------------------------------------------------------
-def test_tpu_all_creates_installs_runs_on_every_worker_then_deletes():
+# --- TPU VM: what a dry run prints ------------------------------------------------------------------------
+def remote(command, home, env=None, timeout=30):
+  """Runs a printed remote command with bash as a worker would: HOME=`home`, a stub `sudo` that records its
+  arguments in home/sudo.log and runs nothing."""
+  make_exe(home / "stubs" / "sudo", '#!/bin/sh\necho "$*" >> "$HOME/sudo.log"\n')
+  return subprocess.run([BASH, "-c", command], capture_output=True, text=True, timeout=timeout, cwd=home,
+                        env={"HOME": str(home), "PATH": f"{home / 'stubs'}:{os.environ['PATH']}", **(env or {})})
+
+
+def wait_for(path, timeout=10):
+  deadline = time.time() + timeout
+  while not path.exists():
+    assert time.time() < deadline, f"{path} did not appear in {timeout} s"
+    time.sleep(0.02)
+  return path.read_text()
+
+
+def test_tpu_all_creates_installs_starts_the_job_follows_it_then_deletes():
   res = tpu("--accelerator=v3-32", "--dry-run", "all", "--", *ARGS)
   assert res.returncode == 0, res.stderr
   cmds = commands(res.stdout)
+  assert gcloud_verbs(cmds) == [("tpu-vm", v) for v in (
+      "create", "describe", "scp", "ssh", "ssh", "ssh", "describe", "ssh", "delete")]
   gcloud = [c for c in cmds if c[0] == "gcloud"]
-  assert [c[4] for c in gcloud] == ["create", "scp", "ssh", "ssh", "ssh", "delete"]
   create = gcloud[0]
   assert create[5] == "r5" and "--accelerator-type=v3-32" in create
   assert "--version=tpu-ubuntu2204-base" in create and "--zone=europe-west4-a" in create
   assert all("--worker=all" in c for c in gcloud if c[4] in ("scp", "ssh"))
   assert gcloud[-1][4:6] == ["delete", "r5"] and "--quiet" in gcloud[-1]
-  install, run = ssh_commands(cmds)[1:]
+  _, install, start, status = ssh_commands(cmds)
   assert f"jax[tpu]=={jax_pin()}" in shlex.split(install.split("pip install -q", 2)[2])
-  assert "remixer-t5" in run and "exec" in run
+  assert "nohup setsid bash" in start and "remixer-t5-job" in status
+
+
+def test_tpu_queued_spot_all_requests_spot_starts_a_detached_job_and_forwards_the_env(tmp_path):
+  """The issue's dry run: a Spot queued resource, a start that returns while the job runs on, TFDS_DATA_DIR
+  reaching the job, the TPU's leftover users and libtpu's lock file cleared first."""
+  res = tpu("--queued", "--spot", "--accelerator=v3-32", "--env=TFDS_DATA_DIR=gs://b/tfds", "--dry-run", "all",
+            "--", *ARGS)
+  assert res.returncode == 0, res.stderr
+  cmds = commands(res.stdout)
+  create = cmds[0]
+  assert create[:6] == ["gcloud", "compute", "tpus", "queued-resources", "create", "r5"]
+  assert {"--node-id=r5", "--accelerator-type=v3-32", "--runtime-version=tpu-ubuntu2204-base", "--spot",
+          "--zone=europe-west4-a"} <= set(create)
+  assert gcloud_verbs(cmds)[-1] == ("queued-resources", "delete") and {"--force", "--quiet"} <= set(cmds[-1])
+  start = ssh_commands(cmds)[2]
+  make_exe(tmp_path / "remixer-t5-venv" / "bin" / "remixer-t5",
+           '#!/usr/bin/env bash\nsleep 0.5\necho "TFDS_DATA_DIR=$TFDS_DATA_DIR"\n'
+           'echo "REMIXER_T5_DISTRIBUTED=$REMIXER_T5_DISTRIBUTED"\nprintf "%s\\n" "$@"\n')
+  (tmp_path / "remixer-t5").mkdir()
+  started = remote(start, tmp_path)
+  assert started.returncode == 0 and "started the job" in started.stdout, started.stdout + started.stderr
+  job = tmp_path / "remixer-t5-job"
+  pid = int((job / "pid").read_text())
+  os.kill(pid, 0)  # the ssh command has returned; the job runs on
+  assert wait_for(job / "exit").strip() == "0"
+  log = (job / "log").read_text().splitlines()
+  assert log[1:] == ["TFDS_DATA_DIR=gs://b/tfds", "REMIXER_T5_DISTRIBUTED=auto", *ARGS]
+  assert (tmp_path / "sudo.log").read_text().splitlines() == ["-n lsof -t /dev/accel*",
+                                                               "-n rm -f /tmp/libtpu_lockfile"]
 
 
 def test_tpu_run_passes_arguments_through_with_quoting_intact(tmp_path):
-  """bash runs the printed remote command against a stub remixer-t5 that lists its arguments."""
+  """bash runs the printed start command against a stub remixer-t5 that lists its arguments."""
   res = tpu("--dry-run", "--env=TFDS_DATA_DIR=gs://b/tfds dir", "run", "--", *ARGS)
   assert res.returncode == 0, res.stderr
-  (run,) = ssh_commands(commands(res.stdout))
+  (start,) = ssh_commands(commands(res.stdout))
   (tmp_path / "remixer-t5").mkdir()
   make_exe(tmp_path / "remixer-t5-venv" / "bin" / "remixer-t5",
            '#!/usr/bin/env bash\necho "cwd=$PWD"\necho "TFDS_DATA_DIR=$TFDS_DATA_DIR"\nprintf "%s\\n" "$@"\n')
-  out = subprocess.run([BASH, "-c", run], capture_output=True, text=True, check=True, timeout=30,
-                       env={"HOME": str(tmp_path), "PATH": os.environ["PATH"]}).stdout.splitlines()
+  assert remote(start, tmp_path).returncode == 0
+  assert wait_for(tmp_path / "remixer-t5-job" / "exit").strip() == "0"
+  out = (tmp_path / "remixer-t5-job" / "log").read_text().splitlines()[1:]
   assert out[0] == f"cwd={tmp_path / 'remixer-t5'}"
   assert out[1] == "TFDS_DATA_DIR=gs://b/tfds dir"
   assert out[2:] == ARGS
 
 
-def test_tpu_run_deletes_only_when_asked_and_tees_the_log():
-  plain = commands(tpu("--dry-run", "run", "--", *ARGS).stdout)
-  assert [c[4] for c in plain] == ["ssh"]
-  res = tpu("--dry-run", "--delete", "--log=logs/run 1.log", "run", "--", *ARGS)
+def test_tpu_tiers_best_effort_is_alphas_and_spot_needs_no_queue():
+  best = commands(tpu("--dry-run", "--queued", "--best-effort", "create").stdout)[0]
+  assert best[:5] == ["gcloud", "alpha", "compute", "tpus", "queued-resources"] and "--best-effort" in best
+  for tier in ("--spot", "--reserved"):
+    create = commands(tpu("--dry-run", tier, "create").stdout)[0]
+    assert create[3:5] == ["tpu-vm", "create"] and tier in create
+
+
+@pytest.mark.parametrize("queued", [[], ["--queued"]])
+def test_tpu_status_logs_stop_delete_and_watch(queued):
+  kind = "queued-resources" if queued else "tpu-vm"
+  status = commands(tpu("--dry-run", *queued, "status").stdout)
+  assert gcloud_verbs(status) == [(kind, "describe")] * bool(queued) + [("tpu-vm", "describe"), ("tpu-vm", "ssh")]
+  (logs,) = ssh_commands(commands(tpu("--dry-run", *queued, "logs", "--lines=5").stdout))
+  assert "tail -n 5 $HOME/remixer-t5-job/log" in logs
+  (stop,) = ssh_commands(commands(tpu("--dry-run", *queued, "stop").stdout))
+  assert "kill -TERM" in stop and "stopped" in stop
+  (delete,) = commands(tpu("--dry-run", *queued, "delete").stdout)
+  assert delete[3:6] == [kind, "delete", "r5"] and "--quiet" in delete and ("--force" in delete) == bool(queued)
+  watch = gcloud_verbs(commands(tpu("--dry-run", *queued, "watch", "--", *ARGS).stdout))
+  assert ("tpu-vm", "delete") not in watch and (kind, "delete") not in watch
+  watch = gcloud_verbs(commands(tpu("--dry-run", *queued, "watch", "--delete", "--", *ARGS).stdout))
+  assert watch[-1] == (kind, "delete")
+
+
+def test_tpu_run_never_deletes_and_a_dry_run_writes_no_log(tmp_path):
+  res = tpu("--dry-run", "--log=r5.log", "run", "--", *ARGS, cwd=tmp_path)
   assert res.returncode == 0, res.stderr
-  ssh_line, delete_line = res.stdout.strip().splitlines()
-  assert ssh_line.endswith("2>&1 | tee -a logs/run\\ 1.log")
-  assert shlex.split(delete_line)[4] == "delete"
+  assert gcloud_verbs(commands(res.stdout)) == [("tpu-vm", "ssh")]
+  assert list(tmp_path.iterdir()) == []
 
 
 def test_tpu_all_keep_skips_the_delete():
   cmds = commands(tpu("--dry-run", "--keep", "all", "--", *ARGS).stdout)
-  assert [c[4] for c in cmds if c[0] == "gcloud"][-1] == "ssh"
+  assert gcloud_verbs(cmds)[-1] == ("tpu-vm", "ssh")
 
 
 @pytest.mark.parametrize("source, expected", [
@@ -146,9 +236,10 @@ def test_tpu_install_local_wheel_is_copied_to_every_worker():
 
 
 def test_tpu_single_host_accepts_a_local_model_dir_and_project_reaches_every_command():
-  res = tpu("--dry-run", "--project=my-proj", "all", "--", "train", "--gin.MODEL_DIR='/tmp/run'")
+  res = tpu("--dry-run", "--project=my-proj", "--queued", "all", "--", "train", "--gin.MODEL_DIR='/tmp/run'")
   assert res.returncode == 0, res.stderr
-  assert all("--project=my-proj" in c for c in commands(res.stdout) if c[0] == "gcloud")
+  gcloud = [c for c in commands(res.stdout) if c[0] == "gcloud"]
+  assert len(gcloud) > 5 and all("--project=my-proj" in c for c in gcloud)
 
 
 def test_tpu_multi_host_without_model_dir_binding_warns():
@@ -165,16 +256,27 @@ def test_tpu_multi_host_without_model_dir_binding_warns():
     (["--version", "--dry-run", "create"], "--version"),
     (["--wheel=a.whl", "--repo=https://x/y.git", "install"], "--wheel"),
     (["--keep", "run", "--", "train"], "--keep"),
+    (["--delete", "run", "--", "train"], "--delete"),
+    (["--restart", "watch", "--", "train"], "--restart"),
+    (["--spot", "--reserved", "create"], "--reserved"),
+    (["--best-effort", "create"], "--best-effort needs --queued"),
+    (["--max-restarts=many", "watch", "--", "train"], "--max-restarts"),
+    (["--poll=soon", "status"], "--poll"),
+    (["--active-timeout=-1", "create"], "--active-timeout"),
+    (["--lines=x", "logs"], "--lines"),
     (["--env=1X=2", "run", "--", "train"], "--env"),
     (["run"], "after --"),
+    (["watch"], "after --"),
     (["create", "--", "train"], "after --"),
-    ([], "subcommand"),
-    (["launch"], "subcommand"),
+    (["status", "--", "train"], "after --"),
+    ([], "step"),
+    (["launch"], "step"),
 ])
-def test_tpu_bad_flags_exit_2_naming_the_flag(argv, flag):
+def test_tpu_bad_flags_exit_2_naming_the_flag_in_one_line(argv, flag):
   res = tpu("--dry-run", *argv)
   assert res.returncode == 2, res.stdout
   assert flag in res.stderr and "error" in res.stderr and not res.stdout
+  assert len(res.stderr.splitlines()) == 1, res.stderr
 
 
 @pytest.mark.parametrize("missing", ["--name", "--zone"])
@@ -182,6 +284,200 @@ def test_tpu_requires_name_and_zone(missing):
   given = [a for a in ("--name=r5", "--zone=europe-west4-a") if not a.startswith(missing)]
   res = launch("tpu_vm.sh", *given, "--dry-run", "delete")
   assert res.returncode == 2 and f"{missing} is required" in res.stderr
+
+
+def test_tpu_backoff_must_be_whole_seconds():
+  res = tpu("--dry-run", "delete", env={**os.environ, "REMIXER_T5_LAUNCH_BACKOFF": "soon"})
+  assert res.returncode == 2 and "REMIXER_T5_LAUNCH_BACKOFF" in res.stderr
+
+
+# --- TPU VM: a run's lifecycle against the fake gcloud -----------------------------------------------------
+V3_32 = ["--name=r5", "--zone=europe-west4-a", "--accelerator=v3-32"]
+TRAIN = ["train", "--gin.MODEL_DIR='gs://b/r5'", "--gin.TRAIN_STEPS=20", "--gin.CHECKPOINT_PERIOD=5"]
+
+
+class Cloud:
+  """A fake gcloud on PATH (tests/fake_gcloud.py), its state in `state`; `tpu(...)` runs the launcher against it
+  with the backoff and the polls shortened."""
+
+  def __init__(self, tmp_path, **config):
+    self.state = tmp_path / "cloud"
+    self.env = {**os.environ, **fake_gcloud.install(tmp_path / "bin", self.state, **config),
+                "REMIXER_T5_LAUNCH_BACKOFF": "0", "REMIXER_T5_LAUNCH_POLL": "0.05"}
+    self.wheel = tmp_path / "remixer_t5-0.1.0-py3-none-any.whl"
+    self.wheel.write_bytes(b"")
+
+  def tpu(self, *argv, timeout=60):
+    return subprocess.run([BASH, str(LAUNCH / "tpu_vm.sh"), *V3_32, f"--wheel={self.wheel}", *argv],
+                          capture_output=True, text=True, env=self.env, timeout=timeout, cwd=self.state.parent)
+
+  def calls(self):
+    return fake_gcloud.calls(self.state)
+
+  def verbs(self):
+    return [tuple(w for w in c if not w.startswith("-"))[2:4] for c in self.calls()]
+
+  def starts(self, worker=0):
+    """Where each start of the job on worker `worker` began: (host, step)."""
+    path = fake_gcloud.gcs(self.state, "gs://b/r5") / "starts.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return [(r["host"], r["start"]) for r in rows if r["host"].endswith(f"-w{worker}")]
+
+
+@pytest.fixture
+def cloud(tmp_path):
+  made = []
+  yield lambda **config: made.append(Cloud(tmp_path, **config)) or made[-1]
+  for c in made:
+    fake_gcloud.kill_all(c.state)
+
+
+def test_tpu_lifecycle_preemption_restart_and_resume(cloud):
+  """A Spot queued resource waits, turns ACTIVE; the first ssh fails and is retried; the job runs detached on
+  the 4 workers; the slice is preempted at step 10 (the job killed without a signal); `all --restart` recreates
+  it, reinstalls and reruns the same command, which resumes from the step-10 checkpoint and finishes; the slice is
+  deleted once, at the end."""
+  c = cloud(ssh_failures=1, preempt_when="gcs/b/r5/checkpoints/10", pause_at=10)
+  res = c.tpu("--queued", "--spot", "--env=TFDS_DATA_DIR=gs://b/tfds", "--env=REMIXER_T5_LOCK_LEASE=0",
+              "--lines=1", "all", "--restart", "--", *TRAIN)
+  assert res.returncode == 0, res.stdout + res.stderr
+  out = res.stdout
+  assert "WAITING_FOR_RESOURCES" in out and out.count("is READY") == 2
+  assert "install (mkdir) failed (exit 255); retry 1 of 5" in res.stderr
+  restarts = [line for line in out.splitlines() if "restart" in line]
+  assert len(restarts) == 1, out
+  restart = restarts[0]
+  assert re.search(r"restart 1 of 10: r5 is (SUSPENDED|PREEMPTED); recreating the slice", restart)
+  assert "the job finished on every worker of r5 (exit 0)" in out
+  assert c.starts() == [("r5-g1-w0", 0), ("r5-g2-w0", 10)]
+  assert fake_gcloud.deletions(c.state) == [
+      {"queued": "r5", "state": "SUSPENDED", "node": "r5-g1", "node_state": "PREEMPTED"},
+      {"queued": "r5", "state": "ACTIVE", "node": "r5-g2", "node_state": "READY"}]
+  assert c.verbs()[-1] == ("queued-resources", "delete")
+  assert [v for v in c.verbs() if v[1] == "create"] == [("queued-resources", "create")] * 2
+  create = next(call for call in c.calls() if call[2:4] == ["queued-resources", "create"])
+  assert "--spot" in create
+  rows = [json.loads(line) for line in (fake_gcloud.gcs(c.state, "gs://b/r5") / "starts.jsonl").read_text().splitlines()]
+  assert len(rows) == 8 and all(r["env"] == {"TFDS_DATA_DIR": "gs://b/tfds", "REMIXER_T5_DISTRIBUTED": "auto"}
+                                for r in rows)
+  assert sorted(p.name for p in (fake_gcloud.gcs(c.state, "gs://b/r5") / "checkpoints").iterdir()) == [
+      "10", "15", "20", "5"]
+
+
+def test_tpu_all_without_restart_ends_at_a_preemption_and_deletes(cloud):
+  """Without --restart, `all` follows the job and, when the slice is preempted, says so, ends with exit 1 and
+  deletes the slice (the queued resource) once."""
+  c = cloud(preempt_when="gcs/b/r5/checkpoints/10", pause_at=10)
+  res = c.tpu("--queued", "--spot", "all", "--", *TRAIN)
+  assert res.returncode == 1, res.stdout + res.stderr
+  assert re.search(r"r5 is (SUSPENDED|PREEMPTED); not restarted \(all --restart restarts\)", res.stdout)
+  assert [d["state"] for d in fake_gcloud.deletions(c.state)] == ["SUSPENDED"]
+  assert c.starts() == [("r5-g1-w0", 0)]
+
+
+def test_tpu_a_job_that_dies_on_a_ready_slice_is_rerun_there(cloud):
+  """A worker's remixer-t5 killed (kill -9, as the OOM killer does) on a healthy slice: the job is rerun on the same
+  slice (the other workers' processes replaced), resumes, and no slice is recreated."""
+  c = cloud(pause_at=10)
+  proc = subprocess.Popen([BASH, str(LAUNCH / "tpu_vm.sh"), *V3_32, f"--wheel={c.wheel}", "all", "--restart",
+                           "--", *TRAIN], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=c.env)
+  try:
+    job = c.state / "workers" / "r5-g1-w2" / "remixer-t5-job"
+    while not ((job / "log").exists() and "pausing" in (job / "log").read_text()):
+      assert proc.poll() is None
+      time.sleep(0.05)
+    os.kill(int((job / "pid").read_text()), signal.SIGKILL)
+    out, _ = proc.communicate(timeout=60)
+  finally:
+    proc.kill()
+  assert proc.returncode == 0, out
+  assert "restart 1 of 10: the job exited with 137; running the same command again on r5" in out
+  assert [v for v in c.verbs() if v[1] in ("create", "delete")] == [("tpu-vm", "create"), ("tpu-vm", "delete")]
+  hosts, steps = zip(*c.starts())
+  assert hosts == ("r5-g1-w0", "r5-g1-w0") and steps[0] == 0 and steps[1] >= 10
+
+
+def test_tpu_a_job_that_fails_for_good_is_not_rerun(cloud):
+  """Exit 3 (a NaN loss) would recur on a rerun: `all --restart` reports it and ends with its code, and the slice
+  goes."""
+  c = cloud(worker_env={"FAKE_TRAIN_EXIT": "3"})
+  res = c.tpu("all", "--restart", "--", *TRAIN)
+  assert res.returncode == 3, res.stdout + res.stderr
+  assert "the job failed (exit 3: r5-g1-w0: remixer-t5: error: loss is NaN at step 3" in res.stdout
+  assert "restart 1" not in res.stdout
+  assert [v for v in c.verbs() if v[1] in ("create", "delete")] == [("tpu-vm", "create"), ("tpu-vm", "delete")]
+
+
+def test_tpu_a_lock_still_held_after_a_recreation_is_waited_out(cloud):
+  """The preempted run's MODEL_DIR lock was renewed moments ago (the fake recreates a slice within the 3 s lease;
+  Google takes minutes, longer than the default 120 s): the rerun on the new hosts is refused (exit 2, "is in use
+  by"); the launcher waits the lease and runs it again, and it takes the lock over."""
+  c = cloud(preempt_when="gcs/b/r5/checkpoints/10", pause_at=10)
+  res = c.tpu("--queued", "--env=REMIXER_T5_LOCK_LEASE=3", "all", "--restart", "--", *TRAIN)
+  assert res.returncode == 0, res.stdout + res.stderr
+  restarts = [line for line in res.stdout.splitlines() if "restart " in line]
+  assert len(restarts) == 2 and "MODEL_DIR's lock is held" in restarts[1] and "is in use by" in restarts[1]
+  assert c.starts() == [("r5-g1-w0", 0), ("r5-g2-w0", 10)]  # the refused start records nothing
+
+
+def test_tpu_the_job_outlives_the_launcher(cloud):
+  """The launcher's session ends (SIGHUP) while `all` follows the job: slice and job keep running and a second
+  `run` is refused; `status` and `logs` read it, and `watch --delete` follows it to the end and deletes the slice."""
+  c = cloud(pause_at=10)
+  proc = subprocess.Popen([BASH, str(LAUNCH / "tpu_vm.sh"), *V3_32, f"--wheel={c.wheel}", "--queued", "all",
+                           "--", *TRAIN], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=c.env)
+  log = c.state / "workers" / "r5-g1-w0" / "remixer-t5-job" / "log"
+  try:
+    while not (log.exists() and "pausing" in log.read_text()):
+      assert proc.poll() is None
+      time.sleep(0.05)
+    proc.send_signal(signal.SIGHUP)
+    out, _ = proc.communicate(timeout=30)
+  finally:
+    proc.kill()
+  assert proc.returncode == 129 and "r5 and its job keep running" in out, out
+  assert all(v[1] != "delete" for v in c.verbs())
+  again = c.tpu("--queued", "run", "--", *TRAIN)
+  assert again.returncode == 1 and "a job is already running" in again.stderr
+  assert len(again.stderr.strip().splitlines()) == 1
+  status = c.tpu("--queued", "status")
+  assert status.stdout.count(": running; last line: ") == 4, status.stdout
+  logs = c.tpu("--queued", "logs", "--lines=1")
+  assert logs.stdout.splitlines() == [f"r5-g1-w{w}: pausing at step 10 until the slice is preempted" for w in range(4)]
+  (c.state / "release").touch()
+  res = c.tpu("--queued", "watch", "--delete", "--", *TRAIN)
+  assert res.returncode == 0 and "the job finished on every worker of r5" in res.stdout, res.stdout + res.stderr
+  assert [v for v in c.verbs() if v[1] == "delete"] == [("queued-resources", "delete")]
+
+
+def _walkthrough_blocks():
+  """The shell blocks of docs/scaling.md's v3-32 section that run the launcher."""
+  text = (REPO / "docs" / "scaling.md").read_text()
+  section = text.split("## Launch a v3-32 run", 1)[1].split("\n## ", 1)[0]
+  blocks = re.findall(r"^```(?:bash|sh)?\n(.*?)^```", section, re.S | re.M)
+  return [b for b in blocks if "launch/tpu_vm.sh" in b]
+
+
+@pytest.mark.parametrize("block", range(2))
+def test_docs_v3_32_walkthrough_runs_as_written(cloud, tmp_path, block):
+  """Each launcher block of the walk-through, as written (the launcher's path made absolute), against the fake
+  gcloud: queued Spot slice, a failed first ssh, the checkout installed, the job preempted at step 10 and resumed
+  on a recreated slice, the slice deleted at the end. In the fake, the preempted run's MODEL_DIR lock has lapsed
+  by the time the slice is back, as it has after Google's minutes of recreation."""
+  blocks = _walkthrough_blocks()
+  assert len(blocks) == 2
+  c = cloud(ssh_failures=1, preempt_when="gcs/my-bucket/r5/checkpoints/10", preempt_during=["watch", "all"],
+            pause_at=10, worker_env={"REMIXER_T5_LOCK_LEASE": "0"})
+  script = blocks[block].replace("launch/tpu_vm.sh", str(LAUNCH / "tpu_vm.sh"))
+  res = subprocess.run([BASH, "-euo", "pipefail", "-c", script], capture_output=True, text=True, env=c.env,
+                       cwd=c.state.parent, timeout=120)
+  assert res.returncode == 0, res.stdout + res.stderr
+  assert re.search(r"r5 is (SUSPENDED|PREEMPTED); recreating the slice", res.stdout)
+  rows = [json.loads(line) for line in (fake_gcloud.gcs(c.state, "gs://my-bucket/r5") / "starts.jsonl").read_text().splitlines()]
+  assert [(r["host"], r["start"]) for r in rows if r["host"].endswith("-w0")] == [("r5-g1-w0", 0), ("r5-g2-w0", 10)]
+  assert all(r["env"]["TFDS_DATA_DIR"] == "gs://my-bucket/tensorflow_datasets" for r in rows)
+  assert [d["state"] for d in fake_gcloud.deletions(c.state)] == ["SUSPENDED", "ACTIVE"]
+  assert c.verbs()[-1] == ("queued-resources", "delete")
 
 
 # --- SLURM -----------------------------------------------------------------------------------------------
