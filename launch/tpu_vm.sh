@@ -518,6 +518,8 @@ watch_job() {
   if [ "$dry" = 1 ]; then
     note "every $poll s until the job has ended on every worker:"
     status
+    note "when it has ended, the last lines of every worker's log:"
+    logs
     if [ "$allowed" -gt 0 ]; then
       note "a slice PREEMPTED, TERMINATED or SUSPENDED: delete, create, install and run again;" \
         "a job that died on a READY slice: run again there (at most $allowed restarts)"

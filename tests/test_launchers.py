@@ -120,16 +120,16 @@ def test_tpu_all_creates_installs_starts_the_job_follows_it_then_deletes():
   assert res.returncode == 0, res.stderr
   cmds = commands(res.stdout)
   assert gcloud_verbs(cmds) == [("tpu-vm", v) for v in (
-      "create", "describe", "scp", "ssh", "ssh", "ssh", "describe", "ssh", "delete")]
+      "create", "describe", "scp", "ssh", "ssh", "ssh", "describe", "ssh", "ssh", "delete")]
   gcloud = [c for c in cmds if c[0] == "gcloud"]
   create = gcloud[0]
   assert create[5] == "r5" and "--accelerator-type=v3-32" in create
   assert "--version=tpu-ubuntu2204-base" in create and "--zone=europe-west4-a" in create
   assert all("--worker=all" in c for c in gcloud if c[4] in ("scp", "ssh"))
   assert gcloud[-1][4:6] == ["delete", "r5"] and "--quiet" in gcloud[-1]
-  _, install, start, status = ssh_commands(cmds)
+  _, install, start, status, logs = ssh_commands(cmds)
   assert f"jax[tpu]=={jax_pin()}" in shlex.split(install.split("pip install -q", 2)[2])
-  assert "nohup setsid bash" in start and "remixer-t5-job" in status
+  assert "nohup setsid bash" in start and "remixer-t5-job" in status and "tail -n 100" in logs
 
 
 def test_tpu_queued_spot_all_requests_spot_starts_a_detached_job_and_forwards_the_env(tmp_path):
@@ -362,6 +362,29 @@ def test_tpu_lifecycle_preemption_restart_and_resume(cloud):
                                 for r in rows)
   assert sorted(p.name for p in (fake_gcloud.gcs(c.state, "gs://b/r5") / "checkpoints").iterdir()) == [
       "10", "15", "20", "5"]
+
+
+def test_tpu_a_dry_run_prints_the_commands_a_run_makes(cloud):
+  """The distinct gcloud commands of a real `all` against the fake, in the order of their first use, are the ones
+  its --dry-run prints (polls repeat; each start's token differs)."""
+  c = cloud(waiting_polls=0)
+  argv = ["--queued", "--spot", "--env=TFDS_DATA_DIR=gs://b/tfds", "all", "--", *TRAIN]
+  res = c.tpu(*argv)
+  assert res.returncode == 0, res.stdout + res.stderr
+  dry = c.tpu("--dry-run", *argv)
+  assert dry.returncode == 0, dry.stderr
+
+  def distinct(cmds):
+    out = []
+    for cmd in cmds:
+      cmd = [re.sub(r"token=[^;]+;", "token=T;", w) for w in cmd]
+      if cmd not in out:
+        out.append(cmd)
+    return out
+
+  printed = distinct(cmd[1:] for cmd in commands(dry.stdout) if cmd[0] == "gcloud")
+  assert distinct(c.calls()) == printed
+  assert len(printed) == 10  # create, 2 describes, mkdir, scp, install, start, status, logs, delete
 
 
 def test_tpu_all_without_restart_ends_at_a_preemption_and_deletes(cloud):
