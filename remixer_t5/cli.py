@@ -496,9 +496,17 @@ def cmd_compile(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
   from remixer_t5 import compare
   names = [n.strip() for n in args.names.split(",")] if args.names else None
-  runs, written = compare.compare(args.model_dirs, args.out, names)
+  runs, written = compare.compare(args.model_dirs, args.out, names, group_by_seed=args.group_by_seed)
   print(compare.markdown_table(runs), end="")
-  for path in written.values():
+  paths = list(written.values())
+  if args.group_by_seed:
+    from remixer_t5 import study
+    points = compare.seed_points(runs)
+    metrics = {m: study.better(m) for p in points for m in p if m not in ("group", "seed", "run")}
+    summary = study.summarize(points, ["group"], metrics)
+    print("\n" + study.markdown_table(summary, "runs grouped over seeds"), end="")
+    paths += study.write(args.out, summary, title="runs grouped over seeds")
+  for path in paths:
     print(f"wrote {path}", file=sys.stderr)
   return 0
 
@@ -627,6 +635,10 @@ def build_parser() -> argparse.ArgumentParser:
   cmp.add_argument("model_dirs", nargs="+", metavar="MODEL_DIR", help="train MODEL_DIRs (each with metrics.jsonl)")
   cmp.add_argument("--out", default=".", help="directory for compare.png, compare.md, compare.csv (default: current)")
   cmp.add_argument("--names", help="comma-separated run names, one per MODEL_DIR (default: the directories' names)")
+  cmp.add_argument("--group_by_seed", "--group-by-seed", action="store_true",
+                   help="also group runs whose config.gin differ only in the seed: per group the mean, standard "
+                        "deviation and t interval of each metric, Welch's t-test between the best two "
+                        "(sweep.csv, sweep.md, sweep.png under --out)")
   ben = sub.add_parser("bench", allow_abbrev=False,  # check_bench_flags reads the flags' full names
                        help="bench mixing: fwd+bwd time and FLOPs of one token-mixing layer against length; bench "
                        "input: the training input pipeline's throughput and restore time; bench train: the train "

@@ -24,6 +24,9 @@ How the numbers are derived (all from what the runs logged):
     config.gin is missing or no longer parses;
   * task metrics: the latest `infer/<task>` row of metrics.jsonl, else the latest row of
     inference_eval/<task>-metrics.jsonl; numeric values only, as `<task>/<metric>`.
+
+With --group_by_seed, runs whose config.gin differ only in the seed (and the run's own folder) are one group:
+`seed_points` labels each run with its group and seed for remixer_t5.study, which writes sweep.csv/md/png.
 """
 from __future__ import annotations
 
@@ -398,8 +401,10 @@ def _robust_top(losses: Sequence[float]) -> float | None:
 
 # --- the command -------------------------------------------------------------------------------------------
 def compare(model_dirs: Sequence[str | Path], out: str | Path, names: Sequence[str] | None = None,
-            log: Callable[[str], None] = lambda m: print(m, file=sys.stderr)) -> tuple[list[Run], dict[str, Path]]:
-  """Load the runs, write OUTPUT_FILES under `out`; returns (runs, {file name: path})."""
+            log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
+            group_by_seed: bool = False) -> tuple[list[Run], dict[str, Path]]:
+  """Load the runs, write OUTPUT_FILES under `out`; returns (runs, {file name: path}). `group_by_seed`: first
+  check that the runs group over seeds (seed_points), so that runs it refuses leave nothing written."""
   if not model_dirs:
     raise ValueError("compare needs at least one MODEL_DIR")
   if names is not None and len(names) != len(model_dirs):
@@ -411,6 +416,8 @@ def compare(model_dirs: Sequence[str | Path], out: str | Path, names: Sequence[s
   for run in runs:
     for note in run.notes:
       log(note)
+  if group_by_seed:
+    seed_points(runs)
   out = storage.run_path(out)
   storage.check_bucket(out, "--out")
   written = {"compare.png": plot(runs, out / "compare.png")}
@@ -418,3 +425,82 @@ def compare(model_dirs: Sequence[str | Path], out: str | Path, names: Sequence[s
     storage.write_text(out / name, text)
     written[name] = out / name
   return runs, written
+
+
+# --- runs that differ only in their seed ---------------------------------------------------------------------
+# config.gin statements that differ between the seeds of one setting: the seed, and the run's own folder.
+SEED_KEYS = ("RANDOM_SEED", "run_config.Training.random_seed")
+OWN_KEYS = SEED_KEYS + ("MODEL_DIR", "run_config.Run.model_dir")
+_STATEMENT = re.compile(r"^([A-Za-z_][\w./]*)\s*=\s*(.*)$")
+_LABEL_CHARS = 60
+
+
+def run_numbers(run: Run) -> dict[str, float]:
+  """A run's numbers for remixer_t5.study: `validation/loss` (its best), `train/loss` (its final one) and each
+  task metric (`<task>/<metric>`); a number the run did not log is left out."""
+  out = {"validation/loss": run.best_validation_loss, "train/loss": run.final_train_loss, **run.task_metrics}
+  return {k: v for k, v in out.items() if v is not None}
+
+
+def gin_settings(config_text: str) -> dict[str, str]:
+  """config.gin's statements as {key: value}: `KEY = VALUE`, a value that gin wrapped over indented lines (after
+  a `\\`) joined by spaces; any other statement (an import) its own key with an empty value; comments and blank lines
+  left out."""
+  settings: dict[str, str] = {}
+  key = None
+  for line in config_text.splitlines():
+    if not line.strip() or line.lstrip().startswith("#"):
+      continue
+    if line[0].isspace() and key is not None:
+      settings[key] = (settings[key].removesuffix("\\").rstrip() + " " + line.strip()).strip()
+      continue
+    match = _STATEMENT.match(line.strip())
+    key = match.group(1) if match else line.strip()
+    settings[key] = match.group(2).strip() if match else ""
+  return settings
+
+
+def _seed(settings: Mapping[str, str]) -> int | str | None:
+  for key in SEED_KEYS:
+    value = settings.get(key, "")
+    if value and not value.startswith("%"):
+      return int(value) if re.fullmatch(r"-?\d+", value) else value
+  return None
+
+
+def seed_points(runs: Sequence[Run]) -> list[dict[str, Any]]:
+  """One point per run for study.summarize(points, by=["group"], ...): {"group", "seed", "run", **run_numbers}.
+
+  Runs whose config.gin statements are equal but for OWN_KEYS are one group; its label is the settings that tell
+  the groups apart (`KEY=value, ...`; `unset` where a group lacks one), or, when one of those runs past 60
+  characters or there is one group, the group's first run name with `+k` for its other k runs. Two runs of one group with the
+  same seed are an error: they would count one measurement twice."""
+  settings = []
+  for run in runs:
+    path = run.model_dir / CONFIG_FILE
+    if not path.is_file():
+      raise FileNotFoundError(f"--group_by_seed: {run.model_dir} has no {CONFIG_FILE}; expected the config.gin "
+                              f"train writes, to tell which runs differ only in their seed")
+    settings.append(gin_settings(path.read_text()))
+  groups: dict[tuple, list[int]] = {}
+  for i, s in enumerate(settings):
+    groups.setdefault(tuple(sorted((k, v) for k, v in s.items() if k not in OWN_KEYS)), []).append(i)
+  keys = sorted({k for key in groups for k, _ in key})
+  differing = [k for k in keys if " " not in k and len({dict(key).get(k) for key in groups}) > 1]  # not imports
+  labels = {key: ", ".join(f"{k}={dict(key).get(k, 'unset')}" for k in differing) for key in groups}
+  if not differing or max(map(len, labels.values())) > _LABEL_CHARS:
+    labels = {key: runs[members[0]].name + (f" +{len(members) - 1}" if len(members) > 1 else "")
+              for key, members in groups.items()}
+  for members in groups.values():
+    seeds = [_seed(settings[i]) for i in members]
+    for j, seed in enumerate(seeds):
+      if seed in seeds[:j]:
+        other = members[seeds.index(seed)]
+        raise ValueError(f"--group_by_seed: runs {runs[other].name} and {runs[members[j]].name} have the same "
+                         f"config.gin and seed {'(the default)' if seed is None else seed}; expected one run per "
+                         f"seed in a group")
+  out = []
+  for key, members in groups.items():
+    out += [{"group": labels[key], "seed": _seed(settings[i]), "run": runs[i].name, **run_numbers(runs[i])}
+            for i in members]
+  return out
