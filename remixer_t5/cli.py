@@ -25,6 +25,7 @@ except ValueError as _e:  # reported by main() like any bad input
   _PINNED, _PIN_ERROR = None, _e
 
 from remixer_t5.storage import StorageError  # noqa: E402 - after quiet.configure()
+from remixer_t5.training import best  # noqa: E402
 from remixer_t5.gin_utils import GinError, gin_dir, parse_gin, split_flags  # noqa: E402
 from remixer_t5.gin_utils import macro as _macro  # noqa: E402
 
@@ -111,6 +112,8 @@ def cmd_infer(args: argparse.Namespace) -> int:
   from remixer_t5.training import inference
   from remixer_t5 import storage
   run = _run()
+  if args.checkpoint in ("best", "latest") or str(args.checkpoint).isdigit():  # a step of MODEL_DIR
+    args.checkpoint = str(best.checkpoint_dir(run.model_dir, args.checkpoint))
   _check_checkpoint_source(args.checkpoint or run.model_dir, "--checkpoint" if args.checkpoint else "MODEL_DIR")
   if args.inputs and not storage.run_path(args.inputs).is_file():
     raise FileNotFoundError(f"--inputs {args.inputs}: no such file")
@@ -126,12 +129,15 @@ def cmd_infer(args: argparse.Namespace) -> int:
   return 0
 
 
-def cmd_eval(_: argparse.Namespace) -> int:
+def cmd_eval(args: argparse.Namespace) -> int:
   from remixer_t5.training import trainer
   run = _run()
   _check_checkpoint_source(run.model_dir, "MODEL_DIR")
+  step = {}
+  if args.checkpoint not in (None, "latest"):  # 'best' or a step number
+    step = {"checkpoint_step": int(best.checkpoint_dir(run.model_dir, args.checkpoint).name)}
   _start_line("eval")
-  print(json.dumps(_configured(trainer.evaluate_checkpoint)(run)))
+  print(json.dumps(_configured(trainer.evaluate_checkpoint)(run, **step)))
   return 0
 
 
@@ -213,7 +219,7 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
   from remixer_t5.interop import hf
   ckpt = _checkpoint_arg(args.checkpoint)
   model = _model_for_checkpoint(ckpt)
-  params = checkpoints.restore_any_params(ckpt)
+  params = checkpoints.restore_any_params(best.checkpoint_dir(ckpt, args.step))
   vocabulary, source = _run_vocabulary(args.vocabulary)
   tokenizer = None
   if vocabulary is not None:
@@ -305,7 +311,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
   from remixer_t5.training import checkpoints, plots
   ckpt = _checkpoint_arg(args.checkpoint)
   module = _model_for_checkpoint(ckpt).module
-  params = checkpoints.restore_any_params(ckpt)
+  params = checkpoints.restore_any_params(best.checkpoint_dir(ckpt, args.step))
   ids, labels = _plot_tokens(args, module.config.vocab_size)
   if not ids or min(ids) < 0 or max(ids) >= module.config.vocab_size:
     raise ValueError(f"input ids must lie in [0, {module.config.vocab_size}) for this model; got {ids}")
@@ -567,6 +573,8 @@ def build_parser() -> argparse.ArgumentParser:
   ev = sub.add_parser("eval", help="evaluate the latest checkpoint in MODEL_DIR (a training run, an import-hf output "
                       "or a t5x checkpoint): validation loss, and the task's metrics on decoded outputs (seqio "
                       "Evaluator; JSON + TensorBoard in MODEL_DIR/inference_eval)", **gin_help)
+  ev.add_argument("--checkpoint", metavar="best|latest|STEP", help="which step of MODEL_DIR (default latest; "
+                  "best: the KEEP_BEST_BY step)")
   inf = sub.add_parser("infer", help="predictions of a checkpoint (MODEL_DIR or --checkpoint: a training run, an "
                        "import-hf output or a t5x checkpoint) for a task's split or a file of inputs, as JSONL",
                        **gin_help)
@@ -574,7 +582,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: the run's task, --split)")
   inf.add_argument("--output", help="the JSONL to write (default: MODEL_DIR/infer/<inputs stem or task-split>.jsonl)")
   inf.add_argument("--split", default="validation", help="the task's split, labelled or not (default validation)")
-  inf.add_argument("--checkpoint", help="where the parameters come from (default: MODEL_DIR)")
+  inf.add_argument("--checkpoint", help="where the parameters come from: a path, or best|latest|STEP of MODEL_DIR "
+                   "(default: MODEL_DIR's latest)")
   inf.add_argument("--beam_size", "--beam-size", type=int, default=1, help="beams (default 1: greedy)")
   inf.add_argument("--temperature", type=float, help="sample at this temperature (0: greedy)")
   inf.add_argument("--top_k", "--top-k", type=int, help="sample from the k most likely tokens")
@@ -617,11 +626,15 @@ def build_parser() -> argparse.ArgumentParser:
   imp.add_argument("out_dir")
   exp = sub.add_parser("export-hf", help="checkpoint (import-hf output or MODEL_DIR) -> Hugging Face dir")
   exp.add_argument("checkpoint")
+  exp.add_argument("--checkpoint", dest="step", metavar="best|latest|STEP",
+                   help="which step of a training MODEL_DIR (default latest; best: the KEEP_BEST_BY step)")
   exp.add_argument("out_dir")
   exp.add_argument("--vocabulary", help="SentencePiece model written as the tokenizer (default: the run's gin "
                    "VOCABULARY, else its task's vocabulary)")
   plo = sub.add_parser("plot", help="PNG maps of softmax(H), self-attention and HyperMixing pseudo-attention")
   plo.add_argument("checkpoint", help="MODEL_DIR, import-hf output or params checkpoint")
+  plo.add_argument("--checkpoint", dest="step", metavar="best|latest|STEP",
+                   help="which step of a training MODEL_DIR (default latest; best: the KEEP_BEST_BY step)")
   plo.add_argument("--out", default=".", help="directory for the PNG files (default: current)")
   plo.add_argument("--text", help="input text, tokenised with the vocabulary (ends with EOS)")
   plo.add_argument("--vocabulary", help="SentencePiece model for --text (default: gin VOCABULARY or embedded)")

@@ -21,12 +21,11 @@ objective with another.
 from __future__ import annotations
 
 import collections
-import glob
 import re
 from collections.abc import Iterator
 
 from remixer_t5.tasks.common import add_span_corruption_task
-from remixer_t5.tasks.sources import LocalOrTfdsSource, parse_json_line, read_jsonl
+from remixer_t5.tasks.sources import LocalOrTfdsSource, glob_files, parse_json_line, read_jsonl
 
 
 TASK_NAME = "c4_span_corruption"
@@ -74,7 +73,7 @@ class C4Source(LocalOrTfdsSource):
     root = self.local_root()
     assert root is not None
     patterns = self.local_files[split]
-    found = sorted({path for pattern in patterns for path in glob.glob(str(root / pattern))})
+    found = sorted({path for pattern in patterns for path in glob_files(str(root / pattern))})
     if not found:
       raise FileNotFoundError(
           f"C4 split {split!r}: no shard in {root} matches {' or '.join(patterns)} (the allenai/c4 release "

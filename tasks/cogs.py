@@ -81,6 +81,9 @@ def cogs_dir(data_dir: str | os.PathLike | None = None) -> Path:
         raise FileNotFoundError(f"COGS data directory unknown: ${DATA_ENV_VAR} is not set. Set {DATA_ENV_VAR} to a "
                                 "folder holding cogs/{train,dev,test,gen}.tsv (the COGS release, "
                                 "github.com/najoungkim/COGS data/).")
+    if str(where).startswith("gs://"):
+        raise ValueError(f"COGS reads its release files from a local folder; {where!r} is a bucket: copy "
+                         "cogs/{train,dev,test,gen}.tsv to a local DATA_DIR (about 6 MB)")
     path = Path(where).expanduser() / "cogs"
     if not path.is_dir():
         raise FileNotFoundError(f"COGS data directory not found: looked for {path.resolve()} "

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 import jax
 import numpy as np
@@ -25,10 +25,12 @@ from remixer_t5.training.run_identity import IncompatibleModelDirError
 class Checkpointer:
   """Periodic saves with keep-N and restore of the latest step (None when MODEL_DIR has no checkpoint)."""
 
-  def __init__(self, model_dir: str | os.PathLike, keep: int | None = 3):
+  def __init__(self, model_dir: str | os.PathLike, keep: int | None = 3, keep_best: bool = False):
+    """`keep`: the newest steps kept (None: all); `keep_best`: orbax keeps every step and the trainer's
+    `prune` applies keep-N around the best step."""
     self.directory = storage.run_path(model_dir) / "checkpoints"
     self.manager = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(
-        max_to_keep=keep, create=True, cleanup_tmp_directories=True))
+        max_to_keep=None if keep_best else keep, create=True, cleanup_tmp_directories=True))
     self.pending: int | None = None  # the step whose save runs in the background
 
   def latest_step(self) -> int | None:
@@ -47,6 +49,16 @@ class Checkpointer:
                             f"the save of checkpoint {self.directory / str(step)}")
     self.pending = step if saved else None
     return saved
+
+  def prune(self, keep: int | None, protected: Collection[int] = ()) -> None:
+    """Deletes the finished steps older than the newest `keep` (None: keeps all), except `protected` (the best
+    step): keep-N for a manager made with `keep_best=True`."""
+    if keep is None:
+      return
+    steps = sorted(self.all_steps())
+    for step in steps[:-keep] if keep else steps:
+      if step not in protected and step != self.pending:
+        self.manager.delete(step)
 
   def check(self) -> None:
     """A background save that has failed stops the run here (StorageError naming the step and the cause); a
@@ -207,15 +219,15 @@ def local_input_state(prefix: str, staging: str) -> str:
   return os.path.join(staging, "iterator")
 
 
-def prune_input_states(model_dir, keep_from: int) -> None:
-  """Deletes this process's input states of steps before `keep_from` (the oldest checkpoint kept) and the
-  temporary folders of saves that were killed."""
+def prune_input_states(model_dir, keep: Collection[int]) -> None:
+  """Deletes this process's input states of steps older than the newest in `keep` that `keep` (the checkpoints
+  kept) does not hold, and the temporary folders of saves that were killed."""
   root = storage.run_path(model_dir) / INPUT_STATE_DIR
   if not root.is_dir():
     return
-  i = jax.process_index()
+  i, newest = jax.process_index(), max(keep)
   for step_dir in root.iterdir():
-    if not step_dir.name.isdigit() or int(step_dir.name) >= keep_from:
+    if not step_dir.name.isdigit() or int(step_dir.name) >= newest or int(step_dir.name) in keep:
       continue
     for folder in step_dir.glob(f"*process-{i:05d}-of-*"):
       try:

@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 
 import optax
 
-from remixer_t5.training import optim
+from remixer_t5.training import best, optim
 from remixer_t5.training.partitioning import MeshSpec
 from remixer_t5.training.profiling import parse_steps
 
@@ -113,7 +113,8 @@ class Schedule:
   keeps all), the train log, the validation loss (`eval_steps` batches, `num_decoded_examples` decodes shown),
   and inference evaluation (every `infer_eval_period` steps, 0: never; of `infer_eval_task`, None: the task
   trained on, first `infer_examples` examples, None: all); `profile_steps` ('A:B'): a profiler trace of steps A
-  to B under MODEL_DIR/profile/ (training/profiling.py)."""
+  to B under MODEL_DIR/profile/ (training/profiling.py); `keep_best_by`, `early_stop_patience`,
+  `early_stop_min_delta`: the best checkpoint kept and early stopping (training/best.py)."""
   train_steps: int = 0
   checkpoint_period: int = 1000
   keep_checkpoints: int | None = 3
@@ -125,6 +126,9 @@ class Schedule:
   infer_eval_task: str | None = None
   infer_examples: int | None = None
   profile_steps: str | None = None
+  keep_best_by: str | None = None
+  early_stop_patience: int = 0
+  early_stop_min_delta: float = 0.0
 
   def __post_init__(self):
     for name in ("train_steps", "eval_period", "eval_steps", "num_decoded_examples", "infer_eval_period"):
@@ -135,6 +139,15 @@ class Schedule:
       _check_int(self, name, minimum=1, optional=True)
     if self.profile_steps is not None:
       parse_steps(self.profile_steps, what="run_config.Schedule.profile_steps")
+    _check_int(self, "early_stop_patience", minimum=0)
+    if not _is_number(self.early_stop_min_delta) or self.early_stop_min_delta < 0:
+      raise ValueError(f"{_where('Schedule', 'early_stop_min_delta')} = {self.early_stop_min_delta!r}: expected a "
+                       "number >= 0")
+    if self.keep_best_by is not None:
+      best.parse(self.keep_best_by, what=_where("Schedule", "keep_best_by"))
+    elif self.early_stop_patience:
+      raise ValueError(f"{_where('Schedule', 'early_stop_patience')} = {self.early_stop_patience}: early stopping "
+                       "follows the KEEP_BEST_BY metric; bind it too (e.g. 'validation/loss:min')")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,7 +165,8 @@ MACROS = {"model_dir": "MODEL_DIR", "model": "MODEL", "random_seed": "RANDOM_SEE
           "task": "MIXTURE_OR_TASK_NAME", "feature_lengths": "TASK_FEATURE_LENGTHS", "batch_size": "BATCH_SIZE",
           "vocabulary": "VOCABULARY", "data_dir": "DATA_DIR", "train_steps": "TRAIN_STEPS",
           "checkpoint_period": "CHECKPOINT_PERIOD", "eval_period": "EVAL_PERIOD", "log_period": "LOG_PERIOD",
-          "eval_steps": "EVAL_STEPS", "infer_eval_task": "INFER_EVAL_TASK"}
+          "eval_steps": "EVAL_STEPS", "infer_eval_task": "INFER_EVAL_TASK", "keep_best_by": "KEEP_BEST_BY",
+          "early_stop_patience": "EARLY_STOP_PATIENCE", "early_stop_min_delta": "EARLY_STOP_MIN_DELTA"}
 
 
 def _where(cls: str, name: str) -> str:

@@ -22,7 +22,8 @@ import numpy as np
 from remixer_t5 import storage
 from remixer_t5.data.input_pipeline import get_batches
 from remixer_t5.model.models import EncoderDecoderModel
-from remixer_t5.training import checkpoints, partitioning, plots, profiling, programs, run_identity, run_lock
+from remixer_t5.training import best, checkpoints, partitioning, plots, profiling, programs, run_identity
+from remixer_t5.training import run_lock
 from remixer_t5.training import time_split, validation
 from remixer_t5.training import mfu as mfu_lib
 from remixer_t5.training.batches import global_batch, real_tokens
@@ -56,11 +57,15 @@ def train(run: Run, *, config_text: str | None = None) -> dict[str, float]:
       if config_text is not None:
         storage.write_text(storage.run_path(run.model_dir) / "config.gin", config_text)
     log = MetricsLogger(run.model_dir)
-    ckpt = checkpoints.Checkpointer(run.model_dir, keep=run.schedule.keep_checkpoints)
+    ckpt = checkpoints.Checkpointer(run.model_dir, keep=run.schedule.keep_checkpoints,
+                                    keep_best=run.schedule.keep_best_by is not None)
     with _StopWatch(lock) as stop:  # a signal while restoring or compiling stops after the first step
-      state, position, input_state = _restore(ckpt, prog, run, log)
+      state, position, input_state, best_state = _restore(ckpt, prog, run, log)
       log.start(int(state.step))
-      return _loop(run, prog, state, task, vocab, infer_task, ckpt, log, position, input_state, stop)
+      sched = run.schedule
+      keeper = best.Keeper(sched.keep_best_by, sched.early_stop_patience, sched.early_stop_min_delta,
+                           best_state) if sched.keep_best_by else None
+      return _loop(run, prog, state, task, vocab, infer_task, ckpt, log, position, input_state, stop, keeper)
   finally:
     _close(ckpt, log)
     if lock is not None:
@@ -129,7 +134,8 @@ def eval_program(run: Run) -> programs.Program:
   return _program(dataclasses.replace(run, training=dataclasses.replace(run.training, learning_rate=None)))
 
 
-def _loop(run, prog, state, task, vocab, infer_task, ckpt, log, position, input_state, stop) -> dict[str, float]:
+def _loop(run, prog, state, task, vocab, infer_task, ckpt, log, position, input_state, stop, keeper
+          ) -> dict[str, float]:
   """The training loop from `state` to TRAIN_STEPS with its log, evaluation and checkpoint hooks."""
   data, sched, model_dir = run.data, run.schedule, run.model_dir
   step = int(state.step)
@@ -145,7 +151,7 @@ def _loop(run, prog, state, task, vocab, infer_task, ckpt, log, position, input_
                       run.training.peak_flops_per_device, step, log)
   profiler = profiling.StepProfiler(model_dir, sched.profile_steps, log.info)
   timed = window.split
-  compiled, last, preempted = None, {}, None
+  compiled, last, preempted, early_stop = None, {}, None, False
   while step < sched.train_steps:
     with timed("input"):
       host_batch = next(batches)
@@ -171,23 +177,38 @@ def _loop(run, prog, state, task, vocab, infer_task, ckpt, log, position, input_
     if due_log or preempted:  # a stopped run logs its last, partial window too: its steps' time is counted
       last = window.write(step, sched.train_steps)
       profiler.poll(step)
+    save = lambda: _save(model_dir, ckpt, step, state, batches, data_position, log, keeper, sched.keep_checkpoints)
     if preempted:
-      _save(model_dir, ckpt, step, state, batches, data_position, log)
+      save()
       break
+    values = {}  # this step's evaluation results, as 'validation/loss', '<task>/<metric>'
     if sched.eval_period and due(sched.eval_period):
       with timed("eval"):
-        last.update({f"validation_{k}": v for k, v in evaluate(state).items()})
+        result = evaluate(state)
+      last.update({f"validation_{k}": v for k, v in result.items()})
+      values.update({f"validation/{k}": v for k, v in result.items()})
     if sched.infer_eval_period and due(sched.infer_eval_period):
       with timed("eval"):
-        validation.infer_eval(prog, state.params, run, infer_task, step, log)
-    if due_save:
+        result = validation.infer_eval(prog, state.params, run, infer_task, step, log)
+      values.update({f"{name}/{k}": v for name, metrics in result.items() for k, v in metrics.items()})
+    improved, early_stop = keeper.observe(step, values) if keeper is not None and values else (False, False)
+    if due_save or improved or early_stop:
       with timed("checkpoint"):
-        _save(model_dir, ckpt, step, state, batches, data_position, log)
+        save()
+        if improved:  # recorded once the step is whole
+          ckpt.wait()
+          if jax.process_index() == 0:
+            best.record(model_dir, keeper)
+    if early_stop:
+      break
   profiler.close()
   ckpt.close()
+  _report_super_glue(model_dir, step, log)
   log.close()
   if preempted:
     log.info(f"{preempted}: saved step {step} in {ckpt.directory}; rerun the same command to resume")
+  elif keeper is not None and early_stop:
+    log.info(f"{keeper.stop_message()}; saved step {step} in {ckpt.directory}")
   elif jax.process_index() == 0:
     log.info(f"curves drawn in {plots.plot_metrics(model_dir)}")
   return last
@@ -258,9 +279,25 @@ class _LogWindow:
     return row
 
 
-def _save(model_dir, ckpt, step: int, state, batches, data_position: dict, log) -> None:
+def _report_super_glue(model_dir, step: int, log) -> None:
+  """T5's SuperGLUE protocol (training/best.py) from the run's infer rows, as a row and a line, when it has all
+  8 tasks."""
+  if jax.process_index() != 0 or not log.path.exists():
+    return
+  from remixer_t5.training.metrics_log import current_rows, read_rows
+  report = best.super_glue_protocol(current_rows(read_rows(log.path)))
+  if report is not None:
+    log.write(step, "infer/super_glue_t5_protocol", report)
+    log.info(f"SuperGLUE, T5's protocol: {report['score']:.2f} (each task at its best checkpoint), single best "
+             f"checkpoint {report['single_best_score']:.2f} (step {report['single_best_step']})")
+
+
+def _save(model_dir, ckpt, step: int, state, batches, data_position: dict, log, keeper=None, keep=None) -> None:
   """Checkpoints `step` with its input position: this process's iterator state first, so that a finalised orbax
-  step always has it (kill -9 between the two leaves an input state without its step, which is never read)."""
+  step always has it (kill -9 between the two leaves an input state without its step, which is never read).
+  With a best-checkpoint `keeper` its state goes into the step and keep-N spares the best step."""
+  if ckpt.pending == step or step in ckpt.all_steps():
+    return  # saved at this step already
   if data_position["iterator"]:
     from remixer_t5.data.input_pipeline import InputNotCheckpointableError
     try:
@@ -271,8 +308,13 @@ def _save(model_dir, ckpt, step: int, state, batches, data_position: dict, log) 
     except Exception as e:  # noqa: BLE001 - TensorFlow's and the file system's errors: one line, the cause
       raise storage.StorageError(f"checkpoint {ckpt.directory / str(step)} could not be written (its input "
                                  f"position): {checkpoints.storage_cause(e)}") from e
-  ckpt.save(step, state, extra={"data_position": dict(data_position)}, force=True)
-  checkpoints.prune_input_states(model_dir, min([*ckpt.all_steps(), step]))
+  extra = {"data_position": dict(data_position)}
+  if keeper is not None:
+    extra["best"] = keeper.state()
+  ckpt.save(step, state, extra=extra, force=True)
+  if keeper is not None:
+    ckpt.prune(keep, protected={keeper.best_step})
+  checkpoints.prune_input_states(model_dir, {*ckpt.all_steps(), step})
 
 
 def task_and_vocabulary(task_name, vocabulary, data_dir, infer_task):
@@ -291,14 +333,15 @@ def task_and_vocabulary(task_name, vocabulary, data_dir, infer_task):
 
 
 def _restore(ckpt, prog, run, log):
-  """(state, input batches consumed, this process's saved iterator state or None): the latest good checkpoint,
-  else INIT_CHECKPOINT's parameters (fitted to this run's lengths) with a fresh optimizer, else a new state."""
+  """(state, input batches consumed, this process's saved iterator state or None, the best-checkpoint keeper's
+  saved state or None): the latest good checkpoint, else INIT_CHECKPOINT's parameters (fitted to this run's
+  lengths) with a fresh optimizer, else a new state."""
   restored = ckpt.restore_latest_good(prog.state, log=log.info)
   if restored is not None:
     state, extra, at = restored
     position = int(extra.get("data_position", {}).get("batches", int(state.step)))
     log.info(f"resumed from {ckpt.directory}/{at} (input position: {position} batches)")
-    return state, position, checkpoints.input_state_prefix(run.model_dir, at)
+    return state, position, checkpoints.input_state_prefix(run.model_dir, at), extra.get("best")
   state = prog.init_state(run.training.random_seed)
   init_checkpoint = run.training.init_checkpoint
   if init_checkpoint:
@@ -306,7 +349,7 @@ def _restore(ckpt, prog, run, log):
     params = checkpoints.restore_init_params(init_checkpoint, prog.state.params, fit)
     state = state.replace(params=params)
     log.info(f"initialised params from {init_checkpoint} (fresh optimizer state and step)")
-  return state, 0, None
+  return state, 0, None, None
 
 
 class _StopWatch:
