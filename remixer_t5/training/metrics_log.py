@@ -6,7 +6,10 @@ TensorBoard event files, which only TensorFlow writes, are written in a local mi
 A resumed run logs again the steps after the checkpoint it restored. Every launch of `train` writes a row
 `{"split": "start", "step": S, "attempt": k}` (S: the step it starts from) and tags its rows with `attempt`, so
 the file says which rows supersede which: a `start` row at step S makes every earlier row with a step above S
-stale (`current_rows`). One curve is the rows that no later `start` row makes stale."""
+stale (`current_rows`). One curve is the rows that no later `start` row makes stale.
+
+With a W&B project named (tracking.py), `start` also opens the run's W&B run, every row is mirrored there and
+`close` finishes it; `eval` (no `start`) does not track."""
 from __future__ import annotations
 
 import json
@@ -16,6 +19,7 @@ from typing import Any, Mapping, Sequence
 import jax
 
 from remixer_t5 import storage
+from remixer_t5.training import tracking
 
 
 def format_duration(seconds: float) -> str:
@@ -34,6 +38,7 @@ class MetricsLogger:
     self._writers: dict[str, Any] = {}
     self._tb: storage.Mirror | None = None
     self.attempt: int | None = None
+    self.tracker: tracking.Tracker | None = None
     if self.enabled:
       self.path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -43,6 +48,9 @@ class MetricsLogger:
       return
     rows = read_rows(self.path) if self.path.exists() else []
     self.attempt = 1 + sum(1 for r in rows if r.get("split") == "start")
+    # The W&B run (when asked for) opens before the start row: a launch that cannot track writes no start row.
+    # The start row itself is not mirrored; each mirrored row carries its attempt instead.
+    self.tracker = tracking.from_environment(str(self.path.parent))
     record = {"step": int(step), "split": "start", "time": time.time(), "attempt": self.attempt}
     storage.append_text(self.path, json.dumps(record) + "\n")
 
@@ -66,6 +74,8 @@ class MetricsLogger:
       record["examples"] = list(examples)
     storage.append_text(self.path, json.dumps(record) + "\n")
     self._tensorboard(step, split, row, examples)
+    if self.tracker is not None:
+      self.tracker.log(step, split, row, self.attempt)
 
   def _tensorboard(self, step, split, row, examples):
     import tensorflow as tf  # host-side only; TF is already a dependency of the input pipeline
@@ -90,6 +100,9 @@ class MetricsLogger:
     if self._tb is not None:
       self._tb.close()
       self._tb = None
+    if self.tracker is not None:
+      tracker, self.tracker = self.tracker, None
+      tracker.close()
 
 
 _CONSOLE_KEYS = ("loss", "accuracy", "tokens_per_s", "learning_rate")
