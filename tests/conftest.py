@@ -72,6 +72,10 @@ def fresh_cache(tmp_path):
     return root
 
 
+for _name in [k for k in os.environ if k.startswith("WANDB_")]:  # a developer's W&B settings never reach the tests
+  del os.environ[_name]
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers",
