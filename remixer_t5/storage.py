@@ -306,18 +306,23 @@ class StorageTimeout(StorageError):
   """A wait on storage that ran past $REMIXER_T5_STORAGE_TIMEOUT."""
 
 
-def timeout_seconds() -> float:
-  """The longest any wait on storage may take ($REMIXER_T5_STORAGE_TIMEOUT seconds, default 600)."""
-  text = os.environ.get(TIMEOUT_ENV)
+def env_seconds(name: str, default: float) -> float:
+  """$name as a positive number of seconds, `default` when unset; ValueError naming it otherwise."""
+  text = os.environ.get(name)
   if not text:
-    return DEFAULT_TIMEOUT_S
+    return default
   try:
     value = float(text)
   except ValueError:
     value = -1.0
   if value <= 0:
-    raise ValueError(f"${TIMEOUT_ENV}={text!r}: expected a positive number of seconds")
+    raise ValueError(f"${name}={text!r}: expected a positive number of seconds")
   return value
+
+
+def timeout_seconds() -> float:
+  """The longest any wait on storage may take ($REMIXER_T5_STORAGE_TIMEOUT seconds, default 600)."""
+  return env_seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)
 
 
 def bounded(fn, what: str, timeout: float | None = None):

@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 import uuid
+from urllib.parse import quote
 
 from remixer_t5 import storage
 
@@ -42,16 +43,7 @@ class RunLockLostError(storage.StorageError):
 
 
 def lease_seconds() -> float:
-  text = os.environ.get(LEASE_ENV)
-  if not text:
-    return DEFAULT_LEASE_S
-  try:
-    value = float(text)
-  except ValueError:
-    value = -1.0
-  if value <= 0:
-    raise ValueError(f"${LEASE_ENV}={text!r}: expected a positive number of seconds")
-  return value
+  return storage.env_seconds(LEASE_ENV, DEFAULT_LEASE_S)
 
 
 def _process_start(pid: int) -> str | None:
@@ -131,14 +123,12 @@ class _BucketFile:
     from fsspec.asyn import sync
     return sync(self.fs.loop, self.fs._call, method, url, **kwargs)
 
-  def _upload(self, data: bytes, generation: str) -> bool:
-    from urllib.parse import quote
-    body = (b'--==lock==\nContent-Type: application/json; charset=UTF-8\n\n' + json.dumps({"name": self.key}).encode()
-            + b'\n--==lock==\nContent-Type: application/json\n\n' + data + b'\n--==lock==--')
+  def _conditional(self, method: str, url: str, **kwargs) -> bool:
+    """A request with a generation precondition: False when the precondition (or the object) is not there."""
     try:
-      self._call("POST", f"{self.fs._location}/upload/storage/v1/b/{quote(self.bucket)}/o", uploadType="multipart",
-                 headers={"Content-Type": 'multipart/related; boundary="==lock=="'}, data=body, json_out=True,
-                 ifGenerationMatch=generation)
+      self._call(method, url, **kwargs)
+    except FileNotFoundError:
+      return False
     except Exception as e:  # noqa: BLE001 - gcsfs raises its HttpError (or a FileExistsError) for 412
       if _precondition_failed(e):
         return False
@@ -147,16 +137,23 @@ class _BucketFile:
       self.fs.invalidate_cache(self.path)
     return True
 
+  def _upload(self, data: bytes, generation: str) -> bool:
+    body = (b'--==lock==\nContent-Type: application/json; charset=UTF-8\n\n' + json.dumps({"name": self.key}).encode()
+            + b'\n--==lock==\nContent-Type: application/json\n\n' + data + b'\n--==lock==--')
+    return self._conditional("POST", f"{self.fs._location}/upload/storage/v1/b/{quote(self.bucket)}/o",
+                             uploadType="multipart", headers={"Content-Type": 'multipart/related; boundary="==lock=="'},
+                             data=body, json_out=True, ifGenerationMatch=generation)
+
   def create(self, data: bytes) -> bool:
     return self._upload(data, "0")
 
+  def _object_url(self) -> str:
+    return f"{self.fs._location}/storage/v1/b/{quote(self.bucket)}/o/{quote(self.key, safe='')}"
+
   def read(self):
-    from urllib.parse import quote
     try:
-      info = self._call("GET", f"{self.fs._location}/storage/v1/b/{quote(self.bucket)}/o/{quote(self.key, safe='')}",
-                        json_out=True)
-      data = self._call("GET", f"{self.fs._location}/storage/v1/b/{quote(self.bucket)}/o/{quote(self.key, safe='')}",
-                        alt="media", ifGenerationMatch=info["generation"])
+      info = self._call("GET", self._object_url(), json_out=True)
+      data = self._call("GET", self._object_url(), alt="media", ifGenerationMatch=info["generation"])
     except FileNotFoundError:
       return None
     except Exception as e:  # noqa: BLE001
@@ -171,19 +168,7 @@ class _BucketFile:
     return self._upload(data, str(version))
 
   def remove(self, version) -> bool:
-    from urllib.parse import quote
-    try:
-      self._call("DELETE", f"{self.fs._location}/storage/v1/b/{quote(self.bucket)}/o/{quote(self.key, safe='')}",
-                 ifGenerationMatch=str(version))
-    except FileNotFoundError:
-      return False
-    except Exception as e:  # noqa: BLE001
-      if _precondition_failed(e):
-        return False
-      raise
-    finally:
-      self.fs.invalidate_cache(self.path)
-    return True
+    return self._conditional("DELETE", self._object_url(), ifGenerationMatch=str(version))
 
 
 def _precondition_failed(e: Exception) -> bool:
