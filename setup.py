@@ -21,6 +21,7 @@ INSTALL_REQUIRES = [
     # Run folders in gs:// buckets (remixer_t5/storage.py): epath's fsspec backend speaks GCS through gcsfs;
     # orbax's arrays go through tensorstore, which speaks GCS itself.
     "gcsfs==2026.10.1",
+    "scipy==1.17.1",  # Student t quantiles of the study tables (remixer_t5/study.py); jax needs it too
 ]
 
 TPU_REQUIRES = ["jax[tpu]==0.10.2", "libtpu==0.0.42.1"]

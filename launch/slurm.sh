@@ -44,7 +44,7 @@ launch_dir="${BASH_SOURCE[0]%/*}"
 # shellcheck source=launch/flags.bash
 source "$launch_dir/flags.bash"  # die, take
 
-nodes=1 gpus=8 partition="" account="" time_limit="24:00:00" job="remixer-t5" output="%x-%j.out"
+nodes=1 gpus=8 partition="" account="" time_limit="24:00:00" job="remixer-t5" output="%x-%j.out" val=""  # set by flags.bash take()
 venv="" port="" script="" dry=0
 sbatch_args=() envs=() args=()
 

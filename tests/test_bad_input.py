@@ -119,7 +119,10 @@ ROWS = [
     ("tasks-zero-lengths", ["tasks", "cogs", "--lengths", "0,8"], 2, "--lengths 0,8", None),
     # elsewhere
     ("model-config-bad-type", ["info", "--gin_file=models/t5_1_1/tiny.gin", "--gin.network.T5Config.emb_dim=abc"],
-     2, "in T5Config", None),
+     2, "T5Config.emb_dim = 'abc': expected an integer", None),
+    ("model-config-bad-dropout", ["info", "--gin_file=models/t5_1_1/tiny.gin",
+                                  "--gin.network.T5Config.dropout_rate='abc'"],
+     2, "T5Config.dropout_rate = 'abc': expected a number", None),
     ("info-bad-lengths", ["info", "--gin_file=models/t5_1_1/tiny.gin", "--lengths", "x"], 2, "--lengths x", None),
     ("bench-unknown-mixer", ["bench", "mixing", "--mixers", "attention,nosuch"], 2, "unknown mixer(s) nosuch", None),
     ("unknown-command", ["trian"], 2, "invalid choice: 'trian'", None),

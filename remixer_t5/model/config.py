@@ -7,6 +7,7 @@ dependencies run downward: network -> mixers/layers -> config. gin files name it
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import Callable, Sequence
 
 import jax
@@ -62,9 +63,18 @@ class T5Config:
                           ("attention_impl", ATTENTION_IMPLS), ("dropout_impl", DROPOUT_IMPLS)):
       if getattr(self, name) not in choices:
         raise ValueError(f"T5Config.{name} must be one of {choices}, got {getattr(self, name)!r}")
+    expected = {"int": (numbers.Integral, "an integer"), "float": (numbers.Real, "a number"),
+                "bool": (bool, "True or False")}
+    for f in dataclasses.fields(self):  # a wrong type here, not deep inside a traced step
+      kind, words = expected.get(str(f.type), (None, ""))
+      value = getattr(self, f.name)
+      if kind is not None and (not isinstance(value, kind) or (kind is not bool and isinstance(value, bool))):
+        raise ValueError(f"T5Config.{f.name} = {value!r}: expected {words}")
     for name in ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim"):
       if getattr(self, name) <= 0:
         raise ValueError(f"T5Config.{name} must be positive, got {getattr(self, name)}")
+    if not 0 <= self.dropout_rate < 1:
+      raise ValueError(f"T5Config.dropout_rate = {self.dropout_rate!r}: expected a number in [0, 1)")
 
 
   def for_target(self) -> "T5Config":
