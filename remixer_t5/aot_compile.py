@@ -2,7 +2,7 @@
 
 As MaxText's `train_compile.py` does: libtpu describes a slice's topology
 (`jax.experimental.topologies.get_topology_desc`), a mesh is built from its devices with the run's own
-partitioning, and the step that `train` runs (`programs.program`: the same jitted function, state shapes and
+partitioning, and the step that `train` runs (`programs.from_run`: the same jitted function, state shapes and
 shardings) is lowered from shapes and compiled by XLA's TPU compiler. Nothing runs.
 
 Per device the report gives XLA's buffer assignment (total = arguments + outputs - aliased (the donated state)
