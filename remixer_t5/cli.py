@@ -515,11 +515,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
   paths = list(written.values())
   if args.group_by_seed:
     from remixer_t5 import study
-    points = compare.seed_points(runs)
-    metrics = {m: study.better(m) for p in points for m in p if m not in ("group", "seed", "run")}
-    summary = study.summarize(points, ["group"], metrics)
+    summary, written_study = study.report(compare.seed_points(runs), ["group"], args.out,
+                                          title="runs grouped over seeds")
     print("\n" + study.markdown_table(summary, "runs grouped over seeds"), end="")
-    paths += study.write(args.out, summary, title="runs grouped over seeds")
+    paths += written_study
   for path in paths:
     print(f"wrote {path}", file=sys.stderr)
   return 0

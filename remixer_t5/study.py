@@ -307,3 +307,12 @@ def write(out_dir, summary: Summary, title: str = "sweep") -> list:
   storage.write_text(out / "sweep.csv", csv_table(summary))
   storage.write_text(out / "sweep.md", markdown_table(summary, title))
   return [out / "sweep.csv", out / "sweep.md", plot(summary, out / "sweep.png", title)]
+
+
+def report(points: Sequence[Mapping[str, Any]], by: Sequence[str], out_dir, title: str = "sweep"
+           ) -> tuple[Summary, list]:
+  """`summarize` over every metric the points carry (their '<split or task>/<metric>' keys, each better as
+  `better` says), then `write` into `out_dir`: (the summary, the files written)."""
+  metrics = {m: better(m) for m in dict.fromkeys(k for p in points for k in p if "/" in k)}  # in the points' order
+  summary = summarize(points, by, metrics)
+  return summary, write(out_dir, summary, title)

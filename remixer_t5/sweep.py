@@ -341,9 +341,7 @@ def main(args: argparse.Namespace, train_argv: Sequence[str]) -> int:
   rows = []
   for p in final:
     rows.append({**dict(p.values), "seed": p.seed, **study.point_metrics(out / p.name)})
-  metrics = sorted({k for r in rows for k in r if "/" in k})
-  summary = study.summarize(rows, [n for n, _ in grid], {m: study.better(m) for m in metrics})
-  paths = study.write(out, summary, title=f"sweep {out.name}")
+  _, paths = study.report(rows, [n for n, _ in grid], out, title=f"sweep {out.name}")
   print(f"[sweep] {len(final)} points done; the summary is in {', '.join(str(p) for p in paths)}", flush=True)
   return 0
 

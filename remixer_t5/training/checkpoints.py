@@ -19,7 +19,7 @@ import orbax.checkpoint as ocp
 
 from remixer_t5 import quiet, storage
 from remixer_t5.storage import Path
-from remixer_t5.training.run_identity import IncompatibleModelDirError
+from remixer_t5.training.run_identity import IncompatibleModelDirError, tree_shapes
 
 
 class Checkpointer:
@@ -116,10 +116,10 @@ class Checkpointer:
     try:
       with ocp.StandardCheckpointer() as reader:
         tree = reader.metadata(self.directory / str(step) / "state").item_metadata.tree
-      saved = _shapes(tree["params"])
+      saved = tree_shapes(tree["params"], dtypes=False)
     except Exception:  # noqa: BLE001 - unreadable: judged by the restore
       return
-    want = _shapes(abstract_state.params)
+    want = tree_shapes(abstract_state.params, dtypes=False)
     problems = ([f"missing {k}" for k in want if k not in saved] + [f"unexpected {k}" for k in saved if k not in want]
                 + [f"{k}: {saved[k]} saved, {v} now" for k, v in want.items() if k in saved and saved[k] != v])
     if problems:
@@ -146,13 +146,6 @@ class Checkpointer:
     finally:
       if not storage.ABANDONED:
         storage.bounded(self.manager.close, f"closing the checkpoints of {self.directory}")
-
-
-def _shapes(tree) -> dict[str, tuple]:
-  """'a/b/c' -> shape for each array of a parameter tree (the saved metadata's or the model's)."""
-  name = lambda k: str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
-  return {"/".join(name(k) for k in path): tuple(leaf.shape)
-          for path, leaf in jax.tree_util.tree_leaves_with_path(tree) if hasattr(leaf, "shape")}
 
 
 def storage_cause(e: BaseException) -> str:

@@ -54,9 +54,9 @@ def identity(run, vocab, abstract_state, model_lengths: Mapping[str, int]) -> di
   if dataclasses.is_dataclass(config):
     out.update({f"config.{k}": _plain(v) for k, v in dataclasses.asdict(config).items() if not resumable(k)})
   out["modules"] = modules(model, model_lengths)
-  out["params"] = _shapes(abstract_state.params)
+  out["params"] = tree_shapes(abstract_state.params)
   out["optimizer"] = _callable_name(training.optimizer)
-  out["state_digest"] = _digest(_shapes(abstract_state))
+  out["state_digest"] = _digest(tree_shapes(abstract_state))
   out.update(task=data.task, feature_lengths=dict(data.feature_lengths), vocab_size=vocab.vocab_size,
              vocabulary=vocabulary_digest(vocab), batch_size=int(data.batch_size),
              random_seed=int(training.random_seed), pack=bool(data.pack), shuffle=bool(data.shuffle))
@@ -129,9 +129,12 @@ def _plain(value):
   return value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
 
 
-def _shapes(tree) -> dict[str, str]:
-  return {jax.tree_util.keystr(k): f"{np.dtype(v.dtype).name}{list(v.shape)}"
-          for k, v in jax.tree_util.tree_leaves_with_path(tree) if hasattr(v, "shape")}
+def tree_shapes(tree, dtypes: bool = True) -> dict[str, Any]:
+  """'a/b/c' -> 'float32[2, 3]' (or the shape alone, `dtypes=False`) for each array of a tree, whichever
+  container holds it (a TrainState, or the dicts of a checkpoint's saved metadata)."""
+  name = lambda k: str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
+  return {"/".join(name(k) for k in path): f"{np.dtype(leaf.dtype).name}{list(leaf.shape)}" if dtypes
+          else tuple(leaf.shape) for path, leaf in jax.tree_util.tree_leaves_with_path(tree) if hasattr(leaf, "shape")}
 
 
 def _digest(value) -> str:
