@@ -157,8 +157,7 @@ def storage_cause(e: BaseException) -> str:
   if "Permission denied" in text or "PERMISSION_DENIED" in text:
     return "permission denied"
   first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
-  first = first.split(" [source locations=")[0].split(" === Source Location")[0]
-  return f"{type(e).__name__}: {first[:240]}"
+  return f"{type(e).__name__}: {quiet.one_line(first.split(' === Source Location')[0], limit=240)[:240]}"
 
 
 # --- input position: one tf.data iterator checkpoint per process and step, beside the orbax steps -----------
