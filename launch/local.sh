@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run a remixer-t5 command on this machine with the repository's .venv.
+# Run a remixer-t5 command on the local host with the repository's .venv.
 #   launch/local.sh [--dry-run] [--] train --gin_file=runs/demo.gin --gin.MODEL_DIR="'runs/x'"
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"

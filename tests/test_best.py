@@ -139,3 +139,31 @@ def test_t5s_super_glue_report_takes_each_task_at_its_best_step():
   assert report["single_best_score"] == pytest.approx(max(per_step.values()))
   assert report["score"] >= report["single_best_score"]
   assert best.super_glue_protocol([r for r in rows if "cb" not in r["split"]]) is None
+
+
+@pytest.mark.parametrize("command", ["plot", "export-hf"])
+def test_plot_and_export_hf_read_the_best_step(studied, tmp_path, monkeypatch, command):
+  studied, _ = studied
+  read = []
+  restore = checkpoints.restore_any_params
+  monkeypatch.setattr(checkpoints, "restore_any_params", lambda path: read.append(path) or restore(path))
+  argv = (["plot", str(studied), "--checkpoint", "best", "--out", str(tmp_path), "--length", "8"]
+          if command == "plot" else ["export-hf", str(studied), str(tmp_path / "hf"), "--checkpoint", "best"])
+  assert cli.main(argv) == 0
+  best_step = json.loads((studied / best.BEST_FILE).read_text())["step"]
+  assert [str(p) for p in read] == [str(studied / "checkpoints" / str(best_step))]
+
+
+def test_the_super_glue_report_is_written_at_the_end_of_a_run(tmp_path):
+  from remixer_t5.training import trainer
+  rows = []
+  for step in (10, 20):
+    for task, keys in super_glue.AVERAGE_METRICS.items():
+      rows.append({"step": step, "split": f"infer/{super_glue.PREFIX}{task}", **{k: 50.0 + step for k in keys}})
+    rows.append({"step": step, "split": "infer/super_glue_average", "score": 50.0 + step})
+  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  log = metrics_log.MetricsLogger(str(tmp_path))
+  trainer._report_super_glue(tmp_path, 20, log)
+  log.close()
+  written = [r for r in metrics_log.read_rows(tmp_path / "metrics.jsonl") if r["split"] == "infer/super_glue_t5_protocol"]
+  assert len(written) == 1 and written[0]["score"] == pytest.approx(70.0) and written[0]["single_best_step"] == 20

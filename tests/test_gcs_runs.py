@@ -445,3 +445,25 @@ def test_a_data_dir_in_the_bucket_is_read_as_the_same_files_locally(gcs, tmp_pat
   with pytest.raises(ValueError, match="unsupported storage scheme 's3'"):
     source.local_root()
   _no_local_gs(REPO, Path.cwd(), tmp_path)
+
+
+def test_a_bucket_lock_is_taken_over_once_its_lease_lapses_and_a_replaced_one_is_lost(gcs):
+  """The bucket lock through GCS's generation preconditions: another host's lock within its lease refuses, past
+  it is taken over; a holder whose lock object was replaced notices at its next renewal."""
+  from remixer_t5.training import run_lock
+  held = run_lock.RunLock("gs://bucket/leased", lease_s=60).acquire()
+  data, generation = held.file.read()
+  other = {**json.loads(data), "host": "elsewhere", "pid": 7, "token": "other", "renewed": time.time()}
+  assert held.file.replace(json.dumps(other).encode(), generation)  # another host holds it now
+  assert not held.file.replace(b"{}", generation)  # a stale generation is refused by the server
+  held.renew()
+  with pytest.raises(run_lock.RunLockLostError, match="taken by process 7 on elsewhere"):
+    held.check()
+  with pytest.raises(run_lock.RunLockedError, match="in use by process 7 on elsewhere"):
+    run_lock.RunLock("gs://bucket/leased", lease_s=60).acquire()
+  data, generation = held.file.read()
+  assert held.file.replace(json.dumps({**other, "renewed": time.time() - 600}).encode(), generation)  # lapsed
+  taken = run_lock.RunLock("gs://bucket/leased", lease_s=60).acquire()
+  assert json.loads(taken.file.read()[0])["token"] == taken.token
+  taken.release()
+  assert "leased/LOCK" not in gcs.objects("bucket", "leased/")

@@ -117,3 +117,10 @@ def test_two_rates_by_three_seeds_in_two_jobs_and_submitits_local_executor(tmp_p
   one = [a if not a.startswith("optim.rsqrt") else "optim.rsqrt_schedule.base_learning_rate=1.0" for a in one]
   assert cli.main([*one, "--seeds", "0", "--executor", "submitit_local", f"--out={tmp_path / 'sub'}"]) == 0
   assert (tmp_path / "sub" / "sweep.csv").exists()
+
+
+def test_a_sweeps_points_share_a_tracking_group(monkeypatch):
+  monkeypatch.delenv("WANDB_RUN_GROUP", raising=False)
+  assert sweep._child_env("lr_study", "0")["WANDB_RUN_GROUP"] == "lr_study"
+  monkeypatch.setenv("WANDB_RUN_GROUP", "mine")
+  assert sweep._child_env("lr_study", None)["WANDB_RUN_GROUP"] == "mine"  # the user's own group wins
