@@ -33,6 +33,9 @@ import importlib
 import logging
 from typing import Callable, Mapping
 
+import jax
+import jax.numpy as jnp
+
 from remixer_t5 import flop_count
 
 log = logging.getLogger(__name__)
@@ -174,7 +177,6 @@ def check_attention_shapes(query, key, value, bias) -> None:
 
 def pad_axis(a, axis: int, size: int, value=0):
   """`a` padded at the end of `axis` to `size` with `value` (kernels' operands padded to whole blocks)."""
-  import jax.numpy as jnp
   pad = size - a.shape[axis]
   return a if not pad else jnp.pad(a, [(0, pad if i == axis else 0) for i in range(a.ndim)], constant_values=value)
 
@@ -182,7 +184,6 @@ def pad_axis(a, axis: int, size: int, value=0):
 def target_device():
   """A device of the platform being compiled for (`.platform` 'cpu', 'gpu' or 'tpu', `.device_kind`): one of the
   mesh traced under, else JAX's first default device."""
-  import jax
   device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
   return jax.devices()[0] if device is None else device
 
@@ -190,7 +191,6 @@ def target_device():
 def _platform_dependent(args, reference, branches):
   """Every branch's output in the reference's dtypes (lax.platform_dependent wants them alike; a float32 kernel
   beside a bfloat16 reference is cast back)."""
-  import jax
   like = jax.eval_shape(reference, *args)
   cast = lambda fn: lambda *a: jax.tree_util.tree_map(lambda y, o: y.astype(o.dtype), fn(*a), like)
   return jax.lax.platform_dependent(*args, default=reference, **{p: cast(f) for p, f in branches.items()})

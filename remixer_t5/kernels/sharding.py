@@ -13,6 +13,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+from flax import linen as nn
 
 
 def per_batch_shard(fn: Callable, shared: tuple[int, ...] = ()) -> Callable:
@@ -22,7 +23,6 @@ def per_batch_shard(fn: Callable, shared: tuple[int, ...] = ()) -> Callable:
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1:
     return fn
-  from flax import linen as nn
   rules = nn.get_logical_axis_rules()
   axes = nn.logical_to_mesh_axes(("batch",), rules)[0] if rules else None
   if axes is None:

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from remixer_t5 import gin_utils
 from remixer_t5.model import decoding
 from remixer_t5.model.mixers import base
 
@@ -148,7 +149,6 @@ def from_gin(gin_file: str, *bindings: str) -> nn.Module:
   """The Flax module a model config describes, e.g. `from_gin('models/remixer/tiny.gin')`.
 
   `bindings` are 'NAME=VALUE' strings as on the command line (`'network.T5Config.emb_dim=64'`)."""
-  from remixer_t5 import gin_utils
   gin_utils.parse_gin([gin_file], list(bindings))
   model = gin_utils.macro("MODEL")
   if model is None:

@@ -33,6 +33,7 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+import sentencepiece as spm
 from flax import linen as nn
 
 from remixer_t5.model import layers
@@ -129,8 +130,6 @@ def pieces_from_sentencepiece(path: str, vocab_size: int | None = None, extra_id
 
   seqio appends `extra_ids` sentinels after the model's pieces, <extra_id_0> LAST; `vocab_size` (the
   model's padded embedding size, e.g. 32128) is filled with '<unused_k>' pieces never produced by the data."""
-  import sentencepiece as spm  # host-side only; the model code does not need it otherwise
-
   sp = spm.SentencePieceProcessor(model_proto=_read_bytes(str(path)))
   pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
   pieces += [f"<extra_id_{extra_ids - 1 - k}>" for k in range(extra_ids)]

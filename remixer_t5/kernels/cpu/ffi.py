@@ -19,6 +19,9 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Mapping, MutableMapping, Sequence
 
+import jax
+import jaxlib
+
 CSRC = Path(__file__).with_name("csrc")
 
 
@@ -53,8 +56,6 @@ def build(source: Path, folder: str, flags: Sequence[str] = ("-O2",), environ: M
           log: Callable[[str], None] | None = None, out_dir: Path | None = None, what: str = "CPU") -> Path:
   """`source`'s shared library, compiled into the cache folder `folder` (or out_dir) unless there already;
   Unavailable with the compiler's last lines when it fails. `what` starts the log line."""
-  import jax
-  import jaxlib
   env = os.environ if environ is None else environ
   cxx = compiler(env, source)
   text = source.read_bytes() + b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
@@ -94,7 +95,6 @@ def register_once(state: dict, build: Callable[[], Path], targets: Mapping[str, 
     return True
   if "failed" in state:
     return False
-  import jax
   try:
     lib = ctypes.CDLL(str(build()))
   except (Unavailable, OSError) as e:

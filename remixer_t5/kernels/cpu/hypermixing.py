@@ -29,6 +29,10 @@ from __future__ import annotations
 import platform
 from typing import Callable, MutableMapping
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
 from remixer_t5 import kernels
 from remixer_t5.kernels.cpu import ffi
 
@@ -62,8 +66,6 @@ UNUSABLE = "the C++ loops take float32 operands on one device, in a process that
 
 def usable(dtype) -> bool:
   """Whether HyperMixing of `dtype` can run through the kernels in this process (building them if needed)."""
-  import jax
-  import jax.numpy as jnp
   targets = {FORWARD: "RemixerHyperMixingCausal", BACKWARD: "RemixerHyperMixingCausalGrad",
              SEGMENTED: "RemixerHyperMixingSegmented", SEGMENTED_GRAD: "RemixerHyperMixingSegmentedGrad"}
   return (jnp.dtype(dtype) == jnp.float32 and jax.device_count() == 1
@@ -80,8 +82,6 @@ def describe() -> str | None:
 def _call(names: tuple[str, str], args: tuple, shapes: tuple, **attrs):
   """The custom calls `names` (forward, gradient) on args (w1, x, w2, mask, then the int32 ids) as a custom_vjp.
   The forward returns `shapes`: the output, then what the gradient reads between the operands and the cotangent."""
-  import jax
-  import jax.numpy as jnp
   forward = jax.ffi.ffi_call(names[0], shapes, vmap_method="sequential")
   backward = jax.ffi.ffi_call(names[1], tuple(jax.ShapeDtypeStruct(a.shape, jnp.float32) for a in args[:3]),
                               vmap_method="sequential")
@@ -107,9 +107,6 @@ def causal(w1, x, w2, mask, segment_ids, *, reference: Callable, length_normaliz
   """out_i = W2[i] GELU(Σ_{j<=i, same segment, real} W1[j]^T x_j (/ their count)), w1, w2 [b, n, d'], x [b, n, d],
   mask [b, n] (1 for real keys), segment_ids [b, n] or None: float32, through the kernel where it can run (`usable`),
   else `reference(w1, x, w2, mask, segment_ids)` (the layer's scan)."""
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
   if not usable(w1.dtype):
     return kernels.hand_back(reference, UNUSABLE, w1, x, w2, mask, segment_ids)
   seg = jnp.zeros(mask.shape, jnp.int32) if segment_ids is None else jnp.asarray(segment_ids, jnp.int32)
@@ -124,9 +121,6 @@ def segmented(w1, x, w2, mask, q_segment_ids, kv_segment_ids, *, reference: Call
   count)) for queries of id >= 1 (0 for padding), w1 [b, nk, d'], x [b, nk, d], w2 [b, nq, d'], mask [b, nk]:
   float32, through the kernel where it can run (`usable`), else `reference(w1, x, w2, mask, q_segment_ids,
   kv_segment_ids)`."""
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
   if not usable(w1.dtype):
     return kernels.hand_back(reference, UNUSABLE, w1, x, w2, mask, q_segment_ids, kv_segment_ids)
   shapes = (jax.ShapeDtypeStruct((w2.shape[0], w2.shape[1], x.shape[-1]), jnp.float32),)

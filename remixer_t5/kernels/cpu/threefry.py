@@ -22,6 +22,10 @@ from __future__ import annotations
 import math
 from typing import Callable
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
 from remixer_t5 import kernels
 from remixer_t5.kernels.cpu import ffi
 
@@ -38,8 +42,6 @@ _state: dict = {}  # "registered" once the custom call is, "failed": why it coul
 def threefry_2x32(key1, key2, x1, x2):
   """Threefry-2x32-20 of the counter words (x1, x2) under the key (key1, key2), all uint32 and broadcastable: the hash's
   two output words. 20 rounds of (add, rotate, xor), a key word pair and the group's index added after every 4."""
-  import jax.numpy as jnp
-  import numpy as np
   shape = jnp.broadcast_shapes(*(jnp.shape(a) for a in (key1, key2, x1, x2)))
   key1, key2, x1, x2 = (jnp.broadcast_to(jnp.asarray(a, jnp.uint32), shape) for a in (key1, key2, x1, x2))
   ks = (key1, key2, key1 ^ key2 ^ np.uint32(PARITY))
@@ -57,9 +59,6 @@ def threefry_2x32(key1, key2, x1, x2):
 def keep_mask(key, keep_prob: float, shape: tuple[int, ...], *, reference: Callable):
   """`jax.random.bernoulli(key, keep_prob, shape)`, bit for bit: the unrolled hash on JAX's counters for
   UNROLL_MIN+ elements, computed once (`materialize`); `reference(key)` (JAX's) below that."""
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
   size = math.prod(shape)
   if size < UNROLL_MIN:  # small masks: JAX's own draw is as fast
     return reference(key)
@@ -82,7 +81,6 @@ def keep_mask(key, keep_prob: float, shape: tuple[int, ...], *, reference: Calla
 def materialize(mask):
   """`mask` itself, computed into one buffer so that XLA hashes it once instead of in every loop that reads it
   (module docstring); untouched in a process with several JAX devices or where the custom call cannot build."""
-  import jax
   if jax.device_count() != 1 or not _register():
     return mask
   call = jax.ffi.ffi_call(MATERIALIZE, jax.ShapeDtypeStruct(mask.shape, mask.dtype),

@@ -35,6 +35,8 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plt
 
 from remixer_t5.kernels import pad_axis, sharding
 
@@ -120,8 +122,6 @@ def _calls(shape, block_h: int, block_d: int, num_warps: tuple[int, int], interp
   """The forward and backward pallas_calls for padded shapes (b, n, h, d). Both take W1, X, W2, the ids and the
   scales r_i, the backward also the segment starts and the output's cotangent; they return float32 partial sums,
   over d'-blocks [h / block_h, b, n, d] and over d-blocks [d / block_d, b, n, h]."""
-  from jax.experimental import pallas as pl
-  from jax.experimental.pallas import triton as plt
   b, n, h, d = shape
   grid = (b, h // block_h, d // block_d)
   over_h = pl.BlockSpec((None, n, block_h), lambda r, k, c: (r, 0, k))

@@ -25,6 +25,7 @@ from __future__ import annotations
 import re
 
 import jax.numpy as jnp
+from jax.experimental.pallas.ops.tpu import flash_attention as tpu
 
 from remixer_t5 import kernels
 from remixer_t5.kernels import pad_axis, sharding
@@ -45,7 +46,6 @@ def attention(query, key, value, *, bias=None, q_segment_ids=None, kv_segment_id
   if dropout_mask is not None or dropout_rate:
     raise NotImplementedError("TPU flash attention takes no dropout mask (JAX's Pallas TPU kernel has no "
                               "dropout): use the XLA attention when attention dropout is on")
-  from jax.experimental.pallas.ops.tpu import flash_attention as tpu
   if isinstance(bias, RelativeBias):  # JAX's kernel reads a dense [b, h, q, k] bias
     bias = bias.dense()
   b, nq, h, d = query.shape
