@@ -294,12 +294,12 @@ def test_scanned_stack_trains_like_the_unrolled_one_with_layerwise_adafactor(t5,
 
 def test_training_a_scanned_model_uses_layerwise_adafactor():
   from remixer_t5.training import programs
-  tx = programs.optimizer(models.EncoderDecoderModel(network.Transformer(SCAN_CFG)), optim.adafactor, 1e-2)
+  tx = programs.make_tx(models.EncoderDecoderModel(network.Transformer(SCAN_CFG)), optim.adafactor, 1e-2)
   state = jax.eval_shape(tx.init, _abstract_init(network.Transformer(SCAN_CFG))["params"])
   assert set(state.inner_states) == {"layers", "rest"}
   counts = [x.shape for x in jax.tree_util.tree_leaves(state.inner_states["layers"]) if x.dtype == jnp.int32]
   assert counts and all(c == (2,) for c in counts)  # one step count per layer slice: vmapped over 'layers'
-  plain = programs.optimizer(models.EncoderDecoderModel(network.Transformer(CFG)), optim.adafactor, 1e-2)
+  plain = programs.make_tx(models.EncoderDecoderModel(network.Transformer(CFG)), optim.adafactor, 1e-2)
   assert not hasattr(jax.eval_shape(plain.init, _abstract_init(network.Transformer(CFG))["params"]),
                      "inner_states")
 

@@ -67,7 +67,7 @@ def test_model_flops_are_the_same_whether_the_stack_is_scanned_or_rematerialised
   # What the compiled steps count instead: a scanned stack's body once, rematerialised layers twice.
   def compiled(model):
     part = partitioning.partitioner(None, jax.devices()[:1])
-    prog = programs.build(model, programs.optimizer(model, optim.adafactor, 1e-2), {"inputs": 16, "targets": 8},
+    prog = programs.build(model, programs.make_tx(model, optim.adafactor, 1e-2), {"inputs": 16, "targets": 8},
                           part)
     return mfu.compiled_flops(prog.compile(prog.train_step, prog.state, prog.batch(4, pack=True)))
   unrolled = compiled(_tiny())

@@ -184,9 +184,9 @@ def test_the_initialisers_rng_form_is_chosen_by_the_builder_and_scoped_to_its_th
   model = models.EncoderDecoderModel(models.from_gin("models/t5_1_1/tiny.gin", "network.T5Config.num_encoder_layers=1",
                                                     "network.T5Config.num_decoder_layers=1"))
   part = partitioning.partitioner(None, jax.devices()[:1])
-  prog = programs.build(model, programs.optimizer(model, optim.adafactor, 1e-2), {"inputs": 8, "targets": 4}, part)
+  prog = programs.build(model, programs.make_tx(model, optim.adafactor, 1e-2), {"inputs": 8, "targets": 4}, part)
   assert prog.init_rng_kernel  # one device: the state is whole
-  assert not programs.build(model, programs.optimizer(model), {"inputs": 8, "targets": 4}, part,
+  assert not programs.build(model, programs.make_tx(model), {"inputs": 8, "targets": 4}, part,
                             init_rng="inline").init_rng_kernel
   seen = []
 

@@ -275,7 +275,7 @@ def from_gin(batch_size: int | None = None, feature_lengths: Mapping[str, int] |
     raise ValueError(f"feature lengths {lengths}: expected {{'inputs': N, 'targets': M}} with N, M >= 2")
   if int(batch) < 1:
     raise ValueError(f"batch size {batch}: expected a positive integer")
-  optimizer = programs.optimizer(training.model, training.optimizer, training.learning_rate)
+  optimizer = programs.make_tx(training.model, training.optimizer, training.learning_rate)
   return {"model": training.model, "optimizer": optimizer,
           "batch_size": int(batch), "feature_lengths": {"inputs": int(lengths["inputs"]),
                                                         "targets": int(lengths["targets"])}}

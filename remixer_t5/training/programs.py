@@ -1,6 +1,6 @@
-"""The program builder: a run's model, optimizer and partitioner in, its jitted initialiser, train and eval
-steps out. `train`, `eval`, `remixer-t5 compile`, `bench train` and the scripts all build them with `build`, so
-the ahead-of-time compile and every measurement are of exactly the step `train` runs."""
+"""The program builder: a run's model, optax transformation (`tx`) and partitioner in, its jitted initialiser,
+train and eval steps out. `train`, `eval`, `remixer-t5 compile`, `bench train` and the scripts all build them
+with `build`, so the ahead-of-time compile and every measurement are of exactly the step `train` runs."""
 from __future__ import annotations
 
 import contextlib
@@ -21,9 +21,9 @@ INIT_RNG_FORMS = ("auto", "inline", "kernel")
 
 
 # --- steps -----------------------------------------------------------------------------------------------
-def make_train_step(model: EncoderDecoderModel, optimizer: optax.GradientTransformation,
+def make_train_step(model: EncoderDecoderModel, tx: optax.GradientTransformation,
                     schedule: Callable | None, num_microbatches: int | None = None):
-  """One optimizer step; with `num_microbatches` > 1 the batch's gradient is accumulated over microbatches
+  """One update by `tx`; with `num_microbatches` > 1 the batch's gradient is accumulated over microbatches
   (remixer_t5/training/accumulate.py: the same gradient as the whole batch at once, in less memory)."""
   grad_fn = accumulate.value_and_grad(model.loss_fn, num_microbatches,
                                       loss_normalizing_factor=model.loss_normalizing_factor)
@@ -31,7 +31,7 @@ def make_train_step(model: EncoderDecoderModel, optimizer: optax.GradientTransfo
   def train_step(state: TrainState, batch):
     dropout_rng = jax.random.fold_in(state.rng, state.step)
     (_, metrics), grads = grad_fn(state.params, batch, dropout_rng)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     # Counted every step, checked on the host at log and save points: a bad update is never checkpointed.
     metrics["nonfinite"] = jnp.logical_not(jnp.isfinite(metrics["loss_sum"]) & jnp.isfinite(
@@ -159,7 +159,7 @@ class Program:
 def build(model: EncoderDecoderModel, tx: optax.GradientTransformation, feature_lengths: Mapping[str, int],
           partitioner: Partitioner, *, schedule: Callable | None = None, num_microbatches: int | None = None,
           init_rng: str = "auto") -> Program:
-  """The run's programs: `tx` (see `optimizer`) and its `schedule` (logged each step), gradient accumulation over
+  """The run's programs: `tx` (see `make_tx`) and its `schedule` (logged each step), gradient accumulation over
   `num_microbatches`, every array placed by `partitioner`; `init_rng` as `init_rng_kernel`."""
   abstract, shardings = abstract_state(model, tx, input_shapes(feature_lengths), partitioner)
   batch_sh = partitioner.data_sharding()
@@ -172,8 +172,8 @@ def build(model: EncoderDecoderModel, tx: optax.GradientTransformation, feature_
 
 
 def from_run(training, feature_lengths: Mapping[str, int], partitioner: Partitioner, **kwargs) -> Program:
-  """`build` for a run's `run_config.Training`: its model, optimizer (`optimizer`), schedule and microbatches."""
-  tx = optimizer(training.model, training.optimizer, training.learning_rate)
+  """`build` for a run's `run_config.Training`: its model, its `tx` (`make_tx`), schedule and microbatches."""
+  tx = make_tx(training.model, training.optimizer, training.learning_rate)
   return build(training.model, tx, feature_lengths, partitioner, schedule=training.schedule,
                num_microbatches=training.num_microbatches, **kwargs)
 
@@ -184,6 +184,7 @@ def summarize(sums: Mapping[str, float]) -> dict[str, float]:
           "accuracy": float(sums["correct_sum"]) / w}
 
 
-def optimizer(model, optimizer=optim.adafactor, learning_rate=None) -> optax.GradientTransformation:
-  """The run's optimizer; a scanned model's stacked layers are optimised layer by layer (optim.layerwise)."""
+def make_tx(model, optimizer=optim.adafactor, learning_rate=None) -> optax.GradientTransformation:
+  """The run's transformation: `optimizer` (a factory, learning_rate -> transformation, as optim.adafactor) made
+  with `learning_rate`; a scanned model's stacked layers are updated layer by layer (optim.layerwise)."""
   return optim.for_model(optimizer(learning_rate=learning_rate), model.module)
