@@ -15,18 +15,26 @@ import tokenize
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from remixer_t5.gin_names import MACROS, MOVED
+
 
 def _moved_hint(message: str) -> str:
   """For an import of a module that moved when the package was divided, or a binding of a run setting on the
-  trainer's functions (now run_config's), the line to write instead."""
-  import remixer_t5
-  m = re.search(r"No module named 'remixer_t5\.(\w+)'", message)
-  if m and m.group(1) in remixer_t5.MOVED:
-    return f" ({remixer_t5.moved_message(m.group(1))})"
-  if "doesn't have a parameter named" in message:
-    from remixer_t5.training import run_config
-    return run_config.moved_hint(message)
-  return ""
+  trainer's functions (now run_config's), the line to write instead (gin_names.MOVED)."""
+  m = re.search(r"No module named '(remixer_t5\.\w+)'", message)
+  if m and m.group(1) in MOVED:
+    old, (head, _, tail) = m.group(1), MOVED[m.group(1)].rpartition(".")
+    name = old.rpartition(".")[2]
+    where = f"from {head} import {tail}" + (f" as {name}" if tail != name else "")
+    return f" ({old} has moved: write `{where}` (a gin file's bindings such as {name}.X.y stay as they are))"
+  m = re.search(r"Configurable '(?:[\w.]*\.)?(?:train|evaluate_checkpoint)' doesn't have a parameter named "
+                r"'(\w+)'", message)
+  if not m or f"trainer.{m.group(1)}" not in MOVED:
+    return ""
+  where = MOVED[f"trainer.{m.group(1)}"]
+  field = where.rpartition(".")[2]
+  macro = f" (the macro {MACROS[field]})" if field in MACROS else ""
+  return f"; a run's settings moved to remixer_t5/training/run_config.py: bind {where}{macro} instead"
 
 
 def gin_dir() -> Path:
@@ -308,7 +316,6 @@ def _parse(files, bindings, search_paths, macro_defaults) -> None:
     name, _, value = b.partition("=")
     name = name.strip()
     if "." not in name and "/" not in name and name not in macros:
-      from remixer_t5.training.run_config import MACROS
       if name in MACROS.values():  # a run's setting, and no run file among the files
         raise GinError(f"--gin.{b} sets a run's {name}, and no run config is loaded: add a run config, e.g. "
                        "--gin_file=runs/pretrain.gin beside the model config")

@@ -2,9 +2,9 @@
 
 Four small frozen dataclasses, bound once per run file in gin (gin/runs/pretrain.gin) and read by every command
 that builds the run: `train`, `eval`, `compile`, `bench` and the scripts (`from_gin`). The macros users write
-keep their names, each bound once to its field (`MACROS`: BATCH_SIZE -> Data.batch_size, ...); the rest are
-bound by their field (`--gin.run_config.Training.num_microbatches=4`). What a run file used to bind
-on `trainer.train` / `trainer.evaluate_checkpoint` is refused with the field to bind instead (`MOVED`).
+keep their names, each bound once to its field (gin_names.MACROS: BATCH_SIZE -> Data.batch_size, ...); the rest
+are bound by their field (`--gin.run_config.Training.num_microbatches=4`). What a run file used to bind on
+`trainer.train` / `trainer.evaluate_checkpoint` is refused with the field to bind instead (gin_names.MOVED).
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping
 
 import optax
 
+from remixer_t5.gin_names import MACROS
 from remixer_t5.training import best, optim
 from remixer_t5.training.partitioning import MeshSpec
 from remixer_t5.training.profiling import parse_steps
@@ -160,38 +161,8 @@ class Run:
   model_dir: str | None = None
 
 
-# The macros of the table above, by field.
-MACROS = {"model_dir": "MODEL_DIR", "model": "MODEL", "random_seed": "RANDOM_SEED",
-          "init_checkpoint": "INIT_CHECKPOINT",
-          "task": "MIXTURE_OR_TASK_NAME", "feature_lengths": "TASK_FEATURE_LENGTHS", "batch_size": "BATCH_SIZE",
-          "vocabulary": "VOCABULARY", "data_dir": "DATA_DIR", "train_steps": "TRAIN_STEPS",
-          "checkpoint_period": "CHECKPOINT_PERIOD", "eval_period": "EVAL_PERIOD", "log_period": "LOG_PERIOD",
-          "eval_steps": "EVAL_STEPS", "infer_eval_task": "INFER_EVAL_TASK", "keep_best_by": "KEEP_BEST_BY",
-          "early_stop_patience": "EARLY_STOP_PATIENCE", "early_stop_min_delta": "EARLY_STOP_MIN_DELTA"}
-
-
 def _where(cls: str, name: str) -> str:
   return f"{cls}.{name}" + (f" (the macro {MACROS[name]})" if name in MACROS else "")
-
-
-# Parameters of trainer.train / trainer.evaluate_checkpoint that run files bound before this config existed.
-_FIELDS = {"model_dir": _where("Run", "model_dir"),
-           **{f.name: _where("Training", f.name) for f in dataclasses.fields(Training)},
-           **{f.name: _where("Data", f.name) for f in dataclasses.fields(Data)},
-           **{f.name: _where("Schedule", f.name) for f in dataclasses.fields(Schedule)},
-           "task_name": _where("Data", "task"), "infer_task": _where("Schedule", "infer_eval_task"),
-           "mesh_shape": "Training.mesh (= @partitioning.mesh_spec())",
-           "num_partitions": "partitioning.mesh_spec.num_partitions (with Training.mesh = @partitioning.mesh_spec())"}
-MOVED = {f"{fn}.{name}": where for fn in ("train", "evaluate_checkpoint") for name, where in _FIELDS.items()}
-
-
-def moved_hint(message: str) -> str:
-  """For gin's "Configurable 'train' doesn't have a parameter named 'batch_size'", the binding to write instead."""
-  m = re.search(r"Configurable '(?:[\w.]*\.)?(train|evaluate_checkpoint)' doesn't have a parameter named '(\w+)'",
-                message)
-  where = MOVED.get(f"{m.group(1)}.{m.group(2)}") if m else None
-  return (f"; a run's settings moved to remixer_t5/training/run_config.py: bind run_config.{where} instead"
-          if where else "")
 
 
 def _no_run_config(what: str):
