@@ -1,4 +1,5 @@
-"""t5x interop (remixer_t5/interop/t5x.py, gin/t5x/): t5x's trainer runs our module; t5x checkpoints load.
+"""t5x interop (remixer_t5/interop/t5x.py, gin/t5x/): t5x's trainer runs our module; t5x checkpoints load
+(remixer_t5/training/t5x_checkpoints.py).
 
 t5x is not on PyPI. Without it, stand-ins with the signatures of t5x's configurables (google-research/t5x at
 cc342d4: models.EncoderDecoderModel, adafactor.Adafactor, decoding.beam_search,
@@ -23,10 +24,9 @@ import pytest
 from flax import serialization
 from flax.linen import partitioning as flax_partitioning
 
-from remixer_t5.training import checkpoints
+from remixer_t5.training import checkpoints, t5x_checkpoints
 from remixer_t5 import gin_utils
 from remixer_t5.model import models, network
-from remixer_t5.interop import t5x as t5x_compat
 from tiers import tiered
 
 REAL_T5X = importlib.util.find_spec("t5x") is not None
@@ -390,12 +390,12 @@ def test_legacy_t5x_checkpoint_loads_bitwise(tmp_path, tiny_params):
   _write_legacy(run / "checkpoint_10", tiny_params, 10)
   (run / "checkpoint_20.tmp-1700000000").mkdir()  # an unfinished save is not a step
   for path in (run, run / "checkpoint_10", run / "checkpoint_10" / "checkpoint"):
-    assert t5x_compat.is_t5x_checkpoint(path)
-    _assert_same(t5x_compat.load_t5x_params(path), tiny_params, bf16={BF16})
-  _assert_same(t5x_compat.load_t5x_params(run, step=5), older, bf16={BF16})
+    assert t5x_checkpoints.is_t5x_checkpoint(path)
+    _assert_same(t5x_checkpoints.load_t5x_params(path), tiny_params, bf16={BF16})
+  _assert_same(t5x_checkpoints.load_t5x_params(run, step=5), older, bf16={BF16})
   if REAL_T5X:  # t5x's own reader agrees
-    from t5x import checkpoints as t5x_checkpoints
-    state = t5x_checkpoints.load_t5x_checkpoint(str(run / "checkpoint_10"))
+    from t5x import checkpoints as t5x_own
+    state = t5x_own.load_t5x_checkpoint(str(run / "checkpoint_10"))
     _assert_same(jax.tree.map(np.asarray, state["target"]), tiny_params, bf16={BF16})
 
 
@@ -413,8 +413,8 @@ def test_orbax_t5x_checkpoint_loads_bitwise(tmp_path, tiny_params, use_ocdbt):
   manager.close()
   assert (run / "checkpoint_7" / "state").is_dir()
   for path in (run, run / "checkpoint_7"):
-    assert t5x_compat.is_t5x_checkpoint(path)
-    _assert_same(t5x_compat.load_t5x_params(path), tiny_params)
+    assert t5x_checkpoints.is_t5x_checkpoint(path)
+    _assert_same(t5x_checkpoints.load_t5x_params(path), tiny_params)
 
 
 def test_our_own_layouts_are_not_t5x_checkpoints(tmp_path, tiny_params):
@@ -423,13 +423,13 @@ def test_our_own_layouts_are_not_t5x_checkpoints(tmp_path, tiny_params):
   checkpoints.save_params(tmp_path / "params", tiny_params)                   # a params checkpoint
   (tmp_path / "run" / "checkpoints" / "8" / "state").mkdir(parents=True)     # a train MODEL_DIR
   for path in ("imported", "checkpoint_5", "params", "run", "run/checkpoints", "run/checkpoints/8", "absent"):
-    assert not t5x_compat.is_t5x_checkpoint(tmp_path / path), path
+    assert not t5x_checkpoints.is_t5x_checkpoint(tmp_path / path), path
 
 
 def test_malformed_t5x_checkpoints_say_what_is_missing(tmp_path, tiny_params):
-  def error(path, *needles, exc=t5x_compat.T5xCheckpointError):
+  def error(path, *needles, exc=t5x_checkpoints.T5xCheckpointError):
     with pytest.raises(exc) as e:
-      t5x_compat.load_t5x_params(path)
+      t5x_checkpoints.load_t5x_params(path)
     for needle in needles:
       assert str(needle) in str(e.value), (needle, str(e.value))
 
@@ -453,12 +453,10 @@ def test_malformed_t5x_checkpoints_say_what_is_missing(tmp_path, tiny_params):
   with ocp.PyTreeCheckpointer() as ckptr:
     ckptr.save(tmp_path / "orbax_notarget" / "checkpoint_2" / "state", {"params": tiny_params})
   error(tmp_path / "orbax_notarget", "'target'", "'params'", "checkpoint_2")
-  with pytest.raises(t5x_compat.T5xCheckpointError, match=r"no checkpoint_9/.*\[2\]"):
-    t5x_compat.load_t5x_params(tmp_path / "orbax_notarget", step=9)
+  with pytest.raises(t5x_checkpoints.T5xCheckpointError, match=r"no checkpoint_9/.*\[2\]"):
+    t5x_checkpoints.load_t5x_params(tmp_path / "orbax_notarget", step=9)
 
 
-@pytest.mark.skipif("t5x_compat" not in inspect.getsource(checkpoints.restore_any_params),
-                    reason="checkpoints.restore_any_params does not consult t5x_compat yet")
 def test_init_checkpoint_can_be_a_t5x_checkpoint(tmp_path, tiny_params):
   """INIT_CHECKPOINT / eval / export-hf accept a t5x MODEL_DIR: params placed as the model's (bf16 -> f32)."""
   _write_legacy(tmp_path / "t5x_run" / "checkpoint_3", tiny_params, 3)

@@ -19,6 +19,7 @@ import orbax.checkpoint as ocp
 
 from remixer_t5 import quiet, storage
 from remixer_t5.storage import Path
+from remixer_t5.training import t5x_checkpoints
 from remixer_t5.training.run_identity import IncompatibleModelDirError, tree_shapes
 
 
@@ -257,11 +258,11 @@ def restore_params(directory: str | os.PathLike) -> Any:
 
 
 def restore_any_params(path: str | os.PathLike) -> Any:
-  """Params from an import-hf output dir, a train MODEL_DIR (latest step), a step dir or a params checkpoint."""
+  """Params from an import-hf output dir, a train MODEL_DIR (latest step), a step dir, a params checkpoint or a
+  t5x checkpoint (t5x_checkpoints.py)."""
   path = storage.run_path(path)
-  from remixer_t5.interop import t5x as t5x_compat  # a t5x MODEL_DIR or step directory (legacy msgpack or orbax layout)
-  if t5x_compat.is_t5x_checkpoint(path):
-    return t5x_compat.load_t5x_params(path)
+  if t5x_checkpoints.is_t5x_checkpoint(path):  # a t5x MODEL_DIR or step directory (legacy msgpack or orbax layout)
+    return t5x_checkpoints.load_t5x_params(path)
   if (path / "checkpoint").is_dir():
     return restore_params(path / "checkpoint")
   if (path / "checkpoints").is_dir():
