@@ -24,6 +24,8 @@ import collections
 import re
 from collections.abc import Iterator
 
+import tensorflow as tf
+
 from remixer_t5.tasks.common import add_span_corruption_task
 from remixer_t5.tasks.sources import LocalOrTfdsSource, glob_files, parse_json_line, read_jsonl
 
@@ -92,7 +94,6 @@ def _shard_stem(path: str) -> str:
 
 def c4_source() -> C4Source:
   """C4 English as a seqio source: local release shards (streamed) or TFDS ``c4/en:3.1.0``, read only; no I/O here."""
-  import tensorflow as tf
   return C4Source(local_dir=LOCAL_DIR, local_files=LOCAL_FILES, reader=read_c4_jsonl,
                   features={key: tf.TensorSpec([], tf.string) for key in ("text",) + OPTIONAL_FIELDS},
                   tfds_name=TFDS_NAME, line_parser=parse_c4_line, tfds_read_only=True)

@@ -33,6 +33,8 @@ import os
 from pathlib import Path
 
 import seqio
+import tensorflow as tf
+from remixer_t5.data import embedded_corpus, word_vocab
 from remixer_t5.tasks import sources
 from remixer_t5.tasks.common import add_task
 from remixer_t5.tasks.metrics import cogs_accuracy, cogs_postprocess
@@ -133,7 +135,6 @@ def cogs_dataset_fn(split: str, shuffle_files: bool, seed=None, *, data_dir=None
     """seqio dataset_fn: features ``inputs``, ``targets``, ``category`` (tf.string). The TSV is read host-side
     when called (so errors surface in Python); ``shuffle_files`` is irrelevant for a single file per split."""
     del shuffle_files, seed
-    import tensorflow as tf
 
     rows = read_cogs_tsv(split_path(split, data_dir))
     columns = list(zip(*rows)) if rows else [(), (), ()]
@@ -152,7 +153,6 @@ def register_cogs_task(name: str = TASK_NAME, vocabulary=None, *, data_dir=None)
 
 
 def _word_model_path(data_dir=None) -> Path:
-    from remixer_t5.data import embedded_corpus, word_vocab
     train = split_path("train", data_dir)
     name = f"word_vocab_v{word_vocab.FORMAT}_{word_vocab.file_digest(train)}.model"
     cache = embedded_corpus.cache_root() / "cogs" / name
@@ -162,7 +162,6 @@ def _word_model_path(data_dir=None) -> Path:
 
 def cogs_word_vocabulary(data_dir=None) -> seqio.Vocabulary:
     """The word vocabulary of COGS's train split (sentences and logical forms); lazy: built on first use."""
-    from remixer_t5.data import word_vocab
     return word_vocab.lazy_vocabulary(f"cogs_words(data_dir={data_dir!r})",
                                       functools.partial(_word_model_path, data_dir))
 

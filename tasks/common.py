@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 
 import seqio
 
+from remixer_t5.data import span_corruption as objective
 from remixer_t5.data.vocab import get_vocabulary, t5_vocabulary
 
 
@@ -39,7 +40,6 @@ def add_task(name: str, source: seqio.DataSource, text_preprocessors: Sequence[C
   """Registers a task with T5's chain: `text_preprocessors`, tokenize, with `span_corruption` T5's objective over
   the tokens (remixer_t5/data/span_corruption.py; inputs then optional), EOS after trimming; both features with EOS.
   `vocabulary` as `as_vocabulary` takes it. Idempotent (`already_registered`); returns `name`."""
-  from remixer_t5.data import span_corruption as objective
   vocabulary = as_vocabulary(vocabulary)
   if already_registered(name, vocabulary):
     return name

@@ -31,11 +31,15 @@ which ``remixer-t5 train|eval|infer --train_file=... --validation_file=...`` add
 """
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import seqio
+import tensorflow as tf
 
+from remixer_t5 import storage
 from remixer_t5.data.vocab import get_vocabulary
 from remixer_t5.tasks import metrics as metrics_lib
 from remixer_t5.tasks import sources
@@ -149,7 +153,6 @@ class FileSource(seqio.DataSource):
 
   def files(self, split: str) -> list[str]:
     """The files of ``split``: each pattern's matches, sorted (FileNotFoundError naming a pattern that matches none)."""
-    from remixer_t5 import storage
     if split not in self.split_files:
       raise ValueError(f"unknown split {split!r}; this task has {list(self.split_files)}")
     found = []
@@ -175,9 +178,6 @@ class FileSource(seqio.DataSource):
     at most ``CHECK_ALL_BYTES``, so a wrong header, format or field (an empty file too) fails when the dataset is
     built with a plain ValueError; a later bad line of a larger file fails as tf.data reaches it (an OpError
     carrying the same message)."""
-    import functools
-
-    from remixer_t5 import storage
     kind = file_format(path, self.format)
     check_all = storage.run_path(path).stat().length <= CHECK_ALL_BYTES
     found = None
@@ -208,12 +208,10 @@ class FileSource(seqio.DataSource):
                   shard_info: seqio.ShardInfo | None = None, *, sequence_length=None, use_cached=False,
                   num_epochs=1):
     del sequence_length, use_cached, num_epochs
-    import tensorflow as tf
     files = self.files(split)
     if shard_info and shard_info.num_shards > 1:
       files = files[shard_info.index::shard_info.num_shards]
     if shuffle:
-      import numpy as np
       files = [files[i] for i in np.random.default_rng(seed).permutation(len(files))]
     parsers = {path: self.line_parser(path) for path in files}
     signature = {key: tf.TensorSpec([], tf.string) for key in self.fields}
@@ -231,7 +229,6 @@ def as_text(output, example=None, is_target=False) -> str:
 
 def _patterns(value, split: str) -> list[str]:
   """A split's files as absolute local paths or ``gs://`` paths (storage.run_path's rules)."""
-  from remixer_t5 import storage
   values = [value] if isinstance(value, (str, os.PathLike)) else list(value)
   if not values or not all(isinstance(v, (str, os.PathLike)) and os.fspath(v) for v in values):
     raise ValueError(f"{split}={value!r}: expected a path, a glob, or a list of them")
@@ -245,7 +242,6 @@ def _patterns(value, split: str) -> list[str]:
 def _check_local(split_files: Mapping[str, Sequence[str]], format: str) -> None:
   """Local patterns must match a file whose format is known now, not when training starts (gs:// ones are
   listed when the dataset is built)."""
-  from remixer_t5 import storage
   for split, patterns in split_files.items():
     for pattern in patterns:
       if pattern.startswith("gs://"):

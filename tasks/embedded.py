@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 
 import seqio
+import tensorflow as tf
 from remixer_t5.tasks.common import add_span_corruption_task
 
 from remixer_t5.data import embedded_corpus
@@ -44,8 +45,6 @@ class LazySplitFiles(Mapping):
 
 def embedded_source(cache_dir=None) -> seqio.TFExampleDataSource:
     """The embedded corpus as a seqio source: features text/title/source, train/validation."""
-    import tensorflow as tf
-
     return seqio.TFExampleDataSource(
         split_to_filepattern=LazySplitFiles(cache_dir),
         feature_description={key: tf.io.FixedLenFeature([], tf.string) for key in ("text", "title", "source")})

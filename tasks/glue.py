@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import seqio
+import tensorflow as tf
 from remixer_t5.tasks import metrics
 from remixer_t5.tasks.common import add_task, as_vocabulary
 from remixer_t5.tasks.sources import LocalOrTfdsSource, read_tsv
@@ -72,7 +73,6 @@ def text_to_text(x, prefix: str, fields: Sequence[tuple[str, str]], label_names:
   ``fields``: (name shown in the text, feature key) pairs in order. ``idx`` is kept when the example has one
   (MultiRC's nested one flattened as ``idx/<part>``), and the ``passthrough`` features; ``strip_html`` drops
   MultiRC's ``<br>`` and ``<b>`` markup from the inputs."""
-  import tensorflow as tf
   parts = [prefix]
   for shown, key in fields:
     parts += [f"{shown}:", x[key]]
@@ -94,7 +94,6 @@ def text_to_text(x, prefix: str, fields: Sequence[tuple[str, str]], label_names:
 def stsb_text(x):
   """T5's ``stsb``: ``stsb sentence1: ... sentence2: ...`` -> the score rounded to 0.2 (TF's round half to even),
   one decimal."""
-  import tensorflow as tf
   inputs = tf.strings.join(["stsb sentence1:", x["sentence1"], "sentence2:", x["sentence2"]], separator=" ")
   targets = tf.as_string(tf.round(x["label"] * 5) / 5, precision=1)
   return {"inputs": inputs, "targets": targets, "idx": x["idx"]}
@@ -115,7 +114,6 @@ class Benchmark:
       default_factory=lambda: {"train": "train.tsv", "validation": "dev.tsv", "test": "test.tsv"})
 
   def features(self) -> dict:
-    import tensorflow as tf
     spec = {k: tf.TensorSpec([], tf.string) for k in self.fields}
     spec["label"] = tf.TensorSpec([], tf.int64 if self.label_classes else tf.float32)
     spec["idx"] = tf.TensorSpec([], tf.int32)

@@ -27,6 +27,7 @@ import re
 from collections.abc import Iterator
 
 import seqio
+import tensorflow as tf
 from remixer_t5.tasks import glue, metrics
 from remixer_t5.tasks.common import add_task, as_vocabulary
 from remixer_t5.tasks.sources import LocalOrTfdsSource, read_jsonl, read_tsv
@@ -39,7 +40,6 @@ MNLI = "mnli"
 
 
 def _spec(**dtypes):
-  import tensorflow as tf
   return {k: tf.TensorSpec([], getattr(tf, v)) for k, v in dtypes.items()}
 
 
@@ -79,7 +79,6 @@ def alphanli_labels_path(path: str) -> str:
 
 def read_alphanli(path: str) -> Iterator[dict]:
   """αNLI jsonl rows joined with the line-aligned labels file; label 1 or 2 as in the release."""
-  import tensorflow as tf
   labels_path = alphanli_labels_path(path)
   if not tf.io.gfile.exists(labels_path):
     raise FileNotFoundError(f"{path}: its labels file {labels_path} is missing (the αNLI release ships "
@@ -100,7 +99,6 @@ def read_alphanli(path: str) -> Iterator[dict]:
 @seqio.map_over_dataset
 def abductive_text(x):
   """``abductive_nli observation1: ... observation2: ... hypothesis1: ... hypothesis2: ...`` -> ``1``/``2``."""
-  import tensorflow as tf
   parts = ["abductive_nli"]
   for shown, key in (("observation1", "observation_1"), ("observation2", "observation_2"),
                      ("hypothesis1", "hypothesis_1"), ("hypothesis2", "hypothesis_2")):

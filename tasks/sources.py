@@ -27,7 +27,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import seqio
+import tensorflow as tf
+
+from remixer_t5 import storage
 
 DATA_ENV_VAR = "REMIXER_T5_DATA_DIR"
 _data_dir_override: str | None = None
@@ -51,7 +55,6 @@ def dataset_dir(root: str, local_dir: str):
   ``gs://`` (the bucket checked once per process: StorageError naming DATA_DIR when it cannot be read); another
   URL scheme is a ValueError."""
   if _URL.match(root):
-    from remixer_t5 import storage
     path = storage.run_path(root)  # ValueError for a scheme other than gs://
     if root not in _checked_buckets:
       storage.check_bucket(path, what="DATA_DIR")
@@ -63,7 +66,6 @@ def dataset_dir(root: str, local_dir: str):
 def glob_files(pattern: str) -> list[str]:
   """The files matching ``pattern`` (local or ``gs://``), sorted."""
   if pattern.startswith("gs://"):
-    from remixer_t5 import storage
     return storage.glob(pattern)
   return sorted(glob.glob(pattern))
 
@@ -79,7 +81,6 @@ def _describe_data_dir() -> str:
 # --- row readers: every error names file and line ----------------------------------------------------------
 def open_text(path: str) -> io.TextIOBase:
   """A UTF-8 text file (a BOM dropped, ``.gz`` decompressed), local or ``gs://`` (read through remixer_t5.storage)."""
-  from remixer_t5 import storage
   raw = storage.run_path(path).open("rb") if storage.is_bucket(path) else open(path, "rb")  # noqa: SIM115
   if path.endswith(".gz"):
     raw = gzip.GzipFile(fileobj=raw)
@@ -269,7 +270,6 @@ class LocalOrTfdsSource(seqio.DataSource):
                            f"{shard_info.num_shards} input shards (processes) asked for")
         files = files[shard_info.index::shard_info.num_shards]
       if shuffle:
-        import numpy as np
         files = [files[i] for i in np.random.default_rng(seed).permutation(len(files))]
       return lines_dataset(files, self.line_parser, signature)
     rows = [dict(row) for path in files for row in self.reader(path)]
@@ -301,8 +301,6 @@ def rows_dataset(rows: Sequence[Mapping[str, Any]], signature: Mapping[str, Any]
   Leaves of ``signature`` are ``tf.TensorSpec`` of shape ``[]`` or ``[None]`` (variable-length lists, e.g.
   ReCoRD's entities). Unlike ``Dataset.from_generator``, the iterator's state is a row index, so
   ``tf.train.Checkpoint(iterator=...)`` saves and restores it in constant time."""
-  import tensorflow as tf
-
   def column(values, spec, where):
     if spec.shape.rank == 0:
       return tf.constant(values, dtype=spec.dtype, shape=[len(values)])
@@ -332,9 +330,6 @@ def lines_dataset(files: Sequence[str], parse: LineParser, signature: Mapping[st
   so the pipeline is checkpointable (the dataset's external-state policy is IGNORE: the py_function holds no state).
   A ``gs://`` file is read from a local copy (``storage.local_copy``, made when the file is reached, once per
   process), since TensorFlow's own GCS client cannot be pointed at anything but Google's endpoint."""
-  import tensorflow as tf
-
-  from remixer_t5 import storage
   names = list(signature)
   specs = [signature[k] for k in names]
   if any(isinstance(s, Mapping) or s.shape.rank != 0 for s in specs):

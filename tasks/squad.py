@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import seqio
+import tensorflow as tf
 from remixer_t5.tasks import metrics
 from remixer_t5.tasks.common import add_task
 from remixer_t5.tasks.sources import LocalOrTfdsSource
@@ -37,7 +38,6 @@ def _get(obj: Any, key: str, kind: type, where: str):
 def read_squad_json(path: str) -> Iterator[dict]:
   """Questions of an official SQuAD v1.1 JSON file in TFDS's layout. Errors name the file and the line/column
   (malformed JSON) or the JSON path of the bad entry (the official files are one line long)."""
-  import tensorflow as tf
   with tf.io.gfile.GFile(path, "rb") as f:
     text = f.read().decode("utf-8-sig")
   try:
@@ -68,7 +68,6 @@ def read_squad_json(path: str) -> Iterator[dict]:
 
 
 def squad_source() -> LocalOrTfdsSource:
-  import tensorflow as tf
   s = tf.TensorSpec([], tf.string)
   return LocalOrTfdsSource(
       local_dir="squad", local_files={"train": "train-v1.1.json", "validation": "dev-v1.1.json"},
@@ -81,7 +80,6 @@ def squad_source() -> LocalOrTfdsSource:
 def pad_punctuation(text):
   """T5's ``_pad_punctuation``: a space on each side of every ASCII punctuation mark, whitespace runs -> one space
   (and, here, stripped)."""
-  import tensorflow as tf
   text = tf.strings.regex_replace(text, r"([[:punct:]])", r" \1 ")
   return tf.strings.strip(tf.strings.regex_replace(text, r"\s+", " "))
 
@@ -89,7 +87,6 @@ def pad_punctuation(text):
 @seqio.map_over_dataset
 def squad_text(x):
   """``question: <q> context: <c>`` -> the first answer; ``answers`` (all, padded) kept for the metric."""
-  import tensorflow as tf
   answers = pad_punctuation(x["answers"]["text"])
   question, context = pad_punctuation(x["question"]), pad_punctuation(x["context"])
   return {"inputs": tf.strings.join(["question:", question, "context:", context], separator=" "),

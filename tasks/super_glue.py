@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import seqio
+import tensorflow as tf
 from remixer_t5.tasks import metrics
 from remixer_t5.tasks.common import add_task, as_vocabulary
 from remixer_t5.tasks.glue import text_to_text
@@ -282,8 +283,6 @@ def read_dpr(path: str) -> Iterable[dict]:
 def record_format(dataset):
   """T5's ``record`` preprocessor: one example per answer (one ``<unk>`` example for an unanswered query),
   ``@highlight`` lines turned into sentences, all answers passed through for eval."""
-  import tensorflow as tf
-
   def expand(x):
     passage = tf.strings.regex_replace(x["passage"], r"(\.|\?|\!|\"|\')\n@highlight\n", r"\1 ")
     passage = tf.strings.regex_replace(passage, r"\n@highlight\n", ". ")
@@ -308,7 +307,6 @@ def record_format(dataset):
 def wsc_simple_format(x):
   """T5's ``wsc_simple``: ``"wsc: " + text`` with the pronoun (word span2_index) marked ``*pronoun*``;
   target the candidate (span1_text); label kept for eval."""
-  import tensorflow as tf
   text, index = x["text"], x["span2_index"]
   special_texts = tf.constant(list(_WSC_SPECIAL))
   hit = tf.equal(special_texts, text)
@@ -338,7 +336,6 @@ def dpr_simple_format(x):
   (case-sensitive; a pronoun that opens the sentence stays unmarked, as in T5; the pronoun is matched as
   literal text, where T5 puts it into the pattern unescaped); target the correct candidate.
   WSC's format, so DPR's examples teach the WSC task (T5 trains both in super_glue_v102_proportional)."""
-  import tensorflow as tf
   pronoun = tf.strings.regex_replace(x["pronoun"], r"([\\.^$|?*+()\[\]{}])", r"\\\1")  # as a literal
   pattern = tf.strings.join([" (", pronoun, r")( |\.|,)"])
   marked = tf.strings.regex_replace(x["sentence"], pattern, r" *\1*\2", replace_global=False)
@@ -353,7 +350,6 @@ class WscSource(LocalOrTfdsSource):
                   shard_info: seqio.ShardInfo | None = None, **kwargs):
     ds = super().get_dataset(split, shuffle, seed, shard_info, **kwargs)
     if split == "train":
-      import tensorflow as tf
       ds = ds.filter(lambda x: tf.equal(x["label"], 1))
     return ds
 
@@ -502,7 +498,6 @@ def average_entries(scores_by_task: Mapping[str, Mapping[str, float]]) -> tuple[
 # --- the tasks --------------------------------------------------------------------------------------------------
 def _specs() -> dict[str, dict]:
   """Per task: where its data is, how rows become TFDS features, its T5 format, postprocessor and metrics."""
-  import tensorflow as tf
   label, idx = tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int32)  # TFDS ClassLabel, idx dtypes
 
   strings = tf.TensorSpec([None], tf.string)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from typing import Mapping
 
+import jax
 import numpy as np
 
 
@@ -68,7 +69,6 @@ def get_batches(task, feature_lengths: Mapping[str, int], split: str, batch_size
   Each process reads its own shard (``process_index`` of ``process_count``, default JAX's); ``batch_size``
   is the global batch. ``skip_batches``: start there by replaying (``Dataset.skip``, time grows with it);
   ``Batches.restore`` jumps there in constant time instead."""
-  import jax
   import seqio  # here, not at the top: compiling a run imports this module and needs no TensorFlow
   num_procs = jax.process_count() if process_count is None else process_count
   index = jax.process_index() if process_index is None else process_index

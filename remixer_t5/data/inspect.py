@@ -5,12 +5,12 @@ from typing import Mapping
 
 import seqio
 
+import remixer_t5.tasks  # noqa: F401  (registers this project's tasks)
 from remixer_t5.data.task_lookup import get_mixture_or_task
 
 
 def list_tasks() -> str:
   """One line per registered task (its splits) and mixture (its tasks)."""
-  import remixer_t5.tasks  # noqa: F401  (registers this project's tasks)
   lines = ["tasks:"]
   for name in sorted(seqio.TaskRegistry.names()):
     task = seqio.TaskRegistry.get(name)

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import seqio
 
+import remixer_t5.tasks  # noqa: F401  (registers this project's tasks)
+
 
 def get_mixture_or_task(name: str):
-  import remixer_t5.tasks  # noqa: F401  (registers this project's tasks)
   try:
     return seqio.get_mixture_or_task(name)
   except ValueError as e:

@@ -16,7 +16,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from remixer_t5.data import embedded_corpus
+import sentencepiece as spm
+
+from remixer_t5.data import embedded_corpus, word_vocab
 
 if TYPE_CHECKING:
     import seqio
@@ -44,8 +46,6 @@ def train_sentencepiece(texts, vocab_size: int = DEFAULT_VOCAB_SIZE) -> bytes:
     """Trains a deterministic unigram SentencePiece model; returns the model proto. ``texts`` is an iterable of
     documents; each line is one training sentence. Single thread, no sentence sampling or shuffling: the same texts
     give the same model bytes."""
-    import sentencepiece as spm
-
     if vocab_size < _MIN_VOCAB_SIZE:
         raise ValueError(f"vocab_size must be >= {_MIN_VOCAB_SIZE}, got {vocab_size}")
 
@@ -86,9 +86,7 @@ def prepare_vocabulary(vocab_size: int = DEFAULT_VOCAB_SIZE, cache_dir=None) -> 
 @functools.cache
 def _embedded_class():
     """``EmbeddedSentencePieceVocabulary``, defined on first use (it subclasses a seqio class)."""
-    from remixer_t5.data.word_vocab import LazySentencePieceVocabulary
-
-    class EmbeddedSentencePieceVocabulary(LazySentencePieceVocabulary):
+    class EmbeddedSentencePieceVocabulary(word_vocab.LazySentencePieceVocabulary):
         """``seqio.SentencePieceVocabulary`` over the embedded model, prepared lazily.
 
         The model path is resolved (from ``cache_dir`` or ``$REMIXER_T5_CACHE_DIR``) at each use, and the

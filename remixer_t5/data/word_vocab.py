@@ -26,11 +26,18 @@ from __future__ import annotations
 import collections
 import functools
 import hashlib
+import io
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Iterable
+
+import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2 as pb
+
+from remixer_t5.data.embedded_corpus import atomic_write_bytes
 
 SPACE = "\u2581"  # SentencePiece's word-start mark
 WORD_SCORE, CHAR_SCORE = -1.0, -20.0
@@ -44,11 +51,6 @@ FORMAT = 2
 def _charsmap() -> bytes:
   """SentencePiece's precompiled character map of ``NORMALIZATION_RULE`` alone, compiled by its trainer (a
   throwaway 12-piece model over a few letters; milliseconds, deterministic)."""
-  import io
-  import tempfile
-  import sentencepiece as spm
-  from sentencepiece import sentencepiece_model_pb2 as pb
-
   source, target = (" ".join(f"{ord(c):04X}" for c in side) for side in NORMALIZATION_RULE)
   with tempfile.TemporaryDirectory() as tmp:
     rules = Path(tmp) / "rules.tsv"
@@ -64,8 +66,6 @@ def _charsmap() -> bytes:
 
 def build_word_model(texts: Iterable[str]) -> bytes:
   """The serialized SentencePiece ModelProto of the word vocabulary of ``texts`` (deterministic)."""
-  from sentencepiece import sentencepiece_model_pb2 as pb
-
   words: collections.Counter = collections.Counter()
   chars: set[str] = set()
   for text in texts:
@@ -126,7 +126,6 @@ def cached_model(cache_path: Path, texts_fn: Callable[[], Iterable[str]], what: 
   """``cache_path``, built from ``texts_fn()`` with ``build_word_model`` (atomically) when missing."""
   if cache_path.is_file():
     return cache_path
-  from remixer_t5.data.embedded_corpus import atomic_write_bytes
   start = time.perf_counter()
   model = build_word_model(texts_fn())
   cache_path.parent.mkdir(parents=True, exist_ok=True)
