@@ -37,6 +37,7 @@ import time
 from typing import Any, Sequence
 
 from remixer_t5 import storage, study
+from remixer_t5.commands import common
 from remixer_t5.training import best
 from remixer_t5.training.metrics_log import format_duration
 
@@ -287,8 +288,13 @@ def _best_values(grid, tune: str, metric: str, mode: str, first: list[Point], ou
   return {others: v for others, (_, v) in chosen.items()}
 
 
-def main(args: argparse.Namespace, train_argv: Sequence[str]) -> int:
-  """The sweep of `args` over `train_argv` (the gin flags of train): runs what is not done, then summarises."""
+def main(args: argparse.Namespace) -> int:
+  """The sweep of `args` over its gin flags (`args.gin`, each point's train's): runs what is not done, then
+  summarises."""
+  common.load_gin(args, required=True)  # a config that does not parse stops here, not in every point
+  files, bindings, paths = args.gin
+  train_argv = ([f"--gin_file={f}" for f in files] + [f"--gin.{b}" for b in bindings]
+                + ([f"--gin_search_paths={','.join(paths)}"] if paths else []))
   grid, seeds = parse_grid(args.grid), parse_seeds(args.seeds)
   if args.jobs < 1:
     raise ValueError(f"--jobs {args.jobs}: expected a positive number of processes")

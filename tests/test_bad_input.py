@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from remixer_t5 import cli, storage
+from remixer_t5.commands import errors
 from remixer_t5.training import checkpoints
 
 TINY = ["--gin_file=models/t5_1_1/tiny.gin", "--gin_file=runs/demo.gin"]
@@ -152,7 +153,7 @@ def _main(argv):
 @pytest.mark.parametrize("argv, code, word, train", [row[1:] for row in ROWS], ids=[row[0] for row in ROWS])
 def test_a_bad_invocation_is_one_line_and_its_exit_code(argv, code, word, train, folder, embedded_env, capsys,
                                                         monkeypatch):
-  monkeypatch.delenv(cli.TRACEBACK_ENV, raising=False)
+  monkeypatch.delenv(errors.TRACEBACK_ENV, raising=False)
   if train is not None:
     from remixer_t5.training import trainer
     monkeypatch.setattr(trainer, "train", train)
@@ -171,7 +172,7 @@ def test_at_least_thirty_rows_across_the_commands():
 
 
 def test_the_traceback_variable_shows_the_traceback_behind_the_line(embedded_env, tmp_path, capsys, monkeypatch):
-  monkeypatch.setenv(cli.TRACEBACK_ENV, "1")
+  monkeypatch.setenv(errors.TRACEBACK_ENV, "1")
   capsys.readouterr()
   assert cli.main(["train", *TINY, "--gin.BATCH_SIZE=eight", f"--gin.MODEL_DIR='{tmp_path}'"]) == 2
   err = capsys.readouterr().err
@@ -201,14 +202,14 @@ def test_an_unreachable_default_vocabulary_names_the_file_and_the_fix(monkeypatc
     vocab.t5_vocabulary().vocab_size  # noqa: B018 - the first use reads the model
   message = str(info.value)
   assert vocab.T5_VOCAB_PATH in message and "$REMIXER_T5_VOCAB" in message and "\n" not in message
-  assert cli.exit_code(info.value) == 2
+  assert errors.exit_code(info.value) == 2
 
 
 def test_a_process_exits_with_the_code_and_one_line(tmp_path):
   """What the shell sees: the status and stderr of `python -m remixer_t5` (start-up lines hidden too)."""
   out = subprocess.run([sys.executable, "-m", "remixer_t5", "train", *TINY, "--gin.BATCH_SIZE=eight",
                         f"--gin.MODEL_DIR='{tmp_path}'"], capture_output=True, text=True, timeout=300,
-                       env={k: v for k, v in os.environ.items() if k != cli.TRACEBACK_ENV})
+                       env={k: v for k, v in os.environ.items() if k != errors.TRACEBACK_ENV})
   assert out.returncode == 2, out.stderr
   assert out.stderr.splitlines() == ["remixer-t5: error: run_config.Data.batch_size (the macro BATCH_SIZE) = "
                                      "'eight': expected an integer >= 1"], out.stderr

@@ -13,6 +13,7 @@ import pytest
 from remixer_t5.bench import mixing as bench
 from remixer_t5.training import checkpoints, plots
 from remixer_t5 import cli, runtime
+from remixer_t5.commands import plot as plot_command
 from remixer_t5.model import models
 from remixer_t5.model.mixers import base
 
@@ -100,10 +101,9 @@ def test_cli_bench_json_lines_and_plot(tmp_path, capsys):
 
 
 def test_cli_bench_default_mixers_match_the_module():
-  sub = cli.build_parser().parse_args(["bench", "mixing"])
+  sub, _ = cli.parse(["bench", "mixing"])
   assert sub.mixers.split(",") == list(bench.DEFAULT_MIXERS)
-  assert sub.lengths is None  # each bench applies its own default: mixing's is BENCH_MIXING_LENGTHS
-  assert bench.parse_lengths(cli.BENCH_MIXING_LENGTHS) == list(bench.DEFAULT_LENGTHS)
+  assert bench.parse_lengths(sub.lengths) == list(bench.DEFAULT_LENGTHS)
 
 
 def test_cli_bench_unknown_mixer_is_an_error(capsys):
@@ -238,9 +238,9 @@ def test_cli_plot_tokenises_text_with_a_vocabulary(tmp_path, capsys, remixer_ckp
 
 def test_plot_tokens_fall_back_to_seeded_random_ids():
   args = argparse.Namespace(text="words", vocabulary="/no/such.model", input_ids=None, length=12, seed=3)
-  ids, labels = cli._plot_tokens(args, vocab_size=50)
-  assert ids == cli._plot_tokens(args, vocab_size=50)[0]
+  ids, labels = plot_command.tokens(args, vocab_size=50)
+  assert ids == plot_command.tokens(args, vocab_size=50)[0]
   assert len(ids) == 12 and all(3 <= i < 50 for i in ids) and labels == [str(i) for i in ids]
-  assert ids != cli._plot_tokens(argparse.Namespace(**{**vars(args), "seed": 4}), vocab_size=50)[0]
+  assert ids != plot_command.tokens(argparse.Namespace(**{**vars(args), "seed": 4}), vocab_size=50)[0]
   args.input_ids = "7,8,9"
-  assert cli._plot_tokens(args, vocab_size=50)[0] == [7, 8, 9]
+  assert plot_command.tokens(args, vocab_size=50)[0] == [7, 8, 9]

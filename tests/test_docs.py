@@ -7,7 +7,6 @@ and no page reads as a diary. With MkDocs installed (the docs and test extras) t
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib.util
 import io
@@ -114,27 +113,15 @@ def cli():
   return module
 
 
-def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-  for action in parser._actions:  # noqa: SLF001 - argparse keeps its subcommands here
-    if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
-      return dict(action.choices)
-  return {}
-
-
 def _full_parse(cli, argv: list[str]) -> str | None:
   """None when `argv` parses as the CLI parses it (gin flags split off first), else the parser's message."""
-  from remixer_t5.gin_utils import split_flags
-  files, bindings, paths, rest = split_flags(argv)
   err = io.StringIO()
   try:
     with contextlib.redirect_stderr(err):
-      args = cli.build_parser().parse_args(rest)
-      if args.command == "bench" and hasattr(cli, "check_bench_flags"):
-        cli.check_bench_flags(args.what, rest)
+      args, _ = cli.parse(argv)
   except SystemExit:
     return err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else "exit"
-  except Exception as e:  # noqa: BLE001 - check_bench_flags' own error
-    return str(e)
+  files, _, paths = args.gin
   missing = [f for f in files if not _gin_file_exists(f, paths)]
   return f"no gin file {missing}" if missing else None
 
@@ -148,36 +135,26 @@ def _gin_file_exists(name: str, search_paths) -> bool:
 
 
 def _synopsis_problem(cli, span: str) -> str | None:
-  """An inline synopsis (`remixer-t5 compile --topology T [--json]`, `bench mixing|input`): the command and
-  every flag it names must exist; values and placeholders are not checked."""
+  """An inline synopsis (`remixer-t5 compile --topology T [--json]`, `bench mixing|input`): the command (each of
+  its alternatives) and every flag it names must exist; values and placeholders are not checked."""
   text = re.sub(r"\[([^\]]*)\]", r" \1 ", span.replace("\\|", "|"))
   tokens = [t for t in text.split() if t not in ("...", "…")]
   words = [t for t in tokens if not t.startswith("-")]
-  subs = _subparsers(cli.build_parser())
-  command = words[0].split("|")[0] if words else None
-  if command not in subs:
-    return f"no command {command!r}"
-  parser = subs[command]
-  nested = _subparsers(parser)
-  if nested:  # repro <experiment>
-    experiment = words[1].split("|")[0] if len(words) > 1 else None
-    if experiment is None:  # `remixer-t5 repro` alone names the command
-      return None
-    if experiment not in nested:
-      return f"no `{command} {experiment}`"
-    parser = nested[experiment]
-  for action in parser._actions:  # noqa: SLF001 - bench <what>
-    if action.choices and not action.option_strings and not isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
-      for word in words[1:2]:
-        for choice in word.split("|"):
-          if choice not in action.choices:
-            return f"`{command} {choice}` is not one of {sorted(action.choices)}"
-  known = set(parser._option_string_actions)  # noqa: SLF001
+  table, names = cli.COMMANDS, []
+  while isinstance(table, dict):
+    if not words[len(names):]:
+      return None if names else "no command"  # `remixer-t5 repro` alone names the group
+    choices = words[len(names)].split("|")
+    if any(c not in table for c in choices):
+      return f"no `{' '.join([*names, choices[0]])}`: expected one of {sorted(table)}"
+    names.append(choices[0])
+    table = table[choices[0]]
+  parsers = [cli.parser([*names[:-1], c])[0] for c in words[len(names) - 1].split("|")]
   for flag in (t.split("=")[0] for t in tokens if t.startswith("-") and t != "--"):
     if flag.startswith(("--gin.", "--gin_file", "--gin_search_paths")):
       continue
-    if flag not in known:
-      return f"`{command}` has no flag {flag}"
+    if not any(flag in p._option_string_actions for p in parsers):  # noqa: SLF001
+      return f"`{' '.join(names)}` has no flag {flag}"
   return None
 
 

@@ -412,6 +412,7 @@ def test_cli_export_hf_unstacks_a_scanned_checkpoint(tmp_path, capsys):
   exported model, read back, gives the scanned model's logits."""
   from flax.core import meta
   from remixer_t5 import cli
+  from remixer_t5.commands import import_hf
   from remixer_t5.training import checkpoints
   cfg = network.T5Config(vocab_size=64, emb_dim=32, num_heads=2, head_dim=8, num_encoder_layers=2,
                          num_decoder_layers=3, mlp_dim=48, dtype="float32", scan_layers=True)
@@ -429,7 +430,7 @@ def test_cli_export_hf_unstacks_a_scanned_checkpoint(tmp_path, capsys):
   def save(name, tree, config):
     run = tmp_path / name
     checkpoints.save_params(run / "checkpoint", tree)
-    (run / "model.gin").write_text(cli.model_gin(config))
+    (run / "model.gin").write_text(import_hf.model_gin(config))
     return str(run)
 
   scanned_run = save("scanned", params, cfg)

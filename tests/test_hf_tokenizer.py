@@ -16,6 +16,7 @@ import pytest
 
 from remixer_t5.training import checkpoints
 from remixer_t5 import cli, gin_utils
+from remixer_t5.commands import import_hf
 from remixer_t5.interop import hf
 
 SENTENCES = ["The quick brown fox jumps over the lazy dog.",
@@ -186,7 +187,7 @@ def test_export_hf_without_a_known_vocabulary_says_so(model_dir, tmp_path, capsy
   gin_utils.parse_gin([str(model_dir / "config.gin")], ["MODEL_DIR=None"])
   src = tmp_path / "imported"
   src.mkdir()
-  (src / "model.gin").write_text(cli.model_gin(gin_utils.macro("MODEL").module.config))
+  (src / "model.gin").write_text(import_hf.model_gin(gin_utils.macro("MODEL").module.config))
   checkpoints.save_params(src / "checkpoint", checkpoints.restore_any_params(model_dir))
   assert cli.main(["export-hf", str(src), str(tmp_path / "a")]) == 0
   err = capsys.readouterr().err

@@ -244,6 +244,7 @@ def test_docs_worked_example_trains_and_infers(embedded_env, tmp_path, monkeypat
 
 def test_cli_flag_errors(tmp_path, capsys):
   from remixer_t5 import cli
+  from remixer_t5.commands import common
   base = ["--gin_file=models/t5_1_1/tiny.gin", "--gin_file=runs/demo.gin", f"--gin.MODEL_DIR='{tmp_path}'"]
   data = _write(tmp_path / "t.tsv", ["a\tb"])
   for argv, message in [
@@ -254,9 +255,9 @@ def test_cli_flag_errors(tmp_path, capsys):
   ]:
     assert cli.main(argv) == 2
     assert message in capsys.readouterr().err
-  args = cli.build_parser().parse_args(["infer", "--train_file", "a.tsv", "--train_file", "gs://b/c-*.jsonl",
-                                        "--validation_file=d.tsv", "--objective", "span_corruption"])
-  files, bindings = cli._custom_data(args, ["x.gin"], ["BATCH_SIZE=2"])  # noqa: SLF001
+  args, _ = cli.parse(["infer", "--train_file", "a.tsv", "--train_file", "gs://b/c-*.jsonl", "--gin_file=x.gin",
+                       "--validation_file=d.tsv", "--objective", "span_corruption", "--gin.BATCH_SIZE=2"])
+  files, bindings, _ = common.custom_data(args)
   assert files[0] == "x.gin" and files[1].endswith("gin/runs/custom.gin") and bindings[-1] == "BATCH_SIZE=2"
   assert bindings[:3] == [f"custom.register.train={[str(Path('a.tsv').absolute()), 'gs://b/c-*.jsonl']!r}",
                           f"custom.register.validation={[str(Path('d.tsv').absolute())]!r}",

@@ -25,7 +25,9 @@ batch (a beam-search row counts `new_tokens`, not K times it).
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import json
 import os
 import statistics
 import tempfile
@@ -36,6 +38,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from remixer_t5.bench import env as bench_env, train as bench_train
+from remixer_t5.commands import common
+from remixer_t5.interop import hf
+from remixer_t5.model import network
+from remixer_t5.training import checkpoints, evaluation, programs  # noqa: F401 - evaluation: seqio, hence
+# TensorFlow, is loaded before transformers (see bench_decode)
 
 MODES = ("greedy", "beam")
 NO_EOS = -1  # an EOS id no token has: the evaluator's decode then runs every position
@@ -71,7 +78,6 @@ class Settings:
 def ours(model, params, enc: np.ndarray, new_tokens: int, beam_size: int = 1) -> Callable[[], np.ndarray]:
   """A zero-argument callable: the evaluator's jitted decode of `enc` (EOS disabled), tokens on the host
   [batch, new_tokens] (the best beam)."""
-  from remixer_t5.training import programs
   predict = programs.jit_decode(model, beam_size, NO_EOS)
   device_enc = jnp.asarray(enc)
 
@@ -93,8 +99,6 @@ def hf_model(config, params, flush_denormal: bool = True):
   """transformers' T5ForConditionalGeneration holding `params` (float32, eval mode), as `export-hf` writes it.
   ValueError for a model HF's T5 cannot hold, checked before PyTorch is imported. PyTorch's subnormal mode
   (`flush_denormal`, bench_env) is set before the load, PyTorch's first operation: the mode is per thread."""
-  from remixer_t5.interop import hf
-  from remixer_t5.model import network
   need = ("--reference hf needs a T5.1.1 model (self-attention and a gated-GELU MLP, e.g. "
           "models/t5_1_1/small.gin)")
   if not isinstance(config, network.T5Config):
@@ -146,7 +150,6 @@ def bench_decode(model, params=None, settings: Settings = Settings(), *, referen
 
   `params`: None initialises the model (seed `seed`). `outputs`, when given, receives each side's tokens per
   mode (`ours_greedy`, `hf_beam`, ...: [batch, new_tokens]) and the inputs (`inputs`)."""
-  from remixer_t5.training import evaluation  # noqa: F401 - seqio, hence TensorFlow, before transformers (see below)
   if reference not in bench_train.REFERENCES:
     raise ValueError(f"unknown reference {reference!r}; expected one of {bench_train.REFERENCES}")
   batch_size, input_length, new_tokens, beam_size = (settings.batch_size, settings.input_length, settings.new_tokens,
@@ -231,3 +234,32 @@ def format_row(row: Mapping[str, Any]) -> str:
                + (f", torch threads {row['torch_num_threads']}" if "torch_num_threads" in row else "")
                + f", commit {row['git_commit']}")
   return "\n".join(lines)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+  p.add_argument("--batch_size", "--batch-size", type=int, default=32, help="examples per batch (default 32)")
+  p.add_argument("--input_length", "--input-length", type=int, default=128,
+                 help="input tokens per example (default 128)")
+  p.add_argument("--new_tokens", "--new-tokens", type=int, default=64,
+                 help="tokens generated per example, every one decoded (default 64)")
+  p.add_argument("--beam_size", "--beam-size", type=int, default=4, help="beams of the beam mode (default 4)")
+  p.add_argument("--modes", default=",".join(MODES), help="greedy, beam or greedy,beam (default)")
+  p.add_argument("--checkpoint", help="params to decode with (a MODEL_DIR, import-hf output or params checkpoint; "
+                 "default: the model freshly initialised, seed 0)")
+  p.add_argument("--warmup", type=int, default=1, help="untimed batches first, compilation included (default 1)")
+  bench_train.add_comparison_arguments(p, 3, "batches")
+
+
+def main(args: argparse.Namespace) -> int:
+  common.load_gin(args, required=True)
+  if args.against:
+    return bench_train.main_against(args)
+  reference, flush = bench_train.reference_of(args)
+  modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+  settings = Settings(modes=modes, **{k: getattr(args, k) for k in ("batch_size", "input_length", "new_tokens",
+                                                                     "beam_size", "steps", "rounds", "warmup")})
+  model = common.model()  # after the settings' checks
+  params = checkpoints.restore_any_params(common.checkpoint_arg(args.checkpoint)) if args.checkpoint else None
+  row = bench_decode(model, params, settings, reference=reference, log=common.stderr, hf_flush_denormal=flush)
+  print(json.dumps(row) if args.json else format_row(row), flush=True)
+  return 0

@@ -11,10 +11,17 @@ A fault in the kernel shows in `one step` (it grows, or jumps at some step); rou
 """
 from __future__ import annotations
 
+import argparse
+import json
 from typing import Callable
 
 import jax
 import numpy as np
+
+from remixer_t5 import gin_utils
+from remixer_t5.bench import env as bench_env, kernels as bench_kernels, train as bench_train
+from remixer_t5.commands import common
+from remixer_t5.training import partitioning, programs
 
 
 def rel_diff(a, b) -> float:
@@ -28,9 +35,6 @@ def rel_diff(a, b) -> float:
 
 def steps_both_ways(workload: str, field: str):
   """({'default', 'xla'}: host state, batch -> (host state, metrics)), the initial host state, the batch."""
-  from remixer_t5 import gin_utils
-  from remixer_t5.bench import kernels as bench_kernels, train as bench_train
-  from remixer_t5.training import partitioning, programs
   files, bindings, batch_size, lengths = bench_kernels.WORKLOADS[workload]
   part = partitioning.partitioner("1x1", jax.devices()[:1], rules="data")
   steps, host, data = {}, None, None
@@ -49,7 +53,6 @@ def steps_both_ways(workload: str, field: str):
 
 def run(workload: str, field: str, steps: int, log: Callable[[str], None]) -> list[dict]:
   """One row per step: both losses, the trajectories' and one step's largest relative parameter difference."""
-  from remixer_t5.bench import kernels as bench_kernels
   if field not in bench_kernels.fields() or workload not in bench_kernels.WORKLOADS or steps < 1:
     raise ValueError(f"bench drift: --field {field!r}, --workloads {workload!r}, --steps {steps}: expected one of "
                      f"{sorted(bench_kernels.fields())}, one of {sorted(bench_kernels.WORKLOADS)}, steps >= 1")
@@ -68,3 +71,20 @@ def run(workload: str, field: str, steps: int, log: Callable[[str], None]) -> li
     log(f"{i + 1:>4} {r['loss_sum_default']:>15.4f} {r['loss_sum_xla']:>12.4f} {r['trajectory_rel_diff']:>11.2e} "
         f"{r['one_step_rel_diff']:>9.2e}")
   return rows
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+  p.add_argument("--workloads", default="cogs:hypermixer", help="one of bench kernels' workloads (default "
+                 "cogs:hypermixer)")
+  p.add_argument("--field", default="hypermixing", help="the implementation field (attention, dropout, "
+                 "hypermixing) set to xla in the reference (default hypermixing)")
+  p.add_argument("--steps", type=int, default=40, help="steps (default 40)")
+  p.add_argument("--json", action="store_true", help="one JSON object per step on stdout")
+
+
+def main(args: argparse.Namespace) -> int:
+  rows = run(args.workloads, args.field, steps=args.steps, log=common.stderr)
+  if args.json:
+    rows[0]["env"] = bench_env.environment()
+    print("".join(json.dumps(row) + "\n" for row in rows), end="", flush=True)
+  return 0

@@ -14,11 +14,18 @@ each side actually does (`denormals_flushed`, a computation, not a setting).
 """
 from __future__ import annotations
 
+import importlib.metadata as md
 import os
 import platform
 import subprocess
 from pathlib import Path
 from typing import Any
+
+import jax
+import numpy as np
+
+from remixer_t5 import runtime
+from remixer_t5.kernels.cpu import hypermixing as cpu_hypermixing, threefry as cpu_threefry
 
 # Vector/matrix extensions that change which CPU kernels run (a subset of /proc/cpuinfo's flags).
 CPU_FLAGS_OF_INTEREST = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16",
@@ -85,10 +92,8 @@ DENORMAL_PROBE = 1 << 22  # elements: enough that the sum runs on every thread o
 def denormals_flushed(side: str) -> bool:
   """Whether `side` ('xla' or 'torch') computes 1e-39 + 1e-39 (a float32 subnormal) as 0 on every thread it
   uses in this process: the sum of DENORMAL_PROBE such values, all of which must come out 0."""
-  import numpy as np
   tiny = np.full((DENORMAL_PROBE,), 1e-39, np.float32)
   if side == "xla":
-    import jax
     return bool((np.asarray(jax.jit(lambda a: a + a)(tiny)) == 0).all())
   if side == "torch":
     import torch
@@ -111,13 +116,6 @@ def transparent_hugepages() -> str | None:
 
 def environment(with_torch: bool = False) -> dict[str, Any]:
   """The row's record of the machine, flags, threads, commit and versions (module docstring)."""
-  import importlib.metadata as md
-
-  import jax
-
-  from remixer_t5 import runtime
-  from remixer_t5.kernels.cpu import hypermixing as cpu_hypermixing
-  from remixer_t5.kernels.cpu import threefry as cpu_threefry
   info = _cpuinfo()
   # cpu_id: cloud machines often name themselves only "Intel(R) Xeon(R) Processor" or "AMD EPYC"; the family and
   # model tell the generation (Intel family 6 model 143 Sapphire Rapids, 207 Emerald Rapids; AMD family 25 Zen 3/4,

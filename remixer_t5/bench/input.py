@@ -18,6 +18,8 @@ compares the measured rows/s with it. The numbers depend on the host's free core
 """
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import tempfile
 import time
@@ -26,6 +28,9 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from remixer_t5.bench import env as bench_env
+from remixer_t5.commands import common
+from remixer_t5.data import input_pipeline
+from remixer_t5.training import run_config, trainer
 
 # Remixer paper (Tay et al.), Table 1: T5.1.1-base trains at 9 steps/s; §4.1: batch 128, 16 TPU-v3 chips
 # (a v3-32 slice: 4 hosts of 4 chips).
@@ -46,7 +51,6 @@ def bench_input(task, data, *, seed: int = 0, batches: int = 50, warmup: int = 5
                 hosts: int | None = None, log: Callable[[str], None] | None = None) -> dict[str, Any]:
   """One measurement of `task`'s batches as the run's `data` (run_config.Data: lengths, global batch, packing,
   shuffling) makes them (see the module docstring); returns a flat dict of numbers and settings."""
-  from remixer_t5.data import input_pipeline
   log = log or (lambda msg: None)
   hosts = process_count if hosts is None else hosts
   feature_lengths, batch_size, pack, shuffle = data.feature_lengths, data.batch_size, data.pack, data.shuffle
@@ -128,10 +132,32 @@ def format_report(r: Mapping[str, Any]) -> str:
 def from_gin() -> dict[str, Any]:
   """bench_input's task, data and seed from the parsed gin config: the run's (run_config.from_gin), as `train`
   reads them."""
-  from remixer_t5.training import run_config, trainer
   try:
     run = run_config.from_gin()
   except ValueError as e:
     raise ValueError(f"bench input reads the run's data: {e}") from None
   _, task, _, _ = trainer.task_and_vocabulary(run.data.task, run.data.vocabulary, run.data.data_dir, None)
   return {"task": task, "data": run.data, "seed": run.training.random_seed}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+  p.add_argument("--batches", type=int, default=50, help="batches timed (after --warmup)")
+  p.add_argument("--warmup", type=int, default=5, help="untimed batches first (default 5)")
+  p.add_argument("--position", type=int, default=0,
+                 help="also reach batch N once, save the iterator state and time a fresh restore to N")
+  p.add_argument("--hosts", type=int, default=PAPER_HOSTS, help="hosts sharing the batch (default 4: a v3-32)")
+  p.add_argument("--steps_per_s", "--steps-per-s", type=float, default=PAPER_STEPS_PER_S,
+                 help="the step rate to feed (default 9: T5.1.1-base, Remixer paper Table 1)")
+  p.add_argument("--process_index", "--process-index", type=int, default=0, help="which shard to read")
+  p.add_argument("--process_count", "--process-count", type=int, help="shards (default: --hosts)")
+  p.add_argument("--json", action="store_true", help="the report as one JSON object on stdout")
+
+
+def main(args: argparse.Namespace) -> int:
+  common.load_gin(args, required=True)
+  report = bench_input(**from_gin(), batches=args.batches, warmup=args.warmup, position=args.position,
+                       process_index=args.process_index, process_count=args.process_count or args.hosts,
+                       hosts=args.hosts, steps_per_s=args.steps_per_s,
+                       log=lambda m: common.stderr(f"bench input: {m}"))
+  print(json.dumps(report) if args.json else format_report(report), flush=True)
+  return 0

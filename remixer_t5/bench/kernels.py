@@ -13,9 +13,17 @@ the median of `steps` timed steps after `warmup`. Variants: `default` (every imp
 """
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import statistics
 from typing import Callable
+
+import numpy as np
+
+from remixer_t5 import gin_utils, kernels
+from remixer_t5.bench import env as bench_env, train as bench_train
+from remixer_t5.commands import common
 
 COGS_MODELS = ("t5_1_1", "remixer", "mixer_encdec", "hypermixer")
 SMALL = ["models/t5_1_1/small.gin"]
@@ -33,7 +41,6 @@ PACKED = {"cogs:hypermixer:packed": 7}  # workload -> examples a row
 def pack(batch: dict, examples: int) -> dict:
   """`batch` as packed rows: `examples` contiguous segments of near-equal length a row (ids 1..examples), the
   positions counted within each, as seqio's packing gives."""
-  import numpy as np
   out = dict(batch)
   for feature, tokens in (("encoder", "encoder_input_tokens"), ("decoder", "decoder_target_tokens")):
     rows, length = batch[tokens].shape
@@ -48,7 +55,6 @@ def pack(batch: dict, examples: int) -> dict:
 
 def fields() -> dict[str, str]:
   """The registry's implementation fields by short name: attention, dropout, hypermixing."""
-  from remixer_t5 import kernels
   short = lambda f: f.split(".")[-2].lower() if f.endswith(".impl") else f.rsplit(".", 1)[1].removesuffix("_impl")
   return {short(op.field): op.field for op in kernels.OPERATIONS}
 
@@ -69,8 +75,6 @@ def variants(name: str) -> dict[str, list[str]]:
 def step(name: str, extra: list[str]) -> tuple[Callable[[], object], dict]:
   """(a call running one of the trainer's jitted steps of workload `name` with bindings `extra`, its loss sum
   waited for; the model's settings), the config parsed afresh (gin binds the mixers when the step is traced)."""
-  from remixer_t5 import gin_utils
-  from remixer_t5.bench import train as bench_train
   files, bindings, batch_size, lengths = WORKLOADS[name]
   gin_utils.parse_gin(files, bindings + extra, macro_defaults={"MODEL_DIR": "None"})
   setup = bench_train.from_gin(batch_size, lengths)
@@ -79,7 +83,6 @@ def step(name: str, extra: list[str]) -> tuple[Callable[[], object], dict]:
 
 def batch(name: str, setup: dict) -> dict:
   """Workload `name`'s batch of random tokens for `setup` (bench_train.from_gin), packed where `name` is packed."""
-  from remixer_t5.bench import train as bench_train
   out = bench_train.random_batch(setup["model"].module.config.vocab_size, setup["batch_size"], setup["feature_lengths"])
   return pack(out, PACKED[name]) if name in PACKED else out
 
@@ -87,7 +90,6 @@ def batch(name: str, setup: dict) -> dict:
 def run(names: list[str], rounds: int, steps: int, warmup: int, log: Callable[[str], None]) -> list[dict]:
   """One row per (workload, variant, round): its median step, steps timed, last loss sum; a summary line per
   workload (each variant's median over rounds and its ratio to `default`) to `log`."""
-  from remixer_t5.bench import env as bench_env, train as bench_train
   unknown = [n for n in names if n not in WORKLOADS]
   if unknown or rounds < 1 or steps < 1 or warmup < 0:
     raise ValueError(f"bench kernels: workloads {unknown or names} rounds {rounds} steps {steps} warmup {warmup}: "
@@ -107,3 +109,20 @@ def run(names: list[str], rounds: int, steps: int, warmup: int, log: Callable[[s
     log(f"# {name}: " + "; ".join(f"{v} {statistics.median(m) * 1e3:.1f} ms ({statistics.median(m) / base:.3f}x)"
                                  for v, m in medians.items()))
   return rows
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+  p.add_argument("--workloads", default="cogs:t5_1_1,cogs:remixer,cogs:mixer_encdec,cogs:hypermixer,A,B",
+                 help="comma-separated, of cogs:<model>, cogs:hypermixer:packed and the T5.1.1 configs A and B")
+  p.add_argument("--steps", type=int, default=10, help="timed steps per round (default 10; B a third of them)")
+  p.add_argument("--rounds", type=int, default=3, help="rounds, the variants alternating (default 3)")
+  p.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
+  p.add_argument("--json", action="store_true", help="one JSON object per measurement on stdout")
+
+
+def main(args: argparse.Namespace) -> int:
+  rows = run(args.workloads.split(","), rounds=args.rounds, steps=args.steps, warmup=args.warmup, log=common.stderr)
+  for row in rows:
+    print(json.dumps(row) if args.json else f"{row['workload']} {row['variant']} round {row['round']}: "
+          f"{row['s_per_step'] * 1e3:.1f} ms/step", flush=True)
+  return 0

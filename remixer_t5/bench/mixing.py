@@ -21,8 +21,13 @@ page-faulted in on every call). Results: docs/benchmarks.md.
 """
 from __future__ import annotations
 
+import argparse
+import functools
+import json
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 import jax
@@ -33,16 +38,15 @@ from flax import linen as nn
 from remixer_t5 import runtime
 from remixer_t5.bench.train import time_calls
 from remixer_t5.model import layers
-from remixer_t5.model.mixers import base
-from remixer_t5.training import mfu
+from remixer_t5.model.config import T5Config
+from remixer_t5.model.mixers import attention, base, fnet, gmlp, hypermixer, linear_attention, mlp_mixer, remixer
+from remixer_t5.training import mfu, plots
 
 DEFAULT_LENGTHS = (128, 256, 512, 1024, 2048, 4096)
 
 
 def _registry() -> dict[str, tuple[str, Callable[[int], Callable[..., nn.Module]]]]:
   """name -> (role, length -> factory(config=, name=)); role 'token' or 'feature'."""
-  import functools
-  from remixer_t5.model.mixers import attention, fnet, gmlp, hypermixer, linear_attention, mlp_mixer, remixer
   p = functools.partial
   return {
       "attention": ("token", lambda n: attention.Attention),
@@ -62,7 +66,6 @@ DEFAULT_MIXERS = ("attention", "hypermixer", "linear_attention", "fnet", "mlp_mi
 
 
 def default_config(d_model: int = 256, hidden: int = 512, num_heads: int = 4, head_dim: int = 64):
-  from remixer_t5.model.config import T5Config
   return T5Config(vocab_size=128, emb_dim=d_model, num_heads=num_heads, head_dim=head_dim, mlp_dim=hidden,
                   num_encoder_layers=1, num_decoder_layers=1, dropout_rate=0.0, dtype="float32")
 
@@ -196,8 +199,6 @@ def format_table(rows: Sequence[dict]) -> str:
 
 def plot_bench(rows: Sequence[dict], path) -> str:
   """Log-log time and FLOPs against length, one line per mixer; written atomically as PNG."""
-  from pathlib import Path
-  from remixer_t5.training import plots
   plt = plots.pyplot()
   path = Path(path)
   fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
@@ -217,3 +218,30 @@ def plot_bench(rows: Sequence[dict], path) -> str:
                f"{jax.default_backend()}")
   fig.tight_layout()
   return str(plots.save_png(fig, path))
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+  p.add_argument("--lengths", default="128,256,...,4096", help="e.g. 128,256,...,4096 (default) or 256,1024")
+  p.add_argument("--mixers", default=",".join(DEFAULT_MIXERS), help=f"comma-separated, from: {', '.join(MIXERS)}")
+  p.add_argument("--json", action="store_true", help="one JSON object per measurement on stdout")
+  p.add_argument("--out", default=".", help="directory for mixing_bench.png (default: current)")
+  p.add_argument("--repeats", type=int, default=5, help="timed calls per measurement (median reported)")
+  p.add_argument("--batch", type=int, default=1)
+  p.add_argument("--d_model", "--d-model", type=int, default=256)
+  p.add_argument("--hidden", type=int, default=512, help="d' (HyperMixing) and the MLP widths")
+  p.add_argument("--num_heads", "--num-heads", type=int, default=4)
+  p.add_argument("--head_dim", "--head-dim", type=int, default=64)
+
+
+def main(args: argparse.Namespace) -> int:
+  mixers = [m for m in args.mixers.split(",") if m]
+  unknown = [m for m in mixers if m not in MIXERS]
+  if unknown:
+    raise ValueError(f"unknown mixer(s) {', '.join(unknown)}; choose from {', '.join(MIXERS)}")
+  config = default_config(args.d_model, args.hidden, args.num_heads, args.head_dim)
+  rows = bench_mixing(parse_lengths(args.lengths), mixers, config=config, batch=args.batch, repeats=args.repeats,
+                      log=lambda m: print(m, file=sys.stderr, flush=True))
+  print("\n".join(json.dumps(row) for row in rows) if args.json else format_table(rows), flush=True)
+  path = plot_bench(rows, Path(args.out) / "mixing_bench.png")
+  print(f"wrote {path}", file=sys.stderr if args.json else sys.stdout)
+  return 0

@@ -22,15 +22,28 @@ settings are measured in the process it runs in.
 """
 from __future__ import annotations
 
+import argparse
+import json
 import multiprocessing
+import os
+import re
 import resource
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
 
+from remixer_t5 import gin_utils
+from remixer_t5.bench import env as bench_env
+from remixer_t5.commands import common
+from remixer_t5.interop import hf
+from remixer_t5.training import mfu, partitioning, programs, run_config
 
 REFERENCES = (None, "hf")
 HF_PROCESSES = ("own", "shared")
@@ -71,7 +84,6 @@ def jit_seconds(fn: Callable, args, repeats: int, warmup: int) -> float:
 def ours(model, optimizer, batch: Mapping[str, np.ndarray], seed: int = 0) -> Callable[[], Any]:
   """A zero-argument callable that runs one of the trainer's jitted train steps (programs.build, on this process's
   first device) and returns its loss sum, waited for."""
-  from remixer_t5.training import partitioning, programs
   lengths = {"inputs": batch["encoder_input_tokens"].shape[1], "targets": batch["decoder_target_tokens"].shape[1]}
   part = partitioning.partitioner("1x1", jax.devices()[:1], rules="data")
   prog = programs.build(model, optimizer, lengths, part)
@@ -96,7 +108,6 @@ def hf_reference(config, batch: Mapping[str, np.ndarray], learning_rate: float =
     from transformers.optimization import Adafactor
   except ImportError as e:  # pragma: no cover - depends on the optional extra
     raise RuntimeError("--reference hf needs PyTorch and transformers: pip install -e '.[hf]'") from e
-  from remixer_t5.bench import env as bench_env
   bench_env.set_torch_flush_denormal(flush_denormal)
   torch.manual_seed(seed)
   hf_config = transformers.T5Config(**{k: v for k, v in _hf_values(config).items() if k != "architectures"})
@@ -117,7 +128,6 @@ def hf_reference(config, batch: Mapping[str, np.ndarray], learning_rate: float =
 
 def _hf_values(config) -> dict:
   """The HF config's values: `config` itself when already in that form (what the reference's process gets)."""
-  from remixer_t5.interop import hf
   return config if isinstance(config, dict) else hf.config_to_hf(config)
 
 
@@ -134,7 +144,6 @@ def timed_round(run: Callable[[], Any], warmup: int, steps: int) -> tuple[list[f
 def _hf_child(conn, hf_config: dict, batch: Mapping[str, np.ndarray], seed: int, flush_denormal: bool) -> None:
   """The reference's own process: builds it, reports PyTorch's settings, then times one round per request."""
   try:
-    from remixer_t5.bench import env as bench_env
     run = hf_reference(hf_config, batch, seed=seed, flush_denormal=flush_denormal)
     conn.send(("ready", bench_env.torch_environment()))
     while (request := conn.recv()) is not None:
@@ -256,8 +265,6 @@ def from_gin(batch_size: int | None = None, feature_lengths: Mapping[str, int] |
   """bench_train's model, optimizer, batch size and feature lengths from the parsed gin config, as `train` reads
   them: the run config (run_config.from_gin) when a run file is loaded, else the MODEL macro, Adafactor and
   `batch_size`/`feature_lengths`, which also override the run's."""
-  from remixer_t5 import gin_utils
-  from remixer_t5.training import programs, run_config
   try:
     run = run_config.from_gin()
     training = run.training
@@ -288,13 +295,6 @@ def against(commit: str, what: str, argv: Sequence[str], rounds: int = 3, log: C
   code with this interpreter, the two trees alternating `rounds` times so that both see the same drift in the
   machine's speed. Returns, for each timing of the row (`ours_s_per_step`; decode's `ours_<mode>_s_per_batch`),
   both trees' per-round seconds, their medians and here / base."""
-  import json
-  import os
-  import re
-  import subprocess
-  import sys
-  import tempfile
-  from pathlib import Path
   here = Path(__file__).resolve().parents[2]
   git = lambda *a: subprocess.run(["git", "-C", str(here), *a], capture_output=True, text=True, check=True).stdout
   try:
@@ -334,7 +334,6 @@ def against(commit: str, what: str, argv: Sequence[str], rounds: int = 3, log: C
 def add_mfu(row: dict[str, Any], model, peak: float | None = None) -> dict[str, Any]:
   """Adds model FLOPs per step (mfu.model_flops_per_step: forward + backward, no optimizer) and, where the
   device's peak is known (never for a CPU unless `peak` is given), MFU of our step and the reference's."""
-  from remixer_t5.training import mfu, programs
   shapes = programs.batch_shapes({"inputs": row["inputs_length"], "targets": row["targets_length"]},
                                 row["batch_size"], pack=False)
   flops = mfu.model_flops_per_step(model, shapes)
@@ -360,3 +359,80 @@ def format_row(row: Mapping[str, Any]) -> str:
   if "ratio_ours_to_hf" in row:
     lines.append(f"  ours / HF: {row['ratio_ours_to_hf']:.3f}")
   return "\n".join(lines)
+
+
+def add_comparison_arguments(p: argparse.ArgumentParser, steps: int, what: str) -> None:
+  """The timing and comparison flags bench train and bench decode share."""
+  p.add_argument("--steps", type=int, default=steps, help=f"timed {what} per round, median reported (default "
+                 f"{steps})")
+  p.add_argument("--rounds", type=int, default=3, help="rounds, alternating with --reference or --against "
+                 "(default 3)")
+  p.add_argument("--against", metavar="COMMIT", help="time this tree against COMMIT on this machine, each in fresh "
+                 "processes of its own tree's code, the two alternating --rounds times (medians, here / base)")
+  p.add_argument("--reference", choices=("hf", "none"), default="none", help="'hf' also times transformers' "
+                 "PyTorch T5 (train step; decode: generate on the same weights, T5.1.1 only) on the same shapes "
+                 "(pip install -e '.[hf]'); 'none' (default) times ours only")
+  p.add_argument("--hf_denormals", "--hf-denormals", choices=("flush", "keep"),
+                 help="with --reference hf: 'flush' (default) runs PyTorch with subnormal floats flushed to zero, "
+                 "as XLA:CPU always does; 'keep' leaves PyTorch's default (on Intel CPUs its train step then runs "
+                 "several times slower once subnormals appear)")
+  p.add_argument("--json", action="store_true", help="one JSON object per measurement on stdout")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+  p.add_argument("--lengths", help="INPUTS,TARGETS (default: TASK_FEATURE_LENGTHS)")
+  p.add_argument("--batch_size", "--batch-size", type=int, help="override BATCH_SIZE")
+  p.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
+  add_comparison_arguments(p, 20, "steps")
+  p.add_argument("--hf_process", "--hf-process", choices=HF_PROCESSES,
+                 help="with --reference hf: 'own' (default) runs the reference in a process of its own, so the two "
+                 "share no heap or threads; 'shared' runs it in this one")
+  p.add_argument("--peak_flops", "--peak-flops", type=float,
+                 help="peak FLOP/s per device for MFU (default: known accelerators only)")
+
+
+def reference_of(args: argparse.Namespace) -> tuple[str | None, bool]:
+  """(--reference: None or 'hf'; whether the HF reference's PyTorch flushes subnormal floats), checked before the
+  model is built."""
+  reference = None if args.reference == "none" else args.reference
+  for flag, value in (("--hf_denormals", args.hf_denormals), ("--hf_process", getattr(args, "hf_process", None))):
+    if value is not None and reference != "hf":
+      raise ValueError(f"{flag}={value} sets the HF reference; it needs --reference hf")
+  return reference, args.hf_denormals != "keep"
+
+
+def main(args: argparse.Namespace) -> int:
+  common.load_gin(args, required=True)
+  if args.against:
+    return main_against(args)
+  reference, flush = reference_of(args)
+  setup = from_gin(args.batch_size, common.parse_lengths(args.lengths))
+  load_start = bench_env.loadavg()
+  row = bench_train(**setup, steps=args.steps, warmup=args.warmup, rounds=args.rounds, reference=reference,
+                    hf_flush_denormal=flush, hf_process=args.hf_process or "own", log=common.stderr)
+  # PyTorch's settings come from the process the reference ran in: the child's, already in the row, when its own
+  row.update(bench_env.environment(with_torch=reference == "hf" and args.hf_process == "shared"),
+             load_average_start=load_start, load_average_end=bench_env.loadavg())
+  add_mfu(row, setup["model"], args.peak_flops)
+  print(json.dumps(row) if args.json else format_row(row), flush=True)
+  return 0
+
+
+def main_against(args: argparse.Namespace) -> int:
+  """`bench train|decode --against COMMIT`: the same measurement at COMMIT and here, alternating."""
+  if args.reference != "none":
+    raise ValueError("--against compares this tree with another commit; it takes no --reference")
+  what = args.command.split()[-1]
+  argv, tokens = [], iter(args.argv)
+  for token in tokens:  # the command line as given, less the command and what `against` sets itself
+    if token in ("--against", "--rounds"):
+      next(tokens, None)  # and its value
+    elif token not in ("bench", what, "--json") and not token.startswith(("--against=", "--rounds=")):
+      argv.append(token)
+  row = against(args.against, what, argv, rounds=args.rounds, log=common.stderr)
+  row.update(bench_env.environment(with_torch=False), load_average_end=bench_env.loadavg())
+  timings = "; ".join(f"{k}: {v['base'] * 1e3:.1f} ms at {row['against']}, {v['here'] * 1e3:.1f} ms here, here / "
+                      f"base {v['here_over_base']:.3f}" for k, v in row.items() if isinstance(v, dict) and "base" in v)
+  print(json.dumps(row) if args.json else f"bench {what} (medians of {row['rounds']} alternating rounds, "
+        f"{row['cpu_model']}, load {row['load_average_end']}): {timings}", flush=True)
+  return 0
