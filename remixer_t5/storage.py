@@ -354,12 +354,11 @@ def bounded(fn, what: str, timeout: float | None = None):
 ABANDONED = False  # a storage wait was given up: the process must not wait for its threads at exit
 
 
-def probe_writes(model_dir, timeout: float = 60.0) -> None:
+def probe_writes(root: Path, timeout: float = 60.0) -> None:
   """For a bucket MODEL_DIR: writes, reads back and deletes one small object through each client the run
   writes with (epath/gcsfs for its files, tensorstore for the checkpoint arrays), each within `timeout`;
   StorageError naming the client that failed. Local folders pass."""
   import uuid
-  root = run_path(model_dir)
   if not is_bucket(root):
     return
   name = f".probe-{uuid.uuid4().hex[:12]}"

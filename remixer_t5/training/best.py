@@ -74,17 +74,17 @@ class Keeper:
             f"evaluations (best {self.best_value:.6g} at step {self.best_step})")
 
 
-def record(model_dir, keeper: Keeper) -> None:
+def record(model_dir: storage.Path, keeper: Keeper) -> None:
   """MODEL_DIR/best_checkpoint.json: the best step, its metric and value (written once that step is saved)."""
-  storage.write_text(storage.run_path(model_dir) / BEST_FILE, json.dumps(
+  storage.write_text(model_dir / BEST_FILE, json.dumps(
       {"step": keeper.best_step, "metric": keeper.metric, "mode": keeper.mode, "value": keeper.best_value}, indent=1))
 
 
-def best_step(model_dir) -> int:
+def best_step(model_dir: storage.Path) -> int:
   """The recorded best step; FileNotFoundError (one line) when the run recorded none."""
-  path = storage.run_path(model_dir) / BEST_FILE
+  path = model_dir / BEST_FILE
   if not path.is_file():
-    raise FileNotFoundError(f"{storage.run_path(model_dir)} records no best checkpoint ({BEST_FILE}): train with "
+    raise FileNotFoundError(f"{model_dir} records no best checkpoint ({BEST_FILE}): train with "
                             "KEEP_BEST_BY (e.g. --gin.KEEP_BEST_BY=\"'validation/loss:min'\") to keep one")
   return int(json.loads(path.read_text())["step"])
 

@@ -165,13 +165,13 @@ def storage_cause(e: BaseException) -> str:
 INPUT_STATE_DIR = "input_state"
 
 
-def _input_state_dir(model_dir, step: int) -> Path:
+def _input_state_dir(model_dir: Path, step: int) -> Path:
   """This process's folder of `step`'s input states."""
-  return (storage.run_path(model_dir) / INPUT_STATE_DIR / str(step)
+  return (model_dir / INPUT_STATE_DIR / str(step)
           / f"process-{jax.process_index():05d}-of-{jax.process_count():05d}")
 
 
-def save_input_state(model_dir, step: int, write) -> None:
+def save_input_state(model_dir: Path, step: int, write) -> None:
   """This process's input-iterator state for `step`, `write(prefix)` (Batches.save, a tf.train.Checkpoint),
   whole or absent after a kill -9: locally into a temporary folder renamed into
   `MODEL_DIR/input_state/<step>/process-<i>-of-<n>/`; in a bucket written in a local folder, then uploaded file
@@ -196,7 +196,7 @@ def save_input_state(model_dir, step: int, write) -> None:
   tmp.rename(final)
 
 
-def input_state_prefix(model_dir, step: int) -> str | None:
+def input_state_prefix(model_dir: Path, step: int) -> str | None:
   """The prefix to restore this process's input state of `step` from, or None when there is none (a run
   from before iterator checkpoints, a pipeline that cannot be checkpointed, another number of processes)."""
   folder = _input_state_dir(model_dir, step)
@@ -212,10 +212,10 @@ def local_input_state(prefix: str, staging: str) -> str:
   return os.path.join(staging, "iterator")
 
 
-def prune_input_states(model_dir, keep: Collection[int]) -> None:
+def prune_input_states(model_dir: Path, keep: Collection[int]) -> None:
   """Deletes this process's input states of steps older than the newest in `keep` that `keep` (the checkpoints
   kept) does not hold, and the temporary folders of saves that were killed."""
-  root = storage.run_path(model_dir) / INPUT_STATE_DIR
+  root = model_dir / INPUT_STATE_DIR
   if not root.is_dir():
     return
   i, newest = jax.process_index(), max(keep)

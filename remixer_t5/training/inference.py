@@ -144,7 +144,7 @@ def output_path(run: Run, request: Request) -> str:
     raise ValueError("infer: pass --output FILE, or set MODEL_DIR for the default MODEL_DIR/infer/<name>.jsonl")
   from pathlib import PurePosixPath
   name = PurePosixPath(str(request.inputs)).stem if request.inputs else f"{run.data.task}-{request.split}"
-  return str(storage.run_path(run.model_dir) / "infer" / f"{name}.jsonl")
+  return str(run.model_dir / "infer" / f"{name}.jsonl")
 
 
 def infer(run: Run, request: Request, progress: Callable[[str], None] = log.info) -> dict[str, Any]:

@@ -57,7 +57,7 @@ class StepProfiler:
   that `MODEL_DIR/PROFILE` asks for (`poll`, at log steps; a range is taken once per launch)."""
 
   def __init__(self, model_dir, steps: str | None, log):
-    self.model_dir, self.log = storage.run_path(model_dir), log
+    self.model_dir, self.log = model_dir, log
     self.pending = [parse_steps(steps)] if steps else []
     self.taken: set[str] = set()
     self.active = None  # (first, last, the open trace context)

@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping
 
 import optax
 
+from remixer_t5 import storage
 from remixer_t5.gin_names import MACROS
 from remixer_t5.training import best, optim
 from remixer_t5.training.partitioning import MeshSpec
@@ -154,11 +155,15 @@ class Schedule:
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-  """One run: its directory (local or gs://) and its three parts."""
+  """One run: its directory (local or gs://; made a `storage.run_path` here, once) and its three parts."""
   training: Training
   data: Data
   schedule: Schedule = Schedule()
-  model_dir: str | None = None
+  model_dir: storage.Path | None = None
+
+  def __post_init__(self):
+    if self.model_dir:
+      object.__setattr__(self, "model_dir", storage.run_path(self.model_dir))
 
 
 def _where(cls: str, name: str) -> str:

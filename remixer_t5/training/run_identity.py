@@ -164,10 +164,10 @@ def training_files(task_name: str) -> dict[str, str]:
   return out
 
 
-def check(model_dir, ident: Mapping[str, Any]) -> bool:
+def check(model_dir: storage.Path, ident: Mapping[str, Any]) -> bool:
   """Refuses (IncompatibleModelDirError, nothing written) when MODEL_DIR records another run; True when it
   records none yet (the caller writes it with `write` once it holds the run's lock)."""
-  path = storage.run_path(model_dir) / SIGNATURE_FILE
+  path = model_dir / SIGNATURE_FILE
   if not path.exists():
     return True
   try:
@@ -210,5 +210,5 @@ def _short(value, limit: int = 120) -> str:
   return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def write(model_dir, ident: Mapping[str, Any]) -> None:
-  storage.write_text(storage.run_path(model_dir) / SIGNATURE_FILE, json.dumps(ident, indent=2, sort_keys=True))
+def write(model_dir: storage.Path, ident: Mapping[str, Any]) -> None:
+  storage.write_text(model_dir / SIGNATURE_FILE, json.dumps(ident, indent=2, sort_keys=True))

@@ -55,7 +55,7 @@ def train(run: Run, *, config_text: str | None = None) -> dict[str, float]:
       if new:
         run_identity.write(run.model_dir, ident)
       if config_text is not None:
-        storage.write_text(storage.run_path(run.model_dir) / "config.gin", config_text)
+        storage.write_text(run.model_dir / "config.gin", config_text)
     log = MetricsLogger(run.model_dir)
     ckpt = checkpoints.Checkpointer(run.model_dir, keep=run.schedule.keep_checkpoints,
                                     keep_best=run.schedule.keep_best_by is not None)
@@ -110,8 +110,7 @@ def _setup(run: Run, check_init: bool = False):
   of the task inference evaluation decodes); the bucket checks and the vocabulary's fit, before any compile."""
   if not run.model_dir:
     raise ValueError("MODEL_DIR is not set: pass --gin.MODEL_DIR=\"'/path/to/run'\"")
-  model_dir = str(storage.run_path(run.model_dir))
-  storage.check_bucket(model_dir)
+  storage.check_bucket(run.model_dir)
   if check_init and run.training.init_checkpoint:
     storage.check_bucket(run.training.init_checkpoint, "INIT_CHECKPOINT")
   data = run.data
@@ -119,7 +118,7 @@ def _setup(run: Run, check_init: bool = False):
                                                             run.schedule.infer_eval_task)
   _check_vocab_fits(run.training.model, task)
   data = dataclasses.replace(data, task=task_name, pack=packing(run.training.model, data.pack))
-  return dataclasses.replace(run, model_dir=model_dir, data=data), task, vocab, infer_task
+  return dataclasses.replace(run, data=data), task, vocab, infer_task
 
 
 def _program(run: Run) -> programs.Program:
@@ -437,10 +436,10 @@ def _check_vocab_fits(model: EncoderDecoderModel, task) -> None:
                        f"{feature.vocabulary.vocab_size}")
 
 
-def _restore_for_eval(model_dir: str, prog: programs.Program, step: int | None):
+def _restore_for_eval(model_dir: storage.Path, prog: programs.Program, step: int | None):
   """The state to evaluate: a training checkpoint's (the latest or `step`), else MODEL_DIR's parameters alone
   at step 0 (the optimizer state is never read by evaluation)."""
-  if (storage.run_path(model_dir) / "checkpoints").is_dir():
+  if (model_dir / "checkpoints").is_dir():
     ckpt = checkpoints.Checkpointer(model_dir)
     try:
       if ckpt.latest_step() is None:

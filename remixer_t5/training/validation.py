@@ -9,7 +9,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from remixer_t5 import storage
 from remixer_t5.data.input_pipeline import get_batches
 from remixer_t5.training import partitioning, programs
 from remixer_t5.training.batches import global_batch, global_from_host, to_host
@@ -76,7 +75,7 @@ def infer_eval(prog, params, run, task_name: str, step: int, log, *, split: str 
                                  fetch=to_host, progress=progress)
   per_task = evaluation.infer_eval(
       prog.model, params, task_name, decoding, feature_lengths=run.data.feature_lengths, split=split,
-      num_examples=run.schedule.infer_examples, log_dir=str(storage.run_path(run.model_dir) / "inference_eval"),
+      num_examples=run.schedule.infer_examples, log_dir=str(run.model_dir / "inference_eval"),
       step=step, seed=run.training.random_seed)
   for name, metrics in per_task.items():
     log.write(step, f"infer/{name}", metrics)
