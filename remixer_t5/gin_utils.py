@@ -15,6 +15,9 @@ import tokenize
 from pathlib import Path
 from typing import Mapping, Sequence
 
+import gin
+
+from remixer_t5 import storage
 from remixer_t5.gin_names import MACROS, MOVED
 
 
@@ -80,7 +83,6 @@ def _imported(alias: str, imports: Sequence[str]):
 def _unknown_name(message: str, imports: Sequence[str]) -> str | None:
   """For gin's errors about a name it does not know (a configurable, a parameter, an import), what is unknown
   and the closest known name; None for any other error."""
-  import gin
   m = re.search(r"Couldn't resolve selector ([\w.]+); .* has no attribute (\w+)", message)
   if m:  # dynamic registration: `module.Name` where the module has no Name
     selector, attr = m.groups()
@@ -147,7 +149,6 @@ def split_flags(argv: Sequence[str]) -> tuple[list[str], list[str], list[str], l
 
 
 def _resolve(path: str, search: Sequence[Path]) -> str:
-  from remixer_t5 import storage
   if storage.is_bucket(path):  # a run's config.gin or an import-hf model.gin in a bucket: gin reads local files
     try:
       return storage.local_copy(path)
@@ -248,7 +249,6 @@ def _set_gin_search_path(search: Sequence[Path]) -> None:
 
   gin also asks a package-resource reader, which crashes (TypeError) when the first path component names a
   namespace package, e.g. a `runs/` folder in the working directory; make its existence check safe."""
-  import gin
   gin.config._LOCATION_PREFIXES[:] = [str(p) for p in search] + [""]  # noqa: SLF001
 
   def safe(check):
@@ -293,7 +293,6 @@ def _file_imports(path: str) -> list[str]:
 
 
 def _parse(files, bindings, search_paths, macro_defaults) -> None:
-  import gin
   gin.clear_config()
   search = [Path(p) for p in search_paths] + [gin_dir()]
   _set_gin_search_path(search)
@@ -351,7 +350,6 @@ def _parse(files, bindings, search_paths, macro_defaults) -> None:
 def macro(name: str, default=None):
   """A macro's value, `default` when the config has none; a configurable reference is called (`@f()`, so MODEL =
   @models.EncoderDecoderModel() gives the model) or given as the function (`@f`), as gin would pass it."""
-  import gin
   try:
     value = gin.query_parameter(f"%{name}")
   except ValueError:

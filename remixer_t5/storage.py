@@ -8,14 +8,20 @@ writes stay whole on a bucket (no folder rename, no append): docs/scaling.md, "W
 """
 from __future__ import annotations
 
+import atexit
+import hashlib
 import logging
 import os
 import re
 import shutil
 import socket
 import tempfile
+import threading
 import urllib.parse
+import uuid
 from pathlib import Path as LocalPath
+
+import tensorstore as ts
 
 os.environ.setdefault("EPATH_USE_TF", "false")  # epath reads it per call; TF's gfile ignores GCS emulators
 from etils import epath  # noqa: E402
@@ -265,7 +271,6 @@ def local_copy(path) -> str:
   """A local file with `path`'s bytes, for readers that take local files only (gin's parser, tf.data's
   TextLineDataset): `path` itself when local, else a copy (same name, streamed, in a temporary folder removed at
   exit) made the first time this process asks for it."""
-  import atexit
   path = run_path(path)
   if not is_bucket(path):
     return str(path)
@@ -328,7 +333,6 @@ def timeout_seconds() -> float:
 def bounded(fn, what: str, timeout: float | None = None):
   """`fn()` in a helper thread, waited for at most `timeout` (default timeout_seconds()); StorageTimeout naming
   `what` after that (the thread is left behind: a storage client that does not answer cannot be interrupted)."""
-  import threading
   timeout = timeout_seconds() if timeout is None else timeout
   result: dict = {}
 
@@ -358,7 +362,6 @@ def probe_writes(root: Path, timeout: float = 60.0) -> None:
   """For a bucket MODEL_DIR: writes, reads back and deletes one small object through each client the run
   writes with (epath/gcsfs for its files, tensorstore for the checkpoint arrays), each within `timeout`;
   StorageError naming the client that failed. Local folders pass."""
-  import uuid
   if not is_bucket(root):
     return
   name = f".probe-{uuid.uuid4().hex[:12]}"
@@ -372,7 +375,6 @@ def probe_writes(root: Path, timeout: float = 60.0) -> None:
     target.unlink()
 
   def arrays():
-    import tensorstore as ts
     bucket, _, prefix = root.as_posix()[len("gs://"):].partition("/")
     store = ts.KvStore.open({"driver": "gcs", "bucket": bucket, "path": f"{prefix}/" if prefix else ""}).result(
         timeout=timeout)
@@ -397,7 +399,6 @@ def probe_writes(root: Path, timeout: float = 60.0) -> None:
 def fingerprint(path) -> str:
   """A content fingerprint of a file: a bucket object's CRC32C and size (Cloud Storage computes it over the
   bytes), a local file's SHA-256 and size (read once)."""
-  import hashlib
   path = run_path(path)
   if is_bucket(path):
     import gcsfs

@@ -6,6 +6,7 @@ from typing import Mapping
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 
 def global_from_host(x: np.ndarray, sharding) -> jax.Array:
@@ -18,7 +19,6 @@ def to_host(array: jax.Array) -> np.ndarray:
   """The whole value of a (possibly multi-process) global array, on every process."""
   if array.is_fully_addressable:
     return np.asarray(jax.device_get(array))
-  from jax.experimental import multihost_utils
   return np.asarray(multihost_utils.process_allgather(array, tiled=True))
 
 

@@ -16,6 +16,7 @@ from typing import Any, Collection, Mapping
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 from remixer_t5 import quiet, storage
 from remixer_t5.storage import Path
@@ -136,7 +137,6 @@ class Checkpointer:
         n += 1
       storage.move_aside(self.directory / str(step), dst)
     if jax.process_count() > 1:
-      from jax.experimental import multihost_utils
       multihost_utils.sync_global_devices(f"quarantine checkpoint {step}")
     self.manager.reload()
 

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import logging
 import time
+from pathlib import PurePosixPath
 from typing import Any, Callable, Iterator
 
 import jax
@@ -22,7 +23,7 @@ import numpy as np
 
 from remixer_t5 import storage
 from remixer_t5.model import decoding
-from remixer_t5.training import checkpoints
+from remixer_t5.training import checkpoints, trainer
 from remixer_t5.training.run_config import Run
 
 log = logging.getLogger(__name__)
@@ -142,14 +143,12 @@ def output_path(run: Run, request: Request) -> str:
     return request.output
   if not run.model_dir:
     raise ValueError("infer: pass --output FILE, or set MODEL_DIR for the default MODEL_DIR/infer/<name>.jsonl")
-  from pathlib import PurePosixPath
   name = PurePosixPath(str(request.inputs)).stem if request.inputs else f"{run.data.task}-{request.split}"
   return str(run.model_dir / "infer" / f"{name}.jsonl")
 
 
 def infer(run: Run, request: Request, progress: Callable[[str], None] = log.info) -> dict[str, Any]:
   """Predict as `request` says with `run`'s model and vocabulary; write the JSONL; return {output, rows}."""
-  from remixer_t5.training import trainer
   _, task, vocab, _ = trainer.task_and_vocabulary(run.data.task, run.data.vocabulary, run.data.data_dir, None)
   lengths = dict(run.data.feature_lengths)
   source = request.checkpoint or run.model_dir

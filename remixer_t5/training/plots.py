@@ -3,9 +3,15 @@ from __future__ import annotations
 
 import io
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from flax import linen as nn
 
 from remixer_t5 import storage
+from remixer_t5.model import layers
+from remixer_t5.model.mixers import base
+from remixer_t5.model.mixers.remixer import masked_softmax
 from remixer_t5.storage import Path
 from remixer_t5.training.metrics_log import current_rows, read_rows
 
@@ -57,8 +63,8 @@ def plot_metrics(model_dir: str, out: str | None = None) -> Path:
 def _slots(params, stack: str, has: str) -> list[tuple[str, str]]:
   """(layer, slot) of the `stack` layers, in order, whose slot holds a parameter (or submodule) named `has`."""
   tree = params.get(stack, {})
-  layers = sorted((k for k in tree if k.startswith("layers_")), key=lambda k: int(k.split("_")[-1]))
-  return [(layer, slot) for layer in layers for slot, sub in tree[layer].items() if hasattr(sub, "keys") and has in sub]
+  numbered = sorted((k for k in tree if k.startswith("layers_")), key=lambda k: int(k.split("_")[-1]))
+  return [(layer, slot) for layer in numbered for slot, sub in tree[layer].items() if hasattr(sub, "keys") and has in sub]
 
 
 def remix_matrices(params) -> list[tuple[str, "np.ndarray"]]:
@@ -67,8 +73,6 @@ def remix_matrices(params) -> list[tuple[str, "np.ndarray"]]:
   As the block applies H to a full-length sequence (mixers/remixer.py): each row i is a softmax over the source
   positions j, over all L in the encoder and over j <= i in the (causal) decoder, so every row sums to 1.
   Blocks are found by their `remix` parameter, whatever their slot is called."""
-  import jax.numpy as jnp
-  from remixer_t5.model.mixers.remixer import masked_softmax
 
   out = []
   for stack in ("encoder", "decoder"):
@@ -84,8 +88,6 @@ def remix_matrices(params) -> list[tuple[str, "np.ndarray"]]:
 def _record(module, params, tokens, wanted) -> dict:
   """Encode `tokens` and keep {module path: [(args, kwargs, output, module), ...]} for the `__call__`s whose
   path `wanted(path)` accepts (flax method interception: no mixer code is changed)."""
-  from flax import linen as nn
-
   calls: dict = {}
 
   def interceptor(next_fun, args, kwargs, context):
@@ -106,11 +108,6 @@ def attention_maps(module, params, tokens) -> list[tuple[str, "np.ndarray"]]:
   Recomputed from what the layer computes on the way (its query and key projections and the stack's relative
   position bias, captured by method interception) exactly as mixers/attention.py combines them:
   softmax(q·k + mask bias + relative position bias). Rows sum to 1 over the real keys."""
-  import jax
-  import jax.numpy as jnp
-  from remixer_t5.model import layers
-  from remixer_t5.model.mixers import base
-
   slots = [(layer, slot) for layer, slot in _slots(params, "encoder", "query")
            if "key" in params["encoder"][layer][slot]]
   if not slots:
@@ -146,10 +143,6 @@ def pseudo_attention(module, params, tokens, path: tuple[str, ...], samples: int
   pre-norm, for `tokens` [1, n]) and out its output. `samples=0` computes it exactly (n·d vector-Jacobian
   products); `samples=S` estimates the squared norm from S Gaussian probes per output token (Hutchinson,
   unbiased for ||·||², n·S products)."""
-  import jax
-  import jax.numpy as jnp
-  from flax import linen as nn
-
   path = tuple(path)
   calls = _record(module, params, tokens, lambda p: p == path)
   if path not in calls:
@@ -232,8 +225,6 @@ def plot_mixing(module, params, tokens, out_dir, labels=None, pseudo_samples: in
     pseudo_attention_encoder_layers_<i>.png  HyperMixing input-gradient maps (HyperMixer paper Fig. 5c/d)
 
   Kinds the model does not have are skipped with a message through `log`."""
-  import jax.numpy as jnp
-
   tokens = jnp.asarray(tokens, jnp.int32).reshape(1, -1)
   how = "exact" if pseudo_samples <= 0 else f"{pseudo_samples}-probe estimate"
   kinds = [  # (file prefix, the maps, said when there are none, title, draw_matrix's keywords)

@@ -11,6 +11,7 @@ from typing import Any, Callable, Mapping
 import jax
 import jax.numpy as jnp
 import optax
+from jax._src import config as jax_config  # the option's context-manager form is not exported
 
 from remixer_t5.model.models import EncoderDecoderModel
 from remixer_t5.training import accumulate, optim
@@ -84,8 +85,7 @@ def batch_shapes(feature_lengths: Mapping[str, int], batch_size: int, pack: bool
 # --- the initialiser's random bits on GPUs ---------------------------------------------------------------
 def _rng_kernel_option():
   """jax's thread-local switch for its GPU threefry kernel (None where this jax has no such option)."""
-  from jax._src import config  # the option's context-manager form is not exported
-  return getattr(config, "threefry_gpu_kernel_lowering", None)
+  return getattr(jax_config, "threefry_gpu_kernel_lowering", None)
 
 
 def init_rng_kernel(form: str, shardings) -> bool:

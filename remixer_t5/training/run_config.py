@@ -13,9 +13,11 @@ import numbers
 import re
 from typing import Any, Callable, Mapping
 
+import gin
 import optax
 
 from remixer_t5 import storage
+from remixer_t5.gin_utils import GinError, gin_dir
 from remixer_t5.gin_names import MACROS
 from remixer_t5.training import best, optim
 from remixer_t5.training.partitioning import MeshSpec
@@ -172,7 +174,6 @@ def _where(cls: str, name: str) -> str:
 
 def _no_run_config(what: str):
   """The error for a config without a run file: `what` it lacks, and the run files there are."""
-  from remixer_t5.gin_utils import GinError, gin_dir
   runs = sorted(p.name for p in (gin_dir() / "runs").glob("*.gin"))
   return GinError(f"the gin config binds no {what}: add a run config, e.g. --gin_file=runs/pretrain.gin beside "
                   f"the model config; gin/runs/ holds {', '.join(runs)}")
@@ -183,7 +184,6 @@ def from_gin() -> Run:
 
   A GinError when no run file was loaded (a class never registered with gin, or a field without a default left
   unbound); an error raised while a part is built (a bad value, a schedule's own check) propagates unchanged."""
-  import gin
   parts = {}
   for cls in (Training, Data, Schedule):
     try:

@@ -17,6 +17,7 @@ is not compared.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from typing import Any, Mapping
@@ -112,7 +113,6 @@ def _setting(value) -> str:
 
 def _callable_name(value) -> str:
   """A factory, class, function or partial by name (gin's wrappers and functools.partial unwrapped)."""
-  import functools
   if isinstance(value, functools.partial):
     args = [_setting(a) for a in value.args] + [f"{k}={_setting(v)}" for k, v in sorted(value.keywords.items())]
     return f"{_callable_name(value.func)}({', '.join(args)})"

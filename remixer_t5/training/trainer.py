@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -18,16 +19,17 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 
 from remixer_t5 import storage
-from remixer_t5.data.input_pipeline import get_batches
+from remixer_t5.data.input_pipeline import InputNotCheckpointableError, get_batches
 from remixer_t5.model.models import EncoderDecoderModel
 from remixer_t5.training import best, checkpoints, partitioning, plots, profiling, programs, run_identity
 from remixer_t5.training import run_lock
 from remixer_t5.training import time_split, validation
 from remixer_t5.training import mfu as mfu_lib
 from remixer_t5.training.batches import global_batch, real_tokens
-from remixer_t5.training.metrics_log import MetricsLogger, format_duration
+from remixer_t5.training.metrics_log import MetricsLogger, current_rows, format_duration, read_rows
 from remixer_t5.training.programs import batch_shapes, summarize
 from remixer_t5.training.run_config import Run
 from remixer_t5.training.train_state import fit_lengths
@@ -81,7 +83,6 @@ def _lock(model_dir):
     except run_lock.RunLockedError as e:
       error = e
   if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
     refused = bool(multihost_utils.broadcast_one_to_all(np.array(error is not None)))
     if refused and error is None:
       raise run_lock.RunLockedError(f"MODEL_DIR {model_dir} is in use by another run (process 0 says which)")
@@ -93,7 +94,6 @@ def _lock(model_dir):
 def _close(ckpt, log) -> None:
   """Finishes the checkpoint in flight and the logs, whatever ended the run (after an exception, the
   exception is the one reported)."""
-  import sys
   failing = sys.exc_info()[0] is not None
   for closer in (ckpt, log):
     if closer is None:
@@ -283,7 +283,6 @@ def _report_super_glue(model_dir, step: int, log) -> None:
   8 tasks."""
   if jax.process_index() != 0 or not log.path.exists():
     return
-  from remixer_t5.training.metrics_log import current_rows, read_rows
   report = best.super_glue_protocol(current_rows(read_rows(log.path)))
   if report is not None:
     log.write(step, "infer/super_glue_t5_protocol", report)
@@ -298,7 +297,6 @@ def _save(model_dir, ckpt, step: int, state, batches, data_position: dict, log, 
   if ckpt.pending == step or step in ckpt.all_steps():
     return  # saved at this step already
   if data_position["iterator"]:
-    from remixer_t5.data.input_pipeline import InputNotCheckpointableError
     try:
       checkpoints.save_input_state(model_dir, step, batches.save)
     except InputNotCheckpointableError as e:  # keep training; a resume replays the position with skip
@@ -377,7 +375,6 @@ class _StopWatch:
     """Why the run stops here (a signal's name), or None; RunLockLostError when the lock was lost."""
     lost = self.lock is not None and self.lock.lost is not None
     if jax.process_count() > 1:
-      from jax.experimental import multihost_utils
       flags = multihost_utils.process_allgather(np.array([self.reason is not None, lost]))
       any_stop, lost = bool(np.any(flags[..., 0])), bool(np.any(flags[..., 1]))
       if any_stop and self.reason is None:

@@ -8,6 +8,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 
 from remixer_t5.data.input_pipeline import get_batches
 from remixer_t5.training import partitioning, programs
@@ -47,7 +48,6 @@ def decode_examples(model, params, batch, vocab, n, pack, mesh):
     enc = np.where(batch["encoder_segment_ids"][:n] == 1, enc, 0)
     tgt = np.where(batch["decoder_segment_ids"][:n] == 1, tgt, 0)
   if jax.process_count() > 1:  # every process decodes process 0's rows (their local batches differ)
-    from jax.experimental import multihost_utils
     enc, tgt = multihost_utils.broadcast_one_to_all((enc, tgt))
   replicated = partitioning.replicated(mesh)
   preds = to_host(programs.jit_decode(model)(params, global_from_host(enc, replicated), tgt.shape[-1]))
