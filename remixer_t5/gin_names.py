@@ -1,15 +1,13 @@
-"""The gin names of a run that the CLI's errors name: a run's macros, and the names that moved.
-
-It sits below gin_utils (which adds MOVED's line to gin's error) and training/run_config (whose fields MACROS
-and MOVED name) and imports neither; tests/test_gin_names.py holds both tables to run_config's fields."""
+"""A run's gin names that the CLI's errors name: its macros, and the names that moved. Below gin_utils (which adds
+MOVED's line to gin's error) and training/run_config; tests/test_gin_names.py holds both to run_config's fields."""
 
 # The macros users know, by the run_config field each is bound to once (gin/runs/*.gin).
 MACROS = {"model_dir": "MODEL_DIR", "model": "MODEL", "random_seed": "RANDOM_SEED",
-          "init_checkpoint": "INIT_CHECKPOINT",
-          "task": "MIXTURE_OR_TASK_NAME", "feature_lengths": "TASK_FEATURE_LENGTHS", "batch_size": "BATCH_SIZE",
-          "vocabulary": "VOCABULARY", "data_dir": "DATA_DIR", "train_steps": "TRAIN_STEPS",
-          "checkpoint_period": "CHECKPOINT_PERIOD", "eval_period": "EVAL_PERIOD", "log_period": "LOG_PERIOD",
-          "eval_steps": "EVAL_STEPS", "infer_eval_task": "INFER_EVAL_TASK", "keep_best_by": "KEEP_BEST_BY",
+          "init_checkpoint": "INIT_CHECKPOINT", "task": "MIXTURE_OR_TASK_NAME",
+          "feature_lengths": "TASK_FEATURE_LENGTHS", "batch_size": "BATCH_SIZE", "vocabulary": "VOCABULARY",
+          "data_dir": "DATA_DIR", "train_steps": "TRAIN_STEPS", "checkpoint_period": "CHECKPOINT_PERIOD",
+          "eval_period": "EVAL_PERIOD", "log_period": "LOG_PERIOD", "eval_steps": "EVAL_STEPS",
+          "infer_eval_task": "INFER_EVAL_TASK", "keep_best_by": "KEEP_BEST_BY",
           "early_stop_patience": "EARLY_STOP_PATIENCE", "early_stop_min_delta": "EARLY_STOP_MIN_DELTA"}
 
 # An old name -> the one to write now. `remixer_t5.<module>`: a module once at the package's top level (a gin
@@ -28,9 +26,9 @@ MOVED = {
     "remixer_t5.distributed": "remixer_t5.training.distributed", "remixer_t5.bench_train": "remixer_t5.bench.train",
     "remixer_t5.bench_decode": "remixer_t5.bench.decode", "remixer_t5.bench_input": "remixer_t5.bench.input",
     "remixer_t5.bench_env": "remixer_t5.bench.env", "remixer_t5.hf": "remixer_t5.interop.hf",
-    "remixer_t5.t5x_compat": "remixer_t5.interop.t5x",
-    "trainer.model_dir": "run_config.Run.model_dir", "trainer.model": "run_config.Training.model",
-    "trainer.optimizer": "run_config.Training.optimizer", "trainer.random_seed": "run_config.Training.random_seed",
+    "remixer_t5.t5x_compat": "remixer_t5.interop.t5x", "trainer.model_dir": "run_config.Run.model_dir",
+    "trainer.model": "run_config.Training.model", "trainer.optimizer": "run_config.Training.optimizer",
+    "trainer.random_seed": "run_config.Training.random_seed",
     "trainer.learning_rate": "run_config.Training.learning_rate",
     "trainer.init_checkpoint": "run_config.Training.init_checkpoint",
     "trainer.num_microbatches": "run_config.Training.num_microbatches", "trainer.mesh": "run_config.Training.mesh",

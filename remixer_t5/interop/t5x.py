@@ -1,9 +1,6 @@
-"""t5x interop: t5x's trainer runs `network.Transformer` (gin/t5x/); t5x's checkpoints are read as our params
-by training/t5x_checkpoints.py, which needs no t5x.
-
-t5x (github.com/google-research/t5x) is installed from source, never by this package: the functions that need
-it import it lazily.
-"""
+"""t5x interop: t5x's trainer runs `network.Transformer` (gin/t5x/); training/t5x_checkpoints.py reads t5x's
+checkpoints. t5x (github.com/google-research/t5x) is installed from source, never by this package: the functions
+that need it import it lazily."""
 from __future__ import annotations
 
 from flax.core import freeze

@@ -258,8 +258,7 @@ def restore_params(directory: str | os.PathLike) -> Any:
 
 
 def restore_any_params(path: str | os.PathLike) -> Any:
-  """Params from an import-hf output dir, a train MODEL_DIR (latest step), a step dir, a params checkpoint or a
-  t5x checkpoint (t5x_checkpoints.py)."""
+  """Params from an import-hf output, a train MODEL_DIR (latest step), a step dir, a params or t5x checkpoint."""
   path = storage.run_path(path)
   if t5x_checkpoints.is_t5x_checkpoint(path):  # a t5x MODEL_DIR or step directory (legacy msgpack or orbax layout)
     return t5x_checkpoints.load_t5x_params(path)

@@ -185,6 +185,5 @@ def summarize(sums: Mapping[str, float]) -> dict[str, float]:
 
 
 def make_tx(model, optimizer=optim.adafactor, learning_rate=None) -> optax.GradientTransformation:
-  """The run's transformation: `optimizer` (a factory, learning_rate -> transformation, as optim.adafactor) made
-  with `learning_rate`; a scanned model's stacked layers are updated layer by layer (optim.layerwise)."""
+  """The run's `tx`: the factory `optimizer` made with `learning_rate`; scanned stacks per layer (optim.layerwise)."""
   return optim.for_model(optimizer(learning_rate=learning_rate), model.module)

@@ -46,12 +46,12 @@ def _check_int(part, name: str, minimum: int | None = None, optional: bool = Fal
 class Training:
   """What is trained and how: the model, its optimizer and schedule, where its parameters start, the mesh.
 
-  `optimizer`: a factory, learning_rate -> optax transformation (optim.adafactor, optim.adamw_scaled), from which
-  programs.make_tx builds the run's `tx`. `learning_rate`: a float or a schedule (step -> rate; logged each step).
-  `init_checkpoint`: parameters to start from (a training MODEL_DIR, an import-hf output or a t5x checkpoint), with
-  a fresh optimizer state. `num_microbatches`: gradient accumulation (memory), the same gradient as the whole
-  batch. `mesh`: `partitioning.mesh_spec(...)` (None: every device on 'data', t5x's standard rules).
-  `peak_flops_per_device`: the MFU's peak where the device is not in mfu.py's table."""
+  `optimizer`: a factory, learning_rate -> optax transformation (optim.adafactor), that programs.make_tx makes
+  the run's `tx` with. `learning_rate`: a float or a schedule (step -> rate; logged each step). `init_checkpoint`:
+  parameters to start from (a training MODEL_DIR, an import-hf output or a t5x checkpoint), with a fresh optimizer
+  state. `num_microbatches`: gradient accumulation (memory), the same gradient as the whole batch. `mesh`:
+  `partitioning.mesh_spec(...)` (None: every device on 'data', t5x's standard rules). `peak_flops_per_device`: the
+  MFU's peak where the device is not in mfu.py's table."""
   model: Any
   optimizer: Callable[..., optax.GradientTransformation] = optim.adafactor
   learning_rate: Callable | float | None = None
