@@ -1,6 +1,5 @@
 """The CLI's info numbers, t5x-style flags, and clear errors for bad input."""
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -170,13 +169,11 @@ def test_gin_search_paths_find_user_configs(tmp_path, capsys):
                                       ("t5x_compat", "from remixer_t5.interop import t5x as t5x_compat")])
 def test_a_gin_file_with_an_old_import_is_told_the_new_one(tmp_path, capsys, old, new):
   """Modules moved into model/, training/, interop/: a user's gin file written before fails with the line to
-  write instead (the bindings keep their short names); so does the same import in Python."""
+  write instead (the bindings keep their short names)."""
   (tmp_path / "old.gin").write_text(f"from __gin__ import dynamic_registration\nfrom remixer_t5 import {old}\n")
   assert cli.main(["info", f"--gin_file={tmp_path / 'old.gin'}"]) == 2
   err = capsys.readouterr().err
   assert f"remixer_t5.{old} has moved" in err and new in err
-  with pytest.raises(ImportError, match=re.escape(new)):
-    exec(f"from remixer_t5 import {old}", {})  # noqa: S102
 
 
 def test_local_launcher_dry_run_prints_the_command():

@@ -41,7 +41,7 @@ def steps_both_ways(workload: str, field: str):
   for name, extra in (("default", []), ("xla", [f"{bench_kernels.fields()[field]}='xla'"])):
     gin_utils.parse_gin(files, bindings + extra, macro_defaults={"MODEL_DIR": "None"})
     setup = bench_train.from_gin(batch_size, lengths)  # the trainer's programs, each traced with its bindings
-    prog = programs.build(setup["model"], setup["optimizer"], setup["feature_lengths"], part)
+    prog = programs.build(setup["model"], setup["tx"], setup["feature_lengths"], part)
     if host is None:
       host = jax.device_get(prog.init_state(0))
       data = jax.device_put(bench_kernels.batch(workload, setup), prog.batch_sharding)

@@ -78,7 +78,7 @@ def step(name: str, extra: list[str]) -> tuple[Callable[[], object], dict]:
   files, bindings, batch_size, lengths = WORKLOADS[name]
   gin_utils.parse_gin(files, bindings + extra, macro_defaults={"MODEL_DIR": "None"})
   setup = bench_train.from_gin(batch_size, lengths)
-  return bench_train.ours(setup["model"], setup["optimizer"], batch(name, setup)), setup
+  return bench_train.ours(setup["model"], setup["tx"], batch(name, setup)), setup
 
 
 def batch(name: str, setup: dict) -> dict:

@@ -81,12 +81,12 @@ def jit_seconds(fn: Callable, args, repeats: int, warmup: int) -> float:
   return statistics.median(times)
 
 
-def ours(model, optimizer, batch: Mapping[str, np.ndarray], seed: int = 0) -> Callable[[], Any]:
+def ours(model, tx, batch: Mapping[str, np.ndarray], seed: int = 0) -> Callable[[], Any]:
   """A zero-argument callable that runs one of the trainer's jitted train steps (programs.build, on this process's
   first device) and returns its loss sum, waited for."""
   lengths = {"inputs": batch["encoder_input_tokens"].shape[1], "targets": batch["decoder_target_tokens"].shape[1]}
   part = partitioning.partitioner("1x1", jax.devices()[:1], rules="data")
-  prog = programs.build(model, optimizer, lengths, part)
+  prog = programs.build(model, tx, lengths, part)
   device_batch = {k: jax.device_put(v, prog.batch_sharding) for k, v in batch.items()}
   holder = {"state": prog.init_state(seed)}
   step_fn = prog.compile(prog.train_step, holder["state"], device_batch)
@@ -201,7 +201,7 @@ class _ChildReference:
       self.process.join()
 
 
-def bench_train(model, optimizer, *, batch_size: int, feature_lengths: Mapping[str, int], steps: int = 20,
+def bench_train(model, tx, *, batch_size: int, feature_lengths: Mapping[str, int], steps: int = 20,
                 warmup: int = 3, rounds: int = 3, reference: str | None = None, seed: int = 0,
                 hf_flush_denormal: bool = True, hf_process: str = "own",
                 log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
@@ -228,7 +228,7 @@ def bench_train(model, optimizer, *, batch_size: int, feature_lengths: Mapping[s
   medians: dict[str, list[float]] = {"ours": [], **{name: [] for name in runners}}
   usage = {name: [0.0, 0.0, 0, 0.0] for name in medians}  # cpu s, system s, minor faults, wall s (timed steps)
   try:  # from here on the reference's process is ended whatever fails, ours included
-    ours_run = ours(model, optimizer, batch, seed)
+    ours_run = ours(model, tx, batch, seed)
     runners = {"ours": lambda w, n: timed_round(ours_run, w, n), **runners}
     for r in range(rounds):
       for name, run_round in runners.items():
@@ -262,9 +262,9 @@ def bench_train(model, optimizer, *, batch_size: int, feature_lengths: Mapping[s
 
 def from_gin(batch_size: int | None = None, feature_lengths: Mapping[str, int] | None = None
              ) -> dict[str, Any]:
-  """bench_train's model, optimizer, batch size and feature lengths from the parsed gin config, as `train` reads
-  them: the run config (run_config.from_gin) when a run file is loaded, else the MODEL macro, Adafactor and
-  `batch_size`/`feature_lengths`, which also override the run's."""
+  """bench_train's model, optax transformation (`tx`), batch size and feature lengths from the parsed gin config,
+  as `train` reads them: the run config (run_config.from_gin) when a run file is loaded, else the MODEL macro,
+  Adafactor and `batch_size`/`feature_lengths`, which also override the run's."""
   try:
     run = run_config.from_gin()
     training = run.training
@@ -282,8 +282,8 @@ def from_gin(batch_size: int | None = None, feature_lengths: Mapping[str, int] |
     raise ValueError(f"feature lengths {lengths}: expected {{'inputs': N, 'targets': M}} with N, M >= 2")
   if int(batch) < 1:
     raise ValueError(f"batch size {batch}: expected a positive integer")
-  optimizer = programs.make_tx(training.model, training.optimizer, training.learning_rate)
-  return {"model": training.model, "optimizer": optimizer,
+  tx = programs.make_tx(training.model, training.optimizer, training.learning_rate)
+  return {"model": training.model, "tx": tx,
           "batch_size": int(batch), "feature_lengths": {"inputs": int(lengths["inputs"]),
                                                         "targets": int(lengths["targets"])}}
 
