@@ -24,10 +24,20 @@ import contextlib
 import dataclasses
 import functools
 import importlib.util
+import json
 import os
 import re
+import sys
 import time
+from importlib import resources
 from typing import Any, Callable, Mapping, Sequence
+
+import jax
+from jax._src.lib import _jax
+from jax.experimental import topologies
+
+from remixer_t5 import quiet
+from remixer_t5.training import mfu, partitioning, programs, run_config, trainer
 
 GIB = 2 ** 30
 
@@ -146,7 +156,6 @@ class GpuAccelerator:
 
   @functools.cached_property
   def target_config(self) -> str:
-    from importlib import resources
     return (resources.files("remixer_t5") / "gpu_targets" / GPU_MODELS[self.model]).read_text()
 
   @property
@@ -201,9 +210,6 @@ def gpu_topology_devices(acc: GpuAccelerator) -> list:
                           "gpu-compile-env` (a venv beside .venv with pip install -e '.[gpu-compile]': "
                           "jax-cuda12-plugin/pjrt 0.10.2 and nvidia-cuda-nvcc-cu12 for ptxas), then run "
                           ".venv-gpu/bin/remixer-t5 compile ...; no GPU is needed")
-  from jax.experimental import topologies
-
-  from remixer_t5 import quiet
   try:
     with quiet.hidden_unless_verbose():  # the plugin's start prints "Could not find cuda drivers" from C++
       topo = topologies.get_topology_desc(platform="cuda", target_config=acc.target_config, topology=acc.topology)
@@ -218,8 +224,6 @@ def gpu_topology_devices(acc: GpuAccelerator) -> list:
 
 def _gpu_cost(compiled) -> dict[str, Any]:
   """XLA's HLO cost analysis of the optimised per-device module (the GPU executable has none of its own)."""
-  import jax
-  from jax._src.lib import _jax
   module = compiled.runtime_executable().hlo_modules()[0]
   cost = _jax.hlo_module_cost_analysis(jax.devices("cpu")[0].client, module)
   out = {"xla_flops_per_device": max(0.0, float(cost.get("flops", 0.0))),
@@ -249,7 +253,6 @@ def topology_devices(acc: Accelerator, num_slices: int = 1) -> list:
   os.environ.setdefault("TPU_WORKER_ID", "0")
   # Nothing runs on a TPU here, so other processes that loaded libtpu (tests in parallel) are no conflict.
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-  from jax.experimental import topologies
   topo = topologies.get_topology_desc(platform="tpu", topology_name=acc.topology,
                                       chip_config_name=acc.generation.chip_config,
                                       chips_per_host_bounds=acc.host_bounds, num_slices=num_slices)
@@ -267,7 +270,6 @@ def without_persistent_cache():
   executable cannot be read back without a runtime client ("PjRtCompiler must be constructed with a Client"), and a
   cache hit would report a read as the compile time. JAX decides once per process whether the cache is used, so the
   switch is the minimum compile time an entry needs to be written."""
-  import jax
   was = jax.config.jax_persistent_cache_min_compile_time_secs
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 1e30)
   try:
@@ -347,9 +349,6 @@ def compile_run(run, topology: str, *, num_slices: int = 1, mesh: Any = None, ru
   `mesh`/`rules` override the run's mesh (a preset or 'DxM') and rule set. Returns the report (see the module
   docstring): {'topology', 'devices', 'mesh', 'rules', 'fits', 'steps': {name: {...}}, ...}; a step that does
   not fit has 'fits': False and 'needs_bytes' (from XLA's RESOURCE_EXHAUSTED message)."""
-  import jax
-
-  from remixer_t5.training import partitioning, programs, trainer
   acc = accelerator(topology)
   if jax.config.jax_platforms is None:
     jax.config.update("jax_platforms", "cpu")  # the host compiles; never look for a TPU or GPU runtime
@@ -380,7 +379,6 @@ def compile_run(run, topology: str, *, num_slices: int = 1, mesh: Any = None, ru
 
 def _report_header(acc, devices, num_slices: int, part, run, pack: bool) -> dict[str, Any]:
   """The report's description of the target, the mesh and the run; its 'steps' still empty."""
-  from remixer_t5.training import mfu
   model, data = run.training.model, run.data
   cfg = getattr(model.module, "config", None)
   report: dict[str, Any] = {
@@ -402,7 +400,6 @@ def _report_header(acc, devices, num_slices: int, part, run, pack: bool) -> dict
 
 def _compile_step(name: str, prog, acc, batch_size: int, pack: bool, peak, log) -> dict[str, Any]:
   """One step of `prog` compiled for `acc`: its row (memory, XLA's costs, the estimates they imply)."""
-  from remixer_t5.training import programs
   batch = prog.batch(batch_size, pack)
   if name == "train":
     row = _compiled_row(prog, acc, peak, log, prog.train_step, prog.state, batch)
@@ -442,7 +439,6 @@ def _compiled_row(prog, acc, peak, log, fn, *args, name: str = "") -> dict[str, 
   """The row of one compiled step: memory against the device's, XLA's FLOPs and bytes, and a step-time estimate
   where XLA's counts make one (no loops, no kernels it cannot see); `fits` False with the numbers of XLA's
   RESOURCE_EXHAUSTED error when it does not compile into memory."""
-  from remixer_t5.training import mfu
   gpu = isinstance(acc, GpuAccelerator)
   t0 = time.time()
   try:
@@ -496,7 +492,6 @@ def _estimate(row: dict, acc, prog, loops, name: str, peak) -> None:
 
 def _with_model_flops(row: dict, prog, acc, batch_size: int, pack: bool, peak) -> dict:
   """The train row with the model's FLOPs (mfu.py) and the MFU (and HFU) its estimated step time implies."""
-  from remixer_t5.training import mfu, programs
   lengths, devices = prog.feature_lengths, prog.mesh.size
   t0 = time.time()
   model_flops, model_loops = mfu.model_flops_and_loops(prog.model, programs.batch_shapes(lengths, batch_size, pack))
@@ -571,9 +566,6 @@ def format_report(report: Mapping[str, Any]) -> str:
 def main(topology: str, *, num_slices: int = 1, mesh: str | None = None, rules: str | None = None,
          steps: Sequence[str] = ("train",), as_json: bool = False) -> int:
   """`remixer-t5 compile` after gin is parsed: 0 when every step fits, 1 when one does not."""
-  import json
-  import sys
-  from remixer_t5.training import run_config
   report = compile_run(run_config.from_gin(), topology, num_slices=num_slices, mesh=mesh, rules=rules, steps=steps,
                        log=lambda m: print(m, file=sys.stderr, flush=True))
   print(json.dumps(report) if as_json else format_report(report))

@@ -38,10 +38,12 @@ import math
 import re
 import statistics
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from remixer_t5 import storage
+from remixer_t5 import gin_utils, info, storage
+from remixer_t5.training import plots
 from remixer_t5.training.metrics_log import current_rows
 from remixer_t5.training.run_identity import SIGNATURE_FILE
 
@@ -195,7 +197,6 @@ def model_label(config_text: str, signature: Mapping[str, Any] | None) -> str:
 
 def count_params(config_path: Path) -> int:
   """Parameters of the model config.gin describes, from shapes alone (jax.eval_shape; nothing allocated)."""
-  from remixer_t5 import gin_utils, info
   gin_utils.parse_gin([storage.local_copy(config_path)], [], macro_defaults={"MODEL_DIR": "None"})
   lengths = gin_utils.macro("TASK_FEATURE_LENGTHS") or {"inputs": 8, "targets": 8}
   return info.param_count(gin_utils.macro("MODEL"), lengths)
@@ -322,8 +323,6 @@ def plot(runs: Sequence[Run], path: str | Path) -> Path:
   """One PNG: loss against step and against tokens seen (train lines, validation markers + dashes, one colour
   per run), best validation loss per run, and the table's main numbers."""
   import matplotlib
-
-  from remixer_t5.training import plots
   plt = plots.pyplot()
   fig = plt.figure(figsize=(14, 9.5))
   grid = fig.add_gridspec(2, 2, height_ratios=(1.25, 1))
@@ -374,7 +373,6 @@ def plot(runs: Sequence[Run], path: str | Path) -> Path:
   shown = ["run", "params", "steps", "tokens_seen", "tokens_per_s", "final_train_loss", "best_validation_loss"]
   shown += [c for c in columns if c not in TABLE_COLUMNS][:4]
   cells = [[_fmt(c, row[c]) for c in shown] for row in rows]
-  import textwrap
   headers = ["\n".join(textwrap.wrap(_HEADERS[c] if c in _HEADERS else c.replace("/", "/ "), 11)) for c in shown]
   height = min(0.8, 0.11 * (len(runs) + 1.5))
   t = table_ax.table(cellText=cells, colLabels=headers, cellLoc="center", bbox=[0, 1 - height, 1, height])

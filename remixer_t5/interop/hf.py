@@ -19,6 +19,7 @@ Import needs only numpy + safetensors (+ jax/flax for the module); torch is impo
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -26,7 +27,10 @@ import tempfile
 from typing import Any, Mapping
 
 import numpy as np
+import safetensors.numpy
+import sentencepiece as spm
 from flax import traverse_util
+from sentencepiece import sentencepiece_model_pb2 as pb
 
 from remixer_t5.model import network
 
@@ -236,7 +240,6 @@ def params_to_hf_state_dict(params: Mapping, cfg: network.T5Config) -> dict[str,
 # --- checkpoints --------------------------------------------------------------------------------------------
 def _read_safetensors(path: str) -> dict[str, np.ndarray]:
   """All tensors of a .safetensors file as numpy (bfloat16 as ml_dtypes' type, which safetensors reads)."""
-  import safetensors.numpy
   return safetensors.numpy.load_file(path)
 
 
@@ -324,9 +327,6 @@ def fast_tokenizer_json(spiece_model: bytes, extra_ids: int = 100) -> dict:
   `<unk>` decodes as "<unk>", not " ⁇ "; and without `remove_extra_whitespaces` (e.g. the COGS word vocabularies) text
   that starts with spaces or "▁" gets one "▁" fewer, and a sentinel takes all the whitespace before it, not one "▁".
   Models that are not unigram ones starting words with "▁" are refused (ValueError)."""
-  import base64
-
-  from sentencepiece import sentencepiece_model_pb2 as pb
   proto = _t5_like_proto(spiece_model, extra_ids)
   trainer, norm = proto.trainer_spec, proto.normalizer_spec
   Piece = pb.ModelProto.SentencePiece
@@ -377,7 +377,6 @@ def fast_tokenizer_json(spiece_model: bytes, extra_ids: int = 100) -> dict:
 def _t5_like_proto(spiece_model: bytes, extra_ids: int):
   """The SentencePiece model proto, refused (ValueError) unless it is a unigram model starting words with "▁"
   and without a denormalizer, as T5's tokenizer is."""
-  from sentencepiece import sentencepiece_model_pb2 as pb
   proto = pb.ModelProto.FromString(spiece_model)
   trainer, norm = proto.trainer_spec, proto.normalizer_spec
   if trainer.model_type != pb.TrainerSpec.UNIGRAM:
@@ -406,7 +405,6 @@ def hf_tokenizer_files(spiece_model: bytes, extra_ids: int = 100, model_max_leng
   its own way (no byte fallback, a "▁" added to text right after a sentinel), so its ids would differ from seqio's. It
   also carries `extra_ids` and the sentinels as `additional_special_tokens` (also in `special_tokens_map.json`);
   `model_max_length` 512 is T5's value (transformers only warns beyond it; relative positions have no hard limit)."""
-  import sentencepiece as spm
   try:
     sp = spm.SentencePieceProcessor(model_proto=spiece_model)
   except Exception as e:  # noqa: BLE001 - sentencepiece raises RuntimeError/OSError for bad protos
@@ -454,7 +452,6 @@ def write_hf_checkpoint(path: str | os.PathLike, cfg: network.T5Config, params: 
   `tokenizer`: files to write beside them ({name: bytes}, from `hf_tokenizer_files`), so that
   `AutoTokenizer.from_pretrained(path)` works too. An existing non-empty `path` is an error unless `overwrite`; then it
   is replaced only once the new checkpoint is completely written."""
-  import safetensors.numpy
   path = os.path.abspath(os.fspath(path))
   parent = os.path.dirname(path)
   if os.path.exists(path) and not overwrite and (not os.path.isdir(path) or os.listdir(path)):

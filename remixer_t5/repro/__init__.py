@@ -4,6 +4,10 @@ from __future__ import annotations
 import json
 from typing import Callable, Sequence
 
+import numpy as np
+
+from remixer_t5.training import plots
+
 
 def ints(text: str, what: str) -> tuple[int, ...]:
   """The comma-separated integers of flag `--what`; ValueError naming the flag and the text otherwise."""
@@ -23,7 +27,6 @@ def emitter(as_json: bool) -> Callable[[dict], None]:
 
 def mean_range(values: Sequence[float], digits: int) -> str:
   """'mean (min-max)' of `values` to `digits` decimals ('mean' alone for one value, '-' for none)."""
-  import numpy as np
   if not values:
     return "-"
   return f"{np.mean(values):.{digits}f}" + (
@@ -32,5 +35,4 @@ def mean_range(values: Sequence[float], digits: int) -> str:
 
 def pyplot():
   """(matplotlib.pyplot on the file-only Agg backend, plots.save_png)."""
-  from remixer_t5.training import plots
   return plots.pyplot(), plots.save_png

@@ -17,21 +17,30 @@ model, seed and split or gen category), ``cogs_table.md`` (mean and range over s
 """
 from __future__ import annotations
 
+import argparse
+import concurrent.futures
 import contextlib
 import dataclasses
+import heapq
 import itertools
 import json
 import math
 import os
+import queue
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 
+from remixer_t5 import gin_utils, runtime
+from remixer_t5.data import word_vocab
 from remixer_t5.repro import emitter, ints, mean_range, pyplot
+from remixer_t5.tasks import cogs, sources
+from remixer_t5.training import checkpoints, evaluation
 
 DEFAULT_MODELS = ("t5_1_1", "remixer", "mixer_encdec", "hypermixer")
 LABELS = {"t5_1_1": "T5.1.1", "remixer": "Remixer", "mixer_encdec": "MLP-Mixer enc-dec",
@@ -102,10 +111,9 @@ QUICK_JOBS = 2  # --quick's two runs side by side (jobs_from_args): one small ru
 
 def model_gin(model: str) -> str:
   """``models/<model>/cogs.gin``; ValueError naming the models that have one when it is missing."""
-  from remixer_t5.gin_utils import gin_dir
-  if (gin_dir() / "models" / model / MODEL_FILE).is_file():
+  if (gin_utils.gin_dir() / "models" / model / MODEL_FILE).is_file():
     return f"models/{model}/{MODEL_FILE}"
-  have = sorted(p.parent.name for p in (gin_dir() / "models").glob(f"*/{MODEL_FILE}"))
+  have = sorted(p.parent.name for p in (gin_utils.gin_dir() / "models").glob(f"*/{MODEL_FILE}"))
   raise ValueError(f"unknown COGS model {model!r}: gin/models/{model}/{MODEL_FILE} does not exist; models with "
                    f"a COGS config: {', '.join(have)}")
 
@@ -116,8 +124,6 @@ def measure_splits(progress: Callable[[str], None] = print, eval_examples: int |
   EOS); the model lengths (`MODEL_LENGTHS`, declared: not measured) and the packed training rows' (`TRAIN_LENGTHS`).
   ValueError naming the file, line, length and limit when a row does not fit (check_lengths). For gen, `categories`
   counts the rows of each category that are decoded (the first `eval_examples` of the file)."""
-  from remixer_t5.data import word_vocab
-  from remixer_t5.tasks import cogs
   vocab = cogs.cogs_word_vocabulary()
   gen = cogs.gen_path()
   out = {"gen_file": portable_path(gen), "gen_digest": word_vocab.file_digest(gen),
@@ -172,7 +178,6 @@ def portable_path(path: str | os.PathLike) -> str:
   """`path`, absolute, with the data folder written `$REMIXER_T5_DATA_DIR` when it lies inside it (as written,
   or once symbolic links are resolved): settings.json and data.json then name no machine's folders (results
   are committed and resumed elsewhere)."""
-  from remixer_t5.tasks import sources
   path = Path(path).expanduser()
   root = os.environ.get(sources.DATA_ENV_VAR)
   if root:
@@ -262,7 +267,6 @@ def _run_child(cmd: list[str], log_path: Path, cpus: Sequence[int] | None, progr
   one of `forward` passed to `progress`; `cpus` pins it ($REMIXER_T5_CPUS: the CLI pins itself before any thread
   pool starts, and XLA sizes its pool to them). Stopped (Interrupted at a progress line, Ctrl-C) it gets SIGTERM.
   RuntimeError naming `what` and the log when it fails."""
-  from remixer_t5 import runtime
   with open(log_path, "a") as log:
     log.write("$ " + " ".join(cmd) + "\n")  # a pinned child logs its own cores (the CLI's 'cores:' line)
     log.flush()
@@ -305,7 +309,6 @@ def train_run(model: str, seed: int, settings: Settings, lengths: dict, run_dir:
   _run_child(cmd, run_dir / "train.log", cpus, lambda line: progress(f"{model} seed {seed}: {line}"),
              ("[train]", "[validation]", "model:"), f"training {model} seed {seed}")
   # A trainer stopped by SIGTERM saves, says so and exits 0: decoding that checkpoint would report a short run.
-  from remixer_t5.training import checkpoints
   ckpt = checkpoints.Checkpointer(run_dir)
   reached = ckpt.latest_step()
   ckpt.close()
@@ -321,8 +324,6 @@ def evaluate_run(model: str, seed: int, settings: Settings, data: dict, run_dir:
   """Decode `splits` (dev, test and gen) with the run's checkpoint of `step` (None: the last), each at
   `decode_lengths`; {split: {metrics..., stats...}}."""
   lengths = data["model_lengths"]
-  from remixer_t5.training import checkpoints, evaluation
-  from remixer_t5 import gin_utils
   flags = _gin_args(model, run_dir, seed, settings, lengths)
   gin_utils.parse_gin([f[len("--gin_file="):] for f in flags if f.startswith("--gin_file=")],
                       [f[len("--gin."):] for f in flags if f.startswith("--gin.")])
@@ -376,7 +377,6 @@ def decode_child(spec_path: Path) -> int:
   kw = dict(spec["settings"])
   kw["models"], kw["seeds"] = tuple(kw["models"]), tuple(kw["seeds"])
   settings, run_dir = Settings(**kw), Path(spec["run_dir"])
-  from remixer_t5.tasks import cogs  # registers the task (as `run` does in the driver)
   if settings.gen_file:
     cogs.set_gen_file(settings.gen_file)
   results = evaluate_run(spec["model"], spec["seed"], settings, spec["data"], run_dir,
@@ -431,7 +431,6 @@ def core_groups(jobs: int) -> list[list[int] | None]:
 def _prepare(settings: Settings, out_dir: Path | None, progress: Callable[[str], None]) -> tuple[Path, dict]:
   """(the sweep's folder, the splits' measurements): the gen file set, the models' names and
   the examples' round trips checked, the folder's settings.json written or matched, before anything runs."""
-  from remixer_t5.tasks import cogs
   if settings.gen_file:
     cogs.set_gen_file(settings.gen_file)
     os.environ[cogs.GEN_ENV_VAR] = str(Path(settings.gen_file).expanduser().resolve())  # for the subprocesses
@@ -522,9 +521,6 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
   bit-identical to the same run with `jobs` 1 (XLA splits its sums differently over fewer threads). A run that
   fails does not stop the others; the failures are raised together at the end. Interrupted (Ctrl-C), the runs
   stop as `_stop_all` says; rerunning the command resumes them."""
-  import concurrent.futures
-  import queue
-  import threading
   groups = core_groups(jobs)
   work, data = _prepare(settings, out_dir, progress)
   records, todo = _kept_and_todo(work, settings, progress, emit)
@@ -601,7 +597,6 @@ def eta_seconds(run_seconds: float, running: Sequence[float], queued: int, jobs:
   """Seconds until a sweep ends if every run takes `run_seconds` (the finished runs' mean): the runs in flight,
   `running` seconds into theirs, end when that is up; each of `queued` runs not started takes the first of the
   `jobs` slots to free."""
-  import heapq
   slots = [max(0.0, run_seconds - r) for r in running] + [0.0] * max(0, jobs - len(running))
   heapq.heapify(slots)
   for _ in range(queued):
@@ -704,7 +699,6 @@ def plot(records: Sequence[dict], path: Path) -> None:
 
 # --- command line -----------------------------------------------------------------------------------------
 def add_arguments(p) -> None:
-  import argparse
   p.add_argument("--quick", action="store_true",
                  help=f"T5.1.1 and the Remixer, 1 seed, {QUICK['steps']} steps; trained side by side where there are 2 "
                  "cores or more (Linux), each run decoded on its own cores (its time: docs/reproductions.md)")
@@ -770,7 +764,6 @@ def main(args) -> int:
     return decode_child(Path(args.decode_spec))
   settings = settings_from_args(args)
   if args.data_dir:
-    from remixer_t5.tasks import sources
     os.environ[sources.DATA_ENV_VAR] = str(Path(args.data_dir).expanduser().resolve())  # the runs read it too
   out = Path(args.out) if args.out else None
   progress = lambda s: (sys.stderr.write(s + "\n"), sys.stderr.flush())  # one write: runs' lines don't interleave

@@ -29,8 +29,18 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
+from flax import linen as nn
 
+from remixer_t5.model import layers
+from remixer_t5.model.config import T5Config
+from remixer_t5.model.mixers import base
+from remixer_t5.model.mixers.attention import Attention
+from remixer_t5.model.mixers.hypermixer import HyperMixing
+from remixer_t5.model.mixers.mlp_mixer import TokenMixingMlp
 from remixer_t5.repro import emitter, ints, mean_range, pyplot
 
 MODELS = ("none", "mlp_mixer", "hypermixer", "attention")
@@ -119,18 +129,7 @@ def generate(n: int, seed: int, spec: TaskSpec = TaskSpec()) -> dict[str, np.nda
 
 # --- models -----------------------------------------------------------------------------------------------
 def _build_model(mixer: str, channels: int, hidden: int, length: int):
-  """The Flax module for one model (imports JAX lazily, so `--help` and the data generator stay light)."""
-  import jax
-  import jax.numpy as jnp
-  from flax import linen as nn
-
-  from remixer_t5.model import layers
-  from remixer_t5.model.config import T5Config
-  from remixer_t5.model.mixers import base
-  from remixer_t5.model.mixers.attention import Attention
-  from remixer_t5.model.mixers.hypermixer import HyperMixing
-  from remixer_t5.model.mixers.mlp_mixer import TokenMixingMlp
-
+  """The Flax module for one model."""
   if mixer not in MODELS:
     raise ValueError(f"unknown model {mixer!r}; expected one of {', '.join(MODELS)}")
 
@@ -197,8 +196,6 @@ def _build_model(mixer: str, channels: int, hidden: int, length: int):
 def attention_weights(params, x, channels: int, hidden: int, length: int):
   """The attention model's softmax weights [batch, L, L] on inputs x (Fig. 6a), recomputed from its query
   and key kernels (the Attention module returns only its output)."""
-  import jax
-  import jax.numpy as jnp
   model = _build_model("attention", channels, hidden, length)
   h = model.apply(params, x, method=lambda m, x_: m.mix_input(x_))
   p = params["params"]["token_mixer"]
@@ -210,7 +207,6 @@ def attention_weights(params, x, channels: int, hidden: int, length: int):
 def pseudo_attention(apply_fn: Callable, params, x) -> np.ndarray:
   """Input-gradient pseudo-attention (Simonyan et al. 2014; HyperMixer App. B.4): |d out_i / d in_j| for one
   sequence x [L]; entry [i, j] is large when output i depends strongly on input j."""
-  import jax
   jac = jax.jacrev(lambda v: apply_fn(params, v[None])[0])(x)
   return np.abs(np.asarray(jac))
 
@@ -261,10 +257,6 @@ def _chunking(settings: SweepSettings) -> tuple[int, int]:
 
 def _train_fn(model, settings: SweepSettings):
   """jit(vmap over seeds of one call's Adam steps): (state, inputs, targets, n, key) -> (state, losses)."""
-  import jax
-  import jax.numpy as jnp
-  import optax
-
   opt = optax.adam(settings.learning_rate)
   batch = settings.batch_size
 
@@ -292,9 +284,6 @@ def run_sweep(settings: SweepSettings, *, emit: Callable[[dict], None] = lambda 
   Seed s draws its training pool (the first N examples serve size N, so sizes are nested), the parameters'
   initialisation and the batch order; the test set is shared by all runs. With out_dir, writes the error
   plot and the pseudo-attention maps (models trained on `map_examples`, or the largest size below it)."""
-  import jax
-  import jax.numpy as jnp
-
   spec = settings.spec
   sizes = tuple(sorted(set(settings.train_sizes)))
   seeds = settings.seeds
