@@ -37,7 +37,7 @@ from jax._src.lib import _jax
 from jax.experimental import topologies
 
 from remixer_t5 import quiet
-from remixer_t5.training import mfu, partitioning, programs, run_config, trainer
+from remixer_t5.training import mfu, partitioning, programs, run_config
 
 GIB = 2 ** 30
 
@@ -360,7 +360,7 @@ def compile_run(run, topology: str, *, num_slices: int = 1, mesh: Any = None, ru
   part = partitioning.partitioner(mesh if mesh is not None else training.mesh, devices, rules=rules)
   part.check_batch_size(data.batch_size)
   prog = programs.from_run(training, data.feature_lengths, part)
-  pack = trainer.packing(training.model, data.pack)
+  pack = programs.packing(training.model, data.pack)
   report = _report_header(acc, devices, num_slices, part, run, pack)
   for name in steps:
     log(f"compiling the {name} step for {acc.name} x{num_slices} ({len(devices)} devices, mesh "

@@ -322,7 +322,6 @@ def csv_table(runs: Sequence[Run]) -> str:
 def plot(runs: Sequence[Run], path: str | Path) -> Path:
   """One PNG: loss against step and against tokens seen (train lines, validation markers + dashes, one colour
   per run), best validation loss per run, and the table's main numbers."""
-  import matplotlib
   plt = plots.pyplot()
   fig = plt.figure(figsize=(14, 9.5))
   grid = fig.add_gridspec(2, 2, height_ratios=(1.25, 1))
@@ -356,7 +355,7 @@ def plot(runs: Sequence[Run], path: str | Path) -> Path:
       ax.set_ylim(top=top)
   by_step.set_title("loss against step")
   by_tokens.set_title("loss against tokens seen")
-  by_tokens.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: _si(v)))
+  by_tokens.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: _si(v)))
   by_step.legend(fontsize=8, ncol=1 if len(runs) < 4 else 2)
   bars.plot([], [], "ko", label="best validation loss")
   bars.plot([], [], "kx", label="final train loss")

@@ -190,14 +190,14 @@ def stage_model(name: str, steps: int, warmup: int, profile_dir: str | None = No
   import numpy as np
 
   from remixer_t5 import aot_compile
-  from remixer_t5.training import mfu, profiling, programs, trainer
+  from remixer_t5.training import mfu, profiling, programs
   model_gin, bindings, label = MODELS[name]
   run = _parse(model_gin, bindings)
   model = run.training.model
   devices = jax.devices()
   prog = _program(run, devices[0])
   lengths, batch_size = dict(run.data.feature_lengths), run.data.batch_size
-  pack = trainer.packing(model, run.data.pack)
+  pack = programs.packing(model, run.data.pack)
   shapes = programs.batch_shapes(lengths, batch_size, pack)
   row = {"stage": name, "label": label, "batch_size": batch_size, "feature_lengths": lengths, "pack": pack,
          "num_microbatches": run.training.num_microbatches, "device_kind": devices[0].device_kind}

@@ -26,7 +26,7 @@ naming the file, the line and what was expected.
 
 Vocabulary: ``vocabulary`` (a seqio.Vocabulary or a SentencePiece model path), default the project's embedded
 vocabulary, which ``models/t5_1_1/tiny.gin`` pairs with; a run's ``VOCABULARY`` swaps it as for any task
-(data/task_lookup.py). Runs use it through ``gin/runs/custom.gin`` (``MIXTURE_OR_TASK_NAME = @custom.register()``),
+(tasks/lookup.py). Runs use it through ``gin/runs/custom.gin`` (``MIXTURE_OR_TASK_NAME = @custom.register()``),
 which ``remixer-t5 train|eval|infer --train_file=... --validation_file=...`` adds (docs/data.md, "Your own data").
 """
 from __future__ import annotations

@@ -472,7 +472,7 @@ def average_entries(scores_by_task: Mapping[str, Mapping[str, float]]) -> tuple[
   each task prefix whose SuperGLUE tasks were scored, a note (and no score) for a prefix that lacks some of the
   tasks the score needs. A prefix counts when a task only SuperGLUE has (all but RTE, which GLUE also names
   ``<prefix>rte``) is among the results; results without one give ``({}, [])``. Tasks evaluated in another
-  vocabulary are copies named ``<task>#<vocabulary tag>`` (remixer_t5.data.task_lookup): each tag's copies are
+  vocabulary are copies named ``<task>#<vocabulary tag>`` (remixer_t5.tasks.lookup): each tag's copies are
   averaged together, as ``<prefix>average#<tag>``."""
   distinctive = [t for t in AVERAGE_METRICS if t != "rte"]
   groups: dict[tuple[str, str], dict[str, Mapping[str, float]]] = {}

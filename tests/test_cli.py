@@ -141,6 +141,9 @@ def test_every_gin_file_parses(tmp_path):
       assert seqio.get_mixture_or_task(gin_utils.macro("MIXTURE_OR_TASK_NAME")) is not None, f
     elif str(f).startswith("partitioning/"):  # mesh files pair with a model and a run
       gin_utils.parse_gin(["models/t5_1_1/tiny.gin", "runs/pretrain.gin", str(f)], ["MODEL_DIR='/tmp/unused'"])
+    elif str(f).startswith("commands/"):  # what a command loads before a model and a run
+      gin_utils.parse_gin([str(f), "models/t5_1_1/tiny.gin", "runs/pretrain.gin"],
+                          ["MODEL_DIR='/tmp/unused'", "trainer.evaluate_checkpoint.beam_size=2"])
     else:
       gin_utils.parse_gin([str(f)], [])
     assert gin_utils.macro("MODEL") is not None

@@ -137,7 +137,8 @@ def test_a_multislice_mesh_puts_the_slices_on_the_data_axis():
 @pytest.mark.parametrize("pack", [True, False])
 def test_the_compiled_batch_is_the_one_the_input_pipeline_gives(pack, embedded_env):
   # compile lowers the step for programs.batch_shapes; train calls it with get_batches' arrays: same features.
-  from remixer_t5.data import input_pipeline, task_lookup
+  from remixer_t5.data import input_pipeline
+  from remixer_t5.tasks import lookup as task_lookup
   from remixer_t5.training import programs
   lengths = {"inputs": 32, "targets": 8}
   task = task_lookup.get_task("embedded_span_corruption")

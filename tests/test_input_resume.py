@@ -89,7 +89,7 @@ def _assert_exact_resume(task, tmp_path, k=5, m=4, **kwargs):
 
 
 def test_embedded_corpus_resumes_exactly(embedded_env, tmp_path):
-  from remixer_t5.data.task_lookup import get_task
+  from remixer_t5.tasks.lookup import get_task
   _assert_exact_resume(get_task("embedded_span_corruption"), tmp_path)
 
 
@@ -177,7 +177,7 @@ def test_generator_source_is_not_checkpointable_and_says_so(embedded_env, tmp_pa
 def test_restore_time_does_not_grow_with_the_position(embedded_env, tmp_path):
   """Time from a built pipeline to the batch at the position: restoring at position 2000 costs about what it
   costs at 2 (median of 3; a generous ratio), while replaying with skip grows with the position."""
-  from remixer_t5.data.task_lookup import get_task
+  from remixer_t5.tasks.lookup import get_task
   task = get_task("embedded_span_corruption")
   prefixes = {}
   run = _batches(task)

@@ -5,7 +5,7 @@ import seqio
 
 import remixer_t5.tasks  # noqa: F401
 from remixer_t5 import cli
-from remixer_t5.data import task_lookup
+from remixer_t5.tasks import lookup as task_lookup
 from remixer_t5.tasks import mixtures
 
 SPEC_TASKS = ["c4_span_corruption", "cogs", "mnli_matched", "mnli_mismatched", "anli_r1", "anli_r2", "anli_r3",

@@ -746,7 +746,7 @@ def test_super_glue_average_entries_per_task_prefix():
 
 
 def test_super_glue_average_of_tasks_copied_into_another_vocabulary():
-  """A run evaluates in its own vocabulary: the tasks are copies ``<task>#<tag>`` (data/task_lookup.py)."""
+  """A run evaluates in its own vocabulary: the tasks are copies ``<task>#<tag>`` (tasks/lookup.py)."""
   from remixer_t5.tasks import super_glue
   tag = "#spm_unigram_2000_1a2642eb"
   results = {name + tag: scores for name, scores in _scores(*PUBLISHED["T5-11B"][0]).items()}
@@ -762,10 +762,11 @@ def test_super_glue_average_of_tasks_copied_into_another_vocabulary():
 def test_infer_eval_logs_and_returns_the_average(monkeypatch, tmp_path):
   from types import SimpleNamespace
 
+  from remixer_t5 import storage
   from remixer_t5.training import evaluation, validation
   per_task = {**_scores(*PUBLISHED["T5-11B"][0]), "super_glue_axb": {"mcc": 65.6}}
   monkeypatch.setattr(evaluation, "infer_eval", lambda *a, **k: dict(per_task))
-  run = SimpleNamespace(data=SimpleNamespace(batch_size=2, feature_lengths=None), model_dir=str(tmp_path),
+  run = SimpleNamespace(data=SimpleNamespace(batch_size=2, feature_lengths=None), model_dir=storage.run_path(tmp_path),
                         schedule=SimpleNamespace(infer_examples=None), training=SimpleNamespace(random_seed=0))
   written, said = [], []
   log = SimpleNamespace(write=lambda step, split, row: written.append((step, split, dict(row))), info=said.append)

@@ -141,7 +141,8 @@ T5_VOCAB = Path(__file__).resolve().parents[2] / "shared" / "vocab" / "t5_cc_all
 
 @pytest.mark.skipif(not T5_VOCAB.exists(), reason=f"real T5 vocabulary not found at {T5_VOCAB}")
 def test_a_config_can_name_a_real_vocabulary(tmp_path, capsys, monkeypatch, embedded_cache):
-  from remixer_t5.data import input_pipeline, task_lookup, vocab
+  from remixer_t5.data import input_pipeline, vocab
+  from remixer_t5.tasks import lookup as task_lookup
   monkeypatch.setenv("REMIXER_T5_CACHE_DIR", str(embedded_cache.root))
   task = task_lookup.get_task("embedded_span_corruption", vocab.get_vocabulary(str(T5_VOCAB)))
   assert task.output_features["inputs"].vocabulary.vocab_size == 32100

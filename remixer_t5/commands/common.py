@@ -27,14 +27,16 @@ def stderr(msg: str) -> None:
   print(msg, file=sys.stderr, flush=True)
 
 
-def load_gin(args: argparse.Namespace, *, required: bool = False, run: bool = False,
+def load_gin(args: argparse.Namespace, *, required: bool = False, run: bool = False, first: tuple[str, ...] = (),
              bindings: tuple[str, ...] = ()) -> None:
-  """Parses the command's gin flags (plus `bindings`). `run`: a command that reads or writes MODEL_DIR (train,
-  eval), whose run files leave it `%gin.REQUIRED`; the others take a run's gin files with MODEL_DIR unset.
-  `required`: a command that needs a config. Without flags any config an earlier call left is cleared."""
+  """Parses the command's gin flags (after the package's gin files `first`, plus `bindings`). `run`: a command
+  that reads or writes MODEL_DIR (train, eval), whose run files leave it `%gin.REQUIRED`; the others take a run's
+  gin files with MODEL_DIR unset. `required`: a command that needs a config. Without flags any config an earlier
+  call left is cleared."""
   files, given, paths = args.gin
   if files or given or bindings:
-    parse_gin(files, [*given, *bindings], paths, macro_defaults=None if run else {"MODEL_DIR": "None"})
+    parse_gin([*(str(gin_dir() / f) for f in first), *files], [*given, *bindings], paths,
+              macro_defaults=None if run else {"MODEL_DIR": "None"})
   elif required:
     raise GinError(f"`{args.command}` needs a config: --gin_file=... (see gin/ for models and runs)")
   else:  # export-hf/plot then read the checkpoint's own gin, never a config left by an earlier main() call
@@ -61,12 +63,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                  help="say how the process was set up (host allocator, ...) besides the one start line")
 
 
-def start_run(args: argparse.Namespace, *, run: bool, bindings: tuple[str, ...] = ()):
+def start_run(args: argparse.Namespace, *, run: bool, first: tuple[str, ...] = (), bindings: tuple[str, ...] = ()):
   """train/eval/infer: joins the other processes, parses the config (with --train_file's task), checks a local
   MODEL_DIR and returns the run it configures (run_config.from_gin)."""
   distributed.maybe_initialize(args.coordinator_address, args.num_processes, args.process_id, args.distributed)
   args.gin = custom_data(args)
-  load_gin(args, required=True, run=run, bindings=bindings)
+  load_gin(args, required=True, run=run, first=first, bindings=bindings)
   model_dir = macro("MODEL_DIR")
   if isinstance(model_dir, (str, os.PathLike)) and model_dir and not storage.is_bucket(model_dir):
     path = Path(model_dir).expanduser()  # checked before anything is built or compiled

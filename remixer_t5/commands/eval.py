@@ -18,7 +18,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-  run = common.start_run(args, run=True)
+  run = common.start_run(args, run=True, first=("commands/eval.gin",))
   common.check_checkpoint_source(run.model_dir, "MODEL_DIR")
   step = {}
   if args.checkpoint not in (None, "latest"):  # 'best' or a step number

@@ -6,7 +6,8 @@ import argparse
 import sys
 
 from remixer_t5.commands import common
-from remixer_t5.data import task_lookup, vocab as vocab_lib
+from remixer_t5.data import vocab as vocab_lib
+from remixer_t5.tasks import lookup as task_lookup
 from remixer_t5.gin_utils import macro
 from remixer_t5.interop import hf
 from remixer_t5.training import best, checkpoints

@@ -15,6 +15,8 @@ from typing import Mapping
 
 import jax
 import numpy as np
+import seqio
+import tensorflow as tf
 
 
 class InputNotCheckpointableError(RuntimeError):
@@ -43,7 +45,6 @@ class Batches:
   def save(self, prefix: str) -> str:
     """Writes the iterator state to ``prefix`` (.index + .data files); InputNotCheckpointableError if the
     pipeline cannot be saved, naming the reason."""
-    import tensorflow as tf
     try:
       return tf.train.Checkpoint(iterator=self._iterator).write(prefix)
     except tf.errors.FailedPreconditionError as e:
@@ -54,7 +55,6 @@ class Batches:
 
   def restore(self, prefix: str, position: int) -> float:
     """Restores the state saved at ``prefix`` (``position`` batches consumed); returns the seconds taken."""
-    import tensorflow as tf
     t0 = time.perf_counter()
     tf.train.Checkpoint(iterator=self._iterator).read(prefix).assert_consumed()
     self.position = position
@@ -69,7 +69,6 @@ def get_batches(task, feature_lengths: Mapping[str, int], split: str, batch_size
   Each process reads its own shard (``process_index`` of ``process_count``, default JAX's); ``batch_size``
   is the global batch. ``skip_batches``: start there by replaying (``Dataset.skip``, time grows with it);
   ``Batches.restore`` jumps there in constant time instead."""
-  import seqio  # here, not at the top: compiling a run imports this module and needs no TensorFlow
   num_procs = jax.process_count() if process_count is None else process_count
   index = jax.process_index() if process_index is None else process_index
   if batch_size % num_procs:

@@ -26,7 +26,7 @@ def pyplot():
 
 def save_png(fig, path, dpi: int = 100) -> Path:
   """Writes `fig` to `path` (local or a bucket) whole or not at all, creating its folder; closes it."""
-  import matplotlib.pyplot as plt
+  plt = pyplot()
   path = storage.run_path(path)
   buffer = io.BytesIO()
   fig.savefig(buffer, dpi=dpi, format="png")

@@ -178,6 +178,14 @@ def from_run(training, feature_lengths: Mapping[str, int], partitioner: Partitio
                num_microbatches=training.num_microbatches, **kwargs)
 
 
+def packing(model: EncoderDecoderModel, pack: bool) -> bool:
+  """Whether the run's batches are packed: PACK, unless a mixer of `model` cannot mix packed examples exactly."""
+  if pack and not getattr(model.module, "packable", True):
+    print("packing off: a mixer of this model cannot mix packed examples exactly", flush=True)
+    return False
+  return pack
+
+
 def summarize(sums: Mapping[str, float]) -> dict[str, float]:
   w = max(float(sums["weight_sum"]), 1.0)
   return {"loss": float(sums["loss_sum"]) / w, "z_loss": float(sums["z_loss_sum"]) / w,

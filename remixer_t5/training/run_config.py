@@ -83,7 +83,7 @@ class Training:
 @dataclasses.dataclass(frozen=True)
 class Data:
   """The examples: a seqio task or mixture, its lengths and the global batch. `vocabulary` swaps the task's
-  (data/task_lookup.py); `data_dir`: local dataset release files (tasks/sources.py; None: $REMIXER_T5_DATA_DIR,
+  (tasks/lookup.py); `data_dir`: local dataset release files (tasks/sources.py; None: $REMIXER_T5_DATA_DIR,
   else TFDS); `pack`: several examples a row where every mixer of the model can mix them exactly."""
   task: str
   feature_lengths: Mapping[str, int]

@@ -153,7 +153,7 @@ def training_files(task_name: str) -> dict[str, str]:
   """One's own training files (tasks read through a file source: `--train_file`), each with its content
   fingerprint (storage.fingerprint); {} for registered datasets."""
   import seqio
-  from remixer_t5.data.task_lookup import get_task
+  from remixer_t5.tasks.lookup import get_task
   task = get_task(task_name)
   tasks = task.tasks if isinstance(task, seqio.Mixture) else [task]
   out = {}

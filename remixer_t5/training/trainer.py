@@ -3,8 +3,8 @@
 
 The same code runs on one CPU and on a TPU slice: the state is created directly in its shardings
 (train_state.py), batches are global arrays assembled from process-local data (batches.py), the steps are
-programs.py's, evaluation validation.py's, and only process 0 writes summaries. The data side (seqio,
-TensorFlow) is imported where it is used, so that compiling a step (`remixer-t5 compile`) never loads TensorFlow.
+programs.py's, evaluation validation.py's, and only process 0 writes summaries. It imports the data side (seqio,
+TensorFlow); `remixer-t5 compile` builds the same steps from programs.py without it.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import seqio
 from jax.experimental import multihost_utils
 
 from remixer_t5 import storage
@@ -32,6 +33,8 @@ from remixer_t5.training.batches import global_batch, real_tokens
 from remixer_t5.training.metrics_log import MetricsLogger, current_rows, format_duration, read_rows
 from remixer_t5.training.programs import batch_shapes, summarize
 from remixer_t5.training.run_config import Run
+from remixer_t5.tasks import sources
+from remixer_t5.tasks.lookup import get_task, with_vocabulary
 from remixer_t5.training.train_state import fit_lengths
 
 def train(run: Run, *, config_text: str | None = None) -> dict[str, float]:
@@ -117,7 +120,7 @@ def _setup(run: Run, check_init: bool = False):
   task_name, task, vocab, infer_task = task_and_vocabulary(data.task, data.vocabulary, data.data_dir,
                                                             run.schedule.infer_eval_task)
   _check_vocab_fits(run.training.model, task)
-  data = dataclasses.replace(data, task=task_name, pack=packing(run.training.model, data.pack))
+  data = dataclasses.replace(data, task=task_name, pack=programs.packing(run.training.model, data.pack))
   return dataclasses.replace(run, data=data), task, vocab, infer_task
 
 
@@ -316,11 +319,9 @@ def _save(model_dir, ckpt, step: int, state, batches, data_position: dict, log, 
 
 def task_and_vocabulary(task_name, vocabulary, data_dir, infer_task):
   """(name, task, targets vocabulary, name of the task decoded by inference evaluation): `vocabulary` swaps the
-  task's (data/task_lookup.py), `data_dir` is where local dataset files are read (tasks/sources.py)."""
+  task's (tasks/lookup.py), `data_dir` is where local dataset files are read (tasks/sources.py)."""
   if data_dir is not None:
-    from remixer_t5.tasks import sources
     sources.set_data_dir(data_dir)
-  from remixer_t5.data.task_lookup import get_task, with_vocabulary
   task_name = with_vocabulary(task_name, vocabulary)
   task = get_task(task_name)
   vocab = task.output_features["targets"].vocabulary
@@ -417,13 +418,6 @@ def _restore_batches(task, run: Run, position: int, input_state, log):
   return batches_at(position)
 
 
-def packing(model: EncoderDecoderModel, pack: bool) -> bool:
-  if pack and not getattr(model.module, "packable", True):
-    print("packing off: a mixer of this model cannot mix packed examples exactly", flush=True)
-    return False
-  return pack
-
-
 def _check_vocab_fits(model: EncoderDecoderModel, task) -> None:
   cfg = getattr(model.module, "config", None)
   for name, feature in task.output_features.items():
@@ -459,8 +453,6 @@ def evaluate_checkpoint(run: Run, *, checkpoint_step: int | None = None, infer: 
   metrics.jsonl rows `infer/<task>`). Returns {"validation": {...}, "<task>": {metric: value}, ...}.
   A MODEL_DIR without training checkpoints is read as parameters alone (`checkpoints.restore_any_params`: an
   `import-hf` output, a t5x checkpoint), scored as step 0: zero-shot evaluation of an imported model."""
-  import seqio
-  from remixer_t5.data.task_lookup import get_task
   run, task, vocab, infer_name = _setup(run)
   prog = eval_program(run)
   state = _restore_for_eval(run.model_dir, prog, checkpoint_step)

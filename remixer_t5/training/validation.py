@@ -11,7 +11,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from remixer_t5.data.input_pipeline import get_batches
-from remixer_t5.training import partitioning, programs
+from remixer_t5.tasks import super_glue
+from remixer_t5.training import evaluation, partitioning, programs
 from remixer_t5.training.batches import global_batch, global_from_host, to_host
 from remixer_t5.training.programs import summarize
 
@@ -70,7 +71,6 @@ def infer_eval(prog, params, run, task_name: str, step: int, log, *, split: str 
   row `infer/super_glue_average` ({"score": ...}; `...#<tag>` for tasks copied into the run's vocabulary) and
   returned under that name; with only some of the 8 tasks it needs, no score is given and a line says which are
   missing."""
-  from remixer_t5.training import evaluation
   decoding = evaluation.Decoding(run.data.batch_size, beam_size, put=lambda x: global_from_host(x, prog.batch_sharding),
                                  fetch=to_host, progress=progress)
   per_task = evaluation.infer_eval(
@@ -79,7 +79,6 @@ def infer_eval(prog, params, run, task_name: str, step: int, log, *, split: str 
       step=step, seed=run.training.random_seed)
   for name, metrics in per_task.items():
     log.write(step, f"infer/{name}", metrics)
-  from remixer_t5.tasks import super_glue
   averages, notes = super_glue.average_entries(per_task)
   for note in notes:
     log.info(note)

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import seqio
 
-import remixer_t5.tasks  # noqa: F401  (registers this project's tasks)
 
 
 def get_mixture_or_task(name: str):
