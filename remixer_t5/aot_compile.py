@@ -18,6 +18,7 @@ calls (the report says so); the step time is a roofline, max(FLOPs / bf16 peak, 
 
 The compile path imports no TensorFlow or seqio (tests/test_compile.py checks).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -39,7 +40,7 @@ from jax.experimental import topologies
 from remixer_t5 import quiet
 from remixer_t5.training import mfu, partitioning, programs, run_config
 
-GIB = 2 ** 30
+GIB = 2**30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +51,7 @@ class Generation:
   v5e, v6e). `devices_per_chip`: JAX devices per chip (2 on v2/v3: one per TensorCore; 1 with megacore).
   `hbm_gib`: usable HBM per JAX device as XLA's TPU compiler states it for a program too big ("exceeds
   available HBM (15.48G)"). `layouts`: chips -> libtpu topology ('4x4' = 16 chips)."""
+
   name: str
   count: str
   devices_per_chip: int
@@ -59,23 +61,34 @@ class Generation:
 
 
 _2D = {4: "2x2", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16", 512: "16x32", 1024: "32x32"}
-_3D = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8", 256: "4x8x8",
-       512: "8x8x8", 1024: "8x8x16", 2048: "8x16x16"}
+_3D = {
+  4: "2x2x1",
+  8: "2x2x2",
+  16: "2x2x4",
+  32: "2x4x4",
+  64: "4x4x4",
+  128: "4x4x8",
+  256: "4x8x8",
+  512: "8x8x8",
+  1024: "8x8x16",
+  2048: "8x16x16",
+}
 _LITE = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"}
 
 GENERATIONS: dict[str, Generation] = {
-    "v2": Generation("v2", "cores", 2, "default", 7.48, {k: v for k, v in _2D.items() if k <= 256}),
-    "v3": Generation("v3", "cores", 2, "default", 15.48, _2D),
-    "v4": Generation("v4", "cores", 1, "megacore", 30.75, _3D),
-    "v5p": Generation("v5p", "cores", 1, "megacore", 95.74, _3D),
-    "v5e": Generation("v5e", "chips", 1, "default", 15.75, _LITE),
-    "v6e": Generation("v6e", "chips", 1, "default", 31.25, _LITE),
+  "v2": Generation("v2", "cores", 2, "default", 7.48, {k: v for k, v in _2D.items() if k <= 256}),
+  "v3": Generation("v3", "cores", 2, "default", 15.48, _2D),
+  "v4": Generation("v4", "cores", 1, "megacore", 30.75, _3D),
+  "v5p": Generation("v5p", "cores", 1, "megacore", 95.74, _3D),
+  "v5e": Generation("v5e", "chips", 1, "default", 15.75, _LITE),
+  "v6e": Generation("v6e", "chips", 1, "default", 31.25, _LITE),
 }
 
 
 @dataclasses.dataclass(frozen=True)
 class Accelerator:
   """A slice as Cloud TPU names it ('v3-32') and the libtpu topology that describes it ('v3:4x4')."""
+
   name: str
   generation: Generation
   chips: int
@@ -112,8 +125,10 @@ def accelerator(name: str) -> Accelerator | GpuAccelerator:
   m = re.fullmatch(r"\s*(v\d+[a-z]*)-(\d+)\s*", name.lower())
   gen = GENERATIONS.get(m.group(1)) if m else None
   if gen is None:
-    raise ValueError(f"unknown accelerator {name!r}; expected a TPU slice such as v3-32 or GPUs such as h100x8: "
-                     f"one of {', '.join(accelerator_names() + gpu_names())}")
+    raise ValueError(
+      f"unknown accelerator {name!r}; expected a TPU slice such as v3-32 or GPUs such as h100x8: "
+      f"one of {', '.join(accelerator_names() + gpu_names())}"
+    )
   n = int(m.group(2))
   chips = n // 2 if gen.count == "cores" else n
   if chips not in gen.layouts or (gen.count == "cores" and n % 2):
@@ -128,7 +143,7 @@ def accelerator(name: str) -> Accelerator | GpuAccelerator:
 GPU_MODELS = {"h100": "h100_sxm.txtpb", "h200": "h200.txtpb", "a100": "a100_sxm_80.txtpb"}
 GPU_COUNTS = (1, 2, 4, 8)  # GPUs of one process (one host); more hosts are more processes
 CUDA_PLUGINS = ("xla_cuda12", "xla_cuda13")  # jax-cuda12-plugin (the gpu-compile extra's pin), jax-cuda13-plugin
-JAX_MEM_FRACTION = 0.75    # JAX's default share of GPU memory for its allocator ($XLA_PYTHON_CLIENT_MEM_FRACTION)
+JAX_MEM_FRACTION = 0.75  # JAX's default share of GPU memory for its allocator ($XLA_PYTHON_CLIENT_MEM_FRACTION)
 
 
 def _target_field(text: str, name: str) -> float:
@@ -141,6 +156,7 @@ def _target_field(text: str, name: str) -> float:
 @dataclasses.dataclass(frozen=True)
 class GpuAccelerator:
   """`gpus` GPUs of one kind in one process: XLA topology '1x1x<gpus>' (slices x hosts x devices per host)."""
+
   name: str
   model: str  # a key of GPU_MODELS
   gpus: int
@@ -190,8 +206,10 @@ def _gpu_accelerator(name: str) -> GpuAccelerator | None:
     return None
   n = int(m.group(2) or 1)
   if n not in GPU_COUNTS:
-    raise ValueError(f"{name!r}: {n} GPUs; one process drives {', '.join(map(str, GPU_COUNTS))} GPUs here "
-                     f"(one host), e.g. {m.group(1)}x8")
+    raise ValueError(
+      f"{name!r}: {n} GPUs; one process drives {', '.join(map(str, GPU_COUNTS))} GPUs here "
+      f"(one host), e.g. {m.group(1)}x8"
+    )
   return GpuAccelerator(f"{m.group(1)}x{n}" if n > 1 else m.group(1), m.group(1), n)
 
 
@@ -206,16 +224,20 @@ def gpu_topology_devices(acc: GpuAccelerator) -> list:
   except ModuleNotFoundError:  # no jax_plugins namespace at all
     found = False
   if not found:
-    raise CompilerMissing("compiling for a GPU needs XLA's CUDA compiler plugin, which is not installed: `make "
-                          "gpu-compile-env` (a venv beside .venv with pip install -e '.[gpu-compile]': "
-                          "jax-cuda12-plugin/pjrt 0.10.2 and nvidia-cuda-nvcc-cu12 for ptxas), then run "
-                          ".venv-gpu/bin/remixer-t5 compile ...; no GPU is needed")
+    raise CompilerMissing(
+      "compiling for a GPU needs XLA's CUDA compiler plugin, which is not installed: `make "
+      "gpu-compile-env` (a venv beside .venv with pip install -e '.[gpu-compile]': "
+      "jax-cuda12-plugin/pjrt 0.10.2 and nvidia-cuda-nvcc-cu12 for ptxas), then run "
+      ".venv-gpu/bin/remixer-t5 compile ...; no GPU is needed"
+    )
   try:
     with quiet.hidden_unless_verbose():  # the plugin's start prints "Could not find cuda drivers" from C++
       topo = topologies.get_topology_desc(platform="cuda", target_config=acc.target_config, topology=acc.topology)
   except NotImplementedError as e:  # the plugin did not register: JAX started CUDA (and failed) first
-    raise CompilerMissing(f"the CUDA plugin is installed but did not start ({e}); run with JAX_PLATFORMS=cpu "
-                          "(the host compiles; nothing runs on a GPU)") from e
+    raise CompilerMissing(
+      f"the CUDA plugin is installed but did not start ({e}); run with JAX_PLATFORMS=cpu "
+      "(the host compiles; nothing runs on a GPU)"
+    ) from e
   devices = list(topo.devices)
   if len(devices) != acc.num_devices:
     raise RuntimeError(f"XLA described {len(devices)} GPUs for {acc.name} ({acc.topology}); expected {acc.num_devices}")
@@ -226,25 +248,32 @@ def _gpu_cost(compiled) -> dict[str, Any]:
   """XLA's HLO cost analysis of the optimised per-device module (the GPU executable has none of its own)."""
   module = compiled.runtime_executable().hlo_modules()[0]
   cost = _jax.hlo_module_cost_analysis(jax.devices("cpu")[0].client, module)
-  out = {"xla_flops_per_device": max(0.0, float(cost.get("flops", 0.0))),
-         "bytes_accessed_per_device": max(0.0, float(cost.get("bytes accessed", 0.0))), "optimal_seconds": 0.0}
+  out = {
+    "xla_flops_per_device": max(0.0, float(cost.get("flops", 0.0))),
+    "bytes_accessed_per_device": max(0.0, float(cost.get("bytes accessed", 0.0))),
+    "optimal_seconds": 0.0,
+  }
   text = compiled.as_text()
-  library = sorted({t for t in re.findall(r'custom_call_target="([^"]+)"', text)
-                    if "cublas" in t.lower() or "cudnn" in t.lower()})
+  library = sorted(
+    {t for t in re.findall(r'custom_call_target="([^"]+)"', text) if "cublas" in t.lower() or "cudnn" in t.lower()}
+  )
   kernels = text.count('custom_call_target="__gpu$xla.gpu.triton"')  # Pallas kernels (kernels/gpu/)
   if kernels:
     out["kernel_calls"] = kernels
   if library:
-    out["flops_note"] = (f"XLA's count misses the FLOPs of {len(library)} library call kind(s) ({', '.join(library)}):"
-                         " a lower bound")
+    out["flops_note"] = (
+      f"XLA's count misses the FLOPs of {len(library)} library call kind(s) ({', '.join(library)}): a lower bound"
+    )
   return out
 
 
 def topology_devices(acc: Accelerator, num_slices: int = 1) -> list:
   """The devices of `num_slices` slices of `acc`, from libtpu's topology description (no hardware)."""
   if importlib.util.find_spec("libtpu") is None:
-    raise CompilerMissing("compiling for a TPU needs libtpu (XLA's TPU compiler), which is not installed: "
-                          "pip install -e '.[tpu]' (jax[tpu]==0.10.2 with libtpu==0.0.42.1); no TPU is needed")
+    raise CompilerMissing(
+      "compiling for a TPU needs libtpu (XLA's TPU compiler), which is not installed: "
+      "pip install -e '.[tpu]' (jax[tpu]==0.10.2 with libtpu==0.0.42.1); no TPU is needed"
+    )
   if num_slices < 1:
     raise ValueError(f"--num_slices must be >= 1, got {num_slices}")
   # libtpu reads these at start-up; set, it neither warns nor looks for a TPU's metadata server.
@@ -253,13 +282,19 @@ def topology_devices(acc: Accelerator, num_slices: int = 1) -> list:
   os.environ.setdefault("TPU_WORKER_ID", "0")
   # Nothing runs on a TPU here, so other processes that loaded libtpu (tests in parallel) are no conflict.
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-  topo = topologies.get_topology_desc(platform="tpu", topology_name=acc.topology,
-                                      chip_config_name=acc.generation.chip_config,
-                                      chips_per_host_bounds=acc.host_bounds, num_slices=num_slices)
+  topo = topologies.get_topology_desc(
+    platform="tpu",
+    topology_name=acc.topology,
+    chip_config_name=acc.generation.chip_config,
+    chips_per_host_bounds=acc.host_bounds,
+    num_slices=num_slices,
+  )
   devices = list(topo.devices)
   if len(devices) != acc.num_devices * num_slices:
-    raise RuntimeError(f"libtpu described {len(devices)} devices for {num_slices} x {acc.name} "
-                       f"({acc.topology}); expected {acc.num_devices * num_slices}")
+    raise RuntimeError(
+      f"libtpu described {len(devices)} devices for {num_slices} x {acc.name} "
+      f"({acc.topology}); expected {acc.num_devices * num_slices}"
+    )
   return devices
 
 
@@ -282,12 +317,21 @@ def memory(compiled) -> dict[str, int]:
   """XLA's buffer assignment of a compiled program, per device (total = arguments + outputs - aliased +
   temporaries + code)."""
   m = compiled.memory_analysis()
-  fields = {"argument_bytes": m.argument_size_in_bytes, "output_bytes": m.output_size_in_bytes,
-            "alias_bytes": m.alias_size_in_bytes, "temp_bytes": m.temp_size_in_bytes,
-            "code_bytes": m.generated_code_size_in_bytes}
+  fields = {
+    "argument_bytes": m.argument_size_in_bytes,
+    "output_bytes": m.output_size_in_bytes,
+    "alias_bytes": m.alias_size_in_bytes,
+    "temp_bytes": m.temp_size_in_bytes,
+    "code_bytes": m.generated_code_size_in_bytes,
+  }
   fields = {k: int(v) for k, v in fields.items()}
-  fields["total_bytes"] = (fields["argument_bytes"] + fields["output_bytes"] - fields["alias_bytes"]
-                           + fields["temp_bytes"] + fields["code_bytes"])
+  fields["total_bytes"] = (
+    fields["argument_bytes"]
+    + fields["output_bytes"]
+    - fields["alias_bytes"]
+    + fields["temp_bytes"]
+    + fields["code_bytes"]
+  )
   peak = getattr(m, "peak_memory_in_bytes", None)
   if peak:
     fields["peak_bytes"] = int(peak)
@@ -297,13 +341,15 @@ def memory(compiled) -> dict[str, int]:
 def _cost(compiled) -> dict[str, float]:
   cost = compiled.cost_analysis()
   cost = (cost[0] if cost else {}) if isinstance(cost, (list, tuple)) else (cost or {})
-  return {"xla_flops_per_device": float(cost.get("flops", 0.0)),
-          "bytes_accessed_per_device": float(cost.get("bytes accessed", 0.0)),
-          "optimal_seconds": float(cost.get("optimal_seconds", 0.0))}
+  return {
+    "xla_flops_per_device": float(cost.get("flops", 0.0)),
+    "bytes_accessed_per_device": float(cost.get("bytes accessed", 0.0)),
+    "optimal_seconds": float(cost.get("optimal_seconds", 0.0)),
+  }
 
 
 _SIZE = r"([\d.]+)\s*([KMGT]?)i?B?"
-_UNITS = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
 def _oom_numbers(message: str) -> tuple[float, float] | None:
@@ -337,13 +383,23 @@ def _hint(acc: Accelerator | GpuAccelerator, rules: str, model) -> str:
       tips.append(f"a larger share of each GPU for JAX (XLA_PYTHON_CLIENT_MEM_FRACTION=.95; now {acc.mem_fraction()})")
   elif bigger := [c for c in sorted(acc.generation.layouts) if c > acc.chips]:
     per_chip = 2 if acc.generation.count == "cores" else 1
-    tips.append(f"a bigger slice (--topology {acc.generation.name}-{bigger[0] * per_chip}; "
-                "a mesh preset fixes the device count, so pick one for that slice)")
+    tips.append(
+      f"a bigger slice (--topology {acc.generation.name}-{bigger[0] * per_chip}; "
+      "a mesh preset fixes the device count, so pick one for that slice)"
+    )
   return "try " + "; ".join(tips)
 
 
-def compile_run(run, topology: str, *, num_slices: int = 1, mesh: Any = None, rules: str | None = None,
-                steps: Sequence[str] = ("train",), log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+def compile_run(
+  run,
+  topology: str,
+  *,
+  num_slices: int = 1,
+  mesh: Any = None,
+  rules: str | None = None,
+  steps: Sequence[str] = ("train",),
+  log: Callable[[str], None] = lambda m: None,
+) -> dict[str, Any]:
   """Compile `steps` ('train', 'eval', 'decode') of `run` (a run_config.Run) for `topology`.
 
   `mesh`/`rules` override the run's mesh (a preset or 'DxM') and rule set. Returns the report (see the module
@@ -363,17 +419,22 @@ def compile_run(run, topology: str, *, num_slices: int = 1, mesh: Any = None, ru
   pack = programs.packing(training.model, data.pack)
   report = _report_header(acc, devices, num_slices, part, run, pack)
   for name in steps:
-    log(f"compiling the {name} step for {acc.name} x{num_slices} ({len(devices)} devices, mesh "
-        f"{dict(part.mesh.shape)}, rules {part.kind}) ...")
+    log(
+      f"compiling the {name} step for {acc.name} x{num_slices} ({len(devices)} devices, mesh "
+      f"{dict(part.mesh.shape)}, rules {part.kind}) ..."
+    )
     report["steps"][name] = _compile_step(name, prog, acc, data.batch_size, pack, report["peak_flops_per_device"], log)
   report["fits"] = all(r["fits"] for r in report["steps"].values())
   if not report["fits"]:
     report["hint"] = _hint(acc, part.kind, training.model)
     if isinstance(acc, GpuAccelerator) and all(
-        r["fits"] or ("needs_bytes" in r and r["needs_bytes"] <= (1 + GPU_PREDICTION_MARGIN) * r["available_bytes"])
-        for r in report["steps"].values()):
-      report["hint"] += (f" (a near miss: within {GPU_PREDICTION_MARGIN:.0%} of the limit the deviceless GPU "
-                         "prediction can be wrong either way: docs/benchmarks.md, 'GPU, compiled without a GPU')")
+      r["fits"] or ("needs_bytes" in r and r["needs_bytes"] <= (1 + GPU_PREDICTION_MARGIN) * r["available_bytes"])
+      for r in report["steps"].values()
+    ):
+      report["hint"] += (
+        f" (a near miss: within {GPU_PREDICTION_MARGIN:.0%} of the limit the deviceless GPU "
+        "prediction can be wrong either way: docs/benchmarks.md, 'GPU, compiled without a GPU')"
+      )
   return report
 
 
@@ -382,17 +443,32 @@ def _report_header(acc, devices, num_slices: int, part, run, pack: bool) -> dict
   model, data = run.training.model, run.data
   cfg = getattr(model.module, "config", None)
   report: dict[str, Any] = {
-      "topology": acc.name, "platform": acc.platform, "xla_topology": acc.topology, "num_slices": num_slices,
-      "devices": len(devices), "device_kind": devices[0].device_kind, "mesh": dict(part.mesh.shape),
-      "rules": part.kind, "hbm_bytes_per_device": acc.hbm_bytes,
-      "peak_flops_per_device": mfu.peak_flops_per_device(devices[0], override=run.training.peak_flops_per_device),
-      "batch_size": data.batch_size, "feature_lengths": dict(data.feature_lengths), "pack": pack,
-      "num_microbatches": run.training.num_microbatches, "model": type(model.module).__name__,
-      "dtype": getattr(cfg, "dtype", None), "remat_policy": getattr(cfg, "remat_policy", None),
-      "scan_layers": getattr(cfg, "scan_layers", None), "steps": {}}
+    "topology": acc.name,
+    "platform": acc.platform,
+    "xla_topology": acc.topology,
+    "num_slices": num_slices,
+    "devices": len(devices),
+    "device_kind": devices[0].device_kind,
+    "mesh": dict(part.mesh.shape),
+    "rules": part.kind,
+    "hbm_bytes_per_device": acc.hbm_bytes,
+    "peak_flops_per_device": mfu.peak_flops_per_device(devices[0], override=run.training.peak_flops_per_device),
+    "batch_size": data.batch_size,
+    "feature_lengths": dict(data.feature_lengths),
+    "pack": pack,
+    "num_microbatches": run.training.num_microbatches,
+    "model": type(model.module).__name__,
+    "dtype": getattr(cfg, "dtype", None),
+    "remat_policy": getattr(cfg, "remat_policy", None),
+    "scan_layers": getattr(cfg, "scan_layers", None),
+    "steps": {},
+  }
   if isinstance(acc, GpuAccelerator):
-    report.update(device_memory_bytes=acc.device_memory_bytes, mem_fraction=acc.mem_fraction(),
-                  memory_bandwidth=acc.memory_bandwidth)
+    report.update(
+      device_memory_bytes=acc.device_memory_bytes,
+      mem_fraction=acc.mem_fraction(),
+      memory_bandwidth=acc.memory_bandwidth,
+    )
   else:
     report["libtpu_topology"] = acc.topology
   return report
@@ -407,8 +483,17 @@ def _compile_step(name: str, prog, acc, batch_size: int, pack: bool, peak, log) 
   if name == "eval":
     return _compiled_row(prog, acc, peak, log, prog.eval_step, prog.state.params, batch)
   if name == "decode":
-    return _compiled_row(prog, acc, peak, log, programs.jit_decode(prog.model), prog.state.params,
-                         batch["encoder_input_tokens"], prog.feature_lengths["targets"], name="decode")
+    return _compiled_row(
+      prog,
+      acc,
+      peak,
+      log,
+      programs.jit_decode(prog.model),
+      prog.state.params,
+      batch["encoder_input_tokens"],
+      prog.feature_lengths["targets"],
+      name="decode",
+    )
   raise ValueError(f"unknown step {name!r}; expected train, eval or decode")
 
 
@@ -429,9 +514,11 @@ def _compile(prog, acc, log, fn, *args):
         return prog.compile(fn, *args, compiler_options=options), options
   except Exception as e:  # noqa: BLE001
     if gpu and "libdevice not found" in str(e):
-      raise CompilerMissing("XLA's CUDA compiler found no CUDA toolkit (ptxas, libdevice): pip install "
-                            "nvidia-cuda-nvcc-cu12 (in the gpu-compile extra) or point "
-                            "--xla_gpu_cuda_data_dir in $XLA_FLAGS at a CUDA install") from e
+      raise CompilerMissing(
+        "XLA's CUDA compiler found no CUDA toolkit (ptxas, libdevice): pip install "
+        "nvidia-cuda-nvcc-cu12 (in the gpu-compile extra) or point "
+        "--xla_gpu_cuda_data_dir in $XLA_FLAGS at a CUDA install"
+      ) from e
     raise
 
 
@@ -469,15 +556,25 @@ def _estimate(row: dict, acc, prog, loops, name: str, peak) -> None:
   model counts a while loop's body once: a scanned stack's step time (the decode loop's, a microbatch loop's, a
   mixer's chunked scan's) would be a fraction of the real one (and its MFU could pass 100%)."""
   cfg = getattr(prog.model.module, "config", None)
-  loop = ("the layers are scanned" if getattr(cfg, "scan_layers", False) else
-          "decoding is a loop over target positions" if name == "decode" else
-          f"the step runs {len(loops)} kind(s) of while loop ({'; '.join(loops[:3])}"
-          f"{'; ...' if len(loops) > 3 else ''})" if loops else None)
-  kernels = (f"the step calls {row['kernel_calls']} Pallas (Triton) kernel(s), whose FLOPs and bytes XLA's "
-             "cost analysis does not see" if row.get("kernel_calls") else None)
+  loop = (
+    "the layers are scanned"
+    if getattr(cfg, "scan_layers", False)
+    else "decoding is a loop over target positions"
+    if name == "decode"
+    else f"the step runs {len(loops)} kind(s) of while loop ({'; '.join(loops[:3])}{'; ...' if len(loops) > 3 else ''})"
+    if loops
+    else None
+  )
+  kernels = (
+    f"the step calls {row['kernel_calls']} Pallas (Triton) kernel(s), whose FLOPs and bytes XLA's "
+    "cost analysis does not see"
+    if row.get("kernel_calls")
+    else None
+  )
   if loop:
-    row["estimate_note"] = (f"{loop}: XLA's cost model counts the loop body once, so its time is not a step time"
-                            + (f"; and {kernels}" if kernels else ""))
+    row["estimate_note"] = f"{loop}: XLA's cost model counts the loop body once, so its time is not a step time" + (
+      f"; and {kernels}" if kernels else ""
+    )
   elif kernels:
     row["estimate_note"] = f"{kernels}, so no step time is implied"
   elif row["optimal_seconds"] > 0:
@@ -485,8 +582,9 @@ def _estimate(row: dict, acc, prog, loops, name: str, peak) -> None:
   elif isinstance(acc, GpuAccelerator) and peak and row["xla_flops_per_device"] > 0:
     # No cost-model time on GPUs: a roofline from XLA's FLOP and byte counts, bf16 peak and HBM bandwidth; the
     # train step puts model FLOPs in when XLA's count misses cuBLAS calls (flops_note).
-    row["roofline_seconds"] = max(row["xla_flops_per_device"] / peak,
-                                  row["bytes_accessed_per_device"] / acc.memory_bandwidth)
+    row["roofline_seconds"] = max(
+      row["xla_flops_per_device"] / peak, row["bytes_accessed_per_device"] / acc.memory_bandwidth
+    )
     row["est_steps_per_s"] = 1.0 / row["roofline_seconds"]
 
 
@@ -495,12 +593,17 @@ def _with_model_flops(row: dict, prog, acc, batch_size: int, pack: bool, peak) -
   lengths, devices = prog.feature_lengths, prog.mesh.size
   t0 = time.time()
   model_flops, model_loops = mfu.model_flops_and_loops(prog.model, programs.batch_shapes(lengths, batch_size, pack))
-  row.update(model_flops_per_step=model_flops, model_flops_per_device=model_flops / devices,
-             model_flops_per_token=model_flops / (batch_size * (lengths["inputs"] + lengths["targets"])),
-             model_flops_seconds=time.time() - t0)
+  row.update(
+    model_flops_per_step=model_flops,
+    model_flops_per_device=model_flops / devices,
+    model_flops_per_token=model_flops / (batch_size * (lengths["inputs"] + lengths["targets"])),
+    model_flops_seconds=time.time() - t0,
+  )
   if model_loops:
-    row["model_flops_note"] = (f"a lower bound: the model itself loops ({model_loops} while loops in the "
-                               "lowered step, e.g. a mixer's chunked scan) and each loop body counts once")
+    row["model_flops_note"] = (
+      f"a lower bound: the model itself loops ({model_loops} while loops in the "
+      "lowered step, e.g. a mixer's chunked scan) and each loop body counts once"
+    )
   if row.get("roofline_seconds") and row.get("flops_note"):  # XLA's FLOPs miss the cuBLAS GEMMs
     flops = max(row["xla_flops_per_device"], row["model_flops_per_device"])
     row["roofline_seconds"] = max(flops / peak, row["bytes_accessed_per_device"] / acc.memory_bandwidth)
@@ -515,47 +618,69 @@ def _with_model_flops(row: dict, prog, acc, batch_size: int, pack: bool, peak) -
 
 # --- output ---------------------------------------------------------------------------------------------
 def _gib(n: float) -> str:
-  return f"{n / GIB:.2f} GiB" if n >= GIB / 10 else f"{n / 2 ** 20:.1f} MiB"
+  return f"{n / GIB:.2f} GiB" if n >= GIB / 10 else f"{n / 2**20:.1f} MiB"
 
 
 def format_report(report: Mapping[str, Any]) -> str:
-  where = (f"{report['topology']} (XLA topology {report['xla_topology']}: {report['devices']} x "
-           f"{report['device_kind']}; JAX gets {report['mem_fraction']:.2f} of each GPU's "
-           f"{_gib(report['device_memory_bytes'])})" if report.get("platform") == "cuda" else
-           f"{report['num_slices']} x {report['topology']} ({report['libtpu_topology']}: {report['devices']} "
-           f"devices, {report['device_kind']})")
-  lines = [f"{report['model']} on {where}, mesh {report['mesh']}, rules "
-           f"{report['rules']}; batch {report['batch_size']}, lengths {report['feature_lengths']}, "
-           f"activations {report['dtype']}, remat {report['remat_policy']}, scan {report['scan_layers']}"]
+  where = (
+    f"{report['topology']} (XLA topology {report['xla_topology']}: {report['devices']} x "
+    f"{report['device_kind']}; JAX gets {report['mem_fraction']:.2f} of each GPU's "
+    f"{_gib(report['device_memory_bytes'])})"
+    if report.get("platform") == "cuda"
+    else f"{report['num_slices']} x {report['topology']} ({report['libtpu_topology']}: {report['devices']} "
+    f"devices, {report['device_kind']})"
+  )
+  lines = [
+    f"{report['model']} on {where}, mesh {report['mesh']}, rules "
+    f"{report['rules']}; batch {report['batch_size']}, lengths {report['feature_lengths']}, "
+    f"activations {report['dtype']}, remat {report['remat_policy']}, scan {report['scan_layers']}"
+  ]
   for name, r in report["steps"].items():
     lines.append(f"{name} step: compiled in {r['compile_seconds']:.1f} s")
     if "memory" in r:
       m = r["memory"]
-      lines.append(f"  per device: arguments {_gib(m['argument_bytes'])}, outputs {_gib(m['output_bytes'])} "
-                   f"(aliased with arguments {_gib(m['alias_bytes'])}), temporaries {_gib(m['temp_bytes'])}, "
-                   f"code {_gib(m['code_bytes'])}; total {_gib(m['total_bytes'])} of {_gib(r['available_bytes'])} "
-                   f"HBM ({100 * m['total_bytes'] / r['available_bytes']:.0f}%)"
-                   + (f"; XLA's peak of live buffers {_gib(m['peak_bytes'])}" if m.get("peak_bytes") else ""))
+      lines.append(
+        f"  per device: arguments {_gib(m['argument_bytes'])}, outputs {_gib(m['output_bytes'])} "
+        f"(aliased with arguments {_gib(m['alias_bytes'])}), temporaries {_gib(m['temp_bytes'])}, "
+        f"code {_gib(m['code_bytes'])}; total {_gib(m['total_bytes'])} of {_gib(r['available_bytes'])} "
+        f"HBM ({100 * m['total_bytes'] / r['available_bytes']:.0f}%)"
+        + (f"; XLA's peak of live buffers {_gib(m['peak_bytes'])}" if m.get("peak_bytes") else "")
+      )
     if not r["fits"]:
-      lines.append(f"  DOES NOT FIT: needs {_gib(r['needs_bytes'])} per device, {_gib(r['available_bytes'])} "
-                   "available" if "needs_bytes" in r else f"  DOES NOT FIT: {r.get('xla_error', '')}")
+      lines.append(
+        f"  DOES NOT FIT: needs {_gib(r['needs_bytes'])} per device, {_gib(r['available_bytes'])} available"
+        if "needs_bytes" in r
+        else f"  DOES NOT FIT: {r.get('xla_error', '')}"
+      )
       continue
     if "model_flops_per_step" in r:
-      lines.append(f"  model FLOPs: {r['model_flops_per_step']:.3e} per step, {r['model_flops_per_device']:.3e} "
-                   f"per device, {r['model_flops_per_token']:.3e} per token (fwd+bwd, unscanned, no remat)"
-                   + (f"; {r['model_flops_note']}" if r.get("model_flops_note") else ""))
-    lines.append(f"  XLA: {r['xla_flops_per_device']:.3e} FLOPs and {r['bytes_accessed_per_device'] / 1e9:.1f} GB "
-                 "accessed per device (compiled; a loop body counts once)"
-                 + (f"; {r['flops_note']}" if r.get("flops_note") else ""))
+      lines.append(
+        f"  model FLOPs: {r['model_flops_per_step']:.3e} per step, {r['model_flops_per_device']:.3e} "
+        f"per device, {r['model_flops_per_token']:.3e} per token (fwd+bwd, unscanned, no remat)"
+        + (f"; {r['model_flops_note']}" if r.get("model_flops_note") else "")
+      )
+    lines.append(
+      f"  XLA: {r['xla_flops_per_device']:.3e} FLOPs and {r['bytes_accessed_per_device'] / 1e9:.1f} GB "
+      "accessed per device (compiled; a loop body counts once)"
+      + (f"; {r['flops_note']}" if r.get("flops_note") else "")
+    )
     if r.get("est_steps_per_s"):
-      util = "" if r.get("est_mfu") is None else f", MFU {100 * r['est_mfu']:.1f}%" + (
-          "" if r.get("est_hfu") is None else f" (HFU {100 * r['est_hfu']:.1f}%)")
+      util = (
+        ""
+        if r.get("est_mfu") is None
+        else f", MFU {100 * r['est_mfu']:.1f}%"
+        + ("" if r.get("est_hfu") is None else f" (HFU {100 * r['est_hfu']:.1f}%)")
+      )
       if r.get("roofline_seconds"):
-        lines.append(f"  roofline step time {r['roofline_seconds'] * 1e3:.1f} ms (XLA's FLOPs / bf16 peak, bytes / "
-                     f"HBM bandwidth) -> {r['est_steps_per_s']:.2f} steps/s{util} (a bound, not a measurement)")
+        lines.append(
+          f"  roofline step time {r['roofline_seconds'] * 1e3:.1f} ms (XLA's FLOPs / bf16 peak, bytes / "
+          f"HBM bandwidth) -> {r['est_steps_per_s']:.2f} steps/s{util} (a bound, not a measurement)"
+        )
       else:
-        lines.append(f"  XLA's estimated step time {r['optimal_seconds'] * 1e3:.1f} ms -> "
-                     f"{r['est_steps_per_s']:.2f} steps/s{util} (cost model, not a measurement)")
+        lines.append(
+          f"  XLA's estimated step time {r['optimal_seconds'] * 1e3:.1f} ms -> "
+          f"{r['est_steps_per_s']:.2f} steps/s{util} (cost model, not a measurement)"
+        )
     elif r.get("estimate_note"):
       lines.append(f"  no estimated step time: {r['estimate_note']}")
   if not report["fits"]:
@@ -563,17 +688,33 @@ def format_report(report: Mapping[str, Any]) -> str:
   return "\n".join(lines)
 
 
-def main(topology: str, *, num_slices: int = 1, mesh: str | None = None, rules: str | None = None,
-         steps: Sequence[str] = ("train",), as_json: bool = False) -> int:
+def main(
+  topology: str,
+  *,
+  num_slices: int = 1,
+  mesh: str | None = None,
+  rules: str | None = None,
+  steps: Sequence[str] = ("train",),
+  as_json: bool = False,
+) -> int:
   """`remixer-t5 compile` after gin is parsed: 0 when every step fits, 1 when one does not."""
-  report = compile_run(run_config.from_gin(), topology, num_slices=num_slices, mesh=mesh, rules=rules, steps=steps,
-                       log=lambda m: print(m, file=sys.stderr, flush=True))
+  report = compile_run(
+    run_config.from_gin(),
+    topology,
+    num_slices=num_slices,
+    mesh=mesh,
+    rules=rules,
+    steps=steps,
+    log=lambda m: print(m, file=sys.stderr, flush=True),
+  )
   print(json.dumps(report) if as_json else format_report(report))
   if not report["fits"]:
     bad = next(r for r in report["steps"].values() if not r["fits"])
-    needs = (f"needs {_gib(bad['needs_bytes'])} per device, {_gib(bad['available_bytes'])} available"
-             if "needs_bytes" in bad else bad.get("xla_error", "out of memory"))
+    needs = (
+      f"needs {_gib(bad['needs_bytes'])} per device, {_gib(bad['available_bytes'])} available"
+      if "needs_bytes" in bad
+      else bad.get("xla_error", "out of memory")
+    )
     print(f"remixer-t5 compile: does not fit on {topology}: {needs}; {report['hint']}", file=sys.stderr)
     return 1
   return 0
-

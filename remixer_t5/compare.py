@@ -28,6 +28,7 @@ How the numbers are derived (all from what the runs logged):
 With --group_by_seed, runs whose config.gin differ only in the seed (and the run's own folder) are one group:
 `seed_points` labels each run with its group and seed for remixer_t5.study, which writes sweep.csv/md/png.
 """
+
 from __future__ import annotations
 
 import csv
@@ -52,14 +53,21 @@ CONFIG_FILE = "config.gin"
 OUTPUT_FILES = ("compare.png", "compare.md", "compare.csv")
 
 # Short names of network.Transformer's slots for the model column.
-_SLOTS = {"encoder_token_mixer": "enc token", "decoder_token_mixer": "dec token", "decoder_cross_mixer": "dec cross",
-          "encoder_feature_mixer": "enc feature", "decoder_feature_mixer": "dec feature",
-          "encoder_input_layer": "enc input", "decoder_input_layer": "dec input"}
+_SLOTS = {
+  "encoder_token_mixer": "enc token",
+  "decoder_token_mixer": "dec token",
+  "decoder_cross_mixer": "dec cross",
+  "encoder_feature_mixer": "enc feature",
+  "decoder_feature_mixer": "dec feature",
+  "encoder_input_layer": "enc input",
+  "decoder_input_layer": "dec input",
+}
 
 
 @dataclasses.dataclass
 class Run:
   """One run's curves and final numbers."""
+
   name: str
   model_dir: Path
   model: str = ""
@@ -88,8 +96,10 @@ def read_metrics(model_dir: str | Path) -> list[dict[str, Any]]:
     raise FileNotFoundError(f"run directory {model_dir} does not exist")
   path = model_dir / METRICS_FILE
   if not path.is_file():
-    raise FileNotFoundError(f"{model_dir} has no {METRICS_FILE}: is it a MODEL_DIR of `remixer-t5 train`? "
-                            f"(train writes one row per logged step to MODEL_DIR/{METRICS_FILE})")
+    raise FileNotFoundError(
+      f"{model_dir} has no {METRICS_FILE}: is it a MODEL_DIR of `remixer-t5 train`? "
+      f"(train writes one row per logged step to MODEL_DIR/{METRICS_FILE})"
+    )
   lines = path.read_text().splitlines()
   rows = []
   for i, line in enumerate(lines, 1):
@@ -152,13 +162,18 @@ def _tokens_at(step: int, train: Sequence[tuple[int, float, float | None]]) -> f
 def task_metrics(rows: Sequence[Mapping[str, Any]], model_dir: Path) -> dict[str, float]:
   """{'<task>/<metric>': value} of the latest decode-and-score evaluation of each task."""
   out: dict[str, float] = {}
-  tasks = sorted({r["split"][len("infer/"):] for r in rows if str(r["split"]).startswith("infer/")})
+  tasks = sorted({r["split"][len("infer/") :] for r in rows if str(r["split"]).startswith("infer/")})
   for task in tasks:
     latest = latest_rows(rows, f"infer/{task}")[-1]
-    out.update({f"{task}/{k}": float(v) for k, v in latest.items()
-                if k not in ("step", "split", "time") and _finite(v) is not None})
+    out.update(
+      {
+        f"{task}/{k}": float(v)
+        for k, v in latest.items()
+        if k not in ("step", "split", "time") and _finite(v) is not None
+      }
+    )
   for path in sorted((model_dir / "inference_eval").glob("*-metrics.jsonl")):
-    task = path.name[:-len("-metrics.jsonl")]
+    task = path.name[: -len("-metrics.jsonl")]
     if task in tasks:
       continue
     logged = [r for r in map(_json_or_none, path.read_text().splitlines()) if isinstance(r, dict) and "step" in r]
@@ -186,12 +201,15 @@ def model_label(config_text: str, signature: Mapping[str, Any] | None) -> str:
     cls = "none" if value == "None" else re.sub(r"\(\)$", "", value).rsplit(".", 1)[-1].lstrip("@")
     by_class.setdefault(cls, []).append(_SLOTS[slot])
   order = list(_SLOTS.values())
-  label = "; ".join(f"{cls}: {', '.join(sorted(slots, key=order.index))}"
-                    for cls, slots in by_class.items()) or "T5.1.1"
+  label = (
+    "; ".join(f"{cls}: {', '.join(sorted(slots, key=order.index))}" for cls, slots in by_class.items()) or "T5.1.1"
+  )
   sig = signature or {}
   if "config.emb_dim" in sig:
-    label += (f"; d{sig['config.emb_dim']} {sig.get('config.num_encoder_layers', '?')}+"
-              f"{sig.get('config.num_decoder_layers', '?')}")
+    label += (
+      f"; d{sig['config.emb_dim']} {sig.get('config.num_encoder_layers', '?')}+"
+      f"{sig.get('config.num_decoder_layers', '?')}"
+    )
   return label
 
 
@@ -209,8 +227,10 @@ def load_run(model_dir: str | Path, name: str | None = None, params: bool = True
   run = Run(name=name or model_dir.name, model_dir=model_dir)
   train, validation = latest_rows(rows, "train"), latest_rows(rows, "validation")
   if not train and not validation:
-    raise ValueError(f"{model_dir / METRICS_FILE} has no train or validation rows (splits found: "
-                     f"{sorted({str(r['split']) for r in rows}) or 'none'})")
+    raise ValueError(
+      f"{model_dir / METRICS_FILE} has no train or validation rows (splits found: "
+      f"{sorted({str(r['split']) for r in rows}) or 'none'})"
+    )
   tokens = cumulative_tokens(train)
   loss = lambda r: _finite(r.get("loss")) if _finite(r.get("loss")) is not None else float("nan")
   run.train = [(int(r["step"]), loss(r), t) for r, t in zip(train, tokens)]
@@ -220,8 +240,11 @@ def load_run(model_dir: str | Path, name: str | None = None, params: bool = True
     run.final_train_loss = _finite(run.train[-1][1])
     run.tokens_seen = run.train[-1][2]
     first_in_file = next(int(r["step"]) for r in rows if r["split"] == "train")
-    timed = [v for r in train if (v := _finite(r.get("tokens_per_s"))) is not None
-             and (int(r["step"]) != first_in_file or len(train) == 1)]
+    timed = [
+      v
+      for r in train
+      if (v := _finite(r.get("tokens_per_s"))) is not None and (int(r["step"]) != first_in_file or len(train) == 1)
+    ]
     run.tokens_per_s = float(statistics.median(timed)) if timed else None
     split = [r for r in train if "time/step" in r and (int(r["step"]) != first_in_file or len(train) == 1)]
     seconds = sum(float(r["window_seconds"]) for r in split)
@@ -250,7 +273,7 @@ def load_run(model_dir: str | Path, name: str | None = None, params: bool = True
 
 def unique_names(model_dirs: Sequence[str | Path]) -> list[str]:
   """Directory names, with as many parent directories as it takes to tell equal names apart."""
-  paths = [Path(str(d)[len("gs://"):]) if storage.is_bucket(d) else Path(d).resolve() for d in model_dirs]
+  paths = [Path(str(d)[len("gs://") :]) if storage.is_bucket(d) else Path(d).resolve() for d in model_dirs]
   depth = [1] * len(paths)
   while True:
     names = ["/".join(p.parts[-d:]) for p, d in zip(paths, depth)]
@@ -263,18 +286,29 @@ def unique_names(model_dirs: Sequence[str | Path]) -> list[str]:
 
 # --- the table ---------------------------------------------------------------------------------------------
 # The fixed columns (each a Run field, `run` its name) and their headers.
-_HEADERS = {"run": "run", "model": "model", "params": "parameters", "steps": "steps", "tokens_seen": "tokens seen",
-            "tokens_per_s": "tokens/s", "goodput": "goodput", "input_share": "input share",
-            "final_train_loss": "final train loss",
-            "best_validation_loss": "best validation loss", "best_validation_step": "at step"}
+_HEADERS = {
+  "run": "run",
+  "model": "model",
+  "params": "parameters",
+  "steps": "steps",
+  "tokens_seen": "tokens seen",
+  "tokens_per_s": "tokens/s",
+  "goodput": "goodput",
+  "input_share": "input share",
+  "final_train_loss": "final train loss",
+  "best_validation_loss": "best validation loss",
+  "best_validation_step": "at step",
+}
 TABLE_COLUMNS = tuple(_HEADERS)
 
 
 def table_rows(runs: Sequence[Run]) -> tuple[list[str], list[dict[str, Any]]]:
   """(columns, one dict per run): the fixed columns, then every task metric any run has."""
   extra = sorted({k for r in runs for k in r.task_metrics})
-  rows = [{"run": r.name, **{c: getattr(r, c) for c in TABLE_COLUMNS[1:]}, **{k: r.task_metrics.get(k) for k in extra}}
-          for r in runs]
+  rows = [
+    {"run": r.name, **{c: getattr(r, c) for c in TABLE_COLUMNS[1:]}, **{k: r.task_metrics.get(k) for k in extra}}
+    for r in runs
+  ]
   return list(TABLE_COLUMNS) + extra, rows
 
 
@@ -302,8 +336,10 @@ def _fmt(column: str, value) -> str:
 def markdown_table(runs: Sequence[Run]) -> str:
   columns, rows = table_rows(runs)
   esc = lambda s: s.replace("|", "\\|")
-  lines = ["| " + " | ".join(_HEADERS.get(c, c) for c in columns) + " |",
-           "|" + "|".join("---" if c in ("run", "model") else "---:" for c in columns) + "|"]
+  lines = [
+    "| " + " | ".join(_HEADERS.get(c, c) for c in columns) + " |",
+    "|" + "|".join("---" if c in ("run", "model") else "---:" for c in columns) + "|",
+  ]
   lines += ["| " + " | ".join(esc(_fmt(c, row[c])) for c in columns) + " |" for row in rows]
   return "\n".join(lines) + "\n"
 
@@ -313,8 +349,10 @@ def csv_table(runs: Sequence[Run]) -> str:
   buf = io.StringIO()
   writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
   writer.writeheader()
-  writer.writerows({c: ("" if row[c] is None else repr(row[c]) if isinstance(row[c], float) else row[c])
-                    for c in columns} for row in rows)
+  writer.writerows(
+    {c: ("" if row[c] is None else repr(row[c]) if isinstance(row[c], float) else row[c]) for c in columns}
+    for row in rows
+  )
   return buf.getvalue()
 
 
@@ -342,8 +380,14 @@ def plot(runs: Sequence[Run], path: str | Path) -> Path:
     # Dots, not bars: the differences that matter are small against the losses themselves.
     if run.best_validation_loss is not None:
       bars.plot([i], [run.best_validation_loss], "o", color=c, ms=10)
-      bars.annotate(f"{run.best_validation_loss:.3f} (step {run.best_validation_step})",
-                    (i, run.best_validation_loss), textcoords="offset points", xytext=(0, 9), ha="center", fontsize=8)
+      bars.annotate(
+        f"{run.best_validation_loss:.3f} (step {run.best_validation_step})",
+        (i, run.best_validation_loss),
+        textcoords="offset points",
+        xytext=(0, 9),
+        ha="center",
+        fontsize=8,
+      )
     if run.final_train_loss is not None:
       bars.plot([i], [run.final_train_loss], "x", color=c, ms=8, mew=2)
   top = _robust_top(losses)
@@ -397,9 +441,13 @@ def _robust_top(losses: Sequence[float]) -> float | None:
 
 
 # --- the command -------------------------------------------------------------------------------------------
-def compare(model_dirs: Sequence[str | Path], out: str | Path, names: Sequence[str] | None = None,
-            log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
-            group_by_seed: bool = False) -> tuple[list[Run], dict[str, Path]]:
+def compare(
+  model_dirs: Sequence[str | Path],
+  out: str | Path,
+  names: Sequence[str] | None = None,
+  log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
+  group_by_seed: bool = False,
+) -> tuple[list[Run], dict[str, Path]]:
   """Load the runs, write OUTPUT_FILES under `out`; returns (runs, {file name: path}). `group_by_seed`: first
   check that the runs group over seeds (seed_points), so that runs it refuses leave nothing written."""
   if not model_dirs:
@@ -476,8 +524,10 @@ def seed_points(runs: Sequence[Run]) -> list[dict[str, Any]]:
   for run in runs:
     path = run.model_dir / CONFIG_FILE
     if not path.is_file():
-      raise FileNotFoundError(f"--group_by_seed: {run.model_dir} has no {CONFIG_FILE}; expected the config.gin "
-                              f"train writes, to tell which runs differ only in their seed")
+      raise FileNotFoundError(
+        f"--group_by_seed: {run.model_dir} has no {CONFIG_FILE}; expected the config.gin "
+        f"train writes, to tell which runs differ only in their seed"
+      )
     settings.append(gin_settings(path.read_text()))
   groups: dict[tuple, list[int]] = {}
   for i, s in enumerate(settings):
@@ -486,18 +536,23 @@ def seed_points(runs: Sequence[Run]) -> list[dict[str, Any]]:
   differing = [k for k in keys if " " not in k and len({dict(key).get(k) for key in groups}) > 1]  # not imports
   labels = {key: ", ".join(f"{k}={dict(key).get(k, 'unset')}" for k in differing) for key in groups}
   if not differing or max(map(len, labels.values())) > _LABEL_CHARS:
-    labels = {key: runs[members[0]].name + (f" +{len(members) - 1}" if len(members) > 1 else "")
-              for key, members in groups.items()}
+    labels = {
+      key: runs[members[0]].name + (f" +{len(members) - 1}" if len(members) > 1 else "")
+      for key, members in groups.items()
+    }
   for members in groups.values():
     seeds = [_seed(settings[i]) for i in members]
     for j, seed in enumerate(seeds):
       if seed in seeds[:j]:
         other = members[seeds.index(seed)]
-        raise ValueError(f"--group_by_seed: runs {runs[other].name} and {runs[members[j]].name} have the same "
-                         f"config.gin and seed {'(the default)' if seed is None else seed}; expected one run per "
-                         f"seed in a group")
+        raise ValueError(
+          f"--group_by_seed: runs {runs[other].name} and {runs[members[j]].name} have the same "
+          f"config.gin and seed {'(the default)' if seed is None else seed}; expected one run per "
+          f"seed in a group"
+        )
   out = []
   for key, members in groups.items():
-    out += [{"group": labels[key], "seed": _seed(settings[i]), "run": runs[i].name, **run_numbers(runs[i])}
-            for i in members]
+    out += [
+      {"group": labels[key], "seed": _seed(settings[i]), "run": runs[i].name, **run_numbers(runs[i])} for i in members
+    ]
   return out

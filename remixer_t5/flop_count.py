@@ -6,6 +6,7 @@ kernel, a Pallas kernel) not at all. So the model's FLOPs are counted on a lower
 without their checkpoint, and every operation of kernels/ takes its `xla` implementation. Nothing else runs inside it: a
 real step keeps its loops and kernels. It sits below layers and mixers so that both can ask.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -2,6 +2,7 @@
 
 Used by the CLI and by `models.from_gin`; the library itself never reads gin.
 """
+
 from __future__ import annotations
 
 import ast
@@ -30,8 +31,11 @@ def _moved_hint(message: str) -> str:
     name = old.rpartition(".")[2]
     where = f"from {head} import {tail}" + (f" as {name}" if tail != name else "")
     return f" ({old} has moved: write `{where}` (a gin file's bindings such as {name}.X.y stay as they are))"
-  m = re.search(r"Configurable '(?:[\w.]*\.)?(?:train|evaluate_checkpoint)' doesn't have a parameter named "
-                r"'(\w+)'", message)
+  m = re.search(
+    r"Configurable '(?:[\w.]*\.)?(?:train|evaluate_checkpoint)' doesn't have a parameter named "
+    r"'(\w+)'",
+    message,
+  )
   if not m or f"trainer.{m.group(1)}" not in MOVED:
     return ""
   where = MOVED[f"trainer.{m.group(1)}"]
@@ -65,8 +69,11 @@ def _parameters(fn) -> list[str]:
     signature = inspect.signature(inspect.unwrap(fn))
   except (TypeError, ValueError):
     return []
-  return [p.name for p in signature.parameters.values()
-          if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name != "self"]
+  return [
+    p.name
+    for p in signature.parameters.values()
+    if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name != "self"
+  ]
 
 
 def _imported(alias: str, imports: Sequence[str]):
@@ -97,7 +104,7 @@ def _unknown_name(message: str, imports: Sequence[str]) -> str | None:
   if m:  # a configurable registered by name (gin.configurable) that is not
     selector = m.group(1).rpartition("/")[2]
     registered = [c.selector for _, c in gin.config._REGISTRY.items()]  # noqa: SLF001
-    tails = [".".join(sel.split(".")[-(selector.count(".") + 1):]) for sel in registered]
+    tails = [".".join(sel.split(".")[-(selector.count(".") + 1) :]) for sel in registered]
     return f"unknown configurable {selector!r}" + _closest(selector, tails)
   m = re.search(r"Configurable '([\w.]+)' doesn't have a parameter named '(\w+)'", message)
   if m:
@@ -140,7 +147,7 @@ def split_flags(argv: Sequence[str]) -> tuple[list[str], list[str], list[str], l
     elif key == "--gin_search_paths":
       paths.extend(p for p in val.split(",") if p)
     elif a.startswith("--gin.") and eq:
-      bindings.append(f"{key[len('--gin.'):]}={val}")
+      bindings.append(f"{key[len('--gin.') :]}={val}")
     elif a.startswith("--gin.") or a == "--gin_bindings":
       raise GinError(f"malformed gin flag {a!r}; expected --gin.NAME=VALUE")
     else:
@@ -214,8 +221,9 @@ def _syntax_error(e: BaseException, where: str, path: str | None = None, search:
   if isinstance(e, SyntaxError):
     place = f"{e.filename or where}, line {e.lineno}" if e.lineno else (e.filename or where)
     text = (e.text or "").strip()
-    return GinError(f"gin syntax error in {place}: {(e.msg or 'invalid syntax').rstrip('.')}"
-                    + (f": {text}" if text else ""))
+    return GinError(
+      f"gin syntax error in {place}: {(e.msg or 'invalid syntax').rstrip('.')}" + (f": {text}" if text else "")
+    )
   for name in _included(path, search) if path else []:
     found = _unclosed(Path(name).read_text())
     if found:
@@ -260,14 +268,19 @@ def _set_gin_search_path(search: Sequence[Path]) -> None:
         return bool(check(path))
       except Exception:  # noqa: BLE001 - any failure means "not readable by this reader"
         return False
+
     exists._remixer_safe = True
     return exists
 
   gin.config._FILE_READERS[:] = [(r, safe(c)) for r, c in gin.config._FILE_READERS]  # noqa: SLF001
 
 
-def parse_gin(files: Sequence[str], bindings: Sequence[str], search_paths: Sequence[str] = (),
-              macro_defaults: Mapping[str, str] | None = None) -> None:
+def parse_gin(
+  files: Sequence[str],
+  bindings: Sequence[str],
+  search_paths: Sequence[str] = (),
+  macro_defaults: Mapping[str, str] | None = None,
+) -> None:
   """Parse gin files then bindings; unknown configurables/parameters and unknown macros are errors.
 
   `macro_defaults` {NAME: gin value} binds those macros the files define (e.g. a run's `MODEL_DIR =
@@ -288,8 +301,10 @@ def _file_imports(path: str) -> list[str]:
     text = Path(path).read_text()
   except OSError:
     return []
-  return [m.group(1) or f"{m.group(2)}.{m.group(3)}" for m in re.finditer(
-      r"^\s*(?:import\s+([\w.]+)|from\s+([\w.]+)\s+import\s+(\w+))", text, flags=re.M)]
+  return [
+    m.group(1) or f"{m.group(2)}.{m.group(3)}"
+    for m in re.finditer(r"^\s*(?:import\s+([\w.]+)|from\s+([\w.]+)\s+import\s+(\w+))", text, flags=re.M)
+  ]
 
 
 def _parse(files, bindings, search_paths, macro_defaults) -> None:
@@ -316,15 +331,20 @@ def _parse(files, bindings, search_paths, macro_defaults) -> None:
     name = name.strip()
     if "." not in name and "/" not in name and name not in macros:
       if name in MACROS.values():  # a run's setting, and no run file among the files
-        raise GinError(f"--gin.{b} sets a run's {name}, and no run config is loaded: add a run config, e.g. "
-                       "--gin_file=runs/pretrain.gin beside the model config")
-      raise GinError(f"unknown gin macro {name!r} in --gin.{b}{_closest(name, macros)}; the loaded files "
-                     f"define: {', '.join(sorted(macros)) or 'none'}")
+        raise GinError(
+          f"--gin.{b} sets a run's {name}, and no run config is loaded: add a run config, e.g. "
+          "--gin_file=runs/pretrain.gin beside the model config"
+        )
+      raise GinError(
+        f"unknown gin macro {name!r} in --gin.{b}{_closest(name, macros)}; the loaded files "
+        f"define: {', '.join(sorted(macros)) or 'none'}"
+      )
     try:
       gin.parse_config(prelude + f"{name} = {_binding_value(value)}")
     except (SyntaxError, tokenize.TokenError) as e:
-      raise GinError(f"bad gin binding --gin.{b}: not a gin value (an unclosed bracket or string, or a "
-                     f"stray character)") from e
+      raise GinError(
+        f"bad gin binding --gin.{b}: not a gin value (an unclosed bracket or string, or a stray character)"
+      ) from e
     except (ValueError, KeyError, ImportError, NameError, AttributeError) as e:
       what = _unknown_name(str(e), imports) or str(e).splitlines()[0].rstrip(".")
       raise GinError(f"bad gin binding --gin.{b}: {what}{_moved_hint(str(e))}") from e
@@ -338,12 +358,16 @@ def _parse(files, bindings, search_paths, macro_defaults) -> None:
       raise GinError(f"the gin files require {name}: pass --gin.{name}={example}") from e
     unbound = re.match(r"No bindings specified for '(\w+)/gin\.macro'", str(e))
     if unbound and unbound.group(1) == "MODEL":  # every model file defines it: none was given
-      raise GinError("the gin config uses %MODEL, which no file defines: pass a model config before the run "
-                     "config, e.g. --gin_file=models/t5_1_1/small.gin") from e
+      raise GinError(
+        "the gin config uses %MODEL, which no file defines: pass a model config before the run "
+        "config, e.g. --gin_file=models/t5_1_1/small.gin"
+      ) from e
     if unbound:
       name = unbound.group(1)
-      raise GinError(f"the gin config uses %{name}, which no file or binding defines{_closest(name, macros)}; "
-                     f"define it in a gin file or pass --gin.{name}=VALUE") from e
+      raise GinError(
+        f"the gin config uses %{name}, which no file or binding defines{_closest(name, macros)}; "
+        f"define it in a gin file or pass --gin.{name}=VALUE"
+      ) from e
     raise GinError(f"incomplete gin config: {str(e).splitlines()[0]}") from e
 
 

@@ -1,4 +1,5 @@
 """Model summaries without allocating weights: parameter counts per module and FLOPs per token."""
+
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -11,8 +12,11 @@ from remixer_t5.training import mfu, optim, partitioning
 
 
 def _shapes(model, lengths):
-  shapes = {"encoder_input_tokens": (1, lengths["inputs"]), "decoder_input_tokens": (1, lengths["targets"]),
-            "decoder_target_tokens": (1, lengths["targets"])}
+  shapes = {
+    "encoder_input_tokens": (1, lengths["inputs"]),
+    "decoder_input_tokens": (1, lengths["targets"]),
+    "decoder_target_tokens": (1, lengths["targets"]),
+  }
   return shapes, jax.eval_shape(lambda rng: model.init_variables(rng, shapes), jax.random.PRNGKey(0))
 
 
@@ -44,8 +48,13 @@ def model_info(model, lengths: Mapping[str, int]) -> dict[str, Any]:
   fwd = jax.jit(lambda p, b: model.logits(p, b)).lower(params, batch)
   fwd_flops = mfu.compiled_flops(fwd) or 0.0  # the lowered (not compiled) forward pass
   tokens = lengths["inputs"] + lengths["targets"]
-  return {"params": _count(params), "modules": modules, "forward_flops_per_example": fwd_flops,
-          "flops_per_token": 3.0 * fwd_flops / tokens, "feature_lengths": dict(lengths)}
+  return {
+    "params": _count(params),
+    "modules": modules,
+    "forward_flops_per_example": fwd_flops,
+    "flops_per_token": 3.0 * fwd_flops / tokens,
+    "feature_lengths": dict(lengths),
+  }
 
 
 def format_report(report: Mapping[str, Any]) -> str:
@@ -53,8 +62,9 @@ def format_report(report: Mapping[str, Any]) -> str:
   width = max(len(k) for k in report["modules"])
   for k, v in report["modules"].items():
     lines.append(f"  {k:<{width}}  {v:>15,}  {100 * v / report['params']:5.1f}%")
-  lines.append(f"FLOPs per token (training, 3x forward): {report['flops_per_token']:.4g} at lengths "
-               f"{report['feature_lengths']}")
+  lines.append(
+    f"FLOPs per token (training, 3x forward): {report['flops_per_token']:.4g} at lengths {report['feature_lengths']}"
+  )
   return "\n".join(lines)
 
 
@@ -67,26 +77,36 @@ def format_sharding(model, lengths, *, mesh=None, rules=None) -> str:
   the mesh does not divide are shown replicated, marked `*`."""
   _, variables = _shapes(model, lengths)
   params = variables["params"]
-  part = partitioning.partitioner(mesh, rules=rules, abstract=True,
-                                  num_devices=jax.device_count() if mesh in (None, "cpu") else None)
+  part = partitioning.partitioner(
+    mesh, rules=rules, abstract=True, num_devices=jax.device_count() if mesh in (None, "cpu") else None
+  )
   amesh, used_rules = part.mesh, part.rules
   specs, fallbacks = part.param_specs(variables["params_axes"], params=params)
-  param_sh = jax.tree_util.tree_map(lambda s: jax.sharding.NamedSharding(amesh, s), specs,
-                                    is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+  param_sh = jax.tree_util.tree_map(
+    lambda s: jax.sharding.NamedSharding(amesh, s), specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)
+  )
   names = partitioning.logical_axes(variables["params_axes"])
   flat = jax.tree_util.tree_flatten_with_path(params)[0]
-  by_key = lambda tree: {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_flatten_with_path(
-      tree, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))[0]}
+  by_key = lambda tree: {
+    jax.tree_util.keystr(k): v
+    for k, v in jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))[
+      0
+    ]
+  }
   sh, axes = by_key(param_sh), by_key(names)
-  lines = [f"mesh {dict(amesh.shape)} ({amesh.size} devices), rules {partitioning.rules_kind(used_rules)}: "
-           + ", ".join(f"{k}->{v}" for k, v in used_rules if v is not None)]
+  lines = [
+    f"mesh {dict(amesh.shape)} ({amesh.size} devices), rules {partitioning.rules_kind(used_rules)}: "
+    + ", ".join(f"{k}->{v}" for k, v in used_rules if v is not None)
+  ]
   width = max(len(jax.tree_util.keystr(p)) for p, _ in flat)
   lines.append(f"  {'parameter':<{width}} {'shape':<16} {'logical axes':<28} {'partition spec':<24} per device")
   for path, leaf in flat:
     key = jax.tree_util.keystr(path)
     mark = " *" if key in fallbacks else ""
-    lines.append(f"  {key:<{width}} {str(tuple(leaf.shape)):<16} {str(tuple(axes[key])):<28} "
-                 f"{str(sh[key].spec):<24} {sh[key].shard_shape(leaf.shape)}{mark}")
+    lines.append(
+      f"  {key:<{width}} {str(tuple(leaf.shape)):<16} {str(tuple(axes[key])):<28} "
+      f"{str(sh[key].spec):<24} {sh[key].shard_shape(leaf.shape)}{mark}"
+    )
   if fallbacks:
     lines.append(f"  * replicated where the mesh does not divide the dimension ({len(fallbacks)} parameters)")
   tx = optim.for_model(optim.adafactor(), model.module)
@@ -108,4 +128,4 @@ def _bytes(tree, shardings) -> tuple[int, int]:
 
 
 def _mb(n: int) -> str:
-  return f"{n / 2 ** 20:,.2f} MiB ({n:,} bytes)"
+  return f"{n / 2**20:,.2f} MiB ({n:,} bytes)"

@@ -21,6 +21,7 @@ loggers are untouched. `one_line` is how the CLI shows an exception's message.
 
 `REMIXER_T5_VERBOSE=1` turns all of this off: everything is printed, and TensorFlow sees GPUs.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -123,8 +124,7 @@ def _from_quiet_source(depth: int = 64) -> bool:
 
 
 def _foreign(record: logging.LogRecord) -> bool:
-  return record.name == "asyncio" or record.name.startswith("orbax") or (record.name == "absl"
-                                                                          and _from_quiet_source())
+  return record.name == "asyncio" or record.name.startswith("orbax") or (record.name == "absl" and _from_quiet_source())
 
 
 class _DropForeign(logging.Filter):
@@ -156,15 +156,18 @@ def quiet_logs() -> None:
   def hook(unraisable):
     if not _closed_loop(unraisable):
       previous(unraisable)
+
   hook._remixer_quiet = True
   sys.unraisablehook = hook
 
 
 # C++ reprs that pybind11-wrapped libraries (tensorstore, orbax, XLA) put in their messages: what they say
 # beside them is the readable part.
-_REPRS = [(re.compile(r"\s*\[(?:tensorstore_spec|source locations)(?:\[\d+\])?='.*?'\]", re.S), ""),
-          (re.compile(r"<(?:built-in method|bound method|function|method) ([\w.]+)[^<>]*>"), r"\1"),
-          (re.compile(r"<([\w.]+) object at 0x[0-9a-fA-F]+>"), r"\1")]
+_REPRS = [
+  (re.compile(r"\s*\[(?:tensorstore_spec|source locations)(?:\[\d+\])?='.*?'\]", re.S), ""),
+  (re.compile(r"<(?:built-in method|bound method|function|method) ([\w.]+)[^<>]*>"), r"\1"),
+  (re.compile(r"<([\w.]+) object at 0x[0-9a-fA-F]+>"), r"\1"),
+]
 # What gin appends to an exception raised inside a configurable or a parse: where, not what.
 _GIN_CONTEXT = re.compile(r"^\s+In (?:call to configurable|file|bindings string)\b")
 

@@ -16,6 +16,7 @@ have not allocated yet). It acts only when JAX will run on CPU alone and the C l
 `$REMIXER_T5_HOST_MALLOC` = `auto` (default), `on` or `off` overrides that. Python users who time CPU code
 outside the CLI can call it first themselves.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -44,6 +45,7 @@ def jax_runs_on_cpu_only() -> bool:
   jax_cuda12_plugin), so none installed means CPU. libtpu without TPU chips (installed only to compile for a
   TPU topology, `remixer-t5 compile`) still means CPU."""
   import jax
+
   platforms = (jax.config.jax_platforms or "").strip()
   if platforms:
     return {p.strip() for p in platforms.split(",") if p.strip()} == {"cpu"}
@@ -53,6 +55,7 @@ def jax_runs_on_cpu_only() -> bool:
     return False
   try:
     import jax_plugins  # a namespace package holding the accelerator plugins, when any are installed
+
     return not list(getattr(jax_plugins, "__path__", []))
   except ImportError:
     return True
@@ -73,6 +76,7 @@ def pin_cpu_without_tpu_chips() -> bool:
   runtime first (libtpu prints start-up errors, then JAX falls back to the CPU). Compiling for a TPU topology
   works with the CPU platform. Does nothing when JAX_PLATFORMS is set; returns whether it pinned."""
   import jax
+
   # No libtpu: JAX never tries a TPU runtime. TPU chips, or a GPU (or other) plugin: JAX's choice stands.
   if (jax.config.jax_platforms or "").strip() or not _libtpu_installed() or not jax_runs_on_cpu_only():
     return False
@@ -133,6 +137,8 @@ def configure(log: Callable[[str], None] | None = None, verbose: bool = False) -
   ok = all(libc.mallopt(param, value) == 1 for param, value in SETTINGS)
   applied = applied or ok
   if log and (verbose or not ok):  # a refused setting is always said
-    log("host allocator: XLA scratch kept on the heap between steps (glibc: no mmap chunks, no trimming, "
-        f"one arena){'' if ok else ' -- glibc refused a setting'}; ${ENV}=off to leave malloc alone")
+    log(
+      "host allocator: XLA scratch kept on the heap between steps (glibc: no mmap chunks, no trimming, "
+      f"one arena){'' if ok else ' -- glibc refused a setting'}; ${ENV}=off to leave malloc alone"
+    )
   return ok

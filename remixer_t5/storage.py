@@ -6,6 +6,7 @@ Everything a run reads or writes under MODEL_DIR, INIT_CHECKPOINT and the comman
 `STORAGE_EMULATOR_HOST`; what only TensorFlow writes goes through `Mirror`. Which client writes what, and how
 writes stay whole on a bucket (no folder rename, no append): docs/scaling.md, "Which client writes what".
 """
+
 from __future__ import annotations
 
 import atexit
@@ -51,7 +52,7 @@ def run_path(path: str | os.PathLike) -> Path:
     scheme = match.group(1)
     if scheme != "gs":
       raise ValueError(f"{text!r}: unsupported storage scheme {scheme!r}; expected a local path or gs://bucket/path")
-    if not text.startswith("gs://") or not text[len("gs://"):].split("/")[0]:
+    if not text.startswith("gs://") or not text[len("gs://") :].split("/")[0]:
       raise ValueError(f"{text!r} is not a bucket path; expected gs://bucket/path (two slashes, then the bucket)")
     return epath.Path(text.rstrip("/") if text.count("/") > 3 else text)
   return epath.Path(LocalPath(text).expanduser().absolute())
@@ -187,6 +188,7 @@ def _stamp(p: LocalPath) -> tuple[int, int]:
 
 class BadPathError(ValueError):
   """A bucket path that Cloud Storage or its clients cannot hold as given."""
+
   exit_code = 2
 
 
@@ -202,12 +204,13 @@ def check_names(path, what: str = "MODEL_DIR") -> None:
   path = run_path(path)
   if not is_bucket(path):
     return
-  bucket, _, name = path.as_posix()[len("gs://"):].partition("/")
+  bucket, _, name = path.as_posix()[len("gs://") :].partition("/")
   parts = bucket.split(".")
   problem = None
   if not _BUCKET_NAME.match(bucket) or len(bucket) < 3:
-    problem = ("3 to 63 characters of lowercase letters, digits, '-', '_' and '.', starting and ending with a "
-               "letter or digit")
+    problem = (
+      "3 to 63 characters of lowercase letters, digits, '-', '_' and '.', starting and ending with a letter or digit"
+    )
   elif len(bucket) > (222 if len(parts) > 1 else 63) or any(len(p) > 63 or not p for p in parts):
     problem = "at most 63 characters (222 with dots, 63 between dots)"
   elif re.fullmatch(r"\d+\.\d+\.\d+\.\d+", bucket):
@@ -218,13 +221,17 @@ def check_names(path, what: str = "MODEL_DIR") -> None:
     raise BadPathError(f"{what} {path}: {bucket!r} is not a valid bucket name; Cloud Storage expects {problem}")
   for char, reads_as in _OBJECT_SPECIAL.items():
     if char in name:
-      raise BadPathError(f"{what} {path}: the object path holds {char!r}, which storage clients read as "
-                         f"{reads_as}; expected letters, digits and -_./ (rename the folder)")
+      raise BadPathError(
+        f"{what} {path}: the object path holds {char!r}, which storage clients read as "
+        f"{reads_as}; expected letters, digits and -_./ (rename the folder)"
+      )
   if any(ord(c) < 32 or ord(c) == 127 for c in name) or any(p in (".", "..") for p in name.split("/")):
     raise BadPathError(f"{what} {path}: control characters and '.'/'..' parts are not valid in object names")
   if len(name.encode()) > 900:
-    raise BadPathError(f"{what} {path}: the object path is {len(name.encode())} bytes; Cloud Storage allows "
-                       "1,024 for a whole object name, and a run adds its own below it")
+    raise BadPathError(
+      f"{what} {path}: the object path is {len(name.encode())} bytes; Cloud Storage allows "
+      "1,024 for a whole object name, and a run adds its own below it"
+    )
 
 
 def check_bucket(path, what: str = "MODEL_DIR") -> None:
@@ -235,33 +242,43 @@ def check_bucket(path, what: str = "MODEL_DIR") -> None:
   if not is_bucket(path):
     return
   check_names(path, what)
-  bucket = path.as_posix()[len("gs://"):].split("/")[0]
+  bucket = path.as_posix()[len("gs://") :].split("/")[0]
   emulator = os.environ.get("STORAGE_EMULATOR_HOST")
   where = f"the GCS emulator at {emulator} (STORAGE_EMULATOR_HOST)" if emulator else "Cloud Storage"
   endpoint = urllib.parse.urlsplit(emulator if emulator else "https://storage.googleapis.com")
   try:  # one connection attempt first: the client retries an unreachable server with backoff for a minute
-    socket.create_connection((endpoint.hostname, endpoint.port or (443 if endpoint.scheme == "https" else 80)),
-                             timeout=10).close()
+    socket.create_connection(
+      (endpoint.hostname, endpoint.port or (443 if endpoint.scheme == "https" else 80)), timeout=10
+    ).close()
   except OSError as e:
-    raise StorageError(f"{what} {path}: {where} did not answer for gs://{bucket} ({type(e).__name__}: {e}); "
-                       "check the network (or that the emulator is running) and retry") from None
+    raise StorageError(
+      f"{what} {path}: {where} did not answer for gs://{bucket} ({type(e).__name__}: {e}); "
+      "check the network (or that the emulator is running) and retry"
+    ) from None
   try:
     import gcsfs
+
     fs = gcsfs.GCSFileSystem(retries=1) if emulator else gcsfs.GCSFileSystem()
     fs.info(bucket)
   except FileNotFoundError:
-    raise StorageError(f"{what} {path}: bucket gs://{bucket} does not exist on {where}; create it "
-                       f"(gcloud storage buckets create gs://{bucket}) or fix the name") from None
+    raise StorageError(
+      f"{what} {path}: bucket gs://{bucket} does not exist on {where}; create it "
+      f"(gcloud storage buckets create gs://{bucket}) or fix the name"
+    ) from None
   except ImportError as e:
     raise StorageError(f"{what} {path}: the GCS client is missing ({e}); pip install -e . installs gcsfs") from None
   except Exception as e:  # noqa: BLE001 - the client's errors have many types; each becomes one line
     name, text = type(e).__name__, str(e).splitlines()[0][:200] if str(e) else ""
     if "credential" in f"{name} {text}".lower() or "Unauthorized" in text or "401" in text or "403" in text:
-      raise StorageError(f"{what} {path}: no usable credentials for gs://{bucket} ({name}: {text}); on a TPU VM "
-                         "the VM's service account needs storage access; elsewhere run `gcloud auth "
-                         "application-default login` or set GOOGLE_APPLICATION_CREDENTIALS") from None
-    raise StorageError(f"{what} {path}: {where} did not answer for gs://{bucket} ({name}: {text}); check the "
-                       "network (or that the emulator is running) and retry") from None
+      raise StorageError(
+        f"{what} {path}: no usable credentials for gs://{bucket} ({name}: {text}); on a TPU VM "
+        "the VM's service account needs storage access; elsewhere run `gcloud auth "
+        "application-default login` or set GOOGLE_APPLICATION_CREDENTIALS"
+      ) from None
+    raise StorageError(
+      f"{what} {path}: {where} did not answer for gs://{bucket} ({name}: {text}); check the "
+      "network (or that the emulator is running) and retry"
+    ) from None
 
 
 _LOCAL_COPIES: dict[str, str] = {}  # bucket path -> its local copy, made once per process, removed at exit
@@ -348,8 +365,7 @@ def bounded(fn, what: str, timeout: float | None = None):
   if thread.is_alive():
     global ABANDONED
     ABANDONED = True
-    raise StorageTimeout(f"{what} did not finish within {timeout:.0f}s (${TIMEOUT_ENV}); the storage did not "
-                         "answer")
+    raise StorageTimeout(f"{what} did not finish within {timeout:.0f}s (${TIMEOUT_ENV}); the storage did not answer")
   if "error" in result:
     raise result["error"]
   return result.get("value")
@@ -375,9 +391,10 @@ def probe_writes(root: Path, timeout: float = 60.0) -> None:
     target.unlink()
 
   def arrays():
-    bucket, _, prefix = root.as_posix()[len("gs://"):].partition("/")
+    bucket, _, prefix = root.as_posix()[len("gs://") :].partition("/")
     store = ts.KvStore.open({"driver": "gcs", "bucket": bucket, "path": f"{prefix}/" if prefix else ""}).result(
-        timeout=timeout)
+      timeout=timeout
+    )
     store.write(name + "-ts", b"probe").result(timeout=timeout)
     if store.read(name + "-ts").result(timeout=timeout).value != b"probe":
       raise StorageError("tensorstore read back other bytes than were written")
@@ -387,13 +404,17 @@ def probe_writes(root: Path, timeout: float = 60.0) -> None:
     try:
       bounded(fn, f"a test write to MODEL_DIR {root} through {client}", timeout)
     except StorageError as e:
-      raise StorageError(f"{e}; checkpoints could not be written (check the endpoint: "
-                         f"{'TENSORSTORE_GCS_HTTP_URL' if 'tensorstore' in client else 'STORAGE_EMULATOR_HOST'} "
-                         "for an emulator)") from None
+      raise StorageError(
+        f"{e}; checkpoints could not be written (check the endpoint: "
+        f"{'TENSORSTORE_GCS_HTTP_URL' if 'tensorstore' in client else 'STORAGE_EMULATOR_HOST'} "
+        "for an emulator)"
+      ) from None
     except Exception as e:  # noqa: BLE001 - each client has its own error types: one line each
       text = str(e).splitlines()[0][:200] if str(e) else ""
-      raise StorageError(f"MODEL_DIR {root}: a test write through {client} failed ({type(e).__name__}: "
-                         f"{text}); checkpoints could not be written") from None
+      raise StorageError(
+        f"MODEL_DIR {root}: a test write through {client} failed ({type(e).__name__}: "
+        f"{text}); checkpoints could not be written"
+      ) from None
 
 
 def fingerprint(path) -> str:
@@ -402,6 +423,7 @@ def fingerprint(path) -> str:
   path = run_path(path)
   if is_bucket(path):
     import gcsfs
+
     info = gcsfs.GCSFileSystem().info(path.as_posix())
     return f"crc32c:{info.get('crc32c') or info.get('md5Hash')}:{info.get('size')}"
   digest, size = hashlib.sha256(), 0

@@ -16,6 +16,7 @@ the one printed beside the bold result. The paper's numbers do not tell this rea
 Table 1's five validation columns the gap is above both points' deviations, in SST below both (its text: "smaller
 than one standard deviation").
 """
+
 from __future__ import annotations
 
 import csv
@@ -58,8 +59,13 @@ def describe(values: Sequence[float]) -> dict[str, Any]:
   n < 2; mean is None for n = 0."""
   x = _floats(values, "describe")
   n = len(x)
-  out: dict[str, Any] = {"n": n, "mean": float(x.mean()) if n else None, "std": None, "ci95_low": None,
-                         "ci95_high": None}
+  out: dict[str, Any] = {
+    "n": n,
+    "mean": float(x.mean()) if n else None,
+    "std": None,
+    "ci95_low": None,
+    "ci95_high": None,
+  }
   if n >= 2:
     std = float(x.std(ddof=1))
     half = t_quantile(0.975, n - 1) * std / math.sqrt(n)
@@ -79,7 +85,7 @@ def welch(a: Sequence[float], b: Sequence[float]) -> dict[str, float | None]:
   if vx + vy == 0:
     return undefined
   t = float((x.mean() - y.mean()) / math.sqrt(vx + vy))
-  df = float((vx + vy) ** 2 / (vx ** 2 / (len(x) - 1) + vy ** 2 / (len(y) - 1)))
+  df = float((vx + vy) ** 2 / (vx**2 / (len(x) - 1) + vy**2 / (len(y) - 1)))
   return {"t": t, "df": df, "p": float(2 * scipy_stats.t.sf(abs(t), df))}
 
 
@@ -112,6 +118,7 @@ class Summary:
            best against second, or None), `gap` (|mean difference|), `mark` (HyperMixer's, or None).
   best:    per metric, the best point's `by` values (None when no point logged it).
   """
+
   by: list[str]
   metrics: dict[str, str]
   rows: list[dict[str, Any]]
@@ -161,10 +168,12 @@ def summarize(points: Sequence[Mapping[str, Any]], by: Sequence[str], metrics: M
     test: dict[str, Any] = {"best": best[metric], "second": None, "welch": None, "gap": None, "mark": None}
     if len(ranked) > 1:
       second = rows[ranked[1]]
-      test.update(second={c: second[c] for c in by},
-                  welch=welch([v for _, v in values[ranked[0]][metric]], [v for _, v in values[ranked[1]][metric]]),
-                  gap=abs(first[f"{metric}_mean"] - second[f"{metric}_mean"]),
-                  mark=hypermixer_mark(first[f"{metric}_mean"], first[f"{metric}_std"], second[f"{metric}_mean"]))
+      test.update(
+        second={c: second[c] for c in by},
+        welch=welch([v for _, v in values[ranked[0]][metric]], [v for _, v in values[ranked[1]][metric]]),
+        gap=abs(first[f"{metric}_mean"] - second[f"{metric}_mean"]),
+        mark=hypermixer_mark(first[f"{metric}_mean"], first[f"{metric}_std"], second[f"{metric}_mean"]),
+      )
     tests[metric] = test
   return Summary(by=by, metrics=metrics, rows=rows, values=values, tests=tests, best=best)
 
@@ -185,8 +194,10 @@ def csv_table(summary: Summary) -> str:
   buf = io.StringIO()
   writer = csv.DictWriter(buf, fieldnames=_columns(summary), lineterminator="\n")
   writer.writeheader()
-  writer.writerows({c: "" if row[c] is None else repr(row[c]) if isinstance(row[c], float) else row[c]
-                    for c in writer.fieldnames} for row in summary.rows)
+  writer.writerows(
+    {c: "" if row[c] is None else repr(row[c]) if isinstance(row[c], float) else row[c] for c in writer.fieldnames}
+    for row in summary.rows
+  )
   return buf.getvalue()
 
 
@@ -199,8 +210,11 @@ def cell(row: Mapping[str, Any], metric: str) -> str:
   n, mean = row[f"{metric}_n"], row[f"{metric}_mean"]
   if mean is None:
     return ""
-  text = _num(mean) if row[f"{metric}_std"] is None else \
-      f"{_num(mean)} ± {_num(row[f'{metric}_std'])} [{_num(row[f'{metric}_ci95_low'])}, {_num(row[f'{metric}_ci95_high'])}]"
+  text = (
+    _num(mean)
+    if row[f"{metric}_std"] is None
+    else f"{_num(mean)} ± {_num(row[f'{metric}_std'])} [{_num(row[f'{metric}_ci95_low'])}, {_num(row[f'{metric}_ci95_high'])}]"
+  )
   return text + (f" (n={n})" if n != row["n"] else "")
 
 
@@ -208,20 +222,29 @@ def point_label(summary: Summary, values: Mapping[str, Any] | None) -> str:
   """`name=value, ...` of a point's grid values; a single text value (a label) alone."""
   if values is None:
     return "-"
-  return ", ".join(f"{c}={values[c]}" if len(summary.by) > 1 or not isinstance(values[c], str) else values[c]
-                   for c in summary.by)
+  return ", ".join(
+    f"{c}={values[c]}" if len(summary.by) > 1 or not isinstance(values[c], str) else values[c] for c in summary.by
+  )
 
 
 def markdown_table(summary: Summary, title: str = "sweep") -> str:
   """A column per grid name, n, each metric as `mean ± std [low, high]` (bold for the best point where
   HyperMixer's mark holds); then per metric the best two points' Welch t-test."""
   esc = lambda s: str(s).replace("|", "\\|")
-  lines = [f"# {title}", "",
-           "Mean ± sample standard deviation [Student t 95% interval of the mean] over seeds. **Bold**: the best "
-           "point leads the second best by at least one standard deviation of the best (HyperMixer, Table 1).", "",
-           "| " + " | ".join([*summary.by, "n"] + [f"{m} ({'lower' if d == 'min' else 'higher'} is better)"
-                                                   for m, d in summary.metrics.items()]) + " |",
-           "|" + "|".join(["---"] * len(summary.by) + ["---:"] * (1 + len(summary.metrics))) + "|"]
+  lines = [
+    f"# {title}",
+    "",
+    "Mean ± sample standard deviation [Student t 95% interval of the mean] over seeds. **Bold**: the best "
+    "point leads the second best by at least one standard deviation of the best (HyperMixer, Table 1).",
+    "",
+    "| "
+    + " | ".join(
+      [*summary.by, "n"]
+      + [f"{m} ({'lower' if d == 'min' else 'higher'} is better)" for m, d in summary.metrics.items()]
+    )
+    + " |",
+    "|" + "|".join(["---"] * len(summary.by) + ["---:"] * (1 + len(summary.metrics))) + "|",
+  ]
   for row in summary.rows:
     cells = [esc(row[c]) for c in summary.by] + [str(row["n"])]
     for metric in summary.metrics:
@@ -246,8 +269,11 @@ def welch_line(summary: Summary, test: Mapping[str, Any]) -> str:
     return f"best {best}; no second point to test against"
   text = f"best {best}, second {point_label(summary, test['second'])}: "
   w = test["welch"]
-  text += (f"Welch's t = {w['t']:.3f}, df = {w['df']:.1f}, p = {w['p']:.3g}" if w and w["t"] is not None else
-           "Welch's t-test undefined (fewer than 2 values on a side, or no spread on either)")
+  text += (
+    f"Welch's t = {w['t']:.3f}, df = {w['df']:.1f}, p = {w['p']:.3g}"
+    if w and w["t"] is not None
+    else "Welch's t-test undefined (fewer than 2 values on a side, or no spread on either)"
+  )
   mark = {True: "holds", False: "does not hold", None: "undefined (one value)"}[test["mark"]]
   return text + f"; gap {test['gap']:.4g}, one-standard-deviation mark {mark}"
 
@@ -259,8 +285,9 @@ def plot(summary: Summary, path, title: str = "sweep"):
   k = len(summary.metrics)
   cols = min(k, 3) or 1
   nrows = max(1, math.ceil(k / cols))
-  fig, axes = plt.subplots(nrows, cols, figsize=(max(5.0, 1.2 * len(summary.rows) + 2.5) * cols, 4.2 * nrows),
-                           squeeze=False)
+  fig, axes = plt.subplots(
+    nrows, cols, figsize=(max(5.0, 1.2 * len(summary.rows) + 2.5) * cols, 4.2 * nrows), squeeze=False
+  )
   labels = [point_label(summary, row) for row in summary.rows]
   for ax, (metric, direction) in zip(axes.flat, summary.metrics.items()):
     for x, (row, seen) in enumerate(zip(summary.rows, summary.values)):
@@ -281,8 +308,13 @@ def plot(summary: Summary, path, title: str = "sweep"):
         ax.errorbar([x + 0.3], [mean], yerr=err, fmt="D", color=color, ms=7, capsize=5, lw=1.5, zorder=3)
       else:
         ax.plot([x + 0.3], [mean], "D", color=color, ms=7, zorder=3)
-    ax.set_xticks(range(len(labels)), labels, rotation=20 if len(labels) > 3 else 0, fontsize=8, ha="right"
-                  if len(labels) > 3 else "center")
+    ax.set_xticks(
+      range(len(labels)),
+      labels,
+      rotation=20 if len(labels) > 3 else 0,
+      fontsize=8,
+      ha="right" if len(labels) > 3 else "center",
+    )
     ax.set_xlim(-0.6, len(labels) - 0.4)
     ax.margins(y=0.15)
     ax.grid(alpha=0.3, axis="y")
@@ -309,8 +341,9 @@ def write(out_dir, summary: Summary, title: str = "sweep") -> list:
   return [out / "sweep.csv", out / "sweep.md", plot(summary, out / "sweep.png", title)]
 
 
-def report(points: Sequence[Mapping[str, Any]], by: Sequence[str], out_dir, title: str = "sweep"
-           ) -> tuple[Summary, list]:
+def report(
+  points: Sequence[Mapping[str, Any]], by: Sequence[str], out_dir, title: str = "sweep"
+) -> tuple[Summary, list]:
   """`summarize` over every metric the points carry (their '<split or task>/<metric>' keys, each better as
   `better` says), then `write` into `out_dir`: (the summary, the files written)."""
   metrics = {m: better(m) for m in dict.fromkeys(k for p in points for k in p if "/" in k)}  # in the points' order

@@ -22,6 +22,7 @@ submitit's local executor, the same path without a cluster. `--print_commands` p
 command (for `launch/tpu_vm.sh ... run -- <command>` on a Cloud TPU) and runs nothing. Every point's run joins
 the W&B group named after DIR when tracking is on ($WANDB_RUN_GROUP).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,12 +49,15 @@ EXECUTORS = ("local", "slurm", "submitit_local")
 @dataclasses.dataclass(frozen=True)
 class Point:
   """One training run of the sweep: its grid values (name -> value text) and seed."""
+
   values: tuple[tuple[str, str], ...]
   seed: int
 
   @property
   def name(self) -> str:
-    text = ",".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in self.values) + f"{',' if self.values else ''}seed={self.seed}"
+    text = (
+      ",".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in self.values) + f"{',' if self.values else ''}seed={self.seed}"
+    )
     return re.sub(r"[^A-Za-z0-9_.=,+-]", "_", text)
 
   def bindings(self) -> list[str]:
@@ -61,20 +65,41 @@ class Point:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-  p.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2,...",
-                 help="a gin macro or binding and its values (repeatable; the grid is their product)")
+  p.add_argument(
+    "--grid",
+    action="append",
+    default=[],
+    metavar="NAME=V1,V2,...",
+    help="a gin macro or binding and its values (repeatable; the grid is their product)",
+  )
   p.add_argument("--seeds", default="0", help="RANDOM_SEED values, e.g. 0,1,2 (default 0)")
   p.add_argument("--out", required=True, help="the sweep's folder (local or gs://): a MODEL_DIR per point")
   p.add_argument("--jobs", type=int, default=1, help="local: points trained at once, sharing the cores (default 1)")
-  p.add_argument("--tune", metavar="NAME", help="two stages: NAME's values at the first seed, then all seeds at the "
-                 "best value of NAME for each combination of the other grid names (needs --select)")
-  p.add_argument("--select", metavar="METRIC:min|max", help="the metric that picks --tune's best value, e.g. "
-                 "validation/loss:min or cogs/exact_match:max")
+  p.add_argument(
+    "--tune",
+    metavar="NAME",
+    help="two stages: NAME's values at the first seed, then all seeds at the "
+    "best value of NAME for each combination of the other grid names (needs --select)",
+  )
+  p.add_argument(
+    "--select",
+    metavar="METRIC:min|max",
+    help="the metric that picks --tune's best value, e.g. validation/loss:min or cogs/exact_match:max",
+  )
   p.add_argument("--executor", choices=EXECUTORS, default="local", help="where points run (default local)")
-  p.add_argument("--slurm", action="append", default=[], metavar="KEY=VALUE",
-                 help="slurm/submitit_local: a submitit executor parameter (repeatable), e.g. timeout_min=600")
-  p.add_argument("--print_commands", "--print-commands", action="store_true",
-                 help="print each point's train command (for launch/) and run nothing")
+  p.add_argument(
+    "--slurm",
+    action="append",
+    default=[],
+    metavar="KEY=VALUE",
+    help="slurm/submitit_local: a submitit executor parameter (repeatable), e.g. timeout_min=600",
+  )
+  p.add_argument(
+    "--print_commands",
+    "--print-commands",
+    action="store_true",
+    help="print each point's train command (for launch/) and run nothing",
+  )
 
 
 def parse_grid(items: Sequence[str]) -> list[tuple[str, list[str]]]:
@@ -85,8 +110,10 @@ def parse_grid(items: Sequence[str]) -> list[tuple[str, list[str]]]:
     name = name.strip().removeprefix("--gin.")
     vals = [v.strip() for v in _split_values(values)] if sep else []
     if not re.fullmatch(r"[A-Za-z_][\w./]*", name) or not vals or any(not v for v in vals):
-      raise ValueError(f"--grid {item!r}: expected NAME=V1,V2,... with a gin macro or binding as NAME, e.g. "
-                       "optim.rsqrt_schedule.base_learning_rate=0.5,1.0")
+      raise ValueError(
+        f"--grid {item!r}: expected NAME=V1,V2,... with a gin macro or binding as NAME, e.g. "
+        "optim.rsqrt_schedule.base_learning_rate=0.5,1.0"
+      )
     if name in {n for n, _ in grid}:
       raise ValueError(f"--grid {name} is given twice; give its values once, comma-separated")
     if name in ("RANDOM_SEED", "run_config.Training.random_seed"):
@@ -127,8 +154,7 @@ def parse_seeds(text: str) -> list[int]:
 
 def points(grid, seeds: Sequence[int]) -> list[Point]:
   names = [n for n, _ in grid]
-  return [Point(tuple(zip(names, combo)), seed)
-          for combo in itertools.product(*(v for _, v in grid)) for seed in seeds]
+  return [Point(tuple(zip(names, combo)), seed) for combo in itertools.product(*(v for _, v in grid)) for seed in seeds]
 
 
 class Manifest:
@@ -143,8 +169,10 @@ class Manifest:
       old = json.loads(self.path.read_text())
       if old.get("spec") != spec:
         diff = sorted(k for k in set(old.get("spec", {})) | set(spec) if old.get("spec", {}).get(k) != spec.get(k))
-        raise ValueError(f"--out {storage.run_path(out)} holds another sweep (its {', '.join(diff)} differ: see "
-                         f"{self.path}); use another --out or the same command")
+        raise ValueError(
+          f"--out {storage.run_path(out)} holds another sweep (its {', '.join(diff)} differ: see "
+          f"{self.path}); use another --out or the same command"
+        )
       self.points = old.get("points", {})
 
   def state(self, point: Point) -> str:
@@ -170,7 +198,7 @@ def _cores(jobs: int) -> list[str | None]:
   if len(cores) < jobs:
     return [None] * jobs
   share = len(cores) // jobs
-  return [",".join(map(str, cores[i * share:(i + 1) * share])) for i in range(jobs)]
+  return [",".join(map(str, cores[i * share : (i + 1) * share])) for i in range(jobs)]
 
 
 def _child_env(group: str, cpus: str | None) -> dict[str, str]:
@@ -184,8 +212,9 @@ def _child_env(group: str, cpus: str | None) -> dict[str, str]:
 def run_point(argv: Sequence[str], env: dict[str, str], log_path: str) -> int:
   """`python -m remixer_t5 <argv>` with its output in `log_path`; its exit code (submitit runs this too)."""
   with open(log_path, "a") as log:
-    return subprocess.run([sys.executable, "-m", "remixer_t5", *argv], env=env, stdout=log,
-                          stderr=subprocess.STDOUT).returncode
+    return subprocess.run(
+      [sys.executable, "-m", "remixer_t5", *argv], env=env, stdout=log, stderr=subprocess.STDOUT
+    ).returncode
 
 
 class Progress:
@@ -199,8 +228,11 @@ class Progress:
     eta = ""
     if self.durations and left:
       eta = f"; ETA {format_duration(sum(self.durations) / len(self.durations) * left / self.jobs)}"
-    print(f"[sweep] {event} ({done}/{self.total} done, {running} running{eta}; elapsed "
-          f"{format_duration(time.time() - self.t0)})", flush=True)
+    print(
+      f"[sweep] {event} ({done}/{self.total} done, {running} running{eta}; elapsed "
+      f"{format_duration(time.time() - self.t0)})",
+      flush=True,
+    )
 
 
 def run_points(todo: Sequence[Point], args, train_argv, manifest: Manifest, progress: Progress, done: int) -> int:
@@ -217,8 +249,12 @@ def run_points(todo: Sequence[Point], args, train_argv, manifest: Manifest, prog
       while queue and free:
         point, cpus = queue.pop(0), free.pop(0)
         log_file = open(logs.local / f"{point.name}.log", "a")
-        proc = subprocess.Popen([sys.executable, "-m", "remixer_t5", *train_command(train_argv, out, point)],
-                                env=_child_env(group, cpus), stdout=log_file, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+          [sys.executable, "-m", "remixer_t5", *train_command(train_argv, out, point)],
+          env=_child_env(group, cpus),
+          stdout=log_file,
+          stderr=subprocess.STDOUT,
+        )
         running[proc] = (point, time.time(), cpus, log_file)
         manifest.set(point, state="running")
         progress.say(f"started {point.name}", done, len(running))
@@ -228,8 +264,11 @@ def run_points(todo: Sequence[Point], args, train_argv, manifest: Manifest, prog
         log_file.close()
         free.append(cpus)
         done += _finish(point, proc.returncode, time.time() - started, manifest, progress, logs)
-        progress.say(f"{'finished' if proc.returncode == 0 else f'FAILED (exit {proc.returncode})'} {point.name}",
-                     done, len(running))
+        progress.say(
+          f"{'finished' if proc.returncode == 0 else f'FAILED (exit {proc.returncode})'} {point.name}",
+          done,
+          len(running),
+        )
   finally:
     for proc in running:  # interrupted: the points stop as a train does on SIGTERM (saving), to resume later
       proc.terminate()
@@ -249,6 +288,7 @@ def _finish(point: Point, code: int, seconds: float, manifest: Manifest, progres
 
 def _run_submitit(todo, args, train_argv, manifest, progress, done, logs, group) -> int:
   import submitit  # the slurm extra; only these executors need it
+
   out = storage.run_path(args.out)
   kind = "slurm" if args.executor == "slurm" else "local"
   executor = submitit.AutoExecutor(folder=str(logs.local / "submitit"), cluster=kind)
@@ -260,8 +300,10 @@ def _run_submitit(todo, args, train_argv, manifest, progress, done, logs, group)
     executor.update_parameters(**params)
   env = _child_env(group, None)
   with executor.batch():
-    jobs = [(p, executor.submit(run_point, train_command(train_argv, out, p), env,
-                                str(logs.local / f"{p.name}.log"))) for p in todo]
+    jobs = [
+      (p, executor.submit(run_point, train_command(train_argv, out, p), env, str(logs.local / f"{p.name}.log")))
+      for p in todo
+    ]
   started = time.time()
   for point, _ in jobs:
     manifest.set(point, state="running")
@@ -293,8 +335,11 @@ def main(args: argparse.Namespace) -> int:
   summarises."""
   common.load_gin(args, required=True)  # a config that does not parse stops here, not in every point
   files, bindings, paths = args.gin
-  train_argv = ([f"--gin_file={f}" for f in files] + [f"--gin.{b}" for b in bindings]
-                + ([f"--gin_search_paths={','.join(paths)}"] if paths else []))
+  train_argv = (
+    [f"--gin_file={f}" for f in files]
+    + [f"--gin.{b}" for b in bindings]
+    + ([f"--gin_search_paths={','.join(paths)}"] if paths else [])
+  )
   grid, seeds = parse_grid(args.grid), parse_seeds(args.seeds)
   if args.jobs < 1:
     raise ValueError(f"--jobs {args.jobs}: expected a positive number of processes")
@@ -308,8 +353,13 @@ def main(args: argparse.Namespace) -> int:
   tune = args.tune.removeprefix("--gin.") if args.tune else None
   out = storage.run_path(args.out)
   storage.check_bucket(out, "--out")
-  spec = {"train": list(train_argv), "grid": [[n, v] for n, v in grid], "seeds": seeds, "tune": tune,
-          "select": args.select}
+  spec = {
+    "train": list(train_argv),
+    "grid": [[n, v] for n, v in grid],
+    "seeds": seeds,
+    "tune": tune,
+    "select": args.select,
+  }
   stage1 = points(grid, seeds[:1]) if tune else points(grid, seeds)
   if args.print_commands:
     for point in stage1:
@@ -334,15 +384,22 @@ def main(args: argparse.Namespace) -> int:
     chosen = _best_values(grid, tune, metric, mode, stage1, out)
     for others, value in chosen.items():
       progress.say(f"best {tune} for {dict(others) or 'the model'}: {value} by {args.select}", done, 0)
-    final = [Point(tuple((k, chosen[tuple((o, w) for o, w in p.values if o != tune)] if k == tune else v)
-                         for k, v in p.values), p.seed)
-             for p in points([(n, v[:1] if n == tune else v) for n, v in grid], seeds)]
+    final = [
+      Point(
+        tuple((k, chosen[tuple((o, w) for o, w in p.values if o != tune)] if k == tune else v) for k, v in p.values),
+        p.seed,
+      )
+      for p in points([(n, v[:1] if n == tune else v) for n, v in grid], seeds)
+    ]
     stage2 = [p for p in final if manifest.state(p) != "done"]
     done = run_points(stage2, args, train_argv, manifest, progress, done)
   failed = [p.name for p in final if manifest.state(p) != "done"]
   if failed:
-    print(f"[sweep] {len(failed)} points failed ({', '.join(failed)}); their logs are in {out / 'logs'}; the same "
-          "command resumes them", flush=True)
+    print(
+      f"[sweep] {len(failed)} points failed ({', '.join(failed)}); their logs are in {out / 'logs'}; the same "
+      "command resumes them",
+      flush=True,
+    )
     return 1
   rows = []
   for p in final:
@@ -350,5 +407,3 @@ def main(args: argparse.Namespace) -> int:
   _, paths = study.report(rows, [n for n, _ in grid], out, title=f"sweep {out.name}")
   print(f"[sweep] {len(final)} points done; the summary is in {', '.join(str(p) for p in paths)}", flush=True)
   return 0
-
-

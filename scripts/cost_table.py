@@ -14,6 +14,7 @@ their markers (and the TPU table's every cell into docs/data/tpu_cost_table.md).
   python scripts/cost_table.py gpu --redo hypermixer_base     # measure a changed model's cells again
   python scripts/cost_table.py tpu --again remixer_base       # a model's cells again first (its rows stay till then)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,10 +31,12 @@ DOC = ROOT / "docs" / "benchmarks.md"
 
 
 def git_state() -> dict:
-  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                          text=True).stdout.strip()
-  dirty = subprocess.run(["git", "status", "--porcelain", "--", "remixer_t5", "gin"], cwd=ROOT,
-                         capture_output=True, text=True).stdout.split("\n")
+  commit = subprocess.run(
+    ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+  ).stdout.strip()
+  dirty = subprocess.run(
+    ["git", "status", "--porcelain", "--", "remixer_t5", "gin"], cwd=ROOT, capture_output=True, text=True
+  ).stdout.split("\n")
   return {"commit": commit, "uncommitted": sorted(line[3:] for line in dirty if line.strip())}
 
 
@@ -46,13 +49,23 @@ def load(path: Path) -> list[dict]:
 def compile_cell(row: dict, gin_file: str, flags: list[str], timeout: int) -> dict:
   """`row` with the report (or the error) of `remixer-t5 compile` of `gin_file` with runs/pretrain.gin in
   bfloat16 and `flags`, in a process of its own with the host as its only platform."""
-  cmd = [sys.executable, "-m", "remixer_t5.cli", "compile", f"--gin_file={gin_file}", "--gin_file=runs/pretrain.gin",
-         "--gin.ACTIVATION_DTYPE='bfloat16'", *flags, "--json"]
+  cmd = [
+    sys.executable,
+    "-m",
+    "remixer_t5.cli",
+    "compile",
+    f"--gin_file={gin_file}",
+    "--gin_file=runs/pretrain.gin",
+    "--gin.ACTIVATION_DTYPE='bfloat16'",
+    *flags,
+    "--json",
+  ]
   row = {**row, **git_state(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
   t0 = time.time()
   try:
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    proc = subprocess.run(
+      cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env={**os.environ, "JAX_PLATFORMS": "cpu"}
+    )
   except subprocess.TimeoutExpired:
     return row | {"error": f"compile did not finish in {timeout} s"}
   row["wall_seconds"] = round(time.time() - t0, 1)
@@ -82,24 +95,27 @@ TPU_START, TPU_END = "<!-- tpu-cost-table:start -->", "<!-- tpu-cost-table:end -
 
 # name -> (gin file, label, the Remixer paper's Table 1 steps/s on 16 v3 chips, or None)
 TPU_MODELS = {
-    "t5_1_1_base": ("models/t5_1_1/base.gin", "T5.1.1-base", 9),
-    "mixer_enc_base": ("models/mixer_enc/base.gin", "Mixer_Enc-base", 11),
-    "mixer_encdec_base": ("models/mixer_encdec/base.gin", "Mixer_EncDec-base", 11),
-    "remixer_sbase": ("models/remixer/sbase.gin", "Remixer_SBase", 8),
-    "remixer_base": ("models/remixer/base.gin", "Remixer_Base", 6),
-    "hypermixer_base": ("models/hypermixer/base.gin", "HyperMixer-base", None),
-    "gmlp_base": ("models/gmlp/base.gin", "gMLP-base", None),
-    "amlp_base": ("models/amlp/base.gin", "aMLP-base", None),
-    "fnet_base": ("models/fnet/base.gin", "FNet-base", None),
-    "linear_attention_base": ("models/linear_attention/base.gin", "linear attention-base", None),
-    "pnlp_mixer_base": ("models/pnlp_mixer/base.gin", "pNLP-Mixer-base", None),
-    "t5_1_1_large": ("models/t5_1_1/large.gin", "T5.1.1-large", None),
-    "t5_1_1_xl": ("models/t5_1_1/xl.gin", "T5.1.1-xl", None),
-    # A control, not an architecture: T5.1.1's blocks at Remixer_SBase's 18 + 3 layers (preset rules only).
-    "t5_1_1_sbase_layout": ("models/t5_1_1/sbase_layout.gin", "T5.1.1-base at 18 + 3 layers", None),
+  "t5_1_1_base": ("models/t5_1_1/base.gin", "T5.1.1-base", 9),
+  "mixer_enc_base": ("models/mixer_enc/base.gin", "Mixer_Enc-base", 11),
+  "mixer_encdec_base": ("models/mixer_encdec/base.gin", "Mixer_EncDec-base", 11),
+  "remixer_sbase": ("models/remixer/sbase.gin", "Remixer_SBase", 8),
+  "remixer_base": ("models/remixer/base.gin", "Remixer_Base", 6),
+  "hypermixer_base": ("models/hypermixer/base.gin", "HyperMixer-base", None),
+  "gmlp_base": ("models/gmlp/base.gin", "gMLP-base", None),
+  "amlp_base": ("models/amlp/base.gin", "aMLP-base", None),
+  "fnet_base": ("models/fnet/base.gin", "FNet-base", None),
+  "linear_attention_base": ("models/linear_attention/base.gin", "linear attention-base", None),
+  "pnlp_mixer_base": ("models/pnlp_mixer/base.gin", "pNLP-Mixer-base", None),
+  "t5_1_1_large": ("models/t5_1_1/large.gin", "T5.1.1-large", None),
+  "t5_1_1_xl": ("models/t5_1_1/xl.gin", "T5.1.1-xl", None),
+  # A control, not an architecture: T5.1.1's blocks at Remixer_SBase's 18 + 3 layers (preset rules only).
+  "t5_1_1_sbase_layout": ("models/t5_1_1/sbase_layout.gin", "T5.1.1-base at 18 + 3 layers", None),
 }
-TPU_VARIANTS = {"": [], "remat_full": ["--gin.network.T5Config.remat_policy='full'"],
-            "scan": ["--gin.network.T5Config.scan_layers=True"]}
+TPU_VARIANTS = {
+  "": [],
+  "remat_full": ["--gin.network.T5Config.remat_policy='full'"],
+  "scan": ["--gin.network.T5Config.scan_layers=True"],
+}
 BIG = ["t5_1_1_large", "t5_1_1_xl"]
 CONTROLS = ["t5_1_1_sbase_layout"]
 BASE = [m for m in TPU_MODELS if m not in BIG + CONTROLS]
@@ -126,16 +142,25 @@ def rules_label(topology: str, rules: str) -> str:
 # takes 2-7 minutes here, so the full table is a night's work): per slice and model size, the rule sets that can
 # be fastest (data only for base; remat only where nothing else fits).
 PRESET_CELLS = [
-    ("t5_1_1_base", "v3-8", "fsdp", ""), ("t5_1_1_base", "v3-8", "data_model", ""), ("t5_1_1_base", "v3-8", "data", ""),
-    ("t5_1_1_base", "v3-128", "fsdp", ""), ("t5_1_1_base", "v3-128", "fsdp_model", ""),
-    ("t5_1_1_base", "v3-128", "data_model", ""),
-    ("t5_1_1_large", "v3-8", "fsdp", ""), ("t5_1_1_large", "v3-32", "fsdp", ""), ("t5_1_1_large", "v3-128", "fsdp", ""),
-    ("t5_1_1_large", "v3-8", "fsdp", "remat_full"),
-    ("t5_1_1_xl", "v3-32", "fsdp", ""), ("t5_1_1_xl", "v3-128", "fsdp", ""),
-    ("t5_1_1_large", "v3-32", "data_model", ""), ("t5_1_1_large", "v3-128", "fsdp_model", ""),
-    ("t5_1_1_xl", "v3-32", "data_model", ""), ("t5_1_1_xl", "v3-128", "fsdp_model", ""),
-    ("t5_1_1_xl", "v3-8", "fsdp", "remat_full"), ("t5_1_1_large", "v3-8", "data_model", ""),
-    ("t5_1_1_xl", "v3-8", "fsdp", ""),
+  ("t5_1_1_base", "v3-8", "fsdp", ""),
+  ("t5_1_1_base", "v3-8", "data_model", ""),
+  ("t5_1_1_base", "v3-8", "data", ""),
+  ("t5_1_1_base", "v3-128", "fsdp", ""),
+  ("t5_1_1_base", "v3-128", "fsdp_model", ""),
+  ("t5_1_1_base", "v3-128", "data_model", ""),
+  ("t5_1_1_large", "v3-8", "fsdp", ""),
+  ("t5_1_1_large", "v3-32", "fsdp", ""),
+  ("t5_1_1_large", "v3-128", "fsdp", ""),
+  ("t5_1_1_large", "v3-8", "fsdp", "remat_full"),
+  ("t5_1_1_xl", "v3-32", "fsdp", ""),
+  ("t5_1_1_xl", "v3-128", "fsdp", ""),
+  ("t5_1_1_large", "v3-32", "data_model", ""),
+  ("t5_1_1_large", "v3-128", "fsdp_model", ""),
+  ("t5_1_1_xl", "v3-32", "data_model", ""),
+  ("t5_1_1_xl", "v3-128", "fsdp_model", ""),
+  ("t5_1_1_xl", "v3-8", "fsdp", "remat_full"),
+  ("t5_1_1_large", "v3-8", "data_model", ""),
+  ("t5_1_1_xl", "v3-8", "fsdp", ""),
 ]
 
 
@@ -148,16 +173,16 @@ def tpu_cells() -> list[tuple[str, str, str, str]]:
   out = [(m, "v3-32", "fsdp", "") for m in first] + [("t5_1_1_base", "v3-32", "data_model", "")]
   out += [(m, "v3-32", "fsdp", "") for m in BASE if m not in first]
   out += PRESET_CELLS
-  for topo in ("v3-8", "v3-128"):   # every architecture under each slice's preset rules
+  for topo in ("v3-8", "v3-128"):  # every architecture under each slice's preset rules
     out += [(m, topo, "fsdp", "") for m in BASE]
   out += [(m, "v3-32", "data_model", "") for m in BASE]
-  for topo in ("v3-8", "v3-32", "v3-128"):   # the rest of T5.1.1's settings
+  for topo in ("v3-8", "v3-32", "v3-128"):  # the rest of T5.1.1's settings
     for m in T5_SIZES:
       for rules in ("fsdp", "data_model", "data", "fsdp_model"):
         out.append((m, topo, rules, ""))
       for variant in ("remat_full", "scan"):
         out.append((m, topo, "fsdp", variant))
-  for topo in ("v3-32", "v3-8", "v3-128"):   # every architecture
+  for topo in ("v3-32", "v3-8", "v3-128"):  # every architecture
     for rules in ("data_model", "fsdp", "data"):
       out += [(m, topo, rules, "") for m in BASE]
   out += [(m, topo, "fsdp", "") for m in CONTROLS for topo in ("v3-32", "v3-8", "v3-128")]
@@ -171,19 +196,31 @@ def tpu_key(row) -> tuple:
 
 def tpu_measure(name: str, topology: str, rules: str, variant: str, timeout: int) -> dict:
   row = {"name": name, "topology": topology, "rules": rules, "variant": variant}
-  return compile_cell(row, TPU_MODELS[name][0], [*TPU_VARIANTS[variant], f"--topology={topology}",
-                                                 f"--mesh={mesh_for(topology, rules)}", f"--rules={RULES[rules][0]}"],
-                      timeout)
+  return compile_cell(
+    row,
+    TPU_MODELS[name][0],
+    [
+      *TPU_VARIANTS[variant],
+      f"--topology={topology}",
+      f"--mesh={mesh_for(topology, rules)}",
+      f"--rules={RULES[rules][0]}",
+    ],
+    timeout,
+  )
 
 
 def tpu_render(rows: list[dict]) -> str:
   latest = {tpu_key(r): r for r in rows}
-  base_step = {(r["topology"], r["rules"], r["variant"]): r["report"]["steps"]["train"].get("optimal_seconds")
-               for r in latest.values() if r["name"] == "t5_1_1_base" and "report" in r
-               and r["report"]["steps"]["train"]["fits"]}
-  head = ("| model | slice | rules (mesh) | variant | fits | GiB/core | peak GiB | est. step ms | est. steps/s | × T5.1.1-base step "
-          "| est. MFU | paper steps/s (16 v3 chips) | measured at |\n"
-          "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+  base_step = {
+    (r["topology"], r["rules"], r["variant"]): r["report"]["steps"]["train"].get("optimal_seconds")
+    for r in latest.values()
+    if r["name"] == "t5_1_1_base" and "report" in r and r["report"]["steps"]["train"]["fits"]
+  }
+  head = (
+    "| model | slice | rules (mesh) | variant | fits | GiB/core | peak GiB | est. step ms | est. steps/s | × T5.1.1-base step "
+    "| est. MFU | paper steps/s (16 v3 chips) | measured at |\n"
+    "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"
+  )
   lines = [head]
   missing: list = []
   for cell in tpu_cells():
@@ -193,21 +230,28 @@ def tpu_render(rows: list[dict]) -> str:
     if r is None:
       missing.append(cell)
       continue
-    at = r["commit"] + (" (+ uncommitted: " + ", ".join(Path(p).name for p in r["uncommitted"]) + ")"
-                        if r.get("uncommitted") else "")
+    at = r["commit"] + (
+      " (+ uncommitted: " + ", ".join(Path(p).name for p in r["uncommitted"]) + ")" if r.get("uncommitted") else ""
+    )
     if "report" not in r:
-      lines.append(f"| {label} | {topo} | {rules_label(topo, rules)} | {variant or '-'} | error: {r.get('error', '')[:80]} | | | | | | | "
-                   f"{paper or ''} | {at} |")
+      lines.append(
+        f"| {label} | {topo} | {rules_label(topo, rules)} | {variant or '-'} | error: {r.get('error', '')[:80]} | | | | | | | "
+        f"{paper or ''} | {at} |"
+      )
       continue
     t = r["report"]["steps"]["train"]
     if not t["fits"]:
       need = t.get("needs_bytes")
-      lines.append(f"| {label} | {topo} | {rules_label(topo, rules)} | {variant or '-'} | no | "
-                   f"{_fmt(need and need / 2 ** 30, '.2f')} | | | | | | {paper or ''} | {at} |")
+      lines.append(
+        f"| {label} | {topo} | {rules_label(topo, rules)} | {variant or '-'} | no | "
+        f"{_fmt(need and need / 2**30, '.2f')} | | | | | | {paper or ''} | {at} |"
+      )
       continue
-    row = f"| {label} | {topo} | {rules_label(topo, rules)} | {variant or '-'} | yes | " \
-          f"{t['memory']['total_bytes'] / 2 ** 30:.2f} | " \
-          f"{_fmt(t['memory'].get('peak_bytes') and t['memory']['peak_bytes'] / 2 ** 30, '.2f')} | "
+    row = (
+      f"| {label} | {topo} | {rules_label(topo, rules)} | {variant or '-'} | yes | "
+      f"{t['memory']['total_bytes'] / 2**30:.2f} | "
+      f"{_fmt(t['memory'].get('peak_bytes') and t['memory']['peak_bytes'] / 2**30, '.2f')} | "
+    )
     if "est_steps_per_s" not in t:  # a loop XLA's cost model counts once: no step time (aot_compile)
       what = "the scanned layers" if variant == "scan" else "the mixers' scans"
       lines.append(row + f"n/a (XLA counts a loop body once: {what}) | | | | {paper or ''} | {at} |")
@@ -215,13 +259,17 @@ def tpu_render(rows: list[dict]) -> str:
     step = t["optimal_seconds"]
     ref = base_step.get((topo, rules, variant))
     ratio = f"{step / ref:.2f}" if step and ref else ""
-    lines.append(row + f"{step * 1e3:.1f} | {t['est_steps_per_s']:.2f} | {ratio} | "
-                 f"{_fmt(t.get('est_mfu') and 100 * t['est_mfu'], '.1f')}{'%' if t.get('est_mfu') else ''} | "
-                 f"{paper or ''} | {at} |")
+    lines.append(
+      row + f"{step * 1e3:.1f} | {t['est_steps_per_s']:.2f} | {ratio} | "
+      f"{_fmt(t.get('est_mfu') and 100 * t['est_mfu'], '.1f')}{'%' if t.get('est_mfu') else ''} | "
+      f"{paper or ''} | {at} |"
+    )
   if missing:
     models = sorted({TPU_MODELS[c[0]][1] for c in missing})
-    lines.append(f"\n{len(missing)} of {len(tpu_cells())} cells are not measured yet (models: {', '.join(models)}); "
-                 "`nice -n 19 python scripts/cost_table.py tpu` measures them, in the order of `tpu_cells()`.")
+    lines.append(
+      f"\n{len(missing)} of {len(tpu_cells())} cells are not measured yet (models: {', '.join(models)}); "
+      "`nice -n 19 python scripts/cost_table.py tpu` measures them, in the order of `tpu_cells()`."
+    )
   return "\n".join(lines)
 
 
@@ -240,8 +288,12 @@ def tpu_summary(rows: list[dict]) -> str:
       best[(name, topo)] = (rank, step, rules_label(topo, rules) + (f" {variant}" if variant else ""))
   topos = ("v3-8", "v3-32", "v3-128")
   paper_base = TPU_MODELS["t5_1_1_base"][2]
-  lines = ["| model | " + " | ".join(f"{t}: fastest fitting setting, est. step × T5.1.1-base" for t in topos)
-           + " | paper: step × T5.1.1-base (v3, 16 chips) |", "|---|" + "---|" * len(topos) + "---:|"]
+  lines = [
+    "| model | "
+    + " | ".join(f"{t}: fastest fitting setting, est. step × T5.1.1-base" for t in topos)
+    + " | paper: step × T5.1.1-base (v3, 16 chips) |",
+    "|---|" + "---|" * len(topos) + "---:|",
+  ]
   for name in TPU_MODELS:
     label, paper = TPU_MODELS[name][1], TPU_MODELS[name][2]
     entries = []
@@ -280,11 +332,15 @@ def tpu_main(args) -> None:
     TPU_JSONL.write_text("".join(json.dumps(r) + "\n" for r in rows))
   if not args.render:
     done = {tpu_key(r) for r in rows if "report" in r and r["name"] not in args.again}  # failed cells: tried again
-    todo = [c for c in tpu_cells() if c not in done
-            and (not args.only or c[0] in args.only.split(","))
-            and (not args.topologies or c[1] in args.topologies.split(","))]
+    todo = [
+      c
+      for c in tpu_cells()
+      if c not in done
+      and (not args.only or c[0] in args.only.split(","))
+      and (not args.topologies or c[1] in args.topologies.split(","))
+    ]
     todo.sort(key=lambda c: c[0] not in args.again)  # stable: the models asked for again come first
-    measure(todo[:args.limit], tpu_measure, rows, TPU_JSONL, args, lambda: tpu_write_doc(rows))
+    measure(todo[: args.limit], tpu_measure, rows, TPU_JSONL, args, lambda: tpu_write_doc(rows))
   tpu_write_doc(rows)
 
 
@@ -300,10 +356,16 @@ def measure(cells: list[tuple], measure_cell, rows: list[dict], jsonl: Path, arg
         f.write(json.dumps(row) + "\n")
       rows.append(row)
       t = row.get("report", {}).get("steps", {}).get("train", {})
-      print(f"[{i + 1}/{len(cells)}] {' '.join(c for c in cell if c)}: {row.get('wall_seconds')} s, "
-            + (row.get("error") or ("fits" if t.get("fits") else "does not fit")
-               + f", {t.get('needs_bytes', 0) / 2 ** 30:.1f} GiB a device, step {t.get('optimal_seconds', '')}"),
-            file=sys.stderr, flush=True)
+      print(
+        f"[{i + 1}/{len(cells)}] {' '.join(c for c in cell if c)}: {row.get('wall_seconds')} s, "
+        + (
+          row.get("error")
+          or ("fits" if t.get("fits") else "does not fit")
+          + f", {t.get('needs_bytes', 0) / 2**30:.1f} GiB a device, step {t.get('optimal_seconds', '')}"
+        ),
+        file=sys.stderr,
+        flush=True,
+      )
       render()
 
 
@@ -312,12 +374,12 @@ GPU_JSONL = ROOT / "docs" / "data" / "gpu_cost_table.jsonl"
 GPU_START, GPU_END = "<!-- gpu-cost-table:start -->", "<!-- gpu-cost-table:end -->"
 
 GPU_MODELS = {
-    "t5_1_1_base": ("models/t5_1_1/base.gin", "T5.1.1-base"),
-    "t5_1_1_large": ("models/t5_1_1/large.gin", "T5.1.1-large"),
-    "remixer_sbase": ("models/remixer/sbase.gin", "Remixer_SBase"),
-    "remixer_base": ("models/remixer/base.gin", "Remixer_Base"),
-    "hypermixer_base": ("models/hypermixer/base.gin", "HyperMixer-base"),
-    "amlp_base": ("models/amlp/base.gin", "aMLP-base"),
+  "t5_1_1_base": ("models/t5_1_1/base.gin", "T5.1.1-base"),
+  "t5_1_1_large": ("models/t5_1_1/large.gin", "T5.1.1-large"),
+  "remixer_sbase": ("models/remixer/sbase.gin", "Remixer_SBase"),
+  "remixer_base": ("models/remixer/base.gin", "Remixer_Base"),
+  "hypermixer_base": ("models/hypermixer/base.gin", "HyperMixer-base"),
+  "amlp_base": ("models/amlp/base.gin", "aMLP-base"),
 }
 GPU_VARIANTS = {"": [], "remat_full": ["--gin.network.T5Config.remat_policy='full'"]}
 # (topology, rules, mesh): one GPU; 8 GPUs with the gpu_8 preset's rules (fsdp).
@@ -342,15 +404,21 @@ def gpu_todo(rows: list[dict], redo: list[str]) -> list[tuple]:
 
 def gpu_measure(name: str, topology: str, rules: str, mesh: str, variant: str, timeout: int) -> dict:
   row = {"name": name, "topology": topology, "rules": rules, "mesh": mesh, "variant": variant}
-  return compile_cell(row, GPU_MODELS[name][0], [*GPU_VARIANTS[variant], f"--topology={topology}", f"--mesh={mesh}",
-                                                 f"--rules={rules}"], timeout)
+  return compile_cell(
+    row,
+    GPU_MODELS[name][0],
+    [*GPU_VARIANTS[variant], f"--topology={topology}", f"--mesh={mesh}", f"--rules={rules}"],
+    timeout,
+  )
 
 
 def gpu_render(rows: list[dict]) -> str:
   latest = {gpu_key(r): r for r in rows}
-  lines = ["| model | GPUs | rules (mesh) | variant | fits | GiB/GPU | XLA TFLOP/GPU | model TFLOP/GPU | roofline ms "
-           "| est. steps/s | est. MFU | notes | measured at |",
-           "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---|---|"]
+  lines = [
+    "| model | GPUs | rules (mesh) | variant | fits | GiB/GPU | XLA TFLOP/GPU | model TFLOP/GPU | roofline ms "
+    "| est. steps/s | est. MFU | notes | measured at |",
+    "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---|---|",
+  ]
   for cell in gpu_cells():
     name, topo, rules, mesh, variant = cell
     r = latest.get(cell)
@@ -364,26 +432,31 @@ def gpu_render(rows: list[dict]) -> str:
     t = r["report"]["steps"]["train"]
     need = t.get("needs_bytes")
     if not t["fits"]:
-      lines.append(head + f"no | {need / 2 ** 30:.1f} | | | | | | needs {need / 2 ** 30:.1f} of "
-                   f"{t['available_bytes'] / 2 ** 30:.1f} GiB | {at} |")
+      lines.append(
+        head + f"no | {need / 2**30:.1f} | | | | | | needs {need / 2**30:.1f} of "
+        f"{t['available_bytes'] / 2**30:.1f} GiB | {at} |"
+      )
       continue
     notes = []
     if t.get("loops"):
       notes.append(f"{len(t['loops'])} while loop(s): no step time (a loop body counts once)")
     if t.get("kernel_calls"):
-      notes.append(f"{t['kernel_calls']} Pallas kernel call(s): no step time (XLA counts neither their FLOPs nor "
-                   "their bytes)")
+      notes.append(
+        f"{t['kernel_calls']} Pallas kernel call(s): no step time (XLA counts neither their FLOPs nor their bytes)"
+      )
     if t.get("xla_options"):
       notes.append("cuBLAS GEMMs (Triton found no tiling without autotuning)")
     if t.get("roofline_note"):
       notes.append("roofline on model FLOPs")
     rt = t.get("roofline_seconds")
     mfu = t.get("est_mfu")
-    lines.append(head + f"yes | {t['memory']['total_bytes'] / 2 ** 30:.1f} | "
-                 f"{'n/a (cuBLAS)' if t.get('flops_note') else format(t['xla_flops_per_device'] / 1e12, '.1f')} | "
-                 f"{t['model_flops_per_device'] / 1e12:.1f} | {'' if rt is None else f'{rt * 1e3:.0f}'} | "
-                 f"{'' if rt is None else f'{1 / rt:.2f}'} | {'' if mfu is None else f'{100 * mfu:.0f}%'} | "
-                 f"{'; '.join(notes)} | {at} |")
+    lines.append(
+      head + f"yes | {t['memory']['total_bytes'] / 2**30:.1f} | "
+      f"{'n/a (cuBLAS)' if t.get('flops_note') else format(t['xla_flops_per_device'] / 1e12, '.1f')} | "
+      f"{t['model_flops_per_device'] / 1e12:.1f} | {'' if rt is None else f'{rt * 1e3:.0f}'} | "
+      f"{'' if rt is None else f'{1 / rt:.2f}'} | {'' if mfu is None else f'{100 * mfu:.0f}%'} | "
+      f"{'; '.join(notes)} | {at} |"
+    )
   return "\n".join(lines)
 
 
@@ -399,17 +472,32 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("platform", choices=("tpu", "gpu"), help="which table")
   p.add_argument("--render", action="store_true", help="only re-render the markdown from the JSON lines")
-  p.add_argument("--redo", default="", help="comma-separated models whose cells are measured again "
-                 "(tpu: their rows dropped first; gpu: kept, the newest row of a cell is the one rendered)")
-  p.add_argument("--timeout", type=int, help="seconds per compile (default: tpu 7200, at nice 19 on a shared "
-                 "2-core machine a base model's TPU compile has taken over 30 minutes; gpu 1800)")
-  p.add_argument("--again", default="", help="tpu: comma-separated models measured again first (their rows stay "
-                 "until the new ones land)")
+  p.add_argument(
+    "--redo",
+    default="",
+    help="comma-separated models whose cells are measured again "
+    "(tpu: their rows dropped first; gpu: kept, the newest row of a cell is the one rendered)",
+  )
+  p.add_argument(
+    "--timeout",
+    type=int,
+    help="seconds per compile (default: tpu 7200, at nice 19 on a shared "
+    "2-core machine a base model's TPU compile has taken over 30 minutes; gpu 1800)",
+  )
+  p.add_argument(
+    "--again",
+    default="",
+    help="tpu: comma-separated models measured again first (their rows stay until the new ones land)",
+  )
   p.add_argument("--only", help="tpu: comma-separated model names to measure (default: all)")
   p.add_argument("--topologies", help="tpu: comma-separated slices to measure (default: all)")
   p.add_argument("--limit", type=int, help="tpu: measure at most this many cells")
-  p.add_argument("--jobs", type=int, default=1, help="compiles at a time (XLA's TPU compiler uses about one "
-                 "core each; 5-9 GiB of RAM each at base size)")
+  p.add_argument(
+    "--jobs",
+    type=int,
+    default=1,
+    help="compiles at a time (XLA's TPU compiler uses about one core each; 5-9 GiB of RAM each at base size)",
+  )
   args = p.parse_args(argv)
   args.redo = [m for m in args.redo.split(",") if m]
   args.again = [m for m in args.again.split(",") if m]

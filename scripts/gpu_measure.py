@@ -33,6 +33,7 @@ its fusions' names) in --out, and the row gets the device's busy time a step and
   PYTHONPATH=. COMMIT=<sha> python scripts/gpu_measure.py --out DIR [--stages parity,t5_1_1_base,...]
       [--deadline 480] [--profile] [--model-timeout 200]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,45 +50,95 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # name: (model gin, extra gin bindings, label)
 MODELS = {
-    "t5_1_1_base": ("models/t5_1_1/base.gin", [], "T5.1.1-base"),
-    "remixer_sbase": ("models/remixer/sbase.gin", [], "Remixer_SBase"),
-    "remixer_base": ("models/remixer/base.gin", [], "Remixer_Base"),
-    "hypermixer_base_mb4": ("models/hypermixer/base.gin", ["run_config.Training.num_microbatches=4"],
-                            "HyperMixer-base, 4 microbatches"),
-    "hypermixer_base": ("models/hypermixer/base.gin", [], "HyperMixer-base"),
-    "remixer_sbase_mb2": ("models/remixer/sbase.gin", ["run_config.Training.num_microbatches=2"],
-                          "Remixer_SBase, 2 microbatches"),
-    "remixer_base_mb2": ("models/remixer/base.gin", ["run_config.Training.num_microbatches=2"],
-                         "Remixer_Base, 2 microbatches"),
-    "amlp_base": ("models/amlp/base.gin", [], "aMLP-base (its tiny attention through the attention operation)"),
-    "t5_1_1_base_fused": ("models/t5_1_1/base.gin", ["network.T5Config.fuse_projections=True"],
-                          "T5.1.1-base, fused projections"),
-    "t5_1_1_base_bf16_logits": ("models/t5_1_1/base.gin", ["network.T5Config.logits_in_activation_dtype=True"],
-                                "T5.1.1-base, bfloat16 logits product"),
-    "t5_1_1_small": ("models/t5_1_1/small.gin", [], "T5.1.1-small"),
-    "t5_1_1_tiny": ("models/t5_1_1/tiny.gin", ["BATCH_SIZE=8"], "T5.1.1-tiny, batch 8 (a CPU check of this script)"),
+  "t5_1_1_base": ("models/t5_1_1/base.gin", [], "T5.1.1-base"),
+  "remixer_sbase": ("models/remixer/sbase.gin", [], "Remixer_SBase"),
+  "remixer_base": ("models/remixer/base.gin", [], "Remixer_Base"),
+  "hypermixer_base_mb4": (
+    "models/hypermixer/base.gin",
+    ["run_config.Training.num_microbatches=4"],
+    "HyperMixer-base, 4 microbatches",
+  ),
+  "hypermixer_base": ("models/hypermixer/base.gin", [], "HyperMixer-base"),
+  "remixer_sbase_mb2": (
+    "models/remixer/sbase.gin",
+    ["run_config.Training.num_microbatches=2"],
+    "Remixer_SBase, 2 microbatches",
+  ),
+  "remixer_base_mb2": (
+    "models/remixer/base.gin",
+    ["run_config.Training.num_microbatches=2"],
+    "Remixer_Base, 2 microbatches",
+  ),
+  "amlp_base": ("models/amlp/base.gin", [], "aMLP-base (its tiny attention through the attention operation)"),
+  "t5_1_1_base_fused": (
+    "models/t5_1_1/base.gin",
+    ["network.T5Config.fuse_projections=True"],
+    "T5.1.1-base, fused projections",
+  ),
+  "t5_1_1_base_bf16_logits": (
+    "models/t5_1_1/base.gin",
+    ["network.T5Config.logits_in_activation_dtype=True"],
+    "T5.1.1-base, bfloat16 logits product",
+  ),
+  "t5_1_1_small": ("models/t5_1_1/small.gin", [], "T5.1.1-small"),
+  "t5_1_1_tiny": ("models/t5_1_1/tiny.gin", ["BATCH_SIZE=8"], "T5.1.1-tiny, batch 8 (a CPU check of this script)"),
 }
 # Each attention model again with the plain XLA attention (T5Config.attention_impl='xla'), beside its default
 # ('auto': the Pallas flash attention on GPUs): `<stage>_xla`.
 XLA_ATTENTION = "network.T5Config.attention_impl='xla'"
-MODELS.update({f"{k}_xla": (gin, [*b, XLA_ATTENTION], f"{label}, XLA attention") for k, (gin, b, label) in
-               list(MODELS.items()) if "hypermixer" not in k})
+MODELS.update(
+  {
+    f"{k}_xla": (gin, [*b, XLA_ATTENTION], f"{label}, XLA attention")
+    for k, (gin, b, label) in list(MODELS.items())
+    if "hypermixer" not in k
+  }
+)
 # In the order a short GPU slot needs them: the attention micro-benchmark, T5.1.1-base fused beside XLA, the
 # Remixer_Base (one command of ~6 minutes with --profile --deadline 330); then the causal HyperMixing kernel
 # against its arithmetic alone, T5Config's step-layout options (each kept only if it pays here), then the rest.
-DEFAULT_STAGES = ("attention", "t5_1_1_base", "t5_1_1_base_xla", "remixer_base", "hypermixing", "t5_1_1_base_fused",
-                  "t5_1_1_base_bf16_logits", "parity", "remixer_sbase", "remixer_sbase_xla", "hypermixer_base",
-                  "kernels", "cogs_quick", "deviceless_t5_1_1_base")
-TIMEOUTS = {"parity": 120, "attention": 150, "hypermixing": 120, "cogs_quick": 420, "init_rng": 120, "kernels": 300,
-            "deviceless": 240}
+DEFAULT_STAGES = (
+  "attention",
+  "t5_1_1_base",
+  "t5_1_1_base_xla",
+  "remixer_base",
+  "hypermixing",
+  "t5_1_1_base_fused",
+  "t5_1_1_base_bf16_logits",
+  "parity",
+  "remixer_sbase",
+  "remixer_sbase_xla",
+  "hypermixer_base",
+  "kernels",
+  "cogs_quick",
+  "deviceless_t5_1_1_base",
+)
+TIMEOUTS = {
+  "parity": 120,
+  "attention": 150,
+  "hypermixing": 120,
+  "cogs_quick": 420,
+  "init_rng": 120,
+  "kernels": 300,
+  "deviceless": 240,
+}
 MODEL_TIMEOUT = 200
 
 
 def versions() -> dict:
   import importlib.metadata as md
+
   out = {}
-  for name in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "gin-config", "numpy", "jax-cuda13-plugin",
-               "jax-cuda12-plugin"):
+  for name in (
+    "jax",
+    "jaxlib",
+    "flax",
+    "optax",
+    "orbax-checkpoint",
+    "gin-config",
+    "numpy",
+    "jax-cuda13-plugin",
+    "jax-cuda12-plugin",
+  ):
     try:
       out[name] = md.version(name)
     except md.PackageNotFoundError:
@@ -97,8 +148,12 @@ def versions() -> dict:
 
 def _gpu_name() -> str:
   try:
-    return subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-                          capture_output=True, text=True, timeout=30).stdout.strip()
+    return subprocess.run(
+      ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+      capture_output=True,
+      text=True,
+      timeout=30,
+    ).stdout.strip()
   except (OSError, subprocess.TimeoutExpired):
     return "unknown"
 
@@ -107,14 +162,17 @@ def _parse(model_gin: str, bindings: list[str]):
   """The run (run_config.Run) of `model_gin` with runs/pretrain.gin, bfloat16 activations and `bindings`."""
   from remixer_t5 import gin_utils
   from remixer_t5.training import run_config
-  gin_utils.parse_gin([model_gin, "runs/pretrain.gin"], ["ACTIVATION_DTYPE='bfloat16'", *bindings],
-                      macro_defaults={"MODEL_DIR": "None"})
+
+  gin_utils.parse_gin(
+    [model_gin, "runs/pretrain.gin"], ["ACTIVATION_DTYPE='bfloat16'", *bindings], macro_defaults={"MODEL_DIR": "None"}
+  )
   return run_config.from_gin()
 
 
 def _program(run, device, init_rng: str = "auto"):
   """The run's programs (programs.build: the trainer's) on `device` alone, data rules."""
   from remixer_t5.training import partitioning, programs
+
   part = partitioning.partitioner("1x1", [device], rules="data")
   return programs.from_run(run.training, run.data.feature_lengths, part, init_rng=init_rng)
 
@@ -125,6 +183,7 @@ def _random_batch(shapes: dict, vocab_size: int, seed: int = 0) -> dict:
   import numpy as np
 
   from remixer_t5.bench import train as bench_train
+
   b = shapes["encoder_input_tokens"].shape[0]
   lengths = {"inputs": shapes["encoder_input_tokens"].shape[1], "targets": shapes["decoder_target_tokens"].shape[1]}
   out = bench_train.random_batch(vocab_size, b, lengths, seed)
@@ -139,15 +198,27 @@ def _random_batch(shapes: dict, vocab_size: int, seed: int = 0) -> dict:
 def _device_events(trace_path: str) -> list[dict]:
   """The complete events on the device's streams of a perfetto trace (the host's threads left out)."""
   import gzip
+
   with gzip.open(trace_path, "rt") as f:
     trace = json.load(f)
   events = trace["traceEvents"] if isinstance(trace, dict) else trace
-  names = {(e.get("pid"), e.get("tid")): e.get("args", {}).get("name", "") for e in events
-           if e.get("ph") == "M" and e.get("name") == "thread_name"}
-  procs = {e.get("pid"): e.get("args", {}).get("name", "") for e in events
-           if e.get("ph") == "M" and e.get("name") == "process_name"}
-  return [e for e in events if e.get("ph") == "X" and "/device:" in procs.get(e.get("pid"), "")
-          and "Stream" in names.get((e.get("pid"), e.get("tid")), "Stream")]
+  names = {
+    (e.get("pid"), e.get("tid")): e.get("args", {}).get("name", "")
+    for e in events
+    if e.get("ph") == "M" and e.get("name") == "thread_name"
+  }
+  procs = {
+    e.get("pid"): e.get("args", {}).get("name", "")
+    for e in events
+    if e.get("ph") == "M" and e.get("name") == "process_name"
+  }
+  return [
+    e
+    for e in events
+    if e.get("ph") == "X"
+    and "/device:" in procs.get(e.get("pid"), "")
+    and "Stream" in names.get((e.get("pid"), e.get("tid")), "Stream")
+  ]
 
 
 def top_ops(trace_path: str, per: int = 1, n: int = 30, key: str = "name") -> list[tuple[str, float]]:
@@ -155,6 +226,7 @@ def top_ops(trace_path: str, per: int = 1, n: int = 30, key: str = "name") -> li
   (milliseconds per step: the sum over the trace / `per` steps), the host's threads left out. `key="hlo_op"`
   groups by the HLO instruction an event's args name instead (the kernels of one fusion together)."""
   import collections
+
   total: dict[str, float] = collections.defaultdict(float)
   for e in _device_events(trace_path):
     name = e.get("name", "?") if key == "name" else str(e.get("args", {}).get(key, e.get("name", "?")))
@@ -167,8 +239,9 @@ def device_time(trace_path: str, per: int = 1) -> dict:
   (the union of their intervals: streams that overlap count once), in milliseconds; and `span_ms`, the whole
   trace's span from the first event's start to the last one's end (all `per` steps, not divided). Busy far
   under the measured step means the device waits (for the host, a copy)."""
-  spans = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in _device_events(trace_path)
-                 if "ts" in e)
+  spans = sorted(
+    (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in _device_events(trace_path) if "ts" in e
+  )
   if not spans:
     return {}
   busy, end = 0.0, spans[0][0]
@@ -176,8 +249,12 @@ def device_time(trace_path: str, per: int = 1) -> dict:
     if b > end:
       busy += b - max(a, end)
       end = b
-  return {"kernels_per_step": len(spans) / per, "kernel_ms_per_step": sum(b - a for a, b in spans) / 1e3 / per,
-          "busy_ms_per_step": busy / 1e3 / per, "span_ms": (spans[-1][1] - spans[0][0]) / 1e3}
+  return {
+    "kernels_per_step": len(spans) / per,
+    "kernel_ms_per_step": sum(b - a for a, b in spans) / 1e3 / per,
+    "busy_ms_per_step": busy / 1e3 / per,
+    "span_ms": (spans[-1][1] - spans[0][0]) / 1e3,
+  }
 
 
 def _progress(t0: float, what: str) -> None:
@@ -191,6 +268,7 @@ def stage_model(name: str, steps: int, warmup: int, profile_dir: str | None = No
 
   from remixer_t5 import aot_compile
   from remixer_t5.training import mfu, profiling, programs
+
   model_gin, bindings, label = MODELS[name]
   run = _parse(model_gin, bindings)
   model = run.training.model
@@ -199,8 +277,15 @@ def stage_model(name: str, steps: int, warmup: int, profile_dir: str | None = No
   lengths, batch_size = dict(run.data.feature_lengths), run.data.batch_size
   pack = programs.packing(model, run.data.pack)
   shapes = programs.batch_shapes(lengths, batch_size, pack)
-  row = {"stage": name, "label": label, "batch_size": batch_size, "feature_lengths": lengths, "pack": pack,
-         "num_microbatches": run.training.num_microbatches, "device_kind": devices[0].device_kind}
+  row = {
+    "stage": name,
+    "label": label,
+    "batch_size": batch_size,
+    "feature_lengths": lengths,
+    "pack": pack,
+    "num_microbatches": run.training.num_microbatches,
+    "device_kind": devices[0].device_kind,
+  }
   t0 = start = time.time()
   _progress(start, f"{name}: compiling the train step")
   compiled = prog.compile(prog.train_step, prog.state, prog.batch(batch_size, pack))
@@ -243,6 +328,7 @@ def stage_model(name: str, steps: int, warmup: int, profile_dir: str | None = No
     import glob
     import gzip
     import shutil
+
     with profiling.trace(None, perfetto=True) as tmp:  # the trainer's `--profile_steps` path, steps annotated
       for i in range(2):
         with profiling.annotate(i + 1):
@@ -259,16 +345,25 @@ def stage_model(name: str, steps: int, warmup: int, profile_dir: str | None = No
         row["top_ops_error"] = f"{type(e).__name__}: {e}"
     else:
       row["top_ops_error"] = f"no perfetto trace under {tmp}: {sorted(glob.glob(f'{tmp}/**', recursive=True))[:10]}"
-    with gzip.open(Path(profile_dir) / f"{name}.hlo.txt.gz", "wt", compresslevel=6) as f:  # the kernels' fusions, to read by hand
+    with gzip.open(
+      Path(profile_dir) / f"{name}.hlo.txt.gz", "wt", compresslevel=6
+    ) as f:  # the kernels' fusions, to read by hand
       f.write(compiled.as_text())
   tokens = batch_size * (lengths["inputs"] + lengths["targets"])
   peak = mfu.peak_flops_per_device(devices[0])
   stats = devices[0].memory_stats() or {}
-  row.update(step_seconds_median=statistics.median(times), step_seconds_min=min(times),
-             step_seconds_pipelined=pipelined, tokens_per_s=tokens / pipelined,
-             mfu=mfu.mfu(flops, 1.0 / pipelined, peak) if flops else None, peak_flops_per_device=peak,
-             losses=[round(x, 4) for x in losses], losses_finite=bool(np.all(np.isfinite(losses))),
-             peak_bytes_in_use=stats.get("peak_bytes_in_use"), bytes_limit=stats.get("bytes_limit"))
+  row.update(
+    step_seconds_median=statistics.median(times),
+    step_seconds_min=min(times),
+    step_seconds_pipelined=pipelined,
+    tokens_per_s=tokens / pipelined,
+    mfu=mfu.mfu(flops, 1.0 / pipelined, peak) if flops else None,
+    peak_flops_per_device=peak,
+    losses=[round(x, 4) for x in losses],
+    losses_finite=bool(np.all(np.isfinite(losses))),
+    peak_bytes_in_use=stats.get("peak_bytes_in_use"),
+    bytes_limit=stats.get("bytes_limit"),
+  )
   return row
 
 
@@ -278,6 +373,7 @@ def stage_parity() -> dict:
 
   from remixer_t5 import gin_utils
   from remixer_t5.training import optim, partitioning, programs
+
   jax.config.update("jax_default_matmul_precision", "highest")
   gin_utils.parse_gin(["models/t5_1_1/tiny.gin"], ["DROPOUT_RATE=0.0"])
   model = gin_utils.macro("MODEL")
@@ -292,15 +388,20 @@ def stage_parity() -> dict:
     state, b = jax.device_put(host_state, prog.shardings), jax.device_put(batch, prog.batch_sharding)
     metrics = prog.eval_step(state.params, b)
     new_state, train_metrics = prog.train_step(state, b)
-    out[dev.platform] = (jax.device_get(metrics), jax.device_get(train_metrics),
-                         jax.device_get(new_state.params))
+    out[dev.platform] = (jax.device_get(metrics), jax.device_get(train_metrics), jax.device_get(new_state.params))
   (em_c, tm_c, p_c), (em_g, tm_g, p_g) = out["cpu"], out[gpu.platform]
   diffs = jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda a, b: float(np.max(np.abs(a - b))), p_c, p_g))
   scale = max(float(np.max(np.abs(x))) for x in jax.tree_util.tree_leaves(p_c))
-  row = {"stage": "parity", "device_kind": gpu.device_kind,
-         "loss_cpu": float(em_c["loss_sum"]), "loss_gpu": float(em_g["loss_sum"]),
-         "grad_norm_cpu": float(tm_c["grad_norm"]), "grad_norm_gpu": float(tm_g["grad_norm"]),
-         "max_param_diff_after_step": max(diffs), "max_param": scale}
+  row = {
+    "stage": "parity",
+    "device_kind": gpu.device_kind,
+    "loss_cpu": float(em_c["loss_sum"]),
+    "loss_gpu": float(em_g["loss_sum"]),
+    "grad_norm_cpu": float(tm_c["grad_norm"]),
+    "grad_norm_gpu": float(tm_g["grad_norm"]),
+    "max_param_diff_after_step": max(diffs),
+    "max_param": scale,
+  }
   row["loss_rel_diff"] = abs(row["loss_cpu"] - row["loss_gpu"]) / abs(row["loss_cpu"])
   row["grad_norm_rel_diff"] = abs(row["grad_norm_cpu"] - row["grad_norm_gpu"]) / abs(row["grad_norm_cpu"])
   row["ok"] = row["loss_rel_diff"] < 1e-4 and row["grad_norm_rel_diff"] < 1e-3 and max(diffs) < 1e-4 * scale
@@ -311,13 +412,35 @@ def stage_kernels(steps: int, warmup: int, timeout: float) -> dict:
   """`remixer-t5 bench kernels` on this GPU: each COGS step with every implementation field `auto` (the Pallas
   kernels) against plain XLA, variants compiled in one process and timed in alternating rounds."""
   workloads = os.environ.get("GPU_MEASURE_KERNELS", "cogs:t5_1_1,cogs:remixer,cogs:hypermixer,cogs:hypermixer:packed")
-  proc = subprocess.run([sys.executable, "-m", "remixer_t5.cli", "bench", "kernels", "--workloads", workloads,
-                         "--rounds", "2", "--steps", str(steps), "--warmup", str(warmup), "--json"], cwd=ROOT, capture_output=True,
-                        text=True, timeout=timeout)
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "remixer_t5.cli",
+      "bench",
+      "kernels",
+      "--workloads",
+      workloads,
+      "--rounds",
+      "2",
+      "--steps",
+      str(steps),
+      "--warmup",
+      str(warmup),
+      "--json",
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
   if proc.returncode:
     raise RuntimeError(f"bench kernels exited {proc.returncode}: {proc.stderr.strip()[-1500:]}")
-  return {"stage": "kernels", "rows": [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")],
-          "summary": [line for line in proc.stderr.splitlines() if line.startswith("# ")]}
+  return {
+    "stage": "kernels",
+    "rows": [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")],
+    "summary": [line for line in proc.stderr.splitlines() if line.startswith("# ")],
+  }
 
 
 def stage_attention(steps: int, warmup: int) -> dict:
@@ -327,6 +450,7 @@ def stage_attention(steps: int, warmup: int) -> dict:
   import jax
 
   from remixer_t5.bench import attention as bench_attention
+
   dry = jax.devices()[0].platform != "gpu"
   rows = bench_attention.run(dry=dry, repeats=steps, warmup=warmup, log=lambda s: print(s, file=sys.stderr))
   return {"stage": "attention", "dry": dry, "rows": rows}
@@ -339,6 +463,7 @@ def stage_hypermixing(steps: int, warmup: int) -> dict:
   import jax
 
   from remixer_t5.bench import hypermixing as bench_hypermixing
+
   dry = jax.devices()[0].platform != "gpu"
   rows = bench_hypermixing.run(dry=dry, repeats=steps, warmup=warmup, log=lambda s: print(s, file=sys.stderr))
   return {"stage": "hypermixing", "dry": dry, "rows": rows}
@@ -377,8 +502,11 @@ def stage_init_rng(model_gin: str = "models/t5_1_1/tiny.gin") -> dict:
   leaves = {k: jax.tree_util.tree_leaves(v) for k, v in states.items()}
   same = lambda a, b: a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
   differ = [i for i, (a, b) in enumerate(zip(leaves["kernel"], leaves["inlined"])) if not same(a, b)]
-  floats = [(a.astype(np.float64), b.astype(np.float64)) for a, b in zip(leaves["kernel"], leaves["host"])
-            if np.issubdtype(a.dtype, np.floating) and np.size(a)]
+  floats = [
+    (a.astype(np.float64), b.astype(np.float64))
+    for a, b in zip(leaves["kernel"], leaves["host"])
+    if np.issubdtype(a.dtype, np.floating) and np.size(a)
+  ]
   row["leaves"] = len(leaves["kernel"])
   row["kernel_vs_inlined_leaves_differing"] = len(differ)
   row["host_max_abs_diff"] = max(float(np.max(np.abs(a - b))) for a, b in floats)
@@ -391,21 +519,36 @@ def stage_init_rng(model_gin: str = "models/t5_1_1/tiny.gin") -> dict:
   row["max_abs_value"] = max(float(np.max(np.abs(b))) for _, b in floats)
   # on a GPU the check means something only if the kernel form called the kernel and the inlined form did not
   row["kernel_used"] = row["kernel_threefry_kernel_calls"] > 0 and not row["inlined_threefry_kernel_calls"]
-  row["ok"] = (not differ and row["host_max_rel_diff"] <= 1e-5
-               and (row["kernel_used"] or dev.platform != "gpu"))
+  row["ok"] = not differ and row["host_max_rel_diff"] <= 1e-5 and (row["kernel_used"] or dev.platform != "gpu")
   return row
 
 
 def stage_deviceless(name: str, topology: str, timeout: int) -> dict:
   model_gin, bindings, label = MODELS[name]
-  cmd = [sys.executable, "-m", "remixer_t5.cli", "compile", f"--gin_file={model_gin}",
-         "--gin_file=runs/pretrain.gin", "--gin.ACTIVATION_DTYPE='bfloat16'", *[f"--gin.{b}" for b in bindings],
-         f"--topology={topology}", "--mesh=1x1", "--rules=data", "--json"]
+  cmd = [
+    sys.executable,
+    "-m",
+    "remixer_t5.cli",
+    "compile",
+    f"--gin_file={model_gin}",
+    "--gin_file=runs/pretrain.gin",
+    "--gin.ACTIVATION_DTYPE='bfloat16'",
+    *[f"--gin.{b}" for b in bindings],
+    f"--topology={topology}",
+    "--mesh=1x1",
+    "--rules=data",
+    "--json",
+  ]
   t0 = time.time()
-  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
-  row = {"stage": f"deviceless_{name}", "topology": topology, "wall_seconds": round(time.time() - t0, 1),
-         "returncode": proc.returncode}
+  proc = subprocess.run(
+    cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env={**os.environ, "JAX_PLATFORMS": "cpu"}
+  )
+  row = {
+    "stage": f"deviceless_{name}",
+    "topology": topology,
+    "wall_seconds": round(time.time() - t0, 1),
+    "returncode": proc.returncode,
+  }
   lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
   if lines:
     row["report"] = json.loads(lines[-1])
@@ -419,8 +562,13 @@ def stage_cogs_quick(timeout: float) -> dict:
   scores, to set beside the CPU's (docs/reproductions.md). Needs the COGS release under $REMIXER_T5_DATA_DIR."""
   out = Path(os.environ.get("GPU_MEASURE_OUT", "/tmp")) / "cogs_quick"
   t0 = time.time()
-  proc = subprocess.run([sys.executable, "-m", "remixer_t5.cli", "repro", "cogs", "--quick", "--json", "--out",
-                         str(out)], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+  proc = subprocess.run(
+    [sys.executable, "-m", "remixer_t5.cli", "repro", "cogs", "--quick", "--json", "--out", str(out)],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
   rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
   if proc.returncode:
     raise RuntimeError(f"repro cogs --quick exited {proc.returncode}: {proc.stderr.strip()[-1500:]}")
@@ -439,13 +587,15 @@ def run_one(stage: str, steps: int, warmup: int, topology: str) -> dict:
   if stage == "kernels":
     return stage_kernels(steps, warmup, TIMEOUTS["kernels"] - 10)
   if stage.startswith("deviceless_"):
-    return stage_deviceless(stage[len("deviceless_"):], topology, TIMEOUTS["deviceless"] - 10)
+    return stage_deviceless(stage[len("deviceless_") :], topology, TIMEOUTS["deviceless"] - 10)
   if stage == "cogs_quick":
     return stage_cogs_quick(TIMEOUTS["cogs_quick"] - 10)
   if stage in MODELS:
     return stage_model(stage, steps, warmup, os.environ.get("GPU_MEASURE_PROFILE"))
-  raise ValueError(f"unknown stage {stage!r}: expected parity, attention, hypermixing, init_rng, kernels, "
-                   f"cogs_quick, deviceless_<model> or one of {sorted(MODELS)}")
+  raise ValueError(
+    f"unknown stage {stage!r}: expected parity, attention, hypermixing, init_rng, kernels, "
+    f"cogs_quick, deviceless_<model> or one of {sorted(MODELS)}"
+  )
 
 
 def summary(row: dict) -> str:
@@ -453,57 +603,93 @@ def summary(row: dict) -> str:
   if "error" in row:
     return f"{s}: ERROR {row['error'][-600:]}" + "".join(f"\n    {line}" for line in row.get("progress", []))
   if s == "parity":
-    return (f"parity ({row['device_kind']} vs host CPU, tiny T5.1.1 f32): loss rel diff {row['loss_rel_diff']:.2e}, "
-            f"grad norm rel diff {row['grad_norm_rel_diff']:.2e}, max param diff after a step "
-            f"{row['max_param_diff_after_step']:.2e} (max |param| {row['max_param']:.2f}): "
-            f"{'OK' if row['ok'] else 'MISMATCH'}")
+    return (
+      f"parity ({row['device_kind']} vs host CPU, tiny T5.1.1 f32): loss rel diff {row['loss_rel_diff']:.2e}, "
+      f"grad norm rel diff {row['grad_norm_rel_diff']:.2e}, max param diff after a step "
+      f"{row['max_param_diff_after_step']:.2e} (max |param| {row['max_param']:.2f}): "
+      f"{'OK' if row['ok'] else 'MISMATCH'}"
+    )
   if s == "init_rng":
-    return (f"init_rng ({row['device_kind']}, {row['model']}): kernel vs inlined threefry, "
-            f"{row['kernel_vs_inlined_leaves_differing']} of {row['leaves']} state leaves differ (threefry kernel "
-            f"calls lowered: {row['kernel_threefry_kernel_calls']} and {row['inlined_threefry_kernel_calls']}); "
-            f"compile {row['kernel_compile_seconds']} / {row['inlined_compile_seconds']} s, run "
-            f"{row['kernel_run_seconds']} / {row['inlined_run_seconds']} s; host CPU's initialiser max |diff| "
-            f"{row['host_max_abs_diff']:.2e}, relative to each leaf {row['host_max_rel_diff']:.2e}: "
-            f"{'OK' if row['ok'] else 'MISMATCH'}")
+    return (
+      f"init_rng ({row['device_kind']}, {row['model']}): kernel vs inlined threefry, "
+      f"{row['kernel_vs_inlined_leaves_differing']} of {row['leaves']} state leaves differ (threefry kernel "
+      f"calls lowered: {row['kernel_threefry_kernel_calls']} and {row['inlined_threefry_kernel_calls']}); "
+      f"compile {row['kernel_compile_seconds']} / {row['inlined_compile_seconds']} s, run "
+      f"{row['kernel_run_seconds']} / {row['inlined_run_seconds']} s; host CPU's initialiser max |diff| "
+      f"{row['host_max_abs_diff']:.2e}, relative to each leaf {row['host_max_rel_diff']:.2e}: "
+      f"{'OK' if row['ok'] else 'MISMATCH'}"
+    )
   if s == "attention":
-    cell = lambda r: r.get("error", "")[:100] or (
+    cell = lambda r: (
+      r.get("error", "")[:100]
+      or (
         f"fwd {r['fwd_ms']:.3f} ms, fwd+bwd {r['fwd_bwd_ms']:.3f} ms ({r['fwd_bwd_tflops']:.1f} TFLOP/s"
-        + (f", {100 * r['of_mha']:.0f}% of mha" if "of_mha" in r else "") + ")"
-        + (f", max diff vs xla {r['max_diff_vs_xla']:.1e}" if "max_diff_vs_xla" in r else ""))
-    return "attention" + (" (CPU interpreter dry run)" if row["dry"] else "") + ":" + "".join(
-        f"\n    {r['shape']} best: forward {r['forward']}, gradient {r['gradient']}" if r["form"] == "best" else
-        f"\n    {r['shape']} {r['form']}: {cell(r)}" for r in row["rows"])
+        + (f", {100 * r['of_mha']:.0f}% of mha" if "of_mha" in r else "")
+        + ")"
+        + (f", max diff vs xla {r['max_diff_vs_xla']:.1e}" if "max_diff_vs_xla" in r else "")
+      )
+    )
+    return (
+      "attention"
+      + (" (CPU interpreter dry run)" if row["dry"] else "")
+      + ":"
+      + "".join(
+        f"\n    {r['shape']} best: forward {r['forward']}, gradient {r['gradient']}"
+        if r["form"] == "best"
+        else f"\n    {r['shape']} {r['form']}: {cell(r)}"
+        for r in row["rows"]
+      )
+    )
   if s == "hypermixing":
-    cell = lambda r: r.get("error", "")[:100] or (
+    cell = lambda r: (
+      r.get("error", "")[:100]
+      or (
         f"fwd {r['fwd_ms']:.2f} ms, fwd+bwd {r['fwd_bwd_ms']:.2f} ms, {r['gelu_per_s'] / 1e9:.0f} G GELU/s, "
         f"x{r['dims'][5]} layers {r['decoder_ms']:.0f} ms"
-        + (f", {r['of_arithmetic']:.2f}x its arithmetic" if "of_arithmetic" in r else ""))
-    return "hypermixing" + (" (CPU interpreter dry run)" if row["dry"] else "") + ":" + "".join(
-        f"\n    {r['form']}: {cell(r)}" for r in row["rows"])
+        + (f", {r['of_arithmetic']:.2f}x its arithmetic" if "of_arithmetic" in r else "")
+      )
+    )
+    return (
+      "hypermixing"
+      + (" (CPU interpreter dry run)" if row["dry"] else "")
+      + ":"
+      + "".join(f"\n    {r['form']}: {cell(r)}" for r in row["rows"])
+    )
   if s == "kernels":
     return "kernels (bench kernels: default against xla):" + "".join(f"\n    {line}" for line in row["summary"])
   if s == "cogs_quick":
-    scores = [f"{r.get('model')} {r.get('split') or r.get('category')} {r.get('exact_match')}" for r in row["rows"]
-              if r.get("split") in ("dev", "test")]
+    scores = [
+      f"{r.get('model')} {r.get('split') or r.get('category')} {r.get('exact_match')}"
+      for r in row["rows"]
+      if r.get("split") in ("dev", "test")
+    ]
     return f"cogs_quick: {row['wall_seconds']} s; " + ", ".join(scores)
   if s.startswith("deviceless_"):
     step = (row.get("report") or {}).get("steps", {}).get("train", {})
     mem = step.get("memory", {})
-    return (f"{s} ({row['topology']}, {row['wall_seconds']} s): total {mem.get('total_bytes', 0) / 2**30:.2f} GiB, "
-            f"roofline {1e3 * step.get('roofline_seconds', 0):.1f} ms, est. MFU {step.get('est_mfu')}")
+    return (
+      f"{s} ({row['topology']}, {row['wall_seconds']} s): total {mem.get('total_bytes', 0) / 2**30:.2f} GiB, "
+      f"roofline {1e3 * step.get('roofline_seconds', 0):.1f} ms, est. MFU {step.get('est_mfu')}"
+    )
   m = row["memory"]
-  return (f"{row['label']} on {row['device_kind']}: compiled in {row['compile_seconds']} s; XLA buffers "
-          f"{m['total_bytes'] / 2**30:.2f} GiB (temp {m['temp_bytes'] / 2**30:.2f}), allocator peak "
-          f"{(row['peak_bytes_in_use'] or 0) / 2**30:.2f} GiB of {(row['bytes_limit'] or 0) / 2**30:.1f}; step "
-          f"{1e3 * row['step_seconds_median']:.1f} ms (waited), {1e3 * row['step_seconds_pipelined']:.1f} ms "
-          f"(back to back), {row['tokens_per_s']:,.0f} tokens/s, MFU "
-          f"{100 * (row['mfu'] or 0):.1f}%; losses {row['losses'][0]} -> {row['losses'][-1]}; init compiled in "
-          f"{row['init_compile_seconds']} s, ran in {row['init_run_seconds']} s"
-          + (f"\n    device per step: {row['device_time']['kernels_per_step']:.0f} kernels, "
-             f"{row['device_time']['kernel_ms_per_step']:.1f} ms of kernels, busy "
-             f"{row['device_time']['busy_ms_per_step']:.1f} ms" if row.get("device_time") else "")
-          + "".join(f"\n    {ms:9.2f} ms/step  {op[:110]}" for op, ms in row.get("top_ops", [])[:15])
-          + "".join(f"\n    {ms:9.2f} ms/step  hlo {op[:106]}" for op, ms in row.get("top_hlo_ops", [])[:15]))
+  return (
+    f"{row['label']} on {row['device_kind']}: compiled in {row['compile_seconds']} s; XLA buffers "
+    f"{m['total_bytes'] / 2**30:.2f} GiB (temp {m['temp_bytes'] / 2**30:.2f}), allocator peak "
+    f"{(row['peak_bytes_in_use'] or 0) / 2**30:.2f} GiB of {(row['bytes_limit'] or 0) / 2**30:.1f}; step "
+    f"{1e3 * row['step_seconds_median']:.1f} ms (waited), {1e3 * row['step_seconds_pipelined']:.1f} ms "
+    f"(back to back), {row['tokens_per_s']:,.0f} tokens/s, MFU "
+    f"{100 * (row['mfu'] or 0):.1f}%; losses {row['losses'][0]} -> {row['losses'][-1]}; init compiled in "
+    f"{row['init_compile_seconds']} s, ran in {row['init_run_seconds']} s"
+    + (
+      f"\n    device per step: {row['device_time']['kernels_per_step']:.0f} kernels, "
+      f"{row['device_time']['kernel_ms_per_step']:.1f} ms of kernels, busy "
+      f"{row['device_time']['busy_ms_per_step']:.1f} ms"
+      if row.get("device_time")
+      else ""
+    )
+    + "".join(f"\n    {ms:9.2f} ms/step  {op[:110]}" for op, ms in row.get("top_ops", [])[:15])
+    + "".join(f"\n    {ms:9.2f} ms/step  hlo {op[:106]}" for op, ms in row.get("top_hlo_ops", [])[:15])
+  )
 
 
 def main() -> int:
@@ -514,8 +700,11 @@ def main() -> int:
   ap.add_argument("--warmup", type=int, default=2)
   ap.add_argument("--deadline", type=float, default=480, help="seconds: start no stage after this")
   ap.add_argument("--topology", default=None, help="deviceless target (default: from nvidia-smi's name)")
-  ap.add_argument("--profile", action="store_true",
-                  help="also trace 2 steps of each model: top kernels in its row, the trace in --out")
+  ap.add_argument(
+    "--profile",
+    action="store_true",
+    help="also trace 2 steps of each model: top kernels in its row, the trace in --out",
+  )
   ap.add_argument("--model-timeout", type=float, default=MODEL_TIMEOUT, help="seconds a model stage may take")
   ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
   args = ap.parse_args()
@@ -524,6 +713,7 @@ def main() -> int:
       row = run_one(args.one, args.steps, args.warmup, args.topology)
     except Exception as e:  # noqa: BLE001 - reported as the row
       import traceback
+
       row = {"stage": args.one, "error": f"{type(e).__name__}: {e}"[:3000], "trace": traceback.format_exc()[-3000:]}
     print(json.dumps(row, default=str), flush=True)
     return 0
@@ -534,13 +724,18 @@ def main() -> int:
     os.environ["GPU_MEASURE_PROFILE"] = str(out)
   gpu = _gpu_name()
   topology = args.topology or ("h200" if "H200" in gpu else "h100" if "H100" in gpu else "a100")
-  head = {"stage": "environment", "gpu": gpu, "python": sys.version.split()[0], "versions": versions(),
-          # $COMMIT first: a copied working tree may carry a stale .git
-          "commit": os.environ.get("COMMIT") or subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                                               capture_output=True, text=True).stdout.strip(),
-          "xla_flags": os.environ.get("XLA_FLAGS", ""),
-          "mem_fraction": os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.75 (default)"),
-          "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+  head = {
+    "stage": "environment",
+    "gpu": gpu,
+    "python": sys.version.split()[0],
+    "versions": versions(),
+    # $COMMIT first: a copied working tree may carry a stale .git
+    "commit": os.environ.get("COMMIT")
+    or subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip(),
+    "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    "mem_fraction": os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.75 (default)"),
+    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+  }
   print(json.dumps(head), flush=True)
   jsonl = out / "gpu_measure.jsonl"
   with jsonl.open("a") as f:
@@ -553,16 +748,31 @@ def main() -> int:
       print(f"{stage}: skipped, {left:.0f} s left of the deadline", flush=True)
       continue
     t0 = time.time()
-    cmd = [sys.executable, __file__, "--out", args.out, "--one", stage, "--steps", str(args.steps),
-           "--warmup", str(args.warmup), "--topology", topology]
+    cmd = [
+      sys.executable,
+      __file__,
+      "--out",
+      args.out,
+      "--one",
+      stage,
+      "--steps",
+      str(args.steps),
+      "--warmup",
+      str(args.warmup),
+      "--topology",
+      topology,
+    ]
     try:
       proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=min(limit, left))
       lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
       row = json.loads(lines[-1]) if lines else {"stage": stage, "error": proc.stderr.strip()[-3000:]}
     except subprocess.TimeoutExpired as e:  # its phases so far (stage_model's progress lines) in the row
       err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
-      row = {"stage": stage, "error": f"did not finish in {min(limit, left):.0f} s",
-             "progress": [line for line in err.splitlines() if line.startswith("[")][-20:]}
+      row = {
+        "stage": stage,
+        "error": f"did not finish in {min(limit, left):.0f} s",
+        "progress": [line for line in err.splitlines() if line.startswith("[")][-20:],
+      }
     row["wall_seconds_stage"] = round(time.time() - t0, 1)
     with jsonl.open("a") as f:
       f.write(json.dumps(row, default=str) + "\n")

@@ -6,6 +6,7 @@ program (a move of code, a rename) is checked by running this before and after a
 Each model's tiny.gin with runs/pretrain.gin (batch 8), lowered on one CPU device; --out also writes each
 module's text (<model>.mlir) for a diff.
 """
+
 import argparse
 import hashlib
 import pathlib

@@ -18,6 +18,7 @@ trimming. Default lengths 512 / 114 (``DEFAULT_SEQUENCE_LENGTH``), T5.1.1's pret
 Vocabulary: T5's (``t5_vocabulary()``); ``register_c4_task(name, vocabulary)`` registers the same data and
 objective with another.
 """
+
 from __future__ import annotations
 
 import collections
@@ -78,8 +79,9 @@ class C4Source(LocalOrTfdsSource):
     found = sorted({path for pattern in patterns for path in glob_files(str(root / pattern))})
     if not found:
       raise FileNotFoundError(
-          f"C4 split {split!r}: no shard in {root} matches {' or '.join(patterns)} (the allenai/c4 release "
-          f"layout: {LOCAL_DIR}/c4-{split}.00000-of-NNNNN.json.gz, ...)")
+        f"C4 split {split!r}: no shard in {root} matches {' or '.join(patterns)} (the allenai/c4 release "
+        f"layout: {LOCAL_DIR}/c4-{split}.00000-of-NNNNN.json.gz, ...)"
+      )
     # A shard present both gzipped and decompressed would be read twice.
     stems = collections.Counter(map(_shard_stem, found))
     twice = [[p for p in found if _shard_stem(p) == stem] for stem, n in stems.items() if n > 1]
@@ -94,9 +96,15 @@ def _shard_stem(path: str) -> str:
 
 def c4_source() -> C4Source:
   """C4 English as a seqio source: local release shards (streamed) or TFDS ``c4/en:3.1.0``, read only; no I/O here."""
-  return C4Source(local_dir=LOCAL_DIR, local_files=LOCAL_FILES, reader=read_c4_jsonl,
-                  features={key: tf.TensorSpec([], tf.string) for key in ("text",) + OPTIONAL_FIELDS},
-                  tfds_name=TFDS_NAME, line_parser=parse_c4_line, tfds_read_only=True)
+  return C4Source(
+    local_dir=LOCAL_DIR,
+    local_files=LOCAL_FILES,
+    reader=read_c4_jsonl,
+    features={key: tf.TensorSpec([], tf.string) for key in ("text",) + OPTIONAL_FIELDS},
+    tfds_name=TFDS_NAME,
+    line_parser=parse_c4_line,
+    tfds_read_only=True,
+  )
 
 
 def register_c4_task(name: str = TASK_NAME, vocabulary=None) -> str:

@@ -1,5 +1,6 @@
 """What every task module here shares: the vocabulary argument, idempotent registration keyed on it, and the two
 preprocessing chains (T5's text-to-text tasks; span corruption)."""
+
 from __future__ import annotations
 
 import functools
@@ -34,9 +35,16 @@ def already_registered(name: str, vocabulary: seqio.Vocabulary) -> bool:
   return True
 
 
-def add_task(name: str, source: seqio.DataSource, text_preprocessors: Sequence[Callable],
-             postprocess_fn: Callable | None, metric_fns: Sequence[Callable], vocabulary=None, *,
-             span_corruption: bool = False) -> str:
+def add_task(
+  name: str,
+  source: seqio.DataSource,
+  text_preprocessors: Sequence[Callable],
+  postprocess_fn: Callable | None,
+  metric_fns: Sequence[Callable],
+  vocabulary=None,
+  *,
+  span_corruption: bool = False,
+) -> str:
   """Registers a task with T5's chain: `text_preprocessors`, tokenize, with `span_corruption` T5's objective over
   the tokens (remixer_t5/data/span_corruption.py; inputs then optional), EOS after trimming; both features with EOS.
   `vocabulary` as `as_vocabulary` takes it. Idempotent (`already_registered`); returns `name`."""
@@ -44,13 +52,22 @@ def add_task(name: str, source: seqio.DataSource, text_preprocessors: Sequence[C
   if already_registered(name, vocabulary):
     return name
   seqio.TaskRegistry.add(
-      name, source=source,
-      preprocessors=[*text_preprocessors, seqio.preprocessors.tokenize, seqio.CacheDatasetPlaceholder(),
-                     *([objective.span_corruption] if span_corruption else []),
-                     seqio.preprocessors.append_eos_after_trim],
-      output_features={"inputs": seqio.Feature(vocabulary=vocabulary, add_eos=True, required=not span_corruption),
-                       "targets": seqio.Feature(vocabulary=vocabulary, add_eos=True)},
-      postprocess_fn=postprocess_fn, metric_fns=list(metric_fns))
+    name,
+    source=source,
+    preprocessors=[
+      *text_preprocessors,
+      seqio.preprocessors.tokenize,
+      seqio.CacheDatasetPlaceholder(),
+      *([objective.span_corruption] if span_corruption else []),
+      seqio.preprocessors.append_eos_after_trim,
+    ],
+    output_features={
+      "inputs": seqio.Feature(vocabulary=vocabulary, add_eos=True, required=not span_corruption),
+      "targets": seqio.Feature(vocabulary=vocabulary, add_eos=True),
+    },
+    postprocess_fn=postprocess_fn,
+    metric_fns=list(metric_fns),
+  )
   return name
 
 

@@ -29,6 +29,7 @@ vocabulary, which ``models/t5_1_1/tiny.gin`` pairs with; a run's ``VOCABULARY`` 
 (tasks/lookup.py). Runs use it through ``gin/runs/custom.gin`` (``MIXTURE_OR_TASK_NAME = @custom.register()``),
 which ``remixer-t5 train|eval|infer --train_file=... --validation_file=...`` adds (docs/data.md, "Your own data").
 """
+
 from __future__ import annotations
 
 import functools
@@ -65,13 +66,15 @@ def file_format(path: str, format: str = "auto") -> str:
   if format != "auto":
     return format
   name = path.lower()
-  name = name[:-len(".gz")] if name.endswith(".gz") else name
+  name = name[: -len(".gz")] if name.endswith(".gz") else name
   for kind, suffixes in SUFFIXES.items():
     if name.endswith(suffixes):
       return kind
   known = ", ".join(s for suffixes in SUFFIXES.values() for s in suffixes)
-  raise ValueError(f"{path}: cannot tell the format from the file name (expected a name ending in {known}, or "
-                   "'.gz' after one); pass format='tsv' or format='jsonl'")
+  raise ValueError(
+    f"{path}: cannot tell the format from the file name (expected a name ending in {known}, or "
+    "'.gz' after one); pass format='tsv' or format='jsonl'"
+  )
 
 
 def _fields(objective: str, inputs_field: str, targets_field: str, text_field: str) -> dict[str, str]:
@@ -86,8 +89,9 @@ def _text_value(path: str, lineno: int, name: str, value) -> str:
     return value
   if isinstance(value, (int, float)) and not isinstance(value, bool):
     return str(value)
-  raise ValueError(f"{path}:{lineno}: field {name!r} must be a string (or a number), got "
-                   f"{type(value).__name__}: {value!r:.120}")
+  raise ValueError(
+    f"{path}:{lineno}: field {name!r} must be a string (or a number), got {type(value).__name__}: {value!r:.120}"
+  )
 
 
 def parse_jsonl_line(fields: Mapping[str, str], path: str, lineno: int, line: str) -> dict | None:
@@ -107,17 +111,21 @@ def tsv_layout(path: str, lineno: int, line: str, fields: Mapping[str, str]) -> 
   if len(named) == len(wanted):
     return cells
   if named:
-    raise ValueError(f"{path}:{lineno}: header lacks column(s) {[f for f in wanted if f not in cells]}; expected "
-                     f"{wanted}, got {cells}")
+    raise ValueError(
+      f"{path}:{lineno}: header lacks column(s) {[f for f in wanted if f not in cells]}; expected {wanted}, got {cells}"
+    )
   if len(cells) != len(wanted):
-    raise ValueError(f"{path}:{lineno}: expected a header row naming {', '.join(map(repr, wanted))}, or no header "
-                     f"and {len(wanted)} tab-separated field(s) ({', '.join(wanted)}) a line; got {len(cells)} "
-                     f"field(s): {line[:120]!r}")
+    raise ValueError(
+      f"{path}:{lineno}: expected a header row naming {', '.join(map(repr, wanted))}, or no header "
+      f"and {len(wanted)} tab-separated field(s) ({', '.join(wanted)}) a line; got {len(cells)} "
+      f"field(s): {line[:120]!r}"
+    )
   return None
 
 
-def parse_tsv_line(fields: Mapping[str, str], columns: Sequence[str], header_line: int, path: str, lineno: int,
-                   line: str) -> dict | None:
+def parse_tsv_line(
+  fields: Mapping[str, str], columns: Sequence[str], header_line: int, path: str, lineno: int, line: str
+) -> dict | None:
   """One TSV line as the task's row (None for a blank line or the header); ValueError naming file and line."""
   if lineno == header_line:
     return None
@@ -126,8 +134,10 @@ def parse_tsv_line(fields: Mapping[str, str], columns: Sequence[str], header_lin
     return None
   cells = line.split("\t")
   if len(cells) != len(columns):
-    raise ValueError(f"{path}:{lineno}: expected {len(columns)} tab-separated field(s) ({', '.join(columns)}), "
-                     f"got {len(cells)}: {line[:120]!r}")
+    raise ValueError(
+      f"{path}:{lineno}: expected {len(columns)} tab-separated field(s) ({', '.join(columns)}), "
+      f"got {len(cells)}: {line[:120]!r}"
+    )
   row = dict(zip(columns, cells))
   return {key: row[name] for key, name in fields.items()}
 
@@ -201,16 +211,25 @@ class FileSource(seqio.DataSource):
     if found is not None:
       return found
     what = "only a header row" if header else "no rows"
-    raise ValueError(f"{path}: empty file ({what}); expected {kind.upper()} rows with "
-                     f"{', '.join(map(repr, self.fields.values()))}")
+    raise ValueError(
+      f"{path}: empty file ({what}); expected {kind.upper()} rows with {', '.join(map(repr, self.fields.values()))}"
+    )
 
-  def get_dataset(self, split: str = "train", shuffle: bool = True, seed: int | None = None,
-                  shard_info: seqio.ShardInfo | None = None, *, sequence_length=None, use_cached=False,
-                  num_epochs=1):
+  def get_dataset(
+    self,
+    split: str = "train",
+    shuffle: bool = True,
+    seed: int | None = None,
+    shard_info: seqio.ShardInfo | None = None,
+    *,
+    sequence_length=None,
+    use_cached=False,
+    num_epochs=1,
+  ):
     del sequence_length, use_cached, num_epochs
     files = self.files(split)
     if shard_info and shard_info.num_shards > 1:
-      files = files[shard_info.index::shard_info.num_shards]
+      files = files[shard_info.index :: shard_info.num_shards]
     if shuffle:
       files = [files[i] for i in np.random.default_rng(seed).permutation(len(files))]
     parsers = {path: self.line_parser(path) for path in files}
@@ -253,9 +272,19 @@ def _check_local(split_files: Mapping[str, Sequence[str]], format: str) -> None:
         file_format(path, format)
 
 
-def register(name: str = TASK_NAME, train=None, validation=None, test=None, format: str = "auto",
-             objective: str = "inputs_targets", inputs_field: str = "inputs", targets_field: str = "targets",
-             text_field: str = "text", vocabulary=None, metrics: Sequence[str] | None = None) -> str:
+def register(
+  name: str = TASK_NAME,
+  train=None,
+  validation=None,
+  test=None,
+  format: str = "auto",
+  objective: str = "inputs_targets",
+  inputs_field: str = "inputs",
+  targets_field: str = "targets",
+  text_field: str = "text",
+  vocabulary=None,
+  metrics: Sequence[str] | None = None,
+) -> str:
   """Registers the seqio task ``name`` over your files (module doc); returns ``name``.
 
   ``train`` / ``validation`` / ``test``: each a path, a glob, or a list of them (local or ``gs://``); at least one.
@@ -281,13 +310,22 @@ def register(name: str = TASK_NAME, train=None, validation=None, test=None, form
   given = {"train": train, "validation": validation, "test": test}
   split_files = {split: _patterns(value, split) for split, value in given.items() if value is not None}
   if not split_files:
-    raise ValueError(f"custom.register({name!r}): no files; pass train=, validation= and/or test= (a path, a glob "
-                     "or a list), e.g. --train_file/--validation_file or --gin.custom.register.train=\"'my.tsv'\"")
+    raise ValueError(
+      f"custom.register({name!r}): no files; pass train=, validation= and/or test= (a path, a glob "
+      "or a list), e.g. --train_file/--validation_file or --gin.custom.register.train=\"'my.tsv'\""
+    )
   fields = _fields(objective, inputs_field, targets_field, text_field)
   vocab = get_vocabulary() if vocabulary is None else as_vocabulary(vocabulary)
-  args = {**{split: split_files.get(split) for split in SPLITS}, "format": format, "objective": objective,
-          "inputs_field": inputs_field, "targets_field": targets_field, "text_field": text_field,
-          "vocabulary": vocab, "metrics": metrics}
+  args = {
+    **{split: split_files.get(split) for split in SPLITS},
+    "format": format,
+    "objective": objective,
+    "inputs_field": inputs_field,
+    "targets_field": targets_field,
+    "text_field": text_field,
+    "vocabulary": vocab,
+    "metrics": metrics,
+  }
   if name in seqio.TaskRegistry.names() or name in seqio.MixtureRegistry.names():
     before = _registered.get(name)
     if before is None:
@@ -295,8 +333,10 @@ def register(name: str = TASK_NAME, train=None, validation=None, test=None, form
     differing = [k for k in args if args[k] != before[k]]
     if differing:
       k = differing[0]
-      raise ValueError(f"task {name!r} is already registered with {k}={before[k]!r}, not {args[k]!r}; register "
-                       "these files under another name")
+      raise ValueError(
+        f"task {name!r} is already registered with {k}={before[k]!r}, not {args[k]!r}; register "
+        "these files under another name"
+      )
     return name
   _check_local(split_files, format)
   source = FileSource(split_files, fields, format)

@@ -16,6 +16,7 @@ Data: TFDS ``glue/<config>:2.0.0``, or the GLUE release under ``<data dir>/glue/
 (source, label, original label, sentence); every other file has one. Rows become TFDS features (``label`` class
 id, or -1 in test files; ``idx`` the row's position in its file).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -66,8 +67,15 @@ def string_to_float(output: Any, example=None, is_target=False, **unused) -> flo
 
 # --- text-to-text preprocessors -------------------------------------------------------------------------------
 @seqio.map_over_dataset
-def text_to_text(x, prefix: str, fields: Sequence[tuple[str, str]], label_names: Sequence[str], *,
-                 strip_html: bool = False, passthrough: Sequence[str] = ()):
+def text_to_text(
+  x,
+  prefix: str,
+  fields: Sequence[tuple[str, str]],
+  label_names: Sequence[str],
+  *,
+  strip_html: bool = False,
+  passthrough: Sequence[str] = (),
+):
   """``"<prefix> <name>: <x[key]> ..."`` -> the label's name (``<unk>`` for label -1), as T5's ``glue``.
 
   ``fields``: (name shown in the text, feature key) pairs in order. ``idx`` is kept when the example has one
@@ -104,6 +112,7 @@ def stsb_text(x):
 class Benchmark:
   """One GLUE dataset: TFDS config ``name``, release ``folder``, text features (TFDS name -> release column, in
   T5's sorted order), the label column, class names (None: a float score), metrics, and split -> file."""
+
   name: str
   folder: str
   fields: Mapping[str, str]
@@ -111,7 +120,8 @@ class Benchmark:
   label_classes: tuple[str, ...] | None
   metric_fns: tuple[Callable, ...]
   files: Mapping[str, str] = dataclasses.field(
-      default_factory=lambda: {"train": "train.tsv", "validation": "dev.tsv", "test": "test.tsv"})
+    default_factory=lambda: {"train": "train.tsv", "validation": "dev.tsv", "test": "test.tsv"}
+  )
 
   def features(self) -> dict:
     spec = {k: tf.TensorSpec([], tf.string) for k in self.fields}
@@ -123,8 +133,12 @@ class Benchmark:
     if self.label_classes is None:
       return stsb_text
     # The MNLI halves keep MNLI's prefix ("mnli"), as T5's glue_mnli_(mis)matched_v002 did.
-    return functools.partial(text_to_text, prefix=self.name.split("_")[0],
-                             fields=tuple((k, k) for k in self.fields), label_names=self.label_classes)
+    return functools.partial(
+      text_to_text,
+      prefix=self.name.split("_")[0],
+      fields=tuple((k, k) for k in self.fields),
+      label_names=self.label_classes,
+    )
 
   def postprocess_fn(self):
     if self.label_classes is None:
@@ -133,39 +147,105 @@ class Benchmark:
 
 
 _ACC = (metrics.accuracy,)
-_MNLI_FILES = {"train": "train.tsv", "validation_matched": "dev_matched.tsv",
-               "validation_mismatched": "dev_mismatched.tsv", "test_matched": "test_matched.tsv",
-               "test_mismatched": "test_mismatched.tsv"}
+_MNLI_FILES = {
+  "train": "train.tsv",
+  "validation_matched": "dev_matched.tsv",
+  "validation_mismatched": "dev_mismatched.tsv",
+  "test_matched": "test_matched.tsv",
+  "test_mismatched": "test_mismatched.tsv",
+}
 _NLI3 = ("entailment", "neutral", "contradiction")
-BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in [
-    Benchmark("cola", "CoLA", {"sentence": "sentence"}, "is_acceptable", ("unacceptable", "acceptable"),
-              (metrics.matthews_corrcoef,)),
+BENCHMARKS: dict[str, Benchmark] = {
+  b.name: b
+  for b in [
+    Benchmark(
+      "cola",
+      "CoLA",
+      {"sentence": "sentence"},
+      "is_acceptable",
+      ("unacceptable", "acceptable"),
+      (metrics.matthews_corrcoef,),
+    ),
     Benchmark("sst2", "SST-2", {"sentence": "sentence"}, "label", ("negative", "positive"), _ACC),
-    Benchmark("mrpc", "MRPC", {"sentence1": "#1 String", "sentence2": "#2 String"}, "Quality",
-              ("not_equivalent", "equivalent"), (f1_with_invalid, metrics.accuracy)),
-    Benchmark("qqp", "QQP", {"question1": "question1", "question2": "question2"}, "is_duplicate",
-              ("not_duplicate", "duplicate"), (f1_with_invalid, metrics.accuracy)),
-    Benchmark("stsb", "STS-B", {"sentence1": "sentence1", "sentence2": "sentence2"}, "score", None,
-              (metrics.pearson_spearman,)),
-    Benchmark("mnli", "MNLI", {"hypothesis": "sentence2", "premise": "sentence1"}, "gold_label", _NLI3, _ACC,
-              _MNLI_FILES),
-    Benchmark("mnli_matched", "MNLI", {"hypothesis": "sentence2", "premise": "sentence1"}, "gold_label", _NLI3,
-              _ACC, {"validation": "dev_matched.tsv", "test": "test_matched.tsv"}),
-    Benchmark("mnli_mismatched", "MNLI", {"hypothesis": "sentence2", "premise": "sentence1"}, "gold_label",
-              _NLI3, _ACC, {"validation": "dev_mismatched.tsv", "test": "test_mismatched.tsv"}),
-    Benchmark("qnli", "QNLI", {"question": "question", "sentence": "sentence"}, "label",
-              ("entailment", "not_entailment"), _ACC),
-    Benchmark("rte", "RTE", {"sentence1": "sentence1", "sentence2": "sentence2"}, "label",
-              ("entailment", "not_entailment"), _ACC),
-    Benchmark("wnli", "WNLI", {"sentence1": "sentence1", "sentence2": "sentence2"}, "label",
-              ("not_entailment", "entailment"), _ACC),
-]}
+    Benchmark(
+      "mrpc",
+      "MRPC",
+      {"sentence1": "#1 String", "sentence2": "#2 String"},
+      "Quality",
+      ("not_equivalent", "equivalent"),
+      (f1_with_invalid, metrics.accuracy),
+    ),
+    Benchmark(
+      "qqp",
+      "QQP",
+      {"question1": "question1", "question2": "question2"},
+      "is_duplicate",
+      ("not_duplicate", "duplicate"),
+      (f1_with_invalid, metrics.accuracy),
+    ),
+    Benchmark(
+      "stsb", "STS-B", {"sentence1": "sentence1", "sentence2": "sentence2"}, "score", None, (metrics.pearson_spearman,)
+    ),
+    Benchmark(
+      "mnli", "MNLI", {"hypothesis": "sentence2", "premise": "sentence1"}, "gold_label", _NLI3, _ACC, _MNLI_FILES
+    ),
+    Benchmark(
+      "mnli_matched",
+      "MNLI",
+      {"hypothesis": "sentence2", "premise": "sentence1"},
+      "gold_label",
+      _NLI3,
+      _ACC,
+      {"validation": "dev_matched.tsv", "test": "test_matched.tsv"},
+    ),
+    Benchmark(
+      "mnli_mismatched",
+      "MNLI",
+      {"hypothesis": "sentence2", "premise": "sentence1"},
+      "gold_label",
+      _NLI3,
+      _ACC,
+      {"validation": "dev_mismatched.tsv", "test": "test_mismatched.tsv"},
+    ),
+    Benchmark(
+      "qnli", "QNLI", {"question": "question", "sentence": "sentence"}, "label", ("entailment", "not_entailment"), _ACC
+    ),
+    Benchmark(
+      "rte",
+      "RTE",
+      {"sentence1": "sentence1", "sentence2": "sentence2"},
+      "label",
+      ("entailment", "not_entailment"),
+      _ACC,
+    ),
+    Benchmark(
+      "wnli",
+      "WNLI",
+      {"sentence1": "sentence1", "sentence2": "sentence2"},
+      "label",
+      ("not_entailment", "entailment"),
+      _ACC,
+    ),
+  ]
+}
 # TFDS split of each of our splits, where they differ: the MNLI halves read glue/mnli (one TFDS build for all).
-TFDS_SPLITS = {"mnli_matched": {"validation": "validation_matched", "test": "test_matched"},
-               "mnli_mismatched": {"validation": "validation_mismatched", "test": "test_mismatched"}}
+TFDS_SPLITS = {
+  "mnli_matched": {"validation": "validation_matched", "test": "test_matched"},
+  "mnli_mismatched": {"validation": "validation_mismatched", "test": "test_mismatched"},
+}
 # T5's glue_utils.get_glue_weight_mapping: training examples per task (WNLI omitted, as T5 did).
-MIXTURE_RATES = {"cola": 8_551., "sst2": 67_349., "mrpc": 3_668., "qqp": 363_849., "stsb": 5_749.,
-                 "mnli": 392_702., "qnli": 104_743., "rte": 2_490., "mnli_matched": 0., "mnli_mismatched": 0.}
+MIXTURE_RATES = {
+  "cola": 8_551.0,
+  "sst2": 67_349.0,
+  "mrpc": 3_668.0,
+  "qqp": 363_849.0,
+  "stsb": 5_749.0,
+  "mnli": 392_702.0,
+  "qnli": 104_743.0,
+  "rte": 2_490.0,
+  "mnli_matched": 0.0,
+  "mnli_mismatched": 0.0,
+}
 
 
 # --- reading the release files --------------------------------------------------------------------------------
@@ -183,8 +263,9 @@ def parse_label(benchmark: Benchmark, value: str | None, where: str) -> int | fl
     return classes.index(value)
   if value.isdigit() and int(value) < len(classes):
     return int(value)
-  raise ValueError(f"{where}: unknown {benchmark.name} label {value!r}; expected one of {list(classes)} or "
-                   f"0..{len(classes) - 1}")
+  raise ValueError(
+    f"{where}: unknown {benchmark.name} label {value!r}; expected one of {list(classes)} or 0..{len(classes) - 1}"
+  )
 
 
 def read_glue_tsv(path: str, benchmark: Benchmark) -> Iterator[dict]:
@@ -200,23 +281,28 @@ def read_glue_tsv(path: str, benchmark: Benchmark) -> Iterator[dict]:
     yield example
 
 
-def glue_source(benchmark: Benchmark, files: Mapping[str, str] | None = None,
-                tfds_splits: Mapping[str, str] | None = None) -> LocalOrTfdsSource:
+def glue_source(
+  benchmark: Benchmark, files: Mapping[str, str] | None = None, tfds_splits: Mapping[str, str] | None = None
+) -> LocalOrTfdsSource:
   """``<data dir>/glue/<Folder>`` or TFDS ``glue/<config>:2.0.0`` (the MNLI halves: ``glue/mnli``)."""
   config = "mnli" if benchmark.folder == "MNLI" else benchmark.name
   return LocalOrTfdsSource(
-      local_dir=f"glue/{benchmark.folder}", local_files=dict(files or benchmark.files),
-      reader=functools.partial(read_glue_tsv, benchmark=benchmark), features=benchmark.features(),
-      tfds_name=f"glue/{config}:{TFDS_VERSION}",
-      tfds_splits=tfds_splits if tfds_splits is not None else TFDS_SPLITS.get(benchmark.name))
+    local_dir=f"glue/{benchmark.folder}",
+    local_files=dict(files or benchmark.files),
+    reader=functools.partial(read_glue_tsv, benchmark=benchmark),
+    features=benchmark.features(),
+    tfds_name=f"glue/{config}:{TFDS_VERSION}",
+    tfds_splits=tfds_splits if tfds_splits is not None else TFDS_SPLITS.get(benchmark.name),
+  )
 
 
 # --- registration ---------------------------------------------------------------------------------------------
 def register_glue_task(benchmark: str, name: str | None = None, vocabulary=None) -> str:
   """Registers GLUE ``benchmark`` (a key of ``BENCHMARKS``) as ``name`` (default ``glue_<benchmark>``)."""
   b = BENCHMARKS[benchmark]
-  return add_task(name or f"glue_{benchmark}", glue_source(b), [b.preprocessor()], b.postprocess_fn(),
-                  b.metric_fns, vocabulary)
+  return add_task(
+    name or f"glue_{benchmark}", glue_source(b), [b.preprocessor()], b.postprocess_fn(), b.metric_fns, vocabulary
+  )
 
 
 def register_glue_tasks(vocabulary=None) -> list[str]:

@@ -5,6 +5,7 @@ embedded vocabulary for smoke tests). seqio looks tasks up by name everywhere (m
 the swap registers copies named ``<name>#<vocabulary tag>`` (tasks and, for a mixture, each of its tasks and
 the mixture itself with the same rates) and returns that name.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -12,7 +13,6 @@ import re
 from pathlib import Path
 
 import seqio
-
 
 
 def get_mixture_or_task(name: str):
@@ -32,8 +32,10 @@ def vocabulary_tag(vocabulary: seqio.Vocabulary) -> str:
 
 
 def _features(task: seqio.Task, vocabulary) -> dict[str, seqio.Feature]:
-  return {k: seqio.Feature(vocabulary=vocabulary, add_eos=f.add_eos, required=f.required, dtype=f.dtype,
-                           rank=f.rank) for k, f in task.output_features.items()}
+  return {
+    k: seqio.Feature(vocabulary=vocabulary, add_eos=f.add_eos, required=f.required, dtype=f.dtype, rank=f.rank)
+    for k, f in task.output_features.items()
+  }
 
 
 def with_vocabulary(name: str, vocabulary: seqio.Vocabulary | None) -> str:
@@ -47,9 +49,15 @@ def with_vocabulary(name: str, vocabulary: seqio.Vocabulary | None) -> str:
   if copy in seqio.TaskRegistry.names() or copy in seqio.MixtureRegistry.names():
     return copy
   if isinstance(provider, seqio.Task):
-    seqio.TaskRegistry.add(copy, source=provider.source, output_features=_features(provider, vocabulary),
-                           preprocessors=provider.preprocessors, postprocess_fn=provider.postprocessor,
-                           metric_fns=provider.metric_fns, shuffle_buffer_size=provider.shuffle_buffer_size)
+    seqio.TaskRegistry.add(
+      copy,
+      source=provider.source,
+      output_features=_features(provider, vocabulary),
+      preprocessors=provider.preprocessors,
+      postprocess_fn=provider.postprocessor,
+      metric_fns=provider.metric_fns,
+      shuffle_buffer_size=provider.shuffle_buffer_size,
+    )
   else:
     rates = [(with_vocabulary(sub, vocabulary), rate) for sub, rate in provider.rate_per_task_name.items()]
     seqio.MixtureRegistry.add(copy, rates)

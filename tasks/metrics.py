@@ -22,63 +22,64 @@ import numpy as np
 
 
 def _text(value: Any) -> str:
-    if isinstance(value, Mapping):
-        value = value["target"]
-    if isinstance(value, bytes):
-        value = value.decode("utf-8")
-    return " ".join(str(value).split())
+  if isinstance(value, Mapping):
+    value = value["target"]
+  if isinstance(value, bytes):
+    value = value.decode("utf-8")
+  return " ".join(str(value).split())
 
 
 def _check_lengths(targets: Sequence, predictions: Sequence) -> None:
-    if len(targets) != len(predictions):
-        raise ValueError(f"got {len(targets)} targets but {len(predictions)} predictions")
+  if len(targets) != len(predictions):
+    raise ValueError(f"got {len(targets)} targets but {len(predictions)} predictions")
 
 
 def exact_match(targets: Sequence, predictions: Sequence) -> dict[str, float]:
-    """``{"exact_match": 100 * mean(target == prediction)}``; 0.0 for no examples. A target may be a string or a
-    ``{"target": str, ...}`` dict (as COGS' targets are)."""
-    _check_lengths(targets, predictions)
-    if not targets:
-        return {"exact_match": 0.0}
-    hits = sum(_text(t) == _text(p) for t, p in zip(targets, predictions))
-    return {"exact_match": 100.0 * hits / len(targets)}
+  """``{"exact_match": 100 * mean(target == prediction)}``; 0.0 for no examples. A target may be a string or a
+  ``{"target": str, ...}`` dict (as COGS' targets are)."""
+  _check_lengths(targets, predictions)
+  if not targets:
+    return {"exact_match": 0.0}
+  hits = sum(_text(t) == _text(p) for t, p in zip(targets, predictions))
+  return {"exact_match": 100.0 * hits / len(targets)}
 
 
 def cogs_accuracy(targets: Sequence[Mapping[str, str]], predictions: Sequence[str]) -> dict[str, float]:
-    """COGS exact match overall (``exact_match``) and per category (``accuracy_<category>``). ``targets``:
-    ``{"target": str, "category": str}`` dicts (``cogs_postprocess`` with ``is_target=True``); a plain-string
-    target counts only in the overall score."""
-    _check_lengths(targets, predictions)
-    result = exact_match(targets, predictions)
-    hits: dict[str, int] = collections.defaultdict(int)
-    totals: dict[str, int] = collections.defaultdict(int)
-    for target, prediction in zip(targets, predictions):
-        if not isinstance(target, Mapping) or "category" not in target:
-            continue
-        category = target["category"]
-        if isinstance(category, bytes):
-            category = category.decode("utf-8")
-        totals[category] += 1
-        hits[category] += _text(target) == _text(prediction)
-    for category in sorted(totals):
-        result[f"accuracy_{category}"] = 100.0 * hits[category] / totals[category]
-    return result
+  """COGS exact match overall (``exact_match``) and per category (``accuracy_<category>``). ``targets``:
+  ``{"target": str, "category": str}`` dicts (``cogs_postprocess`` with ``is_target=True``); a plain-string
+  target counts only in the overall score."""
+  _check_lengths(targets, predictions)
+  result = exact_match(targets, predictions)
+  hits: dict[str, int] = collections.defaultdict(int)
+  totals: dict[str, int] = collections.defaultdict(int)
+  for target, prediction in zip(targets, predictions):
+    if not isinstance(target, Mapping) or "category" not in target:
+      continue
+    category = target["category"]
+    if isinstance(category, bytes):
+      category = category.decode("utf-8")
+    totals[category] += 1
+    hits[category] += _text(target) == _text(prediction)
+  for category in sorted(totals):
+    result[f"accuracy_{category}"] = 100.0 * hits[category] / totals[category]
+  return result
 
 
-def cogs_postprocess(output: Any, example: Mapping[str, Any] | None = None,
-                     is_target: bool = False, **unused_kwargs) -> Any:
-    """seqio ``postprocess_fn`` for COGS: targets (``is_target=True`` with the example) become ``{"target": str,
-    "category": str}``; predictions (and targets without an example) stay plain strings."""
-    if isinstance(output, bytes):
-        output = output.decode("utf-8")
-    if is_target and example is not None and "category" in example:
-        category = example["category"]
-        if hasattr(category, "numpy"):
-            category = category.numpy()
-        if isinstance(category, bytes):
-            category = category.decode("utf-8")
-        return {"target": output, "category": str(category)}
-    return output
+def cogs_postprocess(
+  output: Any, example: Mapping[str, Any] | None = None, is_target: bool = False, **unused_kwargs
+) -> Any:
+  """seqio ``postprocess_fn`` for COGS: targets (``is_target=True`` with the example) become ``{"target": str,
+  "category": str}``; predictions (and targets without an example) stay plain strings."""
+  if isinstance(output, bytes):
+    output = output.decode("utf-8")
+  if is_target and example is not None and "category" in example:
+    category = example["category"]
+    if hasattr(category, "numpy"):
+      category = category.numpy()
+    if isinstance(category, bytes):
+      category = category.decode("utf-8")
+    return {"target": output, "category": str(category)}
+  return output
 
 
 # --- generic scores (T5's evaluation metrics, written here) --------------------------------------------------
@@ -131,6 +132,7 @@ def matthews_corrcoef(targets: Sequence, predictions: Sequence) -> dict[str, flo
 def pearson_spearman(targets: Sequence[float], predictions: Sequence[float]) -> dict[str, float]:
   """``{"pearson": ..., "spearman": ...}`` correlations in percent (0 when a side is constant)."""
   from scipy import stats  # here: 0.6 s and its own BLAS threads, for every run that registers the tasks
+
   _check_lengths(targets, predictions)
   t, p = np.asarray(targets, np.float64), np.asarray(predictions, np.float64)
   if len(t) < 2 or np.ptp(t) == 0 or np.ptp(p) == 0:
@@ -173,11 +175,13 @@ def squad(targets: Sequence[Sequence[str]], predictions: Sequence[str]) -> dict[
   return {"em": 100.0 * float(np.mean(em)), "f1": 100.0 * float(np.mean(f1))}
 
 
-def mean_group_metric(metric: Callable[[Sequence, Sequence], Mapping[str, float]],
-                      group_key: str = "group", value_key: str = "value") -> Callable:
+def mean_group_metric(
+  metric: Callable[[Sequence, Sequence], Mapping[str, float]], group_key: str = "group", value_key: str = "value"
+) -> Callable:
   """A metric that applies ``metric`` within each group and averages over groups (T5's MultiRC EM).
 
   Targets and predictions are ``{group_key: id, value_key: label}`` dicts (or predictions plain labels)."""
+
   def grouped(targets: Sequence[Mapping], predictions: Sequence) -> dict[str, float]:
     _check_lengths(targets, predictions)
     groups: dict[Any, tuple[list, list]] = collections.OrderedDict()
@@ -190,6 +194,7 @@ def mean_group_metric(metric: Callable[[Sequence, Sequence], Mapping[str, float]
       for k, v in metric(ts, ps).items():
         scores[k].append(v)
     return {k: float(np.mean(v)) for k, v in scores.items()}
+
   return grouped
 
 
@@ -215,8 +220,10 @@ def super_glue_multirc(targets: Sequence[Mapping], predictions: Sequence) -> dic
   _check_lengths(targets, predictions)
   gold = [_sg_value(t) for t in targets]
   pred = [_sg_value(p) if _sg_value(p) in (0, 1) else 1 - g for g, p in zip(gold, predictions)]
-  return {"f1a": 100.0 * _binary_f1(gold, pred, 1),
-          **mean_group_metric(_sg_all_match)(targets, [_sg_value(p) for p in predictions])}
+  return {
+    "f1a": 100.0 * _binary_f1(gold, pred, 1),
+    **mean_group_metric(_sg_all_match)(targets, [_sg_value(p) for p in predictions]),
+  }
 
 
 def super_glue_record(targets: Sequence[Mapping], predictions: Sequence) -> dict[str, float]:
@@ -249,8 +256,10 @@ def super_glue_axg(targets: Sequence, predictions: Sequence) -> dict[str, float]
     if len(members) != 2:
       continue
     if members[0][0] != members[1][0]:
-      raise ValueError(f"AX-g examples idx {2 * key} and {2 * key + 1} have different hypotheses "
-                       f"({members[0][0]!r} vs {members[1][0]!r}): they are not a minimal pair")
+      raise ValueError(
+        f"AX-g examples idx {2 * key} and {2 * key + 1} have different hypotheses "
+        f"({members[0][0]!r} vs {members[1][0]!r}): they are not a minimal pair"
+      )
     total += 1
     same += members[0][1] == members[1][1]
   if total:

@@ -7,16 +7,17 @@ K. Like T5's ``en_mix`` but with the limit applied to every task. The example co
 (GLUE and SuperGLUE: t5/data/glue_utils.py's weight mappings, ``glue.MIXTURE_RATES`` and
 ``super_glue.MIXTURE_RATES``; SQuAD: ``SQUAD_TRAIN_EXAMPLES``), so the rates need no data on disk.
 """
+
 from __future__ import annotations
 
 import seqio
 from remixer_t5.tasks import c4, glue, squad, super_glue
 
 MT_COTRAIN = "mt_cotrain"
-EXAMPLES_LIMIT = 2 ** 19  # T5 §3.7: examples-proportional mixing with K = 2^19
+EXAMPLES_LIMIT = 2**19  # T5 §3.7: examples-proportional mixing with K = 2^19
 # SQuAD v1.1's training questions (TFDS squad/v1.1 train split): what T5's rate_num_examples reads for
 # squad_v010_allanswers in en_mix (t5/data/glue_utils.py has no fixed count for SQuAD).
-SQUAD_TRAIN_EXAMPLES = 87_599.
+SQUAD_TRAIN_EXAMPLES = 87_599.0
 
 
 def mt_cotrain_tasks(maximum: float = EXAMPLES_LIMIT) -> list[tuple[str, float]]:

@@ -20,6 +20,7 @@ Data (``<data dir>`` = ``$REMIXER_T5_DATA_DIR`` or the ``data_dir`` binding), el
   abductive_nli: ``alphanli/{train,dev}.jsonl`` (obs1, obs2, hyp1, hyp2) with the line-aligned
     ``{train,dev}-labels.lst`` (1 or 2); tensorflow_datasets 4.9.10 has no ``art``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -45,8 +46,12 @@ def _spec(**dtypes):
 
 def nli_preprocessor(prefix: str, premise_key: str = "premise"):
   """``<prefix> hypothesis: ... premise: ...`` -> entailment/neutral/contradiction."""
-  return functools.partial(glue.text_to_text, prefix=prefix,
-                           fields=(("hypothesis", "hypothesis"), ("premise", premise_key)), label_names=NLI_LABELS)
+  return functools.partial(
+    glue.text_to_text,
+    prefix=prefix,
+    fields=(("hypothesis", "hypothesis"), ("premise", premise_key)),
+    label_names=NLI_LABELS,
+  )
 
 
 _NLI_POSTPROCESS = functools.partial(glue.string_label_to_class_id, label_classes=NLI_LABELS)
@@ -59,8 +64,12 @@ def read_anli(path: str) -> Iterator[dict]:
     label = row["label"]
     if label not in ANLI_LABELS:
       raise ValueError(f"{path}:{lineno}: unknown ANLI label {label!r}; expected one of {list(ANLI_LABELS)}")
-    yield {"uid": str(row["uid"]), "context": row["context"], "hypothesis": row["hypothesis"],
-           "label": ANLI_LABELS[label]}
+    yield {
+      "uid": str(row["uid"]),
+      "context": row["context"],
+      "hypothesis": row["hypothesis"],
+      "label": ANLI_LABELS[label],
+    }
 
 
 def read_conjnli(path: str) -> Iterator[dict]:
@@ -81,27 +90,38 @@ def read_alphanli(path: str) -> Iterator[dict]:
   """αNLI jsonl rows joined with the line-aligned labels file; label 1 or 2 as in the release."""
   labels_path = alphanli_labels_path(path)
   if not tf.io.gfile.exists(labels_path):
-    raise FileNotFoundError(f"{path}: its labels file {labels_path} is missing (the αNLI release ships "
-                            "<split>.jsonl with <split>-labels.lst)")
+    raise FileNotFoundError(
+      f"{path}: its labels file {labels_path} is missing (the αNLI release ships <split>.jsonl with <split>-labels.lst)"
+    )
   labels = list(read_tsv(labels_path, ("label",), header=False))
   rows = list(read_jsonl(path, required=("obs1", "obs2", "hyp1", "hyp2")))
   if len(labels) != len(rows):
-    raise ValueError(f"{labels_path}: {len(labels)} labels for the {len(rows)} rows of {path}; the files must be "
-                     "line-aligned")
+    raise ValueError(
+      f"{labels_path}: {len(labels)} labels for the {len(rows)} rows of {path}; the files must be line-aligned"
+    )
   for (_, row), (label_line, label) in zip(rows, labels):
     value = label["label"].strip()
     if value not in ABDUCTIVE_LABELS:
       raise ValueError(f"{labels_path}:{label_line}: unknown αNLI label {value!r}; expected 1 or 2")
-    yield {"observation_1": row["obs1"], "observation_2": row["obs2"], "hypothesis_1": row["hyp1"],
-           "hypothesis_2": row["hyp2"], "label": int(value)}
+    yield {
+      "observation_1": row["obs1"],
+      "observation_2": row["obs2"],
+      "hypothesis_1": row["hyp1"],
+      "hypothesis_2": row["hyp2"],
+      "label": int(value),
+    }
 
 
 @seqio.map_over_dataset
 def abductive_text(x):
   """``abductive_nli observation1: ... observation2: ... hypothesis1: ... hypothesis2: ...`` -> ``1``/``2``."""
   parts = ["abductive_nli"]
-  for shown, key in (("observation1", "observation_1"), ("observation2", "observation_2"),
-                     ("hypothesis1", "hypothesis_1"), ("hypothesis2", "hypothesis_2")):
+  for shown, key in (
+    ("observation1", "observation_1"),
+    ("observation2", "observation_2"),
+    ("hypothesis1", "hypothesis_1"),
+    ("hypothesis2", "hypothesis_2"),
+  ):
     parts += [f"{shown}:", x[key]]
   return {"inputs": tf.strings.join(parts, separator=" "), "targets": tf.as_string(x["label"])}
 
@@ -117,30 +137,42 @@ def abductive_postprocess(output, example=None, is_target=False, **unused) -> in
 def mnli_sources() -> dict[str, LocalOrTfdsSource]:
   """``mnli_matched`` (train + matched halves) and ``mnli_mismatched`` (mismatched halves) over glue/MNLI."""
   b, splits = glue.BENCHMARKS, glue.TFDS_SPLITS
-  return {"mnli_matched": glue.glue_source(b["mnli"], {"train": "train.tsv", **b["mnli_matched"].files},
-                                           splits["mnli_matched"]),
-          "mnli_mismatched": glue.glue_source(b["mnli"], b["mnli_mismatched"].files, splits["mnli_mismatched"])}
+  return {
+    "mnli_matched": glue.glue_source(
+      b["mnli"], {"train": "train.tsv", **b["mnli_matched"].files}, splits["mnli_matched"]
+    ),
+    "mnli_mismatched": glue.glue_source(b["mnli"], b["mnli_mismatched"].files, splits["mnli_mismatched"]),
+  }
 
 
 def anli_source(round_: int) -> LocalOrTfdsSource:
   return LocalOrTfdsSource(
-      local_dir=f"anli/R{round_}",
-      local_files={"train": "train.jsonl", "validation": "dev.jsonl", "test": "test.jsonl"},
-      reader=read_anli, features=_spec(uid="string", context="string", hypothesis="string", label="int64"),
-      tfds_name=f"anli/r{round_}:{ANLI_TFDS_VERSION}")
+    local_dir=f"anli/R{round_}",
+    local_files={"train": "train.jsonl", "validation": "dev.jsonl", "test": "test.jsonl"},
+    reader=read_anli,
+    features=_spec(uid="string", context="string", hypothesis="string", label="int64"),
+    tfds_name=f"anli/r{round_}:{ANLI_TFDS_VERSION}",
+  )
 
 
 def conjnli_source() -> LocalOrTfdsSource:
   return LocalOrTfdsSource(
-      local_dir="conjnli", local_files={"train": "adversarial_train_15k.tsv", "validation": "conj_dev.tsv"},
-      reader=read_conjnli, features=_spec(premise="string", hypothesis="string", label="int64"))
+    local_dir="conjnli",
+    local_files={"train": "adversarial_train_15k.tsv", "validation": "conj_dev.tsv"},
+    reader=read_conjnli,
+    features=_spec(premise="string", hypothesis="string", label="int64"),
+  )
 
 
 def abductive_source() -> LocalOrTfdsSource:
   return LocalOrTfdsSource(
-      local_dir="alphanli", local_files={"train": "train.jsonl", "validation": "dev.jsonl"}, reader=read_alphanli,
-      features=_spec(observation_1="string", observation_2="string", hypothesis_1="string",
-                     hypothesis_2="string", label="int64"))
+    local_dir="alphanli",
+    local_files={"train": "train.jsonl", "validation": "dev.jsonl"},
+    reader=read_alphanli,
+    features=_spec(
+      observation_1="string", observation_2="string", hypothesis_1="string", hypothesis_2="string", label="int64"
+    ),
+  )
 
 
 # --- registration ---------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ Local rows are converted to the TFDS features of the same dataset (same names, d
 unlabeled test rows), so one chain of preprocessors serves both sources. Readers raise ``ValueError`` naming
 file and line for a malformed row.
 """
+
 from __future__ import annotations
 
 import csv
@@ -133,8 +134,10 @@ def read_tsv(path: str, columns: Sequence[str] | None = None, *, header: bool = 
           raise ValueError(f"{path}:1: header lacks column(s) {missing}; expected {list(columns)}, got {names}")
         continue
       if len(row) != len(names):
-        raise ValueError(f"{path}:{lineno}: malformed row: expected {len(names)} tab-separated fields "
-                         f"({', '.join(names) or 'no header'}), got {len(row)}: {chr(9).join(row)[:120]!r}")
+        raise ValueError(
+          f"{path}:{lineno}: malformed row: expected {len(names)} tab-separated fields "
+          f"({', '.join(names) or 'no header'}), got {len(row)}: {chr(9).join(row)[:120]!r}"
+        )
       yield lineno, dict(zip(names, row))
 
 
@@ -180,10 +183,18 @@ class LocalOrTfdsSource(seqio.DataSource):
   ``TextLineDataset`` with the parsing in a batched map), so a training run's ``tf.train.Checkpoint`` of its
   input iterator holds the position and restores it in constant time (docs/architecture.md, "Input position")."""
 
-  def __init__(self, *, local_dir: str, local_files: Mapping[str, str | Sequence[str]], reader: RowReader,
-               features: Mapping[str, Any], tfds_name: str | None = None,
-               tfds_splits: Mapping[str, str] | None = None,
-               line_parser: LineParser | None = None, tfds_read_only: bool = False):
+  def __init__(
+    self,
+    *,
+    local_dir: str,
+    local_files: Mapping[str, str | Sequence[str]],
+    reader: RowReader,
+    features: Mapping[str, Any],
+    tfds_name: str | None = None,
+    tfds_splits: Mapping[str, str] | None = None,
+    line_parser: LineParser | None = None,
+    tfds_read_only: bool = False,
+  ):
     super().__init__(splits=list(local_files))
     self.local_dir = local_dir
     self.local_files = {k: [v] if isinstance(v, str) else list(v) for k, v in local_files.items()}
@@ -206,11 +217,12 @@ class LocalOrTfdsSource(seqio.DataSource):
       if path.is_dir():
         return path
     if self.tfds_name is None:
-      looked = (f"looked for {path if _URL.match(root) else path.resolve()}" if root else _describe_data_dir())
+      looked = f"looked for {path if _URL.match(root) else path.resolve()}" if root else _describe_data_dir()
       raise FileNotFoundError(
-          f"no local copy of {self.local_dir!r} ({looked}) and TFDS has no such dataset: set {DATA_ENV_VAR} "
-          f"(or the data_dir gin binding) to a folder holding {self.local_dir}/ with "
-          f"{', '.join(sorted({f for fs in self.local_files.values() for f in fs}))}")
+        f"no local copy of {self.local_dir!r} ({looked}) and TFDS has no such dataset: set {DATA_ENV_VAR} "
+        f"(or the data_dir gin binding) to a folder holding {self.local_dir}/ with "
+        f"{', '.join(sorted({f for fs in self.local_files.values() for f in fs}))}"
+      )
     return None
 
   def files(self, split: str) -> list[str]:
@@ -230,8 +242,9 @@ class LocalOrTfdsSource(seqio.DataSource):
   @property
   def tfds_source(self) -> seqio.TfdsDataSource:
     if self._tfds is None:
-      self._tfds = seqio.TfdsDataSource(tfds_name=self.tfds_name, splits=self.tfds_splits,
-                                        read_only=self.tfds_read_only)
+      self._tfds = seqio.TfdsDataSource(
+        tfds_name=self.tfds_name, splits=self.tfds_splits, read_only=self.tfds_read_only
+      )
     return self._tfds
 
   def _is_local(self) -> bool:
@@ -255,9 +268,17 @@ class LocalOrTfdsSource(seqio.DataSource):
       self._counts[key] = sum(sum(1 for _ in self.reader(path)) for path in self.files(split))
     return self._counts[key]
 
-  def get_dataset(self, split: str = "train", shuffle: bool = True, seed: int | None = None,
-                  shard_info: seqio.ShardInfo | None = None, *, sequence_length=None, use_cached=False,
-                  num_epochs=1):
+  def get_dataset(
+    self,
+    split: str = "train",
+    shuffle: bool = True,
+    seed: int | None = None,
+    shard_info: seqio.ShardInfo | None = None,
+    *,
+    sequence_length=None,
+    use_cached=False,
+    num_epochs=1,
+  ):
     del sequence_length, use_cached, num_epochs
     if not self._is_local():
       return self._tfds_dataset(split, shuffle, seed, shard_info)
@@ -266,15 +287,17 @@ class LocalOrTfdsSource(seqio.DataSource):
     if self.line_parser is not None:
       if shard_info and shard_info.num_shards > 1:
         if len(files) < shard_info.num_shards:
-          raise ValueError(f"{self.local_dir} split {split!r} has {len(files)} file(s), fewer than the "
-                           f"{shard_info.num_shards} input shards (processes) asked for")
-        files = files[shard_info.index::shard_info.num_shards]
+          raise ValueError(
+            f"{self.local_dir} split {split!r} has {len(files)} file(s), fewer than the "
+            f"{shard_info.num_shards} input shards (processes) asked for"
+          )
+        files = files[shard_info.index :: shard_info.num_shards]
       if shuffle:
         files = [files[i] for i in np.random.default_rng(seed).permutation(len(files))]
       return lines_dataset(files, self.line_parser, signature)
     rows = [dict(row) for path in files for row in self.reader(path)]
     if shard_info and shard_info.num_shards > 1:
-      rows = rows[shard_info.index::shard_info.num_shards]
+      rows = rows[shard_info.index :: shard_info.num_shards]
     return rows_dataset(rows, signature)
 
   def _tfds_dataset(self, split, shuffle, seed, shard_info):
@@ -284,14 +307,15 @@ class LocalOrTfdsSource(seqio.DataSource):
       if isinstance(e, ValueError) and "split" in str(e).lower() and "not found" not in str(e).lower():
         raise
       raise FileNotFoundError(
-          f"{self.local_dir} split {split!r}: no local copy ({_describe_data_dir()}) and TFDS "
-          f"{self.tfds_name!r} could not be read ({type(e).__name__}: {str(e)[:300]}). Prepare it with TFDS "
-          f"(tfds build / TFDS_DATA_DIR), or put the release files under <data dir>/{self.local_dir}/"
+        f"{self.local_dir} split {split!r}: no local copy ({_describe_data_dir()}) and TFDS "
+        f"{self.tfds_name!r} could not be read ({type(e).__name__}: {str(e)[:300]}). Prepare it with TFDS "
+        f"(tfds build / TFDS_DATA_DIR), or put the release files under <data dir>/{self.local_dir}/"
       ) from e
 
   def __repr__(self):
-    return (f"{type(self).__name__}(local_dir={self.local_dir!r}, tfds_name={self.tfds_name!r}, "
-            f"splits={list(self.splits)})")
+    return (
+      f"{type(self).__name__}(local_dir={self.local_dir!r}, tfds_name={self.tfds_name!r}, splits={list(self.splits)})"
+    )
 
 
 # --- tf.data-native local datasets (checkpointable: their iterator state is an index) -----------------------
@@ -301,6 +325,7 @@ def rows_dataset(rows: Sequence[Mapping[str, Any]], signature: Mapping[str, Any]
   Leaves of ``signature`` are ``tf.TensorSpec`` of shape ``[]`` or ``[None]`` (variable-length lists, e.g.
   ReCoRD's entities). Unlike ``Dataset.from_generator``, the iterator's state is a row index, so
   ``tf.train.Checkpoint(iterator=...)`` saves and restores it in constant time."""
+
   def column(values, spec, where):
     if spec.shape.rank == 0:
       return tf.constant(values, dtype=spec.dtype, shape=[len(values)])
@@ -317,8 +342,11 @@ def rows_dataset(rows: Sequence[Mapping[str, Any]], signature: Mapping[str, Any]
 
   ds = tf.data.Dataset.from_tensor_slices(columns(list(rows), signature, ""))
   # Ragged columns slice to rank-1 RaggedTensorSpecs; give the rows the plain TensorSpecs TFDS gives.
-  return ds.map(lambda row: tf.nest.map_structure(
-      lambda x: x.to_tensor() if isinstance(x, tf.RaggedTensor) else tf.identity(x), row))
+  return ds.map(
+    lambda row: tf.nest.map_structure(
+      lambda x: x.to_tensor() if isinstance(x, tf.RaggedTensor) else tf.identity(x), row
+    )
+  )
 
 
 def lines_dataset(files: Sequence[str], parse: LineParser, signature: Mapping[str, Any], lines_per_call: int = 128):
@@ -357,12 +385,12 @@ def lines_dataset(files: Sequence[str], parse: LineParser, signature: Mapping[st
       o.set_shape([None])
     return tuple(outs)
 
-  ds = tf.data.Dataset.from_tensor_slices((tf.constant(list(files), tf.string),
-                                           tf.constant(compression, tf.string))).flat_map(read)
+  ds = tf.data.Dataset.from_tensor_slices(
+    (tf.constant(list(files), tf.string), tf.constant(compression, tf.string))
+  ).flat_map(read)
   ds = ds.batch(lines_per_call).map(parse_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   ds = ds.unbatch().filter(lambda keep, *values: keep)
   ds = ds.map(lambda keep, *values: dict(zip(names, values)))
   options = tf.data.Options()
   options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
   return ds.with_options(options)
-

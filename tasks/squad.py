@@ -10,6 +10,7 @@ Data: TFDS ``squad/v1.1:3.0.0``, or the official nested JSON ``<data dir>/squad/
 (``data[].paragraphs[].qas[]``) converted to TFDS's features: id, title, context, question,
 answers {text, answer_start}; a question id seen twice gets the answers of both, as TFDS does.
 """
+
 from __future__ import annotations
 
 import json
@@ -62,19 +63,31 @@ def read_squad_json(path: str) -> Iterator[dict]:
           questions[qid]["answers"]["text"] += texts
           questions[qid]["answers"]["answer_start"] += starts
         else:
-          questions[qid] = {"id": qid, "title": title, "context": context, "question": question,
-                            "answers": {"text": texts, "answer_start": starts}}
+          questions[qid] = {
+            "id": qid,
+            "title": title,
+            "context": context,
+            "question": question,
+            "answers": {"text": texts, "answer_start": starts},
+          }
   yield from questions.values()
 
 
 def squad_source() -> LocalOrTfdsSource:
   s = tf.TensorSpec([], tf.string)
   return LocalOrTfdsSource(
-      local_dir="squad", local_files={"train": "train-v1.1.json", "validation": "dev-v1.1.json"},
-      reader=read_squad_json, tfds_name=TFDS_NAME,
-      features={"id": s, "title": s, "context": s, "question": s,
-                "answers": {"text": tf.TensorSpec([None], tf.string),
-                            "answer_start": tf.TensorSpec([None], tf.int32)}})
+    local_dir="squad",
+    local_files={"train": "train-v1.1.json", "validation": "dev-v1.1.json"},
+    reader=read_squad_json,
+    tfds_name=TFDS_NAME,
+    features={
+      "id": s,
+      "title": s,
+      "context": s,
+      "question": s,
+      "answers": {"text": tf.TensorSpec([None], tf.string), "answer_start": tf.TensorSpec([None], tf.int32)},
+    },
+  )
 
 
 def pad_punctuation(text):
@@ -89,8 +102,14 @@ def squad_text(x):
   """``question: <q> context: <c>`` -> the first answer; ``answers`` (all, padded) kept for the metric."""
   answers = pad_punctuation(x["answers"]["text"])
   question, context = pad_punctuation(x["question"]), pad_punctuation(x["context"])
-  return {"inputs": tf.strings.join(["question:", question, "context:", context], separator=" "),
-          "targets": answers[0], "id": x["id"], "question": question, "context": context, "answers": answers}
+  return {
+    "inputs": tf.strings.join(["question:", question, "context:", context], separator=" "),
+    "targets": answers[0],
+    "id": x["id"],
+    "question": question,
+    "context": context,
+    "answers": answers,
+  }
 
 
 def squad_postprocess(output, example=None, is_target=False, **unused):

@@ -39,6 +39,7 @@ or the release files under ``<data dir>/`` (layout: docs/data.md; AX-b/AX-g's ar
 The readers turn release rows into TFDS's features (MultiRC: one row per answer option; ReCoRD: one per
 query with the sorted distinct entity / answer strings; WSC with TFDS's ``wsc.fixed`` span repairs).
 """
+
 from __future__ import annotations
 
 import functools
@@ -69,8 +70,17 @@ DPR_SPLIT_FILES = {"train": "train.c.txt", "test": "test.c.txt"}  # DPR has no v
 # training examples after T5's preprocessing (ReCoRD one per answer, MultiRC one per answer option, WSC the
 # referent rows), so super_glue_proportional's rates need no data and equal super_glue_v102_proportional's.
 # T5's rate-0 entries (wsc eval, axb, axg: evaluation only) are not in the mixture here.
-MIXTURE_RATES = {"boolq": 9_427., "cb": 250., "copa": 400., "multirc": 27_243., "record": 138_854.,
-                 "rte": 2_490., "wic": 5_428., "wsc": 259., DPR: 1_322.}
+MIXTURE_RATES = {
+  "boolq": 9_427.0,
+  "cb": 250.0,
+  "copa": 400.0,
+  "multirc": 27_243.0,
+  "record": 138_854.0,
+  "rte": 2_490.0,
+  "wic": 5_428.0,
+  "wsc": 259.0,
+  DPR: 1_322.0,
+}
 
 # Label names (class id = position), as TFDS's super_glue configs define them.
 BOOL_LABELS = ("False", "True")
@@ -119,18 +129,21 @@ def _label(row: Mapping, names: Sequence[str], unlabeled_ok: bool) -> int:
     return int(value)
   if isinstance(value, str) and value in names:
     return names.index(value)
-  raise _RowError(f"unknown label {value!r}; expected one of {list(names)}"
-                  + (" or a bool / 0 / 1" if names == BOOL_LABELS else ""))
+  raise _RowError(
+    f"unknown label {value!r}; expected one of {list(names)}" + (" or a bool / 0 / 1" if names == BOOL_LABELS else "")
+  )
 
 
 def _flat(names: Sequence[str], labels: Sequence[str], ints: Sequence[str] = ()) -> Callable:
   """Row converter for a one-row-one-example config: text ``names``, int ``ints``, idx and label."""
+
   def convert(row, unlabeled_ok):
     ex = {k: _text(row, k) for k in names}
     ex.update({k: _int(row, k) for k in ints})
     ex["idx"] = _int(row, "idx")
     ex["label"] = _label(row, labels, unlabeled_ok)
     return [ex]
+
   return convert
 
 
@@ -146,10 +159,15 @@ def _multirc(row, unlabeled_ok):
     for answer in question["answers"]:
       if not isinstance(answer, Mapping):
         raise _RowError(f"answer must be an object, got {answer!r}")
-      out.append({"paragraph": paragraph, "question": _text(question, "question"), "answer": _text(answer, "text"),
-                  "label": _label(answer, BOOL_LABELS, unlabeled_ok),
-                  "idx": {"paragraph": _int(row, "idx"), "question": _int(question, "idx"),
-                          "answer": _int(answer, "idx")}})
+      out.append(
+        {
+          "paragraph": paragraph,
+          "question": _text(question, "question"),
+          "answer": _text(answer, "text"),
+          "label": _label(answer, BOOL_LABELS, unlabeled_ok),
+          "idx": {"paragraph": _int(row, "idx"), "question": _int(question, "idx"), "answer": _int(answer, "idx")},
+        }
+      )
   return out
 
 
@@ -170,7 +188,7 @@ def _record(row, unlabeled_ok):
     start, end = _int(span, "start"), _int(span, "end")
     if not 0 <= start <= end < len(text):
       raise _RowError(f"entity span [{start}, {end}] lies outside the passage ({len(text)} characters)")
-    entities.add(text[start:end + 1])
+    entities.add(text[start : end + 1])
   out = []
   for qa in row["qas"]:
     if not isinstance(qa, Mapping) or not isinstance(qa.get("answers", []), list):
@@ -180,24 +198,37 @@ def _record(row, unlabeled_ok):
       if not isinstance(answer, Mapping):
         raise _RowError(f"answer must be an object with 'text', got {answer!r}")
       answers.add(_text(answer, "text"))
-    out.append({"passage": text, "query": _text(qa, "query"), "entities": sorted(entities), "answers": sorted(answers),
-                "idx": {"passage": _int(row, "idx"), "query": _int(qa, "idx")}})
+    out.append(
+      {
+        "passage": text,
+        "query": _text(qa, "query"),
+        "entities": sorted(entities),
+        "answers": sorted(answers),
+        "idx": {"passage": _int(row, "idx"), "query": _int(qa, "idx")},
+      }
+    )
   return out
 
 
 # T5's _wsc_inputs special-cases two texts whose pronoun is not the word at span2_index (the released index
 # or word is off); these are the pronoun-blanked texts T5 uses for them.
 _WSC_SPECIAL = {
-    ('The boy continued to whip the pony , and eventually the pony threw him over. John laughed out quite '
-     'loud. "Good for him," he said. '):
-        ('The boy continued to whip the pony , and eventually the pony threw him over. John laughed out '
-         'quite loud. "Good for X ," he said.'),
-    ('When they had eventually calmed down a bit , and had gotten home, Mr. Farley put the magic pebble in '
-     'an iron safe . Some day they might want to use it , but really for now, what more could they wish '
-     'for?'):
-        ('When they had eventually calmed down a bit , and had gotten home, Mr. Farley put the magic pebble '
-         'in an iron safe . Some day they might want to use X , but really for now, what more could they '
-         'wish for?'),
+  (
+    'The boy continued to whip the pony , and eventually the pony threw him over. John laughed out quite '
+    'loud. "Good for him," he said. '
+  ): (
+    'The boy continued to whip the pony , and eventually the pony threw him over. John laughed out '
+    'quite loud. "Good for X ," he said.'
+  ),
+  (
+    'When they had eventually calmed down a bit , and had gotten home, Mr. Farley put the magic pebble in '
+    'an iron safe . Some day they might want to use it , but really for now, what more could they wish '
+    'for?'
+  ): (
+    'When they had eventually calmed down a bit , and had gotten home, Mr. Farley put the magic pebble '
+    'in an iron safe . Some day they might want to use X , but really for now, what more could they '
+    'wish for?'
+  ),
 }
 
 
@@ -215,8 +246,9 @@ def _wsc_fix_span(ex: dict, key: str) -> None:
   span = (span[0].lower() if words[index][0].islower() else span[0].upper()) + span[1:]
   span = span.rstrip(".").replace("\n", " ")
   if span not in ex["text"]:
-    raise _RowError(f"{key}_text {ex[key + '_text']!r} is not in the text, even repaired as TFDS's "
-                    f"wsc.fixed does ({span!r})")
+    raise _RowError(
+      f"{key}_text {ex[key + '_text']!r} is not in the text, even repaired as TFDS's wsc.fixed does ({span!r})"
+    )
   ex[key + "_text"] = span
 
 
@@ -224,9 +256,13 @@ def _wsc(row, unlabeled_ok):
   target = row.get("target")
   if not isinstance(target, Mapping):
     raise _RowError("field 'target' must be an object with span1_index, span2_index, span1_text, span2_text")
-  ex = {"text": _text(row, "text"), "span1_index": _int(target, "span1_index"),
-        "span2_index": _int(target, "span2_index"), "span1_text": _text(target, "span1_text"),
-        "span2_text": _text(target, "span2_text")}
+  ex = {
+    "text": _text(row, "text"),
+    "span1_index": _int(target, "span1_index"),
+    "span2_index": _int(target, "span2_index"),
+    "span1_text": _text(target, "span1_text"),
+    "span2_text": _text(target, "span2_text"),
+  }
   _wsc_fix_span(ex, "span1")
   _wsc_fix_span(ex, "span2")
   ex["idx"] = _int(row, "idx")
@@ -234,16 +270,20 @@ def _wsc(row, unlabeled_ok):
   # T5's wsc_simple replaces the word at span2_index (words split on single spaces) and asserts that it is
   # the pronoun; say so here, with file and line, rather than as a TensorFlow assertion later.
   words = ex["text"].split(" ")
-  if ex["text"] not in _WSC_SPECIAL and not (0 < ex["span2_index"] < len(words)
-                                             and words[ex["span2_index"]] == ex["span2_text"]):
+  if ex["text"] not in _WSC_SPECIAL and not (
+    0 < ex["span2_index"] < len(words) and words[ex["span2_index"]] == ex["span2_text"]
+  ):
     found = words[ex["span2_index"]] if 0 <= ex["span2_index"] < len(words) else None
-    raise _RowError(f"span2_text {ex['span2_text']!r} is not word {ex['span2_index']} of the text "
-                    f"(split on spaces: {found!r}), as T5's WSC format needs")
+    raise _RowError(
+      f"span2_text {ex['span2_text']!r} is not word {ex['span2_index']} of the text "
+      f"(split on spaces: {found!r}), as T5's WSC format needs"
+    )
   return [ex]
 
 
 def _reader(convert: Callable, required: Sequence[str] = ()) -> Callable[[str], Iterable[dict]]:
   """path -> TFDS examples of each release row; a bad row raises ValueError naming file and line."""
+
   def read(path: str):
     # Only test files are unlabeled in the release; TFDS gives such rows label -1. AX-b/AX-g are TFDS's
     # test split (labeled in the v2 release).
@@ -256,6 +296,7 @@ def _reader(convert: Callable, required: Sequence[str] = ()) -> Callable[[str], 
       except (KeyError, TypeError, AttributeError, IndexError) as e:
         raise ValueError(f"{path}:{lineno}: malformed row ({type(e).__name__}: {e})") from None
       yield from examples
+
   return read
 
 
@@ -267,13 +308,17 @@ def read_dpr(path: str) -> Iterable[dict]:
   for lineno, lines in read_line_blocks(path):
     where = f"{path}:{lineno}"
     if len(lines) != 4:
-      raise ValueError(f"{where}: a DPR example is 4 lines (sentence, pronoun, 'candidate 1,candidate 2', "
-                       f"correct candidate) then a blank line; got {len(lines)} line(s): {lines[:6]!r}")
+      raise ValueError(
+        f"{where}: a DPR example is 4 lines (sentence, pronoun, 'candidate 1,candidate 2', "
+        f"correct candidate) then a blank line; got {len(lines)} line(s): {lines[:6]!r}"
+      )
     sentence, pronoun, candidates_line, correct = lines
     candidates = [c.strip() for c in candidates_line.split(",")]
     if len(candidates) != 2 or not all(candidates):
-      raise ValueError(f"{where}: DPR candidates line {candidates_line!r} must name 2 candidates separated by "
-                       f"one comma, got {candidates}")
+      raise ValueError(
+        f"{where}: DPR candidates line {candidates_line!r} must name 2 candidates separated by "
+        f"one comma, got {candidates}"
+      )
     if correct not in candidates:
       raise ValueError(f"{where}: DPR correct antecedent {correct!r} is not one of the candidates {candidates}")
     yield {"sentence": sentence, "pronoun": pronoun, "candidates": candidates, "label": candidates.index(correct)}
@@ -283,22 +328,33 @@ def read_dpr(path: str) -> Iterable[dict]:
 def record_format(dataset):
   """T5's ``record`` preprocessor: one example per answer (one ``<unk>`` example for an unanswered query),
   ``@highlight`` lines turned into sentences, all answers passed through for eval."""
+
   def expand(x):
     passage = tf.strings.regex_replace(x["passage"], r"(\.|\?|\!|\"|\')\n@highlight\n", r"\1 ")
     passage = tf.strings.regex_replace(passage, r"\n@highlight\n", ". ")
-    inputs = tf.strings.join(["record query:", x["query"], "entities:",
-                              tf.strings.reduce_join(x["entities"], separator=", "), "passage:", passage],
-                             separator=" ")
+    inputs = tf.strings.join(
+      [
+        "record query:",
+        x["query"],
+        "entities:",
+        tf.strings.reduce_join(x["entities"], separator=", "),
+        "passage:",
+        passage,
+      ],
+      separator=" ",
+    )
     answers = x["answers"]
     targets = tf.cond(tf.size(answers) > 0, lambda: answers, lambda: tf.constant([UNKNOWN_TARGET]))
     n = tf.size(targets)
-    return tf.data.Dataset.from_tensor_slices({
+    return tf.data.Dataset.from_tensor_slices(
+      {
         "idx/passage": tf.fill([n], x["idx"]["passage"]),
         "idx/query": tf.fill([n], x["idx"]["query"]),
         "inputs": tf.fill([n], inputs),
         "targets": targets,
         "answers": tf.broadcast_to(answers[tf.newaxis], tf.stack([n, tf.size(answers)])),
-    })
+      }
+    )
 
   return dataset.flat_map(expand)
 
@@ -313,20 +369,36 @@ def wsc_simple_format(x):
 
   def blank_pronoun():
     words = tf.strings.split(text, sep=" ")
-    checks = [tf.debugging.assert_greater(index, 0, message="WSC pronoun index must be > 0"),
-              tf.debugging.assert_less(index, tf.size(words), message="WSC pronoun index past the text")]
+    checks = [
+      tf.debugging.assert_greater(index, 0, message="WSC pronoun index must be > 0"),
+      tf.debugging.assert_less(index, tf.size(words), message="WSC pronoun index past the text"),
+    ]
     with tf.control_dependencies(checks):
-      checks.append(tf.debugging.assert_equal(words[index], x["span2_text"],
-                                              message="WSC span2_text is not the word at span2_index"))
+      checks.append(
+        tf.debugging.assert_equal(
+          words[index], x["span2_text"], message="WSC span2_text is not the word at span2_index"
+        )
+      )
     with tf.control_dependencies(checks):
-      return tf.strings.join([tf.strings.reduce_join(words[:index], separator=" "), "X",
-                              tf.strings.reduce_join(words[index + 1:], separator=" ")], separator=" ")
+      return tf.strings.join(
+        [
+          tf.strings.reduce_join(words[:index], separator=" "),
+          "X",
+          tf.strings.reduce_join(words[index + 1 :], separator=" "),
+        ],
+        separator=" ",
+      )
 
-  blanked = tf.cond(tf.reduce_any(hit),
-                    lambda: tf.boolean_mask(tf.constant(list(_WSC_SPECIAL.values())), hit)[0], blank_pronoun)
+  blanked = tf.cond(
+    tf.reduce_any(hit), lambda: tf.boolean_mask(tf.constant(list(_WSC_SPECIAL.values())), hit)[0], blank_pronoun
+  )
   marked = tf.strings.regex_replace(blanked, " X ", tf.strings.join([" *", x["span2_text"], "* "]))
-  return {"inputs": tf.strings.join(["wsc:", marked], separator=" "),
-          "targets": tf.reshape(x["span1_text"], []), "label": x["label"], "idx": x["idx"]}
+  return {
+    "inputs": tf.strings.join(["wsc:", marked], separator=" "),
+    "targets": tf.reshape(x["span1_text"], []),
+    "label": x["label"],
+    "idx": x["idx"],
+  }
 
 
 @seqio.map_over_dataset
@@ -346,8 +418,14 @@ class WscSource(LocalOrTfdsSource):
   """WSC whose train split holds only rows whose candidate is the pronoun's referent (label True), as T5's
   ``super_glue_wsc_v102_simple_train``; validation and test keep every row (T5's ``..._simple_eval``)."""
 
-  def get_dataset(self, split: str = "train", shuffle: bool = True, seed: int | None = None,
-                  shard_info: seqio.ShardInfo | None = None, **kwargs):
+  def get_dataset(
+    self,
+    split: str = "train",
+    shuffle: bool = True,
+    seed: int | None = None,
+    shard_info: seqio.ShardInfo | None = None,
+    **kwargs,
+  ):
     ds = super().get_dataset(split, shuffle, seed, shard_info, **kwargs)
     if split == "train":
       ds = ds.filter(lambda x: tf.equal(x["label"], 1))
@@ -370,8 +448,9 @@ def _str(value: Any) -> str:
   return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
-def label_to_class_id(output: Any, example=None, is_target: bool = False, *, label_classes: Sequence[str],
-                      **unused_kwargs) -> int:
+def label_to_class_id(
+  output: Any, example=None, is_target: bool = False, *, label_classes: Sequence[str], **unused_kwargs
+) -> int:
   """T5's ``string_label_to_class_id``: the label's class id, -1 (counts as wrong) for any other string."""
   del example, is_target
   output = _str(output)
@@ -391,14 +470,38 @@ def multirc_postprocess(output: Any, example=None, is_target: bool = False, **un
 def record_postprocess(output: Any, example=None, is_target: bool = False, **unused_kwargs) -> dict:
   """Prediction ``{"value": answer}``; target ``{"value": all answers, "group": (passage, query) ids}``."""
   if is_target:
-    return {"value": [_str(a) for a in example["answers"]],
-            "group": (int(example["idx/passage"]), int(example["idx/query"]))}
+    return {
+      "value": [_str(a) for a in example["answers"]],
+      "group": (int(example["idx/passage"]), int(example["idx/query"])),
+    }
   return {"value": _str(output)}
 
 
-_WSC_DETERMINERS = frozenset({
-    "a", "an", "few", "her", "his", "each", "every", "many", "much", "my", "our", "some", "that", "the", "their",
-    "these", "this", "those", "which", "whose", "your"})
+_WSC_DETERMINERS = frozenset(
+  {
+    "a",
+    "an",
+    "few",
+    "her",
+    "his",
+    "each",
+    "every",
+    "many",
+    "much",
+    "my",
+    "our",
+    "some",
+    "that",
+    "the",
+    "their",
+    "these",
+    "this",
+    "those",
+    "which",
+    "whose",
+    "your",
+  }
+)
 
 
 def _wsc_clean(text: Any) -> str:
@@ -431,9 +534,16 @@ def axg_postprocess(output: Any, example=None, is_target: bool = False, **unused
 
 # --- the benchmark's score ---------------------------------------------------------------------------------------
 # What each task contributes to the SuperGLUE score: the mean of these metrics (tasks/metrics.py's keys).
-AVERAGE_METRICS = {"boolq": ("accuracy",), "cb": ("f1_macro", "accuracy"), "copa": ("accuracy",),
-                   "multirc": ("f1a", "exact_match"), "record": ("f1", "em"), "rte": ("accuracy",),
-                   "wic": ("accuracy",), "wsc": ("accuracy",)}
+AVERAGE_METRICS = {
+  "boolq": ("accuracy",),
+  "cb": ("f1_macro", "accuracy"),
+  "copa": ("accuracy",),
+  "multirc": ("f1a", "exact_match"),
+  "record": ("f1", "em"),
+  "rte": ("accuracy",),
+  "wic": ("accuracy",),
+  "wsc": ("accuracy",),
+}
 AVERAGE_NAME = "average"  # the score's entry: ``<prefix>average`` (T5's TensorBoard tag super_glue_average)
 AVERAGE_METRIC = "score"  # its one metric (the leaderboard's column "Score")
 
@@ -441,8 +551,11 @@ AVERAGE_METRIC = "score"  # its one metric (the leaderboard's column "Score")
 def missing_for_average(scores_by_task: Mapping[str, Mapping[str, float]], prefix: str = PREFIX) -> list[str]:
   """The task names ``<prefix><task>`` the SuperGLUE score needs that ``scores_by_task`` lacks, or has without
   all of the task's ``AVERAGE_METRICS``; [] when the score can be computed."""
-  return [f"{prefix}{task}" for task, keys in AVERAGE_METRICS.items()
-          if not all(k in scores_by_task.get(f"{prefix}{task}", {}) for k in keys)]
+  return [
+    f"{prefix}{task}"
+    for task, keys in AVERAGE_METRICS.items()
+    if not all(k in scores_by_task.get(f"{prefix}{task}", {}) for k in keys)
+  ]
 
 
 def super_glue_average(scores_by_task: Mapping[str, Mapping[str, float]], prefix: str = PREFIX) -> float:
@@ -459,15 +572,17 @@ def super_glue_average(scores_by_task: Mapping[str, Mapping[str, float]], prefix
   metric) raises ValueError naming them rather than averaging the rest (``missing_for_average`` says which)."""
   missing = missing_for_average(scores_by_task, prefix)
   if missing:
-    raise ValueError(f"the SuperGLUE average needs all of {[prefix + t for t in AVERAGE_METRICS]} with their "
-                     f"metrics ({AVERAGE_METRICS}); missing or incomplete: {missing}")
-  task_scores = [sum(float(scores_by_task[f"{prefix}{task}"][k]) for k in keys) / len(keys)
-                 for task, keys in AVERAGE_METRICS.items()]
+    raise ValueError(
+      f"the SuperGLUE average needs all of {[prefix + t for t in AVERAGE_METRICS]} with their "
+      f"metrics ({AVERAGE_METRICS}); missing or incomplete: {missing}"
+    )
+  task_scores = [
+    sum(float(scores_by_task[f"{prefix}{task}"][k]) for k in keys) / len(keys) for task, keys in AVERAGE_METRICS.items()
+  ]
   return sum(task_scores) / len(task_scores)
 
 
-def average_entries(scores_by_task: Mapping[str, Mapping[str, float]]) -> tuple[dict[str, dict[str, float]],
-                                                                                list[str]]:
+def average_entries(scores_by_task: Mapping[str, Mapping[str, float]]) -> tuple[dict[str, dict[str, float]], list[str]]:
   """The SuperGLUE scores of an evaluation's results: ``({"<prefix>average": {"score": value}}, notes)`` for
   each task prefix whose SuperGLUE tasks were scored, a note (and no score) for a prefix that lacks some of the
   tasks the score needs. A prefix counts when a task only SuperGLUE has (all but RTE, which GLUE also names
@@ -480,16 +595,23 @@ def average_entries(scores_by_task: Mapping[str, Mapping[str, float]]) -> tuple[
     base, hash_, tag = name.partition("#")
     for task in distinctive:
       if base.endswith(task):
-        groups[(base[:-len(task)], hash_ + tag)] = {}
+        groups[(base[: -len(task)], hash_ + tag)] = {}
   for (prefix, suffix), view in groups.items():  # the results of one vocabulary, by their tasks' own names
-    view.update({name[:len(name) - len(suffix)]: scores for name, scores in scores_by_task.items()
-                 if "".join(name.partition("#")[1:]) == suffix})
+    view.update(
+      {
+        name[: len(name) - len(suffix)]: scores
+        for name, scores in scores_by_task.items()
+        if "".join(name.partition("#")[1:]) == suffix
+      }
+    )
   entries, notes = {}, []
   for (prefix, suffix), view in sorted(groups.items()):
     missing = missing_for_average(view, prefix)
     if missing:
-      notes.append(f"SuperGLUE average ({prefix}{AVERAGE_NAME}{suffix}) not reported: it needs all 8 tasks, and "
-                   f"these were not scored (or lack a metric): {', '.join(m + suffix for m in missing)}")
+      notes.append(
+        f"SuperGLUE average ({prefix}{AVERAGE_NAME}{suffix}) not reported: it needs all 8 tasks, and "
+        f"these were not scored (or lack a metric): {', '.join(m + suffix for m in missing)}"
+      )
     else:
       entries[f"{prefix}{AVERAGE_NAME}{suffix}"] = {AVERAGE_METRIC: super_glue_average(view, prefix)}
   return entries, notes
@@ -505,66 +627,163 @@ def _specs() -> dict[str, dict]:
   def text(*names):
     return {n: tf.TensorSpec([], tf.string) for n in names}
 
-  def glue(config, folder, names, labels, keys, *, ints=(), metric_fns, benchmark=None, local_files=SPLIT_FILES,
-           postprocess_fn=None, **kw):
-    return dict(tfds_config=config, local_dir=f"super_glue/{folder}", local_files=local_files,
-                reader=_reader(_flat(names, labels, ints)),
-                features={**text(*names), **{k: idx for k in ints}, "idx": idx, "label": label},
-                preprocessor=functools.partial(text_to_text, prefix=benchmark or config, fields=keys,
-                                               label_names=labels, **kw),
-                postprocess_fn=postprocess_fn or functools.partial(label_to_class_id, label_classes=labels),
-                metric_fns=metric_fns)
+  def glue(
+    config,
+    folder,
+    names,
+    labels,
+    keys,
+    *,
+    ints=(),
+    metric_fns,
+    benchmark=None,
+    local_files=SPLIT_FILES,
+    postprocess_fn=None,
+    **kw,
+  ):
+    return dict(
+      tfds_config=config,
+      local_dir=f"super_glue/{folder}",
+      local_files=local_files,
+      reader=_reader(_flat(names, labels, ints)),
+      features={**text(*names), **{k: idx for k in ints}, "idx": idx, "label": label},
+      preprocessor=functools.partial(text_to_text, prefix=benchmark or config, fields=keys, label_names=labels, **kw),
+      postprocess_fn=postprocess_fn or functools.partial(label_to_class_id, label_classes=labels),
+      metric_fns=metric_fns,
+    )
 
   def sorted_keys(*names):  # T5's glue sorts the feature names when given none
     return [(n, n) for n in sorted(names)]
 
   return {
-      "boolq": glue("boolq", "BoolQ", ("question", "passage"), BOOL_LABELS,
-                    sorted_keys("question", "passage"), metric_fns=[metrics.accuracy]),
-      "cb": glue("cb", "CB", ("premise", "hypothesis"), CB_LABELS, sorted_keys("premise", "hypothesis"),
-                 metric_fns=[metrics.super_glue_cb]),
-      "copa": glue("copa", "COPA", ("premise", "choice1", "choice2", "question"), COPA_LABELS,
-                   sorted_keys("premise", "choice1", "choice2", "question"), metric_fns=[metrics.accuracy]),
-      "rte": glue("rte", "RTE", ("premise", "hypothesis"), RTE_LABELS,
-                  sorted_keys("premise", "hypothesis"), metric_fns=[metrics.accuracy]),
-      "wic": glue("wic", "WiC", ("word", "sentence1", "sentence2"), BOOL_LABELS,
-                  [(n, n) for n in ("sentence1", "sentence2", "word")],
-                  ints=("start1", "start2", "end1", "end2"), metric_fns=[metrics.accuracy]),
-      # The diagnostics, cast as RTE (T5 rekeys AX-b's sentence1/sentence2 to premise/hypothesis).
-      "axb": glue("axb", "AX-b", ("sentence1", "sentence2"), RTE_LABELS,
-                  [("hypothesis", "sentence2"), ("premise", "sentence1")], benchmark="rte",
-                  local_files={"test": "AX-b.jsonl"}, metric_fns=[metrics.matthews_corrcoef]),
-      "axg": glue("axg", "AX-g", ("premise", "hypothesis"), RTE_LABELS,
-                  sorted_keys("premise", "hypothesis"), benchmark="rte", passthrough=("hypothesis",),
-                  local_files={"test": "AX-g.jsonl"}, metric_fns=[metrics.super_glue_axg],
-                  postprocess_fn=axg_postprocess),  # targets carry what gender parity pairs on
-      "multirc": dict(
-          tfds_config="multirc", local_dir="super_glue/MultiRC", local_files=SPLIT_FILES,
-          reader=_reader(_multirc, required=("idx", "passage")),
-          features={**text("paragraph", "question", "answer"), "label": label,
-                    "idx": {"paragraph": idx, "question": idx, "answer": idx}},
-          preprocessor=functools.partial(text_to_text, prefix="multirc", fields=[
-              (n, n) for n in ("question", "answer", "paragraph")], label_names=BOOL_LABELS, strip_html=True),
-          postprocess_fn=multirc_postprocess, metric_fns=[metrics.super_glue_multirc]),
-      "record": dict(
-          tfds_config="record", local_dir="super_glue/ReCoRD", local_files=SPLIT_FILES,
-          reader=_reader(_record, required=("idx", "passage", "qas")),
-          features={**text("passage", "query"), "entities": strings, "answers": strings,
-                    "idx": {"passage": idx, "query": idx}},
-          preprocessor=record_format, postprocess_fn=record_postprocess, metric_fns=[metrics.super_glue_record]),
-      "wsc": dict(
-          tfds_config="wsc.fixed", local_dir="super_glue/WSC", local_files=SPLIT_FILES,
-          reader=_reader(_wsc, required=("text", "target", "idx")),
-          features={**text("text", "span1_text", "span2_text"), "span1_index": idx, "span2_index": idx,
-                    "idx": idx, "label": label},
-          preprocessor=wsc_simple_format, postprocess_fn=wsc_postprocess, metric_fns=[metrics.accuracy],
-          source_cls=WscSource),
-      # T5's dpr_v001_simple: no postprocessor, accuracy of the decoded string against the candidate.
-      # candidates: TFDS's Sequence(length=2) is [2]; the reader gives exactly 2 ([None]: rows_dataset's form).
-      DPR: dict(
-          tfds_name=DPR_TFDS_NAME, local_dir=DPR_LOCAL_DIR, local_files=DPR_SPLIT_FILES, reader=read_dpr,
-          features={**text("sentence", "pronoun"), "candidates": strings, "label": label},
-          preprocessor=dpr_simple_format, postprocess_fn=None, metric_fns=[metrics.accuracy]),
+    "boolq": glue(
+      "boolq",
+      "BoolQ",
+      ("question", "passage"),
+      BOOL_LABELS,
+      sorted_keys("question", "passage"),
+      metric_fns=[metrics.accuracy],
+    ),
+    "cb": glue(
+      "cb",
+      "CB",
+      ("premise", "hypothesis"),
+      CB_LABELS,
+      sorted_keys("premise", "hypothesis"),
+      metric_fns=[metrics.super_glue_cb],
+    ),
+    "copa": glue(
+      "copa",
+      "COPA",
+      ("premise", "choice1", "choice2", "question"),
+      COPA_LABELS,
+      sorted_keys("premise", "choice1", "choice2", "question"),
+      metric_fns=[metrics.accuracy],
+    ),
+    "rte": glue(
+      "rte",
+      "RTE",
+      ("premise", "hypothesis"),
+      RTE_LABELS,
+      sorted_keys("premise", "hypothesis"),
+      metric_fns=[metrics.accuracy],
+    ),
+    "wic": glue(
+      "wic",
+      "WiC",
+      ("word", "sentence1", "sentence2"),
+      BOOL_LABELS,
+      [(n, n) for n in ("sentence1", "sentence2", "word")],
+      ints=("start1", "start2", "end1", "end2"),
+      metric_fns=[metrics.accuracy],
+    ),
+    # The diagnostics, cast as RTE (T5 rekeys AX-b's sentence1/sentence2 to premise/hypothesis).
+    "axb": glue(
+      "axb",
+      "AX-b",
+      ("sentence1", "sentence2"),
+      RTE_LABELS,
+      [("hypothesis", "sentence2"), ("premise", "sentence1")],
+      benchmark="rte",
+      local_files={"test": "AX-b.jsonl"},
+      metric_fns=[metrics.matthews_corrcoef],
+    ),
+    "axg": glue(
+      "axg",
+      "AX-g",
+      ("premise", "hypothesis"),
+      RTE_LABELS,
+      sorted_keys("premise", "hypothesis"),
+      benchmark="rte",
+      passthrough=("hypothesis",),
+      local_files={"test": "AX-g.jsonl"},
+      metric_fns=[metrics.super_glue_axg],
+      postprocess_fn=axg_postprocess,
+    ),  # targets carry what gender parity pairs on
+    "multirc": dict(
+      tfds_config="multirc",
+      local_dir="super_glue/MultiRC",
+      local_files=SPLIT_FILES,
+      reader=_reader(_multirc, required=("idx", "passage")),
+      features={
+        **text("paragraph", "question", "answer"),
+        "label": label,
+        "idx": {"paragraph": idx, "question": idx, "answer": idx},
+      },
+      preprocessor=functools.partial(
+        text_to_text,
+        prefix="multirc",
+        fields=[(n, n) for n in ("question", "answer", "paragraph")],
+        label_names=BOOL_LABELS,
+        strip_html=True,
+      ),
+      postprocess_fn=multirc_postprocess,
+      metric_fns=[metrics.super_glue_multirc],
+    ),
+    "record": dict(
+      tfds_config="record",
+      local_dir="super_glue/ReCoRD",
+      local_files=SPLIT_FILES,
+      reader=_reader(_record, required=("idx", "passage", "qas")),
+      features={
+        **text("passage", "query"),
+        "entities": strings,
+        "answers": strings,
+        "idx": {"passage": idx, "query": idx},
+      },
+      preprocessor=record_format,
+      postprocess_fn=record_postprocess,
+      metric_fns=[metrics.super_glue_record],
+    ),
+    "wsc": dict(
+      tfds_config="wsc.fixed",
+      local_dir="super_glue/WSC",
+      local_files=SPLIT_FILES,
+      reader=_reader(_wsc, required=("text", "target", "idx")),
+      features={
+        **text("text", "span1_text", "span2_text"),
+        "span1_index": idx,
+        "span2_index": idx,
+        "idx": idx,
+        "label": label,
+      },
+      preprocessor=wsc_simple_format,
+      postprocess_fn=wsc_postprocess,
+      metric_fns=[metrics.accuracy],
+      source_cls=WscSource,
+    ),
+    # T5's dpr_v001_simple: no postprocessor, accuracy of the decoded string against the candidate.
+    # candidates: TFDS's Sequence(length=2) is [2]; the reader gives exactly 2 ([None]: rows_dataset's form).
+    DPR: dict(
+      tfds_name=DPR_TFDS_NAME,
+      local_dir=DPR_LOCAL_DIR,
+      local_files=DPR_SPLIT_FILES,
+      reader=read_dpr,
+      features={**text("sentence", "pronoun"), "candidates": strings, "label": label},
+      preprocessor=dpr_simple_format,
+      postprocess_fn=None,
+      metric_fns=[metrics.accuracy],
+    ),
   }
 
 
@@ -579,8 +798,10 @@ def mixture_rates(prefix: str = PREFIX, maximum: float | None = None) -> dict[st
   if maximum is not None and not maximum > 0:
     raise ValueError(f"maximum must be a positive number of examples or None, got {maximum!r}")
   cap = float("inf") if maximum is None else float(maximum)
-  return {(dpr_task_name(prefix) if task == DPR else f"{prefix}{task}"): min(rate, cap)
-          for task, rate in MIXTURE_RATES.items()}
+  return {
+    (dpr_task_name(prefix) if task == DPR else f"{prefix}{task}"): min(rate, cap)
+    for task, rate in MIXTURE_RATES.items()
+  }
 
 
 def register_super_glue_tasks(vocabulary=None, prefix: str = PREFIX, *, maximum: float | None = None) -> list[str]:
@@ -595,17 +816,31 @@ def register_super_glue_tasks(vocabulary=None, prefix: str = PREFIX, *, maximum:
   for task in TRAIN_TASKS + DIAGNOSTIC_TASKS + (DPR,):
     s = specs[task]
     source = s.get("source_cls", LocalOrTfdsSource)(
-        local_dir=s["local_dir"], local_files=s["local_files"], reader=s["reader"], features=s["features"],
-        tfds_name=s.get("tfds_name") or f"super_glue/{s['tfds_config']}:{TFDS_VERSION}")
-    names.append(add_task(dpr_task_name(prefix) if task == DPR else f"{prefix}{task}", source,
-                          [s["preprocessor"]], s["postprocess_fn"], s["metric_fns"], vocabulary))
+      local_dir=s["local_dir"],
+      local_files=s["local_files"],
+      reader=s["reader"],
+      features=s["features"],
+      tfds_name=s.get("tfds_name") or f"super_glue/{s['tfds_config']}:{TFDS_VERSION}",
+    )
+    names.append(
+      add_task(
+        dpr_task_name(prefix) if task == DPR else f"{prefix}{task}",
+        source,
+        [s["preprocessor"]],
+        s["postprocess_fn"],
+        s["metric_fns"],
+        vocabulary,
+      )
+    )
   mixture = f"{prefix}proportional"
   rates = mixture_rates(prefix, maximum)
   if mixture in seqio.MixtureRegistry.names():
     existing = dict(seqio.MixtureRegistry.get(mixture).rate_per_task_name)
     if existing != rates:
-      raise ValueError(f"Mixture {mixture!r} is already registered with other tasks or rates "
-                       f"({existing}), not {rates} (T5's counts, maximum={maximum!r}).")
+      raise ValueError(
+        f"Mixture {mixture!r} is already registered with other tasks or rates "
+        f"({existing}), not {rates} (T5's counts, maximum={maximum!r})."
+      )
   else:
     seqio.MixtureRegistry.add(mixture, list(rates.items()))
   return names + [mixture]

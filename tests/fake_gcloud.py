@@ -32,6 +32,7 @@ remixer-t5's "rerun the same command to resume" line. A first run (from step 0) 
 it is killed (or `<state>/release` exists), so that a preemption lands at a known step. With $FAKE_TRAIN_EXIT
 set, worker 0 stops at step 3 with that exit code and a remixer-t5 error line (3: a NaN loss).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -46,9 +47,18 @@ import sys
 import time
 from pathlib import Path
 
-DEFAULTS = {"waiting_polls": 1, "ssh_failures": 0, "preempt_when": None, "preempt_generation": 1,
-            "preempt_during": None, "pause_at": None, "train_steps": 20, "checkpoint_period": 5, "step_seconds": 0.01,
-            "worker_env": {}}
+DEFAULTS = {
+  "waiting_polls": 1,
+  "ssh_failures": 0,
+  "preempt_when": None,
+  "preempt_generation": 1,
+  "preempt_during": None,
+  "pause_at": None,
+  "train_steps": 20,
+  "checkpoint_period": 5,
+  "step_seconds": 0.01,
+  "worker_env": {},
+}
 
 
 def install(bin_dir, state_dir, **config) -> dict:
@@ -79,7 +89,7 @@ def deletions(state_dir) -> list[dict]:
 
 def gcs(state_dir, url: str) -> Path:
   """The folder that stands for `gs://bucket/path`."""
-  return Path(state_dir) / "gcs" / url[len("gs://"):]
+  return Path(state_dir) / "gcs" / url[len("gs://") :]
 
 
 def kill_all(state_dir) -> None:
@@ -117,16 +127,33 @@ class Refused(Exception):
 # Flags each command takes (gcloud's own names; a value after '=').
 COMMON = {"--zone", "--project", "--quiet", "--format"}
 FLAGS = {
-    ("queued-resources", "create"): {"--node-id", "--accelerator-type", "--runtime-version", "--spot", "--reserved",
-                                     "--guaranteed", "--async", "--network", "--description"},
-    ("queued-resources", "describe"): set(),
-    ("queued-resources", "delete"): {"--force", "--async"},
-    ("tpu-vm", "create"): {"--accelerator-type", "--version", "--spot", "--reserved", "--preemptible", "--async",
-                           "--network", "--description"},
-    ("tpu-vm", "describe"): set(),
-    ("tpu-vm", "delete"): {"--async"},
-    ("tpu-vm", "ssh"): {"--worker", "--command"},
-    ("tpu-vm", "scp"): {"--worker", "--recurse"},
+  ("queued-resources", "create"): {
+    "--node-id",
+    "--accelerator-type",
+    "--runtime-version",
+    "--spot",
+    "--reserved",
+    "--guaranteed",
+    "--async",
+    "--network",
+    "--description",
+  },
+  ("queued-resources", "describe"): set(),
+  ("queued-resources", "delete"): {"--force", "--async"},
+  ("tpu-vm", "create"): {
+    "--accelerator-type",
+    "--version",
+    "--spot",
+    "--reserved",
+    "--preemptible",
+    "--async",
+    "--network",
+    "--description",
+  },
+  ("tpu-vm", "describe"): set(),
+  ("tpu-vm", "delete"): {"--async"},
+  ("tpu-vm", "ssh"): {"--worker", "--command"},
+  ("tpu-vm", "scp"): {"--worker", "--recurse"},
 }
 ALPHA_ONLY = {("queued-resources", "create"): {"--best-effort"}}
 
@@ -136,8 +163,11 @@ class Fake:
     self.dir = state_dir
     self.config = json.loads((state_dir / "config.json").read_text())
     self.state_path = state_dir / "state.json"
-    self.state = json.loads(self.state_path.read_text()) if self.state_path.exists() else {
-        "queued": {}, "nodes": {}, "generation": 0, "ssh_calls": 0}
+    self.state = (
+      json.loads(self.state_path.read_text())
+      if self.state_path.exists()
+      else {"queued": {}, "nodes": {}, "generation": 0, "ssh_calls": 0}
+    )
 
   def save(self):
     self.state_path.write_text(json.dumps(self.state, indent=1))
@@ -159,8 +189,11 @@ class Fake:
       if not set(during) & set(caller):
         return
     for name, node in self.state["nodes"].items():
-      if (node["state"] == "READY" and node["generation"] == self.config["preempt_generation"]
-          and glob.glob(str(self.dir / when))):
+      if (
+        node["state"] == "READY"
+        and node["generation"] == self.config["preempt_generation"]
+        and glob.glob(str(self.dir / when))
+      ):
         _kill_matching(f"FAKE_GCLOUD_DIR={self.dir}", f"FAKE_GCLOUD_NODE={self.tag(name, node)}")
         node["state"] = "PREEMPTED"
         qr = self.state["queued"].get(node.get("queued") or "")
@@ -175,8 +208,13 @@ class Fake:
     self.state["generation"] += 1
     cores = int(accelerator.rsplit("-", 1)[1])
     hosts = max(1, cores // 8)
-    node = {"state": "READY", "generation": self.state["generation"], "hosts": hosts, "queued": queued,
-            "accelerator": accelerator}
+    node = {
+      "state": "READY",
+      "generation": self.state["generation"],
+      "hosts": hosts,
+      "queued": queued,
+      "accelerator": accelerator,
+    }
     self.state["nodes"][name] = node
     for w in range(hosts):
       self.home(name, node, w).mkdir(parents=True)
@@ -222,9 +260,11 @@ class Fake:
       self.save()
 
   def not_found(self, kind, name, flags):
-    raise Refused(f"ERROR: (gcloud.compute.tpus.{kind}.describe) NOT_FOUND: Resource 'projects/fake/locations/"
-                  f"{flags['--zone']}/{'queuedResources' if kind == 'queued-resources' else 'nodes'}/{name}' was "
-                  "not found")
+    raise Refused(
+      f"ERROR: (gcloud.compute.tpus.{kind}.describe) NOT_FOUND: Resource 'projects/fake/locations/"
+      f"{flags['--zone']}/{'queuedResources' if kind == 'queued-resources' else 'nodes'}/{name}' was "
+      "not found"
+    )
 
   def queued_resources_create(self, pos, flags):
     (name,) = pos
@@ -233,9 +273,13 @@ class Fake:
         raise Refused(f"ERROR: (gcloud.compute.tpus.queued-resources.create) argument {required}: required", 2)
     if name in self.state["queued"]:
       raise Refused(f"ERROR: (gcloud.compute.tpus.queued-resources.create) ALREADY_EXISTS: {name}")
-    self.state["queued"][name] = {"state": "WAITING_FOR_RESOURCES", "polls": self.config["waiting_polls"],
-                                  "node": flags["--node-id"], "accelerator": flags["--accelerator-type"],
-                                  "tier": [t for t in ("--spot", "--reserved", "--best-effort") if t in flags]}
+    self.state["queued"][name] = {
+      "state": "WAITING_FOR_RESOURCES",
+      "polls": self.config["waiting_polls"],
+      "node": flags["--node-id"],
+      "accelerator": flags["--accelerator-type"],
+      "tier": [t for t in ("--spot", "--reserved", "--best-effort") if t in flags],
+    }
     print(f"Create request issued for: [{name}]", file=sys.stderr)
     return 0
 
@@ -252,7 +296,9 @@ class Fake:
     elif qr["state"] == "PROVISIONING":
       qr["state"] = "ACTIVE"
       self.new_node(qr["node"], qr["accelerator"], queued=name)
-    print(qr["state"] if flags.get("--format") == "value(state.state)" else json.dumps({"state": {"state": qr["state"]}}))
+    print(
+      qr["state"] if flags.get("--format") == "value(state.state)" else json.dumps({"state": {"state": qr["state"]}})
+    )
     return 0
 
   def queued_resources_delete(self, pos, flags):
@@ -262,11 +308,19 @@ class Fake:
       self.not_found("queued-resources", name, flags)
     node = self.state["nodes"].get(qr["node"])
     if node and node["state"] != "PREEMPTED" and "--force" not in flags:
-      raise Refused(f"ERROR: (gcloud.compute.tpus.queued-resources.delete) FAILED_PRECONDITION: {name} has a "
-                    "node; delete it first or pass --force")
-    self.log("deletions.jsonl", {"queued": name, "state": qr["state"],
-                                 "node": self.tag(qr["node"], node) if node else None,
-                                 "node_state": node["state"] if node else None})
+      raise Refused(
+        f"ERROR: (gcloud.compute.tpus.queued-resources.delete) FAILED_PRECONDITION: {name} has a "
+        "node; delete it first or pass --force"
+      )
+    self.log(
+      "deletions.jsonl",
+      {
+        "queued": name,
+        "state": qr["state"],
+        "node": self.tag(qr["node"], node) if node else None,
+        "node_state": node["state"] if node else None,
+      },
+    )
     self.delete_node(qr["node"])
     del self.state["queued"][name]
     return 0
@@ -311,10 +365,17 @@ class Fake:
     bin_dir = self.dir / "workerbin"
     if not bin_dir.exists():
       _write_worker_bin(bin_dir)
-    return {**os.environ, **self.config["worker_env"], "HOME": str(self.home(name, node, worker)),
-            "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_GCLOUD_DIR": str(self.dir),
-            "FAKE_GCLOUD_NODE": self.tag(name, node), "FAKE_WORKER_ID": str(worker),
-            "FAKE_WORKERS": str(node["hosts"]), "FAKE_SSH_CALL": str(self.state["ssh_calls"])}
+    return {
+      **os.environ,
+      **self.config["worker_env"],
+      "HOME": str(self.home(name, node, worker)),
+      "PATH": f"{bin_dir}:{os.environ['PATH']}",
+      "FAKE_GCLOUD_DIR": str(self.dir),
+      "FAKE_GCLOUD_NODE": self.tag(name, node),
+      "FAKE_WORKER_ID": str(worker),
+      "FAKE_WORKERS": str(node["hosts"]),
+      "FAKE_SSH_CALL": str(self.state["ssh_calls"]),
+    }
 
   def tpu_vm_ssh(self, pos, flags):
     (name,) = pos
@@ -323,9 +384,16 @@ class Fake:
       print("ERROR: (gcloud.compute.tpus.tpu-vm.ssh) [/usr/bin/ssh] exited with return code [255].", file=sys.stderr)
       return 255
     node = self.ready_node(name, flags, "ssh")
-    procs = [subprocess.Popen(["bash", "-c", flags["--command"]], env=self.worker_env(name, node, w),
-                              cwd=self.home(name, node, w), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-             for w in range(node["hosts"])]
+    procs = [
+      subprocess.Popen(
+        ["bash", "-c", flags["--command"]],
+        env=self.worker_env(name, node, w),
+        cwd=self.home(name, node, w),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+      )
+      for w in range(node["hosts"])
+    ]
     self.save()  # the remote commands may take a while: later calls see this one's state
     rc = 0
     for p in procs:
@@ -352,7 +420,9 @@ def _write_worker_bin(bin_dir: Path) -> None:
   bin_dir.mkdir(parents=True, exist_ok=True)
   me = f"{sys.executable} {Path(__file__).resolve()}"
   _write_exe(bin_dir / "hostname", '#!/bin/sh\necho "$FAKE_GCLOUD_NODE-w$FAKE_WORKER_ID"\n')
-  _write_exe(bin_dir / "sudo", '#!/bin/sh\necho "$FAKE_GCLOUD_NODE-w$FAKE_WORKER_ID sudo $*" >> "$FAKE_GCLOUD_DIR/sudo.log"\n')
+  _write_exe(
+    bin_dir / "sudo", '#!/bin/sh\necho "$FAKE_GCLOUD_NODE-w$FAKE_WORKER_ID sudo $*" >> "$FAKE_GCLOUD_DIR/sudo.log"\n'
+  )
   _write_exe(bin_dir / "python3.11", f'#!/bin/sh\nexec {me} --python "$@"\n')
 
 
@@ -377,8 +447,9 @@ def trainer(argv: list[str]) -> int:
   if argv[:1] != ["train"]:
     print(f"remixer-t5: error: the stub plays train only, not {argv[:1]}", file=sys.stderr)
     return 2
-  binding = lambda key, default: next((a.split("=", 1)[1].strip("'\"") for a in argv
-                                       if a.startswith(f"--gin.{key}=")), default)
+  binding = lambda key, default: next(
+    (a.split("=", 1)[1].strip("'\"") for a in argv if a.startswith(f"--gin.{key}=")), default
+  )
   for a in argv:
     if a.startswith("--gin_file="):
       name = a.split("=", 1)[1]
@@ -389,7 +460,9 @@ def trainer(argv: list[str]) -> int:
   if model_dir is None:
     print("remixer-t5: error: no MODEL_DIR", file=sys.stderr)
     return 2
-  folder = Path(os.environ["FAKE_GCLOUD_DIR"]) / "gcs" / model_dir[5:] if model_dir.startswith("gs://") else Path(model_dir)
+  folder = (
+    Path(os.environ["FAKE_GCLOUD_DIR"]) / "gcs" / model_dir[5:] if model_dir.startswith("gs://") else Path(model_dir)
+  )
   steps = int(binding("TRAIN_STEPS", config["train_steps"]))
   period = int(binding("CHECKPOINT_PERIOD", config["checkpoint_period"]))
   folder.mkdir(parents=True, exist_ok=True)
@@ -398,9 +471,11 @@ def trainer(argv: list[str]) -> int:
     holder = json.loads(lock.read_text())
     lease = float(os.environ.get("REMIXER_T5_LOCK_LEASE", 120))
     if holder["host"] != host and time.time() - holder["renewed"] < lease:
-      print(f"remixer-t5: error: MODEL_DIR {model_dir} is in use by process {holder['pid']} on {holder['host']}",
-            flush=True)
+      print(
+        f"remixer-t5: error: MODEL_DIR {model_dir} is in use by process {holder['pid']} on {holder['host']}", flush=True
+      )
       return 2
+
   def take_lock():  # written whole or not at all, as a bucket object is
     part = lock.with_name(f"lock.{host}.part")
     part.write_text(json.dumps({"host": host, "pid": os.getpid(), "renewed": time.time()}))
@@ -415,7 +490,9 @@ def trainer(argv: list[str]) -> int:
   signal.signal(signal.SIGTERM, lambda *_: stop.append("preempted (SIGTERM)"))
   # Every worker read the checkpoint before any trains: the processes of one start wait for each other, as
   # jax.distributed.initialize() makes them do.
-  barrier = Path(os.environ["FAKE_GCLOUD_DIR"]) / "barrier" / f"{os.environ['FAKE_GCLOUD_NODE']}-{os.environ['FAKE_SSH_CALL']}"
+  barrier = (
+    Path(os.environ["FAKE_GCLOUD_DIR"]) / "barrier" / f"{os.environ['FAKE_GCLOUD_NODE']}-{os.environ['FAKE_SSH_CALL']}"
+  )
   barrier.mkdir(parents=True, exist_ok=True)
   (barrier / host).touch()
   while len(list(barrier.iterdir())) < int(os.environ["FAKE_WORKERS"]):
@@ -423,8 +500,17 @@ def trainer(argv: list[str]) -> int:
       return 0
     time.sleep(0.01)
   with open(folder / "starts.jsonl", "a") as f:
-    f.write(json.dumps({"host": host, "start": start, "argv": argv,
-                        "env": {k: os.environ.get(k) for k in ("TFDS_DATA_DIR", "REMIXER_T5_DISTRIBUTED")}}) + "\n")
+    f.write(
+      json.dumps(
+        {
+          "host": host,
+          "start": start,
+          "argv": argv,
+          "env": {k: os.environ.get(k) for k in ("TFDS_DATA_DIR", "REMIXER_T5_DISTRIBUTED")},
+        }
+      )
+      + "\n"
+    )
   print(f"resuming from step {start}" if start else "starting at step 0", flush=True)
 
   def save(step):

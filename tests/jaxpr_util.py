@@ -21,10 +21,12 @@ def lowered_for(platform: str, fn, *args) -> str:
   a GPU under an abstract mesh of one such device, as a program compiled on this host for a slice or a GPU is
   traced (kernels' `auto` reads the platform at trace time); for the CPU as JAX's default backend."""
   import jax
+
   traced = lambda: jax.jit(lambda *a: fn(*a)).trace(*args).lower(lowering_platforms=(platform,)).as_text()
   if platform not in _DEVICES:
     return traced()
   from jax._src.mesh import AbstractDevice  # (no public constructor in jax 0.10)
+
   kind, kind_platform = _DEVICES[platform]
   mesh = jax.sharding.AbstractMesh((1,), ("data",), abstract_device=AbstractDevice(kind, None, kind_platform))
   with jax.sharding.use_abstract_mesh(mesh):

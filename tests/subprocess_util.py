@@ -1,5 +1,6 @@
 """Running Python code in a fresh one-device CPU process (imported by the test modules beside it): custom calls
 are registered once per process, and the suite's own processes have 8 host devices."""
+
 import os
 import subprocess
 import sys
@@ -23,5 +24,6 @@ def run_py(code: str, env_extra: dict, timeout=600):
   what env_extra gives."""
   env = {**os.environ, "JAX_PLATFORMS": "cpu", **env_extra}
   env["XLA_FLAGS"] = xla_flags(env_extra.get("XLA_FLAGS", ""))
-  return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                        timeout=timeout, env=env, cwd=REPO)
+  return subprocess.run(
+    [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO
+  )

@@ -5,6 +5,7 @@ the full forward pass. Encoder: appended padding changes nothing; permuting its 
 (the model knows their order). Packing: two examples in one row equal
 each alone, or a clear refusal. Gradients are finite.
 """
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,9 +16,15 @@ from remixer_t5.model import models
 from remixer_t5.training import partitioning
 
 ARCHS = sorted(p.parent.name for p in gin_utils.gin_dir().glob("models/*/tiny.gin"))
-SHRINK = ["network.T5Config.vocab_size=40", "network.T5Config.emb_dim=16", "network.T5Config.num_heads=2",
-          "network.T5Config.head_dim=8", "network.T5Config.mlp_dim=24", "network.T5Config.num_encoder_layers=1",
-          "network.T5Config.num_decoder_layers=2"]
+SHRINK = [
+  "network.T5Config.vocab_size=40",
+  "network.T5Config.emb_dim=16",
+  "network.T5Config.num_heads=2",
+  "network.T5Config.head_dim=8",
+  "network.T5Config.mlp_dim=24",
+  "network.T5Config.num_encoder_layers=1",
+  "network.T5Config.num_decoder_layers=2",
+]
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -33,9 +40,15 @@ def arch(request, embedded_cache):
 
 def _prepared(name, module):
   # Jitted: run op by op, a model's init compiles every primitive alone.
-  variables = jax.jit(lambda: module.init(jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32),
-                                          jnp.ones((1, 6), jnp.int32), jnp.ones((1, 6), jnp.int32),
-                                          enable_dropout=False))()
+  variables = jax.jit(
+    lambda: module.init(
+      jax.random.PRNGKey(0),
+      jnp.ones((1, 8), jnp.int32),
+      jnp.ones((1, 6), jnp.int32),
+      jnp.ones((1, 6), jnp.int32),
+      enable_dropout=False,
+    )
+  )()
   params = variables["params"]
   # Every parameter has logical axes that the mesh rules can place (as the trainer will).
   shardings = partitioning.param_shardings(variables["params_axes"], partitioning.make_mesh(1))
@@ -44,8 +57,7 @@ def _prepared(name, module):
   # (numpy's normals: jax.random op by op compiles its sampler for every distinct shape.)
   rng = np.random.RandomState(1)
   params = jax.tree_util.tree_map(lambda x: x + 0.05 * rng.standard_normal(x.shape).astype(x.dtype), params)
-  forward = jax.jit(lambda p, e, d, t, *packing: module.apply({"params": p}, e, d, t, *packing,
-                                                               enable_dropout=False))
+  forward = jax.jit(lambda p, e, d, t, *packing: module.apply({"params": p}, e, d, t, *packing, enable_dropout=False))
   yield name, module, params, forward
 
 
@@ -75,14 +87,28 @@ def test_cached_decoding_equals_full_forward(arch):
   full = forward(params, enc, _shift(tgt), tgt)
   encoded = jax.jit(lambda p: module.apply({"params": p}, enc, enable_dropout=False, method=module.encode))(params)
   ones = jnp.ones((2, 20), jnp.int32)
-  _, cache = jax.jit(lambda p, e: module.apply({"params": p}, e, enc, ones, ones, enable_dropout=False, decode=True,
-                                               mutable=["cache"], method=module.decode))(params, encoded)
-  step = jax.jit(lambda c, tok: module.apply({"params": params, "cache": c}, encoded, enc, tok, tok,
-                                             enable_dropout=False, decode=True, max_decode_length=20,
-                                             mutable=["cache"], method=module.decode))
+  _, cache = jax.jit(
+    lambda p, e: module.apply(
+      {"params": p}, e, enc, ones, ones, enable_dropout=False, decode=True, mutable=["cache"], method=module.decode
+    )
+  )(params, encoded)
+  step = jax.jit(
+    lambda c, tok: module.apply(
+      {"params": params, "cache": c},
+      encoded,
+      enc,
+      tok,
+      tok,
+      enable_dropout=False,
+      decode=True,
+      max_decode_length=20,
+      mutable=["cache"],
+      method=module.decode,
+    )
+  )
   cache, dec_in, outs = cache["cache"], _shift(tgt), []
   for i in range(20):
-    logits, mut = step(cache, dec_in[:, i:i + 1])
+    logits, mut = step(cache, dec_in[:, i : i + 1])
     cache = mut["cache"]
     outs.append(np.asarray(logits))
   np.testing.assert_allclose(np.concatenate(outs, 1), full, atol=2e-5, rtol=1e-4)
@@ -93,8 +119,9 @@ def test_appended_encoder_padding_changes_nothing(arch):
   enc, tgt = _tokens(6, (2, 9)), _tokens(7, (2, 6))
   enc[1, 6:] = 0
   padded = np.concatenate([enc, np.zeros((2, 7), np.int32)], 1)
-  np.testing.assert_allclose(forward(params, enc, _shift(tgt), tgt), forward(params, padded, _shift(tgt), tgt),
-                             atol=2e-5, rtol=1e-4)
+  np.testing.assert_allclose(
+    forward(params, enc, _shift(tgt), tgt), forward(params, padded, _shift(tgt), tgt), atol=2e-5, rtol=1e-4
+  )
 
 
 def test_packed_examples_equal_each_alone_or_are_refused(arch):

@@ -1,5 +1,6 @@
 """`remixer-t5 bench decode`: the evaluator's decode timed on tiny T5.1.1, its tokens against the evaluator's
 predict function and (with the optional .[hf] extra) against transformers' generate on the same weights."""
+
 import json
 import sys
 
@@ -13,16 +14,33 @@ from remixer_t5 import cli
 from remixer_t5.training import evaluation
 from remixer_t5.model import models, network
 
-ARGS = ["bench", "decode", "--gin_file=models/t5_1_1/tiny.gin", "--batch_size=3", "--input_length=12",
-        "--new_tokens=6", "--steps=1", "--rounds=1", "--warmup=1"]
+ARGS = [
+  "bench",
+  "decode",
+  "--gin_file=models/t5_1_1/tiny.gin",
+  "--batch_size=3",
+  "--input_length=12",
+  "--new_tokens=6",
+  "--steps=1",
+  "--rounds=1",
+  "--warmup=1",
+]
 SHAPE = dict(batch_size=4, input_length=12, new_tokens=8)
 
 
 @pytest.fixture(scope="module")
 def tiny():
   """The tiny T5.1.1 (models/t5_1_1/tiny.gin's sizes) and its parameters, fresh (seed 0)."""
-  cfg = network.T5Config(vocab_size=2176, emb_dim=128, num_heads=4, head_dim=32, mlp_dim=256,
-                         num_encoder_layers=2, num_decoder_layers=2, mlp_activations=("gelu", "linear"))
+  cfg = network.T5Config(
+    vocab_size=2176,
+    emb_dim=128,
+    num_heads=4,
+    head_dim=32,
+    mlp_dim=256,
+    num_encoder_layers=2,
+    num_decoder_layers=2,
+    mlp_activations=("gelu", "linear"),
+  )
   model = models.EncoderDecoderModel(network.Transformer(cfg))
   shapes = {"encoder_input_tokens": (1, 12), "decoder_input_tokens": (1, 8), "decoder_target_tokens": (1, 8)}
   return model, model.init_variables(jax.random.PRNGKey(0), shapes)["params"]
@@ -45,10 +63,16 @@ def _decode(model, params, modes=("greedy",), reference=None):
 
 def _evaluator(model, params, enc, new_tokens):
   """What seqio evaluation gets for these inputs: evaluation.make_predict_fn over (index, features) rows."""
+
   class Rows:
     def as_numpy_iterator(self):
-      return iter([(i, {"encoder_input_tokens": e, "decoder_target_tokens": np.zeros(new_tokens, np.int32)})
-                   for i, e in enumerate(enc)])
+      return iter(
+        [
+          (i, {"encoder_input_tokens": e, "decoder_target_tokens": np.zeros(new_tokens, np.int32)})
+          for i, e in enumerate(enc)
+        ]
+      )
+
   predicted = dict(evaluation.make_predict_fn(model, params, evaluation.Decoding(len(enc)))(Rows()))
   return np.array([predicted[i] for i in range(len(enc))])
 
@@ -119,7 +143,8 @@ def _hf_generate_matches(model, params):
     np.testing.assert_array_equal(out[f"hf_{mode}"], out[f"ours_{mode}"])
     assert row[f"{mode}_identical_rows"] == 4 and row[f"{mode}_tokens_identical"] is True
     assert row[f"ratio_ours_to_hf_{mode}"] == pytest.approx(
-        row[f"ours_{mode}_s_per_batch"] / row[f"hf_{mode}_s_per_batch"])
+      row[f"ours_{mode}_s_per_batch"] / row[f"hf_{mode}_s_per_batch"]
+    )
     assert row[f"hf_{mode}_tokens_per_s"] == pytest.approx(4 * 8 / row[f"hf_{mode}_s_per_batch"])
   assert row["torch_num_threads"] >= 1 and row["transformers_version"]
   assert row["xla_denormals_flushed"] is True  # torch's: in a fresh process, test_hf_reference_flushes_denormals
@@ -130,14 +155,17 @@ def _hf_generate_matches(model, params):
   np.testing.assert_array_equal(out["hf_greedy"], out["ours_greedy"])
 
 
-@pytest.mark.parametrize("flag, message", [
+@pytest.mark.parametrize(
+  "flag, message",
+  [
     ("--reference=torch", "argument --reference: invalid choice: 'torch' (choose from 'hf', 'none')"),
     ("--beam_size=1", "--beam_size=1: expected an integer >= 2"),
     ("--modes=greedy,sample", "--modes greedy,sample: expected one or both of greedy, beam"),
     ("--new_tokens=0", "--new_tokens=0: expected an integer >= 1"),
     ("--lengths=16,8", "unrecognized arguments: --lengths=16,8"),
     ("--hf_denormals=keep", "--hf_denormals=keep sets the HF reference; it needs --reference hf"),
-])
+  ],
+)
 def test_bad_flags_are_one_clear_error(capsys, flag, message):
   try:
     code = cli.main([*ARGS, flag])
@@ -157,8 +185,14 @@ def test_hf_reference_flushes_denormals_on_every_thread():
   import os
   import subprocess
   import sys
-  done = subprocess.run([sys.executable, "-m", "remixer_t5", *ARGS, "--modes=greedy", "--reference=hf", "--json"],
-                        capture_output=True, text=True, timeout=600, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+
+  done = subprocess.run(
+    [sys.executable, "-m", "remixer_t5", *ARGS, "--modes=greedy", "--reference=hf", "--json"],
+    capture_output=True,
+    text=True,
+    timeout=600,
+    env={**os.environ, "JAX_PLATFORMS": "cpu"},
+  )
   assert done.returncode == 0, done.stderr[-2000:]
   r = json.loads(done.stdout.strip().splitlines()[-1])
   assert r["torch_denormals_flushed"] is True and r["xla_denormals_flushed"] is True
@@ -169,7 +203,19 @@ def test_hf_reference_needs_a_t5_model(capsys, monkeypatch):
   unimportable here (a None entry in sys.modules), so the test means the same with or without them installed."""
   monkeypatch.setitem(sys.modules, "torch", None)
   monkeypatch.setitem(sys.modules, "transformers", None)
-  assert cli.main(["bench", "decode", "--gin_file=models/remixer/tiny.gin", "--batch_size=2", "--input_length=8",
-                   "--new_tokens=4", "--reference=hf"]) == 2
+  assert (
+    cli.main(
+      [
+        "bench",
+        "decode",
+        "--gin_file=models/remixer/tiny.gin",
+        "--batch_size=2",
+        "--input_length=8",
+        "--new_tokens=4",
+        "--reference=hf",
+      ]
+    )
+    == 2
+  )
   err = capsys.readouterr().err
   assert "--reference hf needs a T5.1.1 model" in err and "missing param" in err

@@ -1,5 +1,6 @@
 """bench/hypermixing.py: the arithmetic-only kernels do the causal kernel's arithmetic (checked against numpy
 loops of the same recurrences in Pallas's interpreter), and the dry run times every form."""
+
 import jax
 import numpy as np
 from scipy.special import erf

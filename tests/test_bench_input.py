@@ -1,12 +1,22 @@
 """`remixer-t5 bench input`: the trainer's input function measured per process, with a restore at --position."""
+
 import json
 
 import pytest
 
 from remixer_t5 import cli
 
-ARGS = ["bench", "input", "--gin_file=models/t5_1_1/tiny.gin", "--gin_file=runs/demo.gin", "--gin.BATCH_SIZE=4",
-        "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}", "--batches=4", "--warmup=1", "--hosts=2"]
+ARGS = [
+  "bench",
+  "input",
+  "--gin_file=models/t5_1_1/tiny.gin",
+  "--gin_file=runs/demo.gin",
+  "--gin.BATCH_SIZE=4",
+  "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}",
+  "--batches=4",
+  "--warmup=1",
+  "--hosts=2",
+]
 
 
 def test_json_report_fields(embedded_env, capsys):

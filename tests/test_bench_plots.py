@@ -1,5 +1,6 @@
 """`bench mixing` (cost of one token-mixing layer against length) and `plot` (softmax(H), attention and
 HyperMixing pseudo-attention maps from a checkpoint), on tiny sizes."""
+
 import argparse
 import json
 import math
@@ -45,7 +46,7 @@ def test_bench_rows_have_the_fields_for_every_mixer_and_length(tiny_rows):
 
 def test_bench_flops_grow_with_length(tiny_rows):
   for mixer in bench.MIXERS:
-    (short, long, ratio), = bench.growth(tiny_rows, mixer, "flops")
+    ((short, long, ratio),) = bench.growth(tiny_rows, mixer, "flops")
     assert (short, long) == LENGTHS
     assert ratio > 3.0, f"{mixer}: FLOPs only x{ratio:.2f} for x4 length"
 
@@ -62,16 +63,19 @@ def test_attention_flops_grow_quadratically_and_hypermixer_linearly(tiny_rows):
 def test_fixed_length_mixers_are_built_at_the_measured_length(tiny_rows):
   params = {(r["mixer"], r["length"]): r["params"] for r in tiny_rows}
   n0, n1 = LENGTHS
-  assert params[("remixer", n1)] - params[("remixer", n0)] == n1 ** 2 - n0 ** 2  # H is L x L
-  assert params[("gmlp", n1)] - params[("gmlp", n0)] == (n1 ** 2 + n1) - (n0 ** 2 + n0)  # W and b
+  assert params[("remixer", n1)] - params[("remixer", n0)] == n1**2 - n0**2  # H is L x L
+  assert params[("gmlp", n1)] - params[("gmlp", n0)] == (n1**2 + n1) - (n0**2 + n0)  # W and b
   assert params[("hypermixer", n1)] == params[("hypermixer", n0)]
 
 
-@pytest.mark.parametrize("spec,lengths", [
+@pytest.mark.parametrize(
+  "spec,lengths",
+  [
     ("128,256,...,4096", [128, 256, 512, 1024, 2048, 4096]),
     ("100,200,...,500", [100, 200, 300, 400, 500]),
     ("256,1024", [256, 1024]),
-])
+  ],
+)
 def test_parse_lengths(spec, lengths):
   assert bench.parse_lengths(spec) == lengths
 
@@ -83,13 +87,36 @@ def test_parse_lengths_refuses_bad_specs(spec):
 
 
 def test_cli_bench_json_lines_and_plot(tmp_path, capsys):
-  args = ["bench", "mixing", "--lengths", "32,64", "--mixers", "hypermixer,attention", "--json", "--repeats", "1",
-          "--d_model", "16", "--hidden", "32", "--num_heads", "1", "--head_dim", "16", "--out", str(tmp_path)]
+  args = [
+    "bench",
+    "mixing",
+    "--lengths",
+    "32,64",
+    "--mixers",
+    "hypermixer,attention",
+    "--json",
+    "--repeats",
+    "1",
+    "--d_model",
+    "16",
+    "--hidden",
+    "32",
+    "--num_heads",
+    "1",
+    "--head_dim",
+    "16",
+    "--out",
+    str(tmp_path),
+  ]
   assert cli.main(args) == 0
   out, err = capsys.readouterr()
   rows = [json.loads(line) for line in out.strip().splitlines()]
-  assert [(r["mixer"], r["length"]) for r in rows] == [("hypermixer", 32), ("hypermixer", 64),
-                                                       ("attention", 32), ("attention", 64)]
+  assert [(r["mixer"], r["length"]) for r in rows] == [
+    ("hypermixer", 32),
+    ("hypermixer", 64),
+    ("attention", 32),
+    ("attention", 64),
+  ]
   assert all(r["ms"] > 0 and r["flops"] > 0 for r in rows)
   assert err.count("bench ") == 4  # one progress line per measurement
   # The CLI applies the host allocator policy on glibc CPU hosts (runtime.py), and the rows say so.
@@ -145,8 +172,10 @@ def test_remix_matrices_are_softmax_of_h_with_rows_summing_to_one(remixer_ckpt):
   module, params, _ = remixer_ckpt
   mats = dict(plots.remix_matrices(params))
   cfg = module.config
-  assert sorted(mats) == sorted([f"encoder_layers_{i}" for i in range(cfg.num_encoder_layers)]
-                                + [f"decoder_layers_{i}" for i in range(cfg.num_decoder_layers)])
+  assert sorted(mats) == sorted(
+    [f"encoder_layers_{i}" for i in range(cfg.num_encoder_layers)]
+    + [f"decoder_layers_{i}" for i in range(cfg.num_decoder_layers)]
+  )
   for name, m in mats.items():
     stack, layer = name.split("_", 1)
     h = np.asarray(params[stack][layer]["feature_mixer"]["remix"], np.float64)
@@ -190,7 +219,7 @@ def test_pseudo_attention_is_the_jacobian_block_norm(hypermixer_ckpt):
   ctx = base.MixerContext(q_mask=mask, kv_mask=mask, q_positions=pos, kv_positions=pos)
   mixer = module.encoder_token_mixer(config=module.config.for_target())  # a mixer alone takes a named dtype
   f = lambda x_: mixer.apply({"params": params["encoder"]["layers_1"]["token_mixer"]}, x_, x_, ctx)[0]
-  jac = jax.jacrev(f)(x)[:, :, 0]                                    # [i, d_out, j, d_in]
+  jac = jax.jacrev(f)(x)[:, :, 0]  # [i, d_out, j, d_in]
   want = np.sqrt(np.sum(np.square(np.asarray(jac)), axis=(1, 3)))
   assert got.shape == (n, n)
   np.testing.assert_allclose(got, want, rtol=1e-4)
@@ -213,9 +242,11 @@ def test_cli_plot_remixer_draws_h_per_layer_and_attention_per_encoder_layer(tmp_
   module, _, ckpt = remixer_ckpt
   files, err = _plot(tmp_path, capsys, "remixer", ckpt, "--input_ids", "5,6,7,8,1")
   enc, dec = module.config.num_encoder_layers, module.config.num_decoder_layers
-  assert files == sorted([f"remix_encoder_layers_{i}.png" for i in range(enc)]
-                         + [f"remix_decoder_layers_{i}.png" for i in range(dec)]
-                         + [f"attention_encoder_layers_{i}.png" for i in range(enc)])
+  assert files == sorted(
+    [f"remix_encoder_layers_{i}.png" for i in range(enc)]
+    + [f"remix_decoder_layers_{i}.png" for i in range(dec)]
+    + [f"attention_encoder_layers_{i}.png" for i in range(enc)]
+  )
   assert "skipping pseudo-attention" in err and "[5, 6, 7, 8, 1]" in err
 
 
@@ -228,6 +259,7 @@ def test_cli_plot_hypermixer_draws_pseudo_attention_and_skips_the_rest(tmp_path,
 
 def test_cli_plot_tokenises_text_with_a_vocabulary(tmp_path, capsys, remixer_ckpt):
   from remixer_t5.data import vocab
+
   spm = tmp_path / "tiny.model"
   spm.write_bytes(vocab.train_sentencepiece(["the cat sat on the mat", "a dog ran in the park"] * 20, 100))
   ids = list(vocab.get_vocabulary(str(spm)).encode("the cat sat")) + [1]

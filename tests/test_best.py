@@ -1,6 +1,7 @@
 """The best checkpoint and early stopping: the step with the best KEEP_BEST_BY value survives keep-N and is what
 `--checkpoint best` reads; EARLY_STOP_PATIENCE stops at the evaluation the rule names (checked against the logged
 validation losses), saving that step, and a resumed run goes on counting; T5's per-task-best SuperGLUE report."""
+
 import json
 
 import numpy as np
@@ -10,19 +11,37 @@ from remixer_t5 import cli
 from remixer_t5.tasks import super_glue
 from remixer_t5.training import best, checkpoints, metrics_log
 
-SIZES = ["--gin.BATCH_SIZE=2", "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}", "--gin.EVAL_STEPS=2",
-         "--gin.network.T5Config.emb_dim=32", "--gin.network.T5Config.mlp_dim=48",
-         "--gin.network.T5Config.num_encoder_layers=1", "--gin.network.T5Config.num_decoder_layers=1"]
+SIZES = [
+  "--gin.BATCH_SIZE=2",
+  "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}",
+  "--gin.EVAL_STEPS=2",
+  "--gin.network.T5Config.emb_dim=32",
+  "--gin.network.T5Config.mlp_dim=48",
+  "--gin.network.T5Config.num_encoder_layers=1",
+  "--gin.network.T5Config.num_decoder_layers=1",
+]
 
 
 def _args(command, model_dir, *extra):
-  return [command, "--gin_file=models/t5_1_1/tiny.gin", "--gin_file=runs/demo.gin", *SIZES,
-          f"--gin.MODEL_DIR='{model_dir}'", *extra]
+  return [
+    command,
+    "--gin_file=models/t5_1_1/tiny.gin",
+    "--gin_file=runs/demo.gin",
+    *SIZES,
+    f"--gin.MODEL_DIR='{model_dir}'",
+    *extra,
+  ]
 
 
-STUDY = ["--gin.TRAIN_STEPS=80", "--gin.EVAL_PERIOD=5", "--gin.LOG_PERIOD=10", "--gin.CHECKPOINT_PERIOD=10",
-         "--gin.run_config.Schedule.keep_checkpoints=1", "--gin.KEEP_BEST_BY='validation/loss:min'",
-         "--gin.EARLY_STOP_PATIENCE=2"]
+STUDY = [
+  "--gin.TRAIN_STEPS=80",
+  "--gin.EVAL_PERIOD=5",
+  "--gin.LOG_PERIOD=10",
+  "--gin.CHECKPOINT_PERIOD=10",
+  "--gin.run_config.Schedule.keep_checkpoints=1",
+  "--gin.KEEP_BEST_BY='validation/loss:min'",
+  "--gin.EARLY_STOP_PATIENCE=2",
+]
 
 
 def _expected(losses, patience, min_delta=0.0):
@@ -77,8 +96,10 @@ def test_checkpoint_best_is_what_eval_and_infer_read(studied, embedded_cache, mo
   assert out.read_text().strip()
   params = checkpoints.restore_any_params(best.checkpoint_dir(studied, "best"))
   latest = checkpoints.restore_any_params(studied)
-  assert any(not np.array_equal(a, b) for a, b in zip(*map(lambda t: __import__("jax").tree_util.tree_leaves(t),
-                                                           (params, latest))))
+  assert any(
+    not np.array_equal(a, b)
+    for a, b in zip(*map(lambda t: __import__("jax").tree_util.tree_leaves(t), (params, latest)))
+  )
 
 
 def test_a_resumed_run_goes_on_counting_from_its_checkpoint(studied, tmp_path, embedded_cache, monkeypatch):
@@ -133,8 +154,12 @@ def test_t5s_super_glue_report_takes_each_task_at_its_best_step():
     rows.append({"step": step, "split": "infer/super_glue_average", "score": per_step[step]})
   report = best.super_glue_protocol(rows)
   task_score = lambda r, keys: sum(r[k] for k in keys) / len(keys)
-  expected = np.mean([max(task_score(r, keys) for r in rows if r["split"] == f"infer/{super_glue.PREFIX}{task}")
-                      for task, keys in super_glue.AVERAGE_METRICS.items()])
+  expected = np.mean(
+    [
+      max(task_score(r, keys) for r in rows if r["split"] == f"infer/{super_glue.PREFIX}{task}")
+      for task, keys in super_glue.AVERAGE_METRICS.items()
+    ]
+  )
   assert report["score"] == pytest.approx(expected)
   assert report["single_best_score"] == pytest.approx(max(per_step.values()))
   assert report["score"] >= report["single_best_score"]
@@ -147,8 +172,11 @@ def test_plot_and_export_hf_read_the_best_step(studied, tmp_path, monkeypatch, c
   read = []
   restore = checkpoints.restore_any_params
   monkeypatch.setattr(checkpoints, "restore_any_params", lambda path: read.append(path) or restore(path))
-  argv = (["plot", str(studied), "--checkpoint", "best", "--out", str(tmp_path), "--length", "8"]
-          if command == "plot" else ["export-hf", str(studied), str(tmp_path / "hf"), "--checkpoint", "best"])
+  argv = (
+    ["plot", str(studied), "--checkpoint", "best", "--out", str(tmp_path), "--length", "8"]
+    if command == "plot"
+    else ["export-hf", str(studied), str(tmp_path / "hf"), "--checkpoint", "best"]
+  )
   assert cli.main(argv) == 0
   best_step = json.loads((studied / best.BEST_FILE).read_text())["step"]
   assert [str(p) for p in read] == [str(studied / "checkpoints" / str(best_step))]
@@ -156,6 +184,7 @@ def test_plot_and_export_hf_read_the_best_step(studied, tmp_path, monkeypatch, c
 
 def test_the_super_glue_report_is_written_at_the_end_of_a_run(tmp_path):
   from remixer_t5.training import trainer
+
   rows = []
   for step in (10, 20):
     for task, keys in super_glue.AVERAGE_METRICS.items():
@@ -165,5 +194,7 @@ def test_the_super_glue_report_is_written_at_the_end_of_a_run(tmp_path):
   log = metrics_log.MetricsLogger(str(tmp_path))
   trainer._report_super_glue(tmp_path, 20, log)
   log.close()
-  written = [r for r in metrics_log.read_rows(tmp_path / "metrics.jsonl") if r["split"] == "infer/super_glue_t5_protocol"]
+  written = [
+    r for r in metrics_log.read_rows(tmp_path / "metrics.jsonl") if r["split"] == "infer/super_glue_t5_protocol"
+  ]
   assert len(written) == 1 and written[0]["score"] == pytest.approx(70.0) and written[0]["single_best_step"] == 20

@@ -1,4 +1,5 @@
 """Only train and eval need MODEL_DIR: info and tasks take a run's gin files (MODEL_DIR = %gin.REQUIRED) as is."""
+
 import json
 
 import pytest

@@ -3,6 +3,7 @@
 Each number is worked out by hand below from the rows written here (tokens seen = tokens_per_s / steps_per_s x
 steps since the previous train row, summed; tokens/s = median of the train rows without the first).
 """
+
 from __future__ import annotations
 
 import csv
@@ -38,8 +39,13 @@ network.T5Config.mlp_activations = ('gelu', 'linear')
 _ATTN, _MLP = 4 * 8 * 8, 3 * 8 * 16
 TINY_T5_PARAMS = 2 * 64 * 8 + 2 * 2 * 32 + (2 * 8 + _ATTN + _MLP) + (3 * 8 + 2 * _ATTN + _MLP) + 2 * 8
 
-SIGNATURE = {"config.emb_dim": 8, "config.num_encoder_layers": 1, "config.num_decoder_layers": 1,
-             "model": "Transformer", "task": "embedded_span_corruption"}
+SIGNATURE = {
+  "config.emb_dim": 8,
+  "config.num_encoder_layers": 1,
+  "config.num_decoder_layers": 1,
+  "model": "Transformer",
+  "task": "embedded_span_corruption",
+}
 
 
 def _write(d: Path, rows, config: str | None = TINY_T5_GIN, signature=SIGNATURE, tail: str = ""):
@@ -54,13 +60,29 @@ def _write(d: Path, rows, config: str | None = TINY_T5_GIN, signature=SIGNATURE,
 
 def _train(step, loss, tokens_per_s, steps_per_s, split=None):
   """A train row; `split`: (window seconds, step seconds, input seconds), the rest of the window `other`."""
-  row = {"step": step, "split": "train", "time": 0.0, "loss": loss, "accuracy": 0.1,
-         "tokens_per_s": tokens_per_s, "steps_per_s": steps_per_s}
+  row = {
+    "step": step,
+    "split": "train",
+    "time": 0.0,
+    "loss": loss,
+    "accuracy": 0.1,
+    "tokens_per_s": tokens_per_s,
+    "steps_per_s": steps_per_s,
+  }
   if split:
     seconds, step_s, input_s = split
-    row.update({"window_seconds": seconds, "time/step": step_s, "time/input": input_s, "time/compile": 0.0,
-                "time/eval": 0.0, "time/checkpoint": 0.0, "time/other": seconds - step_s - input_s,
-                "goodput": step_s / seconds})
+    row.update(
+      {
+        "window_seconds": seconds,
+        "time/step": step_s,
+        "time/input": input_s,
+        "time/compile": 0.0,
+        "time/eval": 0.0,
+        "time/checkpoint": 0.0,
+        "time/other": seconds - step_s - input_s,
+        "goodput": step_s / seconds,
+      }
+    )
   return row
 
 
@@ -71,30 +93,38 @@ def _val(step, loss):
 @pytest.fixture
 def runs(tmp_path):
   # Run a: 1000 tokens/step throughout; log every 10 steps; validation at 0, 20, 40.
-  a = _write(tmp_path / "a", [
+  a = _write(
+    tmp_path / "a",
+    [
       _val(0, 8.0),
-      _train(10, 6.0, 500.0, 0.5, (20.0, 1.0, 0.0)),    # first row: compilation, left out of tokens/s
+      _train(10, 6.0, 500.0, 0.5, (20.0, 1.0, 0.0)),  # first row: compilation, left out of tokens/s
       _train(20, 5.0, 4000.0, 4.0, (2.5, 2.0, 0.25)),
       _val(20, 5.5),
       _train(30, 4.5, 3000.0, 3.0, (10 / 3, 2.5, 0.5)),
       _train(40, 4.0, 2000.0, 2.0, (5.0, 3.0, 1.25)),
       _val(40, 5.2),
-  ])
+    ],
+  )
   # Run b: resumed. Its first launch logged 10 and 20 and died after step 25 (checkpoint at 20), the second
   # launch re-logged 20 with other numbers and went on: the last row for a step wins. 800 tokens/step, then 600.
-  b = _write(tmp_path / "b", [
+  b = _write(
+    tmp_path / "b",
+    [
       _val(0, 8.0),
       _train(10, 6.5, 400.0, 0.5),
-      _train(20, 9.9, 8000.0, 10.0),   # first launch, replaced below
+      _train(20, 9.9, 8000.0, 10.0),  # first launch, replaced below
       _train(20, 5.8, 1600.0, 2.0),
-      _val(20, 5.0),                   # the best validation loss of b, at step 20
+      _val(20, 5.0),  # the best validation loss of b, at step 20
       _train(30, 5.1, 1200.0, 2.0),
       _val(30, 5.4),
       {"step": 30, "split": "infer/cogs", "time": 0.0, "exact_match": 0.25, "note_text": "not a number"},
-  ], tail='{"step": 31, "split": "tra')   # killed in the middle of writing a row
+    ],
+    tail='{"step": 31, "split": "tra',
+  )  # killed in the middle of writing a row
   (b / "inference_eval").mkdir()
   (b / "inference_eval" / "other_task-metrics.jsonl").write_text(
-      json.dumps({"step": 10, "accuracy": 0.1}) + "\n" + json.dumps({"step": 30, "accuracy": 0.3}) + "\n")
+    json.dumps({"step": 10, "accuracy": 0.1}) + "\n" + json.dumps({"step": 30, "accuracy": 0.3}) + "\n"
+  )
   return a, b
 
 
@@ -131,8 +161,21 @@ def test_numbers_in_the_table_come_from_the_files(runs, tmp_path):
   assert md == compare.markdown_table(loaded)
   line_a = next(line for line in md.splitlines() if line.startswith("| a |"))
   cells = [c.strip() for c in line_a.strip("|").split("|")]
-  assert cells == ["a", "T5.1.1; d8 1+1", f"{TINY_T5_PARAMS:,}", "40", "40k", "3k", "69%", "18%", "4.0000",
-                   "5.2000", "40", "", ""]
+  assert cells == [
+    "a",
+    "T5.1.1; d8 1+1",
+    f"{TINY_T5_PARAMS:,}",
+    "40",
+    "40k",
+    "3k",
+    "69%",
+    "18%",
+    "4.0000",
+    "5.2000",
+    "40",
+    "",
+    "",
+  ]
 
 
 def test_curves_against_tokens_seen(runs):
@@ -147,6 +190,7 @@ def test_curves_against_tokens_seen(runs):
 
 def test_png_draws_every_run(runs, tmp_path):
   import matplotlib.image
+
   loaded, written = compare.compare(runs, tmp_path / "out", names=["first", "second"])
   image = matplotlib.image.imread(written["compare.png"])
   assert image.shape[0] >= 800 and image.shape[1] >= 1200
@@ -155,20 +199,26 @@ def test_png_draws_every_run(runs, tmp_path):
 
 
 def test_model_label_names_the_replaced_slots():
-  config = ("network.Transformer.encoder_token_mixer = @hypermixer.HyperMixing\n"
-            "network.Transformer.decoder_cross_mixer = @cross/hypermixer.HyperMixing\n"
-            "network.Transformer.decoder_token_mixer = @hypermixer.HyperMixing\n"
-            "network.Transformer.encoder_feature_mixer = None\n"
-            "network.Transformer.config = @network.T5Config()\n")
-  assert compare.model_label(config, {"config.emb_dim": 128, "config.num_encoder_layers": 2,
-                                      "config.num_decoder_layers": 2}) == \
-      "HyperMixing: enc token, dec token, dec cross; none: enc feature; d128 2+2"
+  config = (
+    "network.Transformer.encoder_token_mixer = @hypermixer.HyperMixing\n"
+    "network.Transformer.decoder_cross_mixer = @cross/hypermixer.HyperMixing\n"
+    "network.Transformer.decoder_token_mixer = @hypermixer.HyperMixing\n"
+    "network.Transformer.encoder_feature_mixer = None\n"
+    "network.Transformer.config = @network.T5Config()\n"
+  )
+  assert (
+    compare.model_label(config, {"config.emb_dim": 128, "config.num_encoder_layers": 2, "config.num_decoder_layers": 2})
+    == "HyperMixing: enc token, dec token, dec cross; none: enc feature; d128 2+2"
+  )
   assert compare.model_label("", None) == "T5.1.1"
 
 
 def test_same_directory_names_are_told_apart(tmp_path):
-  assert compare.unique_names([tmp_path / "x" / "run", tmp_path / "y" / "run", tmp_path / "z"]) == \
-      ["x/run", "y/run", "z"]
+  assert compare.unique_names([tmp_path / "x" / "run", tmp_path / "y" / "run", tmp_path / "z"]) == [
+    "x/run",
+    "y/run",
+    "z",
+  ]
 
 
 def test_a_dir_without_metrics_is_a_clear_error(runs, tmp_path, capsys):

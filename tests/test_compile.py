@@ -2,6 +2,7 @@
 
 Only tiny configs compile here; base-size compiles (minutes, 7-9 GiB of RAM each) are scripts/cost_table.py's.
 """
+
 import json
 import subprocess
 import sys
@@ -13,8 +14,12 @@ from remixer_t5 import aot_compile, cli
 
 pytest.importorskip("libtpu", reason="libtpu not installed: pip install -e '.[tpu]'")
 
-TINY = ["--gin_file=models/t5_1_1/tiny.gin", "--gin_file=runs/pretrain.gin", "--gin.BATCH_SIZE=8",
-        "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}"]
+TINY = [
+  "--gin_file=models/t5_1_1/tiny.gin",
+  "--gin_file=runs/pretrain.gin",
+  "--gin.BATCH_SIZE=8",
+  "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}",
+]
 
 
 def test_accelerator_names_map_to_layouts_that_libtpu_accepts():
@@ -38,12 +43,15 @@ def test_accelerator_names_map_to_layouts_that_libtpu_accepts():
 
 
 def test_xla_out_of_memory_messages_are_read():
-  msg = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries (20.59G) "
-         "exceeds available HBM (15.48G).")
+  msg = (
+    "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries (20.59G) "
+    "exceeds available HBM (15.48G)."
+  )
   need, have = aot_compile._oom_numbers(msg)
-  assert need == pytest.approx(20.59 * 2 ** 30) and have == pytest.approx(15.48 * 2 ** 30)
-  assert aot_compile._oom_numbers("Used 17.1G of 15.48G hbm. Exceeded hbm capacity by 1.6G.")[0] == \
-      pytest.approx(17.1 * 2 ** 30)
+  assert need == pytest.approx(20.59 * 2**30) and have == pytest.approx(15.48 * 2**30)
+  assert aot_compile._oom_numbers("Used 17.1G of 15.48G hbm. Exceeded hbm capacity by 1.6G.")[0] == pytest.approx(
+    17.1 * 2**30
+  )
   assert aot_compile._oom_numbers("something else") is None
 
 
@@ -58,6 +66,7 @@ def test_a_tiny_config_compiles_for_v3_8_with_every_step(capsys):
   import warnings
 
   import jax
+
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     assert cli.main(["compile", *TINY, "--topology", "v3-8", "--all_steps", "--json"]) == 0
@@ -77,10 +86,11 @@ def test_a_tiny_config_compiles_for_v3_8_with_every_step(capsys):
   m = train["memory"]
   for field in ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "code_bytes", "total_bytes"):
     assert m[field] >= 0, field
-  assert m["total_bytes"] == (m["argument_bytes"] + m["output_bytes"] - m["alias_bytes"] + m["temp_bytes"]
-                              + m["code_bytes"])
+  assert m["total_bytes"] == (
+    m["argument_bytes"] + m["output_bytes"] - m["alias_bytes"] + m["temp_bytes"] + m["code_bytes"]
+  )
   assert m["alias_bytes"] > 0  # the donated train state
-  assert train["available_bytes"] == pytest.approx(15.48 * 2 ** 30, rel=1e-3)
+  assert train["available_bytes"] == pytest.approx(15.48 * 2**30, rel=1e-3)
   tokens = 8 * (32 + 8)
   assert train["model_flops_per_token"] == pytest.approx(train["model_flops_per_step"] / tokens)
   assert train["model_flops_per_device"] == pytest.approx(train["model_flops_per_step"] / 8)
@@ -96,8 +106,12 @@ def test_a_tiny_config_compiles_for_v3_8_with_every_step(capsys):
 def test_a_config_too_big_for_a_v3_core_reports_the_numbers_and_fails(capsys):
   # One layer each, but a 2M x 2048 embedding and logits layer (16 GiB of float32 each), replicated: cheap to
   # compile, far beyond a v3 core's 15.48 GiB.
-  big = ["--gin.network.T5Config.vocab_size=2000000", "--gin.network.T5Config.emb_dim=2048",
-         "--gin.network.T5Config.num_encoder_layers=1", "--gin.network.T5Config.num_decoder_layers=1"]
+  big = [
+    "--gin.network.T5Config.vocab_size=2000000",
+    "--gin.network.T5Config.emb_dim=2048",
+    "--gin.network.T5Config.num_encoder_layers=1",
+    "--gin.network.T5Config.num_decoder_layers=1",
+  ]
   code = cli.main(["compile", *TINY, *big, "--topology", "v3-8", "--rules", "data"])
   out, err = capsys.readouterr()
   assert code == 1
@@ -126,6 +140,7 @@ def test_compiling_imports_no_tensorflow_or_seqio():
 
 def test_a_multislice_mesh_puts_the_slices_on_the_data_axis():
   from remixer_t5.training import partitioning
+
   devices = aot_compile.topology_devices(aot_compile.accelerator("v3-8"), num_slices=2)
   mesh = partitioning.make_mesh(1, (8, 2), devices)
   slices = [[d.slice_index for d in row] for row in mesh.devices]
@@ -140,13 +155,16 @@ def test_the_compiled_batch_is_the_one_the_input_pipeline_gives(pack, embedded_e
   from remixer_t5.data import input_pipeline
   from remixer_t5.tasks import lookup as task_lookup
   from remixer_t5.training import programs
+
   lengths = {"inputs": 32, "targets": 8}
   task = task_lookup.get_task("embedded_span_corruption")
-  real = next(input_pipeline.get_batches(task, lengths, "validation", 4, seed=0, shuffle=False, repeat=False,
-                                         pack=pack))
+  real = next(
+    input_pipeline.get_batches(task, lengths, "validation", 4, seed=0, shuffle=False, repeat=False, pack=pack)
+  )
   shapes = programs.batch_shapes(lengths, 4, pack)
-  assert {k: (v.shape, v.dtype.name) for k, v in real.items()} == \
-      {k: (v.shape, v.dtype.name) for k, v in shapes.items()}
+  assert {k: (v.shape, v.dtype.name) for k, v in real.items()} == {
+    k: (v.shape, v.dtype.name) for k, v in shapes.items()
+  }
 
 
 def test_a_batch_that_does_not_split_over_the_slice_is_refused_by_name(capsys):
@@ -162,8 +180,7 @@ def test_a_batch_that_does_not_split_over_the_slice_is_refused_by_name(capsys):
 def test_a_scanned_stack_gets_no_step_time_from_a_loop_counted_once(capsys):
   # XLA's cost model counts a scanned stack's body once, so the report must not turn it into steps/s or an MFU;
   # memory and model FLOPs are still exact.
-  assert cli.main(["compile", *TINY, "--gin.network.T5Config.scan_layers=True", "--topology", "v3-8",
-                   "--json"]) == 0
+  assert cli.main(["compile", *TINY, "--gin.network.T5Config.scan_layers=True", "--topology", "v3-8", "--json"]) == 0
   train = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"]["train"]
   assert "est_steps_per_s" not in train and "est_mfu" not in train
   assert "loop body once" in train["estimate_note"]
@@ -172,11 +189,18 @@ def test_a_scanned_stack_gets_no_step_time_from_a_loop_counted_once(capsys):
   assert "no estimated step time: the layers are scanned" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("gin_file,extra,where", [
-    pytest.param("models/hypermixer/tiny.gin", [], "token_mixer._segmented",  # packed HyperMixing scans segment ids
-                 marks=pytest.mark.integration),
+@pytest.mark.parametrize(
+  "gin_file,extra,where",
+  [
+    pytest.param(
+      "models/hypermixer/tiny.gin",
+      [],
+      "token_mixer._segmented",  # packed HyperMixing scans segment ids
+      marks=pytest.mark.integration,
+    ),
     ("models/t5_1_1/tiny.gin", ["--gin.run_config.Training.num_microbatches=2"], "microbatch"),
-])
+  ],
+)
 def test_any_loop_in_the_step_withholds_the_estimate_and_is_named(capsys, gin_file, extra, where):
   # Not only scanned stacks: a mixer's own scan or the microbatch loop is also counted once by XLA's cost model.
   args = ["compile", f"--gin_file={gin_file}", *TINY[1:], *extra, "--topology", "v3-8", "--json"]
@@ -187,4 +211,3 @@ def test_any_loop_in_the_step_withholds_the_estimate_and_is_named(capsys, gin_fi
   assert "loop body once" in train["estimate_note"] and where in train["estimate_note"]
   # Model FLOPs count the mixers' chunks one by one (mfu.model_flops_per_step): no loop is left in that count.
   assert "model_flops_note" not in train
-

@@ -3,6 +3,7 @@
 Naming and the missing-plugin refusal run everywhere; the compiles need XLA's CUDA compiler plugin (setup.py's
 gpu-compile extra), which `make test` does not install: `make test-gpu-compile` runs them in .venv-gpu.
 """
+
 import json
 
 import pytest
@@ -10,8 +11,12 @@ import pytest
 from remixer_t5 import aot_compile, cli
 from tiers import needs_cuda_plugin
 
-TINY = ["--gin_file=models/t5_1_1/tiny.gin", "--gin_file=runs/pretrain.gin", "--gin.BATCH_SIZE=8",
-        "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}"]
+TINY = [
+  "--gin_file=models/t5_1_1/tiny.gin",
+  "--gin_file=runs/pretrain.gin",
+  "--gin.BATCH_SIZE=8",
+  "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}",
+]
 
 
 def test_gpu_names_are_one_process_gpus_with_their_target_config(monkeypatch):
@@ -38,8 +43,9 @@ def test_gpu_names_are_one_process_gpus_with_their_target_config(monkeypatch):
 
 def test_without_the_cuda_plugin_the_command_says_how_to_get_it(monkeypatch, capsys):
   real = aot_compile.importlib.util.find_spec
-  monkeypatch.setattr(aot_compile.importlib.util, "find_spec",
-                      lambda n, *a: None if n.startswith("jax_plugins") else real(n, *a))
+  monkeypatch.setattr(
+    aot_compile.importlib.util, "find_spec", lambda n, *a: None if n.startswith("jax_plugins") else real(n, *a)
+  )
   assert cli.main(["compile", *TINY, "--topology", "h100"]) == 2
   err = capsys.readouterr().err
   assert "make gpu-compile-env" in err and "gpu-compile" in err and "Traceback" not in err
@@ -53,16 +59,21 @@ def test_a_tiny_config_compiles_for_8_h100s(capsys, monkeypatch):
   assert cli.main(["compile", *TINY, "--topology", "h100x8", "--json"]) == 0
   fused = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"]["train"]
   assert fused["kernel_calls"] > 0 and "roofline_seconds" not in fused and "Pallas" in fused["estimate_note"]
-  assert cli.main(["compile", *TINY, "--gin.network.T5Config.attention_impl='xla'", "--topology", "h100x8",
-                   "--all_steps", "--json"]) == 0
+  assert (
+    cli.main(
+      ["compile", *TINY, "--gin.network.T5Config.attention_impl='xla'", "--topology", "h100x8", "--all_steps", "--json"]
+    )
+    == 0
+  )
   report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   assert (report["platform"], report["xla_topology"], report["devices"]) == ("cuda", "1x1x8", 8)
   assert report["device_kind"] == "NVIDIA H100 80GB HBM3" and report["mesh"] == {"data": 8, "model": 1}
   assert report["fits"] and set(report["steps"]) == {"train", "eval", "decode"}
   train = report["steps"]["train"]
   m = train["memory"]
-  assert m["total_bytes"] == (m["argument_bytes"] + m["output_bytes"] - m["alias_bytes"] + m["temp_bytes"]
-                              + m["code_bytes"])
+  assert m["total_bytes"] == (
+    m["argument_bytes"] + m["output_bytes"] - m["alias_bytes"] + m["temp_bytes"] + m["code_bytes"]
+  )
   assert m["alias_bytes"] > 0  # the donated train state
   assert train["available_bytes"] == int(0.75 * 84_942_979_072)
   # XLA's per-GPU count of the compiled step: the model's fwd+bwd share plus the optimizer update (every GPU
@@ -122,6 +133,7 @@ def test_an_out_of_memory_error_without_numbers_is_still_a_refusal(capsys, monke
 
   def exhausted(self, step, *args, compiler_options=None):
     raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 77.43GiB")
+
   monkeypatch.setattr(programs.Program, "compile", exhausted)
   assert cli.main(["compile", *TINY, "--topology", "a100", "--json"]) == 1
   err = capsys.readouterr().err
@@ -133,8 +145,12 @@ def _tiny_program_for_h100(init_rng: str):
   """The tiny model's programs (programs.build) on one deviceless H100, data rules."""
   from remixer_t5 import aot_compile, gin_utils
   from remixer_t5.training import partitioning, programs, run_config
-  gin_utils.parse_gin(["models/t5_1_1/tiny.gin", "runs/pretrain.gin"],
-                      ["TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}"], macro_defaults={"MODEL_DIR": "None"})
+
+  gin_utils.parse_gin(
+    ["models/t5_1_1/tiny.gin", "runs/pretrain.gin"],
+    ["TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}"],
+    macro_defaults={"MODEL_DIR": "None"},
+  )
   run = run_config.from_gin()
   devices = aot_compile.gpu_topology_devices(aot_compile.accelerator("h100"))
   part = partitioning.partitioner("1x1", devices[:1], rules="data")
@@ -146,6 +162,7 @@ def test_the_initialiser_draws_its_bits_with_the_threefry_kernel_on_gpus():
   """programs.build's initialiser on a GPU: with the kernel form ('auto' on one device) its threefry is jax's
   kernel (a custom call), so XLA:GPU does not compile every parameter's stream unrolled; 'inline' keeps XLA's."""
   import jax
+
   key = jax.ShapeDtypeStruct((2,), jax.numpy.uint32)
   texts = {}
   for form in ("auto", "inline"):
@@ -167,8 +184,12 @@ def test_hypermixer_compiles_its_pallas_kernel_and_claims_no_step_time(capsys, m
   loop, which the report names. With 'xla' there is no kernel: the causal form's chunked scan is a loop too (32
   targets: 4 chunks of 8, where one chunk would leave no loop)."""
   monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
-  tiny = ["--gin_file=models/hypermixer/tiny.gin", *TINY[1:3],
-          "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 32}", f"--gin.hypermixer.HyperMixing.impl='{impl}'"]
+  tiny = [
+    "--gin_file=models/hypermixer/tiny.gin",
+    *TINY[1:3],
+    "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 32}",
+    f"--gin.hypermixer.HyperMixing.impl='{impl}'",
+  ]
   assert cli.main(["compile", *tiny, "--topology", "h100", "--json"]) == 0
   train = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"]["train"]
   assert train["fits"] and "roofline_seconds" not in train and "est_mfu" not in train
@@ -189,8 +210,10 @@ def test_cost_table_compiles_what_is_missing_and_what_redo_names():
   named models again (their old rows stay in the JSONL; the table shows the latest); an unknown name is refused."""
   import sys
   from pathlib import Path
+
   sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
   import cost_table as table
+
   rows = [{"name": c[0], "topology": c[1], "rules": c[2], "mesh": c[3], "variant": c[4]} for c in table.gpu_cells()]
   assert table.gpu_todo(rows, []) == []
   assert table.gpu_todo(rows[1:], []) == [table.gpu_cells()[0]]

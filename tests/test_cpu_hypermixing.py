@@ -4,6 +4,7 @@ The numerical checks run in a fresh process (custom calls are registered once pe
 in a process with one JAX device) against numpy loops over every query (the equations themselves) and against the
 layer's own XLA forms: the kernels called directly, and the layer's forms through `HyperMixing.impl` 'cpu' and
 'auto' against 'xla'."""
+
 import json
 import os
 import shutil
@@ -55,6 +56,7 @@ def test_a_layer_naming_the_cpu_kernel_in_bfloat16_computes_xla_and_says_so_once
   from remixer_t5 import kernels
   from remixer_t5.model.config import T5Config
   from remixer_t5.model.mixers import hypermixer
+
   monkeypatch.setattr(kernels, "_SAID", set())
   w1, x, w2, mask, seg = _args(dtype=jnp.bfloat16)
   outs = {}
@@ -63,8 +65,10 @@ def test_a_layer_naming_the_cpu_kernel_in_bfloat16_computes_xla_and_says_so_once
       layer = hypermixer.HyperMixing(T5Config(dtype="bfloat16"), impl=impl)
       outs[impl] = jax.jit(lambda *a, layer=layer: layer._causal(*a))(w1, x, w2, mask, seg)
   said = [r.getMessage() for r in caplog.records]
-  assert said == ["hypermixer.HyperMixing.impl='cpu': " + fresh.UNUSABLE + "; computing the plain-JAX reference "
-                  "(hypermixer.HyperMixing.impl='xla') there"], said
+  assert said == [
+    "hypermixer.HyperMixing.impl='cpu': " + fresh.UNUSABLE + "; computing the plain-JAX reference "
+    "(hypermixer.HyperMixing.impl='xla') there"
+  ], said
   assert (outs["cpu"] == outs["xla"]).all() and (outs["auto"] == outs["xla"]).all()
 
 
@@ -76,8 +80,9 @@ def test_a_failing_build_takes_the_reference_once_and_says_why(fresh, tmp_path, 
   reference = lambda *a: "reference"
   assert fresh.causal(*_args(), reference=reference, length_normalize=False) == "reference"
   assert fresh.usable("float32") is False  # tried once: the failure is remembered
-  assert fresh.describe().startswith("XLA's forms (building hypermixing.cc with") and \
-      "failed (exit 1)" in fresh.describe()
+  assert (
+    fresh.describe().startswith("XLA's forms (building hypermixing.cc with") and "failed (exit 1)" in fresh.describe()
+  )
   assert list((tmp_path / "cpu_hypermixing").iterdir()) == []  # nothing half-written in the cache
   with pytest.raises(ffi.Unavailable, match=r"no C\+\+ compiler \(\$CXX='/nonexistent/cxx'"):
     fresh.build(environ={"CXX": "/nonexistent/cxx"}, out_dir=tmp_path)
@@ -256,15 +261,24 @@ def test_kernels_match_the_equations_and_xla_and_tpu_keeps_xla():
 def test_several_devices_keep_xlas_forms(tmp_path):
   """With two JAX devices (a custom call cannot be partitioned) impl 'cpu' and 'auto' compute XLA's forms, the
   same numbers as impl='xla', and nothing is built."""
-  proc = run_py(CHECK, {"REMIXER_T5_CACHE_DIR": str(tmp_path), "CHECK_DIRECT": "0",
-                        "XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+  proc = run_py(
+    CHECK,
+    {
+      "REMIXER_T5_CACHE_DIR": str(tmp_path),
+      "CHECK_DIRECT": "0",
+      "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+    },
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   r = json.loads(proc.stdout.strip().splitlines()[-1])
   assert r["devices"] == 2 and r["describe"] is None
-  assert all(c["cpu_calls"] == {"cpu": 0, "auto": 0, "xla": 0} and c["cpu_vs_scan"] == [0.0] * 4
-             and c["auto_vs_scan"] == [0.0] * 4 for c in r["results"])
-  assert all(c["cpu_calls"] == {"cpu": 0, "auto": 0, "xla": 0} and c["cpu_vs_xla"] == [0.0] * 4
-             for c in r["segmented"])
+  assert all(
+    c["cpu_calls"] == {"cpu": 0, "auto": 0, "xla": 0}
+    and c["cpu_vs_scan"] == [0.0] * 4
+    and c["auto_vs_scan"] == [0.0] * 4
+    for c in r["results"]
+  )
+  assert all(c["cpu_calls"] == {"cpu": 0, "auto": 0, "xla": 0} and c["cpu_vs_xla"] == [0.0] * 4 for c in r["segmented"])
   assert not list(tmp_path.glob("**/*.so"))  # never needed, never built
 
 
@@ -340,8 +354,9 @@ def _gcc() -> str | None:
   return cxx if ("GCC" in version or "Free Software Foundation" in version) else None
 
 
-@pytest.mark.skipif(not (_gcc() and __import__("platform").machine() == "x86_64"),
-                    reason="needs GCC on x86-64 (its -fopt-info report)")
+@pytest.mark.skipif(
+  not (_gcc() and __import__("platform").machine() == "x86_64"), reason="needs GCC on x86-64 (its -fopt-info report)"
+)
 def test_every_simd_loop_vectorises_with_avx2(tmp_path):
   """Every `#pragma omp simd` loop of csrc/hypermixing.cc is vectorised under the module's flags for an AVX2 CPU
   (-march=x86-64-v3 for -march=native, whatever CPU runs this): GCC's report names a vectorised loop within 3
@@ -350,15 +365,37 @@ def test_every_simd_loop_vectorises_with_avx2(tmp_path):
   import re
 
   import jax
-  flags = [("-march=x86-64-v3" if f == "-march=native" else f) for f in cpu_hypermixing.flags()
-           if not f.startswith("-mprefer-vector-width")]
+
+  flags = [
+    ("-march=x86-64-v3" if f == "-march=native" else f)
+    for f in cpu_hypermixing.flags()
+    if not f.startswith("-mprefer-vector-width")
+  ]
   source = cpu_hypermixing.SOURCE
-  proc = subprocess.run([_gcc(), *flags, "-std=c++17", "-shared", "-fPIC", "-w", f"-I{source.parent}",
-                         f"-I{jax.ffi.include_dir()}", "-fopt-info-vec-optimized", str(source), "-o",
-                         str(tmp_path / "h.so")], capture_output=True, text=True, timeout=600)
+  proc = subprocess.run(
+    [
+      _gcc(),
+      *flags,
+      "-std=c++17",
+      "-shared",
+      "-fPIC",
+      "-w",
+      f"-I{source.parent}",
+      f"-I{jax.ffi.include_dir()}",
+      "-fopt-info-vec-optimized",
+      str(source),
+      "-o",
+      str(tmp_path / "h.so"),
+    ],
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   assert proc.returncode == 0, proc.stderr[-2000:]
-  done = {int(m) for m in re.findall(re.escape(source.name) + r":(\d+):\d+: optimized: loop vectorized",
-                                      proc.stdout + proc.stderr)}
+  done = {
+    int(m)
+    for m in re.findall(re.escape(source.name) + r":(\d+):\d+: optimized: loop vectorized", proc.stdout + proc.stderr)
+  }
   pragmas = [i for i, line in enumerate(source.read_text().splitlines(), 1) if "#pragma omp simd" in line]
   assert len(pragmas) >= 8
   scalar = [p for p in pragmas if not any(p <= v <= p + 3 for v in done)]
@@ -374,16 +411,29 @@ def test_the_cli_runs_the_kernels_for_a_hypermixer_run(tmp_path, embedded_cache)
   model_dir = tmp_path / "run"
   cache = tmp_path / "cache"
   shutil.copytree(embedded_cache.root, cache)  # the embedded corpus, and no kernel built yet
-  cmd = [sys.executable, "-m", "remixer_t5", "train", "--gin_file=models/hypermixer/tiny.gin",
-         "--gin_file=runs/demo.gin", "--gin.BATCH_SIZE=4", "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 16}",
-         "--gin.network.T5Config.emb_dim=32", "--gin.network.T5Config.mlp_dim=48", "--gin.LOG_PERIOD=2",
-         "--gin.EVAL_PERIOD=0", "--gin.TRAIN_STEPS=4", f"--gin.MODEL_DIR={model_dir}"]
+  cmd = [
+    sys.executable,
+    "-m",
+    "remixer_t5",
+    "train",
+    "--gin_file=models/hypermixer/tiny.gin",
+    "--gin_file=runs/demo.gin",
+    "--gin.BATCH_SIZE=4",
+    "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 16}",
+    "--gin.network.T5Config.emb_dim=32",
+    "--gin.network.T5Config.mlp_dim=48",
+    "--gin.LOG_PERIOD=2",
+    "--gin.EVAL_PERIOD=0",
+    "--gin.TRAIN_STEPS=4",
+    f"--gin.MODEL_DIR={model_dir}",
+  ]
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "REMIXER_T5_CACHE_DIR": str(cache)}
   env["XLA_FLAGS"] = xla_flags()
   proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  assert "remixer-t5 train: 1 cpu device(s)" in proc.stderr and "kernels: auto (by platform)" in proc.stderr, \
-      proc.stderr[-3000:]
+  assert "remixer-t5 train: 1 cpu device(s)" in proc.stderr and "kernels: auto (by platform)" in proc.stderr, (
+    proc.stderr[-3000:]
+  )
   rows = [json.loads(line) for line in (model_dir / "metrics.jsonl").read_text().splitlines()]
   losses = [r["loss"] for r in rows if r.get("split") == "train"]
   assert losses and all(0 < loss < 100 for loss in losses)

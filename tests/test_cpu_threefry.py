@@ -4,6 +4,7 @@ The hash is checked against Random123's published known answers (an independent 
 `jax.random.bernoulli` bit for bit, and the choice of implementation (`T5Config.dropout_impl`, `layers.keep_mask`)
 on lowered and compiled programs. What needs the materialize custom call runs in a fresh process with one JAX
 device (a custom call is registered once per process and is used only with one device)."""
+
 import json
 from pathlib import Path
 
@@ -20,16 +21,17 @@ REPO = Path(__file__).resolve().parents[1]
 
 # Random123 (Salmon et al. 2011), kat_vectors: threefry2x32 with 20 rounds, (counter, key) -> output.
 KNOWN_ANSWERS = [
-    ((0x00000000, 0x00000000), (0x00000000, 0x00000000), (0x6B200159, 0x99BA4EFE)),
-    ((0xFFFFFFFF, 0xFFFFFFFF), (0xFFFFFFFF, 0xFFFFFFFF), (0x1CB996FC, 0xBB002BE7)),
-    ((0x243F6A88, 0x85A308D3), (0x13198A2E, 0x03707344), (0xC4923A9C, 0x483DF7A0)),
+  ((0x00000000, 0x00000000), (0x00000000, 0x00000000), (0x6B200159, 0x99BA4EFE)),
+  ((0xFFFFFFFF, 0xFFFFFFFF), (0xFFFFFFFF, 0xFFFFFFFF), (0x1CB996FC, 0xBB002BE7)),
+  ((0x243F6A88, 0x85A308D3), (0x13198A2E, 0x03707344), (0xC4923A9C, 0x483DF7A0)),
 ]
 
 
 @pytest.mark.parametrize("counter,key,expected", KNOWN_ANSWERS)
 def test_known_answers(counter, key, expected):
-  out = threefry.threefry_2x32(np.uint32(key[0]), np.uint32(key[1]), jnp.asarray([counter[0]], jnp.uint32),
-                               jnp.asarray([counter[1]], jnp.uint32))
+  out = threefry.threefry_2x32(
+    np.uint32(key[0]), np.uint32(key[1]), jnp.asarray([counter[0]], jnp.uint32), jnp.asarray([counter[1]], jnp.uint32)
+  )
   assert [int(o[0]) for o in out] == list(expected)
   assert all(o.dtype == jnp.uint32 and o.shape == (1,) for o in out)
 
@@ -48,13 +50,16 @@ def bernoulli(keep_prob, shape):
 
 
 @pytest.mark.parametrize("typed", [False, True])
-@pytest.mark.parametrize("shape,unroll_min", [
+@pytest.mark.parametrize(
+  "shape,unroll_min",
+  [
     ((4, 4, 96, 96), None),  # an attention-sized mask: the unrolled hash at the module's threshold
     ((3, 65537), None),  # an odd element count
     ((4, 7, 33), 1),  # small masks, unrolled here by lowering the threshold: the hash itself on other shapes
     ((7,), 1),
     ((5, 1, 3), 1),
-])
+  ],
+)
 def test_keep_mask_is_jaxs_bernoulli_bit_for_bit(shape, unroll_min, typed, monkeypatch):
   if unroll_min is not None:
     monkeypatch.setattr(threefry, "UNROLL_MIN", unroll_min)
@@ -121,8 +126,14 @@ def test_the_materialize_call_is_in_cpu_programs_of_large_masks_only():
   r = json.loads(p.stdout.strip().splitlines()[-1])
   assert r.pop("devices") == 1 and r.pop("describe") == "unrolled hash, large masks computed once"
   assert all(v["same"] and v["counting"] == 0 for v in r.values()), r
-  assert {k: v["cpu"] > 0 for k, v in r.items()} == {"4/auto": True, "4/cpu": True, "4/xla": False,
-                                                     "1/auto": False, "1/cpu": False, "1/xla": False}
+  assert {k: v["cpu"] > 0 for k, v in r.items()} == {
+    "4/auto": True,
+    "4/cpu": True,
+    "4/xla": False,
+    "1/auto": False,
+    "1/cpu": False,
+    "1/xla": False,
+  }
   assert r["4/auto"]["tpu"] == 0 and r["4/xla"]["tpu"] == 0
 
 

@@ -5,6 +5,7 @@ whole command lines, inline synopses flag by flag), every repository path they n
 show is in the repository, every page is in mkdocs.yml's nav, the results pages stay within their line budgets
 and no page reads as a diary. With MkDocs installed (the docs and test extras) the strict site build runs too.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -31,12 +32,14 @@ GENERATED_TABLE = re.compile(r"^data/(.+/)?[^/]*_table\.md$")
 # measuring, "this machine". A date may stand only on a table's "**Measured:**" line.
 DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
 DIARY = {
-    "a numbered work period": re.compile(
-        r"\b(first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|\d+(st|nd|rd|th))\s+"
-        r"(session|measurement|lease|work period|call)s?\b", re.I),
-    "an issue number": re.compile(r"\bissues?\s+#?\d+", re.I),
-    "a process signal used while measuring": re.compile(r"\bSIG(STOP|CONT)\b"),
-    "\"this machine\"": re.compile(r"\bthis machine\b", re.I),
+  "a numbered work period": re.compile(
+    r"\b(first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|\d+(st|nd|rd|th))\s+"
+    r"(session|measurement|lease|work period|call)s?\b",
+    re.I,
+  ),
+  "an issue number": re.compile(r"\bissues?\s+#?\d+", re.I),
+  "a process signal used while measuring": re.compile(r"\bSIG(STOP|CONT)\b"),
+  "\"this machine\"": re.compile(r"\bthis machine\b", re.I),
 }
 
 FENCE = re.compile(r"^```([\w+-]*)[^\n]*\n(.*?)^```", re.S | re.M)
@@ -86,9 +89,9 @@ def _cli_argvs(tokens: list[str]):
     start = None
     if Path(tok).name == "remixer-t5":
       start = i + 1
-    elif Path(tok).name.startswith("python") and tokens[i + 1:i + 3] == ["-m", "remixer_t5"]:
+    elif Path(tok).name.startswith("python") and tokens[i + 1 : i + 3] == ["-m", "remixer_t5"]:
       start = i + 3
-    elif tok.startswith("launch/") and tok.endswith(".sh") and "--" in tokens[i + 1:]:
+    elif tok.startswith("launch/") and tok.endswith(".sh") and "--" in tokens[i + 1 :]:
       start = tokens.index("--", i + 1) + 1
     if start is None:
       continue
@@ -110,6 +113,7 @@ def _fresh_data_dir():
 @pytest.fixture(scope="module")
 def cli():
   from remixer_t5 import cli as module
+
   return module
 
 
@@ -142,7 +146,7 @@ def _synopsis_problem(cli, span: str) -> str | None:
   words = [t for t in tokens if not t.startswith("-")]
   table, names = cli.COMMANDS, []
   while isinstance(table, dict):
-    if not words[len(names):]:
+    if not words[len(names) :]:
       return None if names else "no command"  # `remixer-t5 repro` alone names the group
     choices = words[len(names)].split("|")
     if any(c not in table for c in choices):
@@ -211,14 +215,19 @@ def _named_paths(page: Path):
 
 
 def test_named_paths_and_images_exist():
-  missing = [f"{_rel(page)}: {kind} {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}"
-             for page in PAGES for kind, path in _named_paths(page) if not path.exists()]
+  missing = [
+    f"{_rel(page)}: {kind} {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}"
+    for page in PAGES
+    for kind, path in _named_paths(page)
+    if not path.exists()
+  ]
   assert not missing, "paths the docs name that the repository does not have:\n" + "\n".join(missing)
 
 
 def _anchors(page: Path) -> set[str]:
   """The ids Python-Markdown's toc extension (MkDocs's) gives the page's headings."""
   from markdown.extensions.toc import slugify
+
   return {slugify(m.group(1).strip(), "-") for m in re.finditer(r"^#{1,6}\s+(.+?)\s*#*$", _prose(_text(page)), re.M)}
 
 
@@ -260,12 +269,17 @@ def test_no_diary():
       for what, pattern in DIARY.items():
         if pattern.search(line):
           found.append(f"{_rel(page)}:{n}: {what}: {line.strip()[:100]}")
-  assert not found, ("the docs say what is, not how it was found (that is git log's):\n" + "\n".join(found))
+  assert not found, "the docs say what is, not how it was found (that is git log's):\n" + "\n".join(found)
 
 
 def test_strict_site_build(tmp_path):
   if importlib.util.find_spec("mkdocs") is None:
     pytest.skip("MkDocs is not installed (pip install -e '.[docs]'): the strict site build is not checked")
-  result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+  result = subprocess.run(
+    [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert result.returncode == 0, "mkdocs build --strict failed:\n" + result.stderr[-4000:]

@@ -4,6 +4,7 @@ Each restarted run must reach the same parameters, bitwise, as a run that was ne
 holds step, params, optimizer state, RNG and the input position (each process's tf.data iterator state, restored
 in constant time; a checkpoint without one is replayed with skip), and the input pipeline is deterministic.
 """
+
 import json
 import os
 import signal
@@ -21,21 +22,35 @@ from subprocess_util import xla_flags
 from remixer_t5.training import checkpoints, metrics_log
 from remixer_t5 import cli
 
-RUN = ["--gin_file=models/t5_1_1/tiny.gin", "--gin_file=runs/demo.gin", "--gin.BATCH_SIZE=2",
-       "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}", "--gin.LOG_PERIOD=1", "--gin.EVAL_PERIOD=0",
-       "--gin.network.T5Config.emb_dim=32", "--gin.network.T5Config.mlp_dim=48",
-       "--gin.network.T5Config.num_encoder_layers=1", "--gin.network.T5Config.num_decoder_layers=1"]
+RUN = [
+  "--gin_file=models/t5_1_1/tiny.gin",
+  "--gin_file=runs/demo.gin",
+  "--gin.BATCH_SIZE=2",
+  "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}",
+  "--gin.LOG_PERIOD=1",
+  "--gin.EVAL_PERIOD=0",
+  "--gin.network.T5Config.emb_dim=32",
+  "--gin.network.T5Config.mlp_dim=48",
+  "--gin.network.T5Config.num_encoder_layers=1",
+  "--gin.network.T5Config.num_decoder_layers=1",
+]
 STEPS = 12
 
 
 def _args(model_dir, steps=STEPS, period=1):
-  return ["train", *RUN, f"--gin.MODEL_DIR='{model_dir}'", f"--gin.TRAIN_STEPS={steps}",
-          f"--gin.CHECKPOINT_PERIOD={period}"]
+  return [
+    "train",
+    *RUN,
+    f"--gin.MODEL_DIR='{model_dir}'",
+    f"--gin.TRAIN_STEPS={steps}",
+    f"--gin.CHECKPOINT_PERIOD={period}",
+  ]
 
 
 def _spawn(args, env):
-  return subprocess.Popen([sys.executable, "-m", "remixer_t5", *args], env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+  return subprocess.Popen(
+    [sys.executable, "-m", "remixer_t5", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+  )
 
 
 def _train_steps_logged(model_dir):
@@ -82,8 +97,9 @@ def reference(reference_dir):
 
 
 @pytest.mark.integration
-def test_kill_9_mid_save_then_restart_matches_uninterrupted(tmp_path, env, reference, monkeypatch,
-                                                            embedded_cache, capsys):
+def test_kill_9_mid_save_then_restart_matches_uninterrupted(
+  tmp_path, env, reference, monkeypatch, embedded_cache, capsys
+):
   run = tmp_path / "run"
   ckpt_dir = run / "checkpoints"
   proc = _spawn(_args(run), env)
@@ -121,10 +137,12 @@ def test_kill_9_mid_save_then_restart_matches_uninterrupted(tmp_path, env, refer
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("signum, said", [(signal.SIGTERM, "preempted (SIGTERM)"),
-                                           (signal.SIGINT, "interrupted (Ctrl-C)")])
-def test_sigterm_or_ctrl_c_saves_exits_0_and_the_rerun_resumes_exactly(tmp_path, env, reference, monkeypatch,
-                                                                      embedded_cache, capsys, signum, said):
+@pytest.mark.parametrize(
+  "signum, said", [(signal.SIGTERM, "preempted (SIGTERM)"), (signal.SIGINT, "interrupted (Ctrl-C)")]
+)
+def test_sigterm_or_ctrl_c_saves_exits_0_and_the_rerun_resumes_exactly(
+  tmp_path, env, reference, monkeypatch, embedded_cache, capsys, signum, said
+):
   run = tmp_path / "run"
   proc = _spawn(_args(run, period=100), env)  # no periodic checkpoint before the end
   deadline = time.time() + 180
@@ -150,6 +168,7 @@ def test_a_second_ctrl_c_aborts_at_once():
   """The first Ctrl-C asks for a save at the step's end; a second one raises KeyboardInterrupt where the process
   is (`remixer-t5` then exits 130 in one line: tests/test_bad_input.py). Outside the loop Ctrl-C is Python's."""
   from remixer_t5.training import trainer
+
   with trainer._StopWatch(None) as watch:
     assert watch.requested() is None
     os.kill(os.getpid(), signal.SIGINT)
@@ -161,10 +180,12 @@ def test_a_second_ctrl_c_aborts_at_once():
   assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-def test_checkpoint_without_input_state_resumes_by_replay(tmp_path, monkeypatch, embedded_cache, reference_dir,
-                                                         reference, capsys):
+def test_checkpoint_without_input_state_resumes_by_replay(
+  tmp_path, monkeypatch, embedded_cache, reference_dir, reference, capsys
+):
   """A checkpoint of a run from before iterator checkpoints (position only) still resumes exactly: skip."""
   import shutil
+
   monkeypatch.setenv("REMIXER_T5_CACHE_DIR", str(embedded_cache.root))
   run = tmp_path / "run"
   shutil.copytree(reference_dir, run)
@@ -178,10 +199,11 @@ def test_checkpoint_without_input_state_resumes_by_replay(tmp_path, monkeypatch,
   _assert_same(_params(run), reference)
 
 
-def test_corrupt_latest_checkpoint_is_reported_and_the_previous_one_restored(tmp_path, monkeypatch,
-                                                                             embedded_cache, reference_dir,
-                                                                             reference, capsys):
+def test_corrupt_latest_checkpoint_is_reported_and_the_previous_one_restored(
+  tmp_path, monkeypatch, embedded_cache, reference_dir, reference, capsys
+):
   import shutil
+
   monkeypatch.setenv("REMIXER_T5_CACHE_DIR", str(embedded_cache.root))
   run = tmp_path / "run"
   shutil.copytree(reference_dir, run)
@@ -198,22 +220,35 @@ def test_corrupt_latest_checkpoint_is_reported_and_the_previous_one_restored(tmp
   _assert_same(_params(run), reference)
 
 
-def test_nan_loss_stops_the_run_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch,
-                                                                                 embedded_cache):
+def test_nan_loss_stops_the_run_naming_the_step_and_keeps_the_last_good_checkpoint(
+  tmp_path, monkeypatch, embedded_cache
+):
   monkeypatch.setenv("REMIXER_T5_CACHE_DIR", str(embedded_cache.root))
   from remixer_t5 import gin_utils
   from remixer_t5.training import run_config, trainer
-  gin_utils.parse_gin(["models/t5_1_1/tiny.gin"], ["network.T5Config.emb_dim=32", "network.T5Config.mlp_dim=48",
-                                                   "network.T5Config.num_encoder_layers=1",
-                                                   "network.T5Config.num_decoder_layers=1"])
+
+  gin_utils.parse_gin(
+    ["models/t5_1_1/tiny.gin"],
+    [
+      "network.T5Config.emb_dim=32",
+      "network.T5Config.mlp_dim=48",
+      "network.T5Config.num_encoder_layers=1",
+      "network.T5Config.num_decoder_layers=1",
+    ],
+  )
   model = gin_utils.macro("MODEL")
   lr = lambda step: jnp.where(step >= 5, jnp.nan, 1e-3)  # poisons the update made at step 6
   with pytest.raises(FloatingPointError, match=r"between steps 4 and 6.*last good checkpoint is 4"):
-    trainer.train(run_config.Run(
-        model_dir=str(tmp_path / "run"), training=run_config.Training(model=model, learning_rate=lr),
-        data=run_config.Data(task="embedded_span_corruption", feature_lengths={"inputs": 16, "targets": 8},
-                             batch_size=2),
-        schedule=run_config.Schedule(train_steps=10, checkpoint_period=2, eval_period=0, log_period=3)))
+    trainer.train(
+      run_config.Run(
+        model_dir=str(tmp_path / "run"),
+        training=run_config.Training(model=model, learning_rate=lr),
+        data=run_config.Data(
+          task="embedded_span_corruption", feature_lengths={"inputs": 16, "targets": 8}, batch_size=2
+        ),
+        schedule=run_config.Schedule(train_steps=10, checkpoint_period=2, eval_period=0, log_period=3),
+      )
+    )
   ckpt = checkpoints.Checkpointer(tmp_path / "run")
   assert ckpt.all_steps() == [2, 4]
   params = _params(tmp_path / "run")

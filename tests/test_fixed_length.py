@@ -1,6 +1,7 @@
 """Fixed-length mixers follow the run's TASK_FEATURE_LENGTHS, and INIT_CHECKPOINTs trained at other lengths
 are fitted (remixer_t5/model/fixed_length.py): rules, refusals, exactness on short sequences, and every tiny
 architecture finetuning a few steps at runs/cogs.gin's lengths from a checkpoint made at 512/114."""
+
 from pathlib import Path
 
 import jax
@@ -18,15 +19,23 @@ FIXED = ["amlp", "gmlp", "mixer_enc", "mixer_encdec", "remixer"]
 # `make test` finetunes the Remixer (both stacks have an L x L weight) and fits it and MLP-Mixer's encoder; the
 # other architectures run in the integration tier (`make test-integration`, tests/conftest.py).
 QUICK = ("remixer",)
-SHRINK = ["network.T5Config.emb_dim=16", "network.T5Config.num_heads=2", "network.T5Config.head_dim=8",
-          "network.T5Config.mlp_dim=24", "network.T5Config.num_encoder_layers=1",
-          "network.T5Config.num_decoder_layers=1"]
+SHRINK = [
+  "network.T5Config.emb_dim=16",
+  "network.T5Config.num_heads=2",
+  "network.T5Config.head_dim=8",
+  "network.T5Config.mlp_dim=24",
+  "network.T5Config.num_encoder_layers=1",
+  "network.T5Config.num_decoder_layers=1",
+]
 REAL_COGS = Path(__file__).resolve().parents[2] / "shared" / "data" / "cogs"
 
 
 def _shapes(module, enc=8, dec=6):
-  v = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), jnp.ones((1, enc), jnp.int32),
-                                         jnp.ones((1, dec), jnp.int32), jnp.ones((1, dec), jnp.int32)))
+  v = jax.eval_shape(
+    lambda: module.init(
+      jax.random.PRNGKey(0), jnp.ones((1, enc), jnp.int32), jnp.ones((1, dec), jnp.int32), jnp.ones((1, dec), jnp.int32)
+    )
+  )
   return {jax.tree_util.keystr(k): tuple(x.shape) for k, x in jax.tree_util.tree_leaves_with_path(v["params"])}
 
 
@@ -51,8 +60,10 @@ def test_lengths_follow_task_feature_lengths(arch):
   gin_utils.parse_gin([f"models/{arch}/tiny.gin", "runs/cogs.gin"], [*SHRINK, "MODEL_DIR='/tmp/unused'"])
   want = {"encoder": 128, "decoder": 512} if arch != "mixer_enc" else {"encoder": 128}
   assert _mixer_lengths(_shapes(gin_utils.macro("MODEL").module)) == want
-  gin_utils.parse_gin([f"models/{arch}/tiny.gin", "runs/cogs.gin"],
-                      [*SHRINK, "MODEL_DIR='/tmp/unused'", "TASK_FEATURE_LENGTHS={'inputs': 20, 'targets': 10}"])
+  gin_utils.parse_gin(
+    [f"models/{arch}/tiny.gin", "runs/cogs.gin"],
+    [*SHRINK, "MODEL_DIR='/tmp/unused'", "TASK_FEATURE_LENGTHS={'inputs': 20, 'targets': 10}"],
+  )
   want = {"encoder": 20, "decoder": 10} if arch != "mixer_enc" else {"encoder": 20}
   assert _mixer_lengths(_shapes(gin_utils.macro("MODEL").module)) == want
 
@@ -71,8 +82,8 @@ def test_fit_leaf_rules_and_refusals():
   old = np.arange(9.0).reshape(3, 3)
   fresh = -np.ones((5, 5))
   grown = fixed_length.fit_leaf("h", old, fresh, ("mix_length", "mix_source"))
-  np.testing.assert_array_equal(grown[:3, :3], old)           # the old rows are unchanged
-  np.testing.assert_array_equal(grown[3:], -1.0)              # new entries: the model's own initialisation
+  np.testing.assert_array_equal(grown[:3, :3], old)  # the old rows are unchanged
+  np.testing.assert_array_equal(grown[3:], -1.0)  # new entries: the model's own initialisation
   np.testing.assert_array_equal(grown[:3, 3:], -1.0)
   shrunk = fixed_length.fit_leaf("h", old, -np.ones((2, 2)), ("mix_length", "mix_source"))
   np.testing.assert_array_equal(shrunk, old[:2, :2])
@@ -87,17 +98,30 @@ def test_fit_leaf_rules_and_refusals():
 
 
 def _init(module, enc, dec):
-  return jax.jit(lambda: module.init(jax.random.PRNGKey(0), jnp.ones((1, enc), jnp.int32), jnp.ones((1, dec), jnp.int32),
-                     jnp.ones((1, dec), jnp.int32), enable_dropout=False))()
+  return jax.jit(
+    lambda: module.init(
+      jax.random.PRNGKey(0),
+      jnp.ones((1, enc), jnp.int32),
+      jnp.ones((1, dec), jnp.int32),
+      jnp.ones((1, dec), jnp.int32),
+      enable_dropout=False,
+    )
+  )()
 
 
 @pytest.mark.parametrize("arch", tiered(FIXED, (*QUICK, "mixer_enc")))
 def test_fitted_checkpoint_gives_the_old_outputs_on_sequences_that_fit(arch, embedded_cache):
   """Params made at 16/8, fitted to 24/12 (grown) and 12/6 (shrunk): sequences of at most 12/6 tokens give
   the old logits exactly; a longer decoder sequence runs on the grown model."""
+
   def build(enc, dec):
-    return models.from_gin(f"models/{arch}/tiny.gin", *SHRINK, "network.T5Config.vocab_size=40",
-                           f"TASK_FEATURE_LENGTHS={{'inputs': {enc}, 'targets': {dec}}}")
+    return models.from_gin(
+      f"models/{arch}/tiny.gin",
+      *SHRINK,
+      "network.T5Config.vocab_size=40",
+      f"TASK_FEATURE_LENGTHS={{'inputs': {enc}, 'targets': {dec}}}",
+    )
+
   old_module = build(16, 8)
   v = _init(old_module, 16, 8)
   leaves, tree = jax.tree_util.tree_flatten(v["params"])  # move every weight off its initial value
@@ -108,8 +132,9 @@ def test_fitted_checkpoint_gives_the_old_outputs_on_sequences_that_fit(arch, emb
   enc_tokens[1, 9:] = 0
   dec_out = rng.randint(2, 40, (2, 6)).astype(np.int32)
   dec_in = np.concatenate([np.zeros_like(dec_out[:, :1]), dec_out[:, :-1]], 1)
-  run = lambda m, p, d_in, d_out: jax.jit(lambda p: m.apply({"params": p}, enc_tokens, d_in, d_out,
-                                                              enable_dropout=False))(p)
+  run = lambda m, p, d_in, d_out: jax.jit(
+    lambda p: m.apply({"params": p}, enc_tokens, d_in, d_out, enable_dropout=False)
+  )(p)
   want = run(old_module, old, dec_in, dec_out)
   for enc, dec in ((24, 12), (12, 6)):
     module = build(enc, dec)
@@ -127,9 +152,11 @@ def test_fitted_checkpoint_gives_the_old_outputs_on_sequences_that_fit(arch, emb
   assert np.all(np.isfinite(np.asarray(out)))
 
 
-ROWS = [("A cat smiled .", "cat ( x _ 1 ) AND smile . agent ( x _ 2 , x _ 1 )", "in_distribution"),
-        ("Emma slept .", "sleep . agent ( x _ 1 , Emma )", "in_distribution"),
-        ("The dog ran .", "* dog ( x _ 1 ) ; run . agent ( x _ 2 , x _ 1 )", "in_distribution")]
+ROWS = [
+  ("A cat smiled .", "cat ( x _ 1 ) AND smile . agent ( x _ 2 , x _ 1 )", "in_distribution"),
+  ("Emma slept .", "sleep . agent ( x _ 1 , Emma )", "in_distribution"),
+  ("The dog ran .", "* dog ( x _ 1 ) ; run . agent ( x _ 2 , x _ 1 )", "in_distribution"),
+]
 
 
 def _pretrained_at_512_114(arch, path):
@@ -144,10 +171,21 @@ def _pretrained_at_512_114(arch, path):
 def _finetune(arch, root, data_dir, steps=2):
   init = root / f"{arch}-pre"
   _pretrained_at_512_114(arch, init)
-  args = ["train", f"--gin_file=models/{arch}/tiny.gin", "--gin_file=runs/cogs.gin",
-          *[f"--gin.{b}" for b in SHRINK], "--gin.VOCABULARY=@vocab.get_vocabulary()", "--gin.BATCH_SIZE=2",
-          f"--gin.TRAIN_STEPS={steps}", "--gin.LOG_PERIOD=1", "--gin.EVAL_PERIOD=0", f"--gin.CHECKPOINT_PERIOD={steps}",
-          f"--gin.MODEL_DIR='{root / arch}'", f"--gin.DATA_DIR='{data_dir}'", f"--gin.INIT_CHECKPOINT='{init}'"]
+  args = [
+    "train",
+    f"--gin_file=models/{arch}/tiny.gin",
+    "--gin_file=runs/cogs.gin",
+    *[f"--gin.{b}" for b in SHRINK],
+    "--gin.VOCABULARY=@vocab.get_vocabulary()",
+    "--gin.BATCH_SIZE=2",
+    f"--gin.TRAIN_STEPS={steps}",
+    "--gin.LOG_PERIOD=1",
+    "--gin.EVAL_PERIOD=0",
+    f"--gin.CHECKPOINT_PERIOD={steps}",
+    f"--gin.MODEL_DIR='{root / arch}'",
+    f"--gin.DATA_DIR='{data_dir}'",
+    f"--gin.INIT_CHECKPOINT='{init}'",
+  ]
   assert cli.main(args) == 0
   log = (root / arch / "train.log").read_text() if (root / arch / "train.log").exists() else ""
   params = checkpoints.restore_any_params(root / arch)
@@ -160,8 +198,9 @@ LENGTH_BOUND = [a for a in ARCHS if a not in ("hypermixer", "linear_attention")]
 
 
 @pytest.mark.parametrize("arch", tiered(LENGTH_BOUND, QUICK))
-def test_every_architecture_finetunes_at_cogs_lengths_from_a_512_114_checkpoint(arch, tmp_path, embedded_cache,
-                                                                                 monkeypatch):
+def test_every_architecture_finetunes_at_cogs_lengths_from_a_512_114_checkpoint(
+  arch, tmp_path, embedded_cache, monkeypatch
+):
   """runs/cogs.gin's 128/512 from INIT_CHECKPOINT made at 512/114 (fake COGS rows: needs no shared data), for
   every architecture a length change can break."""
   monkeypatch.setenv("REMIXER_T5_CACHE_DIR", str(embedded_cache.root))
@@ -171,8 +210,9 @@ def test_every_architecture_finetunes_at_cogs_lengths_from_a_512_114_checkpoint(
   for name in ("train.tsv", "dev.tsv", "test.tsv", "gen.tsv"):
     (data / name).write_text("".join("\t".join(r) + "\n" for r in ROWS), encoding="utf-8")
   params, _ = _finetune(arch, tmp_path, tmp_path / "data")
-  shapes = _mixer_lengths({jax.tree_util.keystr(k): tuple(x.shape)
-                           for k, x in jax.tree_util.tree_leaves_with_path(params)})
+  shapes = _mixer_lengths(
+    {jax.tree_util.keystr(k): tuple(x.shape) for k, x in jax.tree_util.tree_leaves_with_path(params)}
+  )
   if arch in FIXED:
     assert shapes == ({"encoder": 128} if arch.startswith("mixer_") else {"encoder": 128, "decoder": 512})
   for leaf in jax.tree_util.tree_leaves(params):

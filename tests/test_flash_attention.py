@@ -11,6 +11,7 @@ gpu-compile-env`, run in .venv-gpu) they are compiled for an H100 too.
 kernels/tpu/flash_attention.py (JAX's TPU flash attention behind the same contract) runs in Pallas's TPU
 interpreter against the same reference, and is compiled through libtpu for TPU generations without a TPU.
 """
+
 import re
 
 import jax
@@ -24,14 +25,26 @@ from remixer_t5.model.mixers.attention import dot_product_attention
 from tiers import needs_cuda_plugin, tiered
 
 
-def reference(query, key, value, *, bias=None, q_segment_ids=None, kv_segment_ids=None, causal=False,
-              dropout_mask=None, dropout_rate=0.0, dtype=jnp.float32):
+def reference(
+  query,
+  key,
+  value,
+  *,
+  bias=None,
+  q_segment_ids=None,
+  kv_segment_ids=None,
+  causal=False,
+  dropout_mask=None,
+  dropout_rate=0.0,
+  dtype=jnp.float32,
+):
   """The model's attention operation in the kernel's keyword form (segment ids None: every position real)."""
   b, nq, nk = query.shape[0], query.shape[1], key.shape[1]
   q_seg = jnp.ones((b, nq), jnp.int32) if q_segment_ids is None else jnp.asarray(q_segment_ids, jnp.int32)
   kv_seg = jnp.ones((b, nk), jnp.int32) if kv_segment_ids is None else jnp.asarray(kv_segment_ids, jnp.int32)
-  return dot_product_attention(query, key, value, bias, q_seg, kv_seg, dropout_mask, causal=causal,
-                               dropout_rate=dropout_rate, dtype=dtype)
+  return dot_product_attention(
+    query, key, value, bias, q_seg, kv_seg, dropout_mask, causal=causal, dropout_rate=dropout_rate, dtype=dtype
+  )
 
 
 def segments(rng, b, n, pieces, pad):
@@ -46,13 +59,13 @@ def segments(rng, b, n, pieces, pad):
 
 # name: (b, nq, nk, h, d, causal, bias, q pieces, q padding, kv pieces, kv padding); pieces None: no segment ids
 CASES = {
-    "packed": (2, 37, 37, 2, 24, False, True, 3, 4, 3, 4),  # d 24 padded to 32 inside
-    "padded": (3, 29, 29, 2, 16, False, True, 1, [0, 5, 11], 1, [0, 5, 11]),  # unpacked rows: 1 real, 0 padding
-    "causal": (2, 37, 37, 2, 16, True, True, 2, 3, 2, 3),  # decoder self-attention
-    "cross": (2, 21, 45, 2, 16, False, False, 2, 3, 2, 6),  # decoder queries, encoder keys, packed, no bias
-    "head_dim_64": (2, 40, 40, 2, 64, True, True, 2, 5, 2, 5),
-    "cross_bias": (3, 20, 33, 2, 16, False, True, 2, 3, 2, 4),  # q != k with a bias: the offsets' both ends
-    "unmasked_causal": (2, 64, 64, 2, 16, True, True, None, 0, None, 0),  # no segment ids, whole blocks
+  "packed": (2, 37, 37, 2, 24, False, True, 3, 4, 3, 4),  # d 24 padded to 32 inside
+  "padded": (3, 29, 29, 2, 16, False, True, 1, [0, 5, 11], 1, [0, 5, 11]),  # unpacked rows: 1 real, 0 padding
+  "causal": (2, 37, 37, 2, 16, True, True, 2, 3, 2, 3),  # decoder self-attention
+  "cross": (2, 21, 45, 2, 16, False, False, 2, 3, 2, 6),  # decoder queries, encoder keys, packed, no bias
+  "head_dim_64": (2, 40, 40, 2, 64, True, True, 2, 5, 2, 5),
+  "cross_bias": (3, 20, 33, 2, 16, False, True, 2, 3, 2, 4),  # q != k with a bias: the offsets' both ends
+  "unmasked_causal": (2, 64, 64, 2, 16, True, True, None, 0, None, 0),  # no segment ids, whole blocks
 }
 
 
@@ -62,13 +75,21 @@ def make(name, dtype=jnp.float32, dropout_rate=0.0, seed=0, cases=CASES):
   q_seg = None if qp is None else segments(rng, b, nq, qp, qpad)
   kv_seg = q_seg if (nq == nk and qp == kp and qpad == kpad) else segments(rng, b, nk, kp, kpad)
   normal = lambda *s: jnp.asarray(rng.normal(size=s), jnp.float32)
-  inputs = dict(query=normal(b, nq, h, d).astype(dtype), key=normal(b, nk, h, d).astype(dtype),
-                value=normal(b, nk, h, d).astype(dtype),
-                bias=RelativeBias(2 * normal(h, nq + nk - 1), nq) if bias else None)
+  inputs = dict(
+    query=normal(b, nq, h, d).astype(dtype),
+    key=normal(b, nk, h, d).astype(dtype),
+    value=normal(b, nk, h, d).astype(dtype),
+    bias=RelativeBias(2 * normal(h, nq + nk - 1), nq) if bias else None,
+  )
   as_ids = lambda seg: None if seg is None else jnp.asarray(seg)
-  static = dict(q_segment_ids=as_ids(q_seg), kv_segment_ids=as_ids(kv_seg), causal=causal, dtype=dtype,
-                dropout_rate=dropout_rate,
-                dropout_mask=jnp.asarray(rng.random((b, h, nq, nk)) >= dropout_rate) if dropout_rate else None)
+  static = dict(
+    q_segment_ids=as_ids(q_seg),
+    kv_segment_ids=as_ids(kv_seg),
+    causal=causal,
+    dtype=dtype,
+    dropout_rate=dropout_rate,
+    dropout_mask=jnp.asarray(rng.random((b, h, nq, nk)) >= dropout_rate) if dropout_rate else None,
+  )
   real = True if q_seg is None else (q_seg > 0)[:, :, None, None]
   cotangent = (normal(b, nq, h, d) * real).astype(dtype)
   return inputs, static, real, cotangent
@@ -82,6 +103,7 @@ def value_and_grads(fn, inputs, static, cotangent):
   def run(arrays):
     out, vjp = jax.vjp(lambda a: fn(**{**inputs, **a}, **static), arrays)
     return out, vjp(cotangent)[0]
+
   return run({k: inputs[k] for k in names})
 
 
@@ -194,8 +216,15 @@ def test_the_seam_hands_a_dense_bias_to_the_reference():
   computes the reference (nothing is lowered for a GPU here)."""
   inputs, static, real, g = make("packed")
   ref = lambda *a: dot_product_attention(*a, causal=False, dropout_rate=0.0, dtype=jnp.float32)
-  args = (inputs["query"], inputs["key"], inputs["value"], inputs["bias"].dense(), static["q_segment_ids"],
-          static["kv_segment_ids"], None)
+  args = (
+    inputs["query"],
+    inputs["key"],
+    inputs["value"],
+    inputs["bias"].dense(),
+    static["q_segment_ids"],
+    static["kv_segment_ids"],
+    None,
+  )
   got = fa.seam(*args, reference=ref, causal=False, dropout_rate=0.0, dtype=jnp.float32)
   np.testing.assert_array_equal(got, ref(*args))
 
@@ -208,24 +237,44 @@ def _base_program(nq, nk, causal, bias, dropout):
   """The kernels' forward and gradient at T5.1.1-base shapes in bfloat16, and its arguments' shapes."""
   b, h, d = BASE["b"], BASE["h"], BASE["d"]
   S = jax.ShapeDtypeStruct
-  args = [S((b, nq, h, d), jnp.bfloat16), S((b, nk, h, d), jnp.bfloat16), S((b, nk, h, d), jnp.bfloat16),
-          S((h, nq + nk - 1), jnp.float32) if bias else None, S((b, nq), jnp.int32), S((b, nk), jnp.int32),
-          S((b, h, nq, nk), jnp.bool_) if dropout else None, S((b, nq, h, d), jnp.bfloat16)]
+  args = [
+    S((b, nq, h, d), jnp.bfloat16),
+    S((b, nk, h, d), jnp.bfloat16),
+    S((b, nk, h, d), jnp.bfloat16),
+    S((h, nq + nk - 1), jnp.float32) if bias else None,
+    S((b, nq), jnp.int32),
+    S((b, nk), jnp.int32),
+    S((b, h, nq, nk), jnp.bool_) if dropout else None,
+    S((b, nq, h, d), jnp.bfloat16),
+  ]
 
   def program(q, k, v, rel, q_seg, kv_seg, mask, g):
     bias = None if rel is None else RelativeBias(rel, q.shape[1])
-    fn = lambda q, k, v, bias: fa.attention(q, k, v, bias=bias, q_segment_ids=q_seg, kv_segment_ids=kv_seg,
-                                            causal=causal, dropout_mask=mask, dropout_rate=0.1 if dropout else 0.0,
-                                            dtype=jnp.bfloat16)
+    fn = lambda q, k, v, bias: fa.attention(
+      q,
+      k,
+      v,
+      bias=bias,
+      q_segment_ids=q_seg,
+      kv_segment_ids=kv_seg,
+      causal=causal,
+      dropout_mask=mask,
+      dropout_rate=0.1 if dropout else 0.0,
+      dtype=jnp.bfloat16,
+    )
     out, vjp = jax.vjp(fn, q, k, v, bias)
     return out, vjp(g)
+
   return program, args
 
 
 # (q, k, causal, bias, dropout): the encoder's self-attention, the decoder's (finetuning: with dropout), and
 # cross-attention.
-BASE_FORMS = {"encoder": (512, 512, False, True, False), "decoder_dropout": (114, 114, True, True, True),
-              "cross": (114, 512, False, False, False)}
+BASE_FORMS = {
+  "encoder": (512, 512, False, True, False),
+  "decoder_dropout": (114, 114, True, True, True),
+  "cross": (114, 512, False, False, False),
+}
 
 
 @pytest.mark.parametrize("form", list(BASE_FORMS))
@@ -239,7 +288,8 @@ def test_programs_lowered_for_cuda_call_the_kernels_and_hold_no_attention_matrix
   text = jax.jit(program).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
   assert text.count("__gpu$xla.gpu.triton") == (4 if bias else 3)
   for name in ["flash_attention_fwd", "flash_attention_dkv", "flash_attention_dq"] + (
-      ["flash_attention_dbias"] if bias else []):
+    ["flash_attention_dbias"] if bias else []
+  ):
     assert name in text
   b, h = BASE["b"], BASE["h"]
   square = [t for t in re.findall(rf"tensor<{b}x{h}x(\d+)x(\d+)x(\w+)>", text) if t[2] != "i1"]
@@ -256,6 +306,7 @@ def test_the_kernels_compile_for_an_h100_without_a_gpu(form):
   gradient arrays; the decoder's 114 positions pad to 128, and the padded copies of q, k, v, the cotangent, the
   mask and the gradients before slicing take ~8 arrays of [b, 128, h, d]."""
   from remixer_t5 import aot_compile
+
   device = aot_compile.gpu_topology_devices(aot_compile.accelerator("h100"))[0]
   sharding = jax.sharding.SingleDeviceSharding(device)
   nq, nk, causal, bias, dropout = BASE_FORMS[form]
@@ -270,8 +321,9 @@ def test_the_kernels_compile_for_an_h100_without_a_gpu(form):
   pq, pk = (-(-n // block) * block for n in (nq, nk))  # the lengths padded to whole blocks
   groups = fa.bias_groups(b, (pq // block) * (pk // block) * h)[0]
   bias_grad = groups * h * pq * pk + h * pq * (pq + pk)  # the group sums and the skewed diagonal sums
-  assert max(np.prod(s) for s in floats) <= max(b * pq * h * d, groups * h * pq * pk, h * pq * (pq + pk)), \
-      sorted(floats)
+  assert max(np.prod(s) for s in floats) <= max(b * pq * h * d, groups * h * pq * pk, h * pq * (pq + pk)), sorted(
+    floats
+  )
   assert not [s for s in floats if len(s) == 4 and s[0] == b and s[1] == h], sorted(floats)
   temp = compiled.memory_analysis().temp_size_in_bytes
   padded_copies = 0 if (pq, pk) == (nq, nk) else 10 * b * pq * h * d * 2
@@ -280,6 +332,7 @@ def test_the_kernels_compile_for_an_h100_without_a_gpu(form):
 
 # --- TPU: kernels/tpu/flash_attention.py, JAX's Pallas (Mosaic) flash attention behind the same contract --------
 
+
 @pytest.mark.parametrize("name", tiered(["causal", "packed", "cross", "padded"], quick=["causal"]))
 def test_the_tpu_wrapper_matches_the_reference_in_tpu_interpret_mode(name):
   """JAX's TPU kernel run by Pallas's TPU interpreter on this CPU, through the wrapper's transposes, padding to
@@ -287,6 +340,7 @@ def test_the_tpu_wrapper_matches_the_reference_in_tpu_interpret_mode(name):
   from jax.experimental.pallas import tpu as pltpu
 
   from remixer_t5.kernels.tpu import flash_attention as tpu_fa
+
   inputs, static, real, g = make(name)
   with pltpu.force_tpu_interpret_mode():
     out, grads = value_and_grads(tpu_fa.attention, inputs, static, g)
@@ -299,6 +353,7 @@ def test_the_tpu_wrapper_matches_the_reference_in_tpu_interpret_mode(name):
 
 def test_the_tpu_wrapper_refuses_a_dropout_mask():
   from remixer_t5.kernels.tpu import flash_attention as tpu_fa
+
   q = jnp.zeros((1, 8, 1, 16))
   with pytest.raises(NotImplementedError, match="no dropout mask"):
     tpu_fa.attention(q, q, q, dropout_mask=jnp.ones((1, 1, 8, 8), bool), dropout_rate=0.1)
@@ -309,20 +364,37 @@ def _tpu_compile(topology, form, operand_dtype=None):
   `topology` through libtpu without a TPU; the optimised HLO's text."""
   from remixer_t5 import aot_compile
   from remixer_t5.kernels.tpu import flash_attention as tpu_fa
+
   device = aot_compile.topology_devices(aot_compile.accelerator(topology))[0]
   sharding = jax.sharding.SingleDeviceSharding(device)
   nq, nk, causal, bias, _ = BASE_FORMS[form]
   b, h, d = BASE["b"], BASE["h"], BASE["d"]
   S = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
-  args = [S((b, nq, h, d), jnp.bfloat16), S((b, nk, h, d), jnp.bfloat16), S((b, nk, h, d), jnp.bfloat16),
-          S((1, h, nq, nk), jnp.float32) if bias else None, S((b, nq), jnp.int32), S((b, nk), jnp.int32),
-          S((b, nq, h, d), jnp.bfloat16)]
+  args = [
+    S((b, nq, h, d), jnp.bfloat16),
+    S((b, nk, h, d), jnp.bfloat16),
+    S((b, nk, h, d), jnp.bfloat16),
+    S((1, h, nq, nk), jnp.float32) if bias else None,
+    S((b, nq), jnp.int32),
+    S((b, nk), jnp.int32),
+    S((b, nq, h, d), jnp.bfloat16),
+  ]
 
   def program(q, k, v, bias, q_seg, kv_seg, g):
-    fn = lambda q, k, v, bias: tpu_fa.attention(q, k, v, bias=bias, q_segment_ids=q_seg, kv_segment_ids=kv_seg,
-                                                causal=causal, dtype=jnp.bfloat16, operand_dtype=operand_dtype)
+    fn = lambda q, k, v, bias: tpu_fa.attention(
+      q,
+      k,
+      v,
+      bias=bias,
+      q_segment_ids=q_seg,
+      kv_segment_ids=kv_seg,
+      causal=causal,
+      dtype=jnp.bfloat16,
+      operand_dtype=operand_dtype,
+    )
     out, vjp = jax.vjp(fn, q, k, v, bias)
     return out, vjp(g)
+
   return jax.jit(program).trace(*args).lower().compile().as_text()
 
 
@@ -346,8 +418,11 @@ def test_v2_and_v3_take_the_tpu_wrapper_with_float32_operands_only(topology):
   assert _tpu_compile(topology, "decoder_dropout", jnp.float32).count('"tpu_custom_call"') == 3
 
 
-@pytest.mark.parametrize("case", tiered([("v5e-1", True), ("v3-8", False), ("v4-8", True)],
-                                       quick=[("v5e-1", True), ("v3-8", False)]), ids=lambda c: c[0])
+@pytest.mark.parametrize(
+  "case",
+  tiered([("v5e-1", True), ("v3-8", False), ("v4-8", True)], quick=[("v5e-1", True), ("v3-8", False)]),
+  ids=lambda c: c[0],
+)
 def test_auto_takes_the_tpu_kernel_from_v4_and_xla_s_form_on_v3(case):
   """The model's attention operation with attention_impl 'auto', traced under a mesh of `topology`'s devices (as
   the trainer and `remixer-t5 compile` trace), compiled through libtpu without a TPU: Mosaic kernels on v4 and
@@ -355,19 +430,24 @@ def test_auto_takes_the_tpu_kernel_from_v4_and_xla_s_form_on_v3(case):
   topology, kernel = case
   from remixer_t5 import aot_compile
   from remixer_t5.model.mixers import attention as attention_mixer
+
   devices = aot_compile.topology_devices(aot_compile.accelerator(topology))[:1]
   mesh = jax.sharding.Mesh(np.asarray(devices).reshape(1, 1), ("data", "model"))
   sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   b, nq, h, d = 2, 256, 4, 64
   S = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
-  args = [S((b, nq, h, d), jnp.bfloat16)] * 3 + [S((1, h, nq, nq), jnp.float32), S((b, nq), jnp.int32),
-                                                  S((b, nq), jnp.int32)]
+  args = [S((b, nq, h, d), jnp.bfloat16)] * 3 + [
+    S((1, h, nq, nq), jnp.float32),
+    S((b, nq), jnp.int32),
+    S((b, nq), jnp.int32),
+  ]
   static = dict(causal=False, dropout_rate=0.0, dtype=jnp.bfloat16, float32_logits=True)
 
   def program(q, k, v, bias, q_seg, kv_seg):
     fn = attention_mixer.attention_operation("auto", **static)
     out, vjp = jax.vjp(lambda q, k, v, bias: fn(q, k, v, bias, q_seg, kv_seg, None), q, k, v, bias)
     return out, vjp(out)
+
   with jax.set_mesh(mesh):
     text = jax.jit(program).trace(*args).lower().compile().as_text()
   assert (text.count('custom_call_target="tpu_custom_call"') == 3) == kernel

@@ -2,6 +2,7 @@
 train into gs://, resume from it (also after kill -9 mid-save), read it back with eval, plot, compare, info and
 export-hf, finetune from a gs:// INIT_CHECKPOINT, and the one-line errors of a bucket that cannot be used. No
 command may create a local folder named `gs:` (what pathlib made of gs:// paths)."""
+
 import json
 import os
 import signal
@@ -19,20 +20,37 @@ from subprocess_util import REPO, xla_flags
 from remixer_t5 import cli, storage
 from remixer_t5.training import checkpoints
 
-RUN = ["--gin_file=models/t5_1_1/tiny.gin", "--gin_file=runs/demo.gin", "--gin.BATCH_SIZE=2",
-       "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}", "--gin.LOG_PERIOD=1", "--gin.EVAL_PERIOD=0",
-       "--gin.network.T5Config.emb_dim=32", "--gin.network.T5Config.mlp_dim=48",
-       "--gin.network.T5Config.num_encoder_layers=1", "--gin.network.T5Config.num_decoder_layers=1"]
+RUN = [
+  "--gin_file=models/t5_1_1/tiny.gin",
+  "--gin_file=runs/demo.gin",
+  "--gin.BATCH_SIZE=2",
+  "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}",
+  "--gin.LOG_PERIOD=1",
+  "--gin.EVAL_PERIOD=0",
+  "--gin.network.T5Config.emb_dim=32",
+  "--gin.network.T5Config.mlp_dim=48",
+  "--gin.network.T5Config.num_encoder_layers=1",
+  "--gin.network.T5Config.num_decoder_layers=1",
+]
 
 
 def _train(model_dir, steps, period, *extra):
-  return ["train", *RUN, f"--gin.MODEL_DIR='{model_dir}'", f"--gin.TRAIN_STEPS={steps}",
-          f"--gin.CHECKPOINT_PERIOD={period}", *extra]
+  return [
+    "train",
+    *RUN,
+    f"--gin.MODEL_DIR='{model_dir}'",
+    f"--gin.TRAIN_STEPS={steps}",
+    f"--gin.CHECKPOINT_PERIOD={period}",
+    *extra,
+  ]
 
 
 def _rows(model_dir):
-  return [json.loads(line) for line in storage.run_path(model_dir).joinpath("metrics.jsonl").read_text().splitlines()
-          if line.strip()]
+  return [
+    json.loads(line)
+    for line in storage.run_path(model_dir).joinpath("metrics.jsonl").read_text().splitlines()
+    if line.strip()
+  ]
 
 
 def _losses(model_dir):
@@ -59,6 +77,7 @@ def gcs(embedded_cache):
     mp.setenv(k, v)
   mp.setenv("REMIXER_T5_CACHE_DIR", str(embedded_cache.root))
   import gcsfs
+
   gcsfs.GCSFileSystem.clear_instance_cache()  # an instance made before would keep its endpoint
   server.child_env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags())
   yield server
@@ -104,8 +123,7 @@ def test_train_into_a_bucket_resumes_from_it_exactly(gcs, bucket_run, local_refe
   _no_local_gs(REPO, Path.cwd())
 
 
-def test_eval_plot_compare_info_and_export_read_a_run_in_the_bucket(gcs, bucket_run, local_reference, tmp_path,
-                                                                      capsys):
+def test_eval_plot_compare_info_and_export_read_a_run_in_the_bucket(gcs, bucket_run, local_reference, tmp_path, capsys):
   assert cli.main(["eval", *RUN, f"--gin.MODEL_DIR='{bucket_run}'", "--gin.EVAL_STEPS=1"]) == 0
   assert [r["step"] for r in _rows(bucket_run) if r["split"] == "validation"][-1] == 8
   # plot: curves of the run, and mixing matrices from its checkpoint into the bucket
@@ -113,8 +131,10 @@ def test_eval_plot_compare_info_and_export_read_a_run_in_the_bucket(gcs, bucket_
   assert any(n.startswith("run/plots/") and n.endswith(".png") for n in gcs.objects("bucket", "run/plots/"))
   # compare: a bucket run beside a local one, the output in the bucket
   capsys.readouterr()
-  assert cli.main(["compare", bucket_run, str(local_reference), "--names", "bucket,local",
-                   "--out", "gs://bucket/compare"]) == 0
+  assert (
+    cli.main(["compare", bucket_run, str(local_reference), "--names", "bucket,local", "--out", "gs://bucket/compare"])
+    == 0
+  )
   table = capsys.readouterr().out
   assert "| bucket |" in table and "| local |" in table
   assert {"compare/compare.png", "compare/compare.md", "compare/compare.csv"} <= set(gcs.objects("bucket", "compare/"))
@@ -158,6 +178,7 @@ def test_a_corrupt_latest_checkpoint_in_the_bucket_is_moved_aside(gcs, bucket_ru
   assert any(n.startswith("corrupt/checkpoints/8.corrupt-0/state/") for n in names)
   _assert_same(checkpoints.restore_any_params(run), checkpoints.restore_any_params(local_reference))
   import gc
+
   gc.collect()  # the abandoned reads' warnings are raised here, where they are filtered, not in a later test
 
 
@@ -173,8 +194,14 @@ def test_kill_9_mid_save_in_a_bucket_then_resume_matches_uninterrupted(gcs, loca
   """Killed while orbax writes a step into the bucket (its objects there, its commit marker not yet), the run
   resumes from the previous finalised step and ends with the uninterrupted run's losses and parameters."""
   run = "gs://bucket/killed"
-  proc = subprocess.Popen([sys.executable, "-m", "remixer_t5", *_train(run, 8, 1)], env=gcs.child_env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+  proc = subprocess.Popen(
+    [sys.executable, "-m", "remixer_t5", *_train(run, 8, 1)],
+    env=gcs.child_env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+    cwd=REPO,
+  )
   deadline, killed_at = time.time() + 240, None
   while proc.poll() is None and time.time() < deadline:
     names = gcs.objects("bucket", "killed/checkpoints/")
@@ -205,6 +232,7 @@ def test_a_missing_bucket_is_one_line_before_any_compile(gcs, capfd):
 
 def test_a_server_that_does_not_answer_is_one_line(gcs, monkeypatch, capfd):
   import gcsfs
+
   monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{free_port()}")
   gcsfs.GCSFileSystem.clear_instance_cache()
   try:
@@ -223,6 +251,7 @@ def test_missing_credentials_name_the_bucket_and_the_fix(gcs, monkeypatch):
 
   def refuse(self, path, **kwargs):
     raise google.auth.exceptions.DefaultCredentialsError("Your default credentials were not found.")
+
   monkeypatch.setattr(gcsfs.GCSFileSystem, "info", refuse)
   with pytest.raises(storage.StorageError, match=r"MODEL_DIR gs://bkt/run: no usable credentials.*application-default"):
     storage.check_bucket("gs://bkt/run")
@@ -237,11 +266,17 @@ def test_another_models_run_in_the_bucket_is_refused(gcs, bucket_run, capfd):
 
 def test_a_second_writer_in_the_bucket_is_refused_and_the_first_logs_each_step_once(gcs, capfd):
   run = "gs://bucket/locked"
-  first = subprocess.Popen([sys.executable, "-m", "remixer_t5", *_train(run, 10**6, 10**6)], env=gcs.child_env,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # runs until told to stop
+  first = subprocess.Popen(
+    [sys.executable, "-m", "remixer_t5", *_train(run, 10**6, 10**6)],
+    env=gcs.child_env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )  # runs until told to stop
   deadline = time.time() + 240
-  while first.poll() is None and "locked/metrics.jsonl" not in gcs.objects("bucket", "locked/") and (
-      time.time() < deadline):
+  while (
+    first.poll() is None and "locked/metrics.jsonl" not in gcs.objects("bucket", "locked/") and (time.time() < deadline)
+  ):
     time.sleep(0.2)
   assert first.poll() is None and "locked/LOCK" in gcs.objects("bucket", "locked/")
   capfd.readouterr()
@@ -284,12 +319,14 @@ def _own_files(root, upload):
   """A task's own files: two TSV shards with a header (train) and a gzipped JSONL (validation), written under
   `root` by `upload(name, bytes)`; returns the train glob and the validation file."""
   import gzip
+
   rows = [(f"say {w} twice", f"{w} {w}") for w in "one two three four five six seven eight nine ten".split()]
   for shard in range(2):
     lines = ["targets\tinputs"] + [f"{t}\t{i}" for i, t in rows[shard::2]]
     upload(f"train-{shard}.tsv", "".join(line + "\n" for line in lines).encode())
-  upload("dev.jsonl.gz", gzip.compress("".join(json.dumps({"inputs": i, "targets": t}) + "\n"
-                                               for i, t in rows[:3]).encode()))
+  upload(
+    "dev.jsonl.gz", gzip.compress("".join(json.dumps({"inputs": i, "targets": t}) + "\n" for i, t in rows[:3]).encode())
+  )
   return f"{root}/train-*.tsv", f"{root}/dev.jsonl.gz"
 
 
@@ -301,6 +338,7 @@ def test_your_own_files_in_a_bucket_read_and_resume_as_local_ones(gcs, tmp_path)
 
   from remixer_t5.data import input_pipeline
   from remixer_t5.tasks import custom
+
   local_dir = tmp_path / "own"
   local_dir.mkdir()
   local = _own_files(local_dir, lambda name, data: (local_dir / name).write_bytes(data))
@@ -309,8 +347,9 @@ def test_your_own_files_in_a_bucket_read_and_resume_as_local_ones(gcs, tmp_path)
   try:
     for name, (train, validation) in (("own_local", local), ("own_bucket", bucket)):
       custom.register(name, train=train, validation=validation)
-    batches = lambda name: input_pipeline.get_batches(seqio.get_mixture_or_task(name), lengths, "train", 2, seed=0,
-                                                      shuffle=True, repeat=True, pack=False)
+    batches = lambda name: input_pipeline.get_batches(
+      seqio.get_mixture_or_task(name), lengths, "train", 2, seed=0, shuffle=True, repeat=True, pack=False
+    )
     want = [next(it) for it in [batches("own_local")] for _ in range(8)]
     read = batches("own_bucket")
     got = [next(read) for _ in range(3)]
@@ -320,8 +359,11 @@ def test_your_own_files_in_a_bucket_read_and_resume_as_local_ones(gcs, tmp_path)
     resumed.restore(prefix, 3)
     got += [next(resumed) for _ in range(5)]
     _assert_same(got, want)
-    examples = lambda name: list(seqio.get_mixture_or_task(name).get_dataset(
-        lengths, split="validation", shuffle=False, use_cached=False).as_numpy_iterator())
+    examples = lambda name: list(
+      seqio.get_mixture_or_task(name)
+      .get_dataset(lengths, split="validation", shuffle=False, use_cached=False)
+      .as_numpy_iterator()
+    )
     assert len(examples("own_bucket")) == 3
     _assert_same(examples("own_bucket"), examples("own_local"))
   finally:
@@ -331,9 +373,14 @@ def test_your_own_files_in_a_bucket_read_and_resume_as_local_ones(gcs, tmp_path)
   _no_local_gs(REPO, Path.cwd(), tmp_path)
 
 
-@pytest.mark.parametrize("bad, why", [("gs:/bucket/run", "expected gs://bucket/path"),
-                                      ("s3://bucket/run", "unsupported storage scheme 's3'"),
-                                      ("gs:///run", "expected gs://bucket/path")])
+@pytest.mark.parametrize(
+  "bad, why",
+  [
+    ("gs:/bucket/run", "expected gs://bucket/path"),
+    ("s3://bucket/run", "unsupported storage scheme 's3'"),
+    ("gs:///run", "expected gs://bucket/path"),
+  ],
+)
 def test_malformed_bucket_paths_are_refused(bad, why):
   with pytest.raises(ValueError, match=why):
     storage.run_path(bad)
@@ -349,10 +396,19 @@ def test_local_paths_stay_local_and_absolute(tmp_path, monkeypatch):
 def _two_processes(env, args):
   port, procs = free_port(), []
   for pid in range(2):
-    penv = dict(env, REMIXER_T5_COORDINATOR=f"127.0.0.1:{port}", REMIXER_T5_NUM_PROCESSES="2",
-                REMIXER_T5_PROCESS_ID=str(pid))
-    procs.append(subprocess.Popen([sys.executable, "-m", "remixer_t5", *args], env=penv, cwd=REPO,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    penv = dict(
+      env, REMIXER_T5_COORDINATOR=f"127.0.0.1:{port}", REMIXER_T5_NUM_PROCESSES="2", REMIXER_T5_PROCESS_ID=str(pid)
+    )
+    procs.append(
+      subprocess.Popen(
+        [sys.executable, "-m", "remixer_t5", *args],
+        env=penv,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+      )
+    )
   outs = [p.communicate(timeout=400)[0] for p in procs]
   for p, out in zip(procs, outs):
     assert p.returncode == 0, out[-3000:]
@@ -390,12 +446,19 @@ def test_an_array_endpoint_that_dies_mid_run_stops_it_within_the_storage_timeout
   try:
     arrays.create_bucket("bucket")
     env = dict(gcs.child_env, TENSORSTORE_GCS_HTTP_URL=arrays.url, REMIXER_T5_STORAGE_TIMEOUT="15")
-    proc = subprocess.Popen([sys.executable, "-m", "remixer_t5", *_train("gs://bucket/outage", 100000, 20),
-                             "--gin.LOG_PERIOD=20"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    proc = subprocess.Popen(
+      [sys.executable, "-m", "remixer_t5", *_train("gs://bucket/outage", 100000, 20), "--gin.LOG_PERIOD=20"],
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+    )
     deadline = time.time() + 240
-    while proc.poll() is None and "outage/checkpoints/20/commit_success.txt" not in gcs.objects(
-        "bucket", "outage/") and time.time() < deadline:
+    while (
+      proc.poll() is None
+      and "outage/checkpoints/20/commit_success.txt" not in gcs.objects("bucket", "outage/")
+      and time.time() < deadline
+    ):
       time.sleep(0.1)
     arrays.stop()
     stopped = time.time()
@@ -416,8 +479,21 @@ def test_a_data_dir_in_the_bucket_is_read_as_the_same_files_locally(gcs, tmp_pat
   from a local folder; a bucket that does not exist is one StorageError naming DATA_DIR; another URL scheme is a
   ValueError, never a local folder that does not exist."""
   from remixer_t5.tasks import nli, sources
-  rows = [{"uid": f"r1-{i}", "context": f"Context {i}.", "hypothesis": f"Hypothesis {i}.", "label": "enc"[i % 3],
-           "model_label": "n", "emturk": False, "genre": "", "reason": "", "tag": ""} for i in range(5)]
+
+  rows = [
+    {
+      "uid": f"r1-{i}",
+      "context": f"Context {i}.",
+      "hypothesis": f"Hypothesis {i}.",
+      "label": "enc"[i % 3],
+      "model_label": "n",
+      "emturk": False,
+      "genre": "",
+      "reason": "",
+      "tag": "",
+    }
+    for i in range(5)
+  ]
   for name in ("train", "dev", "test"):
     text = "".join(json.dumps(r) + "\n" for r in rows)
     (tmp_path / "anli" / "R1").mkdir(parents=True, exist_ok=True)
@@ -438,8 +514,11 @@ def test_a_data_dir_in_the_bucket_is_read_as_the_same_files_locally(gcs, tmp_pat
   sources.set_data_dir("gs://bucket/elsewhere")
   assert source.local_root() is None  # no anli/R1 there: TFDS's copy, as for a local folder without it
   sources.set_data_dir("gs://no-such-bucket/data")
-  with pytest.raises(storage.StorageError, match=r"^DATA_DIR gs://no-such-bucket/data: bucket gs://no-such-bucket "
-                                                 r"does not exist"):
+  with pytest.raises(
+    storage.StorageError,
+    match=r"^DATA_DIR gs://no-such-bucket/data: bucket gs://no-such-bucket "
+    r"does not exist",
+  ):
     source.local_root()
   sources.set_data_dir("s3://bucket/data")
   with pytest.raises(ValueError, match="unsupported storage scheme 's3'"):
@@ -451,6 +530,7 @@ def test_a_bucket_lock_is_taken_over_once_its_lease_lapses_and_a_replaced_one_is
   """The bucket lock through GCS's generation preconditions: another host's lock within its lease refuses, past
   it is taken over; a holder whose lock object was replaced notices at its next renewal."""
   from remixer_t5.training import run_lock
+
   held = run_lock.RunLock("gs://bucket/leased", lease_s=60).acquire()
   data, generation = held.file.read()
   other = {**json.loads(data), "host": "elsewhere", "pid": 7, "token": "other", "renewed": time.time()}

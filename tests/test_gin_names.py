@@ -1,6 +1,7 @@
 """remixer_t5/gin_names.py against the code it names: every run setting a run file once bound on the trainer's
 functions names its run_config field, every macro a field, every moved module its place now; and the lines gin's
 errors then carry."""
+
 import dataclasses
 import importlib
 
@@ -11,10 +12,12 @@ from remixer_t5.gin_names import MACROS, MOVED
 from remixer_t5.training import run_config
 
 # Old trainer parameters that are no field's name.
-RENAMED = {"task_name": "run_config.Data.task", "infer_task": "run_config.Schedule.infer_eval_task",
-           "mesh_shape": "run_config.Training.mesh (= @partitioning.mesh_spec())",
-           "num_partitions": "partitioning.mesh_spec.num_partitions (with run_config.Training.mesh = "
-                             "@partitioning.mesh_spec())"}
+RENAMED = {
+  "task_name": "run_config.Data.task",
+  "infer_task": "run_config.Schedule.infer_eval_task",
+  "mesh_shape": "run_config.Training.mesh (= @partitioning.mesh_spec())",
+  "num_partitions": "partitioning.mesh_spec.num_partitions (with run_config.Training.mesh = @partitioning.mesh_spec())",
+}
 
 
 def _fields() -> dict[str, str]:
@@ -25,7 +28,7 @@ def _fields() -> dict[str, str]:
 
 
 def test_the_trainer_settings_table_is_run_config_s_fields():
-  settings = {k[len("trainer."):]: v for k, v in MOVED.items() if k.startswith("trainer.")}
+  settings = {k[len("trainer.") :]: v for k, v in MOVED.items() if k.startswith("trainer.")}
   assert settings == {**_fields(), **RENAMED}
   assert {f.name for f in dataclasses.fields(run_config.Run)} == {"training", "data", "schedule", "model_dir"}
 
@@ -41,11 +44,14 @@ def test_every_moved_module_is_at_its_new_place(old):
     importlib.import_module(old)
 
 
-@pytest.mark.parametrize("binding, needle", [
+@pytest.mark.parametrize(
+  "binding, needle",
+  [
     ("trainer.train.batch_size=8", "bind run_config.Data.batch_size (the macro BATCH_SIZE) instead"),
     ("trainer.evaluate_checkpoint.task_name='x'", "bind run_config.Data.task (the macro MIXTURE_OR_TASK_NAME)"),
     ("trainer.train.pack=False", "bind run_config.Data.pack instead"),
-])
+  ],
+)
 def test_a_run_setting_bound_on_the_trainer_is_told_its_field(binding, needle):
   with pytest.raises(gin_utils.GinError, match="trainer") as e:
     gin_utils.parse_gin(["models/t5_1_1/tiny.gin", "runs/pretrain.gin"], [binding])

@@ -6,6 +6,7 @@ lowered programs (`HyperMixing.impl`): with 'auto' a program lowered for CUDA ca
 causal form and keeps XLA's id blocks for the packed one, one lowered for CPU or TPU calls no Triton kernel, and
 'xla' calls none anywhere. The kernel ran on an H200 against XLA's forms too (scripts/gpu_measure.py's
 `hypermixing_kernel` stage, docs/benchmarks.md)."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -63,15 +64,20 @@ def segments(rng, b, n, pieces, pad):
   seg = np.zeros((b, n), np.int32)
   for r in range(b):
     ends = np.sort(rng.choice(np.arange(1, n - pad), size=pieces - 1, replace=False))
-    seg[r, :n - pad] = 1 + (np.arange(n - pad)[None, :] >= ends[:, None]).sum(0)
+    seg[r, : n - pad] = 1 + (np.arange(n - pad)[None, :] >= ends[:, None]).sum(0)
   return seg
 
 
 def data(rng, b, nq, nk, h, d, kv_seg):
   mask = (kv_seg > 0).astype(np.float32)
   w1 = rng.normal(size=(b, nk, h)).astype(np.float32) * mask[:, :, None]
-  return (w1, rng.normal(size=(b, nk, d)).astype(np.float32), rng.normal(size=(b, nq, h)).astype(np.float32), mask,
-          rng.normal(size=(b, nq, d)).astype(np.float32))
+  return (
+    w1,
+    rng.normal(size=(b, nk, d)).astype(np.float32),
+    rng.normal(size=(b, nq, h)).astype(np.float32),
+    mask,
+    rng.normal(size=(b, nq, d)).astype(np.float32),
+  )
 
 
 def rel(a, r):
@@ -80,22 +86,27 @@ def rel(a, r):
 
 def xla_form(length_normalize, name):
   """The layer's XLA form (what GPUs ran before the kernels), unbound: it reads only the module's fields."""
-  return getattr(HyperMixing(T5Config(dtype="float32"), length_normalize=length_normalize, chunk_size=4,
-                             segment_block=2), name)
+  return getattr(
+    HyperMixing(T5Config(dtype="float32"), length_normalize=length_normalize, chunk_size=4, segment_block=2), name
+  )
 
 
-@pytest.mark.parametrize("b,n,h,d,ln,pieces,block_h,block_d", [
+@pytest.mark.parametrize(
+  "b,n,h,d,ln,pieces,block_h,block_d",
+  [
     (2, 13, 48, 40, False, 3, 16, 16),  # d' and d padded up to whole tiles
     (3, 9, 32, 32, True, 2, 32, 16),
     (2, 17, 20, 24, True, 4, 8, 8),
-])
+  ],
+)
 def test_causal_kernel_against_the_equations_and_xla(b, n, h, d, ln, pieces, block_h, block_d):
   rng = np.random.default_rng(n)
   seg = segments(rng, b, n, pieces, pad=2)
   w1, x, w2, mask, g = data(rng, b, n, n, h, d, seg)
   with jax.default_matmul_precision("highest"):
-    kernel = lambda w1, x, w2: gpu_hypermixing.kernel(w1, x, w2, mask, seg, ln, block_h=block_h, block_d=block_d,
-                                                      interpret=True)
+    kernel = lambda w1, x, w2: gpu_hypermixing.kernel(
+      w1, x, w2, mask, seg, ln, block_h=block_h, block_d=block_d, interpret=True
+    )
     out, vjp = jax.vjp(kernel, w1, x, w2)
     grads = vjp(g)
     _, ref_vjp = jax.vjp(lambda *a: causal_jnp(*a, mask, seg, ln), w1, x, w2)
@@ -127,8 +138,16 @@ def test_only_programs_lowered_for_cuda_call_the_kernel(impl):
   and the packed form keeps XLA's id-block loop (there is no GPU kernel for it); with 'xla' both keep XLA's
   loops. 'auto' and 'xla' lowered for CPU or TPU call no Triton kernel (a TPU keeps XLA's loops), and inside a
   FLOP count no program does."""
-  cfg = T5Config(vocab_size=64, emb_dim=16, num_heads=2, num_encoder_layers=1, num_decoder_layers=1, head_dim=8,
-                 mlp_dim=32, dtype="float32")
+  cfg = T5Config(
+    vocab_size=64,
+    emb_dim=16,
+    num_heads=2,
+    num_encoder_layers=1,
+    num_decoder_layers=1,
+    head_dim=8,
+    mlp_dim=32,
+    dtype="float32",
+  )
   b, n = 2, 12
   x = jnp.ones((b, n, 16))
   seg = jnp.asarray(np.repeat([[1] * 5 + [2] * 7], b, 0), jnp.int32)
@@ -136,8 +155,15 @@ def test_only_programs_lowered_for_cuda_call_the_kernel(impl):
   mod = HyperMixing(cfg, impl=impl)
 
   def ctx(causal):
-    return base.MixerContext(q_mask=jnp.ones((b, n)), kv_mask=jnp.ones((b, n)), q_positions=pos, kv_positions=pos, q_segment_ids=seg,
-                             kv_segment_ids=seg, causal=causal)
+    return base.MixerContext(
+      q_mask=jnp.ones((b, n)),
+      kv_mask=jnp.ones((b, n)),
+      q_positions=pos,
+      kv_positions=pos,
+      q_segment_ids=seg,
+      kv_segment_ids=seg,
+      causal=causal,
+    )
 
   params = mod.init(jax.random.PRNGKey(0), x, x, ctx(False))
   S = jax.ShapeDtypeStruct
@@ -186,8 +212,10 @@ def test_under_a_mesh_each_device_runs_the_kernel_on_its_own_rows():
   only)."""
   import json
   import sys
+
   sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
   from subprocess_util import run_py
+
   proc = run_py(SHARDED, {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
   assert proc.returncode == 0, proc.stderr[-3000:]
   got = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -203,6 +231,7 @@ def test_a_hypermixer_train_step_through_the_kernel_matches_xla(monkeypatch):
   passes the kernel the right masks, ids and dtypes, through the model's remat and the loss."""
   from remixer_t5.bench import train as bench_train
   from remixer_t5 import gin_utils
+
   lengths = {"inputs": 24, "targets": 20}
 
   def step(impl):
@@ -219,8 +248,12 @@ def test_a_hypermixer_train_step_through_the_kernel_matches_xla(monkeypatch):
   pos = lambda seg: np.array([i - np.argmax(seg == s) for i, s in enumerate(seg)], np.int32)
   es, ds = ids(24, [0, 9, 17, 22]), ids(20, [0, 7, 15, 19])
   es[es == 4], ds[ds == 4] = 0, 0
-  batch.update(encoder_segment_ids=np.tile(es, (4, 1)), decoder_segment_ids=np.tile(ds, (4, 1)),
-               encoder_positions=np.tile(pos(es), (4, 1)), decoder_positions=np.tile(pos(ds), (4, 1)))
+  batch.update(
+    encoder_segment_ids=np.tile(es, (4, 1)),
+    decoder_segment_ids=np.tile(ds, (4, 1)),
+    encoder_positions=np.tile(pos(es), (4, 1)),
+    decoder_positions=np.tile(pos(ds), (4, 1)),
+  )
   batch = {k: jnp.asarray(v) for k, v in batch.items()}
   with jax.default_matmul_precision("highest"):
     ref_loss, ref_grads = ref_step(params, batch)
@@ -228,15 +261,19 @@ def test_a_hypermixer_train_step_through_the_kernel_matches_xla(monkeypatch):
   real = gpu_hypermixing.kernel
   # The seam calls kernels/gpu/hypermixing.py's `causal`, which would lower the kernel for a GPU: here it runs
   # the same kernel in Pallas's interpreter.
-  monkeypatch.setattr(gpu_hypermixing, "kernel", lambda *a, **k: calls.append("causal") or real(
-      *a, **{**k, "interpret": True}))
+  monkeypatch.setattr(
+    gpu_hypermixing, "kernel", lambda *a, **k: calls.append("causal") or real(*a, **{**k, "interpret": True})
+  )
   _, kernel_step = step("pallas_gpu")
   with jax.default_matmul_precision("highest"):
     loss, grads = kernel_step(params, batch)
   assert calls.count("causal") >= 2, calls  # each decoder layer's self-mixing (the packed forms keep XLA's)
   assert abs(float(loss) - float(ref_loss)) <= 1e-5 * abs(float(ref_loss))
-  worst = max(jax.tree.leaves(jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b)) / (jnp.max(jnp.abs(b)) + 1e-12)),
-                                           grads, ref_grads)))
+  worst = max(
+    jax.tree.leaves(
+      jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b)) / (jnp.max(jnp.abs(b)) + 1e-12)), grads, ref_grads)
+    )
+  )
   assert worst < 1e-4
 
 
@@ -249,8 +286,9 @@ def test_the_causal_gradient_holds_over_a_long_segment():
   w1, x, w2 = (rng.normal(size=s).astype(np.float32) / 4 for s in ((b, n, h), (b, n, d), (b, n, h)))
   g = rng.normal(size=(b, n, d)).astype(np.float32)
   with jax.default_matmul_precision("highest"):
-    _, vjp = jax.vjp(lambda *a: gpu_hypermixing.kernel(*a, mask, seg, True, block_h=16, block_d=16,
-                                                       interpret=True), w1, x, w2)
+    _, vjp = jax.vjp(
+      lambda *a: gpu_hypermixing.kernel(*a, mask, seg, True, block_h=16, block_d=16, interpret=True), w1, x, w2
+    )
     _, ref_vjp = jax.vjp(lambda *a: causal_jnp(*a, mask, seg, True), w1, x, w2)
     for got, want in zip(vjp(g), ref_vjp(g)):
       assert rel(got, want) < 2e-5

@@ -1,5 +1,6 @@
 """scripts/gpu_measure.py, the GPU session's one prepared script, on the CPU: it must not rot between the rare
 sessions that have a GPU (its stages run the same code on whatever device JAX has)."""
+
 import gzip
 import json
 import os
@@ -16,13 +17,13 @@ import gpu_measure  # noqa: E402
 
 def test_top_ops_sums_the_device_streams_per_step(tmp_path):
   events = [
-      {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
-      {"ph": "M", "name": "thread_name", "pid": 1, "tid": 7, "args": {"name": "Stream #13(Compute)"}},
-      {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/host:CPU"}},
-      {"ph": "X", "pid": 1, "tid": 7, "name": "scatter_fusion", "dur": 3000.0},
-      {"ph": "X", "pid": 1, "tid": 7, "name": "scatter_fusion", "dur": 1000.0},
-      {"ph": "X", "pid": 1, "tid": 7, "name": "gemm", "dur": 500.0},
-      {"ph": "X", "pid": 2, "tid": 1, "name": "PjitFunction(train_step)", "dur": 9e6},  # the host: left out
+    {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+    {"ph": "M", "name": "thread_name", "pid": 1, "tid": 7, "args": {"name": "Stream #13(Compute)"}},
+    {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/host:CPU"}},
+    {"ph": "X", "pid": 1, "tid": 7, "name": "scatter_fusion", "dur": 3000.0},
+    {"ph": "X", "pid": 1, "tid": 7, "name": "scatter_fusion", "dur": 1000.0},
+    {"ph": "X", "pid": 1, "tid": 7, "name": "gemm", "dur": 500.0},
+    {"ph": "X", "pid": 2, "tid": 1, "name": "PjitFunction(train_step)", "dur": 9e6},  # the host: left out
   ]
   path = tmp_path / "t.json.gz"
   with gzip.open(path, "wt") as f:
@@ -32,28 +33,48 @@ def test_top_ops_sums_the_device_streams_per_step(tmp_path):
 
 def test_device_time_counts_overlapping_streams_once(tmp_path):
   events = [
-      {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
-      {"ph": "M", "name": "thread_name", "pid": 1, "tid": 7, "args": {"name": "Stream #13(Compute)"}},
-      {"ph": "M", "name": "thread_name", "pid": 1, "tid": 8, "args": {"name": "Stream #14(Compute)"}},
-      {"ph": "X", "pid": 1, "tid": 7, "name": "a", "ts": 0.0, "dur": 1000.0},
-      {"ph": "X", "pid": 1, "tid": 8, "name": "b", "ts": 500.0, "dur": 1000.0},   # overlaps a by 500 us
-      {"ph": "X", "pid": 1, "tid": 7, "name": "c", "ts": 3000.0, "dur": 1000.0},  # after a 1,500 us gap
+    {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+    {"ph": "M", "name": "thread_name", "pid": 1, "tid": 7, "args": {"name": "Stream #13(Compute)"}},
+    {"ph": "M", "name": "thread_name", "pid": 1, "tid": 8, "args": {"name": "Stream #14(Compute)"}},
+    {"ph": "X", "pid": 1, "tid": 7, "name": "a", "ts": 0.0, "dur": 1000.0},
+    {"ph": "X", "pid": 1, "tid": 8, "name": "b", "ts": 500.0, "dur": 1000.0},  # overlaps a by 500 us
+    {"ph": "X", "pid": 1, "tid": 7, "name": "c", "ts": 3000.0, "dur": 1000.0},  # after a 1,500 us gap
   ]
   path = tmp_path / "t.json.gz"
   with gzip.open(path, "wt") as f:
     json.dump({"traceEvents": events}, f)
-  assert gpu_measure.device_time(str(path), per=2) == {"kernels_per_step": 1.5, "kernel_ms_per_step": 1.5,
-                                                       "busy_ms_per_step": 1.25, "span_ms": 4.0}
+  assert gpu_measure.device_time(str(path), per=2) == {
+    "kernels_per_step": 1.5,
+    "kernel_ms_per_step": 1.5,
+    "busy_ms_per_step": 1.25,
+    "span_ms": 4.0,
+  }
 
 
 @pytest.mark.integration
 def test_a_model_stage_compiles_times_and_profiles_the_trainer_step(tmp_path):
   """The tiny T5.1.1 stage end to end (batch 8 at 512/114 on the CPU): the row a GPU session reads."""
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO), "COMMIT": "test"}
-  proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_measure.py"), "--out", str(tmp_path),
-                         "--stages", "t5_1_1_tiny,init_rng,no_such_stage", "--steps", "2", "--warmup", "1",
-                         "--profile"],
-                        capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
+  proc = subprocess.run(
+    [
+      sys.executable,
+      str(REPO / "scripts" / "gpu_measure.py"),
+      "--out",
+      str(tmp_path),
+      "--stages",
+      "t5_1_1_tiny,init_rng,no_such_stage",
+      "--steps",
+      "2",
+      "--warmup",
+      "1",
+      "--profile",
+    ],
+    capture_output=True,
+    text=True,
+    timeout=600,
+    env=env,
+    cwd=REPO,
+  )
   assert proc.returncode == 0, proc.stderr[-2000:]
   rows = [json.loads(line) for line in (tmp_path / "gpu_measure.jsonl").read_text().splitlines()]
   head, row, init, bad = rows
@@ -81,9 +102,23 @@ def test_a_model_stage_compiles_times_and_profiles_the_trainer_step(tmp_path):
 def test_a_stage_out_of_time_keeps_its_phases(tmp_path):
   """A model stage killed at its time limit: the row says so and carries the phases it reached (stderr)."""
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO), "COMMIT": "test"}
-  proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_measure.py"), "--out", str(tmp_path),
-                         "--stages", "t5_1_1_small", "--model-timeout", "25"],  # batch 128: minutes to compile
-                        capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+  proc = subprocess.run(
+    [
+      sys.executable,
+      str(REPO / "scripts" / "gpu_measure.py"),
+      "--out",
+      str(tmp_path),
+      "--stages",
+      "t5_1_1_small",
+      "--model-timeout",
+      "25",
+    ],  # batch 128: minutes to compile
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=env,
+    cwd=REPO,
+  )
   assert proc.returncode == 0, proc.stderr[-2000:]
   row = json.loads((tmp_path / "gpu_measure.jsonl").read_text().splitlines()[-1])
   assert row["stage"] == "t5_1_1_small" and row["error"] == "did not finish in 25 s", row
@@ -96,11 +131,33 @@ def test_the_kernels_stage_runs_bench_kernels_on_packed_rows(tmp_path):
   """The `kernels` stage on the CPU: `remixer-t5 bench kernels` on HyperMixer's packed COGS step (the C++ loops
   here, the Pallas kernel on a GPU) against plain XLA, its rows and summary in the stage's row; the variants'
   first losses agree (each round's state is the variant's own, so later steps drift apart by rounding)."""
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO), "COMMIT": "test",
-         "GPU_MEASURE_KERNELS": "cogs:hypermixer:packed", "REMIXER_T5_CACHE_DIR": str(tmp_path / "cache")}
-  proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_measure.py"), "--out", str(tmp_path),
-                         "--stages", "kernels", "--steps", "1", "--warmup", "0"],
-                        capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
+  env = {
+    **os.environ,
+    "JAX_PLATFORMS": "cpu",
+    "PYTHONPATH": str(REPO),
+    "COMMIT": "test",
+    "GPU_MEASURE_KERNELS": "cogs:hypermixer:packed",
+    "REMIXER_T5_CACHE_DIR": str(tmp_path / "cache"),
+  }
+  proc = subprocess.run(
+    [
+      sys.executable,
+      str(REPO / "scripts" / "gpu_measure.py"),
+      "--out",
+      str(tmp_path),
+      "--stages",
+      "kernels",
+      "--steps",
+      "1",
+      "--warmup",
+      "0",
+    ],
+    capture_output=True,
+    text=True,
+    timeout=600,
+    env=env,
+    cwd=REPO,
+  )
   assert proc.returncode == 0, proc.stderr[-2000:]
   row = json.loads((tmp_path / "gpu_measure.jsonl").read_text().splitlines()[-1])
   assert row["stage"] == "kernels" and "error" not in row, row
@@ -118,8 +175,11 @@ def test_each_attention_model_has_an_xla_attention_stage_beside_it():
   for stage in gpu_measure.DEFAULT_STAGES:
     if stage in gpu_measure.MODELS and "hypermixer" not in stage and not stage.endswith("_xla"):
       gin_file, bindings, _ = gpu_measure.MODELS[stage]
-      assert gpu_measure.MODELS[f"{stage}_xla"] == (gin_file, [*bindings, gpu_measure.XLA_ATTENTION],
-                                                    gpu_measure.MODELS[f"{stage}_xla"][2])
+      assert gpu_measure.MODELS[f"{stage}_xla"] == (
+        gin_file,
+        [*bindings, gpu_measure.XLA_ATTENTION],
+        gpu_measure.MODELS[f"{stage}_xla"][2],
+      )
   assert any(s.endswith("_xla") for s in gpu_measure.DEFAULT_STAGES) and "cogs_quick" in gpu_measure.DEFAULT_STAGES
 
 
@@ -129,15 +189,32 @@ def test_the_attention_and_hypermixing_stages_dry_run_every_form_in_the_interpre
   kernels' outputs match the XLA form's within bfloat16 rounding, and each shape names its fastest tilings. The
   `hypermixing` stage (bench/hypermixing.py) times the causal kernel and its arithmetic alone the same way."""
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO), "COMMIT": "test"}
-  proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_measure.py"), "--out", str(tmp_path),
-                         "--stages", "attention,hypermixing", "--steps", "1", "--warmup", "0"],
-                        capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+  proc = subprocess.run(
+    [
+      sys.executable,
+      str(REPO / "scripts" / "gpu_measure.py"),
+      "--out",
+      str(tmp_path),
+      "--stages",
+      "attention,hypermixing",
+      "--steps",
+      "1",
+      "--warmup",
+      "0",
+    ],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=env,
+    cwd=REPO,
+  )
   assert proc.returncode == 0, proc.stderr[-2000:]
   row, hyper = (json.loads(line) for line in (tmp_path / "gpu_measure.jsonl").read_text().splitlines()[-2:])
   assert row["stage"] == "attention" and row["dry"] and "error" not in row, row
   timed = [r for r in row["rows"] if r["form"] != "best"]
   assert {(r["shape"], r["form"]) for r in timed} == {
-      (s, f) for s in ("encoder", "decoder") for f in ("pallas 16x16 w4 s2", "pallas 32x16 w4 s2", "xla", "mha")}
+    (s, f) for s in ("encoder", "decoder") for f in ("pallas 16x16 w4 s2", "pallas 32x16 w4 s2", "xla", "mha")
+  }
   assert all("error" not in r and r["fwd_ms"] > 0 and r["fwd_bwd_tflops"] > 0 for r in timed), timed
   assert all(r["max_diff_vs_xla"] < 3e-2 for r in timed if r["form"].startswith("pallas")), timed
   assert all("of_mha" in r for r in timed)

@@ -4,6 +4,7 @@ tests/fixtures/hf_t5_v1_1_tiny.npz comes from tests/fixtures/make_hf_fixture.py 
 lm_head, encoder length 150 > relpos max distance, padded second rows). Only numpy + safetensors + jax here;
 the last test also runs transformers when it is importable.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -54,17 +55,24 @@ def write_hf_dir(path, fx, *, config_update=None, drop=(), weights=None):
 
 @functools.partial(jax.jit, static_argnums=0)
 def _forward(module, params, enc, dec_in, dec_tgt):
-  logits, state = module.apply({"params": params}, enc, dec_in, dec_tgt, enable_dropout=False,
-                               capture_intermediates=lambda mdl, _: mdl.name == "decoder_norm",
-                               mutable=["intermediates"])
+  logits, state = module.apply(
+    {"params": params},
+    enc,
+    dec_in,
+    dec_tgt,
+    enable_dropout=False,
+    capture_intermediates=lambda mdl, _: mdl.name == "decoder_norm",
+    mutable=["intermediates"],
+  )
   hidden = state["intermediates"]["decoder"]["decoder_norm"]["__call__"][0]
   return logits, hidden
 
 
 def forward(module, params, fx):
   """(logits, final decoder hidden state) of the fixture's batch."""
-  logits, hidden = _forward(module, params, fx["encoder_input_tokens"], fx["decoder_input_tokens"],
-                            fx["decoder_target_tokens"])
+  logits, hidden = _forward(
+    module, params, fx["encoder_input_tokens"], fx["decoder_input_tokens"], fx["decoder_target_tokens"]
+  )
   return np.asarray(logits), np.asarray(hidden)
 
 
@@ -92,7 +100,12 @@ def test_config_from_hf(fx, loaded):
   cfg = module.config
   c = fx["config"]
   assert (cfg.vocab_size, cfg.emb_dim, cfg.head_dim, cfg.num_heads, cfg.mlp_dim) == (
-      c["vocab_size"], c["d_model"], c["d_kv"], c["num_heads"], c["d_ff"])
+    c["vocab_size"],
+    c["d_model"],
+    c["d_kv"],
+    c["num_heads"],
+    c["d_ff"],
+  )
   assert (cfg.num_encoder_layers, cfg.num_decoder_layers) == (2, 3)
   assert (cfg.relpos_num_buckets, cfg.relpos_max_distance) == (32, 128)
   assert cfg.mlp_activations == ("gelu", "linear") and cfg.dropout_rate == 0.0
@@ -103,9 +116,12 @@ def test_config_from_hf(fx, loaded):
 
 def test_params_tree_matches_module_init(fx, loaded):
   module, params = loaded
-  shapes = jax.eval_shape(lambda rng: module.init(
-      rng, fx["encoder_input_tokens"], fx["decoder_input_tokens"], fx["decoder_target_tokens"],
-      enable_dropout=False), jax.random.PRNGKey(0))["params"]
+  shapes = jax.eval_shape(
+    lambda rng: module.init(
+      rng, fx["encoder_input_tokens"], fx["decoder_input_tokens"], fx["decoder_target_tokens"], enable_dropout=False
+    ),
+    jax.random.PRNGKey(0),
+  )["params"]
   assert jax.tree.structure(shapes) == jax.tree.structure(params)
   for s, p in zip(jax.tree.leaves(shapes), jax.tree.leaves(params)):
     assert s.shape == p.shape and p.dtype == np.float32
@@ -117,10 +133,8 @@ def test_matches_transformers_outputs(fx, loaded):
   dec_mask = fx["decoder_attention_mask"].astype(bool)
   assert not enc_mask.all() and not dec_mask.all()  # padding is exercised
 
-  encoded = module.apply({"params": params}, fx["encoder_input_tokens"], enable_dropout=False,
-                         method=module.encode)
-  np.testing.assert_allclose(np.asarray(encoded)[enc_mask], fx["encoder_output"][enc_mask],
-                             rtol=0, atol=ENC_ATOL)
+  encoded = module.apply({"params": params}, fx["encoder_input_tokens"], enable_dropout=False, method=module.encode)
+  np.testing.assert_allclose(np.asarray(encoded)[enc_mask], fx["encoder_output"][enc_mask], rtol=0, atol=ENC_ATOL)
 
   logits, _ = forward(module, params, fx)
   np.testing.assert_allclose(logits[dec_mask], fx["logits"][dec_mask], rtol=0, atol=LOGITS_ATOL)
@@ -143,10 +157,13 @@ def test_fused_projections_match_transformers_outputs(fx, loaded):
   np.testing.assert_allclose(logits[dec_mask], fx["logits"][dec_mask], rtol=0, atol=LOGITS_ATOL)
 
 
-@pytest.mark.parametrize("config_update", [
+@pytest.mark.parametrize(
+  "config_update",
+  [
     pytest.param({"tie_word_embeddings": False, "scale_decoder_outputs": None}, id="transformers-4.x"),
     pytest.param({"tie_word_embeddings": True, "scale_decoder_outputs": False}, id="transformers-5.x"),
-])
+  ],
+)
 def test_both_config_conventions(fx, loaded, tmp_path, config_update):
   module, params = hf.load_hf_t5(write_hf_dir(tmp_path / "ckpt", fx, config_update=config_update))
   assert module.config == loaded[0].config
@@ -158,16 +175,21 @@ def test_both_config_conventions(fx, loaded, tmp_path, config_update):
 
 def test_tied_without_lm_head_is_scaled_shared_embedding(fx, loaded, tmp_path):
   """Original T5 (1.0) convention: tied, no lm_head.weight, decoder output scaled by d_model**-0.5."""
-  module, params = hf.load_hf_t5(write_hf_dir(
-      tmp_path / "ckpt", fx, config_update={"tie_word_embeddings": True, "scale_decoder_outputs": None},
-      drop=("lm_head.weight",)))
+  module, params = hf.load_hf_t5(
+    write_hf_dir(
+      tmp_path / "ckpt",
+      fx,
+      config_update={"tie_word_embeddings": True, "scale_decoder_outputs": None},
+      drop=("lm_head.weight",),
+    )
+  )
   shared = fx["weights"]["shared.weight"]
   d = fx["config"]["d_model"]
   logits, hidden = forward(module, params, fx)
   # Independent of the kernel folding: the untied model's final decoder state times the scaled embedding.
   _, untied_hidden = forward(*loaded, fx)
   np.testing.assert_array_equal(hidden, untied_hidden)
-  expected = untied_hidden.astype(np.float64) @ shared.T.astype(np.float64) * d ** -0.5
+  expected = untied_hidden.astype(np.float64) @ shared.T.astype(np.float64) * d**-0.5
   dec_mask = fx["decoder_attention_mask"].astype(bool)
   np.testing.assert_allclose(logits[dec_mask], expected[dec_mask], rtol=0, atol=1e-5)
   assert not np.allclose(logits[dec_mask], fx["logits"][dec_mask], atol=1e-2)
@@ -176,8 +198,7 @@ def test_tied_without_lm_head_is_scaled_shared_embedding(fx, loaded, tmp_path):
 def test_lm_head_convention_rules():
   # (use shared.weight, scale)
   assert hf.lm_head_convention({"tie_word_embeddings": False}, True) == (False, False)
-  assert hf.lm_head_convention({"tie_word_embeddings": True, "scale_decoder_outputs": False}, True) == (
-      False, False)
+  assert hf.lm_head_convention({"tie_word_embeddings": True, "scale_decoder_outputs": False}, True) == (False, False)
   assert hf.lm_head_convention({"tie_word_embeddings": True}, True) == (False, True)
   assert hf.lm_head_convention({}, False) == (True, True)  # transformers' default ties
   assert hf.lm_head_convention({"scale_decoder_outputs": False}, False) == (True, False)
@@ -190,20 +211,27 @@ def test_tied_5x_without_lm_head_unscaled(fx, loaded):
   cfg = loaded[0].config
   state = {k: v for k, v in fx["weights"].items() if k != "lm_head.weight"}
   params = hf.hf_state_dict_to_params(
-      state, cfg, hf_config={"tie_word_embeddings": True, "scale_decoder_outputs": False})
+    state, cfg, hf_config={"tie_word_embeddings": True, "scale_decoder_outputs": False}
+  )
   np.testing.assert_array_equal(params["decoder"]["logits_dense"]["kernel"], state["shared.weight"].T)
   # An explicitly scaled config with its own lm_head folds the scale into the kernel.
   params = hf.hf_state_dict_to_params(fx["weights"], cfg, hf_config={"scale_decoder_outputs": True})
-  np.testing.assert_allclose(params["decoder"]["logits_dense"]["kernel"],
-                             fx["weights"]["lm_head.weight"].T * cfg.emb_dim ** -0.5, rtol=1e-7)
+  np.testing.assert_allclose(
+    params["decoder"]["logits_dense"]["kernel"], fx["weights"]["lm_head.weight"].T * cfg.emb_dim**-0.5, rtol=1e-7
+  )
 
 
 def test_embed_tokens_copies_and_ignored_keys(fx, loaded):
   cfg = loaded[0].config
   shared = fx["weights"]["shared.weight"]
-  state = dict(fx["weights"], **{"encoder.embed_tokens.weight": shared,
-                                 "decoder.embed_tokens.weight": shared.copy(),
-                                 hf._IGNORED_KEYS[0]: np.zeros((32, 4), np.float32)})
+  state = dict(
+    fx["weights"],
+    **{
+      "encoder.embed_tokens.weight": shared,
+      "decoder.embed_tokens.weight": shared.copy(),
+      hf._IGNORED_KEYS[0]: np.zeros((32, 4), np.float32),
+    },
+  )
   assert_trees_equal(hf.hf_state_dict_to_params(state, cfg), loaded[1])
   state = {k: v for k, v in state.items() if k != "shared.weight"}  # only the stacks' copies
   assert_trees_equal(hf.hf_state_dict_to_params(state, cfg), loaded[1])
@@ -266,10 +294,12 @@ def test_sharded_safetensors(fx, loaded, tmp_path):
 
 def test_bfloat16_safetensors(tmp_path):
   import ml_dtypes
+
   x = np.arange(6, dtype=np.float32).reshape(2, 3) / 4
   raw = x.astype(ml_dtypes.bfloat16).tobytes()
-  header = json.dumps({"__metadata__": {"format": "pt"},
-                       "w": {"dtype": "BF16", "shape": [2, 3], "data_offsets": [0, len(raw)]}}).encode()
+  header = json.dumps(
+    {"__metadata__": {"format": "pt"}, "w": {"dtype": "BF16", "shape": [2, 3], "data_offsets": [0, len(raw)]}}
+  ).encode()
   path = tmp_path / "bf16.safetensors"
   path.write_bytes(struct.pack("<Q", len(header)) + header + raw)
   np.testing.assert_array_equal(hf._read_safetensors(str(path))["w"].astype(np.float32), x)
@@ -292,19 +322,23 @@ def test_missing_unexpected_and_misshaped_weights(fx, loaded, tmp_path):
   with pytest.raises(ValueError, match=rf"missing weights \(1\): {key} \(32, 32\)"):
     hf.load_hf_t5(write_hf_dir(tmp_path / "a", fx, drop=(key,)))
   with pytest.raises(ValueError, match=r"missing weights \(1\): lm_head.weight \(64, 32\)"):
-    hf.hf_state_dict_to_params({k: v for k, v in fx["weights"].items() if k != "lm_head.weight"}, cfg,
-                               hf_config={"tie_word_embeddings": False})
+    hf.hf_state_dict_to_params(
+      {k: v for k, v in fx["weights"].items() if k != "lm_head.weight"}, cfg, hf_config={"tie_word_embeddings": False}
+    )
   with pytest.raises(ValueError, match=r"unexpected weights \(1\): decoder.block.3.layer.0.layer_norm.weight"):
     hf.hf_state_dict_to_params(
-        dict(fx["weights"], **{"decoder.block.3.layer.0.layer_norm.weight": np.ones(32, np.float32)}), cfg)
+      dict(fx["weights"], **{"decoder.block.3.layer.0.layer_norm.weight": np.ones(32, np.float32)}), cfg
+    )
   wrong = "encoder.block.1.layer.1.DenseReluDense.wo.weight"
   with pytest.raises(ValueError, match=rf"{wrong}: expected \(32, 48\), got \(48, 32\)"):
     hf.hf_state_dict_to_params(dict(fx["weights"], **{wrong: fx["weights"][wrong].T}), cfg)
   # A config that does not fit the weights: every mismatch is named.
-  with pytest.raises(ValueError, match=r"(?s)missing weights \(\d+\): decoder.block.3.*shared.weight: "
-                                       r"expected \(128, 32\), got \(64, 32\)"):
-    hf.hf_state_dict_to_params(fx["weights"],
-                               dataclasses.replace(cfg, num_decoder_layers=4, vocab_size=128))
+  with pytest.raises(
+    ValueError,
+    match=r"(?s)missing weights \(\d+\): decoder.block.3.*shared.weight: "
+    r"expected \(128, 32\), got \(64, 32\)",
+  ):
+    hf.hf_state_dict_to_params(fx["weights"], dataclasses.replace(cfg, num_decoder_layers=4, vocab_size=128))
 
 
 def test_missing_files(fx, tmp_path):
@@ -333,26 +367,37 @@ def test_export_loads_in_transformers(fx, loaded, tmp_path):
   module, params = loaded
   hf.write_hf_checkpoint(tmp_path / "export", module.config, params)
   model, info = transformers.T5ForConditionalGeneration.from_pretrained(
-      str(tmp_path / "export"), output_loading_info=True)
+    str(tmp_path / "export"), output_loading_info=True
+  )
   assert not any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
   model.eval()
   t = lambda k: torch.from_numpy(fx[k].astype(np.int64))
   with torch.no_grad():
-    out = model(input_ids=t("encoder_input_tokens"), attention_mask=t("encoder_attention_mask"),
-                decoder_input_ids=t("decoder_input_tokens"),
-                decoder_attention_mask=t("decoder_attention_mask"))
+    out = model(
+      input_ids=t("encoder_input_tokens"),
+      attention_mask=t("encoder_attention_mask"),
+      decoder_input_ids=t("decoder_input_tokens"),
+      decoder_attention_mask=t("decoder_attention_mask"),
+    )
   ours, _ = forward(module, params, fx)
   dec_mask = fx["decoder_attention_mask"].astype(bool)
   np.testing.assert_allclose(out.logits.numpy()[dec_mask], ours[dec_mask], rtol=0, atol=LOGITS_ATOL)
 
   # The original-T5 tied convention as transformers reads it.
-  tied_dir = write_hf_dir(tmp_path / "tied", fx, drop=("lm_head.weight",),
-                          config_update={"tie_word_embeddings": True, "scale_decoder_outputs": None})
+  tied_dir = write_hf_dir(
+    tmp_path / "tied",
+    fx,
+    drop=("lm_head.weight",),
+    config_update={"tie_word_embeddings": True, "scale_decoder_outputs": None},
+  )
   model = transformers.T5ForConditionalGeneration.from_pretrained(tied_dir).eval()
   with torch.no_grad():
-    out = model(input_ids=t("encoder_input_tokens"), attention_mask=t("encoder_attention_mask"),
-                decoder_input_ids=t("decoder_input_tokens"),
-                decoder_attention_mask=t("decoder_attention_mask"))
+    out = model(
+      input_ids=t("encoder_input_tokens"),
+      attention_mask=t("encoder_attention_mask"),
+      decoder_input_ids=t("decoder_input_tokens"),
+      decoder_attention_mask=t("decoder_attention_mask"),
+    )
   ours, _ = forward(*hf.load_hf_t5(tied_dir), fx)
   np.testing.assert_allclose(out.logits.numpy()[dec_mask], ours[dec_mask], rtol=0, atol=LOGITS_ATOL)
 
@@ -371,6 +416,7 @@ def test_cli_import_hf_checkpoint_and_gin_reproduce_hf_logits(fx, tmp_path, caps
   """`remixer-t5 import-hf` -> orbax checkpoint + model.gin -> the same logits as Hugging Face."""
   from remixer_t5.training import checkpoints
   from remixer_t5 import cli, gin_utils
+
   hf_dir = write_hf_dir(tmp_path / "hf", fx)
   out = tmp_path / "imported"
   assert cli.main(["import-hf", hf_dir, str(out)]) == 0
@@ -391,6 +437,7 @@ def test_greedy_infer_on_an_import_gives_transformers_generate_tokens(fx, tmp_pa
   both fixture rows (one padded), token for token."""
   from remixer_t5 import cli, gin_utils
   from remixer_t5.training import checkpoints, inference
+
   out = tmp_path / "imported"
   assert cli.main(["import-hf", write_hf_dir(tmp_path / "hf", fx), str(out)]) == 0
   gin_utils.parse_gin([str(out / "model.gin")], [])
@@ -398,11 +445,14 @@ def test_greedy_infer_on_an_import_gives_transformers_generate_tokens(fx, tmp_pa
   params = checkpoints.restore_any_params(out)
   want = fx["generate_tokens"]
   enc = fx["encoder_input_tokens"]
-  ids = [row[:int(np.count_nonzero(row))] for row in enc]
-  got = list(inference.predict(model, params, ids, inference.Request(), batch_size=2,
-                               lengths={"inputs": enc.shape[1], "targets": want.shape[1]}))
+  ids = [row[: int(np.count_nonzero(row))] for row in enc]
+  got = list(
+    inference.predict(
+      model, params, ids, inference.Request(), batch_size=2, lengths={"inputs": enc.shape[1], "targets": want.shape[1]}
+    )
+  )
   for (tokens, log_prob), row in zip(got, want):
-    np.testing.assert_array_equal(np.asarray(tokens), row[:len(tokens)])
+    np.testing.assert_array_equal(np.asarray(tokens), row[: len(tokens)])
     assert len(tokens) == (list(row).index(1) + 1 if 1 in row else len(row)) and np.isfinite(log_prob)
 
 
@@ -414,8 +464,18 @@ def test_cli_export_hf_unstacks_a_scanned_checkpoint(tmp_path, capsys):
   from remixer_t5 import cli
   from remixer_t5.commands import import_hf
   from remixer_t5.training import checkpoints
-  cfg = network.T5Config(vocab_size=64, emb_dim=32, num_heads=2, head_dim=8, num_encoder_layers=2,
-                         num_decoder_layers=3, mlp_dim=48, dtype="float32", scan_layers=True)
+
+  cfg = network.T5Config(
+    vocab_size=64,
+    emb_dim=32,
+    num_heads=2,
+    head_dim=8,
+    num_encoder_layers=2,
+    num_decoder_layers=3,
+    mlp_dim=48,
+    dtype="float32",
+    scan_layers=True,
+  )
   module = network.Transformer(cfg)
   rng = np.random.default_rng(0)
   enc = rng.integers(2, cfg.vocab_size, (2, 7)).astype(np.int32)
@@ -443,8 +503,9 @@ def test_cli_export_hf_unstacks_a_scanned_checkpoint(tmp_path, capsys):
   assert sorted(got) == sorted(want) == sorted(hf.hf_weight_shapes(cfg))
   for name in want:
     np.testing.assert_array_equal(got[name], want[name], err_msg=name)
-  assert (json.loads((tmp_path / "hf_scanned" / "config.json").read_text())
-          == json.loads((tmp_path / "hf_unrolled" / "config.json").read_text()))
+  assert json.loads((tmp_path / "hf_scanned" / "config.json").read_text()) == json.loads(
+    (tmp_path / "hf_unrolled" / "config.json").read_text()
+  )
   # Read back as Hugging Face's model: the scanned model's logits.
   hf_module, hf_params = hf.load_hf_t5(tmp_path / "hf_scanned")
   assert hf_module.config.num_encoder_layers == 2 and hf_module.config.num_decoder_layers == 3

@@ -4,6 +4,7 @@ beside the weights.
 tokenizer.json is read with the `tokenizers` library (the test extra) and must encode as seqio does. The
 transformers tests run only where transformers is importable (the optional hf extra), as in test_hf.py.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,19 +20,21 @@ from remixer_t5 import cli, gin_utils
 from remixer_t5.commands import import_hf
 from remixer_t5.interop import hf
 
-SENTENCES = ["The quick brown fox jumps over the lazy dog.",
-             "Australian authorities are to be granted access to David Hicks, arrested in 1999!"]
+SENTENCES = [
+  "The quick brown fox jumps over the lazy dog.",
+  "Australian authorities are to be granted access to David Hicks, arrested in 1999!",
+]
 # Accents, digits, punctuation, runs of spaces, tabs and newlines, characters NFKC changes (ligatures, full-width
 # letters, a combining accent), characters no vocabulary here holds, and sentinels written as T5 users write them.
 TEXTS = SENTENCES + [
-    "Zürich's café — naïve résumé, 1,234.5 km!",
-    "Prices: $99.99 (50% off) on 2024-05-06 at 12:30; see §3 & «quotes».",
-    "several   spaces\tand a tab\nand a newline\n\ntwice",
-    "ﬁne ﬂour from Ｔｏｋｙｏ, ＷＯＲＬＤ １２３, e\u0301te\u0301",
-    "emoji 😀😀 and 漢字 한국어",
-    "<extra_id_0>",
-    "The <extra_id_0> walks in <extra_id_1> park.",
-    "<extra_id_0>. <extra_id_1>b <extra_id_2>",
+  "Zürich's café — naïve résumé, 1,234.5 km!",
+  "Prices: $99.99 (50% off) on 2024-05-06 at 12:30; see §3 & «quotes».",
+  "several   spaces\tand a tab\nand a newline\n\ntwice",
+  "ﬁne ﬂour from Ｔｏｋｙｏ, ＷＯＲＬＤ １２３, e\u0301te\u0301",
+  "emoji 😀😀 and 漢字 한국어",
+  "<extra_id_0>",
+  "The <extra_id_0> walks in <extra_id_1> park.",
+  "<extra_id_0>. <extra_id_1>b <extra_id_2>",
 ]
 # Whitespace that SentencePiece's remove_extra_whitespaces drops (T5's and the embedded vocabulary's normalizer;
 # the COGS word vocabularies keep every space, see `hf.fast_tokenizer_json` for what differs there).
@@ -74,6 +77,7 @@ def test_tokenizer_json_is_t5s_unigram_tokenizer(embedded_env):
   import base64
 
   from sentencepiece import sentencepiece_model_pb2 as pb
+
   model = embedded_env.spm.read_bytes()
   proto = pb.ModelProto.FromString(model)
   n = len(proto.pieces)
@@ -89,8 +93,12 @@ def test_tokenizer_json_is_t5s_unigram_tokenizer(embedded_env):
   precompiled = fast["normalizer"]["normalizers"][0]
   assert precompiled["type"] == "Precompiled"
   assert base64.b64decode(precompiled["precompiled_charsmap"]) == proto.normalizer_spec.precompiled_charsmap
-  assert fast["pre_tokenizer"] == {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first",
-                                   "split": False}
+  assert fast["pre_tokenizer"] == {
+    "type": "Metaspace",
+    "replacement": "\u2581",
+    "prepend_scheme": "first",
+    "split": False,
+  }
   assert fast["post_processor"]["type"] == "TemplateProcessing"
   assert fast["post_processor"]["special_tokens"] == {"</s>": {"id": "</s>", "ids": [1], "tokens": ["</s>"]}}
   three = hf.fast_tokenizer_json(model, extra_ids=3)
@@ -123,6 +131,7 @@ def spm_case(request, tmp_path):
     return request.getfixturevalue("embedded_env").spm, TEXTS + TEXTS_EXTRA_WHITESPACE
   if request.param == "cogs_words":
     from remixer_t5.data import word_vocab
+
     path = tmp_path / "words.model"
     path.write_bytes(word_vocab.build_word_model(SENTENCES + ["a cat ate the cake .", "the girl saw a dog"]))
     return path, TEXTS
@@ -134,6 +143,7 @@ def spm_case(request, tmp_path):
 def test_tokenizer_json_encodes_like_seqio(spm_case, tmp_path):
   tokenizers = pytest.importorskip("tokenizers", reason="needs tokenizers (the test extra)")
   from remixer_t5.data import vocab as vocab_lib
+
   path, texts = spm_case
   (tmp_path / "tokenizer.json").write_bytes(hf.hf_tokenizer_files(path.read_bytes())["tokenizer.json"])
   tok = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
@@ -154,6 +164,7 @@ def test_tokenizer_json_encodes_like_seqio(spm_case, tmp_path):
 
 def test_tokenizer_files_refuse_what_t5_cannot_read(embedded_env):
   from remixer_t5.data import vocab
+
   with pytest.raises(ValueError, match="not a SentencePiece model"):
     hf.hf_tokenizer_files(b"not a model")
   # seqio's in-memory proto already holds the sentinels: writing it would double them.
@@ -163,9 +174,12 @@ def test_tokenizer_files_refuse_what_t5_cannot_read(embedded_env):
     hf.hf_tokenizer_files(embedded_env.spm.read_bytes(), extra_ids=-1)
   # tokenizer.json is T5's unigram tokenizer with a "▁" word-start mark; other SentencePiece models are refused.
   from sentencepiece import sentencepiece_model_pb2 as pb
-  for field, value, message in [("model_type", pb.TrainerSpec.BPE, "BPE model"),
-                                ("add_dummy_prefix", False, "add_dummy_prefix off"),
-                                ("escape_whitespaces", False, "escape_whitespaces")]:
+
+  for field, value, message in [
+    ("model_type", pb.TrainerSpec.BPE, "BPE model"),
+    ("add_dummy_prefix", False, "add_dummy_prefix off"),
+    ("escape_whitespaces", False, "escape_whitespaces"),
+  ]:
     proto = pb.ModelProto.FromString(embedded_env.spm.read_bytes())
     setattr(proto.trainer_spec if field == "model_type" else proto.normalizer_spec, field, value)
     with pytest.raises(ValueError, match=message):
@@ -200,6 +214,7 @@ def test_export_hf_without_a_known_vocabulary_says_so(model_dir, tmp_path, capsy
 def test_autotokenizer_round_trips_our_encoding(model_dir, tmp_path, embedded_env):
   transformers = pytest.importorskip("transformers", reason="needs the optional hf extra (transformers)")
   from remixer_t5.data import vocab as vocab_lib
+
   out = tmp_path / "hf"
   assert cli.main(["export-hf", str(model_dir), str(out)]) == 0
   tok = transformers.AutoTokenizer.from_pretrained(str(out))
@@ -219,6 +234,7 @@ def test_real_t5_vocabulary_round_trips(tmp_path):
   """T5's own 32k model (its normalizer folds accents and spaces): HF's tokenizer from our files = seqio's ids."""
   transformers = pytest.importorskip("transformers", reason="needs the optional hf extra (transformers)")
   from remixer_t5.data import vocab as vocab_lib
+
   ours = vocab_lib.get_vocabulary(str(T5_VOCAB))
   for name, data in hf.vocabulary_tokenizer_files(ours).items():
     (tmp_path / name).write_bytes(data)
@@ -252,11 +268,16 @@ print(json.dumps({"sentencepiece": importable or is_sentencepiece_available(), "
 def test_autotokenizer_without_sentencepiece_encodes_like_seqio(model_dir, tmp_path, embedded_env):
   pytest.importorskip("transformers", reason="needs the optional hf extra (transformers)")
   from remixer_t5.data import vocab as vocab_lib
+
   out = tmp_path / "hf"
   assert cli.main(["export-hf", str(model_dir), str(out)]) == 0
   texts = TEXTS + TEXTS_EXTRA_WHITESPACE
-  run = subprocess.run([sys.executable, "-c", _LOAD_WITHOUT_SENTENCEPIECE, str(out), json.dumps(texts)],
-                       capture_output=True, text=True, timeout=600)
+  run = subprocess.run(
+    [sys.executable, "-c", _LOAD_WITHOUT_SENTENCEPIECE, str(out), json.dumps(texts)],
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   assert run.returncode == 0, run.stderr[-3000:]
   got = json.loads(run.stdout.strip().splitlines()[-1])
   assert not got["sentencepiece"]

@@ -2,6 +2,7 @@
 exact position for every kind of source (embedded TFRecords, local C4 shards, local COGS rows, a real TFDS
 dataset, a mixture), per process shard, at a cost that does not grow with the position; a pipeline that
 cannot be checkpointed says so (the trainer then falls back to skip)."""
+
 import gzip
 import json
 import statistics
@@ -17,8 +18,11 @@ WORDS = "the cat sat on a mat while rain fell over the quiet town and people wal
 
 
 def _doc(prefix, i, words=30):
-  return {"text": f"Story {prefix} {i}. " + " ".join(WORDS[(i * 5 + j * 3) % len(WORDS)] for j in range(words)),
-          "timestamp": "2019-04-20T12:00:00Z", "url": f"https://example.com/{prefix}/{i}"}
+  return {
+    "text": f"Story {prefix} {i}. " + " ".join(WORDS[(i * 5 + j * 3) % len(WORDS)] for j in range(words)),
+    "timestamp": "2019-04-20T12:00:00Z",
+    "url": f"https://example.com/{prefix}/{i}",
+  }
 
 
 @pytest.fixture
@@ -28,12 +32,13 @@ def data_dir(tmp_path, monkeypatch, embedded_env):
   c4.mkdir(parents=True)
   for n, suffix in enumerate((".json.gz", ".jsonl", ".json.gz")):
     lines = "".join(json.dumps(_doc(n, i)) + "\n" for i in range(12)).encode()
-    (c4 / f"c4-train.{n:05d}-of-00003{suffix}").write_bytes(gzip.compress(lines) if suffix.endswith("gz")
-                                                           else lines)
+    (c4 / f"c4-train.{n:05d}-of-00003{suffix}").write_bytes(gzip.compress(lines) if suffix.endswith("gz") else lines)
   cogs = tmp_path / "cogs"
   cogs.mkdir()
-  rows = [(f"Emma saw {n} cats .", f"see . agent ( x _ 1 , Emma ) AND see . theme ( x _ 1 , {n} )",
-           "in_distribution") for n in ("two", "three", "four", "five", "six", "seven", "eight", "nine")]
+  rows = [
+    (f"Emma saw {n} cats .", f"see . agent ( x _ 1 , Emma ) AND see . theme ( x _ 1 , {n} )", "in_distribution")
+    for n in ("two", "three", "four", "five", "six", "seven", "eight", "nine")
+  ]
   for name in ("train.tsv", "dev.tsv", "test.tsv", "gen.tsv"):
     (cogs / name).write_text("".join("\t".join(r) + "\n" for r in rows), encoding="utf-8")
   monkeypatch.setenv("REMIXER_T5_DATA_DIR", str(tmp_path))
@@ -42,6 +47,7 @@ def data_dir(tmp_path, monkeypatch, embedded_env):
 
 def _vocab():
   from remixer_t5.data.vocab import get_vocabulary
+
   return get_vocabulary()
 
 
@@ -49,6 +55,7 @@ def _c4_task():
   import seqio
 
   from remixer_t5.tasks import c4
+
   return seqio.get_mixture_or_task(c4.register_c4_task("c4_span_corruption_embedded_vocab", _vocab()))
 
 
@@ -56,6 +63,7 @@ def _cogs_task():
   import seqio
 
   from remixer_t5.tasks import cogs
+
   cogs.register_cogs_task("cogs_embedded_vocab", vocabulary=_vocab())
   return seqio.get_mixture_or_task("cogs_embedded_vocab")
 
@@ -90,6 +98,7 @@ def _assert_exact_resume(task, tmp_path, k=5, m=4, **kwargs):
 
 def test_embedded_corpus_resumes_exactly(embedded_env, tmp_path):
   from remixer_t5.tasks.lookup import get_task
+
   _assert_exact_resume(get_task("embedded_span_corruption"), tmp_path)
 
 
@@ -105,6 +114,7 @@ def test_local_cogs_rows_resume_exactly(data_dir, tmp_path):
 
 def test_mixture_resumes_exactly(data_dir, tmp_path):
   import seqio
+
   name = "input_resume_mix"
   if name not in seqio.MixtureRegistry.names():
     seqio.MixtureRegistry.add(name, [(_c4_task().name, 1.0), (_cogs_task().name, 1.0)])
@@ -143,6 +153,7 @@ def test_tfds_source_resumes_exactly(embedded_env, tmp_path):
   import seqio
 
   from remixer_t5.tasks.common import add_span_corruption_task
+
   tfds_dir = _tiny_tfds(tmp_path)
   name = "input_resume_tiny_tfds"
   if name in seqio.TaskRegistry.names():
@@ -158,14 +169,17 @@ def test_generator_source_is_not_checkpointable_and_says_so(embedded_env, tmp_pa
   import tensorflow as tf
 
   from remixer_t5.tasks.common import add_span_corruption_task
+
   name = "input_resume_generator"
   if name in seqio.TaskRegistry.names():
     seqio.TaskRegistry.remove(name)
   docs = [_doc("g", i)["text"] for i in range(20)]
   source = seqio.FunctionDataSource(
-      lambda split, shuffle_files, seed=None: tf.data.Dataset.from_generator(
-          lambda: ({"text": d} for d in docs), output_signature={"text": tf.TensorSpec([], tf.string)}),
-      splits=["train"])
+    lambda split, shuffle_files, seed=None: tf.data.Dataset.from_generator(
+      lambda: ({"text": d} for d in docs), output_signature={"text": tf.TensorSpec([], tf.string)}
+    ),
+    splits=["train"],
+  )
   add_span_corruption_task(name, source, _vocab())
   batches = _batches(seqio.get_mixture_or_task(name), pack=False)
   next(batches)
@@ -178,6 +192,7 @@ def test_restore_time_does_not_grow_with_the_position(embedded_env, tmp_path):
   """Time from a built pipeline to the batch at the position: restoring at position 2000 costs about what it
   costs at 2 (median of 3; a generous ratio), while replaying with skip grows with the position."""
   from remixer_t5.tasks.lookup import get_task
+
   task = get_task("embedded_span_corruption")
   prefixes = {}
   run = _batches(task)

@@ -1,5 +1,6 @@
 """The kernel registry (kernels/__init__.py): which implementation `auto` and the named fields take, by the platform
 traced for; what a named kernel that cannot take its inputs says; and the docs' table, made from the registry."""
+
 import logging
 from pathlib import Path
 
@@ -29,6 +30,7 @@ def traced(monkeypatch):
       if back:
         return kernels.hand_back(reference, "fake kernels take no back=True", x)
       return reference(x) + {"cpu.fake:f": 1.0, "gpu.fake:f": 2.0}[name]
+
     return kernel
 
   monkeypatch.setattr(kernels, "load", load)
@@ -46,11 +48,13 @@ def test_auto_without_a_mesh_takes_the_default_backends_kernel_only(traced):
   assert float(jax.jit(fn)(jnp.float32(0))) == 1.0 and traced == ["cpu.fake:f"]  # no other platform's is traced
 
 
-@pytest.mark.parametrize("platform, added, seen", [("cpu", 1.0, ["cpu.fake:f"]), ("tpu", 0.0, []),
-                                                   ("cuda", 2.0, ["gpu.fake:f"])])
+@pytest.mark.parametrize(
+  "platform, added, seen", [("cpu", 1.0, ["cpu.fake:f"]), ("tpu", 0.0, []), ("cuda", 2.0, ["gpu.fake:f"])]
+)
 def test_auto_under_a_mesh_takes_its_platforms_kernel(traced, platform, added, seen):
-  text = jaxpr_util.lowered_for(platform, lambda x: OP.choose("auto", reference)(x),
-                                jax.ShapeDtypeStruct((), jnp.float32))
+  text = jaxpr_util.lowered_for(
+    platform, lambda x: OP.choose("auto", reference)(x), jax.ShapeDtypeStruct((), jnp.float32)
+  )
   assert traced == seen
   assert ("1.000000e+00" in text, "2.000000e+00" in text) == (added == 1.0, added == 2.0), text
 
@@ -63,8 +67,11 @@ def test_named_and_counting_choices(traced):
   assert traced == ["cpu.fake:f"]
   with pytest.raises(ValueError, match=r"attention_impl='flash': expected one of \('auto', 'xla', 'cpu'"):
     OP.choose("flash", reference)
-  with pytest.raises(ValueError, match=r"HyperMixing.impl='pallas_tpu': expected one of "
-                                       r"\('auto', 'xla', 'cpu', 'pallas_gpu'\)"):
+  with pytest.raises(
+    ValueError,
+    match=r"HyperMixing.impl='pallas_tpu': expected one of "
+    r"\('auto', 'xla', 'cpu', 'pallas_gpu'\)",
+  ):
     kernels.check("hypermixer.HyperMixing.impl", "pallas_tpu")
 
 
@@ -74,14 +81,15 @@ def test_a_named_kernel_that_cannot_take_the_inputs_says_so_once(traced, caplog)
   with caplog.at_level(logging.WARNING, logger="remixer_t5.kernels"):
     for _ in range(2):
       assert float(OP.choose("pallas_tpu", reference)(jnp.float32(0))) == 0.0  # none of that name: the reference
-      assert float(OP.choose("cpu", reference, back=True)(jnp.float32(-1))) == -1.0   # handed back
+      assert float(OP.choose("cpu", reference, back=True)(jnp.float32(-1))) == -1.0  # handed back
     assert float(OP.choose("auto", reference, back=True)(jnp.float32(-3))) == -3.0  # auto: handed back, silently
   said = [r.getMessage() for r in caplog.records]
   field = "network.T5Config.attention_impl"
-  assert said == [f"{field}='pallas_tpu': fake attention has no 'pallas_tpu' kernel; computing the plain-JAX "
-                  f"reference ({field}='xla') there",
-                  f"{field}='cpu': fake kernels take no back=True; computing the plain-JAX reference ({field}='xla') "
-                  "there"], said
+  assert said == [
+    f"{field}='pallas_tpu': fake attention has no 'pallas_tpu' kernel; computing the plain-JAX "
+    f"reference ({field}='xla') there",
+    f"{field}='cpu': fake kernels take no back=True; computing the plain-JAX reference ({field}='xla') there",
+  ], said
 
 
 def test_the_config_and_the_docs_table_come_from_the_registry():

@@ -6,6 +6,7 @@ the launcher must refuse for lack of gcloud/sbatch), or run against tests/fake_g
 queued resources, preemption and workers on this computer. The printed remote commands and sbatch script are
 executed by bash against stub programs, so quoting is checked by bash itself, not by string matching.
 """
+
 import json
 import os
 import re
@@ -24,13 +25,13 @@ REPO = Path(__file__).resolve().parents[1]
 LAUNCH = REPO / "launch"
 BASH = shutil.which("bash")
 # A gin binding with shell quotes, and an argument with spaces, quotes and a dollar sign.
-ARGS = ["train", "--gin_file=runs/pretrain.gin", "--gin.MODEL_DIR='gs://b/run'",
-        "--gin.RUN_NAME=\"it's a $HOME test\""]
+ARGS = ["train", "--gin_file=runs/pretrain.gin", "--gin.MODEL_DIR='gs://b/run'", "--gin.RUN_NAME=\"it's a $HOME test\""]
 
 
 def launch(script, *argv, cwd=None, env=None):
-  return subprocess.run([BASH, str(LAUNCH / script), *argv], capture_output=True, text=True, cwd=cwd,
-                        env=env, timeout=30)
+  return subprocess.run(
+    [BASH, str(LAUNCH / script), *argv], capture_output=True, text=True, cwd=cwd, env=env, timeout=30
+  )
 
 
 def tpu(*argv, **kw):
@@ -87,8 +88,9 @@ def test_syntax(script):
 def test_shellcheck():
   if not shutil.which("shellcheck"):
     pytest.skip("shellcheck not installed; bash -n still checks the syntax")
-  res = subprocess.run(["shellcheck", "-S", "warning", *map(str, sorted(LAUNCH.glob("*.sh")))],
-                       capture_output=True, text=True)
+  res = subprocess.run(
+    ["shellcheck", "-S", "warning", *map(str, sorted(LAUNCH.glob("*.sh")))], capture_output=True, text=True
+  )
   assert res.returncode == 0, res.stdout + res.stderr
 
 
@@ -103,8 +105,14 @@ def remote(command, home, env=None, timeout=30):
   """Runs a printed remote command with bash as a worker would: HOME=`home`, a stub `sudo` that records its
   arguments in home/sudo.log and runs nothing."""
   make_exe(home / "stubs" / "sudo", '#!/bin/sh\necho "$*" >> "$HOME/sudo.log"\n')
-  return subprocess.run([BASH, "-c", command], capture_output=True, text=True, timeout=timeout, cwd=home,
-                        env={"HOME": str(home), "PATH": f"{home / 'stubs'}:{os.environ['PATH']}", **(env or {})})
+  return subprocess.run(
+    [BASH, "-c", command],
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+    cwd=home,
+    env={"HOME": str(home), "PATH": f"{home / 'stubs'}:{os.environ['PATH']}", **(env or {})},
+  )
 
 
 def wait_for(path, timeout=10):
@@ -119,8 +127,9 @@ def test_tpu_all_creates_installs_starts_the_job_follows_it_then_deletes():
   res = tpu("--accelerator=v3-32", "--dry-run", "all", "--", *ARGS)
   assert res.returncode == 0, res.stderr
   cmds = commands(res.stdout)
-  assert gcloud_verbs(cmds) == [("tpu-vm", v) for v in (
-      "create", "describe", "scp", "ssh", "ssh", "ssh", "describe", "ssh", "ssh", "delete")]
+  assert gcloud_verbs(cmds) == [
+    ("tpu-vm", v) for v in ("create", "describe", "scp", "ssh", "ssh", "ssh", "describe", "ssh", "ssh", "delete")
+  ]
   gcloud = [c for c in cmds if c[0] == "gcloud"]
   create = gcloud[0]
   assert create[5] == "r5" and "--accelerator-type=v3-32" in create
@@ -135,19 +144,27 @@ def test_tpu_all_creates_installs_starts_the_job_follows_it_then_deletes():
 def test_tpu_queued_spot_all_requests_spot_starts_a_detached_job_and_forwards_the_env(tmp_path):
   """The issue's dry run: a Spot queued resource, a start that returns while the job runs on, TFDS_DATA_DIR
   reaching the job, the TPU's leftover users and libtpu's lock file cleared first."""
-  res = tpu("--queued", "--spot", "--accelerator=v3-32", "--env=TFDS_DATA_DIR=gs://b/tfds", "--dry-run", "all",
-            "--", *ARGS)
+  res = tpu(
+    "--queued", "--spot", "--accelerator=v3-32", "--env=TFDS_DATA_DIR=gs://b/tfds", "--dry-run", "all", "--", *ARGS
+  )
   assert res.returncode == 0, res.stderr
   cmds = commands(res.stdout)
   create = cmds[0]
   assert create[:6] == ["gcloud", "compute", "tpus", "queued-resources", "create", "r5"]
-  assert {"--node-id=r5", "--accelerator-type=v3-32", "--runtime-version=tpu-ubuntu2204-base", "--spot",
-          "--zone=europe-west4-a"} <= set(create)
+  assert {
+    "--node-id=r5",
+    "--accelerator-type=v3-32",
+    "--runtime-version=tpu-ubuntu2204-base",
+    "--spot",
+    "--zone=europe-west4-a",
+  } <= set(create)
   assert gcloud_verbs(cmds)[-1] == ("queued-resources", "delete") and {"--force", "--quiet"} <= set(cmds[-1])
   start = ssh_commands(cmds)[2]
-  make_exe(tmp_path / "remixer-t5-venv" / "bin" / "remixer-t5",
-           '#!/usr/bin/env bash\nsleep 0.5\necho "TFDS_DATA_DIR=$TFDS_DATA_DIR"\n'
-           'echo "REMIXER_T5_DISTRIBUTED=$REMIXER_T5_DISTRIBUTED"\nprintf "%s\\n" "$@"\n')
+  make_exe(
+    tmp_path / "remixer-t5-venv" / "bin" / "remixer-t5",
+    '#!/usr/bin/env bash\nsleep 0.5\necho "TFDS_DATA_DIR=$TFDS_DATA_DIR"\n'
+    'echo "REMIXER_T5_DISTRIBUTED=$REMIXER_T5_DISTRIBUTED"\nprintf "%s\\n" "$@"\n',
+  )
   (tmp_path / "remixer-t5").mkdir()
   started = remote(start, tmp_path)
   assert started.returncode == 0 and "started the job" in started.stdout, started.stdout + started.stderr
@@ -157,8 +174,7 @@ def test_tpu_queued_spot_all_requests_spot_starts_a_detached_job_and_forwards_th
   assert wait_for(job / "exit").strip() == "0"
   log = (job / "log").read_text().splitlines()
   assert log[1:] == ["TFDS_DATA_DIR=gs://b/tfds", "REMIXER_T5_DISTRIBUTED=auto", *ARGS]
-  assert (tmp_path / "sudo.log").read_text().splitlines() == ["-n lsof -t /dev/accel*",
-                                                               "-n rm -f /tmp/libtpu_lockfile"]
+  assert (tmp_path / "sudo.log").read_text().splitlines() == ["-n lsof -t /dev/accel*", "-n rm -f /tmp/libtpu_lockfile"]
 
 
 def test_tpu_run_passes_arguments_through_with_quoting_intact(tmp_path):
@@ -167,8 +183,10 @@ def test_tpu_run_passes_arguments_through_with_quoting_intact(tmp_path):
   assert res.returncode == 0, res.stderr
   (start,) = ssh_commands(commands(res.stdout))
   (tmp_path / "remixer-t5").mkdir()
-  make_exe(tmp_path / "remixer-t5-venv" / "bin" / "remixer-t5",
-           '#!/usr/bin/env bash\necho "cwd=$PWD"\necho "TFDS_DATA_DIR=$TFDS_DATA_DIR"\nprintf "%s\\n" "$@"\n')
+  make_exe(
+    tmp_path / "remixer-t5-venv" / "bin" / "remixer-t5",
+    '#!/usr/bin/env bash\necho "cwd=$PWD"\necho "TFDS_DATA_DIR=$TFDS_DATA_DIR"\nprintf "%s\\n" "$@"\n',
+  )
   assert remote(start, tmp_path).returncode == 0
   assert wait_for(tmp_path / "remixer-t5-job" / "exit").strip() == "0"
   out = (tmp_path / "remixer-t5-job" / "log").read_text().splitlines()[1:]
@@ -214,11 +232,16 @@ def test_tpu_all_keep_skips_the_delete():
   assert gcloud_verbs(cmds)[-1] == ("tpu-vm", "ssh")
 
 
-@pytest.mark.parametrize("source, expected", [
+@pytest.mark.parametrize(
+  "source, expected",
+  [
     (["--repo=https://github.com/me/remixer_t5.git@v1"], "git+https://github.com/me/remixer_t5.git@v1"),
-    (["--wheel=https://example.org/remixer_t5-0.1.0-py3-none-any.whl"],
-     "https://example.org/remixer_t5-0.1.0-py3-none-any.whl"),
-])
+    (
+      ["--wheel=https://example.org/remixer_t5-0.1.0-py3-none-any.whl"],
+      "https://example.org/remixer_t5-0.1.0-py3-none-any.whl",
+    ),
+  ],
+)
 def test_tpu_install_from_git_or_wheel_url(source, expected):
   res = tpu("--dry-run", *source, "install")
   assert res.returncode == 0, res.stderr
@@ -247,7 +270,9 @@ def test_tpu_multi_host_without_model_dir_binding_warns():
   assert res.returncode == 0 and "warning" in res.stderr and "gs://" in res.stderr
 
 
-@pytest.mark.parametrize("argv, flag", [
+@pytest.mark.parametrize(
+  "argv, flag",
+  [
     (["--accelerator=v3-32", "run", "--", "train", "--gin.MODEL_DIR='/tmp/run'"], "--gin.MODEL_DIR"),
     (["--bogus", "run"], "--bogus"),
     (["--accelerator=v3", "create"], "--accelerator"),
@@ -271,7 +296,8 @@ def test_tpu_multi_host_without_model_dir_binding_warns():
     (["status", "--", "train"], "after --"),
     ([], "step"),
     (["launch"], "step"),
-])
+  ],
+)
 def test_tpu_bad_flags_exit_2_naming_the_flag_in_one_line(argv, flag):
   res = tpu("--dry-run", *argv)
   assert res.returncode == 2, res.stdout
@@ -302,14 +328,24 @@ class Cloud:
 
   def __init__(self, tmp_path, **config):
     self.state = tmp_path / "cloud"
-    self.env = {**os.environ, **fake_gcloud.install(tmp_path / "bin", self.state, **config),
-                "REMIXER_T5_LAUNCH_BACKOFF": "0", "REMIXER_T5_LAUNCH_POLL": "0.05"}
+    self.env = {
+      **os.environ,
+      **fake_gcloud.install(tmp_path / "bin", self.state, **config),
+      "REMIXER_T5_LAUNCH_BACKOFF": "0",
+      "REMIXER_T5_LAUNCH_POLL": "0.05",
+    }
     self.wheel = tmp_path / "remixer_t5-0.1.0-py3-none-any.whl"
     self.wheel.write_bytes(b"")
 
   def tpu(self, *argv, timeout=60):
-    return subprocess.run([BASH, str(LAUNCH / "tpu_vm.sh"), *V3_32, f"--wheel={self.wheel}", *argv],
-                          capture_output=True, text=True, env=self.env, timeout=timeout, cwd=self.state.parent)
+    return subprocess.run(
+      [BASH, str(LAUNCH / "tpu_vm.sh"), *V3_32, f"--wheel={self.wheel}", *argv],
+      capture_output=True,
+      text=True,
+      env=self.env,
+      timeout=timeout,
+      cwd=self.state.parent,
+    )
 
   def calls(self):
     return fake_gcloud.calls(self.state)
@@ -338,8 +374,17 @@ def test_tpu_lifecycle_preemption_restart_and_resume(cloud):
   it, reinstalls and reruns the same command, which resumes from the step-10 checkpoint and finishes; the slice is
   deleted once, at the end."""
   c = cloud(ssh_failures=1, preempt_when="gcs/b/r5/checkpoints/10", pause_at=10)
-  res = c.tpu("--queued", "--spot", "--env=TFDS_DATA_DIR=gs://b/tfds", "--env=REMIXER_T5_LOCK_LEASE=0",
-              "--lines=1", "all", "--restart", "--", *TRAIN)
+  res = c.tpu(
+    "--queued",
+    "--spot",
+    "--env=TFDS_DATA_DIR=gs://b/tfds",
+    "--env=REMIXER_T5_LOCK_LEASE=0",
+    "--lines=1",
+    "all",
+    "--restart",
+    "--",
+    *TRAIN,
+  )
   assert res.returncode == 0, res.stdout + res.stderr
   out = res.stdout
   assert "WAITING_FOR_RESOURCES" in out and out.count("is READY") == 2
@@ -351,17 +396,25 @@ def test_tpu_lifecycle_preemption_restart_and_resume(cloud):
   assert "the job finished on every worker of r5 (exit 0)" in out
   assert c.starts() == [("r5-g1-w0", 0), ("r5-g2-w0", 10)]
   assert fake_gcloud.deletions(c.state) == [
-      {"queued": "r5", "state": "SUSPENDED", "node": "r5-g1", "node_state": "PREEMPTED"},
-      {"queued": "r5", "state": "ACTIVE", "node": "r5-g2", "node_state": "READY"}]
+    {"queued": "r5", "state": "SUSPENDED", "node": "r5-g1", "node_state": "PREEMPTED"},
+    {"queued": "r5", "state": "ACTIVE", "node": "r5-g2", "node_state": "READY"},
+  ]
   assert c.verbs()[-1] == ("queued-resources", "delete")
   assert [v for v in c.verbs() if v[1] == "create"] == [("queued-resources", "create")] * 2
   create = next(call for call in c.calls() if call[2:4] == ["queued-resources", "create"])
   assert "--spot" in create
-  rows = [json.loads(line) for line in (fake_gcloud.gcs(c.state, "gs://b/r5") / "starts.jsonl").read_text().splitlines()]
-  assert len(rows) == 8 and all(r["env"] == {"TFDS_DATA_DIR": "gs://b/tfds", "REMIXER_T5_DISTRIBUTED": "auto"}
-                                for r in rows)
+  rows = [
+    json.loads(line) for line in (fake_gcloud.gcs(c.state, "gs://b/r5") / "starts.jsonl").read_text().splitlines()
+  ]
+  assert len(rows) == 8 and all(
+    r["env"] == {"TFDS_DATA_DIR": "gs://b/tfds", "REMIXER_T5_DISTRIBUTED": "auto"} for r in rows
+  )
   assert sorted(p.name for p in (fake_gcloud.gcs(c.state, "gs://b/r5") / "checkpoints").iterdir()) == [
-      "10", "15", "20", "5"]
+    "10",
+    "15",
+    "20",
+    "5",
+  ]
 
 
 def test_tpu_a_dry_run_prints_the_commands_a_run_makes(cloud):
@@ -402,8 +455,13 @@ def test_tpu_a_job_that_dies_on_a_ready_slice_is_rerun_there(cloud):
   """A worker's remixer-t5 killed (kill -9, as the OOM killer does) on a healthy slice: the job is rerun on the same
   slice (the other workers' processes replaced), resumes, and no slice is recreated."""
   c = cloud(pause_at=10)
-  proc = subprocess.Popen([BASH, str(LAUNCH / "tpu_vm.sh"), *V3_32, f"--wheel={c.wheel}", "all", "--restart",
-                           "--", *TRAIN], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=c.env)
+  proc = subprocess.Popen(
+    [BASH, str(LAUNCH / "tpu_vm.sh"), *V3_32, f"--wheel={c.wheel}", "all", "--restart", "--", *TRAIN],
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+    env=c.env,
+  )
   try:
     job = c.state / "workers" / "r5-g1-w2" / "remixer-t5-job"
     while not ((job / "log").exists() and "pausing" in (job / "log").read_text()):
@@ -447,8 +505,13 @@ def test_tpu_the_job_outlives_the_launcher(cloud):
   """The launcher's session ends (SIGHUP) while `all` follows the job: slice and job keep running and a second
   `run` is refused; `status` and `logs` read it, and `watch --delete` follows it to the end and deletes the slice."""
   c = cloud(pause_at=10)
-  proc = subprocess.Popen([BASH, str(LAUNCH / "tpu_vm.sh"), *V3_32, f"--wheel={c.wheel}", "--queued", "all",
-                           "--", *TRAIN], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=c.env)
+  proc = subprocess.Popen(
+    [BASH, str(LAUNCH / "tpu_vm.sh"), *V3_32, f"--wheel={c.wheel}", "--queued", "all", "--", *TRAIN],
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+    env=c.env,
+  )
   log = c.state / "workers" / "r5-g1-w0" / "remixer-t5-job" / "log"
   try:
     while not (log.exists() and "pausing" in log.read_text()):
@@ -489,14 +552,23 @@ def test_docs_v3_32_walkthrough_runs_as_written(cloud, tmp_path, block):
   by the time the slice is back, as it has after Google's minutes of recreation."""
   blocks = _walkthrough_blocks()
   assert len(blocks) == 2
-  c = cloud(ssh_failures=1, preempt_when="gcs/my-bucket/r5/checkpoints/10", preempt_during=["watch", "all"],
-            pause_at=10, worker_env={"REMIXER_T5_LOCK_LEASE": "0"})
+  c = cloud(
+    ssh_failures=1,
+    preempt_when="gcs/my-bucket/r5/checkpoints/10",
+    preempt_during=["watch", "all"],
+    pause_at=10,
+    worker_env={"REMIXER_T5_LOCK_LEASE": "0"},
+  )
   script = blocks[block].replace("launch/tpu_vm.sh", str(LAUNCH / "tpu_vm.sh"))
-  res = subprocess.run([BASH, "-euo", "pipefail", "-c", script], capture_output=True, text=True, env=c.env,
-                       cwd=c.state.parent, timeout=120)
+  res = subprocess.run(
+    [BASH, "-euo", "pipefail", "-c", script], capture_output=True, text=True, env=c.env, cwd=c.state.parent, timeout=120
+  )
   assert res.returncode == 0, res.stdout + res.stderr
   assert re.search(r"r5 is (SUSPENDED|PREEMPTED); recreating the slice", res.stdout)
-  rows = [json.loads(line) for line in (fake_gcloud.gcs(c.state, "gs://my-bucket/r5") / "starts.jsonl").read_text().splitlines()]
+  rows = [
+    json.loads(line)
+    for line in (fake_gcloud.gcs(c.state, "gs://my-bucket/r5") / "starts.jsonl").read_text().splitlines()
+  ]
   assert [(r["host"], r["start"]) for r in rows if r["host"].endswith("-w0")] == [("r5-g1-w0", 0), ("r5-g2-w0", 10)]
   assert all(r["env"]["TFDS_DATA_DIR"] == "gs://my-bucket/tensorflow_datasets" for r in rows)
   assert [d["state"] for d in fake_gcloud.deletions(c.state)] == ["SUSPENDED", "ACTIVE"]
@@ -510,54 +582,80 @@ def slurm_dry_run(tmp_path, *flags):
   lines = res.stdout.splitlines()
   assert lines[0] == "cat > remixer-t5.sbatch <<'SBATCH_SCRIPT'"
   end = lines.index("SBATCH_SCRIPT")
-  assert lines[end + 1:] == ["sbatch remixer-t5.sbatch"]
+  assert lines[end + 1 :] == ["sbatch remixer-t5.sbatch"]
   assert list(tmp_path.iterdir()) == []  # a dry run writes nothing
   return lines[1:end]
 
 
 def test_slurm_script_has_directives_and_one_srun_task_per_node(tmp_path):
-  script = slurm_dry_run(tmp_path, "--nodes", "4", "--gpus-per-node=8", "--partition=gpu", "--time=2-00:00:00",
-                         "--sbatch-arg=--exclusive")
+  script = slurm_dry_run(
+    tmp_path, "--nodes", "4", "--gpus-per-node=8", "--partition=gpu", "--time=2-00:00:00", "--sbatch-arg=--exclusive"
+  )
   assert script[0] == "#!/bin/bash"
-  for directive in ("--nodes=4", "--ntasks-per-node=1", "--gpus-per-node=8", "--partition=gpu",
-                    "--time=2-00:00:00", "--job-name=remixer-t5", "--exclusive"):
+  for directive in (
+    "--nodes=4",
+    "--ntasks-per-node=1",
+    "--gpus-per-node=8",
+    "--partition=gpu",
+    "--time=2-00:00:00",
+    "--job-name=remixer-t5",
+    "--exclusive",
+  ):
     assert f"#SBATCH {directive}" in script
   text = "\n".join(script)
   assert 'scontrol show hostnames "$SLURM_JOB_NODELIST"' in text
-  for var in ("REMIXER_T5_COORDINATOR", "REMIXER_T5_NUM_PROCESSES", "REMIXER_T5_PROCESS_ID",
-              "JAX_COORDINATOR_ADDRESS"):
+  for var in ("REMIXER_T5_COORDINATOR", "REMIXER_T5_NUM_PROCESSES", "REMIXER_T5_PROCESS_ID", "JAX_COORDINATOR_ADDRESS"):
     assert var in text
   srun = shlex.split(script[-1])
-  assert srun[0] == "srun" and srun[-len(ARGS):] == ARGS
+  assert srun[0] == "srun" and srun[-len(ARGS) :] == ARGS
 
 
 def test_slurm_script_runs_one_process_per_node_with_coordinator_env(tmp_path):
   """bash runs the printed script with stub scontrol/srun and a venv whose remixer-t5 records its env."""
   work = tmp_path / "work"
   work.mkdir()
-  script = slurm_dry_run(work, "--nodes=2", "--gpus-per-node=4", f"--venv={tmp_path / 'my venv'}",
-                         "--env=REMIXER_T5_DATA_DIR=/data/a b")
+  script = slurm_dry_run(
+    work, "--nodes=2", "--gpus-per-node=4", f"--venv={tmp_path / 'my venv'}", "--env=REMIXER_T5_DATA_DIR=/data/a b"
+  )
   (tmp_path / "job.sbatch").write_text("\n".join(script) + "\n")
   stubs, out = tmp_path / "stubs", tmp_path / "out"
   out.mkdir()
-  make_exe(stubs / "scontrol", '#!/usr/bin/env bash\n[ "$*" = "show hostnames gpu[07-08]" ] && printf "gpu07\\ngpu08\\n"\n')
+  make_exe(
+    stubs / "scontrol", '#!/usr/bin/env bash\n[ "$*" = "show hostnames gpu[07-08]" ] && printf "gpu07\\ngpu08\\n"\n'
+  )
   # srun: drop its own options, then start the command once per task, as SLURM would on each node.
-  make_exe(stubs / "srun", '#!/usr/bin/env bash\nwhile [[ "$1" == --* ]]; do shift; done\n'
-           'for i in 0 1; do SLURM_NTASKS=2 SLURM_PROCID=$i "$@" || exit; done\n')
-  make_exe(tmp_path / "my venv" / "bin" / "remixer-t5",
-           '#!/usr/bin/env bash\nenv | grep -E "^(REMIXER_T5_|JAX_COORDINATOR)" | sort > "$OUT/$SLURM_PROCID.env"\n'
-           'printf "%s\\n" "$@" > "$OUT/$SLURM_PROCID.args"\n')
-  (tmp_path / "my venv" / "bin" / "activate").write_text(f'export PATH={shlex.quote(str(tmp_path / "my venv" / "bin"))}:"$PATH"\n')
-  env = {"PATH": f"{stubs}:{os.environ['PATH']}", "OUT": str(out), "SLURM_JOB_NODELIST": "gpu[07-08]",
-         "SLURM_JOB_ID": "4097", "SLURM_JOB_NUM_NODES": "2"}
+  make_exe(
+    stubs / "srun",
+    '#!/usr/bin/env bash\nwhile [[ "$1" == --* ]]; do shift; done\n'
+    'for i in 0 1; do SLURM_NTASKS=2 SLURM_PROCID=$i "$@" || exit; done\n',
+  )
+  make_exe(
+    tmp_path / "my venv" / "bin" / "remixer-t5",
+    '#!/usr/bin/env bash\nenv | grep -E "^(REMIXER_T5_|JAX_COORDINATOR)" | sort > "$OUT/$SLURM_PROCID.env"\n'
+    'printf "%s\\n" "$@" > "$OUT/$SLURM_PROCID.args"\n',
+  )
+  (tmp_path / "my venv" / "bin" / "activate").write_text(
+    f'export PATH={shlex.quote(str(tmp_path / "my venv" / "bin"))}:"$PATH"\n'
+  )
+  env = {
+    "PATH": f"{stubs}:{os.environ['PATH']}",
+    "OUT": str(out),
+    "SLURM_JOB_NODELIST": "gpu[07-08]",
+    "SLURM_JOB_ID": "4097",
+    "SLURM_JOB_NUM_NODES": "2",
+  }
   res = subprocess.run([BASH, str(tmp_path / "job.sbatch")], capture_output=True, text=True, env=env, timeout=30)
   assert res.returncode == 0, res.stderr
   assert "coordinator gpu07:61441" in res.stdout  # 4097 % 4096 + 61440
   for i in (0, 1):
     assert (out / f"{i}.args").read_text().splitlines() == ARGS
     assert (out / f"{i}.env").read_text().splitlines() == [
-        "JAX_COORDINATOR_ADDRESS=gpu07:61441", "REMIXER_T5_COORDINATOR=gpu07:61441",
-        "REMIXER_T5_DATA_DIR=/data/a b", "REMIXER_T5_NUM_PROCESSES=2", f"REMIXER_T5_PROCESS_ID={i}"]
+      "JAX_COORDINATOR_ADDRESS=gpu07:61441",
+      "REMIXER_T5_COORDINATOR=gpu07:61441",
+      "REMIXER_T5_DATA_DIR=/data/a b",
+      "REMIXER_T5_NUM_PROCESSES=2",
+      f"REMIXER_T5_PROCESS_ID={i}",
+    ]
 
 
 def test_slurm_default_coordinator_matches_jax_slurm_autodetection(monkeypatch):
@@ -572,7 +670,9 @@ def test_slurm_explicit_port(tmp_path):
   assert "port=29500" in slurm_dry_run(tmp_path, "--port=29500")
 
 
-@pytest.mark.parametrize("argv, flag", [
+@pytest.mark.parametrize(
+  "argv, flag",
+  [
     (["--nodes=0", "--", "train"], "--nodes"),
     (["--nodes=two", "--", "train"], "--nodes"),
     (["--gpus-per-node=", "--", "train"], "--gpus-per-node"),
@@ -583,7 +683,8 @@ def test_slurm_explicit_port(tmp_path):
     (["--gpus", "--", "train"], "--gpus"),
     (["train"], "after --"),
     ([], "after --"),
-])
+  ],
+)
 def test_slurm_bad_flags_exit_2_naming_the_flag(argv, flag, tmp_path):
   res = launch("slurm.sh", "--dry-run", *argv, cwd=tmp_path)
   assert res.returncode == 2, res.stdout
@@ -591,10 +692,13 @@ def test_slurm_bad_flags_exit_2_naming_the_flag(argv, flag, tmp_path):
 
 
 # --- refusing to run for real without the cloud tools ----------------------------------------------------
-@pytest.mark.parametrize("script, argv, tool", [
+@pytest.mark.parametrize(
+  "script, argv, tool",
+  [
     ("tpu_vm.sh", ["--name=r5", "--zone=europe-west4-a", "delete"], "gcloud"),
     ("slurm.sh", ["--", "train"], "sbatch"),
-])
+  ],
+)
 def test_refuses_to_run_without_the_tool(script, argv, tool, tmp_path):
   empty = tmp_path / "bin"
   empty.mkdir()  # PATH with nothing on it: no gcloud/sbatch can be reached
@@ -613,8 +717,23 @@ def test_local_dry_run_accepts_the_separator_and_keeps_quoting():
 
 @pytest.mark.parametrize("accelerator,joins", [("v3-8", False), ("v3-32", True)])
 def test_multi_host_slices_join_one_jax_runtime(accelerator, joins):
-  out = subprocess.run(["bash", str(LAUNCH / "tpu_vm.sh"), "--name=x", "--zone=z", f"--accelerator={accelerator}",
-                        "--dry-run", "run", "--", "train", "--gin.MODEL_DIR='gs://b/r'"],
-                       capture_output=True, text=True, timeout=60, env={"PATH": os.environ["PATH"]})
+  out = subprocess.run(
+    [
+      "bash",
+      str(LAUNCH / "tpu_vm.sh"),
+      "--name=x",
+      "--zone=z",
+      f"--accelerator={accelerator}",
+      "--dry-run",
+      "run",
+      "--",
+      "train",
+      "--gin.MODEL_DIR='gs://b/r'",
+    ],
+    capture_output=True,
+    text=True,
+    timeout=60,
+    env={"PATH": os.environ["PATH"]},
+  )
   assert out.returncode == 0, out.stderr
   assert ("REMIXER_T5_DISTRIBUTED=auto" in out.stdout) == joins

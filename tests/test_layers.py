@@ -1,6 +1,7 @@
 """layers.Dense and cpu_attention.add_bias: the same values and gradients as the plain formulas, written so that XLA:CPU
 compiles their backward without the slow paths measured in docs/benchmarks.md (transposed activation-gradient
 copies; YNNPACK's sum over a leading axis)."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -28,8 +29,9 @@ def test_dense_matches_numpy_and_its_kernel_gradient_contracts_one_axis():
   (g_params, g_x), f, params = _dense_grads(x, kernel)
   # numpy reference of both gradients: d sum(sin(y)) = cos(y)
   dy = np.cos(np.einsum("btd,df->btf", x, kernel))
-  np.testing.assert_allclose(np.asarray(g_params["params"]["kernel"]), np.einsum("btd,btf->df", x, dy),
-                             rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(
+    np.asarray(g_params["params"]["kernel"]), np.einsum("btd,btf->df", x, dy), rtol=1e-4, atol=1e-4
+  )
   np.testing.assert_allclose(np.asarray(g_x), np.einsum("btf,df->btd", dy, kernel), rtol=1e-4, atol=1e-4)
   # Every matmul of forward and backward is 2-D with one contracting axis: the kernel gradient is
   # tokens^T @ dy, not a contraction over (batch, length) (which XLA:CPU runs with transposed copies).
@@ -43,8 +45,9 @@ def test_dense_matches_numpy_and_its_kernel_gradient_contracts_one_axis():
 
 
 @pytest.mark.parametrize("batch", [1, 2, 3, 5, 8])
-@pytest.mark.parametrize("x_shape, bias_shape", [
-    ("bhqk", "1hqk"), ("bhqk", "b1qk"), ("bhqk", "11qk"), ("bhqk", "bhqk"), ("b1qk", "1hqk")])
+@pytest.mark.parametrize(
+  "x_shape, bias_shape", [("bhqk", "1hqk"), ("bhqk", "b1qk"), ("bhqk", "11qk"), ("bhqk", "bhqk"), ("b1qk", "1hqk")]
+)
 def test_add_bias_value_and_gradients_match_numpy(batch, x_shape, bias_shape):
   sizes = {"b": batch, "h": 3, "q": 4, "k": 5, "1": 1}
   rng = np.random.default_rng(batch)
@@ -65,13 +68,21 @@ def test_add_bias_backward_has_no_reduce_and_the_reference_keeps_its_plain_sum()
   reference (`xla`, what GPUs and TPUs run when no kernel of theirs applies) keeps x + bias and one reduce."""
   import functools
   from remixer_t5.model.mixers.attention import dot_product_attention
+
   x, bias = jnp.ones((8, 6, 4, 4)), jnp.ones((1, 6, 4, 4))
   _, vjp = jax.vjp(cpu_attention.add_bias, x, bias)
   assert jax.jit(vjp).lower(jnp.ones((8, 6, 4, 4))).as_text().count("stablehlo.reduce") == 0
   q = jnp.ones((8, 4, 6, 2))
   seg = jnp.ones((8, 4), jnp.int32)
-  attend = lambda add: jax.jit(jax.grad(lambda b: jnp.sum(functools.partial(
-      dot_product_attention, causal=False, dropout_rate=0.0, dtype=jnp.float32, add=add)(q, q, q, b, seg, seg, None))))
+  attend = lambda add: jax.jit(
+    jax.grad(
+      lambda b: jnp.sum(
+        functools.partial(dot_product_attention, causal=False, dropout_rate=0.0, dtype=jnp.float32, add=add)(
+          q, q, q, b, seg, seg, None
+        )
+      )
+    )
+  )
   count = lambda add: attend(add).lower(bias).as_text().count("stablehlo.reduce")
   assert count(cpu_attention.add_bias) < count(jnp.add)
   with pytest.raises(ValueError, match="same rank"):
@@ -95,15 +106,18 @@ def _numpy_relpos_bias(table, q_len, k_len, bidirectional, max_distance=128):
       if n < exact:
         bucket = ret + n
       else:
-        large = exact + int(np.float32(np.log(np.float32(max(n, 1)) / exact) / np.log(max_distance / exact)
-                                       * (nb - exact)))
+        large = exact + int(
+          np.float32(np.log(np.float32(max(n, 1)) / exact) / np.log(max_distance / exact) * (nb - exact))
+        )
         bucket = ret + min(large, nb - 1)
       out[0, :, q, k] = table[:, bucket]
   return out
 
 
-@pytest.mark.parametrize("q_len,k_len,bidirectional", [(7, 7, True), (5, 9, True), (9, 5, False), (1, 6, False),
-                                                       (150, 160, True), (3, 1, True)])
+@pytest.mark.parametrize(
+  "q_len,k_len,bidirectional",
+  [(7, 7, True), (5, 9, True), (9, 5, False), (1, 6, False), (150, 160, True), (3, 1, True)],
+)
 def test_relpos_bias_from_row_lengths_equals_the_bucket_formula_and_the_gather(q_len, k_len, bidirectional):
   """The row-index path (ints: one value per head and offset, laid out by `RelativeBias.dense`) against
   numpy's element-by-element bias, and its gradient against the gather path's (positions as arrays) up to summation order; its backward
@@ -125,11 +139,13 @@ def test_relpos_bias_from_row_lengths_equals_the_bucket_formula_and_the_gather(q
   assert not [e for e in eqns_in(jaxpr) if e.primitive.name.startswith("scatter")]
 
 
-
 def _dots(fn, *args):
   """(lhs dtype, rhs dtype) of every dot_general `fn` traces to, nested jaxprs included."""
-  return [tuple(str(v.aval.dtype) for v in e.invars) for e in eqns_in(jax.make_jaxpr(fn)(*args).jaxpr)
-          if e.primitive.name == "dot_general"]
+  return [
+    tuple(str(v.aval.dtype) for v in e.invars)
+    for e in eqns_in(jax.make_jaxpr(fn)(*args).jaxpr)
+    if e.primitive.name == "dot_general"
+  ]
 
 
 def test_accumulating_einsum_keeps_the_gradient_products_in_the_operands_dtype():
@@ -151,13 +167,15 @@ def test_accumulating_einsum_keeps_the_gradient_products_in_the_operands_dtype()
   ours_dots = _dots(lambda: grad(ours))  # the forward product (with its custom_vjp's body) and the two gradients
   assert len(ours_dots) >= 3 and set(ours_dots) == {("bfloat16", "bfloat16")}, ours_dots
   plain = jax.vjp(lambda x, y: jnp.einsum(spec, x, y), x, y)[1](g.astype(jnp.bfloat16))
-  exact = jax.vjp(lambda x, y: jnp.einsum(spec, x, y, precision="highest"), x.astype(jnp.float32),
-                  y.astype(jnp.float32))[1](g)
+  exact = jax.vjp(
+    lambda x, y: jnp.einsum(spec, x, y, precision="highest"), x.astype(jnp.float32), y.astype(jnp.float32)
+  )[1](g)
   for got, same, want in zip(grad(ours), plain, exact):
     assert got.dtype == jnp.bfloat16
     np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(same, np.float32))
-    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), rtol=0.05, atol=0.05 * float(
-        np.max(np.abs(want))))
+    np.testing.assert_allclose(
+      np.asarray(got, np.float32), np.asarray(want), rtol=0.05, atol=0.05 * float(np.max(np.abs(want)))
+    )
   f32 = lambda f: jax.vjp(f, jnp.asarray(x32), jnp.asarray(y32))[1](g)
   for got, want in zip(f32(ours), f32(jaxs)):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

@@ -1,5 +1,6 @@
 """The loss head (models.cross_entropy_with_z_loss) against numpy's cross-entropy of (smoothed) one-hot targets,
 its gradient and its count of correct tokens."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,16 +19,17 @@ def test_cross_entropy_matches_numpy(smoothing):
   logits, targets = _data(3, (2, 4), 9)
   targets[1, 3] = 9  # outside [0, V): a zero one-hot row, so its cross-entropy is log Z (smoothing: the low rest)
   weights = np.array([[1, 1, 1, 0], [1, 0, 1, 1]], np.float32)
-  total, z, wsum, correct = models.cross_entropy_with_z_loss(jnp.asarray(logits), jnp.asarray(targets),
-                                                    jnp.asarray(weights), 1e-2, smoothing)
+  total, z, wsum, correct = models.cross_entropy_with_z_loss(
+    jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights), 1e-2, smoothing
+  )
   lg = logits.astype(np.float64)
   log_z = np.log(np.exp(lg).sum(-1))
   soft = np.full(lg.shape, smoothing / 8) + np.eye(10)[targets][..., :9] * (1 - smoothing - smoothing / 8)
   ce = log_z - (soft * lg).sum(-1)
   if smoothing:
     ce -= -((1 - smoothing) * np.log(1 - smoothing) + smoothing * np.log(smoothing / 8))
-  np.testing.assert_allclose(float(total), ((ce + 1e-2 * log_z ** 2) * weights).sum(), rtol=1e-5)
-  np.testing.assert_allclose(float(z), (1e-2 * log_z ** 2 * weights).sum(), rtol=1e-5)
+  np.testing.assert_allclose(float(total), ((ce + 1e-2 * log_z**2) * weights).sum(), rtol=1e-5)
+  np.testing.assert_allclose(float(z), (1e-2 * log_z**2 * weights).sum(), rtol=1e-5)
   assert float(wsum) == weights.sum()
   assert float(correct) == ((lg.argmax(-1) == targets) * weights).sum()
 
@@ -38,8 +40,9 @@ def test_the_gradient_is_the_equations(smoothing):
   logits, targets = _data(4, (3, 5), 13)
   targets[2, 1] = 13  # outside [0, V): no target row
   weights = np.random.default_rng(5).random((3, 5)).astype(np.float32)
-  grad = jax.grad(lambda x: models.cross_entropy_with_z_loss(x, jnp.asarray(targets), jnp.asarray(weights),
-                                                             1e-2, smoothing)[0])(jnp.asarray(logits))
+  grad = jax.grad(
+    lambda x: models.cross_entropy_with_z_loss(x, jnp.asarray(targets), jnp.asarray(weights), 1e-2, smoothing)[0]
+  )(jnp.asarray(logits))
   lg = logits.astype(np.float64)
   log_z = np.log(np.exp(lg).sum(-1))
   softmax = np.exp(lg - log_z[..., None])
@@ -63,14 +66,21 @@ def test_without_smoothing_the_loss_and_its_gradient_reduce_the_logits_three_tim
   adds no reduction of its own. The smoothed form adds an argmax."""
   from jax._src.interpreters import partial_eval as pe
   from jaxpr_util import eqns_in
+
   logits, targets, weights = jnp.zeros((4, 7, 50)), jnp.ones((4, 7), jnp.int32), jnp.ones((4, 7))
 
   def reductions(smoothing):
-    loss = lambda x: (lambda out: (out[0], out[1:]))(models.cross_entropy_with_z_loss(x, targets, weights, 1e-4,
-                                                                                       smoothing))
+    loss = lambda x: (lambda out: (out[0], out[1:]))(
+      models.cross_entropy_with_z_loss(x, targets, weights, 1e-4, smoothing)
+    )
     closed = jax.make_jaxpr(jax.value_and_grad(loss, has_aux=True))(logits)
     jaxpr, _ = pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))  # what the outputs need
-    return [e.primitive.name for e in eqns_in(jaxpr) if e.primitive.name.startswith(("reduce", "argm"))
-            and any(getattr(v, "aval", None) is not None and v.aval.shape == logits.shape for v in e.invars)]
+    return [
+      e.primitive.name
+      for e in eqns_in(jaxpr)
+      if e.primitive.name.startswith(("reduce", "argm"))
+      and any(getattr(v, "aval", None) is not None and v.aval.shape == logits.shape for v in e.invars)
+    ]
+
   assert reductions(0.0) == ["reduce_max", "reduce_sum", "reduce_sum"]
   assert reductions(0.1) == ["reduce_max", "reduce_sum", "reduce_sum", "argmax"]

@@ -4,6 +4,7 @@ Each option must leave the numbers unchanged: accumulated gradients equal the fu
 stacks equal the unrolled one (scanned parameters converted back with `unstack_scanned_params`), and decoding
 with a scanned stack equals the full forward pass. Remat must also lower XLA's temporary memory.
 """
+
 import dataclasses
 import functools
 import subprocess
@@ -21,8 +22,9 @@ from remixer_t5.training import accumulate, optim, partitioning
 from remixer_t5.model import models, network
 from remixer_t5.model.mixers import linear_attention
 
-CFG = network.T5Config(vocab_size=40, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=24, num_encoder_layers=2,
-                       num_decoder_layers=2)
+CFG = network.T5Config(
+  vocab_size=40, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=24, num_encoder_layers=2, num_decoder_layers=2
+)
 ONES = (jnp.ones((1, 8), jnp.int32), jnp.ones((1, 6), jnp.int32), jnp.ones((1, 6), jnp.int32))
 
 
@@ -52,16 +54,18 @@ def _batch(rows=4, enc_len=8, dec_len=6, seed=0):
   enc = rs.randint(2, CFG.vocab_size, (rows, enc_len)).astype(np.int32)
   tgt = rs.randint(2, CFG.vocab_size, (rows, dec_len)).astype(np.int32)
   for i in range(rows):
-    enc[i, enc_len - i:] = 0
-    tgt[i, dec_len - (dec_len * i) // rows:] = 0  # 6, 5, 3, 2 real tokens for 4 rows
+    enc[i, enc_len - i :] = 0
+    tgt[i, dec_len - (dec_len * i) // rows :] = 0  # 6, 5, 3, 2 real tokens for 4 rows
   dec_in = np.concatenate([np.zeros_like(tgt[:, :1]), tgt[:, :-1]], 1) * (tgt > 0)
   return {"encoder_input_tokens": enc, "decoder_input_tokens": dec_in, "decoder_target_tokens": tgt}
 
 
 def _max_rel_err(a, b):
   """max over leaves of max|a - b| / max|b| (the leaf's scale)."""
-  return max(float(jnp.abs(x - y).max() / jnp.maximum(jnp.abs(y).max(), 1e-30))
-             for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
+  return max(
+    float(jnp.abs(x - y).max() / jnp.maximum(jnp.abs(y).max(), 1e-30))
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))
+  )
 
 
 @pytest.fixture(scope="module")
@@ -103,8 +107,7 @@ def test_accumulated_gradient_equals_full_batch(t5, full_batch, num_microbatches
 
 
 def test_accumulation_sums_microbatch_gradients_with_folded_dropout_rngs():
-  module = network.Transformer(dataclasses.replace(CFG, dropout_rate=0.3, num_encoder_layers=1,
-                                                   num_decoder_layers=1))
+  module = network.Transformer(dataclasses.replace(CFG, dropout_rate=0.3, num_encoder_layers=1, num_decoder_layers=1))
   params, model = _perturbed(_init(module)["params"]), models.EncoderDecoderModel(module)
   batch, rng = _batch(), jax.random.key(7, impl=CHEAP_RNG)
   _, grads = jax.jit(accumulate.value_and_grad(model.loss_fn, 2))(params, batch, rng)
@@ -137,9 +140,14 @@ def test_accumulation_needs_a_divisor_of_the_batch_and_one_microbatch_is_plain_v
 # --- rematerialisation ---------------------------------------------------------------------------------
 def _loss(module, params, batch, dropout_rng=None):
   """A scalar that weighs every logit differently (so gradients are not special)."""
-  logits = module.apply({"params": params}, batch["encoder_input_tokens"], batch["decoder_input_tokens"],
-                        batch["decoder_target_tokens"], enable_dropout=dropout_rng is not None,
-                        rngs=None if dropout_rng is None else {"dropout": dropout_rng})
+  logits = module.apply(
+    {"params": params},
+    batch["encoder_input_tokens"],
+    batch["decoder_input_tokens"],
+    batch["decoder_target_tokens"],
+    enable_dropout=dropout_rng is not None,
+    rngs=None if dropout_rng is None else {"dropout": dropout_rng},
+  )
   w = jnp.sin(jnp.arange(logits.size, dtype=jnp.float32)).reshape(logits.shape)
   return jnp.mean(jax.nn.log_softmax(logits) * w), logits
 
@@ -166,7 +174,8 @@ def test_remat_policies_keep_parameters_outputs_and_gradients(t5):
   (_, logits), grads = _value_grad(network.Transformer(cfg))(params, batch, rng)
   # Same parameter names and shapes (remat changes what the backward pass keeps, nothing else).
   assert _shapes(_abstract_init(network.Transformer(dataclasses.replace(CFG, remat_policy="full")))) == _shapes(
-      _abstract_init(module))
+    _abstract_init(module)
+  )
   for policy in ("full", "dots", "minimal"):
     remat = network.Transformer(dataclasses.replace(cfg, remat_policy=policy))
     (_, r_logits), r_grads = _value_grad(remat)(params, batch, rng)
@@ -211,8 +220,9 @@ UNROLLED_MEMORY = textwrap.dedent("""
 
 
 def test_remat_lowers_temporary_memory_of_unrolled_layers():
-  out = subprocess.run([sys.executable, "-c", UNROLLED_MEMORY.format(test_file=__file__)], capture_output=True,
-                       text=True, timeout=300)
+  out = subprocess.run(
+    [sys.executable, "-c", UNROLLED_MEMORY.format(test_file=__file__)], capture_output=True, text=True, timeout=300
+  )
   assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
 
 
@@ -230,12 +240,15 @@ def test_scanned_parameters_are_the_unrolled_ones_stacked_on_a_layers_axis(t5):
   stacked = network.stack_params(params)
   assert _shapes(stacked) == _shapes(v["params"])
   jax.tree_util.tree_map(np.testing.assert_array_equal, network.unstack_scanned_params(stacked), params)
-  jax.tree_util.tree_map(np.testing.assert_array_equal, network.stack_params(network.unstack_scanned_params(
-      stacked)), stacked)
-  np.testing.assert_array_equal(stacked["decoder"]["layers"]["mlp"]["wo"]["kernel"][1],
-                                params["decoder"]["layers_1"]["mlp"]["wo"]["kernel"])
-  axes = traverse_util.flatten_dict(jax.tree_util.tree_map(
-      lambda a: a.names, v["params_axes"], is_leaf=lambda x: hasattr(x, "names")), sep="/")
+  jax.tree_util.tree_map(
+    np.testing.assert_array_equal, network.stack_params(network.unstack_scanned_params(stacked)), stacked
+  )
+  np.testing.assert_array_equal(
+    stacked["decoder"]["layers"]["mlp"]["wo"]["kernel"][1], params["decoder"]["layers_1"]["mlp"]["wo"]["kernel"]
+  )
+  axes = traverse_util.flatten_dict(
+    jax.tree_util.tree_map(lambda a: a.names, v["params_axes"], is_leaf=lambda x: hasattr(x, "names")), sep="/"
+  )
   assert axes["encoder/layers/attention/query/kernel_axes"] == ("layers", "embed", "joined_kv")
   assert axes["encoder/relpos_bias/rel_embedding_axes"] == ("heads", "relpos_buckets")
   shardings = partitioning.param_shardings(v["params_axes"], partitioning.make_mesh(1))
@@ -262,9 +275,14 @@ def test_scan_equals_unrolled_outputs_and_gradients(t5, unrolled, policy):
   if policy == "none":
     return
   # Dropout: each scanned layer draws its own mask; gradients stay finite.
-  (_, _), d_grads = jax.jit(jax.value_and_grad(functools.partial(_loss, network.Transformer(
-      dataclasses.replace(SCAN_CFG, remat_policy=policy, dropout_rate=0.2))), has_aux=True))(
-          network.stack_params(params), batch, jax.random.key(3, impl=CHEAP_RNG))
+  (_, _), d_grads = jax.jit(
+    jax.value_and_grad(
+      functools.partial(
+        _loss, network.Transformer(dataclasses.replace(SCAN_CFG, remat_policy=policy, dropout_rate=0.2))
+      ),
+      has_aux=True,
+    )
+  )(network.stack_params(params), batch, jax.random.key(3, impl=CHEAP_RNG))
   assert all(bool(jnp.isfinite(g).all()) for g in jax.tree_util.tree_leaves(d_grads))
 
 
@@ -294,29 +312,44 @@ def test_scanned_stack_trains_like_the_unrolled_one_with_layerwise_adafactor(t5,
 
 def test_training_a_scanned_model_uses_layerwise_adafactor():
   from remixer_t5.training import programs
+
   tx = programs.make_tx(models.EncoderDecoderModel(network.Transformer(SCAN_CFG)), optim.adafactor, 1e-2)
   state = jax.eval_shape(tx.init, _abstract_init(network.Transformer(SCAN_CFG))["params"])
   assert set(state.inner_states) == {"layers", "rest"}
   counts = [x.shape for x in jax.tree_util.tree_leaves(state.inner_states["layers"]) if x.dtype == jnp.int32]
   assert counts and all(c == (2,) for c in counts)  # one step count per layer slice: vmapped over 'layers'
   plain = programs.make_tx(models.EncoderDecoderModel(network.Transformer(CFG)), optim.adafactor, 1e-2)
-  assert not hasattr(jax.eval_shape(plain.init, _abstract_init(network.Transformer(CFG))["params"]),
-                     "inner_states")
+  assert not hasattr(jax.eval_shape(plain.init, _abstract_init(network.Transformer(CFG))["params"]), "inner_states")
 
 
 def _step_decode(module, params, enc, dec_in, length):
   """Logits of decoding one position at a time with the cache."""
   encoded = jax.jit(lambda p, e: module.apply({"params": p}, e, enable_dropout=False, method=module.encode))(
-      params, enc)
+    params, enc
+  )
   ones = jnp.ones((enc.shape[0], length), jnp.int32)
-  cache = jax.jit(lambda p, x: module.apply({"params": p}, x, enc, ones, ones, enable_dropout=False, decode=True,
-                                            mutable=["cache"], method=module.decode)[1])(params, encoded)
-  step = jax.jit(lambda c, tok: module.apply({"params": params, "cache": c}, encoded, enc, tok, tok,
-                                             enable_dropout=False, decode=True, max_decode_length=length,
-                                             mutable=["cache"], method=module.decode))
+  cache = jax.jit(
+    lambda p, x: module.apply(
+      {"params": p}, x, enc, ones, ones, enable_dropout=False, decode=True, mutable=["cache"], method=module.decode
+    )[1]
+  )(params, encoded)
+  step = jax.jit(
+    lambda c, tok: module.apply(
+      {"params": params, "cache": c},
+      encoded,
+      enc,
+      tok,
+      tok,
+      enable_dropout=False,
+      decode=True,
+      max_decode_length=length,
+      mutable=["cache"],
+      method=module.decode,
+    )
+  )
   cache, outs = cache["cache"], []
   for i in range(length):
-    logits, variables = step(cache, dec_in[:, i:i + 1])
+    logits, variables = step(cache, dec_in[:, i : i + 1])
     cache, outs = variables["cache"], outs + [logits[:, 0]]
   return jnp.stack(outs, 1), cache
 
@@ -324,8 +357,9 @@ def _step_decode(module, params, enc, dec_in, length):
 def _unpadded_targets(batch):
   """Targets without padding, so the full pass masks nothing a decode step sees."""
   tgt = np.where(batch["decoder_target_tokens"] > 0, batch["decoder_target_tokens"], 3)
-  return dict(batch, decoder_target_tokens=tgt,
-              decoder_input_tokens=np.concatenate([np.zeros_like(tgt[:, :1]), tgt[:, :-1]], 1))
+  return dict(
+    batch, decoder_target_tokens=tgt, decoder_input_tokens=np.concatenate([np.zeros_like(tgt[:, :1]), tgt[:, :-1]], 1)
+  )
 
 
 def _forward(module, params, batch):
@@ -344,8 +378,9 @@ def test_scanned_decoder_decodes_with_its_cache(t5):
   kv = cache["decoder"]["layers"]["self_attention"]
   assert kv["cached_key"].shape == (2, 2, 2, 6, 8) and kv["cache_index"].shape == ()
   # Beam search reorders the cache rows (greedy decoding is the step loop above).
-  beam = lambda m, p: jax.jit(functools.partial(models.EncoderDecoderModel(m).predict_batch, beam_size=2,
-                                                  return_scores=True))(p, batch)
+  beam = lambda m, p: jax.jit(
+    functools.partial(models.EncoderDecoderModel(m).predict_batch, beam_size=2, return_scores=True)
+  )(p, batch)
   ref, got = beam(module, params), beam(scanned, s_params)
   np.testing.assert_array_equal(got[0], ref[0])
   np.testing.assert_allclose(got[1], ref[1], atol=1e-5)
@@ -353,9 +388,11 @@ def test_scanned_decoder_decodes_with_its_cache(t5):
 
 def test_scan_over_an_attention_free_stack():
   """Linear attention everywhere: no relative-position table, caches without a position counter."""
-  arch = dict(encoder_token_mixer=linear_attention.LinearAttention,
-              decoder_token_mixer=linear_attention.LinearAttention,
-              decoder_cross_mixer=linear_attention.LinearAttention)
+  arch = dict(
+    encoder_token_mixer=linear_attention.LinearAttention,
+    decoder_token_mixer=linear_attention.LinearAttention,
+    decoder_cross_mixer=linear_attention.LinearAttention,
+  )
   module = network.Transformer(CFG, **arch)
   params = _perturbed(_init(module)["params"])
   scanned = network.Transformer(dataclasses.replace(SCAN_CFG, remat_policy="full"), **arch)

@@ -1,5 +1,6 @@
 """MLP-Mixer token MLP (global and windowed), FNet and linear attention: equations, masks, packing, decode; the
 absolute position embeddings their configs add (sinusoidal, learned), under packing and cached decoding."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,8 +13,9 @@ from remixer_t5.model.mixers.linear_attention import LinearAttention
 from remixer_t5.model.mixers.mlp_mixer import TokenMixingMlp
 from remixer_t5.model.network import T5Config
 
-CFG = T5Config(vocab_size=32, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=24, num_encoder_layers=1,
-               num_decoder_layers=1)
+CFG = T5Config(
+  vocab_size=32, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=24, num_encoder_layers=1, num_decoder_layers=1
+)
 D = CFG.emb_dim
 TOL = dict(rtol=1e-4, atol=1e-5)
 
@@ -43,8 +45,7 @@ def _init(module, x, ctx, kv=None):
 def _perturbed(variables, seed=7):
   """Random non-zero biases as well, so the equations' bias terms are checked too."""
   rng = np.random.RandomState(seed)
-  params = jax.tree_util.tree_map(lambda p: p + 0.3 * rng.randn(*p.shape).astype(np.float32),
-                                  variables["params"])
+  params = jax.tree_util.tree_map(lambda p: p + 0.3 * rng.randn(*p.shape).astype(np.float32), variables["params"])
   return {**variables, "params": params}
 
 
@@ -70,17 +71,18 @@ def _packed_and_alone(module, v, lens, causal, seed=40):
   mask = (np.arange(m)[None] < np.array(lens)[:, None]).astype(np.float32)
   alone = _apply(module, v, batch, _ctx(mask, causal=causal)) * mask[:, :, None]
   starts = np.cumsum([0] + lens[:-1])
-  packed = np.stack([np.pad(packed[0, s:s + n], ((0, m - n), (0, 0))) for s, n in zip(starts, lens)])
+  packed = np.stack([np.pad(packed[0, s : s + n], ((0, m - n), (0, 0))) for s, n in zip(starts, lens)])
   return packed, alone
 
 
 def _gelu(x):
-  return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+  return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
 
 
 def _axes(v):
-  return traverse_util.flatten_dict(jax.tree_util.tree_map(
-      lambda a: a.names, v["params_axes"], is_leaf=lambda x: hasattr(x, "names")), sep="/")
+  return traverse_util.flatten_dict(
+    jax.tree_util.tree_map(lambda a: a.names, v["params_axes"], is_leaf=lambda x: hasattr(x, "names")), sep="/"
+  )
 
 
 def _params(v):
@@ -90,6 +92,7 @@ def _params(v):
 # ---------------------------------------------------------------------------------------------------------
 # MLP-Mixer token-mixing MLP, encoder form
 
+
 def test_global_token_mlp_matches_numpy_and_ignores_appended_padding():
   mod = TokenMixingMlp(CFG, max_length=12, hidden_dim=6)
   mask = np.array([[1] * 7 + [0] * 2, [1] * 9], np.float32)
@@ -97,8 +100,12 @@ def test_global_token_mlp_matches_numpy_and_ignores_appended_padding():
   v = _perturbed(_init(mod, x, _ctx(mask)))
   p = _params(v)
   assert {k: a.shape for k, a in p.items()} == {"w1": (12, 6), "b1": (6,), "w2": (6, 12), "b2": (12,)}
-  assert _axes(v) == {"w1_axes": ("mix_length", "mix_hidden"), "b1_axes": ("mix_hidden",),
-                      "w2_axes": ("mix_hidden", "mix_length"), "b2_axes": ("mix_length",)}
+  assert _axes(v) == {
+    "w1_axes": ("mix_length", "mix_hidden"),
+    "b1_axes": ("mix_hidden",),
+    "w2_axes": ("mix_hidden", "mix_length"),
+    "b2_axes": ("mix_length",),
+  }
   y = _apply(mod, v, x, _ctx(mask))
   for b, n in enumerate([7, 9]):  # Y[:, c] = W2 gelu(W1 X[:, c] + b1) + b2 over the n real tokens only
     h = _gelu(p["w1"][:n].T @ x[b, :n] + p["b1"][:, None])
@@ -113,8 +120,12 @@ def test_global_token_mlp_matches_numpy_and_ignores_appended_padding():
 
 def test_token_mlp_default_widths_and_refusals():
   x = _x(0, 1, 8)
-  shapes = lambda m: traverse_util.flatten_dict(jax.tree_util.tree_map(lambda a: a.shape, jax.eval_shape(
-      m.init, jax.random.PRNGKey(0), x, x, _ctx(_ones(1, 8)))["params"]), sep="/")
+  shapes = lambda m: traverse_util.flatten_dict(
+    jax.tree_util.tree_map(
+      lambda a: a.shape, jax.eval_shape(m.init, jax.random.PRNGKey(0), x, x, _ctx(_ones(1, 8)))["params"]
+    ),
+    sep="/",
+  )
   assert shapes(TokenMixingMlp(CFG, max_length=8))["w1"] == (8, 512)
   assert shapes(TokenMixingMlp(CFG, window=3))["w1"] == (3, 6)
   mod = TokenMixingMlp(CFG, max_length=8, hidden_dim=4)
@@ -155,8 +166,7 @@ def test_windowed_token_mlp_matches_numpy_and_is_causal():
   v = _perturbed(_init(WIN, x, ctx))
   p = _params(v)
   assert {k: a.shape for k, a in p.items()} == {"w1": (4, 5), "b1": (5,), "w2": (5,)}
-  assert _axes(v) == {"w1_axes": ("mix_length", "mix_hidden"), "b1_axes": ("mix_hidden",),
-                      "w2_axes": ("mix_hidden",)}
+  assert _axes(v) == {"w1_axes": ("mix_length", "mix_hidden"), "b1_axes": ("mix_hidden",), "w2_axes": ("mix_hidden",)}
   y = _apply(WIN, v, x, ctx)
   np.testing.assert_allclose(y, _window_numpy(p, x), **TOL)
   x2 = x.copy()
@@ -169,8 +179,7 @@ def test_windowed_token_mlp_matches_numpy_and_is_causal():
   mask[0, 3] = 0
   x3 = x.copy()
   x3[0, 3] = 0
-  np.testing.assert_allclose(_apply(WIN, v, x, _ctx(mask, causal=True))[0, 4:],
-                             _window_numpy(p, x3)[0, 4:], **TOL)
+  np.testing.assert_allclose(_apply(WIN, v, x, _ctx(mask, causal=True))[0, 4:], _window_numpy(p, x3)[0, 4:], **TOL)
 
 
 def test_windowed_token_mlp_packing_equals_alone():
@@ -182,6 +191,7 @@ def test_windowed_token_mlp_gradients_equal_autodiff_of_the_equation():
   """The windowed token MLP's gradients (its windows gathered, then one product) against JAX's autodiff of the
   equation written per position, on packed rows with padding: every parameter and the input."""
   import jax.numpy as jnp
+
   seg = np.array([[1] * 6 + [2] * 5 + [0] * 2], np.int32)
   mask = (seg > 0).astype(np.float32)
   ctx = _ctx(mask, seg=seg, pos=[list(range(6)) + list(range(5)) + [0, 0]], causal=True)
@@ -200,6 +210,7 @@ def test_windowed_token_mlp_gradients_equal_autodiff_of_the_equation():
 
   def ours(p, x):
     return WIN.apply({**v, "params": p}, x, x, ctx)
+
   params = v["params"]
   got = jax.grad(lambda p, x: jnp.sum(ours(p, x) * cot), argnums=(0, 1))(params, jnp.asarray(x))
   want = jax.grad(lambda p, x: jnp.sum(equation(p, x) * cot), argnums=(0, 1))(params, jnp.asarray(x))
@@ -222,7 +233,7 @@ def _decode_all(module, v, x):
 
   cache, outs = mut["cache"], []
   for i in range(n):
-    cache, y = step(cache, x[:, i:i + 1])
+    cache, y = step(cache, x[:, i : i + 1])
     outs.append(np.asarray(y))
   return np.concatenate(outs, 1)
 
@@ -295,13 +306,20 @@ def test_linear_attention_matches_numpy_noncausal_causal_and_cross():
   v = _init(LIN, x, _ctx(mask))
   p = _params(v)
   inner = CFG.num_heads * CFG.head_dim
-  assert {k: a.shape for k, a in p.items()} == {"query/kernel": (D, inner), "key/kernel": (D, inner),
-                                                "value/kernel": (D, inner), "out/kernel": (inner, D)}
-  assert _axes(v) == {"query/kernel_axes": ("embed", "joined_kv"), "key/kernel_axes": ("embed", "joined_kv"),
-                      "value/kernel_axes": ("embed", "joined_kv"), "out/kernel_axes": ("joined_kv", "embed")}
+  assert {k: a.shape for k, a in p.items()} == {
+    "query/kernel": (D, inner),
+    "key/kernel": (D, inner),
+    "value/kernel": (D, inner),
+    "out/kernel": (inner, D),
+  }
+  assert _axes(v) == {
+    "query/kernel_axes": ("embed", "joined_kv"),
+    "key/kernel_axes": ("embed", "joined_kv"),
+    "value/kernel_axes": ("embed", "joined_kv"),
+    "out/kernel_axes": ("joined_kv", "embed"),
+  }
   keys = np.broadcast_to(mask[:, None, :] > 0, (2, 18, 18))
-  np.testing.assert_allclose(_apply(LIN, v, x, _ctx(mask))[0, :14],
-                             _linear_numpy(p, x, x, keys)[0, :14], **TOL)
+  np.testing.assert_allclose(_apply(LIN, v, x, _ctx(mask))[0, :14], _linear_numpy(p, x, x, keys)[0, :14], **TOL)
   np.testing.assert_allclose(_apply(LIN, v, x, _ctx(mask))[1], _linear_numpy(p, x, x, keys)[1], **TOL)
   causal = keys & np.tril(np.ones((18, 18), bool))[None]
   y = _apply(LIN, v, x, _ctx(mask, causal=True))  # 18 = 4 full chunks of 4 and a partial one
@@ -329,8 +347,9 @@ def test_linear_attention_causality_padding_and_decode():
   xp = np.concatenate([x, 3 * _x(16, 2, 6)], 1)
   mp = np.concatenate([_ones(2, 19), np.zeros((2, 6), np.float32)], 1)
   for causal in (False, True):
-    np.testing.assert_allclose(_apply(LIN, v, xp, _ctx(mp, causal=causal))[:, :19],
-                               _apply(LIN, v, x, _ctx(_ones(2, 19), causal=causal)), **TOL)
+    np.testing.assert_allclose(
+      _apply(LIN, v, xp, _ctx(mp, causal=causal))[:, :19], _apply(LIN, v, x, _ctx(_ones(2, 19), causal=causal)), **TOL
+    )
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -343,11 +362,16 @@ def test_linear_attention_packing_equals_alone(causal):
 # ---------------------------------------------------------------------------------------------------------
 # All of them
 
+
 @pytest.mark.parametrize("name", ["global", "window", "fnet", "linear", "linear_causal"])
 def test_gradients_are_finite(name):
-  module, causal = {"global": (TokenMixingMlp(CFG, max_length=12, hidden_dim=6), False),
-                    "window": (WIN, True), "fnet": (FNET, False), "linear": (LIN, False),
-                    "linear_causal": (LIN, True)}[name]
+  module, causal = {
+    "global": (TokenMixingMlp(CFG, max_length=12, hidden_dim=6), False),
+    "window": (WIN, True),
+    "fnet": (FNET, False),
+    "linear": (LIN, False),
+    "linear_causal": (LIN, True),
+  }[name]
   x = _x(30, 2, 9)
   mask = np.array([[1] * 6 + [0] * 3, [1] * 9], np.float32)
   ctx = _ctx(mask, causal=causal)
@@ -366,6 +390,7 @@ def test_gradients_are_finite(name):
 # ---------------------------------------------------------------------------------------------------------
 # Absolute position embeddings (linear attention: sinusoidal, Katharopoulos et al.; FNet: learned, as BERT)
 
+
 def _vaswani(positions, d):
   """Vaswani et al. (2017) §3.5 written out: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...)."""
   pe = np.zeros(positions.shape + (d,))
@@ -378,6 +403,7 @@ def _vaswani(positions, d):
 
 def test_sinusoidal_features_are_vaswanis():
   from remixer_t5.model import layers
+
   pos = np.array([[0, 1, 2, 7, 100, 511]])
   for d in (16, 7):
     np.testing.assert_allclose(layers.sinusoidal_features(jnp.asarray(pos), d), _vaswani(pos, d), atol=1e-5)
@@ -385,14 +411,23 @@ def test_sinusoidal_features_are_vaswanis():
 
 def _pos_model(enc="none", dec="none", layers_=(0, 0), **kw):
   from remixer_t5.model import network
-  cfg = T5Config(vocab_size=32, emb_dim=D, num_heads=2, head_dim=8, mlp_dim=24, num_encoder_layers=layers_[0],
-                 num_decoder_layers=layers_[1])
-  return network.Transformer(cfg, encoder_position_embeddings=enc, decoder_position_embeddings=dec,
-                             max_position_embeddings=12, **kw)
+
+  cfg = T5Config(
+    vocab_size=32,
+    emb_dim=D,
+    num_heads=2,
+    head_dim=8,
+    mlp_dim=24,
+    num_encoder_layers=layers_[0],
+    num_decoder_layers=layers_[1],
+  )
+  return network.Transformer(
+    cfg, encoder_position_embeddings=enc, decoder_position_embeddings=dec, max_position_embeddings=12, **kw
+  )
 
 
 def _rms(x, scale):
-  return x / np.sqrt(np.mean(x ** 2, -1, keepdims=True) + 1e-6) * scale
+  return x / np.sqrt(np.mean(x**2, -1, keepdims=True) + 1e-6) * scale
 
 
 @pytest.mark.parametrize("kind", ["sinusoidal", "learned"])
@@ -402,8 +437,9 @@ def test_position_embeddings_are_added_to_the_token_embeddings_per_packed_segmen
   tokens = np.array([[5, 6, 7, 8, 9, 3, 4, 0], [9, 8, 7, 0, 0, 0, 0, 0]], np.int32)
   v = jax.jit(model.init)(jax.random.PRNGKey(0), tokens, tokens[:, :3], tokens[:, :3])
   p = jax.tree_util.tree_map(np.asarray, v["params"])
-  table = (p["encoder"]["position_embedder"]["embedding"] if kind == "learned"
-           else _vaswani(np.arange(12)[:, None], D)[:, 0])
+  table = (
+    p["encoder"]["position_embedder"]["embedding"] if kind == "learned" else _vaswani(np.arange(12)[:, None], D)[:, 0]
+  )
   if kind == "learned":
     assert table.shape == (12, D)
     assert v["params_axes"]["encoder"]["position_embedder"]["embedding_axes"].names == ("abspos_buckets", "embed")
@@ -437,14 +473,26 @@ def test_decoder_position_embeddings_step_with_the_cache(kind):
   assert np.abs(full - nopos.apply(pv, enc, dec_in, tgt, enable_dropout=False)).max() > 1e-3
   encoded = model.apply(v, enc, enable_dropout=False, method=model.encode)
   ones = jnp.ones((2, 9), jnp.int32)
-  _, cache = model.apply(v, encoded, enc, ones, ones, enable_dropout=False, decode=True, mutable=["cache"],
-                         method=model.decode)
-  step = jax.jit(lambda c, tok: model.apply({**v, "cache": c}, encoded, enc, tok, tok, enable_dropout=False,
-                                            decode=True, max_decode_length=9, mutable=["cache"],
-                                            method=model.decode))
+  _, cache = model.apply(
+    v, encoded, enc, ones, ones, enable_dropout=False, decode=True, mutable=["cache"], method=model.decode
+  )
+  step = jax.jit(
+    lambda c, tok: model.apply(
+      {**v, "cache": c},
+      encoded,
+      enc,
+      tok,
+      tok,
+      enable_dropout=False,
+      decode=True,
+      max_decode_length=9,
+      mutable=["cache"],
+      method=model.decode,
+    )
+  )
   cache, outs = cache["cache"], []
   for i in range(9):
-    logits, mut = step(cache, dec_in[:, i:i + 1])
+    logits, mut = step(cache, dec_in[:, i : i + 1])
     cache = mut["cache"]
     outs.append(np.asarray(logits))
   np.testing.assert_allclose(np.concatenate(outs, 1), full, rtol=1e-4, atol=2e-5)
@@ -458,8 +506,14 @@ def test_linear_attention_needs_position_embeddings_to_see_token_order():
   perm = enc[:, ::-1]
   diffs = {}
   for kind in ("none", "sinusoidal"):
-    model = _pos_model(enc=kind, dec=kind, layers_=(1, 1), encoder_token_mixer=LinearAttention,
-                       decoder_token_mixer=LinearAttention, decoder_cross_mixer=LinearAttention)
+    model = _pos_model(
+      enc=kind,
+      dec=kind,
+      layers_=(1, 1),
+      encoder_token_mixer=LinearAttention,
+      decoder_token_mixer=LinearAttention,
+      decoder_cross_mixer=LinearAttention,
+    )
     v = jax.jit(model.init)(jax.random.PRNGKey(0), enc, tgt, tgt)
     run = jax.jit(lambda e: model.apply(v, e, tgt, tgt, enable_dropout=False))
     diffs[kind] = float(np.abs(run(enc) - run(perm)).max())

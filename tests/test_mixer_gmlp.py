@@ -1,4 +1,5 @@
 """gMLP / aMLP token mixer (Liu et al. 2021): the paper's equations, masks, packing, decoding, errors."""
+
 import functools
 import math
 
@@ -13,8 +14,9 @@ from remixer_t5.model.network import T5Config
 
 from jaxpr_util import eqns_in
 
-CFG = T5Config(vocab_size=32, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=24, num_encoder_layers=1,
-               num_decoder_layers=1)
+CFG = T5Config(
+  vocab_size=32, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=24, num_encoder_layers=1, num_decoder_layers=1
+)
 MAX_LEN = 24
 ATTN = 8  # aMLP's tiny attention size in these tests
 B, LEN = 2, 18  # one shape for most tests, so compiled calls are reused across tests
@@ -25,10 +27,17 @@ def ctx_for(mask, segment_ids=None, causal=False, positions=None, decode=False):
   if positions is None:
     positions = jnp.broadcast_to(jnp.arange(mask.shape[1], dtype=jnp.int32)[None], mask.shape)
   seg = None if segment_ids is None else jnp.asarray(segment_ids, jnp.int32)
-  return base.MixerContext(q_mask=mask, kv_mask=mask, q_positions=jnp.asarray(positions, jnp.int32),
-                           kv_positions=jnp.asarray(positions, jnp.int32), q_segment_ids=seg,
-                           kv_segment_ids=seg, causal=causal, decode=decode,
-                           max_decode_length=mask.shape[1] if decode else None)
+  return base.MixerContext(
+    q_mask=mask,
+    kv_mask=mask,
+    q_positions=jnp.asarray(positions, jnp.int32),
+    kv_positions=jnp.asarray(positions, jnp.int32),
+    q_segment_ids=seg,
+    kv_segment_ids=seg,
+    causal=causal,
+    decode=decode,
+    max_decode_length=mask.shape[1] if decode else None,
+  )
 
 
 def make(attn=0, **kw):
@@ -86,7 +95,8 @@ def reference(p, x, mask, causal, attn, w_full=None):
   z1, z2 = z[:, :half], z[:, half:]
   mu, var = z2.mean(-1, keepdims=True), z2.var(-1, keepdims=True)
   n2 = (z2 - mu) / np.sqrt(var + CFG.layer_norm_epsilon) * np.asarray(p["sgu_norm"]["scale"]) + np.asarray(
-      p["sgu_norm"]["bias"])
+    p["sgu_norm"]["bias"]
+  )
   w = np.asarray(p["spatial_kernel"] if w_full is None else w_full, np.float64)[:length, :length].copy()
   allowed = np.outer(mask, mask) > 0
   if causal:
@@ -95,7 +105,7 @@ def reference(p, x, mask, causal, attn, w_full=None):
   gate = w @ n2 + np.asarray(p["spatial_bias"])[:length, None]
   if attn:
     qkv = x @ np.asarray(p["tiny_attn_qkv"]["kernel"])
-    q, k, v = qkv[:, :attn], qkv[:, attn:2 * attn], qkv[:, 2 * attn:]
+    q, k, v = qkv[:, :attn], qkv[:, attn : 2 * attn], qkv[:, 2 * attn :]
     out = np.zeros((length, attn))
     for i in range(length):
       js = [j for j in range(length) if allowed[i, j]] or list(range(length))
@@ -131,13 +141,14 @@ def test_starts_as_an_ffn():
   assert float(jnp.max(jnp.abs(p["spatial_kernel"]))) <= 1e-3 / MAX_LEN
   np.testing.assert_array_equal(np.asarray(p["spatial_bias"]), 1.0)
   z = jax.nn.gelu(x @ p["proj_in"]["kernel"], approximate=False)
-  ffn = z[..., :CFG.mlp_dim // 2] @ p["proj_out"]["kernel"]
+  ffn = z[..., : CFG.mlp_dim // 2] @ p["proj_out"]["kernel"]
   got = apply(module, variables, x, ctx_for(ones()))
   np.testing.assert_allclose(np.asarray(got), np.asarray(ffn), rtol=0, atol=2e-3)
   # ...but positions do mix: changing one position moves another through W.
   x2 = x.at[:, 0].add(1.0)
-  assert not np.allclose(np.asarray(apply(module, variables, x2, ctx_for(ones())))[:, 5],
-                         np.asarray(got)[:, 5], rtol=0, atol=1e-9)
+  assert not np.allclose(
+    np.asarray(apply(module, variables, x2, ctx_for(ones())))[:, 5], np.asarray(got)[:, 5], rtol=0, atol=1e-9
+  )
 
 
 @pytest.mark.parametrize("attn", [0, ATTN])
@@ -151,8 +162,10 @@ def test_causal(attn):
   np.testing.assert_allclose(np.asarray(y2[:, :7]), np.asarray(y[:, :7]), rtol=1e-5, atol=1e-6)
   assert not np.allclose(np.asarray(y2[:, 7:]), np.asarray(y[:, 7:]))
   # Not causal: the future leaks (the check above can fail).
-  assert not np.allclose(np.asarray(apply(module, variables, x2, ctx_for(ones()))[:, :7]),
-                         np.asarray(apply(module, variables, x, ctx_for(ones()))[:, :7]))
+  assert not np.allclose(
+    np.asarray(apply(module, variables, x2, ctx_for(ones()))[:, :7]),
+    np.asarray(apply(module, variables, x, ctx_for(ones()))[:, :7]),
+  )
 
 
 @pytest.mark.parametrize("attn", [0, ATTN])
@@ -175,7 +188,7 @@ def test_decode_matches_full_causal_forward(attn):
 
   outs = []
   for i in range(LEN):
-    y, cache = step(cache, x[:, i:i + 1])
+    y, cache = step(cache, x[:, i : i + 1])
     outs.append(y)
   np.testing.assert_allclose(np.asarray(jnp.concatenate(outs, 1)), np.asarray(full), rtol=1e-4, atol=1e-5)
   assert int(cache["cache_index"]) == LEN
@@ -236,8 +249,14 @@ def test_param_axes_shapes_and_finite_gradients(attn):
   params = variables["params"]
   d, h, L = CFG.emb_dim, CFG.mlp_dim, MAX_LEN
   shapes = {k: v.shape for k, v in flat(params).items()}
-  want = {"proj_in/kernel": (d, h), "sgu_norm/scale": (h // 2,), "sgu_norm/bias": (h // 2,),
-          "spatial_kernel": (L, L), "spatial_bias": (L,), "proj_out/kernel": (h // 2, d)}
+  want = {
+    "proj_in/kernel": (d, h),
+    "sgu_norm/scale": (h // 2,),
+    "sgu_norm/bias": (h // 2,),
+    "spatial_kernel": (L, L),
+    "spatial_bias": (L,),
+    "proj_out/kernel": (h // 2, d),
+  }
   if attn:
     want |= {"tiny_attn_qkv/kernel": (d, 3 * attn), "tiny_attn_out/kernel": (attn, h // 2)}
   assert shapes == want
@@ -269,6 +288,7 @@ def test_bfloat16_activations_run():
 
 # --- the Toeplitz spatial matrix of the paper's language models (§4) ---
 
+
 def toeplitz_numpy(past, future, L):
   """W[i, j] = w[i - j] written out entry by entry (future is None in a causal block: upper triangle 0)."""
   w = np.zeros((L, L))
@@ -297,8 +317,11 @@ def test_toeplitz_matches_numpy_reference_and_counts_2L_minus_1(causal):
   variables, axes = init_toeplitz(module, causal, ATTN)
   p = variables["params"]
   shapes = {k: v.shape for k, v in flat(p).items() if k.startswith("spatial")}
-  assert shapes == ({"spatial_past": (MAX_LEN,), "spatial_bias": (MAX_LEN,)} if causal else
-                    {"spatial_past": (MAX_LEN,), "spatial_future": (MAX_LEN - 1,), "spatial_bias": (MAX_LEN,)})
+  assert shapes == (
+    {"spatial_past": (MAX_LEN,), "spatial_bias": (MAX_LEN,)}
+    if causal
+    else {"spatial_past": (MAX_LEN,), "spatial_future": (MAX_LEN - 1,), "spatial_bias": (MAX_LEN,)}
+  )
   assert flat(axes)["spatial_past_axes"].names == ("mix_length",)
   w = toeplitz_numpy(np.asarray(p["spatial_past"]), None if causal else np.asarray(p["spatial_future"]), MAX_LEN)
   x = inputs(B, LEN)
@@ -323,7 +346,7 @@ def test_toeplitz_decode_padding_and_packing():
   step = jax.jit(lambda c, xi: module.apply({**variables, "cache": c}, xi, xi, step_ctx, mutable=["cache"]))
   outs = []
   for i in range(LEN):
-    y, new = step(cache, x[:, i:i + 1])
+    y, new = step(cache, x[:, i : i + 1])
     cache = new["cache"]
     outs.append(y)
   np.testing.assert_allclose(np.asarray(jnp.concatenate(outs, 1)), np.asarray(full), rtol=1e-4, atol=1e-5)
@@ -346,9 +369,9 @@ def test_toeplitz_decode_padding_and_packing():
     make(spatial="banded").init(jax.random.PRNGKey(0), x, x, ctx_for(ones()))
 
 
-
-@pytest.mark.parametrize("spatial,causal,packed", [("toeplitz", False, False), ("toeplitz", True, True),
-                                                   ("full", False, True)])
+@pytest.mark.parametrize(
+  "spatial,causal,packed", [("toeplitz", False, False), ("toeplitz", True, True), ("full", False, True)]
+)
 def test_spatial_w_and_its_gradient_use_no_element_gathers(spatial, causal, packed):
   # TPUs serialise element-wise gathers and their scatter-add gradients: a Toeplitz W built by indexing its
   # 2L - 1 weights with an [n, n] offset matrix cost gMLP-base a fixed ~30 GB of memory traffic per step on
@@ -371,17 +394,27 @@ def test_spatial_w_and_its_gradient_use_no_element_gathers(spatial, causal, pack
   assert all(math.prod(shape) <= B * LEN for _, shape in element_wise), element_wise
 
 
-
-@pytest.mark.parametrize("platform,impl,kernel", [("cuda", "auto", "__gpu$xla.gpu.triton"), ("cuda", "xla", None),
-                                                  ("tpu", "auto", "tpu_custom_call"), ("cpu", "auto", None)])
+@pytest.mark.parametrize(
+  "platform,impl,kernel",
+  [
+    ("cuda", "auto", "__gpu$xla.gpu.triton"),
+    ("cuda", "xla", None),
+    ("tpu", "auto", "tpu_custom_call"),
+    ("cpu", "auto", None),
+  ],
+)
 def test_tiny_attention_is_the_attention_operation(platform, impl, kernel):
   """aMLP's tiny attention runs through the attention operation's implementation (`T5Config.attention_impl`):
   lowered for a GPU or a TPU v4, the forward and gradient call the fused kernels; `xla`, and a CPU, do not."""
   import dataclasses
 
   from jaxpr_util import lowered_for
-  module = GatedMlpBlock(config=dataclasses.replace(CFG, attention_impl=impl, dtype=jnp.bfloat16),
-                         max_length=MAX_LEN, tiny_attention_dim=ATTN)
+
+  module = GatedMlpBlock(
+    config=dataclasses.replace(CFG, attention_impl=impl, dtype=jnp.bfloat16),
+    max_length=MAX_LEN,
+    tiny_attention_dim=ATTN,
+  )
   variables = init(module)
   ctx = ctx_for(ones(), causal=True)
   loss = lambda p, x: jnp.sum(module.apply({"params": p}, x, x, ctx).astype(jnp.float32) ** 2)

@@ -3,6 +3,7 @@ the official code's options; the layer layouts of App. F (T5Config.layer_layout)
 
 Compilation dominates the run time, so the tests share a few module variants and shapes (jit caches them).
 """
+
 import dataclasses
 import functools
 import math
@@ -21,16 +22,17 @@ from remixer_t5.model.network import T5Config
 
 from jaxpr_util import eqns_in
 
-CFG = T5Config(vocab_size=32, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=24, num_encoder_layers=1,
-               num_decoder_layers=1)
+CFG = T5Config(
+  vocab_size=32, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=24, num_encoder_layers=1, num_decoder_layers=1
+)
 D, H = CFG.emb_dim, CFG.mlp_dim  # d and d' (hidden_dim = 0 means mlp_dim)
 CHUNK = 8
 
 # Between them the variants take every option both ways.
 VARIANTS = {
-    "tied_ln": dict(tied=True, layer_norm=True, length_normalize=False, position_features="sinusoidal"),
-    "untied_lennorm": dict(tied=False, layer_norm=False, length_normalize=True, position_features="sinusoidal"),
-    "untied_ln_lennorm_nopos": dict(tied=False, layer_norm=True, length_normalize=True, position_features="none"),
+  "tied_ln": dict(tied=True, layer_norm=True, length_normalize=False, position_features="sinusoidal"),
+  "untied_lennorm": dict(tied=False, layer_norm=False, length_normalize=True, position_features="sinusoidal"),
+  "untied_ln_lennorm_nopos": dict(tied=False, layer_norm=True, length_normalize=True, position_features="none"),
 }
 
 
@@ -51,6 +53,7 @@ def params(name):
     if len(s.shape) == 2:  # kernels, fan-in scaled
       return z / math.sqrt(s.shape[0])
     return 0.3 * z + (path[-1].key == "scale")
+
   return {"params": jax.tree_util.tree_map_with_path(rand, shapes)}
 
 
@@ -82,9 +85,16 @@ def ctx_for(q_mask, kv_mask=None, q_seg=None, kv_seg=None, causal=False, decode=
   # Self-mixing shares one positions array, as the stacks do.
   kv_pos = q_pos if self_mixing else positions_of(np.ones(kv_mask.shape) if kv_seg is None else kv_seg)
   return base.MixerContext(
-      q_mask=q_mask, kv_mask=kv_mask, q_positions=q_pos, kv_positions=kv_pos,
-      q_segment_ids=as_ids(q_seg), kv_segment_ids=as_ids(kv_seg), causal=causal, decode=decode,
-      max_decode_length=q_mask.shape[1] if decode else None)
+    q_mask=q_mask,
+    kv_mask=kv_mask,
+    q_positions=q_pos,
+    kv_positions=kv_pos,
+    q_segment_ids=as_ids(q_seg),
+    kv_segment_ids=as_ids(kv_seg),
+    causal=causal,
+    decode=decode,
+    max_decode_length=q_mask.shape[1] if decode else None,
+  )
 
 
 def inputs(batch, length, seed=1):
@@ -133,6 +143,7 @@ def close(a, b, tol=1e-5):
 
 
 # ----- tests -----
+
 
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_matches_numpy_reference(name):
@@ -186,9 +197,13 @@ def test_causal_gradient_moves_no_state_sized_array_by_transpose_or_sum():
   state = batch * CHUNK * H * D
   # The states as [batch, chunk, d, d'] (rank 4); the chunk matmul's own operand transposes (rank 3) are XLA's
   # to fold into the dot.
-  big = [(e.primitive.name, tuple(v.aval.shape)) for e in eqns if e.primitive.name in ("transpose", "reduce_sum")
-         for v in e.invars if len(getattr(getattr(v, "aval", None), "shape", ())) == 4
-         and int(np.prod(v.aval.shape)) >= state]
+  big = [
+    (e.primitive.name, tuple(v.aval.shape))
+    for e in eqns
+    if e.primitive.name in ("transpose", "reduce_sum")
+    for v in e.invars
+    if len(getattr(getattr(v, "aval", None), "shape", ())) == 4 and int(np.prod(v.aval.shape)) >= state
+  ]
   assert not big, big
   assert sum(e.primitive.name == "dot_general" for e in eqns) >= 6  # forward and gradient matmuls are there
 
@@ -216,11 +231,11 @@ def test_causal_equals_the_formula_on_every_prefix(name, length):
   # Chunks of 8: several are crossed, and 37 leaves a ragged last one.
   x = inputs(2, length)
   mask = np.ones((2, length))
-  mask[1, length - 3:] = 0
+  mask[1, length - 3 :] = 0
   y = apply(name, x, x, ctx_for(mask, causal=True))
   for r in range(2):
-    want = [reference(name, x[r, :i + 1], x[r, :i + 1])[-1] for i in range(int(mask[r].sum()))]
-    close(y[r, :len(want)], np.stack(want), 1e-4)
+    want = [reference(name, x[r, : i + 1], x[r, : i + 1])[-1] for i in range(int(mask[r].sum()))]
+    close(y[r, : len(want)], np.stack(want), 1e-4)
 
 
 def test_causal_outputs_ignore_the_future():
@@ -239,8 +254,7 @@ def test_decode_matches_full_causal_forward():
   x = inputs(batch, length)
   full = apply(name, x, x, ctx_for(np.ones((batch, length)), causal=True))
   mod, variables = module(name), params(name)
-  _, state = mod.apply(variables, x, x, ctx_for(np.ones((batch, length)), causal=True, decode=True),
-                       mutable=["cache"])
+  _, state = mod.apply(variables, x, x, ctx_for(np.ones((batch, length)), causal=True, decode=True), mutable=["cache"])
   cache = state["cache"]
   assert set(cache) == {"hidden_sum", "cache_index"} and cache["hidden_sum"].shape == (batch, H, D)
   step_ctx = ctx_for(np.ones((batch, 1)), causal=True, decode=True).replace(max_decode_length=length)
@@ -252,7 +266,7 @@ def test_decode_matches_full_causal_forward():
 
   outs = []
   for i in range(length):
-    y, cache = step(cache, x[:, i:i + 1])
+    y, cache = step(cache, x[:, i : i + 1])
     outs.append(y)
   close(jnp.concatenate(outs, 1), full, 1e-4)
   assert int(cache["cache_index"]) == length
@@ -274,12 +288,12 @@ def test_packing_equals_each_alone(causal):
   lengths = (5, 7, 4)
   x = inputs(3, 7, seed=5)
   alone = apply("untied_lennorm", x, x, ctx_for(np.arange(7)[None] < np.array(lengths)[:, None], causal=causal))
-  packed = np.concatenate([x[i:i + 1, :n] for i, n in enumerate(lengths)] + [inputs(1, 3, seed=9)], axis=1)
+  packed = np.concatenate([x[i : i + 1, :n] for i, n in enumerate(lengths)] + [inputs(1, 3, seed=9)], axis=1)
   seg = np.array([[1] * 5 + [2] * 7 + [3] * 4 + [0] * 3])
   y = apply("untied_lennorm", packed, packed, ctx_for(seg > 0, q_seg=seg, causal=causal))
   start = 0
   for i, n in enumerate(lengths):
-    close(y[0, start:start + n], alone[i, :n])
+    close(y[0, start : start + n], alone[i, :n])
     start += n
 
 
@@ -303,8 +317,11 @@ def test_cross_mixing_reads_the_real_encoder_tokens_only():
   step_ctx = ctx_for(np.ones((2, 5)), kv_mask=enc_mask).replace(q_mask=np.ones((2, 1), np.float32))
   with pytest.raises(ValueError, match="query_positions=False"):
     jax.eval_shape(module(name).apply, params(name), dec[:, :1], enc, step_ctx)
-  assert jax.eval_shape(module(name, query_positions=False).apply, params(name), dec[:, :1], enc,
-                        step_ctx).shape == (2, 1, D)
+  assert jax.eval_shape(module(name, query_positions=False).apply, params(name), dec[:, :1], enc, step_ctx).shape == (
+    2,
+    1,
+    D,
+  )
 
 
 def test_packed_cross_mixing_equals_each_alone():
@@ -312,8 +329,8 @@ def test_packed_cross_mixing_equals_each_alone():
   dec, enc = inputs(2, 5, seed=11), inputs(2, 9, seed=12)
   dec_len, enc_len = (3, 2), (2, 4)
   alone = apply(name, dec, enc, ctx_for(np.ones((2, 5)), kv_mask=np.arange(9)[None] < np.array(enc_len)[:, None]))
-  dec_p = np.concatenate([dec[0, :dec_len[0]], dec[1, :dec_len[1]], dec[0, 3:4]])[None]
-  enc_p = np.concatenate([enc[0, :enc_len[0]], enc[1, :enc_len[1]], enc[0, 5:8]])[None]
+  dec_p = np.concatenate([dec[0, : dec_len[0]], dec[1, : dec_len[1]], dec[0, 3:4]])[None]
+  enc_p = np.concatenate([enc[0, : enc_len[0]], enc[1, : enc_len[1]], enc[0, 5:8]])[None]
   q_seg, kv_seg = np.array([[1, 1, 1, 2, 2, 0]]), np.array([[1, 1, 2, 2, 2, 2, 0, 0, 0]])
   y = apply(name, dec_p, enc_p, ctx_for(q_seg > 0, kv_seg > 0, q_seg=q_seg, kv_seg=kv_seg))
   close(y[0, :3], alone[0, :3])
@@ -328,8 +345,13 @@ def test_packed_cross_mixing_reads_every_segment_up_to_the_shorter_length(segmen
   dec, enc = inputs(4, 1, seed=13), inputs(4, 3, seed=14)
   alone = apply(name, dec, enc, ctx_for(np.ones((4, 1)), kv_mask=np.ones((4, 3))), segment_block=segment_block)
   q_seg, kv_seg = np.arange(1, 5)[None], np.repeat(np.arange(1, 5), 3)[None]
-  y = apply(name, dec.reshape(1, 4, D), enc.reshape(1, 12, D),
-            ctx_for(np.ones((1, 4)), np.ones((1, 12)), q_seg=q_seg, kv_seg=kv_seg), segment_block=segment_block)
+  y = apply(
+    name,
+    dec.reshape(1, 4, D),
+    enc.reshape(1, 12, D),
+    ctx_for(np.ones((1, 4)), np.ones((1, 12)), q_seg=q_seg, kv_seg=kv_seg),
+    segment_block=segment_block,
+  )
   close(y[0], alone[:, 0])
 
 
@@ -344,10 +366,12 @@ def _axes_of(tree, prefix=""):
 @pytest.mark.parametrize("tied", [True, False])
 def test_param_axes_and_count(tied):
   x = inputs(2, 6)
-  variables = jax.eval_shape(HyperMixing(config=CFG, tied=tied).init, jax.random.PRNGKey(0), x, x,
-                             ctx_for(np.ones((2, 6))))
-  shapes = {"/".join(k.key for k in path): v.shape
-            for path, v in jax.tree_util.tree_leaves_with_path(variables["params"])}
+  variables = jax.eval_shape(
+    HyperMixing(config=CFG, tied=tied).init, jax.random.PRNGKey(0), x, x, ctx_for(np.ones((2, 6)))
+  )
+  shapes = {
+    "/".join(k.key for k in path): v.shape for path, v in jax.tree_util.tree_leaves_with_path(variables["params"])
+  }
   nets = ["hypernetwork_in"] + ([] if tied else ["hypernetwork_out"])
   want = {"layer_norm/scale": (D,), "layer_norm/bias": (D,)}
   for n in nets:
@@ -369,8 +393,7 @@ def test_gradients_are_finite(mode):
   x = inputs(2, 11)
   seg = np.array([[1] * 6 + [2] * 5, [1] * 9 + [0] * 2])
   packed = mode != "plain"
-  ctx = ctx_for(seg > 0 if packed else np.ones((2, 11)), q_seg=seg if packed else None,
-                causal=mode == "causal_packed")
+  ctx = ctx_for(seg > 0 if packed else np.ones((2, 11)), q_seg=seg if packed else None, causal=mode == "causal_packed")
   loss = lambda p, x: jnp.sum(jnp.sin(module(name).apply({"params": p}, x, x, ctx)))
   grads, gx = jax.jit(jax.grad(loss, argnums=(0, 1)))(params(name)["params"], x)
   for path, g in jax.tree_util.tree_leaves_with_path(grads):
@@ -387,8 +410,13 @@ def test_bad_settings_are_refused():
   with pytest.raises(ValueError, match="segment ids"):
     init(HyperMixing(config=CFG), ctx.replace(q_segment_ids=np.ones((1, 4), np.int32)))
   with pytest.raises(ValueError, match="query length 4 and key length 3"):
-    jax.eval_shape(HyperMixing(config=CFG).init, jax.random.PRNGKey(0), x, x[:, :3], ctx_for(
-        np.ones((1, 4)), kv_mask=np.ones((1, 3)), causal=True))
+    jax.eval_shape(
+      HyperMixing(config=CFG).init,
+      jax.random.PRNGKey(0),
+      x,
+      x[:, :3],
+      ctx_for(np.ones((1, 4)), kv_mask=np.ones((1, 3)), causal=True),
+    )
 
 
 def test_bfloat16_activations_run():
@@ -410,9 +438,14 @@ def test_official_code_options_no_bias_and_scaled_inputs_match_numpy():
   shapes = jax.eval_shape(mod.init, jax.random.PRNGKey(0), x, x, ctx)["params"]
   assert set(shapes["hypernetwork_in"]) == {"wi", "wo"}  # no wi_bias / wo_bias
   rng = np.random.default_rng(4)
-  p = jax.tree_util.tree_map(lambda s: (rng.normal(size=s.shape) / math.sqrt(s.shape[0])).astype(np.float32)
-                             if len(s.shape) == 2 else (1 + 0.3 * rng.normal(size=s.shape)).astype(np.float32),
-                             shapes)
+  p = jax.tree_util.tree_map(
+    lambda s: (
+      (rng.normal(size=s.shape) / math.sqrt(s.shape[0])).astype(np.float32)
+      if len(s.shape) == 2
+      else (1 + 0.3 * rng.normal(size=s.shape)).astype(np.float32)
+    ),
+    shapes,
+  )
   got = jax.jit(mod.apply)({"params": p}, x, x, ctx)
   q = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), p)
   xs = np.asarray(x[0], np.float64)
@@ -429,8 +462,10 @@ def test_official_code_options_no_bias_and_scaled_inputs_match_numpy():
 
 # ----- layer layouts (T5Config.layer_layout; HyperMixer paper App. F) -----
 
+
 class _StubTokenMixer(nn.Module):
   """tanh(q W) + mean_j(kv_j) V: mixes tokens (and reads the cross slot's encoder output) with two weights."""
+
   config: T5Config
 
   @nn.compact
@@ -450,8 +485,10 @@ class _StubFeatureMixer(nn.Module):
 
 def _np_layer(layout, p, x, slots):
   """App. F's equations with the stack's RMSNorm: `slots` are (name, fn) in order, the last the feature slot."""
+
   def norm(z, name):
-    return z / np.sqrt(np.mean(z ** 2, -1, keepdims=True) + CFG.layer_norm_epsilon) * p[name]["scale"]
+    return z / np.sqrt(np.mean(z**2, -1, keepdims=True) + CFG.layer_norm_epsilon) * p[name]["scale"]
+
   layer_input = x
   for i, (name, fn) in enumerate(slots):
     last = i == len(slots) - 1
@@ -475,26 +512,40 @@ def test_layer_layouts_match_app_f(stack):
       layer = network.EncoderLayer(cfg, token_mixer=_StubTokenMixer, feature_mixer=_StubFeatureMixer)
       args = (x, ctx, True)
     else:
-      layer = network.DecoderLayer(cfg, token_mixer=_StubTokenMixer, cross_mixer=_StubTokenMixer,
-                                   feature_mixer=_StubFeatureMixer)
+      layer = network.DecoderLayer(
+        cfg, token_mixer=_StubTokenMixer, cross_mixer=_StubTokenMixer, feature_mixer=_StubFeatureMixer
+      )
       args = (x, enc, ctx, ctx_for(np.ones((2, 5)), kv_mask=np.ones((2, 4))), True)
     shapes = jax.eval_shape(layer.init, jax.random.PRNGKey(0), *args)["params"]
     rng = np.random.default_rng(9)
-    p = jax.tree_util.tree_map(lambda s: (rng.normal(size=s.shape) * (0.5 if len(s.shape) == 2 else 0.2)
-                                          + (len(s.shape) == 1)).astype(np.float32), shapes)
+    p = jax.tree_util.tree_map(
+      lambda s: (rng.normal(size=s.shape) * (0.5 if len(s.shape) == 2 else 0.2) + (len(s.shape) == 1)).astype(
+        np.float32
+      ),
+      shapes,
+    )
     got = np.asarray(jax.jit(layer.apply)({"params": p}, *args))
     q = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), p)
-    mix = lambda name, kv=None: (lambda z: np.tanh(z @ q[name]["w"])
-                                 + np.mean(z if kv is None else kv, axis=1, keepdims=True) @ q[name]["v"])
+    mix = lambda name, kv=None: (
+      lambda z: np.tanh(z @ q[name]["w"]) + np.mean(z if kv is None else kv, axis=1, keepdims=True) @ q[name]["v"]
+    )
     feature = ("feature_mixer", lambda z: np.sin(z @ q["feature_mixer"]["w"]))
-    slots = ([("token_mixer", mix("token_mixer"))] if stack == "encoder" else
-             [("token_mixer", mix("token_mixer")), ("cross_mixer", mix("cross_mixer", enc.astype(np.float64)))])
+    slots = (
+      [("token_mixer", mix("token_mixer"))]
+      if stack == "encoder"
+      else [("token_mixer", mix("token_mixer")), ("cross_mixer", mix("cross_mixer", enc.astype(np.float64)))]
+    )
     want = _np_layer(layout, q, x.astype(np.float64), slots + [feature])
     close(got, want, tol=1e-4)
     outs[layout] = got
   # The three layouts are different functions of the same parameters.
-  assert min(np.abs(outs[a] - outs[b]).max() for a, b in
-             [("pre_norm", "post_norm"), ("pre_norm", "serialized"), ("post_norm", "serialized")]) > 1e-2
+  assert (
+    min(
+      np.abs(outs[a] - outs[b]).max()
+      for a, b in [("pre_norm", "post_norm"), ("pre_norm", "serialized"), ("post_norm", "serialized")]
+    )
+    > 1e-2
+  )
 
 
 def test_unknown_layer_layout_is_refused():

@@ -1,4 +1,5 @@
 """RemixerBlock (Remixers paper §2.1) against an independent numpy reference, and the mixer contract."""
+
 import dataclasses
 
 import jax
@@ -10,8 +11,9 @@ from remixer_t5.model.mixers import base
 from remixer_t5.model.mixers.remixer import RemixerBlock
 from remixer_t5.model.network import T5Config
 
-CFG = T5Config(vocab_size=32, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=24, num_encoder_layers=1,
-               num_decoder_layers=1)
+CFG = T5Config(
+  vocab_size=32, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=24, num_encoder_layers=1, num_decoder_layers=1
+)
 D, F = CFG.emb_dim, CFG.mlp_dim
 
 
@@ -21,9 +23,17 @@ def make_ctx(mask, positions=None, segments=None, causal=False, decode=False, ma
     positions = jnp.arange(mask.shape[1], dtype=jnp.int32)[None]
   positions = jnp.asarray(positions, jnp.int32)
   segments = None if segments is None else jnp.asarray(segments, jnp.int32)
-  return base.MixerContext(q_mask=mask, kv_mask=mask, q_positions=positions, kv_positions=positions,
-                           q_segment_ids=segments, kv_segment_ids=segments, causal=causal, decode=decode,
-                           max_decode_length=max_decode_length)
+  return base.MixerContext(
+    q_mask=mask,
+    kv_mask=mask,
+    q_positions=positions,
+    kv_positions=positions,
+    q_segment_ids=segments,
+    kv_segment_ids=segments,
+    causal=causal,
+    decode=decode,
+    max_decode_length=max_decode_length,
+  )
 
 
 def run(block, variables, x, ctx, **kwargs):
@@ -37,15 +47,16 @@ def randomized(block, x, ctx, seed=0):
   rng = np.random.default_rng(seed)
   scale = lambda name: 1.5 if name in ("remix", "alpha") else 0.4
   params = jax.tree_util.tree_map_with_path(
-      lambda path, p: jnp.asarray(rng.normal(0, scale(path[-1].key), p.shape), jnp.float32),
-      variables["params"])
+    lambda path, p: jnp.asarray(rng.normal(0, scale(path[-1].key), p.shape), jnp.float32), variables["params"]
+  )
   return {**variables, "params": params}
 
 
 # ---- Independent numpy reference of §2.1 ------------------------------------------------------------------
 
+
 def np_gelu(z):
-  return 0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z ** 3)))
+  return 0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z**3)))
 
 
 def np_sigmoid(z):
@@ -63,8 +74,14 @@ def reference(params, x, mask, positions, segments, causal, width, alpha, compos
     xp = np_gelu(xb @ p["wi_0"]["kernel"]) * (xb @ p["wi_1"]["kernel"])
     xs = np.zeros_like(xp)
     for i in range(length):
-      vis = [j for j in range(length) if mask[b][i] and mask[b][j]
-             and (segments is None or segments[b][i] == segments[b][j]) and (not causal or j <= i)]
+      vis = [
+        j
+        for j in range(length)
+        if mask[b][i]
+        and mask[b][j]
+        and (segments is None or segments[b][i] == segments[b][j])
+        and (not causal or j <= i)
+      ]
       if vis:
         logits = np.array([p["remix"][positions[b, i], positions[b, j]] for j in vis])
         w = np.exp(logits - logits.max())
@@ -94,6 +111,7 @@ def inputs(batch=2, length=9, seed=1):
 
 # ---- The equations ---------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("width", ["mlp", "model"])
 @pytest.mark.parametrize("alpha", [0.3, "learned_scalar", "learned_vector", "gated"])
 def test_matches_numpy_reference(width, alpha):
@@ -111,9 +129,12 @@ def test_matches_numpy_reference(width, alpha):
 def test_param_shapes_axes_and_count():
   x, ctx = inputs(1, 5), make_ctx(np.ones((1, 5)))
   expected = {
-      ("mlp", 0.5): ({}, 0), ("mlp", "learned_scalar"): ({"alpha": ()}, 1),
-      ("mlp", "learned_vector"): ({"alpha": (F,)}, F), ("mlp", "gated"): ({"alpha_gate": (D, F)}, D * F),
-      ("model", "learned_vector"): ({"alpha": (D,)}, D), ("model", "gated"): ({"alpha_gate": (D, D)}, D * D),
+    ("mlp", 0.5): ({}, 0),
+    ("mlp", "learned_scalar"): ({"alpha": ()}, 1),
+    ("mlp", "learned_vector"): ({"alpha": (F,)}, F),
+    ("mlp", "gated"): ({"alpha_gate": (D, F)}, D * F),
+    ("model", "learned_vector"): ({"alpha": (D,)}, D),
+    ("model", "gated"): ({"alpha_gate": (D, D)}, D * D),
   }
   for (width, alpha), (extra, extra_count) in expected.items():
     block = RemixerBlock(config=CFG, width=width, alpha=alpha, max_length=7)
@@ -129,10 +150,11 @@ def test_param_shapes_axes_and_count():
     count = sum(int(np.prod(p.shape)) for p in jax.tree_util.tree_leaves(params))
     assert count == 3 * D * w + 7 * 7 + extra_count, (width, alpha)
     # every parameter has its logical axes recorded
-    flat_params = {"/".join(str(k.key) for k in path) for path, _ in
-                   jax.tree_util.tree_flatten_with_path(params)[0]}
-    flat_axes = {"/".join(str(k.key) for k in path)[:-len("_axes")] for path, _ in
-                 jax.tree_util.tree_flatten_with_path(axes, is_leaf=lambda a: hasattr(a, "names"))[0]}
+    flat_params = {"/".join(str(k.key) for k in path) for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]}
+    flat_axes = {
+      "/".join(str(k.key) for k in path)[: -len("_axes")]
+      for path, _ in jax.tree_util.tree_flatten_with_path(axes, is_leaf=lambda a: hasattr(a, "names"))[0]
+    }
     assert flat_params == flat_axes
   assert axes["remix_axes"].names == ("mix_length", "mix_source")
   assert axes["wi_0"]["kernel_axes"].names == ("embed", "mlp")
@@ -165,6 +187,7 @@ def test_causal_matches_reference_and_ignores_future():
 
 # ---- Contract: decode, padding, packing, length, gradients, dropout ------------------------------
 
+
 def test_decode_steps_equal_full_causal_pass():
   length, batch = 20, 2
   block = RemixerBlock(config=CFG, alpha="gated", max_length=24)
@@ -180,14 +203,15 @@ def test_decode_steps_equal_full_causal_pass():
 
   @jax.jit
   def step(cache, xi, i):
-    ctx = make_ctx(jnp.ones((batch, 1)), positions=jnp.full((1, 1), i), causal=True, decode=True,
-                   max_decode_length=length)
+    ctx = make_ctx(
+      jnp.ones((batch, 1)), positions=jnp.full((1, 1), i), causal=True, decode=True, max_decode_length=length
+    )
     y, state = block.apply({"params": variables["params"], "cache": cache}, xi, ctx, mutable=["cache"])
     return y, state["cache"]
 
   outs = []
   for i in range(length):
-    y, cache = step(cache, x[:, i:i + 1], i)
+    y, cache = step(cache, x[:, i : i + 1], i)
     outs.append(np.asarray(y))
   np.testing.assert_allclose(np.concatenate(outs, axis=1), full, rtol=1e-4, atol=1e-4)
   assert int(cache["cache_index"]) == length
@@ -236,8 +260,7 @@ def test_packed_examples_equal_each_alone(causal):
 
 def test_too_long_is_a_clear_error():
   block = RemixerBlock(config=CFG, max_length=8)
-  with pytest.raises(ValueError,
-                     match="RemixerBlock mixes at most 8 positions but got a sequence of length 10"):
+  with pytest.raises(ValueError, match="RemixerBlock mixes at most 8 positions but got a sequence of length 10"):
     block.init(jax.random.PRNGKey(0), inputs(1, 10), make_ctx(np.ones((1, 10))))
 
 
@@ -262,8 +285,7 @@ def test_gradients_finite(width, alpha):
   variables = randomized(block, x, ctx)
 
   def loss(params, x):
-    y = block.apply({"params": params}, x, ctx, deterministic=False,
-                    rngs={"dropout": jax.random.PRNGKey(1)})
+    y = block.apply({"params": params}, x, ctx, deterministic=False, rngs={"dropout": jax.random.PRNGKey(1)})
     return jnp.sum(y)
 
   g_params, g_x = jax.grad(loss, argnums=(0, 1))(variables["params"], x)
@@ -281,10 +303,10 @@ def test_remix_dropout_only_when_not_deterministic():
   rngs = {"dropout": jax.random.PRNGKey(3)}
   reference_out = np.asarray(run(plain, variables, x, ctx))
   # cfg.dropout_rate is 0, so without remix dropout a stochastic pass is the deterministic one
-  np.testing.assert_allclose(np.asarray(run(plain, variables, x, ctx, deterministic=False, rngs=rngs)),
-                             reference_out, atol=1e-6)
-  np.testing.assert_allclose(np.asarray(run(dropped, variables, x, ctx, deterministic=True)),
-                             reference_out, atol=1e-6)
+  np.testing.assert_allclose(
+    np.asarray(run(plain, variables, x, ctx, deterministic=False, rngs=rngs)), reference_out, atol=1e-6
+  )
+  np.testing.assert_allclose(np.asarray(run(dropped, variables, x, ctx, deterministic=True)), reference_out, atol=1e-6)
   noisy = np.asarray(run(dropped, variables, x, ctx, deterministic=False, rngs=rngs))
   assert np.abs(noisy - reference_out).max() > 1e-2
 
@@ -294,10 +316,11 @@ def test_remix_dropout_only_when_not_deterministic():
 # per-example positions take the per-example matrix from row/column slice gathers of P. Both against the numpy
 # reference (softmax over each query's visible keys, written independently of either form).
 
+
 def _holes_mask(batch, length):
   mask = np.ones((batch, length))
-  mask[0, [2, 5]] = 0           # holes inside the row, not only trailing padding
-  mask[1, length - 3:] = 0
+  mask[0, [2, 5]] = 0  # holes inside the row, not only trailing padding
+  mask[1, length - 3 :] = 0
   return mask
 
 
@@ -310,8 +333,7 @@ def test_every_path_matches_reference(layout, causal):
   mask, positions, segments = _holes_mask(2, length), None, None
   if layout == "packed":  # three segments in row 0 (the last one short), two and padding in row 1
     segments = np.array([[1] * 4 + [2] * 5 + [3] * 2, [1] * 3 + [2] * 5 + [0] * 3])
-    positions = np.array([list(range(4)) + list(range(5)) + list(range(2)),
-                          list(range(3)) + list(range(5)) + [0] * 3])
+    positions = np.array([list(range(4)) + list(range(5)) + list(range(2)), list(range(3)) + list(range(5)) + [0] * 3])
     mask = (segments > 0).astype(float)
     mask[0, 6] = 0
   elif layout == "per_example_positions":
@@ -331,11 +353,12 @@ def _eqns_in_jaxpr(fn, *args):
     for eqn in jaxpr.eqns:
       found.append(eqn)
       for param in eqn.params.values():
-        for sub in (param if isinstance(param, (list, tuple)) else [param]):
+        for sub in param if isinstance(param, (list, tuple)) else [param]:
           if isinstance(sub, jax.extend.core.ClosedJaxpr):
             walk(sub.jaxpr)
           elif isinstance(sub, jax.extend.core.Jaxpr):
             walk(sub)
+
   walk(jax.make_jaxpr(fn)(*args).jaxpr)
   return found
 
@@ -355,10 +378,12 @@ def test_unpacked_rows_build_no_batch_by_length_squared_tensor(causal):
   variables = randomized(block, x, unpacked)
 
   def grads(ctx):
-    return lambda params, x: jax.grad(lambda p, x: jnp.sum(block.apply({"params": p}, x, ctx)),
-                                      argnums=(0, 1))(params, x)
+    return lambda params, x: jax.grad(lambda p, x: jnp.sum(block.apply({"params": p}, x, ctx)), argnums=(0, 1))(
+      params, x
+    )
+
   shapes = _shapes_in_jaxpr(grads(unpacked), variables["params"], x)
-  assert (length, length) in shapes                                    # softmax(H) once per layer
+  assert (length, length) in shapes  # softmax(H) once per layer
   assert not any(s[-2:] == (length, length) and np.prod(s[:-2]) > 1 for s in shapes), sorted(shapes)
   # the check can fail: packed rows do build the per-example [batch, L, L] matrix
   segments = np.ones((batch, length), np.int32)
@@ -438,8 +463,11 @@ def test_huge_logits_on_hidden_keys_give_finite_rows():
 
 
 def _scatters_in_jaxpr(fn, *args):
-  return [(e.primitive.name, str(e.outvars[0].aval.dtype), tuple(e.outvars[0].aval.shape))
-          for e in _eqns_in_jaxpr(fn, *args) if e.primitive.name.startswith("scatter")]
+  return [
+    (e.primitive.name, str(e.outvars[0].aval.dtype), tuple(e.outvars[0].aval.shape))
+    for e in _eqns_in_jaxpr(fn, *args)
+    if e.primitive.name.startswith("scatter")
+  ]
 
 
 def test_packed_rows_sum_hs_gradient_in_float32_under_bfloat16_activations():
@@ -461,12 +489,16 @@ def test_packed_rows_sum_hs_gradient_in_float32_under_bfloat16_activations():
 
   def grad_h(cfg):
     block = RemixerBlock(config=cfg, max_length=length)
-    return lambda p: jax.grad(lambda p: jnp.sum(block.apply({"params": p}, x, ctx).astype(jnp.float32)
-                                                * weights))(p)["remix"]
+    return lambda p: jax.grad(lambda p: jnp.sum(block.apply({"params": p}, x, ctx).astype(jnp.float32) * weights))(p)[
+      "remix"
+    ]
+
   bf16 = grad_h(dataclasses.replace(CFG, dtype="bfloat16"))
   scatters = _scatters_in_jaxpr(bf16, variables["params"])
-  assert {(s[0], s[2]) for s in scatters} == {("scatter-add", (batch, length, length)),
-                                              ("scatter-add", (length, length))}, scatters
+  assert {(s[0], s[2]) for s in scatters} == {
+    ("scatter-add", (batch, length, length)),
+    ("scatter-add", (length, length)),
+  }, scatters
   assert {s[1] for s in scatters} == {"float32"}, scatters
   want = grad_h(CFG)(variables["params"])
   got = bf16(variables["params"])

@@ -2,6 +2,7 @@
 global batch: each process reads its own input shard, the global batch is assembled from process-local data,
 only process 0 writes summaries, and orbax saves collectively; a resumed two-process run restores each process's
 own input position."""
+
 import json
 import os
 import socket
@@ -14,20 +15,36 @@ from subprocess_util import xla_flags
 
 from remixer_t5.training import checkpoints
 
-ROWS = [(f"Emma saw {n} cats .", f"see . agent ( x _ 1 , Emma ) AND see . theme ( x _ 1 , {n} )", "in_distribution")
-        for n in ("two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven")]
+ROWS = [
+  (f"Emma saw {n} cats .", f"see . agent ( x _ 1 , Emma ) AND see . theme ( x _ 1 , {n} )", "in_distribution")
+  for n in ("two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven")
+]
 STEPS = 5
 
 
 def _args(model_dir, data_dir):
-  return ["train", "--gin_file=models/t5_1_1/tiny.gin", "--gin_file=runs/cogs.gin",
-          "--gin.VOCABULARY=@vocab.get_vocabulary()", "--gin.BATCH_SIZE=4",
-          "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 32}", "--gin.LOG_PERIOD=1", f"--gin.EVAL_PERIOD={STEPS}", "--gin.EVAL_STEPS=1",
-          f"--gin.CHECKPOINT_PERIOD={STEPS}", f"--gin.TRAIN_STEPS={STEPS}", "--gin.DROPOUT_RATE=0.0",
-          "--gin.run_config.Data.shuffle=False", "--gin.run_config.Data.pack=False",
-          f"--gin.run_config.Schedule.infer_eval_period={STEPS}", "--gin.run_config.Schedule.infer_examples=4",
-          "--gin.network.T5Config.emb_dim=32",
-          "--gin.network.T5Config.mlp_dim=48", f"--gin.MODEL_DIR='{model_dir}'", f"--gin.DATA_DIR='{data_dir}'"]
+  return [
+    "train",
+    "--gin_file=models/t5_1_1/tiny.gin",
+    "--gin_file=runs/cogs.gin",
+    "--gin.VOCABULARY=@vocab.get_vocabulary()",
+    "--gin.BATCH_SIZE=4",
+    "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 32}",
+    "--gin.LOG_PERIOD=1",
+    f"--gin.EVAL_PERIOD={STEPS}",
+    "--gin.EVAL_STEPS=1",
+    f"--gin.CHECKPOINT_PERIOD={STEPS}",
+    f"--gin.TRAIN_STEPS={STEPS}",
+    "--gin.DROPOUT_RATE=0.0",
+    "--gin.run_config.Data.shuffle=False",
+    "--gin.run_config.Data.pack=False",
+    f"--gin.run_config.Schedule.infer_eval_period={STEPS}",
+    "--gin.run_config.Schedule.infer_examples=4",
+    "--gin.network.T5Config.emb_dim=32",
+    "--gin.network.T5Config.mlp_dim=48",
+    f"--gin.MODEL_DIR='{model_dir}'",
+    f"--gin.DATA_DIR='{data_dir}'",
+  ]
 
 
 def _rows(model_dir):
@@ -60,10 +77,18 @@ def _two_processes(env, args):
   port = _free_port()
   procs = []
   for pid in range(2):
-    penv = dict(env, REMIXER_T5_COORDINATOR=f"127.0.0.1:{port}", REMIXER_T5_NUM_PROCESSES="2",
-                REMIXER_T5_PROCESS_ID=str(pid))
-    procs.append(subprocess.Popen([sys.executable, "-m", "remixer_t5", *args],
-                                  env=penv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    penv = dict(
+      env, REMIXER_T5_COORDINATOR=f"127.0.0.1:{port}", REMIXER_T5_NUM_PROCESSES="2", REMIXER_T5_PROCESS_ID=str(pid)
+    )
+    procs.append(
+      subprocess.Popen(
+        [sys.executable, "-m", "remixer_t5", *args],
+        env=penv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+      )
+    )
   outs = [p.communicate(timeout=400)[0] for p in procs]
   for p, out in zip(procs, outs):
     assert p.returncode == 0, out[-3000:]
@@ -84,8 +109,13 @@ def test_two_processes_match_one_process_with_the_same_global_batch(setup, two_r
   assert "process 0 of 2" in outs[0] and "process 1 of 2" in outs[1]
   assert "[train] step" in outs[0] and "[train] step" not in outs[1]  # only process 0 reports
 
-  single = subprocess.run([sys.executable, "-m", "remixer_t5", *_args(root / "one", root / "data")], env=env,
-                          capture_output=True, text=True, timeout=400)
+  single = subprocess.run(
+    [sys.executable, "-m", "remixer_t5", *_args(root / "one", root / "data")],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=400,
+  )
   assert single.returncode == 0, single.stdout[-3000:] + single.stderr[-3000:]
 
   two, one = _losses(root / "two"), _losses(root / "one")
@@ -122,7 +152,12 @@ def test_coordinator_without_process_count_is_a_clear_error(tmp_path):
   env = dict(os.environ, REMIXER_T5_COORDINATOR="127.0.0.1:1", JAX_PLATFORMS="cpu")
   env.pop("REMIXER_T5_NUM_PROCESSES", None)
   env.pop("REMIXER_T5_PROCESS_ID", None)
-  out = subprocess.run([sys.executable, "-m", "remixer_t5", "train", "--gin_file=models/t5_1_1/tiny.gin"],
-                       env=env, capture_output=True, text=True, timeout=120)
+  out = subprocess.run(
+    [sys.executable, "-m", "remixer_t5", "train", "--gin_file=models/t5_1_1/tiny.gin"],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert out.returncode == 2
   assert "--num_processes" in out.stderr and "127.0.0.1:1" in out.stderr

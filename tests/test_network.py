@@ -1,4 +1,5 @@
 """T5.1.1 module properties: names and axes, causality, padding, packing, cache decoding, dtypes, dropout."""
+
 import dataclasses
 
 import jax
@@ -11,17 +12,24 @@ from jaxpr_util import eqns_in
 from remixer_t5.model import models, network
 from remixer_t5.training import partitioning
 
-CFG = network.T5Config(vocab_size=40, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=24, num_encoder_layers=2,
-                       num_decoder_layers=2)
+CFG = network.T5Config(
+  vocab_size=40, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=24, num_encoder_layers=2, num_decoder_layers=2
+)
 
 
 @pytest.fixture(scope="module")
 def model_params():
   module = network.Transformer(CFG)
   # Jitted: op by op, init compiles every primitive alone.
-  variables = jax.jit(lambda: module.init(jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32),
-                                          jnp.ones((1, 6), jnp.int32), jnp.ones((1, 6), jnp.int32),
-                                          enable_dropout=False))()
+  variables = jax.jit(
+    lambda: module.init(
+      jax.random.PRNGKey(0),
+      jnp.ones((1, 8), jnp.int32),
+      jnp.ones((1, 6), jnp.int32),
+      jnp.ones((1, 6), jnp.int32),
+      enable_dropout=False,
+    )
+  )()
   return module, variables
 
 
@@ -36,19 +44,27 @@ def _shift(targets):
 def test_parameter_paths_follow_t5x_and_carry_logical_axes(model_params):
   _, variables = model_params
   flat = traverse_util.flatten_dict(variables["params"], sep="/")
-  for path in ["token_embedder/embedding", "encoder/relpos_bias/rel_embedding",
-               "encoder/layers_0/attention/query/kernel", "encoder/layers_1/mlp/wi_0/kernel",
-               "encoder/layers_1/mlp/wo/kernel", "encoder/encoder_norm/scale",
-               "decoder/layers_1/encoder_decoder_attention/out/kernel",
-               "decoder/layers_0/pre_cross_attention_layer_norm/scale", "decoder/relpos_bias/rel_embedding",
-               "decoder/decoder_norm/scale", "decoder/logits_dense/kernel"]:
+  for path in [
+    "token_embedder/embedding",
+    "encoder/relpos_bias/rel_embedding",
+    "encoder/layers_0/attention/query/kernel",
+    "encoder/layers_1/mlp/wi_0/kernel",
+    "encoder/layers_1/mlp/wo/kernel",
+    "encoder/encoder_norm/scale",
+    "decoder/layers_1/encoder_decoder_attention/out/kernel",
+    "decoder/layers_0/pre_cross_attention_layer_norm/scale",
+    "decoder/relpos_bias/rel_embedding",
+    "decoder/decoder_norm/scale",
+    "decoder/logits_dense/kernel",
+  ]:
     assert path in flat, path
   assert all(v.dtype == jnp.float32 for v in flat.values())
   mesh = partitioning.make_mesh(1)
   shardings = traverse_util.flatten_dict(partitioning.param_shardings(variables["params_axes"], mesh), sep="/")
   assert set(shardings) == set(flat)
-  axes = traverse_util.flatten_dict(jax.tree_util.tree_map(
-      lambda a: a.names, variables["params_axes"], is_leaf=lambda x: hasattr(x, "names")), sep="/")
+  axes = traverse_util.flatten_dict(
+    jax.tree_util.tree_map(lambda a: a.names, variables["params_axes"], is_leaf=lambda x: hasattr(x, "names")), sep="/"
+  )
   assert axes["token_embedder/embedding_axes"] == ("vocab", "embed")
   assert axes["encoder/layers_0/attention/query/kernel_axes"] == ("embed", "joined_kv")
   assert axes["decoder/logits_dense/kernel_axes"] == ("embed", "vocab")
@@ -75,8 +91,11 @@ def test_appended_encoder_padding_changes_nothing(model_params):
   enc_a = module.apply(v, enc, enable_dropout=False, method=module.encode)
   enc_b = module.apply(v, padded, enable_dropout=False, method=module.encode)
   np.testing.assert_allclose(enc_a, enc_b[:, :8], atol=1e-5)
-  np.testing.assert_allclose(module.apply(v, enc, _shift(tgt), tgt, enable_dropout=False),
-                             module.apply(v, padded, _shift(tgt), tgt, enable_dropout=False), atol=1e-5)
+  np.testing.assert_allclose(
+    module.apply(v, enc, _shift(tgt), tgt, enable_dropout=False),
+    module.apply(v, padded, _shift(tgt), tgt, enable_dropout=False),
+    atol=1e-5,
+  )
 
 
 def test_packed_examples_equal_each_alone(model_params):
@@ -90,8 +109,16 @@ def test_packed_examples_equal_each_alone(model_params):
   seg = lambda *ns: np.concatenate([np.full((1, n), i + 1) for i, n in enumerate(ns)] + [np.zeros((1, 0))], 1)
   pos = lambda *ns: np.concatenate([np.arange(n)[None] for n in ns], 1)
   enc_seg, dec_seg = np.pad(seg(5, 4), ((0, 0), (0, 2))), np.pad(seg(3, 4), ((0, 0), (0, 1)))
-  packed = apply(v, enc, dec_in, tgt, enc_seg.astype(np.int32), dec_seg.astype(np.int32),
-                 np.pad(pos(5, 4), ((0, 0), (0, 2))), np.pad(pos(3, 4), ((0, 0), (0, 1))))
+  packed = apply(
+    v,
+    enc,
+    dec_in,
+    tgt,
+    enc_seg.astype(np.int32),
+    dec_seg.astype(np.int32),
+    np.pad(pos(5, 4), ((0, 0), (0, 2))),
+    np.pad(pos(3, 4), ((0, 0), (0, 1))),
+  )
   np.testing.assert_allclose(packed[:, :3], alone[0], atol=1e-5)
   np.testing.assert_allclose(packed[:, 3:7], alone[1], atol=1e-5)
 
@@ -110,16 +137,25 @@ def test_packed_rows_take_the_position_bias_from_row_indices(model_params):
   restart = lambda k: np.broadcast_to(np.tile(np.arange(k // 2), 2), (batch, k)).astype(np.int32)
 
   def loss(params):
-    return jnp.sum(module.apply({"params": params}, enc, _shift(tgt), tgt, halves(n), halves(m), restart(n),
-                                restart(m), enable_dropout=False))
+    return jnp.sum(
+      module.apply(
+        {"params": params}, enc, _shift(tgt), tgt, halves(n), halves(m), restart(n), restart(m), enable_dropout=False
+      )
+    )
+
   jaxpr = jax.make_jaxpr(jax.grad(loss))(v["params"]).jaxpr
   table = tuple(v["params"]["encoder"]["relpos_bias"]["rel_embedding"].shape)
   eqns = list(eqns_in(jaxpr))
   assert not [e for e in eqns if e.primitive.name.startswith("scatter") and tuple(e.outvars[0].aval.shape) == table]
-  products = [[tuple(x.aval.shape) for x in e.invars] for e in eqns
-              if e.primitive.name == "dot_general" and tuple(e.outvars[0].aval.shape) == table]
+  products = [
+    [tuple(x.aval.shape) for x in e.invars]
+    for e in eqns
+    if e.primitive.name == "dot_general" and tuple(e.outvars[0].aval.shape) == table
+  ]
   assert len(products) >= CFG.num_encoder_layers, products  # the check sees the table's gradient
-  assert all(np.prod(s) <= max(CFG.num_heads, CFG.relpos_num_buckets) * (2 * n - 1) for p in products for s in p), products
+  assert all(np.prod(s) <= max(CFG.num_heads, CFG.relpos_num_buckets) * (2 * n - 1) for p in products for s in p), (
+    products
+  )
 
 
 @pytest.mark.parametrize("fuse", [False, True], ids=["", "fused_projections"])
@@ -131,14 +167,26 @@ def test_cached_decoding_equals_full_forward(model_params, fuse):
   full = module.apply(v, enc, _shift(tgt), tgt, enable_dropout=False)
   encoded = module.apply(v, enc, enable_dropout=False, method=module.encode)
   ones = jnp.ones((2, 20), jnp.int32)
-  _, cache = module.apply(v, encoded, enc, ones, ones, enable_dropout=False, decode=True, mutable=["cache"],
-                          method=module.decode)
-  step = jax.jit(lambda c, tok: module.apply({"params": v["params"], "cache": c}, encoded, enc, tok, tok,
-                                             enable_dropout=False, decode=True, max_decode_length=20,
-                                             mutable=["cache"], method=module.decode))
+  _, cache = module.apply(
+    v, encoded, enc, ones, ones, enable_dropout=False, decode=True, mutable=["cache"], method=module.decode
+  )
+  step = jax.jit(
+    lambda c, tok: module.apply(
+      {"params": v["params"], "cache": c},
+      encoded,
+      enc,
+      tok,
+      tok,
+      enable_dropout=False,
+      decode=True,
+      max_decode_length=20,
+      mutable=["cache"],
+      method=module.decode,
+    )
+  )
   cache, dec_in, outs = cache["cache"], _shift(tgt), []
   for i in range(20):  # longer than 16 steps, where decoder buckets become logarithmic
-    logits, mut = step(cache, dec_in[:, i:i + 1])
+    logits, mut = step(cache, dec_in[:, i : i + 1])
     cache = mut["cache"]
     outs.append(logits)
   np.testing.assert_allclose(np.concatenate(outs, 1), full, atol=1e-5)
@@ -195,8 +243,7 @@ def test_logits_in_the_activation_dtype_take_its_operands_and_give_float32():
   assert abs(nll(out) - nll(ref)) < 1e-2 * nll(ref)
   dots = [e for e in eqns_in(jax.make_jaxpr(lambda: run(low))().jaxpr) if e.primitive.name == "dot_general"]
   logits_dot = [e for e in dots if e.outvars[0].aval.shape[-1] == CFG.vocab_size]
-  assert [(str(e.invars[0].aval.dtype), str(e.outvars[0].aval.dtype)) for e in logits_dot] == [("bfloat16",
-                                                                                                "float32")]
+  assert [(str(e.invars[0].aval.dtype), str(e.outvars[0].aval.dtype)) for e in logits_dot] == [("bfloat16", "float32")]
 
 
 @pytest.mark.parametrize("mixers", ["attention", "hypermixing"])
@@ -205,14 +252,18 @@ def test_bfloat16_gradients_have_no_float32_by_bfloat16_product(mixers):
   dtype: the products with float32 results (attention logits, HyperMixing's sums, the logits) round their
   cotangent to bfloat16 (layers.accumulating_einsum) rather than multiply it, float32, by a bfloat16 operand."""
   from remixer_t5.model.mixers import hypermixer
+
   cfg = dataclasses.replace(CFG, dtype="bfloat16", logits_in_activation_dtype=True)
   hyper = {k: hypermixer.HyperMixing for k in ("encoder_token_mixer", "decoder_token_mixer", "decoder_cross_mixer")}
   module = network.Transformer(cfg, **(hyper if mixers == "hypermixing" else {}))
   enc, tgt = _tokens(24, (2, 8)), _tokens(25, (2, 6))
   v = module.init(jax.random.PRNGKey(0), enc, _shift(tgt), tgt, enable_dropout=False)
   loss = lambda p: jnp.sum(module.apply({"params": p}, enc, _shift(tgt), tgt, enable_dropout=False))
-  dots = [tuple(str(x.aval.dtype) for x in e.invars) for e in eqns_in(jax.make_jaxpr(jax.grad(loss))(v["params"]).jaxpr)
-          if e.primitive.name == "dot_general"]
+  dots = [
+    tuple(str(x.aval.dtype) for x in e.invars)
+    for e in eqns_in(jax.make_jaxpr(jax.grad(loss))(v["params"]).jaxpr)
+    if e.primitive.name == "dot_general"
+  ]
   assert len(dots) > 10 and ("bfloat16", "bfloat16") in dots
   assert [d for d in dots if len(set(d)) > 1] == []
 
@@ -223,8 +274,10 @@ def test_dropout_only_when_enabled():
   v = module.init(jax.random.PRNGKey(0), enc, _shift(tgt), tgt, enable_dropout=False)
   det = [module.apply(v, enc, _shift(tgt), tgt, enable_dropout=False) for _ in range(2)]
   np.testing.assert_array_equal(det[0], det[1])
-  drop = [module.apply(v, enc, _shift(tgt), tgt, enable_dropout=True, rngs={"dropout": jax.random.PRNGKey(i)})
-          for i in range(2)]
+  drop = [
+    module.apply(v, enc, _shift(tgt), tgt, enable_dropout=True, rngs={"dropout": jax.random.PRNGKey(i)})
+    for i in range(2)
+  ]
   assert np.abs(drop[0] - drop[1]).max() > 1e-3
 
 
@@ -239,7 +292,7 @@ def test_loss_matches_numpy_cross_entropy_with_z_loss(model_params):
   log_z = np.log(np.exp(logits).sum(-1))
   ce = log_z - np.take_along_axis(logits, tgt[..., None], -1)[..., 0]
   w = tgt > 0
-  expected = ((ce + 1e-4 * log_z ** 2) * w).sum() / w.sum()
+  expected = ((ce + 1e-4 * log_z**2) * w).sum() / w.sum()
   np.testing.assert_allclose(float(loss), expected, rtol=1e-5)
   assert float(m["weight_sum"]) == w.sum()
   acc = ((logits.argmax(-1) == tgt) * w).sum()
@@ -253,6 +306,7 @@ def test_auto_activation_dtype_follows_the_platform_compiled_for(monkeypatch, pl
   `kernels.target_device` gives at trace time (a mesh's devices under one), here stood in for."""
   import dataclasses
   from remixer_t5 import kernels
+
   monkeypatch.setattr(kernels, "target_device", lambda: type("Device", (), {"platform": platform})())
   module = network.Transformer(dataclasses.replace(CFG, dtype="auto", attention_impl="xla", dropout_impl="xla"))
   enc, dec = jnp.ones((1, 8), jnp.int32), jnp.ones((1, 6), jnp.int32)

@@ -1,4 +1,5 @@
 """T5's schedules and Adafactor settings; nanoT5's AdamW with RMS scaling and its schedules."""
+
 import functools
 import math
 
@@ -53,6 +54,7 @@ def test_rsqrt_cooldown_is_t5s_schedule_then_a_linear_decay_to_zero():
 
 def test_rsqrt_cooldown_refuses_without_the_run_length():
   import pytest
+
   with pytest.raises(ValueError, match="total_steps"):
     optim.rsqrt_schedule(1.0, 300, cooldown_steps=1000)
   with pytest.raises(ValueError, match="total_steps"):
@@ -66,6 +68,7 @@ def test_rsqrt_cooldown_refuses_without_the_run_length():
 # The references below are independent of optim.py: PyTorch's schedulers stepped as nanoT5 steps them (their
 # recursive, chainable forms, with the closed form only where SequentialLR asks for it at the milestone), and a
 # float64 numpy loop of AdamWScale.step with torch's clip_grad_norm_ before it.
+
 
 def _torch_warmup_then(peak, warmup, total, final, decay, start_factor=0.5):
   """The rate of each scheduler epoch 0..total (nanoT5's update n uses epoch n - 1): SequentialLR of
@@ -98,32 +101,45 @@ def test_warmup_then_decay_schedules_give_nanot5s_rate_at_every_step(kind):
   ref = _torch_warmup_then(2e-2, 10_000, 65_536, 1e-5, kind)
   np.testing.assert_allclose(np.asarray(s(steps)), ref, rtol=2e-5, atol=1e-11)
   middle = 10_000 + (65_536 - 10_000) // 2
-  by_hand = {0: 1e-2, 5_000: 1.5e-2, 9_999: 1e-2 * (1 + 9_999 / 10_000), 10_000: 2e-2,
-             middle: (2e-2 + 1e-5) / 2, 65_536: 1e-5}
+  by_hand = {
+    0: 1e-2,
+    5_000: 1.5e-2,
+    9_999: 1e-2 * (1 + 9_999 / 10_000),
+    10_000: 2e-2,
+    middle: (2e-2 + 1e-5) / 2,
+    65_536: 1e-5,
+  }
   for step, want in by_hand.items():
     np.testing.assert_allclose(float(s(step)), want, rtol=1e-5, err_msg=f"step {step}")
   # the trainer's last update (step 2^16 - 1) is one step of the decay above the final rate
-  last = (1e-5 + (2e-2 - 1e-5) * (1 + math.cos(math.pi * 55_535 / 55_536)) / 2 if kind == "cosine"
-          else 1e-5 + (2e-2 - 1e-5) / 55_536)
+  last = (
+    1e-5 + (2e-2 - 1e-5) * (1 + math.cos(math.pi * 55_535 / 55_536)) / 2
+    if kind == "cosine"
+    else 1e-5 + (2e-2 - 1e-5) / 55_536
+  )
   np.testing.assert_allclose(float(s(65_535)), last, rtol=1e-4)
   assert float(s(65_535)) > 1e-5 and float(s(70_000)) == pytest.approx(1e-5)
   # a short one with another start factor: every step
   short = make(1.0, 7, 30, 0.1, warmup_start_factor=0.25)
-  np.testing.assert_allclose(np.asarray(short(np.arange(31))), _torch_warmup_then(1.0, 7, 30, 0.1, kind, 0.25),
-                             rtol=1e-5)
+  np.testing.assert_allclose(
+    np.asarray(short(np.arange(31))), _torch_warmup_then(1.0, 7, 30, 0.1, kind, 0.25), rtol=1e-5
+  )
 
 
 @pytest.mark.parametrize("make", [optim.cosine_schedule, optim.linear_schedule])
 def test_schedules_refuse_bad_arguments_by_name(make):
   name = make.__name__
-  for kwargs, argument in [(dict(warmup_steps=-1), "warmup_steps"), (dict(warmup_steps=10.5), "warmup_steps"),
-                           (dict(warmup_steps=100, total_steps=100), "total_steps"),
-                           (dict(warmup_steps=100, total_steps=50), "total_steps"),
-                           (dict(total_steps=-5, warmup_steps=0), "total_steps"),
-                           (dict(peak_learning_rate=0.0), "peak_learning_rate"),
-                           (dict(peak_learning_rate=1e-3, final_learning_rate=1e-2), "final_learning_rate"),
-                           (dict(final_learning_rate=-1e-5), "final_learning_rate"),
-                           (dict(warmup_start_factor=1.5), "warmup_start_factor")]:
+  for kwargs, argument in [
+    (dict(warmup_steps=-1), "warmup_steps"),
+    (dict(warmup_steps=10.5), "warmup_steps"),
+    (dict(warmup_steps=100, total_steps=100), "total_steps"),
+    (dict(warmup_steps=100, total_steps=50), "total_steps"),
+    (dict(total_steps=-5, warmup_steps=0), "total_steps"),
+    (dict(peak_learning_rate=0.0), "peak_learning_rate"),
+    (dict(peak_learning_rate=1e-3, final_learning_rate=1e-2), "final_learning_rate"),
+    (dict(final_learning_rate=-1e-5), "final_learning_rate"),
+    (dict(warmup_start_factor=1.5), "warmup_start_factor"),
+  ]:
     with pytest.raises(ValueError, match=rf"{name}: {argument} must be"):
       make(**kwargs)
   no_warmup = make(1.0, 0, 10, 0.0)  # no warmup: the decay starts at step 0
@@ -131,11 +147,17 @@ def test_schedules_refuse_bad_arguments_by_name(make):
 
 
 def test_adamw_scaled_refuses_bad_arguments_by_name():
-  for kwargs, argument in [(dict(b1=1.0), "b1"), (dict(b1=-0.1), "b1"), (dict(b2=1.5), "b2"),
-                           (dict(eps=-1e-8), "eps"), (dict(weight_decay=-0.1), "weight_decay"),
-                           (dict(clip_gradient_norm=-1.0), "clip_gradient_norm"),
-                           (dict(min_param_rms=-1.0), "min_param_rms"), (dict(learning_rate=-1e-3), "learning_rate"),
-                           (dict(no_decay="bias"), "no_decay")]:
+  for kwargs, argument in [
+    (dict(b1=1.0), "b1"),
+    (dict(b1=-0.1), "b1"),
+    (dict(b2=1.5), "b2"),
+    (dict(eps=-1e-8), "eps"),
+    (dict(weight_decay=-0.1), "weight_decay"),
+    (dict(clip_gradient_norm=-1.0), "clip_gradient_norm"),
+    (dict(min_param_rms=-1.0), "min_param_rms"),
+    (dict(learning_rate=-1e-3), "learning_rate"),
+    (dict(no_decay="bias"), "no_decay"),
+  ]:
     with pytest.raises(ValueError, match=rf"adamw_scaled: {argument} must be"):
       optim.adamw_scaled(**kwargs)
 
@@ -144,8 +166,9 @@ def _rms(x):
   return float(np.sqrt(np.mean(np.square(np.asarray(x, np.float64)))))
 
 
-def _adamw_scale_reference(params, grads, lrs, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.0, clip=None,
-                           decays=lambda name: True, floor=1e-3):
+def _adamw_scale_reference(
+  params, grads, lrs, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.0, clip=None, decays=lambda name: True, floor=1e-3
+):
   """nanoT5's AdamWScale.step in float64 numpy over {name: array}, after torch's clip_grad_norm_ when `clip`."""
   p = {k: np.asarray(v, np.float64).copy() for k, v in params.items()}
   m = {k: np.zeros_like(v) for k, v in p.items()}
@@ -159,7 +182,7 @@ def _adamw_scale_reference(params, grads, lrs, b1=0.9, b2=0.999, eps=1e-6, weigh
       m[k] = b1 * m[k] + (1 - b1) * g[k]
       v[k] = b2 * v[k] + (1 - b2) * g[k] * g[k]
       denom = np.sqrt(v[k]) + eps
-      step_size = lr * math.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+      step_size = lr * math.sqrt(1 - b2**t) / (1 - b1**t)
       step_size *= max(floor, float(np.linalg.norm(p[k].ravel())) / math.sqrt(p[k].size))
       p[k] = p[k] - step_size * m[k] / denom
       if weight_decay > 0 and decays(k):
@@ -183,10 +206,13 @@ def _problem(seed=0, steps=6):
   """Parameters at several scales (one under the 1e-3 RMS floor), a norm scale and a bias (no weight decay), and
   gradients of which one parameter's are tiny (where the placement of eps shows)."""
   rng = np.random.default_rng(seed)
-  params = {"dense": {"kernel": rng.normal(0, 0.5, (8, 6))}, "big": {"kernel": rng.normal(0, 3.0, (4, 5))},
-            "small": {"kernel": rng.normal(0, 1e-5, (3, 4))},
-            "pre_mlp_layer_norm": {"scale": 1 + rng.normal(0, 0.1, 6)},
-            "out": {"bias": rng.normal(0, 0.2, 5)}}
+  params = {
+    "dense": {"kernel": rng.normal(0, 0.5, (8, 6))},
+    "big": {"kernel": rng.normal(0, 3.0, (4, 5))},
+    "small": {"kernel": rng.normal(0, 1e-5, (3, 4))},
+    "pre_mlp_layer_norm": {"scale": 1 + rng.normal(0, 0.1, 6)},
+    "out": {"bias": rng.normal(0, 0.2, 5)},
+  }
   params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
   grads = []
   for _ in range(steps):
@@ -200,11 +226,17 @@ def _problem(seed=0, steps=6):
 def test_adamw_scaled_is_nanot5s_adamwscale(weight_decay, clip):
   params, grads = _problem()
   schedule = optim.cosine_schedule(0.05, 2, 6, 1e-3)
-  lrs = _torch_warmup_then(0.05, 2, 6, 1e-3, "cosine")[:len(grads)]
+  lrs = _torch_warmup_then(0.05, 2, 6, 1e-3, "cosine")[: len(grads)]
   got = _flat(_run(optim.adamw_scaled(schedule, weight_decay=weight_decay, clip_gradient_norm=clip), params, grads))
   flat_params = _flat(params)
-  want = _adamw_scale_reference(flat_params, [_flat(g) for g in grads], lrs, weight_decay=weight_decay, clip=clip,
-                                decays=lambda k: "bias" not in k and "norm" not in k)
+  want = _adamw_scale_reference(
+    flat_params,
+    [_flat(g) for g in grads],
+    lrs,
+    weight_decay=weight_decay,
+    clip=clip,
+    decays=lambda k: "bias" not in k and "norm" not in k,
+  )
   for k in want:
     moved = np.asarray(got[k], np.float64) - np.asarray(flat_params[k], np.float64)
     want_moved = want[k] - flat_params[k]
@@ -227,16 +259,20 @@ def test_adamw_scaled_scales_each_parameters_step_by_its_rms():
   # optax.scale_by_adam puts eps inside the bias correction: not nanoT5's rule, and the tiny gradients show it
   params, grads = _problem()
   ours = _run(optim.adamw_scaled(1e-2, clip_gradient_norm=None), params, grads)
-  optax_adam = optax.chain(optax.scale_by_adam(eps=1e-6), optax.scale_by_param_block_rms(1e-3),
-                           optax.scale_by_learning_rate(1e-2))
+  optax_adam = optax.chain(
+    optax.scale_by_adam(eps=1e-6), optax.scale_by_param_block_rms(1e-3), optax.scale_by_learning_rate(1e-2)
+  )
   theirs = _run(optax_adam, params, grads)
   moved = lambda p: np.asarray(p["big"]["kernel"]) - np.asarray(params["big"]["kernel"])
   assert not np.allclose(moved(ours), moved(theirs), rtol=1e-2)
 
 
 def test_adamw_scaled_weight_decay_scales_the_stepped_parameter_and_spares_norms_and_biases():
-  params = {"dense": {"kernel": jnp.full((3, 4), 2.0)}, "layer_norm": {"scale": jnp.ones(4)},
-            "dense_b": {"bias": jnp.full((4,), 0.5)}}
+  params = {
+    "dense": {"kernel": jnp.full((3, 4), 2.0)},
+    "layer_norm": {"scale": jnp.ones(4)},
+    "dense_b": {"bias": jnp.full((4,), 0.5)},
+  }
   grads = jax.tree.map(jnp.ones_like, params)
   lr, wd = 0.5, 0.2
   plain = optim.adamw_scaled(lr, clip_gradient_norm=None)
@@ -254,9 +290,13 @@ def test_layerwise_adamw_scaled_steps_each_layer_slice_as_its_own_parameter():
   moves, RMS per slice and gradients clipped over the whole model."""
   rng = np.random.default_rng(2)
   scales = (0.1, 2.0, 1e-5)  # the last layer under the RMS floor
-  stacked = {"encoder": {"layers": {"mlp": {"kernel": np.stack([rng.normal(0, s, (4, 5)) for s in scales])}},
-                         "encoder_norm": {"scale": np.ones(5)}},
-             "token_embedder": {"embedding": rng.normal(0, 1, (7, 5))}}
+  stacked = {
+    "encoder": {
+      "layers": {"mlp": {"kernel": np.stack([rng.normal(0, s, (4, 5)) for s in scales])}},
+      "encoder_norm": {"scale": np.ones(5)},
+    },
+    "token_embedder": {"embedding": rng.normal(0, 1, (7, 5))},
+  }
   stacked = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), stacked)
   grads = [jax.tree.map(lambda x: jnp.asarray(rng.normal(0, 3.0, x.shape), jnp.float32), stacked) for _ in range(4)]
 
@@ -272,9 +312,9 @@ def test_layerwise_adamw_scaled_steps_each_layer_slice_as_its_own_parameter():
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-9), unroll(scanned), unrolled)
   # without `layerwise` the stack's RMS would mix the layers
   mixed = _run(make(), stacked, grads)
-  assert not np.allclose(unroll(mixed)["encoder"]["layers_0"]["mlp"]["kernel"],
-                         unrolled["encoder"]["layers_0"]["mlp"]["kernel"], rtol=1e-3)
-
+  assert not np.allclose(
+    unroll(mixed)["encoder"]["layers_0"]["mlp"]["kernel"], unrolled["encoder"]["layers_0"]["mlp"]["kernel"], rtol=1e-3
+  )
 
 
 @pytest.mark.parametrize("scan", [False, True])
@@ -284,9 +324,21 @@ def test_adamw_scaled_moments_shard_like_their_parameters(scan):
   from jax.sharding import PartitionSpec as P
   from remixer_t5.model import models, network
   from remixer_t5.training import partitioning
-  model = models.EncoderDecoderModel(network.Transformer(network.T5Config(
-      vocab_size=64, emb_dim=16, num_heads=4, head_dim=8, mlp_dim=32, num_encoder_layers=2, num_decoder_layers=2,
-      scan_layers=scan)))
+
+  model = models.EncoderDecoderModel(
+    network.Transformer(
+      network.T5Config(
+        vocab_size=64,
+        emb_dim=16,
+        num_heads=4,
+        head_dim=8,
+        mlp_dim=32,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        scan_layers=scan,
+      )
+    )
+  )
   shapes = {"encoder_input_tokens": (1, 8), "decoder_input_tokens": (1, 4), "decoder_target_tokens": (1, 4)}
   v = jax.eval_shape(lambda: model.init_variables(jax.random.PRNGKey(0), shapes))
   part = partitioning.partitioner((2, 4), rules="fsdp", abstract=True)
@@ -300,29 +352,43 @@ def test_adamw_scaled_moments_shard_like_their_parameters(scan):
   for adam in adams:
     assert adam.count.spec == P()
     for moment in (adam.mu, adam.nu):
-      both = jax.tree_util.tree_leaves(jax.tree.map(lambda m, s: (m, s), moment, sh,
-                                                    is_leaf=lambda x: isinstance(x, optax.MaskedNode)),
-                                       is_leaf=lambda x: isinstance(x, tuple))
+      both = jax.tree_util.tree_leaves(
+        jax.tree.map(lambda m, s: (m, s), moment, sh, is_leaf=lambda x: isinstance(x, optax.MaskedNode)),
+        is_leaf=lambda x: isinstance(x, tuple),
+      )
       placed = [(m, s) for m, s in both if not isinstance(m, optax.MaskedNode)]
       assert placed and all(m.spec == s.spec for m, s in placed)
   wi = ("encoder", "layers" if scan else "layers_0", "mlp", "wi_0", "kernel")
   assert functools.reduce(lambda t, k: t[k], wi, sh).spec != P()  # fsdp does split it
+
 
 def test_pretrain_nanot5_gin_trains_a_tiny_model(tmp_path, monkeypatch, embedded_cache):
   """runs/pretrain_nanot5.gin on the embedded corpus (a tiny model, short sequences, 40 steps): the loss falls and
   the logged rate is the cosine schedule's."""
   import json
   from remixer_t5 import cli
+
   monkeypatch.setenv("REMIXER_T5_CACHE_DIR", str(embedded_cache.root))
   steps, warmup, log = 40, 4, 5
-  code = cli.main(["train", "--gin_file=models/t5_1_1/tiny.gin", "--gin_file=runs/pretrain_nanot5.gin",
-                   "--gin.MIXTURE_OR_TASK_NAME='embedded_span_corruption'",
-                   "--gin.TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 16}", "--gin.BATCH_SIZE=8",
-                   f"--gin.TRAIN_STEPS={steps}", f"--gin.LOG_PERIOD={log}", "--gin.EVAL_PERIOD=0",
-                   f"--gin.CHECKPOINT_PERIOD={steps}", "--gin.EVAL_STEPS=1",
-                   f"--gin.optim.cosine_schedule.warmup_steps={warmup}",
-                   "--gin.network.T5Config.emb_dim=32", "--gin.network.T5Config.mlp_dim=48",
-                   f"--gin.MODEL_DIR='{tmp_path / 'run'}'"])
+  code = cli.main(
+    [
+      "train",
+      "--gin_file=models/t5_1_1/tiny.gin",
+      "--gin_file=runs/pretrain_nanot5.gin",
+      "--gin.MIXTURE_OR_TASK_NAME='embedded_span_corruption'",
+      "--gin.TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 16}",
+      "--gin.BATCH_SIZE=8",
+      f"--gin.TRAIN_STEPS={steps}",
+      f"--gin.LOG_PERIOD={log}",
+      "--gin.EVAL_PERIOD=0",
+      f"--gin.CHECKPOINT_PERIOD={steps}",
+      "--gin.EVAL_STEPS=1",
+      f"--gin.optim.cosine_schedule.warmup_steps={warmup}",
+      "--gin.network.T5Config.emb_dim=32",
+      "--gin.network.T5Config.mlp_dim=48",
+      f"--gin.MODEL_DIR='{tmp_path / 'run'}'",
+    ]
+  )
   assert code == 0
   rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
   train = [r for r in rows if r["split"] == "train"]
@@ -331,7 +397,7 @@ def test_pretrain_nanot5_gin_trains_a_tiny_model(tmp_path, monkeypatch, embedded
   assert train[-1]["loss"] < 0.8 * train[0]["loss"], [r["loss"] for r in train]
   lrs = _torch_warmup_then(2e-2, warmup, steps, 1e-5, "cosine")
   for r in train:  # each row: the mean rate of its window's updates
-    np.testing.assert_allclose(r["learning_rate"], lrs[r["step"] - log:r["step"]].mean(), rtol=1e-4)
+    np.testing.assert_allclose(r["learning_rate"], lrs[r["step"] - log : r["step"]].mean(), rtol=1e-4)
 
 
 def test_adafactor_clips_a_scanned_stack_by_the_whole_models_norm():
@@ -341,8 +407,13 @@ def test_adafactor_clips_a_scanned_stack_by_the_whole_models_norm():
   rng = np.random.default_rng(0)
   stacked = {"layers": jnp.asarray(rng.normal(size=(3, 4, 5)), jnp.float32), "out": jnp.ones((5,), jnp.float32)}
   scales = np.array([1.0, 10.0, 0.1])[:, None, None]  # per layer: the slices' own norms differ
-  grads = [{"layers": jnp.asarray(rng.normal(size=(3, 4, 5)) * s * scales, jnp.float32),
-            "out": jnp.asarray(rng.normal(size=(5,)), jnp.float32)} for s in (1.0, 0.01)]
+  grads = [
+    {
+      "layers": jnp.asarray(rng.normal(size=(3, 4, 5)) * s * scales, jnp.float32),
+      "out": jnp.asarray(rng.normal(size=(5,)), jnp.float32),
+    }
+    for s in (1.0, 0.01)
+  ]
   unroll = lambda t: {**{f"l{i}": t["layers"][i] for i in range(3)}, "out": t["out"]}
   make = lambda: optim.adafactor(optim.constant_schedule(1e-2), clip_gradient_norm=1.0)
   got = _run(optim.layerwise(make(), stacked=lambda path: getattr(path[0], "key", None) == "layers"), stacked, grads)

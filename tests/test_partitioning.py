@@ -1,5 +1,6 @@
 """Rule sets, presets, divisibility fallback, Adafactor state shardings and `info --show-sharding` (1 CPU device,
 abstract meshes); real sharding and FSDP training on 8 CPU devices in one subprocess."""
+
 import functools
 import logging
 import subprocess
@@ -18,20 +19,36 @@ from remixer_t5.training import optim, partitioning
 
 # t5x standard_logical_axis_rules (t5x/partitioning.py) for activation_partitioning_dims=1 and
 # parameter_partitioning_dims 1 and 2, copied as the reference.
-T5X_1D = [("batch", "data"), ("vocab", "model"), ("embed", None), ("mlp", "model"), ("heads", "model"),
-          ("kv", None), ("joined_kv", "model")]
-T5X_2D = [("batch", "data"), ("vocab", "model"), ("mlp", "model"), ("heads", "model"), ("kv", None),
-          ("joined_kv", "model"), ("embed", "data")]
+T5X_1D = [
+  ("batch", "data"),
+  ("vocab", "model"),
+  ("embed", None),
+  ("mlp", "model"),
+  ("heads", "model"),
+  ("kv", None),
+  ("joined_kv", "model"),
+]
+T5X_2D = [
+  ("batch", "data"),
+  ("vocab", "model"),
+  ("mlp", "model"),
+  ("heads", "model"),
+  ("kv", None),
+  ("joined_kv", "model"),
+  ("embed", "data"),
+]
 T5X_REPLICATED = [("relpos_buckets", None), ("length", None)]
 
 # Which mesh axis each rule kind gives a parameter axis (the module docstring's table, written out).
-SHARDED = {"data": {}, "data_model": {"vocab": "model", "mlp": "model", "heads": "model", "joined_kv": "model"},
-           "fsdp": {"vocab": "model", "mlp": "model", "heads": "model", "joined_kv": "model", "embed": "data"}}
+SHARDED = {
+  "data": {},
+  "data_model": {"vocab": "model", "mlp": "model", "heads": "model", "joined_kv": "model"},
+  "fsdp": {"vocab": "model", "mlp": "model", "heads": "model", "joined_kv": "model", "embed": "data"},
+}
 
 
 def tiny(**kw):
-  cfg = dict(vocab_size=64, emb_dim=16, num_heads=4, head_dim=8, mlp_dim=32, num_encoder_layers=1,
-             num_decoder_layers=1)
+  cfg = dict(vocab_size=64, emb_dim=16, num_heads=4, head_dim=8, mlp_dim=32, num_encoder_layers=1, num_decoder_layers=1)
   cfg.update(kw)
   return models.EncoderDecoderModel(network.Transformer(network.T5Config(**cfg)))
 
@@ -41,18 +58,25 @@ def abstract_variables(model):
   return jax.eval_shape(lambda r: model.init_variables(r, shapes), jax.random.PRNGKey(0))
 
 
-@pytest.mark.parametrize("kind,reference", [("data_model", T5X_1D + T5X_REPLICATED),
-                                            ("fsdp", T5X_2D + T5X_REPLICATED)])
+@pytest.mark.parametrize("kind,reference", [("data_model", T5X_1D + T5X_REPLICATED), ("fsdp", T5X_2D + T5X_REPLICATED)])
 def test_rule_sets_place_t5x_axes_as_t5x_does(kind, reference):
   rules = partitioning.logical_rules(kind)
-  for names in [("embed", "mlp"), ("mlp", "embed"), ("vocab", "embed"), ("embed", "joined_kv"),
-                ("heads", "relpos_buckets"), ("batch", "length", "embed"), ("batch", "length", "heads", "kv"),
-                ("embed",)]:
+  for names in [
+    ("embed", "mlp"),
+    ("mlp", "embed"),
+    ("vocab", "embed"),
+    ("embed", "joined_kv"),
+    ("heads", "relpos_buckets"),
+    ("batch", "length", "embed"),
+    ("batch", "length", "heads", "kv"),
+    ("embed",),
+  ]:
     assert flax_spec(names, rules) == flax_spec(names, tuple(reference)), names
 
 
 def flax_spec(names, rules):
   from flax import linen as nn
+
   return nn.logical_to_mesh_axes(names, rules)
 
 
@@ -104,9 +128,9 @@ def test_indivisible_dimensions_fall_back_to_replicated_and_are_logged(caplog):
   mesh = part.mesh
   with caplog.at_level(logging.WARNING, logger="remixer_t5.training.partitioning"):
     sh = part.param_shardings(v["params_axes"], params=v["params"])
-  assert sh["token_embedder"]["embedding"].spec == P(None, None)              # (vocab 66, embed 9)
+  assert sh["token_embedder"]["embedding"].spec == P(None, None)  # (vocab 66, embed 9)
   assert sh["encoder"]["relpos_bias"]["rel_embedding"].spec == P(None, None)  # (heads 3, buckets)
-  assert sh["encoder"]["layers_0"]["mlp"]["wi_0"]["kernel"].spec == P(None, "model")    # (9, 32)
+  assert sh["encoder"]["layers_0"]["mlp"]["wi_0"]["kernel"].spec == P(None, "model")  # (9, 32)
   assert sh["encoder"]["layers_0"]["attention"]["query"]["kernel"].spec == P(None, "model")  # (9, 24)
   assert "['token_embedder']['embedding']" in caplog.text and "['encoder']['relpos_bias']" in caplog.text
   for s, p in zip(jax.tree_util.tree_leaves(sh), jax.tree_util.tree_leaves(v["params"])):
@@ -125,14 +149,19 @@ def test_adafactor_factored_statistics_shard_like_their_parameter():
   sh = part.param_shardings(v["params_axes"], params=v["params"])
   state = jax.eval_shape(tx.init, v["params"])
   opt = part.opt_state_shardings(state, v["params"], sh)
-  factored = lambda t: [x for x in jax.tree_util.tree_leaves(t, is_leaf=lambda x: isinstance(x, FactoredState))
-                        if isinstance(x, FactoredState)]
+  factored = lambda t: [
+    x
+    for x in jax.tree_util.tree_leaves(t, is_leaf=lambda x: isinstance(x, FactoredState))
+    if isinstance(x, FactoredState)
+  ]
   (fstate,), (fsh,) = factored(state), factored(opt)
   get = lambda t, *path: functools.reduce(lambda a, k: a[k], path, t)
   # Reference: optax averages v_row over the parameter's largest axis, v_col over the other one.
-  cases = {("encoder", "layers_0", "mlp", "wi_0", "kernel"): ((16,), P("data"), (32,), P("model")),  # (16, 32)
-           ("encoder", "layers_0", "mlp", "wo", "kernel"): ((16,), P("data"), (32,), P("model")),    # (32, 16)
-           ("token_embedder", "embedding"): ((16,), P("data"), (64,), P("model"))}                  # (64, 16)
+  cases = {
+    ("encoder", "layers_0", "mlp", "wi_0", "kernel"): ((16,), P("data"), (32,), P("model")),  # (16, 32)
+    ("encoder", "layers_0", "mlp", "wo", "kernel"): ((16,), P("data"), (32,), P("model")),  # (32, 16)
+    ("token_embedder", "embedding"): ((16,), P("data"), (64,), P("model")),
+  }  # (64, 16)
   for path, (row_shape, row_spec, col_shape, col_spec) in cases.items():
     assert get(fstate.v_row, *path).shape == row_shape and get(fsh.v_row, *path).spec == row_spec, path
     assert get(fstate.v_col, *path).shape == col_shape and get(fsh.v_col, *path).spec == col_spec, path
@@ -160,8 +189,9 @@ def test_layerwise_adafactor_statistics_of_a_scanned_stack_shard_like_their_para
   assert get(fstate.v_row, *wi).shape == (2, 16) and get(fsh.v_row, *wi).spec == P(None, "data")
   assert get(fstate.v_col, *wi).shape == (2, 32) and get(fsh.v_col, *wi).spec == P(None, "model")
   # Leaves owned by the other branch stay masked in both trees.
-  assert isinstance(get(fsh.v_row, "token_embedder", "embedding"), type(get(fstate.v_row, "token_embedder",
-                                                                                "embedding")))
+  assert isinstance(
+    get(fsh.v_row, "token_embedder", "embedding"), type(get(fstate.v_row, "token_embedder", "embedding"))
+  )
   assert jax.tree_util.tree_structure(opt) == jax.tree_util.tree_structure(state)
 
 
@@ -179,32 +209,47 @@ def test_show_sharding_for_tpu_v3_32_needs_no_devices():
   v = abstract_variables(model)
   names = partitioning.logical_axes(v["params_axes"])
   total = per_device = 0
-  for p, n in zip(jax.tree_util.tree_leaves(v["params"]), jax.tree_util.tree_leaves(names, is_leaf=lambda x:
-                                                                                   isinstance(x, P))):
+  for p, n in zip(
+    jax.tree_util.tree_leaves(v["params"]), jax.tree_util.tree_leaves(names, is_leaf=lambda x: isinstance(x, P))
+  ):
     total += 4 * int(np.prod(p.shape))
     per_device += 4 * int(np.prod(p.shape)) // (32 if "embed" in tuple(n) else 1)
-  assert f"params: {total / 2 ** 20:,.2f} MiB ({total:,} bytes) in all, {per_device / 2 ** 20:,.2f} MiB " \
-         f"({per_device:,} bytes) per device" in out
+  assert (
+    f"params: {total / 2**20:,.2f} MiB ({total:,} bytes) in all, {per_device / 2**20:,.2f} MiB "
+    f"({per_device:,} bytes) per device" in out
+  )
   assert "optimizer state:" in out
 
 
 def test_partitioning_gin_files_bind_the_trainer_mesh():
   import gin
   from remixer_t5 import gin_utils
-  expect = {"data_parallel": (None, "data"), "data_model": (None, "data_model"), "fsdp": (None, "fsdp"),
-            "tpu_v3_8": ((8, 1), "fsdp"), "tpu_v3_8_large": ((8, 1), "fsdp"), "tpu_v3_32": ((32, 1), "fsdp"),
-            "tpu_v3_128": ((128, 1), "fsdp"), "tpu_v3_128_xl": ((32, 4), "fsdp"), "gpu_8": ((8, 1), "fsdp")}
+
+  expect = {
+    "data_parallel": (None, "data"),
+    "data_model": (None, "data_model"),
+    "fsdp": (None, "fsdp"),
+    "tpu_v3_8": ((8, 1), "fsdp"),
+    "tpu_v3_8_large": ((8, 1), "fsdp"),
+    "tpu_v3_32": ((32, 1), "fsdp"),
+    "tpu_v3_128": ((128, 1), "fsdp"),
+    "tpu_v3_128_xl": ((32, 4), "fsdp"),
+    "gpu_8": ((8, 1), "fsdp"),
+  }
   for name, (shape, kind) in expect.items():
-    gin_utils.parse_gin(["models/t5_1_1/tiny.gin", "runs/pretrain.gin", f"partitioning/{name}.gin"],
-                        ["MODEL_DIR='/tmp/unused'"])
+    gin_utils.parse_gin(
+      ["models/t5_1_1/tiny.gin", "runs/pretrain.gin", f"partitioning/{name}.gin"], ["MODEL_DIR='/tmp/unused'"]
+    )
     spec = gin.query_parameter("run_config.Training.mesh").scoped_configurable_fn()
     plan, rules = partitioning.mesh_plan(1, spec, None)
     assert (shape is None or plan == shape) and partitioning.rules_kind(rules) == kind, name
     # Only the large-model file turns rematerialisation on (it does not fit a v3-8 core without it).
     remat = gin.query_parameter("network.T5Config.remat_policy") if name == "tpu_v3_8_large" else None
     assert remat == ("full" if name == "tpu_v3_8_large" else None), name
-  gin_utils.parse_gin(["models/t5_1_1/tiny.gin", "runs/pretrain.gin", "partitioning/tpu_v3_128.gin",
-                       "partitioning/data_parallel.gin"], ["MODEL_DIR='/tmp/unused'"])
+  gin_utils.parse_gin(
+    ["models/t5_1_1/tiny.gin", "runs/pretrain.gin", "partitioning/tpu_v3_128.gin", "partitioning/data_parallel.gin"],
+    ["MODEL_DIR='/tmp/unused'"],
+  )
   plan, rules = partitioning.mesh_plan(1, gin.query_parameter("run_config.Training.mesh").scoped_configurable_fn())
   assert plan == (128, 1) and partitioning.rules_kind(rules) == "data"
   gin.clear_config()
@@ -315,12 +360,16 @@ def test_meshes_rule_kinds_and_fsdp_training_on_8_devices():
 
 def test_batch_shards_follow_the_rules_and_bad_batches_are_named():
   from jax.sharding import AbstractMesh, AxisType
+
   mesh = AbstractMesh((32, 4), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
-  assert partitioning.batch_shards(mesh, "fsdp") == 32           # batch over 'data' only
+  assert partitioning.batch_shards(mesh, "fsdp") == 32  # batch over 'data' only
   assert partitioning.batch_shards(mesh, "data_model") == 32
-  assert partitioning.batch_shards(mesh, "data") == 128          # batch over every device
+  assert partitioning.batch_shards(mesh, "data") == 128  # batch over every device
   partitioning.check_batch_size(128, mesh, "data")
   partitioning.check_batch_size(96, mesh, "fsdp")
-  with pytest.raises(ValueError, match=r"BATCH_SIZE=96 does not split .*'data' rules place the batch on 128 "
-                                       r"devices.*multiple of 128"):
+  with pytest.raises(
+    ValueError,
+    match=r"BATCH_SIZE=96 does not split .*'data' rules place the batch on 128 "
+    r"devices.*multiple of 128",
+  ):
     partitioning.check_batch_size(96, mesh, "data")

@@ -1,4 +1,5 @@
 """pNLP-Mixer projection (Fusco et al. 2022 §3.1-3.2): MinHash fingerprints, word minima, Bloom counts."""
+
 import functools
 import hashlib
 import os
@@ -17,13 +18,45 @@ from remixer_t5.model import projection as pj
 from remixer_t5.model.mixers import base
 from remixer_t5.model.network import T5Config
 
-CFG = T5Config(vocab_size=32, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=24, num_encoder_layers=1,
-               num_decoder_layers=1)
+CFG = T5Config(
+  vocab_size=32, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=24, num_encoder_layers=1, num_decoder_layers=1
+)
 N, M = 16, 64  # hashes, Bloom filter size (small for tests)
 # A 32-piece SentencePiece-style vocabulary: specials, word starts ('▁...') and continuations.
-PIECES = ["<pad>", "</s>", "<unk>", "▁", "▁Bring", "ing", "▁the", "▁a", "s", "▁unbeliev", "able",
-          "▁things", "▁ing", "ed", "▁re", "read", "▁cat", "▁dog", "▁ca", "t", "▁x", "y", "z", "▁hello",
-          "▁world", "er", "▁walk", "▁talk", "ly", "<extra_id_1>", "<extra_id_0>", "▁Bringing"]
+PIECES = [
+  "<pad>",
+  "</s>",
+  "<unk>",
+  "▁",
+  "▁Bring",
+  "ing",
+  "▁the",
+  "▁a",
+  "s",
+  "▁unbeliev",
+  "able",
+  "▁things",
+  "▁ing",
+  "ed",
+  "▁re",
+  "read",
+  "▁cat",
+  "▁dog",
+  "▁ca",
+  "t",
+  "▁x",
+  "y",
+  "z",
+  "▁hello",
+  "▁world",
+  "er",
+  "▁walk",
+  "▁talk",
+  "ly",
+  "<extra_id_1>",
+  "<extra_id_0>",
+  "▁Bringing",
+]
 assert len(PIECES) == CFG.vocab_size
 T5_VOCAB = Path(__file__).resolve().parents[2] / "shared" / "vocab" / "t5_cc_all_32000" / "sentencepiece.model"
 
@@ -37,8 +70,9 @@ def string_hashes(s: str, num_hashes: int, seed: int = 0) -> np.ndarray:
   return np.array([(int(ai) * g + int(bi)) % pj.PRIME for ai, bi in zip(a, b)], np.int64)
 
 
-def word_fingerprints(ids: np.ndarray, fingerprints: np.ndarray, pieces: Sequence[str],
-                      segment_ids: np.ndarray | None = None) -> np.ndarray:
+def word_fingerprints(
+  ids: np.ndarray, fingerprints: np.ndarray, pieces: Sequence[str], segment_ids: np.ndarray | None = None
+) -> np.ndarray:
   """[..., n]: at each position the fingerprint of its word, the element-wise min over the word's pieces.
 
   `ids` is [len] or [batch, len] (0 = padding). A word starts at a non-continuation piece, after a special
@@ -54,8 +88,15 @@ def word_fingerprints(ids: np.ndarray, fingerprints: np.ndarray, pieces: Sequenc
   for r, row in enumerate(ids):
     begin = 0
     for i in range(len(row) + 1):
-      boundary = i == len(row) or i == 0 or starts[row[i]] or alone[row[i - 1]] or row[i] == 0 or (
-          row[i - 1] == 0) or (segment_ids is not None and segment_ids[r][i] != segment_ids[r][i - 1])
+      boundary = (
+        i == len(row)
+        or i == 0
+        or starts[row[i]]
+        or alone[row[i - 1]]
+        or row[i] == 0
+        or (row[i - 1] == 0)
+        or (segment_ids is not None and segment_ids[r][i] != segment_ids[r][i - 1])
+      )
       if boundary and i > begin:
         out[r, begin:i] = fingerprints[row[begin:i]].min(axis=0)
         begin = i
@@ -89,7 +130,7 @@ def naive_fingerprint(piece, num_hashes, seed):
     grams = ["##" + piece]
   else:
     text = piece[1:]
-    grams = [text[i:i + 3] for i in range(len(text) - 2)] or [text or piece]
+    grams = [text[i : i + 3] for i in range(len(text) - 2)] or [text or piece]
   best = [None] * num_hashes
   for g in grams:
     h = string_hashes(g, num_hashes, seed)
@@ -100,8 +141,9 @@ def naive_fingerprint(piece, num_hashes, seed):
 
 def test_hash_family_is_fixed_and_unsalted():
   """h_i follows its documented definition (keyed BLAKE2b + universal hashing mod 2^31-1)."""
-  g = int.from_bytes(hashlib.blake2b("ing".encode(), digest_size=8, person=b"remixer-minhash").digest(),
-                     "little") % (2**31 - 1)
+  g = int.from_bytes(hashlib.blake2b("ing".encode(), digest_size=8, person=b"remixer-minhash").digest(), "little") % (
+    2**31 - 1
+  )
   d = hashlib.blake2b(b"7/3", digest_size=16, person=b"minhash-coeffs").digest()
   a = 1 + int.from_bytes(d[:8], "little") % (2**31 - 2)
   b = int.from_bytes(d[8:], "little") % (2**31 - 1)
@@ -122,18 +164,26 @@ def test_fingerprints_are_min_over_trigrams_and_deterministic():
 
 def test_deterministic_across_processes():
   """A fresh interpreter with another PYTHONHASHSEED builds the same fingerprints."""
-  code = ("import sys; from remixer_t5.model import projection as pj; "
-          f"sys.stdout.write(str(pj.minhash_fingerprints({PIECES!r}, 8, 5).sum(axis=0).tolist()))")
+  code = (
+    "import sys; from remixer_t5.model import projection as pj; "
+    f"sys.stdout.write(str(pj.minhash_fingerprints({PIECES!r}, 8, 5).sum(axis=0).tolist()))"
+  )
   env = dict(os.environ, PYTHONHASHSEED="12345", JAX_PLATFORMS="cpu")
-  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True,
-                       cwd=Path(__file__).resolve().parents[1])
+  out = subprocess.run(
+    [sys.executable, "-c", code],
+    capture_output=True,
+    text=True,
+    env=env,
+    check=True,
+    cwd=Path(__file__).resolve().parents[1],
+  )
   assert out.stdout == str(pj.minhash_fingerprints(PIECES, 8, 5).sum(axis=0).tolist())
 
 
 def test_continuations_are_hashed_whole():
   fp = pj.minhash_fingerprints(["ing", "▁ing", "able", "▁Bring"], N)
-  np.testing.assert_array_equal(fp[0], string_hashes("##ing", N))      # one hash of the whole piece
-  np.testing.assert_array_equal(fp[1], string_hashes("ing", N))        # the word "ing": its one trigram
+  np.testing.assert_array_equal(fp[0], string_hashes("##ing", N))  # one hash of the whole piece
+  np.testing.assert_array_equal(fp[1], string_hashes("ing", N))  # the word "ing": its one trigram
   np.testing.assert_array_equal(fp[2], string_hashes("##able", N))
   assert not np.array_equal(fp[0], fp[1])
   # Trigram sharing is what makes similar words similar: "▁Bring" contains the trigram "ing".
@@ -145,8 +195,17 @@ def test_word_fingerprint_is_elementwise_min_over_its_pieces():
   ids = np.array([4, 5, 9, 10, 8, 6, 19, 1, 5, 30, 5, 0, 0])  # Bring|ing unbeliev|able|s the t </s> ing ...
   fp = table().fingerprints
   words = word_fingerprints(ids, fp, PIECES)
-  expect = {(0, 2): [4, 5], (2, 5): [9, 10, 8], (5, 7): [6, 19], (7, 8): [1], (8, 9): [5], (9, 10): [30],
-            (10, 11): [5], (11, 12): [0], (12, 13): [0]}
+  expect = {
+    (0, 2): [4, 5],
+    (2, 5): [9, 10, 8],
+    (5, 7): [6, 19],
+    (7, 8): [1],
+    (8, 9): [5],
+    (9, 10): [30],
+    (10, 11): [5],
+    (11, 12): [0],
+    (12, 13): [0],
+  }
   for (lo, hi), members in expect.items():
     want = np.min(fp[members], axis=0)
     for i in range(lo, hi):
@@ -183,8 +242,9 @@ def ctx_for(mask, segment_ids=None, causal=False):
   mask = jnp.asarray(mask, jnp.float32)
   pos = jnp.broadcast_to(jnp.arange(mask.shape[1], dtype=jnp.int32)[None], mask.shape)
   seg = None if segment_ids is None else jnp.asarray(segment_ids, jnp.int32)
-  return base.MixerContext(q_mask=mask, kv_mask=mask, q_positions=pos, kv_positions=pos, q_segment_ids=seg,
-                           kv_segment_ids=seg, causal=causal)
+  return base.MixerContext(
+    q_mask=mask, kv_mask=mask, q_positions=pos, kv_positions=pos, q_segment_ids=seg, kv_segment_ids=seg, causal=causal
+  )
 
 
 def make(**kw):
@@ -227,8 +287,7 @@ def test_module_matches_numpy_bottleneck_and_has_axes():
     f = f * real[:, None]
     for i in np.flatnonzero(real):
       ctx_f = [f[j] if 0 <= j < len(f) and real[j] else np.zeros_like(f[0]) for j in (i - 1, i, i + 1)]
-      h = np.concatenate(ctx_f) @ np.asarray(p["bottleneck"]["kernel"], np.float64) + np.asarray(
-          p["bottleneck_bias"])
+      h = np.concatenate(ctx_f) @ np.asarray(p["bottleneck"]["kernel"], np.float64) + np.asarray(p["bottleneck_bias"])
       h = np.where(h > 0, h, 0.01 * h)
       h = (h - h.mean()) / np.sqrt(h.var() + CFG.layer_norm_epsilon)
       np.testing.assert_allclose(got[r, i], h, rtol=1e-4, atol=1e-4)
@@ -314,6 +373,7 @@ def test_defaults_are_the_papers_and_base_configs_resolve_the_vocabulary_locally
   # small/base read T5's vocabulary the way every other config does ($REMIXER_T5_VOCAB, else GCS), not a
   # hard-coded gs:// path.
   from remixer_t5.model import models
+
   monkeypatch.setenv("REMIXER_T5_VOCAB", "/somewhere/local/t5.model")
   for size in ("small", "base"):
     model = models.from_gin(f"models/pnlp_mixer/{size}.gin")

@@ -1,5 +1,6 @@
 """`remixer-t5 repro cogs` (COGS from scratch): the word vocabulary, the gen file choice, the table and plot,
 the decode statistics, and a tiny end-to-end run through the trainer and the seqio evaluation."""
+
 from __future__ import annotations
 
 import json
@@ -17,15 +18,20 @@ SHARED_COGS = Path(__file__).resolve().parents[2] / "shared" / "data" / "cogs"
 # --- the word vocabulary ----------------------------------------------------------------------------------
 def _vocab(tmp_path, texts):
   from remixer_t5.data import word_vocab
+
   path = tmp_path / "words.model"
   path.write_bytes(word_vocab.build_word_model(texts))
   import seqio
+
   return seqio.SentencePieceVocabulary(str(path), extra_ids=0)
 
 
 def test_word_vocabulary_has_a_piece_per_train_word_and_spells_the_rest(tmp_path):
-  train = ["A rose was helped by a dog .", "rose ( x _ 1 ) AND help . theme ( x _ 3 , x _ 1 )",
-           "x _ 18 AND dog ( x _ 12 )"]
+  train = [
+    "A rose was helped by a dog .",
+    "rose ( x _ 1 ) AND help . theme ( x _ 3 , x _ 1 )",
+    "x _ 18 AND dog ( x _ 12 )",
+  ]
   v = _vocab(tmp_path, train)
   sp = v.tokenizer
   for word in ("rose", "helped", "AND", "theme", "(", "."):  # one piece each, as Kim & Linzen's word tokens
@@ -38,6 +44,7 @@ def test_word_vocabulary_has_a_piece_per_train_word_and_spells_the_rest(tmp_path
   assert 2 not in v.encode("caf\u00e9 \u00fcber")  # no <unk>: bytes stand in
   # The model is the same bytes for the same texts (its cache key is the train file's hash).
   from remixer_t5.data import word_vocab
+
   assert word_vocab.build_word_model(train) == word_vocab.build_word_model(list(train))
   with pytest.raises(ValueError, match="no word"):
     word_vocab.build_word_model(["", " "])
@@ -51,6 +58,7 @@ def test_word_vocabulary_normalises_nothing_but_u_ffff_and_loads_without_a_log_l
   makes it log, so the test sees the line where it would be."""
   from remixer_t5.data import word_vocab
   from sentencepiece import sentencepiece_model_pb2 as pb
+
   texts = ["A rose was helped by a dog .", "rose ( x _ 1 ) AND help . theme ( x _ 3 , x _ 1 )"]
   model = word_vocab.build_word_model(texts)
   proto = pb.ModelProto()
@@ -67,14 +75,27 @@ def test_word_vocabulary_normalises_nothing_but_u_ffff_and_loads_without_a_log_l
   assert v.decode(v.encode("x \uffff y")) == "x \ufffd y"
   every = kept + ["x \uffff y"]
   (tmp_path / "texts.json").write_text(json.dumps(every), encoding="utf-8")
-  script = ("import json, sys, tensorflow_text as t\n"
-            "texts = json.load(open(sys.argv[3], encoding='utf-8'))\n"
-            "for name in ('ours', 'empty'):\n"
-            "  print('LOADING ' + name, file=sys.stderr, flush=True)\n"
-            "  tok = t.SentencepieceTokenizer(model=open(sys.argv[1 if name == 'ours' else 2], 'rb').read())\n"
-            "  print(json.dumps(tok.tokenize(texts).to_list()), flush=True)\n")
-  done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "words.model"), str(tmp_path / "empty.model"),
-                         str(tmp_path / "texts.json")], capture_output=True, text=True, timeout=300)
+  script = (
+    "import json, sys, tensorflow_text as t\n"
+    "texts = json.load(open(sys.argv[3], encoding='utf-8'))\n"
+    "for name in ('ours', 'empty'):\n"
+    "  print('LOADING ' + name, file=sys.stderr, flush=True)\n"
+    "  tok = t.SentencepieceTokenizer(model=open(sys.argv[1 if name == 'ours' else 2], 'rb').read())\n"
+    "  print(json.dumps(tok.tokenize(texts).to_list()), flush=True)\n"
+  )
+  done = subprocess.run(
+    [
+      sys.executable,
+      "-c",
+      script,
+      str(tmp_path / "words.model"),
+      str(tmp_path / "empty.model"),
+      str(tmp_path / "texts.json"),
+    ],
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert done.returncode == 0, done.stderr[-2000:]
   assert json.loads(done.stdout.splitlines()[0]) == [list(v.encode(t)) for t in every]
   ours, empty = done.stderr.split("LOADING ours")[1].split("LOADING empty")
@@ -86,6 +107,7 @@ def test_word_vocabulary_normalises_nothing_but_u_ffff_and_loads_without_a_log_l
 def test_every_cogs_split_round_trips_through_the_train_word_vocabulary(tmp_path, monkeypatch):
   from remixer_t5.data import word_vocab
   from remixer_t5.tasks import cogs
+
   monkeypatch.setenv("REMIXER_T5_DATA_DIR", str(SHARED_COGS.parent))
   monkeypatch.setenv("REMIXER_T5_CACHE_DIR", str(tmp_path))
   vocab = cogs.cogs_word_vocabulary()
@@ -107,6 +129,7 @@ def _tsv(path: Path, rows):
 
 def test_gen_split_reads_gen_tsv_else_the_sample_else_the_given_file(tmp_path, monkeypatch):
   from remixer_t5.tasks import cogs
+
   monkeypatch.setenv("REMIXER_T5_DATA_DIR", str(tmp_path))
   monkeypatch.delenv(cogs.GEN_ENV_VAR, raising=False)
   (tmp_path / "cogs").mkdir()
@@ -132,19 +155,36 @@ def _records():
   rows = []
   for model, seeds in (("t5_1_1", {0: (0.99, 0.5, 0.1), 1: (0.97, 0.7, 0.3)}), ("remixer", {0: (0.9, 0.2, 0.0)})):
     for seed, (test, cat_a, cat_b) in seeds.items():
-      base = {"model": model, "seed": seed, "params": 1000, "train_steps": 10, "train_seconds": 5.0,
-              "seconds": 1.0, "decode_examples_per_s": 100.0, "decode_tokens_per_s": 4000.0}
-      rows += [{**base, "split": "dev", "category": None, "exact_match": test, "n": 3},
-               {**base, "split": "test", "category": None, "exact_match": test, "n": 3},
-               {**base, "split": "gen", "category": "obj_to_subj_common", "exact_match": cat_a, "n": 2},
-               {**base, "split": "gen", "category": "pp_recursion", "exact_match": cat_b, "n": 2},
-               {**base, "split": "gen", "category": "mean over categories", "exact_match": (cat_a + cat_b) / 2,
-                "n": 4, "categories": 2}]
+      base = {
+        "model": model,
+        "seed": seed,
+        "params": 1000,
+        "train_steps": 10,
+        "train_seconds": 5.0,
+        "seconds": 1.0,
+        "decode_examples_per_s": 100.0,
+        "decode_tokens_per_s": 4000.0,
+      }
+      rows += [
+        {**base, "split": "dev", "category": None, "exact_match": test, "n": 3},
+        {**base, "split": "test", "category": None, "exact_match": test, "n": 3},
+        {**base, "split": "gen", "category": "obj_to_subj_common", "exact_match": cat_a, "n": 2},
+        {**base, "split": "gen", "category": "pp_recursion", "exact_match": cat_b, "n": 2},
+        {
+          **base,
+          "split": "gen",
+          "category": "mean over categories",
+          "exact_match": (cat_a + cat_b) / 2,
+          "n": 4,
+          "categories": 2,
+        },
+      ]
   return rows
 
 
 def test_table_gives_mean_and_range_over_seeds_per_category(tmp_path):
   from remixer_t5.repro import cogs as repro
+
   table = repro.markdown_table(_records())
   t5 = next(line for line in table.splitlines() if line.startswith("| T5.1.1"))
   cells = [c.strip() for c in t5.strip("|").split("|")]
@@ -153,28 +193,57 @@ def test_table_gives_mean_and_range_over_seeds_per_category(tmp_path):
   assert col["seeds"] == "2" and col["test"] == "98.0 (97.0-99.0)"
   assert col["gen: obj_to_subj_common"] == "60.0 (50.0-70.0)" and col["gen: pp_recursion"] == "20.0 (10.0-30.0)"
   assert col["gen mean"] == "40.0 (30.0-50.0)"
-  remixer = dict(zip(head, [c.strip() for c in next(
-      line for line in table.splitlines() if line.startswith("| Remixer")).strip("|").split("|")]))
+  remixer = dict(
+    zip(
+      head,
+      [
+        c.strip()
+        for c in next(line for line in table.splitlines() if line.startswith("| Remixer")).strip("|").split("|")
+      ],
+    )
+  )
   assert remixer["seeds"] == "1" and remixer["gen mean"] == "10.0"
   assert col["steps"] == "10"  # rows without cooldown_steps (folders from before --cooldown)
   cooled = repro.markdown_table([{**r, "cooldown_steps": 4} for r in _records()])
-  assert dict(zip(head, [c.strip() for c in next(line for line in cooled.splitlines() if line.startswith(
-      "| T5.1.1")).strip("|").split("|")]))["steps"] == "10 (cooldown 4)"
+  assert (
+    dict(
+      zip(
+        head,
+        [
+          c.strip()
+          for c in next(line for line in cooled.splitlines() if line.startswith("| T5.1.1")).strip("|").split("|")
+        ],
+      )
+    )["steps"]
+    == "10 (cooldown 4)"
+  )
   scaled = repro.markdown_table([{**r, "base_lr": 2.0} for r in _records()])
-  assert dict(zip(head, [c.strip() for c in next(line for line in scaled.splitlines() if line.startswith(
-      "| T5.1.1")).strip("|").split("|")]))["steps"] == "10 (base lr 2)"
+  assert (
+    dict(
+      zip(
+        head,
+        [
+          c.strip()
+          for c in next(line for line in scaled.splitlines() if line.startswith("| T5.1.1")).strip("|").split("|")
+        ],
+      )
+    )["steps"]
+    == "10 (base lr 2)"
+  )
   repro.plot(_records(), tmp_path / "cogs.png")
   assert (tmp_path / "cogs.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_decode_stats_count_tokens_up_to_eos():
   from remixer_t5.training import evaluation
+
   tokens = np.array([[5, 6, 1, 0, 0], [5, 1, 0, 0, 0], [4, 4, 4, 4, 4]])
   assert evaluation._generated(tokens).tolist() == [3, 2, 5]
 
 
 def test_settings_refuse_bad_values():
   from remixer_t5.repro import cogs as repro
+
   with pytest.raises(ValueError, match="--steps"):
     repro.Settings(steps=0)
   with pytest.raises(ValueError, match="--seeds"):
@@ -184,6 +253,7 @@ def test_settings_refuse_bad_values():
   with pytest.raises(ValueError, match="gmlp_nope.*models with a COGS config: .*t5_1_1"):
     repro.model_gin("gmlp_nope")
   import argparse
+
   parser = argparse.ArgumentParser()
   repro.add_arguments(parser)
   with pytest.raises(ValueError, match="--seeds 0: a single number is a count.*--seeds 1"):
@@ -196,15 +266,22 @@ def test_settings_refuse_bad_values():
 def _toy_cogs(folder: Path) -> None:
   """A COGS-shaped toy in the release's TSV format: 'The N V .' -> '* N ( x _ 1 ) ; V . agent ( x _ 2 , x _ 1 )'."""
   nouns, verbs = ["cat", "dog", "girl", "boy", "bird"], [("smiled", "smile"), ("ran", "run"), ("slept", "sleep")]
-  rows = [(f"The {n} {v} .", f"* {n} ( x _ 1 ) ; {lemma} . agent ( x _ 2 , x _ 1 )", "in_distribution")
-          for n in nouns for v, lemma in verbs]
+  rows = [
+    (f"The {n} {v} .", f"* {n} ( x _ 1 ) ; {lemma} . agent ( x _ 2 , x _ 1 )", "in_distribution")
+    for n in nouns
+    for v, lemma in verbs
+  ]
   _tsv(folder / "cogs" / "train.tsv", rows * 4)
   _tsv(folder / "cogs" / "dev.tsv", rows[:6])
   _tsv(folder / "cogs" / "test.tsv", rows[6:12])
-  _tsv(folder / "cogs" / "gen_sample.tsv",
-       [("The hedgehog smiled .", "* hedgehog ( x _ 1 ) ; smile . agent ( x _ 2 , x _ 1 )", "new_noun"),
-        ("The cat ran .", "* cat ( x _ 1 ) ; run . agent ( x _ 2 , x _ 1 )", "seen"),
-        ("The dog slept .", "* dog ( x _ 1 ) ; sleep . agent ( x _ 2 , x _ 1 )", "seen")])
+  _tsv(
+    folder / "cogs" / "gen_sample.tsv",
+    [
+      ("The hedgehog smiled .", "* hedgehog ( x _ 1 ) ; smile . agent ( x _ 2 , x _ 1 )", "new_noun"),
+      ("The cat ran .", "* cat ( x _ 1 ) ; run . agent ( x _ 2 , x _ 1 )", "seen"),
+      ("The dog slept .", "* dog ( x _ 1 ) ; sleep . agent ( x _ 2 , x _ 1 )", "seen"),
+    ],
+  )
 
 
 @pytest.mark.integration
@@ -214,16 +291,40 @@ def test_repro_cogs_end_to_end_through_the_trainer_and_resumes(tmp_path, fresh_c
   _toy_cogs(tmp_path / "data")
   out = tmp_path / "out"
   env = {**__import__("os").environ, "REMIXER_T5_CACHE_DIR": str(fresh_cache), "JAX_PLATFORMS": "cpu"}
-  cmd = [sys.executable, "-m", "remixer_t5", "repro", "cogs", "--models", "t5_1_1,remixer", "--seeds", "1",
-         "--steps", "4", "--batch_size", "2", "--warmup", "2", "--eval_batch_size", "8",
-         "--data_dir", str(tmp_path / "data"), "--json", "--out", str(out), "--jobs", "2"]
+  cmd = [
+    sys.executable,
+    "-m",
+    "remixer_t5",
+    "repro",
+    "cogs",
+    "--models",
+    "t5_1_1,remixer",
+    "--seeds",
+    "1",
+    "--steps",
+    "4",
+    "--batch_size",
+    "2",
+    "--warmup",
+    "2",
+    "--eval_batch_size",
+    "8",
+    "--data_dir",
+    str(tmp_path / "data"),
+    "--json",
+    "--out",
+    str(out),
+    "--jobs",
+    "2",
+  ]
   proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
   assert {(r["model"], r["split"], r["category"]) for r in rows} == {
-      (m, s, c) for m in ("t5_1_1", "remixer")
-      for s, c in (("dev", None), ("test", None), ("gen", "new_noun"), ("gen", "seen"),
-                   ("gen", "mean over categories"))}
+    (m, s, c)
+    for m in ("t5_1_1", "remixer")
+    for s, c in (("dev", None), ("test", None), ("gen", "new_noun"), ("gen", "seen"), ("gen", "mean over categories"))
+  }
   for r in rows:
     assert 0.0 <= r["exact_match"] <= 1.0 and r["train_steps"] == 4 and r["params"] > 0 and r["seed"] == 0
     assert r["decode_examples_per_s"] > 0 and r["decode_tokens_per_s"] > 0
@@ -245,27 +346,36 @@ def test_repro_cogs_end_to_end_through_the_trainer_and_resumes(tmp_path, fresh_c
   # --jobs 2: the two models trained at the same time, each pinned (by its own report) to its share of the cores.
   spans = []
   for m in ("t5_1_1", "remixer"):
-    last = [r for r in map(json.loads, (out / "runs" / f"{m}-seed0" / "metrics.jsonl").read_text().splitlines())
-            if r["split"] == "train"][-1]
+    last = [
+      r
+      for r in map(json.loads, (out / "runs" / f"{m}-seed0" / "metrics.jsonl").read_text().splitlines())
+      if r["split"] == "train"
+    ][-1]
     spans.append((last["time"] - last["window_seconds"], last["time"]))
   assert spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1], spans  # the training windows overlap
   if hasattr(__import__("os"), "sched_getaffinity") and len(__import__("os").sched_getaffinity(0)) >= 2:
-    pinned = [(out / "runs" / f"{m}-seed0" / "train.log").read_text().split("cores: this process runs on ")[1]
-              .split()[0] for m in ("t5_1_1", "remixer")]
+    pinned = [
+      (out / "runs" / f"{m}-seed0" / "train.log").read_text().split("cores: this process runs on ")[1].split()[0]
+      for m in ("t5_1_1", "remixer")
+    ]
     assert len(set(pinned)) == 2, pinned
     # and each decoded in its own child on the same cores (decode_run), not one after the other in the driver
-    decoded = [(out / "runs" / f"{m}-seed0" / "decode.log").read_text().split("cores: this process runs on ")[1]
-               .split()[0] for m in ("t5_1_1", "remixer")]
+    decoded = [
+      (out / "runs" / f"{m}-seed0" / "decode.log").read_text().split("cores: this process runs on ")[1].split()[0]
+      for m in ("t5_1_1", "remixer")
+    ]
     assert decoded == pinned
     assert all((out / "runs" / f"{m}-seed0" / "decode.json").is_file() for m in ("t5_1_1", "remixer"))
   assert {r["jobs"] for r in rows} == {2}
   assert list((run / "inference_eval").glob("cogs_words-*.jsonl"))
   from remixer_t5.repro import cogs as repro
+
   trained = repro.training_seconds(run)  # the trainer's windows, not the subprocess's wall time
   assert trained is not None and trained > 0
   assert {r["train_seconds"] for r in rows if r["model"] == "t5_1_1"} == {round(trained, 1)}
   # The rerun and the refusal in this process (the CLI's main, without another interpreter start-up).
   from remixer_t5 import cli
+
   monkeypatch.setenv("REMIXER_T5_CACHE_DIR", str(fresh_cache))
   capsys.readouterr()
   assert cli.main(cmd[3:]) == 0
@@ -273,8 +383,9 @@ def test_repro_cogs_end_to_end_through_the_trainer_and_resumes(tmp_path, fresh_c
   assert "done before, kept" in again.err and not re.search(r"training \d+ steps", again.err)  # no run restarted
   key = lambda r: (r["model"], r["split"], r["category"] or "")
   assert sorted((json.loads(line) for line in again.out.splitlines() if line.startswith("{")), key=key) == sorted(
-      rows, key=key)
-  assert cli.main(cmd[3:cmd.index("--steps") + 1] + ["5"] + cmd[cmd.index("--steps") + 2:]) == 2
+    rows, key=key
+  )
+  assert cli.main(cmd[3 : cmd.index("--steps") + 1] + ["5"] + cmd[cmd.index("--steps") + 2 :]) == 2
   assert "other settings" in capsys.readouterr().err
   # The unpinned path (--jobs 1: decoded in this process, under the lock) gives the same fields and example
   # counts as the pinned child wrote (not the same scores: an almost untrained model, other thread counts).
@@ -282,12 +393,22 @@ def test_repro_cogs_end_to_end_through_the_trainer_and_resumes(tmp_path, fresh_c
     return  # unpinned there too (no affinity, or one core): no child decoded
   import threading
   from remixer_t5.tasks import sources
+
   monkeypatch.setenv(sources.DATA_ENV_VAR, str((tmp_path / "data").resolve()))
   child = json.loads((run / "decode.json").read_text())
-  settings = repro.Settings(models=("t5_1_1", "remixer"), seeds=(0,), steps=4, batch_size=2, warmup=2,
-                            eval_batch_size=8)
-  here = repro.decode_run("t5_1_1", 0, settings, json.loads((out / "data.json").read_text()), run, lambda s: None,
-                          cpus=None, lock=threading.Lock())
+  settings = repro.Settings(
+    models=("t5_1_1", "remixer"), seeds=(0,), steps=4, batch_size=2, warmup=2, eval_batch_size=8
+  )
+  here = repro.decode_run(
+    "t5_1_1",
+    0,
+    settings,
+    json.loads((out / "data.json").read_text()),
+    run,
+    lambda s: None,
+    cpus=None,
+    lock=threading.Lock(),
+  )
   assert set(here) == set(child) == set(repro.SPLITS)
   for split in repro.SPLITS:
     assert {k for k in here[split] if k != "wall_seconds"} == {k for k in child[split] if k != "wall_seconds"}
@@ -299,18 +420,28 @@ def test_a_failed_decoding_child_names_its_log_and_writes_no_result(tmp_path):
   its log, and no decode.json is left behind for a later read."""
   import os
   from remixer_t5.repro import cogs as repro
+
   if not hasattr(os, "sched_getaffinity"):
     pytest.skip("pinning needs sched_setaffinity (Linux)")
   run_dir = tmp_path / "run"
   (run_dir / "checkpoints").mkdir(parents=True)  # a run folder without a finished checkpoint
   (run_dir / "decode.json").write_text("{}")  # a stale result from an earlier try must not be read
-  data = {"model_lengths": {"inputs": 16, "targets": 32},
-          "splits": {s: {"max_target_tokens": 8} for s in repro.SPLITS}}
+  data = {"model_lengths": {"inputs": 16, "targets": 32}, "splits": {s: {"max_target_tokens": 8} for s in repro.SPLITS}}
   lines = []
-  with pytest.raises(RuntimeError, match=r"decoding t5_1_1 seed 0 failed \(exit \d+\): remixer-t5: error: "
-                     r"no finished checkpoint in .*; see .*decode\.log"):
-    repro.decode_run("t5_1_1", 0, repro.Settings(models=("t5_1_1",), seeds=(0,), steps=4), data, run_dir,
-                     lines.append, cpus=sorted(os.sched_getaffinity(0))[:1])
+  with pytest.raises(
+    RuntimeError,
+    match=r"decoding t5_1_1 seed 0 failed \(exit \d+\): remixer-t5: error: "
+    r"no finished checkpoint in .*; see .*decode\.log",
+  ):
+    repro.decode_run(
+      "t5_1_1",
+      0,
+      repro.Settings(models=("t5_1_1",), seeds=(0,), steps=4),
+      data,
+      run_dir,
+      lines.append,
+      cpus=sorted(os.sched_getaffinity(0))[:1],
+    )
   assert not (run_dir / "decode.json").exists()
   log = (run_dir / "decode.log").read_text()
   assert "--decode_spec" in log and "cores: this process runs on" in log
@@ -320,11 +451,12 @@ def test_eta_counts_the_runs_in_flight_and_the_free_cores():
   """--quick's first finished run used to say 'ETA 13 min' with the other run a minute from its end: the ETA
   took the runs left as one after the other, each as long as the mean so far."""
   from remixer_t5.repro.cogs import eta_seconds
+
   assert eta_seconds(800.0, [740.0], 0, 2) == pytest.approx(60.0)  # --quick: the other run 740 s into its 800
-  assert eta_seconds(100.0, [], 4, 1) == pytest.approx(400.0)       # one after the other
-  assert eta_seconds(100.0, [], 4, 2) == pytest.approx(200.0)       # two at a time
-  assert eta_seconds(100.0, [90.0], 3, 2) == pytest.approx(200.0)   # slots free now and in 10 s: 0+100+100, 10+100
-  assert eta_seconds(100.0, [150.0], 0, 2) == 0.0                   # a run slower than the mean: not negative
+  assert eta_seconds(100.0, [], 4, 1) == pytest.approx(400.0)  # one after the other
+  assert eta_seconds(100.0, [], 4, 2) == pytest.approx(200.0)  # two at a time
+  assert eta_seconds(100.0, [90.0], 3, 2) == pytest.approx(200.0)  # slots free now and in 10 s: 0+100+100, 10+100
+  assert eta_seconds(100.0, [150.0], 0, 2) == 0.0  # a run slower than the mean: not negative
   assert eta_seconds(100.0, [], 0, 2) == 0.0
 
 
@@ -332,6 +464,7 @@ def test_a_resumed_run_counts_its_training_in_the_eta():
   """A sweep resumed after seed 0 had trained said 'ETA 5 min' for two more 12,000-step runs: seed 0's wall
   time in the resumed driver was its decode alone. Its cost is its training over all starts plus decode."""
   from remixer_t5.repro.cogs import eta_seconds, run_cost
+
   resumed = run_cost(150.0, 3600.0, 100.0)
   assert resumed == pytest.approx(3700.0)
   assert eta_seconds(resumed, [], 2, 1) == pytest.approx(7400.0)
@@ -340,6 +473,7 @@ def test_a_resumed_run_counts_its_training_in_the_eta():
 
 def test_jobs_split_the_cores_into_groups(monkeypatch):
   from remixer_t5.repro import cogs as repro
+
   monkeypatch.setattr(repro.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6, 7}, raising=False)
   monkeypatch.setattr(repro.os, "sched_setaffinity", lambda pid, cpus: None, raising=False)
   assert repro.core_groups(1) == [None]
@@ -355,6 +489,7 @@ def test_jobs_split_the_cores_into_groups(monkeypatch):
 def test_quick_trains_its_runs_side_by_side_where_there_are_two_cores(monkeypatch):
   import argparse
   from remixer_t5.repro import cogs as repro
+
   parser = argparse.ArgumentParser()
   repro.add_arguments(parser)
   jobs = lambda *argv: repro.jobs_from_args(parser.parse_args(list(argv)))
@@ -370,13 +505,25 @@ def test_quick_trains_its_runs_side_by_side_where_there_are_two_cores(monkeypatc
 
 def _stub_sweep(monkeypatch, repro, train_run, evaluate_run, rows):
   """`repro.run` with its data, training, decoding and outputs replaced: the sweep's own scheduling alone."""
-  monkeypatch.setattr(repro, "measure_splits", lambda progress, n: {
-      "gen_file": "gen.tsv", "gen_digest": "x", "model_lengths": {"inputs": 16, "targets": 32},
-      "splits": {"gen": {"categories": {"c": 1}, "round_trip_failures": 0}}})
+  monkeypatch.setattr(
+    repro,
+    "measure_splits",
+    lambda progress, n: {
+      "gen_file": "gen.tsv",
+      "gen_digest": "x",
+      "model_lengths": {"inputs": 16, "targets": 32},
+      "splits": {"gen": {"categories": {"c": 1}, "round_trip_failures": 0}},
+    },
+  )
   monkeypatch.setattr(repro, "train_run", train_run)
   monkeypatch.setattr(repro, "evaluate_run", evaluate_run)
-  monkeypatch.setattr(repro, "decode_run", lambda model, seed, settings, data, run_dir, progress, cpus=None,
-                      lock=None: evaluate_run(model, seed, settings, data, run_dir, progress))
+  monkeypatch.setattr(
+    repro,
+    "decode_run",
+    lambda model, seed, settings, data, run_dir, progress, cpus=None, lock=None: evaluate_run(
+      model, seed, settings, data, run_dir, progress
+    ),
+  )
   monkeypatch.setattr(repro, "training_seconds", lambda run_dir: None)
   monkeypatch.setattr(repro, "_param_count", lambda run_dir: 1)
   monkeypatch.setattr(repro, "_rows", rows)
@@ -386,14 +533,17 @@ def _stub_sweep(monkeypatch, repro, train_run, evaluate_run, rows):
 def test_a_lone_run_left_is_not_pinned_to_a_share_of_the_cores(tmp_path, monkeypatch):
   """--jobs 2 with one run to train (one model, or the other already done): it gets every core, not half."""
   from remixer_t5.repro import cogs as repro
+
   monkeypatch.setattr(repro.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
   monkeypatch.setattr(repro.os, "sched_setaffinity", lambda pid, cpus: None, raising=False)
   pinned = []
-  _stub_sweep(monkeypatch, repro,
-              train_run=lambda model, seed, settings, lengths, run_dir, progress, cpus=None:
-              pinned.append((model, cpus)) or 1.0,
-              evaluate_run=lambda *a: {s: {"seconds": 1.0, "exact_match": 50.0} for s in ("dev", "test", "gen")},
-              rows=lambda model, seed, *a: [{"model": model, "seed": seed, "exact_match": 0.5}])
+  _stub_sweep(
+    monkeypatch,
+    repro,
+    train_run=lambda model, seed, settings, lengths, run_dir, progress, cpus=None: pinned.append((model, cpus)) or 1.0,
+    evaluate_run=lambda *a: {s: {"seconds": 1.0, "exact_match": 50.0} for s in ("dev", "test", "gen")},
+    rows=lambda model, seed, *a: [{"model": model, "seed": seed, "exact_match": 0.5}],
+  )
   rows = repro.run(repro.Settings(models=("t5_1_1",), seeds=(0,), steps=4), tmp_path / "one", jobs=2)
   assert pinned == [("t5_1_1", None)] and [r["jobs"] for r in rows] == [1]
   pinned.clear()
@@ -405,10 +555,18 @@ def test_training_seconds_count_each_step_once_across_a_resume(tmp_path):
   """A run killed after step 300 and resumed from its step-200 checkpoint logs 300 twice: the second start's
   window counts (its compile included), the first's is lost work; other splits are not training."""
   from remixer_t5.repro import cogs as repro
-  rows = [(100, "train", 10.0), (200, "train", 5.0), (200, "validation", 3.0), (300, "train", 5.0),
-          (300, "train", 8.0), (400, "train", 5.0)]
-  (tmp_path / "metrics.jsonl").write_text("".join(
-      json.dumps({"step": st, "split": sp, "time": 0.0, "window_seconds": w}) + "\n" for st, sp, w in rows))
+
+  rows = [
+    (100, "train", 10.0),
+    (200, "train", 5.0),
+    (200, "validation", 3.0),
+    (300, "train", 5.0),
+    (300, "train", 8.0),
+    (400, "train", 5.0),
+  ]
+  (tmp_path / "metrics.jsonl").write_text(
+    "".join(json.dumps({"step": st, "split": sp, "time": 0.0, "window_seconds": w}) + "\n" for st, sp, w in rows)
+  )
   assert repro.training_seconds(tmp_path) == pytest.approx(10 + 5 + 8 + 5)
   with (tmp_path / "metrics.jsonl").open("a") as f:  # a log from before the trainer wrote windows
     f.write(json.dumps({"step": 500, "split": "train", "time": 0.0}) + "\n")
@@ -429,23 +587,31 @@ def test_a_preempted_training_is_not_decoded_as_a_finished_run(tmp_path, monkeyp
 
   monkeypatch.setattr(repro.subprocess, "Popen", Preempted)
   with pytest.raises(RuntimeError, match=r"t5_1_1 seed 0 stopped at step None of 4 .*rerun the same command"):
-    repro.train_run("t5_1_1", 0, repro.Settings(steps=4), {"inputs": 64, "targets": 400}, tmp_path / "run",
-                    lambda s: None)
+    repro.train_run(
+      "t5_1_1", 0, repro.Settings(steps=4), {"inputs": 64, "targets": 400}, tmp_path / "run", lambda s: None
+    )
   assert "preempted (SIGTERM)" in (tmp_path / "run" / "train.log").read_text()
 
 
 @pytest.mark.parametrize("steps,period", [(12000, 1000), (600, 600)])
 def test_runs_checkpoint_often_enough_to_survive_a_kill(tmp_path, steps, period):
   from remixer_t5.repro import cogs as repro
+
   args = repro._gin_args("t5_1_1", tmp_path, 0, repro.Settings(steps=steps), {"inputs": 64, "targets": 400})
   assert f"--gin.CHECKPOINT_PERIOD={period}" in args and f"--gin.TRAIN_STEPS={steps}" in args
 
 
 def test_decode_lengths_are_each_splits_longest_target():
   from remixer_t5.repro import cogs as repro
-  data = {"model_lengths": {"inputs": 64, "targets": 400},
-          "splits": {"validation": {"max_target_tokens": 173}, "test": {"max_target_tokens": 138},
-                     "gen": {"max_target_tokens": 385}}}
+
+  data = {
+    "model_lengths": {"inputs": 64, "targets": 400},
+    "splits": {
+      "validation": {"max_target_tokens": 173},
+      "test": {"max_target_tokens": 138},
+      "gen": {"max_target_tokens": 385},
+    },
+  }
   assert repro.decode_lengths(data, "validation") == {"inputs": 64, "targets": 176}
   assert repro.decode_lengths(data, "test") == {"inputs": 64, "targets": 144}
   assert repro.decode_lengths(data, "gen") == {"inputs": 64, "targets": 400}
@@ -459,12 +625,14 @@ def test_decoding_shorter_than_the_model_length_decodes_the_same_prefix(model):
   import jax
   from remixer_t5 import gin_utils
   from remixer_t5.repro import cogs as repro
+
   gin_utils.parse_gin([repro.model_gin(model), repro.RUN_FILE], ["MODEL_DIR='/nonexistent'"])
   mdl = gin_utils.macro("MODEL")
   long, short = gin_utils.macro("MODEL_LENGTHS")["targets"], 24
-  params = mdl.init_variables(jax.random.PRNGKey(0), {"encoder_input_tokens": (1, 64),
-                                                      "decoder_input_tokens": (1, long),
-                                                      "decoder_target_tokens": (1, long)})["params"]
+  params = mdl.init_variables(
+    jax.random.PRNGKey(0),
+    {"encoder_input_tokens": (1, 64), "decoder_input_tokens": (1, long), "decoder_target_tokens": (1, long)},
+  )["params"]
   # Make the untrained decoder emit varied tokens (no EOS): scale the output layer's weights up.
   params = jax.tree_util.tree_map(lambda x: x * 3.0, params)
   enc = np.random.default_rng(0).integers(3, 1000, size=(3, 64)).astype(np.int32)
@@ -479,16 +647,35 @@ def test_cogs_curve_decodes_every_kept_checkpoint(tmp_path, fresh_cache):
   """`remixer-t5 repro cogs-curve`: the sweep's training with every checkpoint kept, then test and gen decoded at
   each."""
   _toy_cogs(tmp_path / "data")
-  env = {**__import__("os").environ, "REMIXER_T5_CACHE_DIR": str(fresh_cache), "JAX_PLATFORMS": "cpu",
-         "REMIXER_T5_DATA_DIR": str(tmp_path / "data")}
-  cmd = [sys.executable, "-m", "remixer_t5", "repro", "cogs-curve", "--model", "t5_1_1", "--steps", "4",
-         "--every", "2", "--out", str(tmp_path / "out")]
+  env = {
+    **__import__("os").environ,
+    "REMIXER_T5_CACHE_DIR": str(fresh_cache),
+    "JAX_PLATFORMS": "cpu",
+    "REMIXER_T5_DATA_DIR": str(tmp_path / "data"),
+  }
+  cmd = [
+    sys.executable,
+    "-m",
+    "remixer_t5",
+    "repro",
+    "cogs-curve",
+    "--model",
+    "t5_1_1",
+    "--steps",
+    "4",
+    "--every",
+    "2",
+    "--out",
+    str(tmp_path / "out"),
+  ]
   proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   rows = [json.loads(line) for line in (tmp_path / "out" / "curve.jsonl").read_text().splitlines()]
   assert {(r["step"], r["split"], r["category"]) for r in rows} == {
-      (s, sp, c) for s in (2, 4) for sp, c in (("test", None), ("gen", "mean over categories"), ("gen", "new_noun"),
-                                               ("gen", "seen"))}
+    (s, sp, c)
+    for s in (2, 4)
+    for sp, c in (("test", None), ("gen", "mean over categories"), ("gen", "new_noun"), ("gen", "seen"))
+  }
   assert all(0.0 <= r["exact_match"] <= 1.0 for r in rows)
   run = tmp_path / "out" / "runs" / "t5_1_1-seed0"
   assert sorted(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit()) == [2, 4]
@@ -500,9 +687,12 @@ def _trainers_schedule(tmp_path, settings):
   import gin
   from remixer_t5 import gin_utils
   from remixer_t5.repro import cogs as repro
+
   flags = repro._gin_args("t5_1_1", tmp_path, 0, settings, {"inputs": 64, "targets": 400})
-  gin_utils.parse_gin([f[len("--gin_file="):] for f in flags if f.startswith("--gin_file=")],
-                      [f[len("--gin."):] for f in flags if f.startswith("--gin.")])
+  gin_utils.parse_gin(
+    [f[len("--gin_file=") :] for f in flags if f.startswith("--gin_file=")],
+    [f[len("--gin.") :] for f in flags if f.startswith("--gin.")],
+  )
   return flags, gin.query_parameter("remixer_t5.training.run_config.Training.learning_rate").scoped_configurable_fn()
 
 
@@ -510,13 +700,18 @@ def _old_folder_resumes(tmp_path, key, default, other):
   """settings.json of a folder from before setting `key` existed: the same run with its default resumes, one
   with `other` does not."""
   from remixer_t5.repro import cogs as repro
-  record = {"settings": {k: v for k, v in __import__("dataclasses").asdict(repro.Settings()).items()
-                         if k != key} | {"models": None, "seeds": None},
-            "gen_file": "x", "model_lengths": {"inputs": 64, "targets": 400}}
+
+  record = {
+    "settings": {k: v for k, v in __import__("dataclasses").asdict(repro.Settings()).items() if k != key}
+    | {"models": None, "seeds": None},
+    "gen_file": "x",
+    "model_lengths": {"inputs": 64, "targets": 400},
+  }
   (tmp_path / "settings.json").write_text(json.dumps(record))
   assert repro.settings_match(tmp_path / "settings.json", {**record, "settings": {**record["settings"], key: default}})
-  assert not repro.settings_match(tmp_path / "settings.json",
-                                  {**record, "settings": {**record["settings"], key: other}})
+  assert not repro.settings_match(
+    tmp_path / "settings.json", {**record, "settings": {**record["settings"], key: other}}
+  )
 
 
 def test_cooldown_reaches_the_trainers_schedule_and_old_folders_still_resume(tmp_path):
@@ -525,6 +720,7 @@ def test_cooldown_reaches_the_trainers_schedule_and_old_folders_still_resume(tmp
   import gin
   from remixer_t5.training import optim
   from remixer_t5.repro import cogs as repro
+
   for bad in (101, 1, -1):
     with pytest.raises(ValueError, match="--cooldown must be 0 .none. or 2 to --steps"):
       repro.Settings(steps=100, cooldown=bad)
@@ -545,6 +741,7 @@ def test_base_lr_scales_the_trainers_schedule_and_old_folders_still_resume(tmp_p
   import gin
   from remixer_t5.training import optim
   from remixer_t5.repro import cogs as repro
+
   for bad in (0.0, -1.0, float("nan"), float("inf")):
     with pytest.raises(ValueError, match="--base_lr must be a positive finite number"):
       repro.Settings(base_lr=bad)
@@ -566,6 +763,7 @@ def test_the_gen_file_is_named_portably_and_known_by_its_bytes(tmp_path, monkeyp
   resumes on another machine (another data folder) when the gen file's bytes are the same, and not when they
   differ; a folder from before the digest compares the file's name."""
   from remixer_t5.repro import cogs as repro
+
   data = tmp_path / "data"
   _toy_cogs(data)
   monkeypatch.setenv("REMIXER_T5_DATA_DIR", str(data))
@@ -605,6 +803,7 @@ def test_an_interrupted_sweep_stops_a_decoding_child(tmp_path, monkeypatch, requ
   import threading
   import time as time_lib
   from remixer_t5.repro import cogs as repro
+
   if not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2:
     pytest.skip("--jobs 2 needs 2 cores")
   previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in the test below
@@ -615,8 +814,15 @@ def test_an_interrupted_sweep_stops_a_decoding_child(tmp_path, monkeypatch, requ
     if not (isinstance(cmd, list) and "--decode_spec" in cmd):
       return real_popen(cmd, *a, **kw)  # everything else (the module is subprocess's own)
     model = json.loads(Path(cmd[cmd.index("--decode_spec") + 1]).read_text())["model"]
-    child = real_popen([sys.executable, "-u", "-c", "import time\nfor k in range(600):\n"
-                        f"  print('{model} seed 0 test: decoded', k, flush=True); time.sleep(0.05)"], **kw)
+    child = real_popen(
+      [
+        sys.executable,
+        "-u",
+        "-c",
+        f"import time\nfor k in range(600):\n  print('{model} seed 0 test: decoded', k, flush=True); time.sleep(0.05)",
+      ],
+      **kw,
+    )
     children.append(child)
     if len(children) == 1:
       threading.Timer(1.0, lambda: signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)).start()
@@ -624,8 +830,13 @@ def test_an_interrupted_sweep_stops_a_decoding_child(tmp_path, monkeypatch, requ
 
   monkeypatch.setattr(repro.subprocess, "Popen", popen)
   real_decode_run = repro.decode_run  # the real one, pinned children and all: _stub_sweep replaces it
-  _stub_sweep(monkeypatch, repro, train_run=lambda *a, **k: 1.0, evaluate_run=None,
-              rows=lambda *a: [{"exact_match": 0.5, "seconds": 1.0}])
+  _stub_sweep(
+    monkeypatch,
+    repro,
+    train_run=lambda *a, **k: 1.0,
+    evaluate_run=None,
+    rows=lambda *a: [{"exact_match": 0.5, "seconds": 1.0}],
+  )
   monkeypatch.setattr(repro, "decode_run", real_decode_run)
   t0 = time_lib.time()
   with pytest.raises(KeyboardInterrupt):
@@ -645,6 +856,7 @@ def test_an_interrupted_sweep_stops_its_running_runs(tmp_path, monkeypatch, requ
   import threading
   import time as time_lib
   from remixer_t5.repro import cogs as repro
+
   if not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2:
     pytest.skip("--jobs 2 needs 2 cores")
   seen = {}

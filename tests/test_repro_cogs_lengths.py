@@ -2,6 +2,7 @@
 for the COGS release (MODEL_LENGTHS), training rows are packed at lengths fixed from the train split
 (TRAIN_LENGTHS), and an evaluation file that does not fit is refused, naming the file, the line, the length
 and the limit."""
+
 from __future__ import annotations
 
 import json
@@ -18,13 +19,23 @@ def _gen_files(tmp_path: Path) -> tuple[Path, Path]:
   """Two gen files in the release's format: the toy's own (3 short rows), and a longer one whose longest
   input and target (50 and ~300 tokens) lengths measured from the files would follow."""
   short = tmp_path / "gen_short.tsv"
-  _tsv(short, [("The hedgehog smiled .", "* hedgehog ( x _ 1 ) ; smile . agent ( x _ 2 , x _ 1 )", "new_noun"),
-               ("The cat ran .", "* cat ( x _ 1 ) ; run . agent ( x _ 2 , x _ 1 )", "seen")])
+  _tsv(
+    short,
+    [
+      ("The hedgehog smiled .", "* hedgehog ( x _ 1 ) ; smile . agent ( x _ 2 , x _ 1 )", "new_noun"),
+      ("The cat ran .", "* cat ( x _ 1 ) ; run . agent ( x _ 2 , x _ 1 )", "seen"),
+    ],
+  )
   long_target = " ; ".join(f"smile . agent ( x _ {i} , x _ 1 )" for i in range(2, 30))
   long = tmp_path / "gen_long.tsv"
-  _tsv(long, [("The cat ran .", "* cat ( x _ 1 ) ; run . agent ( x _ 2 , x _ 1 )", "seen"),
-              (" ".join(["The cat"] * 24) + " ran .", "* cat ( x _ 1 ) ; " + long_target, "deep"),
-              ("The dog slept .", "* dog ( x _ 1 ) ; sleep . agent ( x _ 2 , x _ 1 )", "seen")])
+  _tsv(
+    long,
+    [
+      ("The cat ran .", "* cat ( x _ 1 ) ; run . agent ( x _ 2 , x _ 1 )", "seen"),
+      (" ".join(["The cat"] * 24) + " ran .", "* cat ( x _ 1 ) ; " + long_target, "deep"),
+      ("The dog slept .", "* dog ( x _ 1 ) ; sleep . agent ( x _ 2 , x _ 1 )", "seen"),
+    ],
+  )
   return short, long
 
 
@@ -50,6 +61,7 @@ def _sweep(monkeypatch, tmp_path, repro, gen: Path, out: Path, train_run) -> dic
     repro.run(settings, out)
   finally:
     from remixer_t5.tasks import cogs
+
     cogs.set_gen_file(None)
     os.environ.pop(cogs.GEN_ENV_VAR, None)  # run() sets it for its subprocesses
   return json.loads((out / "settings.json").read_text())
@@ -61,6 +73,7 @@ def test_declared_lengths_hold_the_release_and_are_the_run_files():
   the same gin files trains the same model as `repro cogs`)."""
   from remixer_t5 import gin_utils
   from remixer_t5.repro import cogs as repro
+
   for k in ("inputs", "targets"):
     assert repro.MODEL_LENGTHS[k] == 64 * math.ceil(repro.RELEASE_LONGEST[k] / 64) > repro.RELEASE_LONGEST[k]
     assert repro.TRAIN_LENGTHS[k] <= repro.MODEL_LENGTHS[k]
@@ -76,6 +89,7 @@ def test_the_release_files_here_fit_the_declared_lengths(tmp_path, monkeypatch):
   full gen.tsv's cp_recursion reaches), train within a packed row; the numbers the comments quote."""
   from remixer_t5.repro import cogs as repro
   from remixer_t5.tasks import cogs
+
   monkeypatch.setenv("REMIXER_T5_DATA_DIR", str(SHARED_COGS.parent))
   monkeypatch.setenv("REMIXER_T5_CACHE_DIR", str(tmp_path))
   monkeypatch.delenv(cogs.GEN_ENV_VAR, raising=False)
@@ -89,21 +103,22 @@ def test_the_training_recipe_does_not_depend_on_the_gen_file(tmp_path, monkeypat
   """The same sweep with two gen files whose longest rows differ (lengths measured from the files would
   differ): the trainer is given the same flags, and the folders record the same model and row lengths."""
   from remixer_t5.repro import cogs as repro
+
   short, long = _gen_files(tmp_path)
   _toy_cogs(tmp_path / "data")
   given = {}
 
   def train_run(model, seed, settings, lengths, run_dir, progress, extra_gin=(), cpus=None):
     # the flags train_run would hand the trainer, MODEL_DIR (the folder) aside
-    given[run_dir.parents[1].name] = [f for f in repro._gin_args(model, run_dir, seed, settings, lengths)
-                                      if not f.startswith("--gin.MODEL_DIR=")]
+    given[run_dir.parents[1].name] = [
+      f for f in repro._gin_args(model, run_dir, seed, settings, lengths) if not f.startswith("--gin.MODEL_DIR=")
+    ]
     (run_dir / "train.log").parent.mkdir(parents=True, exist_ok=True)
     (run_dir / "train.log").write_text("model: 1 params | stub\n")
     return 1.0
 
   records = {g.stem: _sweep(monkeypatch, tmp_path, repro, g, tmp_path / g.stem, train_run) for g in (short, long)}
-  measured = {g.stem: json.loads((tmp_path / g.stem / "data.json").read_text())["splits"]["gen"]
-              for g in (short, long)}
+  measured = {g.stem: json.loads((tmp_path / g.stem / "data.json").read_text())["splits"]["gen"] for g in (short, long)}
   assert measured["gen_short"]["max_target_tokens"] < 32 < 200 < measured["gen_long"]["max_target_tokens"]
   assert measured["gen_short"]["max_input_tokens"] < 16 < 48 < measured["gen_long"]["max_input_tokens"]
   assert given["gen_short"] == given["gen_long"]
@@ -117,13 +132,15 @@ def test_an_evaluation_file_that_does_not_fit_is_refused_before_training(tmp_pat
   """A gen, dev or train row longer than the recipe holds stops the sweep before any run trains, with the
   file, its first such line (blank lines counted), the length, the limit and how many rows do not fit."""
   from remixer_t5.repro import cogs as repro
+
   _toy_cogs(tmp_path / "data")
   ok = ("The cat ran .", "* cat ( x _ 1 ) ; run . agent ( x _ 2 , x _ 1 )", "seen")
-  too_long_target = ("The cat ran .", " ".join(["agent"] * 600), "deep")   # 601 tokens with EOS
-  too_long_input = (" ".join(["cat"] * 70), "* cat ( x _ 1 )", "deep")       # 71 tokens with EOS
+  too_long_target = ("The cat ran .", " ".join(["agent"] * 600), "deep")  # 601 tokens with EOS
+  too_long_input = (" ".join(["cat"] * 70), "* cat ( x _ 1 )", "deep")  # 71 tokens with EOS
   gen = tmp_path / "gen_bad.tsv"
-  gen.write_text("\t".join(ok) + "\n\n" + "\t".join(ok) + "\n" + "\t".join(too_long_target) + "\n"
-                 + "\t".join(too_long_input) + "\n")
+  gen.write_text(
+    "\t".join(ok) + "\n\n" + "\t".join(ok) + "\n" + "\t".join(too_long_target) + "\n" + "\t".join(too_long_input) + "\n"
+  )
 
   def train_run(*a, **k):
     raise AssertionError("a run trained although an evaluation file does not fit")
@@ -135,8 +152,11 @@ def test_an_evaluation_file_that_does_not_fit_is_refused_before_training(tmp_pat
   assert "target (logical form) is 601 tokens" in msg and "than the 576 of MODEL_LENGTHS['targets']" in msg
   assert "2 rows of this file do not fit" in msg
   gen.write_text("\t".join(ok) + "\n" + "\t".join(too_long_input) + "\n")
-  with pytest.raises(ValueError, match=rf"^{gen}:2: .*input \(sentence\) is 71 tokens .*than the 64 of "
-                     r"MODEL_LENGTHS\['inputs'\].*1 row of this file does not fit"):
+  with pytest.raises(
+    ValueError,
+    match=rf"^{gen}:2: .*input \(sentence\) is 71 tokens .*than the 64 of "
+    r"MODEL_LENGTHS\['inputs'\].*1 row of this file does not fit",
+  ):
     _sweep(monkeypatch, tmp_path, repro, gen, tmp_path / "out", train_run)
   # dev is held to the model's lengths too; train to a packed row's (a longer example would be cut short)
   _tsv(tmp_path / "gen_ok.tsv", [ok])
@@ -148,8 +168,11 @@ def test_an_evaluation_file_that_does_not_fit_is_refused_before_training(tmp_pat
   train = tmp_path / "data" / "cogs" / "train.tsv"
   with open(train, "a") as f:
     f.write("\t".join(("The cat ran .", " ".join(["agent"] * 400), "in_distribution")) + "\n")
-  with pytest.raises(ValueError, match=rf"^{train}:\d+: this train row's target .* 401 tokens .*than the 320 of "
-                     r"TRAIN_LENGTHS\['targets'\].*a packed training row's length"):
+  with pytest.raises(
+    ValueError,
+    match=rf"^{train}:\d+: this train row's target .* 401 tokens .*than the 320 of "
+    r"TRAIN_LENGTHS\['targets'\].*a packed training row's length",
+  ):
     _sweep(monkeypatch, tmp_path, repro, tmp_path / "gen_ok.tsv", tmp_path / "out", train_run)
 
 
@@ -157,6 +180,7 @@ def test_a_folder_from_before_train_lengths_were_recorded_resumes_as_it_was_pack
   """settings.json without `train_lengths`: its rows were packed at TRAIN_LENGTHS cut to its model lengths."""
   import dataclasses
   from remixer_t5.repro import cogs as repro
+
   settings = dataclasses.asdict(repro.Settings()) | {"models": None, "seeds": None}
   old = {"settings": settings, "gen_file": "x", "model_lengths": {"inputs": 32, "targets": 176}}
   (tmp_path / "settings.json").write_text(json.dumps(old))
@@ -173,6 +197,7 @@ def test_two_gen_files_train_the_same_run(tmp_path, monkeypatch):
   of the first steps in metrics.jsonl, and the same lowered programs (every StableHLO module the trainer
   compiled, the train step's among them, dumped by JAX as it lowers them)."""
   from remixer_t5.repro import cogs as repro
+
   short, long = _gen_files(tmp_path)
   _toy_cogs(tmp_path / "data")
   plain_args, plain_train = repro._gin_args, repro.train_run
@@ -184,8 +209,11 @@ def test_two_gen_files_train_the_same_run(tmp_path, monkeypatch):
     _sweep(monkeypatch, tmp_path, repro, g, tmp_path / g.stem, plain_train)
     run_dir = tmp_path / g.stem / "runs" / "remixer-seed0"
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    train_rows = [{k: r[k] for k in ("step", "loss", "z_loss", "accuracy", "grad_norm", "learning_rate")}
-                  for r in metrics if r["split"] == "train"]
+    train_rows = [
+      {k: r[k] for k in ("step", "loss", "z_loss", "accuracy", "grad_norm", "learning_rate")}
+      for r in metrics
+      if r["split"] == "train"
+    ]
     modules = {p.name.split("_", 1)[1]: p.read_text() for p in dump.glob("jax_ir*.mlir")}
     runs[g.stem] = (repro._param_count(run_dir), train_rows, modules)
   (n_short, rows_short, ir_short), (n_long, rows_long, ir_long) = runs["gen_short"], runs["gen_long"]

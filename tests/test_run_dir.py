@@ -3,6 +3,7 @@
 settings meant to change on resume are accepted; one writer at a time (the lock: a live holder refuses a second
 `train`, a dead one is taken over, a lost lock stops the run); names a bucket cannot hold are refused; a failed
 background save stops the run within steps; the history says which rows a resume supersedes."""
+
 import hashlib
 import json
 import os
@@ -18,21 +19,36 @@ from subprocess_util import xla_flags
 from remixer_t5 import cli, storage
 from remixer_t5.training import checkpoints, metrics_log, run_identity, run_lock
 
-SIZES = ["--gin.BATCH_SIZE=2", "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}", "--gin.EVAL_PERIOD=0",
-         "--gin.network.T5Config.emb_dim=32", "--gin.network.T5Config.mlp_dim=48",
-         "--gin.network.T5Config.num_encoder_layers=1", "--gin.network.T5Config.num_decoder_layers=1"]
+SIZES = [
+  "--gin.BATCH_SIZE=2",
+  "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}",
+  "--gin.EVAL_PERIOD=0",
+  "--gin.network.T5Config.emb_dim=32",
+  "--gin.network.T5Config.mlp_dim=48",
+  "--gin.network.T5Config.num_encoder_layers=1",
+  "--gin.network.T5Config.num_decoder_layers=1",
+]
 
 
 def _train(model_dir, steps, *extra, model="t5_1_1", period=2, log=1):
-  return ["train", f"--gin_file=models/{model}/tiny.gin", "--gin_file=runs/demo.gin", *SIZES,
-          f"--gin.MODEL_DIR='{model_dir}'", f"--gin.TRAIN_STEPS={steps}", f"--gin.CHECKPOINT_PERIOD={period}",
-          f"--gin.LOG_PERIOD={log}", *extra]
+  return [
+    "train",
+    f"--gin_file=models/{model}/tiny.gin",
+    "--gin_file=runs/demo.gin",
+    *SIZES,
+    f"--gin.MODEL_DIR='{model_dir}'",
+    f"--gin.TRAIN_STEPS={steps}",
+    f"--gin.CHECKPOINT_PERIOD={period}",
+    f"--gin.LOG_PERIOD={log}",
+    *extra,
+  ]
 
 
 def _snapshot(root: Path) -> dict[str, str]:
   """Every file under `root` with a digest of its bytes."""
-  return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-          for p in sorted(root.rglob("*")) if p.is_file()}
+  return {
+    str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()
+  }
 
 
 def _train_steps(model_dir):
@@ -57,10 +73,10 @@ def t5_run(tmp_path_factory, embedded_cache):
 
 
 REFUSED = [  # (launch's change, a word of the refusal naming the setting)
-    ({"model": "remixer"}, "RemixerBlock"),
-    ({"extra": ["--gin.network.T5Config.num_heads=2"]}, "config.num_heads"),
-    ({"extra": ["--gin.BATCH_SIZE=4"]}, "batch_size"),
-    ({"extra": ["--gin.RANDOM_SEED=7"]}, "random_seed"),
+  ({"model": "remixer"}, "RemixerBlock"),
+  ({"extra": ["--gin.network.T5Config.num_heads=2"]}, "config.num_heads"),
+  ({"extra": ["--gin.BATCH_SIZE=4"]}, "batch_size"),
+  ({"extra": ["--gin.RANDOM_SEED=7"]}, "random_seed"),
 ]
 
 
@@ -87,9 +103,13 @@ def test_resumable_settings_may_change_and_the_same_run_resumes(tmp_path, cache,
   assert cli.main(_train(run, 2)) == 0
   signature = (run / run_identity.SIGNATURE_FILE).read_text()
   capsys.readouterr()
-  changed = ["--gin.network.T5Config.dropout_rate=0.1", "--gin.network.T5Config.dtype='bfloat16'",
-             "--gin.network.T5Config.remat_policy='full'", "--gin.run_config.Training.num_microbatches=2",
-             "--gin.run_config.Schedule.keep_checkpoints=1"]
+  changed = [
+    "--gin.network.T5Config.dropout_rate=0.1",
+    "--gin.network.T5Config.dtype='bfloat16'",
+    "--gin.network.T5Config.remat_policy='full'",
+    "--gin.run_config.Training.num_microbatches=2",
+    "--gin.run_config.Schedule.keep_checkpoints=1",
+  ]
   assert cli.main(_train(run, 4, *changed, period=1, log=2)) == 0
   out = capsys.readouterr().out
   assert f"resumed from {run / 'checkpoints'}/2" in out
@@ -118,25 +138,37 @@ def test_another_train_file_or_its_content_is_refused(tmp_path, cache, capfd):
   assert cli.main(_train(run, 2, *files(train_a))) == 0
   before = _snapshot(run)
   # In fresh processes: this one's task registry holds 'custom' over a.tsv already.
-  other = subprocess.run([sys.executable, "-m", "remixer_t5", *_train(run, 4, *files(train_b))],
-                         env=_child_env(cache), capture_output=True, text=True, timeout=300)
+  other = subprocess.run(
+    [sys.executable, "-m", "remixer_t5", *_train(run, 4, *files(train_b))],
+    env=_child_env(cache),
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert other.returncode == 2 and "holds another run" in other.stderr, other.stderr[-2000:]
   assert "train_files at" in other.stderr and "b.tsv" in other.stderr
   write(train_a, rows + [("say nine", "nine nine")])  # the same name, other content
-  edited = subprocess.run([sys.executable, "-m", "remixer_t5", *_train(run, 4, *files(train_a))],
-                          env=_child_env(cache), capture_output=True, text=True, timeout=300)
+  edited = subprocess.run(
+    [sys.executable, "-m", "remixer_t5", *_train(run, 4, *files(train_a))],
+    env=_child_env(cache),
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert edited.returncode == 2 and f"train_files at {train_a}: sha256:" in edited.stderr, edited.stderr[-2000:]
   assert _snapshot(run) == before
 
 
 def _spawn(args, env):
-  return subprocess.Popen([sys.executable, "-m", "remixer_t5", *args], env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+  return subprocess.Popen(
+    [sys.executable, "-m", "remixer_t5", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+  )
 
 
 def _child_env(embedded_cache, **extra):
-  return dict(os.environ, REMIXER_T5_CACHE_DIR=str(embedded_cache.root), JAX_PLATFORMS="cpu",
-              XLA_FLAGS=xla_flags(), **extra)
+  return dict(
+    os.environ, REMIXER_T5_CACHE_DIR=str(embedded_cache.root), JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(), **extra
+  )
 
 
 def test_a_second_writer_is_refused_and_the_first_logs_each_step_once(tmp_path, cache, capfd):
@@ -165,16 +197,20 @@ def test_stale_locks_are_taken_over_and_live_ones_kept(tmp_path, monkeypatch):
   run.mkdir()
   lock_path = run / run_lock.LOCK_FILE
   # Another host's lock, renewed long ago: its lease ran out.
-  lock_path.write_text(json.dumps({"host": "elsewhere", "pid": 1, "since": 0, "renewed": time.time() - 600,
-                                   "lease_s": 120, "token": "old"}))
+  lock_path.write_text(
+    json.dumps(
+      {"host": "elsewhere", "pid": 1, "since": 0, "renewed": time.time() - 600, "lease_s": 120, "token": "old"}
+    )
+  )
   lock = run_lock.RunLock(run, lease_s=60).acquire()
   assert json.loads(lock_path.read_text())["token"] == lock.token
   # A second RunLock in this (live) process is refused, naming the holder.
   with pytest.raises(run_lock.RunLockedError, match=rf"in use by process {os.getpid()} on .* \(since "):
     run_lock.RunLock(run, lease_s=60).acquire()
   # Someone replaces the lock: the holder notices at its next renewal and stops.
-  lock_path.write_text(json.dumps({"host": "elsewhere", "pid": 2, "since": 0, "renewed": time.time(),
-                                   "lease_s": 120, "token": "thief"}))
+  lock_path.write_text(
+    json.dumps({"host": "elsewhere", "pid": 2, "since": 0, "renewed": time.time(), "lease_s": 120, "token": "thief"})
+  )
   lock.renew()
   with pytest.raises(run_lock.RunLockLostError, match="taken by process 2 on elsewhere"):
     lock.check()
@@ -186,8 +222,7 @@ def test_stale_locks_are_taken_over_and_live_ones_kept(tmp_path, monkeypatch):
   # A dead process on this host: taken over at once, whatever its lease.
   dead = subprocess.Popen([sys.executable, "-c", "pass"])
   dead.wait()
-  lock_path.write_text(json.dumps({**json.loads(lock_path.read_text()), "host": os.uname().nodename,
-                                   "pid": dead.pid}))
+  lock_path.write_text(json.dumps({**json.loads(lock_path.read_text()), "host": os.uname().nodename, "pid": dead.pid}))
   taken = run_lock.RunLock(run, lease_s=60).acquire()
   taken.release()
   assert not lock_path.exists()
@@ -199,11 +234,18 @@ def test_lock_lease_must_be_positive(monkeypatch):
     run_lock.lease_seconds()
 
 
-@pytest.mark.parametrize("path, word", [
-    ("gs://bucket/q?dir/run", "'?'"), ("gs://bucket/r#x/run", "'#'"), ("gs://bucket/runs[1]/a", "'['"),
-    ("gs://Bad_Bucket!/run", "not a valid bucket name"), ("gs://ab/run", "not a valid bucket name"),
-    ("gs://my-google-bucket/run", "google"), ("gs://bucket/a/../run", "'..'"),
-])
+@pytest.mark.parametrize(
+  "path, word",
+  [
+    ("gs://bucket/q?dir/run", "'?'"),
+    ("gs://bucket/r#x/run", "'#'"),
+    ("gs://bucket/runs[1]/a", "'['"),
+    ("gs://Bad_Bucket!/run", "not a valid bucket name"),
+    ("gs://ab/run", "not a valid bucket name"),
+    ("gs://my-google-bucket/run", "google"),
+    ("gs://bucket/a/../run", "'..'"),
+  ],
+)
 def test_names_a_bucket_cannot_hold_are_refused(path, word):
   with pytest.raises(storage.BadPathError, match=word.replace("[", r"\[").replace("?", r"\?")):
     storage.check_names(path)
@@ -224,17 +266,24 @@ def test_a_wait_on_storage_is_bounded(tmp_path):
 
 
 def test_current_rows_follow_the_start_rows():
-  rows = [{"split": "start", "step": 0}, *({"split": "train", "step": s, "a": 1} for s in (1, 2, 3, 4)),
-          {"split": "start", "step": 2}, *({"split": "train", "step": s, "a": 2} for s in (3,)),
-          {"split": "start", "step": 2}, *({"split": "train", "step": s, "a": 3} for s in (3, 4, 5))]
+  rows = [
+    {"split": "start", "step": 0},
+    *({"split": "train", "step": s, "a": 1} for s in (1, 2, 3, 4)),
+    {"split": "start", "step": 2},
+    *({"split": "train", "step": s, "a": 2} for s in (3,)),
+    {"split": "start", "step": 2},
+    *({"split": "train", "step": s, "a": 3} for s in (3, 4, 5)),
+  ]
   current = metrics_log.current_rows(rows)
   assert [(r["step"], r["a"]) for r in current] == [(1, 1), (2, 1), (3, 3), (4, 3), (5, 3)]
 
 
 def _mount_tmpfs(path: Path, size: str) -> bool:
   path.mkdir(parents=True, exist_ok=True)
-  return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                        capture_output=True).returncode == 0
+  return (
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True).returncode
+    == 0
+  )
 
 
 def test_a_full_disk_stops_the_run_at_the_failed_save_naming_the_lack_of_space(tmp_path, cache):

@@ -1,4 +1,5 @@
 """runtime: XLA:CPU's per-step scratch stays on the heap (no page faults per step) once configured."""
+
 import json
 import os
 import subprocess
@@ -52,7 +53,7 @@ def _huge_pages_always() -> bool:
 def test_scratch_is_not_page_faulted_in_every_step():
   on, off = _probe("on"), _probe("off")
   pages = on["temp_bytes"] / 4096
-  assert on["temp_bytes"] > 40 * 2 ** 20, on  # the probe really needs a buffer above the mmap threshold
+  assert on["temp_bytes"] > 40 * 2**20, on  # the probe really needs a buffer above the mmap threshold
   assert on["applied"] and not off["applied"]
   assert on["faults"] < 0.02 * pages, (on, pages)  # median step after 20 warm-up steps
   if not _huge_pages_always():  # with 2 MiB pages the default would fault far fewer times
@@ -68,6 +69,7 @@ class _FakeLibc:
     def mallopt(param, value):
       self.calls.append((param, value))
       return result
+
     self.mallopt = mallopt
 
 
@@ -85,8 +87,9 @@ def test_auto_turns_mmap_chunks_and_trimming_off_with_one_arena_on_cpu(monkeypat
   lines = []
   assert runtime.configure(lines.append, verbose=True)
   # no mmap chunks (a threshold is an int: it cannot cover a scratch above 2 GiB), no trimming, one arena
-  assert sorted(libc.calls) == sorted([(runtime.M_MMAP_MAX, 0), (runtime.M_TRIM_THRESHOLD, -1),
-                                       (runtime.M_ARENA_MAX, 1)])
+  assert sorted(libc.calls) == sorted(
+    [(runtime.M_MMAP_MAX, 0), (runtime.M_TRIM_THRESHOLD, -1), (runtime.M_ARENA_MAX, 1)]
+  )
   assert runtime.applied and "heap" in lines[0] and runtime.ENV in lines[0]
 
 

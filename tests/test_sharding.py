@@ -1,4 +1,5 @@
 """The train step on a (data, model) mesh of 8 CPU devices: params really sharded, same losses as 1 device."""
+
 import subprocess
 import sys
 import textwrap

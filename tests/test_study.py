@@ -1,6 +1,7 @@
 """remixer_t5.study: the statistics over seeds against scipy.stats on fixed numbers, a study's grouping, best
 points and HyperMixer's mark on hand-built points, its files, and `compare --group_by_seed` over run folders
 written by hand (no training)."""
+
 from __future__ import annotations
 
 import csv
@@ -50,8 +51,9 @@ def test_describe_of_one_and_of_no_value():
     study.describe([1.0, float("nan")])
 
 
-@pytest.mark.parametrize("a, b", [(LOSSES, OTHER), (OTHER, LOSSES), ([1.0, 2.0], [1.5, 1.7, 1.9, 2.4]),
-                                  ([0.1, 0.2, 0.3], [0.0, 0.2, 0.4])])  # the last: equal means
+@pytest.mark.parametrize(
+  "a, b", [(LOSSES, OTHER), (OTHER, LOSSES), ([1.0, 2.0], [1.5, 1.7, 1.9, 2.4]), ([0.1, 0.2, 0.3], [0.0, 0.2, 0.4])]
+)  # the last: equal means
 def test_welch_matches_scipy(a, b):
   got = study.welch(a, b)
   ref = stats.ttest_ind(a, b, equal_var=False)
@@ -72,10 +74,20 @@ def test_welch_equal_means_and_undefined_cases():
 def test_hypermixer_mark_on_the_papers_table_1():
   # (best mean, best std, second mean) per validation column of HyperMixer's Table 1: MNLI, SNLI, QQP, QNLI
   # lead by more than one standard deviation; SST's lead is "smaller than one standard deviation" (its text).
-  columns = {"MNLI": (66.9, 0.48, 66.2), "SNLI": (82.7, 0.22, 81.9), "QQP": (85.6, 0.20, 83.7),
-             "QNLI": (78.0, 0.19, 68.1), "SST": (80.7, 0.84, 80.5)}
-  assert {k: study.hypermixer_mark(*v) for k, v in columns.items()} == \
-      {"MNLI": True, "SNLI": True, "QQP": True, "QNLI": True, "SST": False}
+  columns = {
+    "MNLI": (66.9, 0.48, 66.2),
+    "SNLI": (82.7, 0.22, 81.9),
+    "QQP": (85.6, 0.20, 83.7),
+    "QNLI": (78.0, 0.19, 68.1),
+    "SST": (80.7, 0.84, 80.5),
+  }
+  assert {k: study.hypermixer_mark(*v) for k, v in columns.items()} == {
+    "MNLI": True,
+    "SNLI": True,
+    "QQP": True,
+    "QNLI": True,
+    "SST": False,
+  }
   # The best's deviation decides, not the second's: a 0.5 lead over a noisy best (std 1) is no mark.
   assert study.hypermixer_mark(10.5, 1.0, 10.0) is False
   assert study.hypermixer_mark(10.5, 0.4, 10.0) is True
@@ -87,10 +99,15 @@ def test_hypermixer_mark_on_the_papers_table_1():
 def _points():
   """lr 1e-3 clearly best in loss; exact_match tied between 1e-3 and 1e-4; 1e-2 has a missing exact_match."""
   points = []
-  for lr, losses, matches in ((1e-4, OTHER[:3], [0.50, 0.60, 0.70]), (1e-3, LOSSES[:3], [0.70, 0.60, 0.50]),
-                              (1e-2, [5.5, 5.9], [0.1, None])):
-    points += [{"learning_rate": lr, "seed": s, "validation/loss": v, "cogs/exact_match": m}
-               for s, (v, m) in enumerate(zip(losses, matches))]
+  for lr, losses, matches in (
+    (1e-4, OTHER[:3], [0.50, 0.60, 0.70]),
+    (1e-3, LOSSES[:3], [0.70, 0.60, 0.50]),
+    (1e-2, [5.5, 5.9], [0.1, None]),
+  ):
+    points += [
+      {"learning_rate": lr, "seed": s, "validation/loss": v, "cogs/exact_match": m}
+      for s, (v, m) in enumerate(zip(losses, matches))
+    ]
   return points
 
 
@@ -135,14 +152,20 @@ def test_summarize_rejects_bad_input():
 
 def test_one_group_has_no_second():
   s = study.summarize(_points()[:3], ["learning_rate"], {"validation/loss": "min"})
-  assert s.tests["validation/loss"] == {"best": {"learning_rate": 1e-4}, "second": None, "welch": None,
-                                        "gap": None, "mark": None}
+  assert s.tests["validation/loss"] == {
+    "best": {"learning_rate": 1e-4},
+    "second": None,
+    "welch": None,
+    "gap": None,
+    "mark": None,
+  }
   assert "no second point to test against" in study.markdown_table(s)
 
 
 def test_better_reads_the_metric_name():
-  assert [study.better(m) for m in ("validation/loss", "train/loss", "cogs/exact_match", "glue/accuracy",
-                                    "lm/perplexity")] == ["min", "min", "max", "max", "min"]
+  assert [
+    study.better(m) for m in ("validation/loss", "train/loss", "cogs/exact_match", "glue/accuracy", "lm/perplexity")
+  ] == ["min", "min", "max", "max", "min"]
 
 
 # --- write --------------------------------------------------------------------------------------------------------
@@ -160,14 +183,18 @@ def test_write_csv_md_png(tmp_path):
   lines = md.splitlines()
   best = next(line for line in lines if line.startswith("| 0.001 |"))
   r = s.rows[1]
-  cell = (f"{r['validation/loss_mean']:.4g} ± {r['validation/loss_std']:.4g} "
-          f"[{r['validation/loss_ci95_low']:.4g}, {r['validation/loss_ci95_high']:.4g}]")
+  cell = (
+    f"{r['validation/loss_mean']:.4g} ± {r['validation/loss_std']:.4g} "
+    f"[{r['validation/loss_ci95_low']:.4g}, {r['validation/loss_ci95_high']:.4g}]"
+  )
   assert f"| **{cell}** |" in best  # the clear winner in loss, bold
   assert md.count("**") == 2 + 2  # that cell and the legend's own **Bold**: the exact-match tie is not bold
   assert "| 0.01 | 2 | 5.7 ± 0.2828 [3.159, 8.241] | 0.1 (n=1) |" in lines
   welch = s.tests["validation/loss"]["welch"]
-  assert (f"- validation/loss: best learning_rate=0.001, second learning_rate=0.0001: Welch's t = "
-          f"{welch['t']:.3f}, df = {welch['df']:.1f}, p = {welch['p']:.3g}") in md
+  assert (
+    f"- validation/loss: best learning_rate=0.001, second learning_rate=0.0001: Welch's t = "
+    f"{welch['t']:.3f}, df = {welch['df']:.1f}, p = {welch['p']:.3g}"
+  ) in md
   assert "one-standard-deviation mark holds" in md and "mark does not hold" in md
   png = (tmp_path / "out" / "sweep.png").read_bytes()
   assert png[:8] == b"\x89PNG\r\n\x1a\n"
@@ -206,11 +233,13 @@ def _write(d: Path, rows, config: str | None):
 
 def _run(root: Path, lr: float, seed: int, best: float) -> Path:
   d = root / f"lr{lr}_s{seed}"
-  rows = [{"step": 10, "split": "train", "loss": best + 1.0, "tokens_per_s": 100.0, "steps_per_s": 1.0},
-          {"step": 10, "split": "validation", "loss": best + 0.5},
-          {"step": 20, "split": "train", "loss": best + 0.25, "tokens_per_s": 100.0, "steps_per_s": 1.0},
-          {"step": 20, "split": "validation", "loss": best},
-          {"step": 20, "split": "infer/cogs", "exact_match": 1.0 / best}]
+  rows = [
+    {"step": 10, "split": "train", "loss": best + 1.0, "tokens_per_s": 100.0, "steps_per_s": 1.0},
+    {"step": 10, "split": "validation", "loss": best + 0.5},
+    {"step": 20, "split": "train", "loss": best + 0.25, "tokens_per_s": 100.0, "steps_per_s": 1.0},
+    {"step": 20, "split": "validation", "loss": best},
+    {"step": 20, "split": "infer/cogs", "exact_match": 1.0 / best},
+  ]
   return _write(d, rows, CONFIG.format(lr=lr, model_dir=d, seed=seed))
 
 
@@ -220,8 +249,11 @@ def seed_runs(tmp_path):
 
 
 def test_point_metrics_reads_a_finished_run(seed_runs):
-  assert study.point_metrics(seed_runs[0]) == {"validation/loss": 4.1, "train/loss": 4.1 + 0.25,
-                                                "cogs/exact_match": 1.0 / 4.1}
+  assert study.point_metrics(seed_runs[0]) == {
+    "validation/loss": 4.1,
+    "train/loss": 4.1 + 0.25,
+    "cogs/exact_match": 1.0 / 4.1,
+  }
 
 
 def test_compare_group_by_seed_writes_the_study(seed_runs, tmp_path, capsys):
@@ -256,25 +288,32 @@ def test_seed_points_groups_on_config_gin(seed_runs, tmp_path):
   runs = [compare.load_run(d, params=False) for d in seed_runs]
   points = compare.seed_points(runs)
   assert [(p["group"], p["seed"], p["run"]) for p in points] == [
-      ("LEARNING_RATE=0.001", 0, "lr0.001_s0"), ("LEARNING_RATE=0.001", 1, "lr0.001_s1"),
-      ("LEARNING_RATE=0.001", 2, "lr0.001_s2"), ("LEARNING_RATE=0.01", 0, "lr0.01_s0"),
-      ("LEARNING_RATE=0.01", 1, "lr0.01_s1")]
+    ("LEARNING_RATE=0.001", 0, "lr0.001_s0"),
+    ("LEARNING_RATE=0.001", 1, "lr0.001_s1"),
+    ("LEARNING_RATE=0.001", 2, "lr0.001_s2"),
+    ("LEARNING_RATE=0.01", 0, "lr0.01_s0"),
+    ("LEARNING_RATE=0.01", 1, "lr0.01_s1"),
+  ]
   # One setting: the group is named after its first run.
   assert {p["group"] for p in compare.seed_points(runs[:3])} == {"lr0.001_s0 +2"}
   # A wrapped value is one setting: a run whose feature lengths differ is a group of its own.
   other = _run(tmp_path / "more", 0.001, 0, 4.0)
   (other / "config.gin").write_text((other / "config.gin").read_text().replace("'targets': 8", "'targets': 9"))
   groups = [p["group"] for p in compare.seed_points(runs[:2] + [compare.load_run(other, params=False)])]
-  assert groups == ["TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}"] * 2 + \
-      ["TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 9}"]
+  assert groups == ["TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}"] * 2 + [
+    "TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 9}"
+  ]
 
 
 def test_group_by_seed_errors(seed_runs, tmp_path, capsys):
   twin = _run(tmp_path / "twin", 0.001, 1, 4.0)
-  assert cli.main(["compare", *map(str, seed_runs[:2]), str(twin), "--out", str(tmp_path / "o"),
-                   "--group_by_seed"]) == 2
-  assert ("--group_by_seed: runs runs/lr0.001_s1 and twin/lr0.001_s1 have the same config.gin and seed 1; "
-          "expected one run per seed in a group") in capsys.readouterr().err
+  assert (
+    cli.main(["compare", *map(str, seed_runs[:2]), str(twin), "--out", str(tmp_path / "o"), "--group_by_seed"]) == 2
+  )
+  assert (
+    "--group_by_seed: runs runs/lr0.001_s1 and twin/lr0.001_s1 have the same config.gin and seed 1; "
+    "expected one run per seed in a group"
+  ) in capsys.readouterr().err
   assert not (tmp_path / "o").exists()  # refused before anything is written
   (seed_runs[1] / "config.gin").unlink()
   assert cli.main(["compare", *map(str, seed_runs[:2]), "--out", str(tmp_path / "o2"), "--group_by_seed"]) == 2

@@ -1,6 +1,7 @@
 """`remixer-t5 sweep`: a grid of gin settings at each seed, a train MODEL_DIR per point, resumable through its
 manifest, summarised over seeds; HyperMixer's two-stage protocol as docs/reproducing.md runs it (this file runs
 that command); the per-point commands for launch/; submitit's local executor running the same path."""
+
 import csv
 import json
 import re
@@ -29,8 +30,9 @@ def _best_validation_loss(folder: Path) -> float:
   return min(r["loss"] for r in rows if r["split"] == "validation")
 
 
-def test_the_documented_study_runs_hypermixers_protocol_and_a_rerun_trains_nothing(tmp_path, embedded_cache,
-                                                                                    monkeypatch, capsys):
+def test_the_documented_study_runs_hypermixers_protocol_and_a_rerun_trains_nothing(
+  tmp_path, embedded_cache, monkeypatch, capsys
+):
   monkeypatch.setenv("REMIXER_T5_CACHE_DIR", str(embedded_cache.root))
   out = tmp_path / "study"
   argv = _docs_command(out)
@@ -68,29 +70,49 @@ def test_another_sweep_into_the_same_folder_is_refused(tmp_path):
 
 
 def test_print_commands_gives_each_points_train_command(tmp_path, capsys):
-  argv = ["sweep", "--gin_file=models/t5_1_1/tiny.gin", "--gin_file=runs/demo.gin", "--grid",
-          "optim.rsqrt_schedule.base_learning_rate=0.5,1.0", "--grid", "BATCH_SIZE=2,4", "--seeds", "3,4",
-          f"--out={tmp_path}", "--print_commands"]
+  argv = [
+    "sweep",
+    "--gin_file=models/t5_1_1/tiny.gin",
+    "--gin_file=runs/demo.gin",
+    "--grid",
+    "optim.rsqrt_schedule.base_learning_rate=0.5,1.0",
+    "--grid",
+    "BATCH_SIZE=2,4",
+    "--seeds",
+    "3,4",
+    f"--out={tmp_path}",
+    "--print_commands",
+  ]
   assert cli.main(argv) == 0
   lines = capsys.readouterr().out.strip().splitlines()
-  assert len(lines) == 8 and all(line.startswith("remixer-t5 train --gin_file=models/t5_1_1/tiny.gin") for line in lines)
-  assert any("--gin.optim.rsqrt_schedule.base_learning_rate=1.0 --gin.BATCH_SIZE=4 --gin.RANDOM_SEED=3" in line
-             and f"base_learning_rate=1.0,BATCH_SIZE=4,seed=3" in line for line in lines)
+  assert len(lines) == 8 and all(
+    line.startswith("remixer-t5 train --gin_file=models/t5_1_1/tiny.gin") for line in lines
+  )
+  assert any(
+    "--gin.optim.rsqrt_schedule.base_learning_rate=1.0 --gin.BATCH_SIZE=4 --gin.RANDOM_SEED=3" in line
+    and f"base_learning_rate=1.0,BATCH_SIZE=4,seed=3" in line
+    for line in lines
+  )
   assert not list(tmp_path.iterdir())  # nothing run, nothing written
 
 
-@pytest.mark.parametrize("items, word", [
-    (["lr"], "expected NAME=V1,V2"), (["lr="], "expected NAME=V1,V2"), (["A=1", "A=2"], "given twice"),
-    (["RANDOM_SEED=1,2"], "seeds are --seeds"), (["1x=2"], "expected NAME=V1,V2"),
-])
+@pytest.mark.parametrize(
+  "items, word",
+  [
+    (["lr"], "expected NAME=V1,V2"),
+    (["lr="], "expected NAME=V1,V2"),
+    (["A=1", "A=2"], "given twice"),
+    (["RANDOM_SEED=1,2"], "seeds are --seeds"),
+    (["1x=2"], "expected NAME=V1,V2"),
+  ],
+)
 def test_bad_grids_are_one_line(items, word):
   with pytest.raises(ValueError, match=word):
     sweep.parse_grid(items)
 
 
 def test_grid_values_keep_their_brackets_and_points_span_the_product():
-  grid = sweep.parse_grid(["TASK_FEATURE_LENGTHS={'inputs': 8, 'targets': 4},{'inputs': 16, 'targets': 8}",
-                           "B=1,2"])
+  grid = sweep.parse_grid(["TASK_FEATURE_LENGTHS={'inputs': 8, 'targets': 4},{'inputs': 16, 'targets': 8}", "B=1,2"])
   assert grid[0][1] == ["{'inputs': 8, 'targets': 4}", "{'inputs': 16, 'targets': 8}"]
   pts = sweep.points(grid, [0, 1])
   assert len(pts) == 8 and len({p.name for p in pts}) == 8

@@ -8,6 +8,7 @@ the module is driven through the exact calls t5x.models.EncoderDecoderModel make
 real classes are used and t5x itself trains a step's loss, decodes, and reads our test checkpoints.
 Checkpoints are written in t5x's on-disk layouts (t5x/checkpoints.py) with msgpack + TensorStore or orbax.
 """
+
 import copy
 import importlib.util
 import inspect
@@ -35,20 +36,26 @@ GIN_DIR = gin_utils.gin_dir()
 # The per-model files; t5x/model.gin is the wrapper they include after a model file.
 T5X_GIN = sorted(str(p.relative_to(GIN_DIR)) for p in GIN_DIR.glob("t5x/*.gin") if p.name != "model.gin")
 # t5x-style bindings ('NAME = VALUE', as t5x's --gin.NAME=VALUE becomes) for a CPU-sized model.
-SHRINK = ["network.T5Config.vocab_size = 96", "network.T5Config.emb_dim = 32", "network.T5Config.num_heads = 2",
-          "network.T5Config.head_dim = 8", "network.T5Config.mlp_dim = 48",
-          "network.T5Config.num_encoder_layers = 1", "network.T5Config.num_decoder_layers = 1",
-          "ACTIVATION_DTYPE = 'float32'"]
+SHRINK = [
+  "network.T5Config.vocab_size = 96",
+  "network.T5Config.emb_dim = 32",
+  "network.T5Config.num_heads = 2",
+  "network.T5Config.head_dim = 8",
+  "network.T5Config.mlp_dim = 48",
+  "network.T5Config.num_encoder_layers = 1",
+  "network.T5Config.num_decoder_layers = 1",
+  "ACTIVATION_DTYPE = 'float32'",
+]
 
 # Stand-ins: t5x's signatures (what gin validates bindings against), no behaviour.
 _STANDINS = {
-    "t5x": "",
-    "t5x.decoding": """
+  "t5x": "",
+  "t5x.decoding": """
 def beam_search(inputs, cache, tokens_to_logits, eos_id, num_decodes=4, alpha=0.6, max_decode_len=None,
                 max_decode_step=-1, min_log_prob=-1e10, decode_rng=None, cache_offset=0, initial_index=None):
   raise NotImplementedError('stand-in')
 """,
-    "t5x.adafactor": """
+  "t5x.adafactor": """
 import enum
 import types
 class FactorDim(enum.Enum):
@@ -70,7 +77,7 @@ class Adafactor:
                max_parameter_scale=None, skip_nan_updates=False):
     self.hyper_params = types.SimpleNamespace(decay_rate=decay_rate, logical_factor_rules=logical_factor_rules)
 """,
-    "t5x.partitioning": """
+  "t5x.partitioning": """
 def standard_logical_axis_rules(activation_partitioning_dims=1, parameter_partitioning_dims=1,
                                 additional_rules=None):
   rules = [('batch', 'data'), ('vocab', 'model'), ('embed', None), ('mlp', 'model'), ('heads', 'model'),
@@ -78,7 +85,7 @@ def standard_logical_axis_rules(activation_partitioning_dims=1, parameter_partit
            ('length', None), ('layers', None), ('stack', None), ('mlp_activations', None)]
   return rules + list(additional_rules or [])
 """,
-    "t5x.models": """
+  "t5x.models": """
 from t5x import decoding
 class EncoderDecoderModel:
   def __init__(self, module, input_vocabulary, output_vocabulary, optimizer_def, decode_fn=decoding.beam_search,
@@ -117,6 +124,7 @@ def _parse_like_t5x(gin_file: str, bindings=()):
   gin.clear_config()
   if REAL_T5X:
     from t5x import gin_utils as t5x_gin_utils
+
     t5x_gin_utils.parse_gin_flags([str(GIN_DIR)], [gin_file], list(bindings))
   else:
     gin.add_config_file_search_path(str(GIN_DIR))
@@ -131,11 +139,21 @@ def _counterpart(gin_file: str) -> str:
 
 def _init_like_t5x(module, enc_len=8, dec_len=5, batch=2, abstract=False):
   """t5x's EncoderDecoderModel.get_initial_variables: float32 dummy tokens and every keyword."""
+
   def init():
-    return module.init(jax.random.PRNGKey(0), jnp.ones((batch, enc_len), jnp.float32),
-                       jnp.ones((batch, dec_len), jnp.float32), jnp.ones((batch, dec_len), jnp.float32),
-                       encoder_positions=None, decoder_positions=None, encoder_segment_ids=None,
-                       decoder_segment_ids=None, decode=False, enable_dropout=False)
+    return module.init(
+      jax.random.PRNGKey(0),
+      jnp.ones((batch, enc_len), jnp.float32),
+      jnp.ones((batch, dec_len), jnp.float32),
+      jnp.ones((batch, dec_len), jnp.float32),
+      encoder_positions=None,
+      decoder_positions=None,
+      encoder_segment_ids=None,
+      decoder_segment_ids=None,
+      decode=False,
+      enable_dropout=False,
+    )
+
   return jax.eval_shape(init) if abstract else jax.jit(init)()  # one compile beats op-by-op init on CPU
 
 
@@ -144,13 +162,15 @@ def _axis_names(variables) -> list[tuple[str, ...]]:
 
 
 def _axes_with_paths(variables):
-  return jax.tree_util.tree_leaves_with_path(variables["params_axes"],
-                                             is_leaf=lambda x: isinstance(x, flax_partitioning.AxisMetadata))
+  return jax.tree_util.tree_leaves_with_path(
+    variables["params_axes"], is_leaf=lambda x: isinstance(x, flax_partitioning.AxisMetadata)
+  )
 
 
 def _shapes(tree):
-  return {jax.tree_util.keystr(k): (tuple(v.shape), np.dtype(v.dtype)) for k, v in
-          jax.tree_util.tree_leaves_with_path(tree)}
+  return {
+    jax.tree_util.keystr(k): (tuple(v.shape), np.dtype(v.dtype)) for k, v in jax.tree_util.tree_leaves_with_path(tree)
+  }
 
 
 # --- parameter names ---------------------------------------------------------------------------------------
@@ -159,39 +179,53 @@ def _t5x_t5_1_1_params(cfg: network.T5Config) -> dict[str, tuple[tuple[int, ...]
   e, m, v, h = cfg.emb_dim, cfg.mlp_dim, cfg.vocab_size, cfg.num_heads * cfg.head_dim
   out = {"token_embedder/embedding": ((v, e), ("vocab", "embed"))}
   scale = ((e,), ("embed",))
-  mlp = {"mlp/wi_0/kernel": ((e, m), ("embed", "mlp")), "mlp/wi_1/kernel": ((e, m), ("embed", "mlp")),
-         "mlp/wo/kernel": ((m, e), ("mlp", "embed"))}
+  mlp = {
+    "mlp/wi_0/kernel": ((e, m), ("embed", "mlp")),
+    "mlp/wi_1/kernel": ((e, m), ("embed", "mlp")),
+    "mlp/wo/kernel": ((m, e), ("mlp", "embed")),
+  }
 
   def attention(name):
     qkv = {f"{name}/{p}/kernel": ((e, h), ("embed", "joined_kv")) for p in ("query", "key", "value")}
     return {**qkv, f"{name}/out/kernel": ((h, e), ("joined_kv", "embed"))}
 
   for stack in ("encoder", "decoder"):
-    out[f"{stack}/relpos_bias/rel_embedding"] = ((cfg.num_heads, cfg.relpos_num_buckets),
-                                                 ("heads", "relpos_buckets"))
+    out[f"{stack}/relpos_bias/rel_embedding"] = ((cfg.num_heads, cfg.relpos_num_buckets), ("heads", "relpos_buckets"))
     out[f"{stack}/{stack}_norm/scale"] = scale
   for i in range(cfg.num_encoder_layers):
-    layer = {"pre_attention_layer_norm/scale": scale, **attention("attention"),
-             "pre_mlp_layer_norm/scale": scale, **mlp}
+    layer = {
+      "pre_attention_layer_norm/scale": scale,
+      **attention("attention"),
+      "pre_mlp_layer_norm/scale": scale,
+      **mlp,
+    }
     out.update({f"encoder/layers_{i}/{k}": val for k, val in layer.items()})
   for i in range(cfg.num_decoder_layers):
-    layer = {"pre_self_attention_layer_norm/scale": scale, **attention("self_attention"),
-             "pre_cross_attention_layer_norm/scale": scale, **attention("encoder_decoder_attention"),
-             "pre_mlp_layer_norm/scale": scale, **mlp}
+    layer = {
+      "pre_self_attention_layer_norm/scale": scale,
+      **attention("self_attention"),
+      "pre_cross_attention_layer_norm/scale": scale,
+      **attention("encoder_decoder_attention"),
+      "pre_mlp_layer_norm/scale": scale,
+      **mlp,
+    }
     out.update({f"decoder/layers_{i}/{k}": val for k, val in layer.items()})
   out["decoder/logits_dense/kernel"] = ((e, v), ("embed", "vocab"))
   return out
 
 
 def test_our_t5_1_1_tree_is_t5x_s_names_shapes_and_logical_axes():
-  cfg = network.T5Config(vocab_size=96, emb_dim=32, num_heads=2, head_dim=8, mlp_dim=48,
-                         num_encoder_layers=2, num_decoder_layers=3)
+  cfg = network.T5Config(
+    vocab_size=96, emb_dim=32, num_heads=2, head_dim=8, mlp_dim=48, num_encoder_layers=2, num_decoder_layers=3
+  )
   variables = _init_like_t5x(network.Transformer(cfg), abstract=True)
-  ours = {"/".join(str(getattr(k, "key", k)) for k in path): (tuple(leaf.shape),)
-          for path, leaf in jax.tree_util.tree_leaves_with_path(variables["params"])}
+  ours = {
+    "/".join(str(getattr(k, "key", k)) for k in path): (tuple(leaf.shape),)
+    for path, leaf in jax.tree_util.tree_leaves_with_path(variables["params"])
+  }
   for path, a in _axes_with_paths(variables):
     name = "/".join(str(getattr(k, "key", k)) for k in path)
-    ours[name[:-len("_axes")]] += (a.names,)
+    ours[name[: -len("_axes")]] += (a.names,)
   assert ours == _t5x_t5_1_1_params(cfg)
 
 
@@ -208,6 +242,7 @@ def test_t5x_gin_file_builds_t5x_s_model_around_our_module(gin_file, t5x_api):
   from t5x import adafactor, decoding
   from t5x import models as t5x_models
   from t5x import partitioning as t5x_partitioning
+
   full_size = gin_file == "t5x/t5_1_1_base.gin"  # t5x's T5.1.1 base: its parameter count is known
   model = _parse_like_t5x(gin_file, () if full_size else SHRINK[:-1])
   assert isinstance(model, t5x_models.EncoderDecoderModel)
@@ -228,9 +263,12 @@ def test_t5x_gin_file_builds_t5x_s_model_around_our_module(gin_file, t5x_api):
 
   # The same network as the model file our own CLI parses.
   gin_utils.parse_gin([_counterpart(gin_file)], [] if full_size else [b.replace(" = ", "=") for b in SHRINK[:-1]])
-  reference = jax.eval_shape(lambda: models.EncoderDecoderModel(gin_utils.macro("MODEL").module).init_variables(
-      jax.random.PRNGKey(0), {"encoder_input_tokens": (2, 8), "decoder_input_tokens": (2, 5),
-                              "decoder_target_tokens": (2, 5)}))
+  reference = jax.eval_shape(
+    lambda: models.EncoderDecoderModel(gin_utils.macro("MODEL").module).init_variables(
+      jax.random.PRNGKey(0),
+      {"encoder_input_tokens": (2, 8), "decoder_input_tokens": (2, 5), "decoder_target_tokens": (2, 5)},
+    )
+  )
   assert _shapes(variables["params"]) == _shapes(reference["params"])
   if full_size:
     assert sum(int(np.prod(s)) for s, _ in _shapes(variables["params"]).values()) == 247_577_856
@@ -238,11 +276,13 @@ def test_t5x_gin_file_builds_t5x_s_model_around_our_module(gin_file, t5x_api):
 
 def _expand_cache_like_t5x(cache, batch: int, beams: int):
   """t5x's decoding.cache_map(flat_batch_beam_expand): every cache leaf but the step counters is batch-major."""
+
   def expand(path, x):
     if path[-1].key in ("cache_index", "cached_bias", "position_embedder_index"):
       return x
     assert x.shape[0] == batch, f"cache leaf {jax.tree_util.keystr(path)} {x.shape} is not batch-major"
     return jnp.repeat(x, beams, axis=0)
+
   return jax.tree_util.tree_map_with_path(expand, cache)
 
 
@@ -263,26 +303,59 @@ def test_module_answers_every_call_t5x_makes(gin_file, t5x_api):
   dec_in = np.concatenate([np.zeros((batch, 1), np.int32), tgt[:, :-1]], axis=1)
 
   # _compute_logits (no dropout, then with the dropout rng of training).
-  logits = module.apply({"params": params}, enc, dec_in, tgt, encoder_segment_ids=None,
-                        decoder_segment_ids=None, encoder_positions=None, decoder_positions=None, decode=False,
-                        enable_dropout=False, rngs=None, mutable=False)
+  logits = module.apply(
+    {"params": params},
+    enc,
+    dec_in,
+    tgt,
+    encoder_segment_ids=None,
+    decoder_segment_ids=None,
+    encoder_positions=None,
+    decoder_positions=None,
+    decode=False,
+    enable_dropout=False,
+    rngs=None,
+    mutable=False,
+  )
   assert logits.shape == (batch, dec_len, vocab)
-  dropped = module.apply({"params": params}, enc, dec_in, tgt, decode=False, enable_dropout=True,
-                         rngs={"dropout": jax.random.PRNGKey(1)}, mutable=False)
+  dropped = module.apply(
+    {"params": params},
+    enc,
+    dec_in,
+    tgt,
+    decode=False,
+    enable_dropout=True,
+    rngs={"dropout": jax.random.PRNGKey(1)},
+    mutable=False,
+  )
   assert dropped.shape == logits.shape
   # predict_batch_with_aux: encode, then _compute_kv_cache (no `prefill` in our decode: t5x skips prefilling).
   encoded = module.apply({"params": params}, enc, enable_dropout=False, method=module.encode)
-  _, initial = module.apply({"params": params}, encoder_input_tokens=jnp.ones_like(enc),
-                            decoder_input_tokens=jnp.ones_like(dec_in),
-                            decoder_target_tokens=jnp.ones_like(dec_in), mutable=["cache"], decode=True,
-                            enable_dropout=False)
+  _, initial = module.apply(
+    {"params": params},
+    encoder_input_tokens=jnp.ones_like(enc),
+    decoder_input_tokens=jnp.ones_like(dec_in),
+    decoder_target_tokens=jnp.ones_like(dec_in),
+    mutable=["cache"],
+    decode=True,
+    enable_dropout=False,
+  )
   cache = _expand_cache_like_t5x(initial["cache"], batch, beams)
   enc_b, encoded_b = np.repeat(enc, beams, 0), jnp.repeat(encoded, beams, 0)
   for t in range(dec_len):  # _compute_logits_from_slice
-    token = np.repeat(dec_in[:, t:t + 1], beams, 0)
-    step_logits, new_vars = module.apply({"params": params, "cache": cache}, encoded_b, enc_b, token, token,
-                                         enable_dropout=False, decode=True, max_decode_length=dec_len,
-                                         mutable=["cache"], method=module.decode)
+    token = np.repeat(dec_in[:, t : t + 1], beams, 0)
+    step_logits, new_vars = module.apply(
+      {"params": params, "cache": cache},
+      encoded_b,
+      enc_b,
+      token,
+      token,
+      enable_dropout=False,
+      decode=True,
+      max_decode_length=dec_len,
+      mutable=["cache"],
+      method=module.decode,
+    )
     cache = new_vars["cache"]
     np.testing.assert_allclose(step_logits[:, 0], np.repeat(logits[:, t], beams, 0), rtol=1e-4, atol=1e-4)
 
@@ -291,30 +364,33 @@ def test_module_answers_every_call_t5x_makes(gin_file, t5x_api):
 @pytest.mark.parametrize("gin_file", T5X_GIN)
 def test_t5x_trains_and_decodes_our_module(gin_file, t5x_api):
   from t5x import train_state as t5x_train_state
+
   model = _parse_like_t5x(gin_file, SHRINK)
   shapes = {"encoder_input_tokens": (2, 8), "decoder_input_tokens": (2, 5)}
-  variables = model.get_initial_variables(jax.random.PRNGKey(0), shapes,
-                                          {k: jnp.int32 for k in shapes})
+  variables = model.get_initial_variables(jax.random.PRNGKey(0), shapes, {k: jnp.int32 for k in shapes})
   # Builds Adafactor's state with our factor rules (set_param_axes) as t5x's trainer does.
   t5x_train_state.FlaxOptimTrainState.create(model.optimizer_def, variables)
   assert flax_partitioning.get_axis_names(variables["params_axes"])
   rng = np.random.RandomState(0)
   tgt = rng.randint(2, 96, (2, 5)).astype(np.int32)
-  batch = {"encoder_input_tokens": rng.randint(2, 96, (2, 8)).astype(np.int32), "decoder_target_tokens": tgt,
-           "decoder_input_tokens": np.concatenate([np.zeros((2, 1), np.int32), tgt[:, :-1]], 1),
-           "decoder_loss_weights": np.ones((2, 5), np.float32)}
+  batch = {
+    "encoder_input_tokens": rng.randint(2, 96, (2, 8)).astype(np.int32),
+    "decoder_target_tokens": tgt,
+    "decoder_input_tokens": np.concatenate([np.zeros((2, 1), np.int32), tgt[:, :-1]], 1),
+    "decoder_loss_weights": np.ones((2, 5), np.float32),
+  }
   loss, _ = model.loss_fn(variables["params"], batch, None)
   assert np.isfinite(float(loss))
-  decodes, aux = model.predict_batch_with_aux(variables["params"], batch, decoder_params={"eos_id": 1},
-                                              num_decodes=2)
+  decodes, aux = model.predict_batch_with_aux(variables["params"], batch, decoder_params={"eos_id": 1}, num_decodes=2)
   assert decodes.shape == (2, 5) and aux["scores"].shape == (2,)
 
 
 # --- t5x checkpoints ---------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_params():
-  cfg = network.T5Config(vocab_size=96, emb_dim=32, num_heads=2, head_dim=8, mlp_dim=48,
-                         num_encoder_layers=1, num_decoder_layers=1)
+  cfg = network.T5Config(
+    vocab_size=96, emb_dim=32, num_heads=2, head_dim=8, mlp_dim=48, num_encoder_layers=1, num_decoder_layers=1
+  )
   params = _init_like_t5x(network.Transformer(cfg))["params"]
   return jax.tree.map(np.asarray, params)
 
@@ -328,19 +404,21 @@ def _named_leaves(tree, prefix):
 
 
 def _map_named(tree, fn, prefix="target"):
-  return {k: (_map_named(v, fn, f"{prefix}/{k}") if isinstance(v, dict) else fn(f"{prefix}/{k}", v))
-          for k, v in tree.items()}
+  return {
+    k: (_map_named(v, fn, f"{prefix}/{k}") if isinstance(v, dict) else fn(f"{prefix}/{k}", v)) for k, v in tree.items()
+  }
 
 
 INLINE = "target/encoder/encoder_norm/scale"  # t5x keeps unpartitioned leaves in the msgpack itself
-GCS = "target/decoder/logits_dense/kernel"    # written to gs://: a 'gcs' spec, read from the local copy
+GCS = "target/decoder/logits_dense/kernel"  # written to gs://: a 'gcs' spec, read from the local copy
 OLD = "target/encoder/relpos_bias/rel_embedding"  # t5x with tensorstore < 0.1.14: path beside the kvstore
-BF16 = "target/token_embedder/embedding"      # t5x's save_dtype='bfloat16'
+BF16 = "target/token_embedder/embedding"  # t5x's save_dtype='bfloat16'
 
 
 def _write_legacy(step_dir, params, step: int):
   """t5x's legacy Checkpointer.save: zarr arrays under the step dir + the msgpack `checkpoint` file."""
   import tensorstore as ts
+
   step_dir.mkdir(parents=True)
 
   def leaf(name, arr):
@@ -351,25 +429,55 @@ def _write_legacy(step_dir, params, step: int):
     rel = name.replace("/", ".")
     chunks = [max(1, arr.shape[0] // 2)] + list(arr.shape[1:])  # several chunks, as t5x's chunk choice gives
     metadata = {"compressor": {"id": "gzip"}, "shape": list(arr.shape), "chunks": chunks}
-    spec = {"driver": "zarr", "dtype": jnp.dtype(arr.dtype).name, "kvstore": {"driver": "file", "path": rel},
-            "metadata": metadata}
+    spec = {
+      "driver": "zarr",
+      "dtype": jnp.dtype(arr.dtype).name,
+      "kvstore": {"driver": "file", "path": rel},
+      "metadata": metadata,
+    }
     absolute = copy.deepcopy(spec)
     absolute["kvstore"]["path"] = str(step_dir / rel)
     ts.open(absolute, create=True, open=True).result().write(arr).result()
     if name == GCS:  # t5x's _get_spec for a gs:// directory
-      spec = {"driver": "zarr", "dtype": spec["dtype"], "kvstore": {"driver": "gcs", "bucket": "t5x-dummy-bucket"},
-              "path": rel, "metadata": metadata}
+      spec = {
+        "driver": "zarr",
+        "dtype": spec["dtype"],
+        "kvstore": {"driver": "gcs", "bucket": "t5x-dummy-bucket"},
+        "path": rel,
+        "metadata": metadata,
+      }
     if name == OLD:
-      spec = {"driver": "zarr", "dtype": spec["dtype"], "kvstore": {"driver": "file"}, "path": rel,
-              "metadata": metadata}
+      spec = {
+        "driver": "zarr",
+        "dtype": spec["dtype"],
+        "kvstore": {"driver": "file"},
+        "path": rel,
+        "metadata": metadata,
+      }
       return spec  # as old t5x stored it (ts.Spec(...).to_json() would move the path into the kvstore)
     return ts.Spec(spec).to_json()  # what t5x serialises (flax's state dict of a ts.Spec)
 
   target = _map_named(params, leaf)
   some_param = params["encoder"]["layers_0"]["mlp"]["wi_0"]["kernel"]
-  state = {"step": np.int32(step), "param_states": {"encoder": {"layers_0": {"mlp": {"wi_0": {"kernel": {
-      "v_row": np.zeros(some_param.shape[:1], np.float32), "v_col": np.zeros(some_param.shape[1:], np.float32),
-      "v": np.zeros((1,), np.float32), "m": np.zeros((1,), np.float32)}}}}}}}
+  state = {
+    "step": np.int32(step),
+    "param_states": {
+      "encoder": {
+        "layers_0": {
+          "mlp": {
+            "wi_0": {
+              "kernel": {
+                "v_row": np.zeros(some_param.shape[:1], np.float32),
+                "v_col": np.zeros(some_param.shape[1:], np.float32),
+                "v": np.zeros((1,), np.float32),
+                "m": np.zeros((1,), np.float32),
+              }
+            }
+          }
+        }
+      }
+    },
+  }
   blob = serialization.msgpack_serialize({"version": 3, "optimizer": {"target": target, "state": state}})
   (step_dir / "checkpoint").write_bytes(blob)
 
@@ -395,6 +503,7 @@ def test_legacy_t5x_checkpoint_loads_bitwise(tmp_path, tiny_params):
   _assert_same(t5x_checkpoints.load_t5x_params(run, step=5), older, bf16={BF16})
   if REAL_T5X:  # t5x's own reader agrees
     from t5x import checkpoints as t5x_own
+
     state = t5x_own.load_t5x_checkpoint(str(run / "checkpoint_10"))
     _assert_same(jax.tree.map(np.asarray, state["target"]), tiny_params, bf16={BF16})
 
@@ -403,11 +512,20 @@ def test_legacy_t5x_checkpoint_loads_bitwise(tmp_path, tiny_params):
 def test_orbax_t5x_checkpoint_loads_bitwise(tmp_path, tiny_params, use_ocdbt):
   """t5x's OrbaxCheckpointManagerInterface: a 'state' PyTree item in checkpoint_<step>/."""
   import orbax.checkpoint as ocp
+
   run = tmp_path / "t5x_run"
-  manager = ocp.CheckpointManager(run, item_handlers={"state": ocp.PyTreeCheckpointHandler(use_ocdbt=use_ocdbt)},
-                                  options=ocp.CheckpointManagerOptions(step_prefix="checkpoint", create=True))
-  state = {"target": tiny_params, "state": {"step": np.int32(7), "param_states": jax.tree.map(
-      lambda x: {"v": np.full(x.shape, 0.5, np.float32)}, tiny_params)}}
+  manager = ocp.CheckpointManager(
+    run,
+    item_handlers={"state": ocp.PyTreeCheckpointHandler(use_ocdbt=use_ocdbt)},
+    options=ocp.CheckpointManagerOptions(step_prefix="checkpoint", create=True),
+  )
+  state = {
+    "target": tiny_params,
+    "state": {
+      "step": np.int32(7),
+      "param_states": jax.tree.map(lambda x: {"v": np.full(x.shape, 0.5, np.float32)}, tiny_params),
+    },
+  }
   manager.save(7, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state)), force=True)
   manager.wait_until_finished()
   manager.close()
@@ -420,8 +538,8 @@ def test_orbax_t5x_checkpoint_loads_bitwise(tmp_path, tiny_params, use_ocdbt):
 def test_our_own_layouts_are_not_t5x_checkpoints(tmp_path, tiny_params):
   checkpoints.save_params(tmp_path / "imported" / "checkpoint", tiny_params)  # import-hf output
   checkpoints.save_params(tmp_path / "checkpoint_5" / "checkpoint", tiny_params)  # ... named like a t5x step
-  checkpoints.save_params(tmp_path / "params", tiny_params)                   # a params checkpoint
-  (tmp_path / "run" / "checkpoints" / "8" / "state").mkdir(parents=True)     # a train MODEL_DIR
+  checkpoints.save_params(tmp_path / "params", tiny_params)  # a params checkpoint
+  (tmp_path / "run" / "checkpoints" / "8" / "state").mkdir(parents=True)  # a train MODEL_DIR
   for path in ("imported", "checkpoint_5", "params", "run", "run/checkpoints", "run/checkpoints/8", "absent"):
     assert not t5x_checkpoints.is_t5x_checkpoint(tmp_path / path), path
 
@@ -446,10 +564,12 @@ def test_malformed_t5x_checkpoints_say_what_is_missing(tmp_path, tiny_params):
 
   (tmp_path / "notarget" / "checkpoint_1").mkdir(parents=True)
   (tmp_path / "notarget" / "checkpoint_1" / "checkpoint").write_bytes(
-      serialization.msgpack_serialize({"version": 3, "optimizer": {"state": {"step": 1}}}))
+    serialization.msgpack_serialize({"version": 3, "optimizer": {"state": {"step": 1}}})
+  )
   error(tmp_path / "notarget", "optimizer/target", "'state'")
 
   import orbax.checkpoint as ocp
+
   with ocp.PyTreeCheckpointer() as ckptr:
     ckptr.save(tmp_path / "orbax_notarget" / "checkpoint_2" / "state", {"params": tiny_params})
   error(tmp_path / "orbax_notarget", "'target'", "'params'", "checkpoint_2")
@@ -460,9 +580,10 @@ def test_malformed_t5x_checkpoints_say_what_is_missing(tmp_path, tiny_params):
 def test_init_checkpoint_can_be_a_t5x_checkpoint(tmp_path, tiny_params):
   """INIT_CHECKPOINT / eval / export-hf accept a t5x MODEL_DIR: params placed as the model's (bf16 -> f32)."""
   _write_legacy(tmp_path / "t5x_run" / "checkpoint_3", tiny_params, 3)
-  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
-                                                         sharding=jax.sharding.SingleDeviceSharding(
-                                                             jax.devices()[0])), tiny_params)
+  abstract = jax.tree.map(
+    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0])),
+    tiny_params,
+  )
   restored = checkpoints.restore_init_params(tmp_path / "t5x_run", abstract)
   want = dict(_named_leaves(tiny_params, "target"))
   for name, value in _named_leaves(jax.tree.map(np.asarray, restored), "target"):
@@ -482,7 +603,9 @@ def _canonical_hlo(text: str) -> str:
   return re.sub(r"%[\w.\-]+", lambda m: names.setdefault(m.group(0), f"%v{len(names)}"), text)
 
 
-@pytest.mark.parametrize("gin_file", tiered(["t5x/hypermixer_base.gin", "t5x/t5_1_1_base.gin"], ("t5x/hypermixer_base.gin",)))
+@pytest.mark.parametrize(
+  "gin_file", tiered(["t5x/hypermixer_base.gin", "t5x/t5_1_1_base.gin"], ("t5x/hypermixer_base.gin",))
+)
 def test_cli_python_and_t5x_compile_the_same_program(gin_file, t5x_api):
   """The model's gradient (dropout on) compiles to the same optimised program whether its gin file is read as
   `remixer-t5 train` reads it (our parser, traced under the run's mesh and rules), from Python
@@ -492,17 +615,21 @@ def test_cli_python_and_t5x_compile_the_same_program(gin_file, t5x_api):
   from flax import linen as nn
   from remixer_t5.model import models as our_models
   from remixer_t5.training import partitioning
+
   bindings = [b.replace(" = ", "=") for b in SHRINK] + ["DROPOUT_RATE=0.1"]
   # 128 positions: attention's dropout masks ([2, 2, 128, 128]) reach kernels/cpu/threefry.UNROLL_MIN.
-  batch = {"encoder_input_tokens": jnp.ones((2, 128), jnp.int32),
-           "decoder_input_tokens": jnp.ones((2, 128), jnp.int32),
-           "decoder_target_tokens": jnp.full((2, 128), 3, jnp.int32)}
+  batch = {
+    "encoder_input_tokens": jnp.ones((2, 128), jnp.int32),
+    "decoder_input_tokens": jnp.ones((2, 128), jnp.int32),
+    "decoder_target_tokens": jnp.full((2, 128), 3, jnp.int32),
+  }
   rng = jax.random.PRNGKey(1)
 
   def compiled(module, mesh=None, rules=None):
     model = our_models.EncoderDecoderModel(module)
-    params = jax.eval_shape(lambda: model.init_variables(
-        jax.random.PRNGKey(0), {k: (1, v.shape[1]) for k, v in batch.items()})["params"])
+    params = jax.eval_shape(
+      lambda: model.init_variables(jax.random.PRNGKey(0), {k: (1, v.shape[1]) for k, v in batch.items()})["params"]
+    )
     grad = jax.jit(jax.grad(lambda p, b, r: model.loss_fn(p, b, r)[0]))
     if mesh is None:
       return _canonical_hlo(grad.lower(params, batch, rng).compile().as_text())
@@ -516,6 +643,7 @@ def test_cli_python_and_t5x_compile_the_same_program(gin_file, t5x_api):
   python = compiled(our_models.from_gin(_counterpart(gin_file), *bindings))
   t5x_model = _parse_like_t5x(gin_file, SHRINK + ["network.T5Config.dropout_rate = 0.1"])
   from t5x import partitioning as t5x_partitioning
+
   t5x_mesh = jax.make_mesh((1, 1), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
   t5x = compiled(t5x_model.module, t5x_mesh, gin.get_configurable(t5x_partitioning.standard_logical_axis_rules)())
   gin.clear_config()

@@ -1,6 +1,7 @@
 """Tasks from your own files (tasks/custom.py): rows as written in TSV and JSONL, span corruption, globs, errors
 naming file and line, idempotent registration; the CLI's --train_file/--validation_file and the gin-only route,
 through docs/data.md's worked example ("Your own data"), which runs here as written."""
+
 import json
 import re
 import shlex
@@ -19,6 +20,7 @@ def _unregister():
   import seqio
 
   from remixer_t5.tasks import custom
+
   for name in list(custom._registered):  # noqa: SLF001
     for registered in list(seqio.TaskRegistry.names()):
       if registered == name or registered.startswith(f"{name}#"):
@@ -33,6 +35,7 @@ def _write(path: Path, lines) -> str:
 
 def _examples(name, split="train", lengths=None):
   import seqio
+
   task = seqio.get_mixture_or_task(name)
   ds = task.get_dataset(lengths or {"inputs": 32, "targets": 32}, split=split, shuffle=False, use_cached=False)
   return task, list(ds.as_numpy_iterator())
@@ -40,6 +43,7 @@ def _examples(name, split="train", lengths=None):
 
 def _encode(vocab, text):
   import tensorflow as tf
+
   return vocab.encode_tf(tf.constant([text])).to_list()[0]
 
 
@@ -57,6 +61,7 @@ def _check_pairs(name, pairs, split="train"):
 def test_tsv_with_header_headerless_and_jsonl_give_the_rows(embedded_env, tmp_path):
   from remixer_t5.data.vocab import get_vocabulary
   from remixer_t5.tasks import custom
+
   header = _write(tmp_path / "a.tsv", ["extra\ttargets\tinputs", *[f"x\t{t}\t{i}" for i, t in PAIRS[:2]]])
   plain = _write(tmp_path / "b.txt", ["", *[f"{i}\t{t}" for i, t in PAIRS[2:]], ""])
   jsonl = _write(tmp_path / "c.jsonl", [json.dumps({"inputs": i, "targets": t, "id": 7}) for i, t in PAIRS])
@@ -81,14 +86,22 @@ def test_field_names_glob_gz_and_numbers(embedded_env, tmp_path):
   import gzip
 
   from remixer_t5.tasks import custom
+
   (tmp_path / "data").mkdir()
   _write(tmp_path / "data" / "part-0.tsv", ["question\tanswer", "two\t2", "the cat sat\tle chat"])
-  (tmp_path / "data" / "part-1.jsonl.gz").write_bytes(gzip.compress(
-      json.dumps({"question": "hello world", "answer": 3}).encode() + b"\n"))
-  name = custom.register("custom_glob", train=str(tmp_path / "data" / "part-*"), inputs_field="question",
-                         targets_field="answer", metrics=["exact_match", "accuracy"])
+  (tmp_path / "data" / "part-1.jsonl.gz").write_bytes(
+    gzip.compress(json.dumps({"question": "hello world", "answer": 3}).encode() + b"\n")
+  )
+  name = custom.register(
+    "custom_glob",
+    train=str(tmp_path / "data" / "part-*"),
+    inputs_field="question",
+    targets_field="answer",
+    metrics=["exact_match", "accuracy"],
+  )
   _check_pairs(name, [("two", "2"), ("the cat sat", "le chat"), ("hello world", "3")])
   import seqio
+
   task = seqio.get_mixture_or_task(name)
   targets = [task.postprocess_fn(b"le chat", example={}, is_target=True)]
   assert [fn(targets, ["le chat"]) for fn in task.metric_fns] == [{"exact_match": 100.0}, {"accuracy": 100.0}]
@@ -99,12 +112,13 @@ def test_span_corruption_reassembles_the_text(embedded_env, tmp_path):
 
   from remixer_t5.data.span_corruption import random_spans_helper
   from remixer_t5.tasks import custom
-  docs = [f"Story {i}. The cat sat on a mat while rain fell over the quiet town and people walked home." * 2
-          for i in range(4)]
+
+  docs = [
+    f"Story {i}. The cat sat on a mat while rain fell over the quiet town and people walked home." * 2 for i in range(4)
+  ]
   train = _write(tmp_path / "corpus.jsonl", [json.dumps({"body": d, "url": "x"}) for d in docs])
   plain = _write(tmp_path / "corpus.txt", docs)  # headerless: one document a line
-  name = custom.register("custom_spans", train=train, validation=plain, objective="span_corruption",
-                         text_field="body")
+  name = custom.register("custom_spans", train=train, validation=plain, objective="span_corruption", text_field="body")
   task = seqio.get_mixture_or_task(name)
   vocab = task.output_features["targets"].vocabulary
   assert not task.output_features["inputs"].required and task.metric_fns == []
@@ -118,7 +132,8 @@ def test_span_corruption_reassembles_the_text(embedded_env, tmp_path):
       sentinels = [t for t in inputs if t >= vocab.vocab_size - vocab.extra_ids]
       # <extra_id_0> is the last id, counting down; the same sentinels in the same order on both sides.
       assert sentinels and sentinels == [t for t in targets if t >= vocab.vocab_size - vocab.extra_ids] == list(
-          range(vocab.vocab_size - 1, vocab.vocab_size - 1 - len(sentinels), -1))
+        range(vocab.vocab_size - 1, vocab.vocab_size - 1 - len(sentinels), -1)
+      )
       spans, current = {}, None
       for t in targets[:-1]:
         if t in sentinels:
@@ -130,9 +145,15 @@ def test_span_corruption_reassembles_the_text(embedded_env, tmp_path):
 
 
 # --- errors name the file, the line and what was expected --------------------------------------------------------
-@pytest.mark.parametrize("name,lines,kwargs,message", [
-    ("bad.jsonl", ['{"inputs": "a", "targets": "b"}', '{"inputs": "a"}'], {},
-     r"bad\.jsonl:2: row lacks field\(s\) \['targets'\]"),
+@pytest.mark.parametrize(
+  "name,lines,kwargs,message",
+  [
+    (
+      "bad.jsonl",
+      ['{"inputs": "a", "targets": "b"}', '{"inputs": "a"}'],
+      {},
+      r"bad\.jsonl:2: row lacks field\(s\) \['targets'\]",
+    ),
     ("bad.jsonl", ['{"inputs": "a", "targets": ["b"]}'], {}, r"bad\.jsonl:1: field 'targets' must be a string"),
     ("bad.jsonl", ['{"inputs": "a", "targets": "b"', ""], {}, r"bad\.jsonl:1: malformed JSON line"),
     ("bad.tsv", ["a\tb", "c\td\te"], {}, r"bad\.tsv:2: expected 2 tab-separated field\(s\) \(inputs, targets\), got 3"),
@@ -141,11 +162,13 @@ def test_span_corruption_reassembles_the_text(embedded_env, tmp_path):
     ("bad.tsv", [], {}, r"bad\.tsv: empty file \(no rows\)"),
     ("bad.tsv", ["inputs\ttargets", ""], {}, r"bad\.tsv: empty file \(only a header row\)"),
     ("bad.tsv", ["text", "a\tb"], {"objective": "span_corruption"}, r"bad\.tsv:2: expected 1 tab-separated field"),
-])
+  ],
+)
 def test_bad_rows_name_file_and_line(embedded_env, tmp_path, name, lines, kwargs, message):
   import tensorflow as tf
 
   from remixer_t5.tasks import custom
+
   path = _write(tmp_path / name, lines)
   task_name = custom.register("custom_bad", train=path, **kwargs)
   with pytest.raises((ValueError, tf.errors.OpError), match=message):
@@ -157,26 +180,31 @@ def test_a_bad_line_of_a_large_file_stops_the_stream_naming_it(embedded_env, tmp
   import tensorflow as tf
 
   from remixer_t5.tasks import custom
+
   monkeypatch.setattr(custom, "CHECK_ALL_BYTES", 0)
   path = _write(tmp_path / "big.tsv", ["inputs\ttargets", "a\tb", "", "c"])
   name = custom.register("custom_big", train=path)
-  with pytest.raises(tf.errors.OpError, match=r"big\.tsv:4: expected 2 tab-separated field\(s\) \(inputs, "
-                     r"targets\), got 1"):
+  with pytest.raises(
+    tf.errors.OpError,
+    match=r"big\.tsv:4: expected 2 tab-separated field\(s\) \(inputs, "
+    r"targets\), got 1",
+  ):
     _examples(name)
 
 
 def test_bad_arguments(tmp_path):
   from remixer_t5.tasks import custom
+
   good = _write(tmp_path / "good.tsv", ["a\tb"])
   odd = _write(tmp_path / "data.csv", ["a,b"])
   for kwargs, message in [
-      ({"train": good, "objective": "lm"}, r"unknown objective 'lm'; expected one of \['inputs_targets'"),
-      ({"train": good, "format": "csv"}, r"unknown format 'csv'; expected one of \['auto', 'tsv', 'jsonl'\]"),
-      ({"train": odd}, r"data\.csv: cannot tell the format from the file name"),
-      ({}, r"no files; pass train=, validation= and/or test="),
-      ({"train": []}, r"train=\[\]: expected a path, a glob"),
-      ({"train": good, "metrics": ["bleu"]}, r"unknown metric\(s\) \['bleu'\]"),
-      ({"train": good, "objective": "span_corruption", "metrics": ["accuracy"]}, "loss only"),
+    ({"train": good, "objective": "lm"}, r"unknown objective 'lm'; expected one of \['inputs_targets'"),
+    ({"train": good, "format": "csv"}, r"unknown format 'csv'; expected one of \['auto', 'tsv', 'jsonl'\]"),
+    ({"train": odd}, r"data\.csv: cannot tell the format from the file name"),
+    ({}, r"no files; pass train=, validation= and/or test="),
+    ({"train": []}, r"train=\[\]: expected a path, a glob"),
+    ({"train": good, "metrics": ["bleu"]}, r"unknown metric\(s\) \['bleu'\]"),
+    ({"train": good, "objective": "span_corruption", "metrics": ["accuracy"]}, "loss only"),
   ]:
     with pytest.raises(ValueError, match=message):
       custom.register("custom_args", **kwargs)
@@ -206,6 +234,7 @@ def test_docs_worked_example_trains_and_infers(embedded_env, tmp_path, monkeypat
 
   from remixer_t5 import cli, gin_utils
   from remixer_t5.training import run_config
+
   files, commands = _worked_example()
   assert set(files) == {"train.jsonl", "dev.tsv"} and len(commands) == 3
   assert "\t" in files["dev.tsv"]
@@ -213,11 +242,18 @@ def test_docs_worked_example_trains_and_infers(embedded_env, tmp_path, monkeypat
   for name, body in files.items():
     (tmp_path / name).write_text(body, encoding="utf-8")
   model_dir = tmp_path / "run"
-  train, infer, gin_only = [[f"--gin.MODEL_DIR='{model_dir}'" if a.startswith("--gin.MODEL_DIR=") else a
-                             for a in argv] for argv in commands]
+  train, infer, gin_only = [
+    [f"--gin.MODEL_DIR='{model_dir}'" if a.startswith("--gin.MODEL_DIR=") else a for a in argv] for argv in commands
+  ]
   assert train[0] == "train" and infer[0] == "infer" and gin_only[0] == "train"
-  quick = ["--gin.TRAIN_STEPS=6", "--gin.EVAL_PERIOD=6", "--gin.CHECKPOINT_PERIOD=6", "--gin.LOG_PERIOD=3",
-           "--gin.EVAL_STEPS=1", "--gin.run_config.Schedule.num_decoded_examples=1"]
+  quick = [
+    "--gin.TRAIN_STEPS=6",
+    "--gin.EVAL_PERIOD=6",
+    "--gin.CHECKPOINT_PERIOD=6",
+    "--gin.LOG_PERIOD=3",
+    "--gin.EVAL_STEPS=1",
+    "--gin.run_config.Schedule.num_decoded_examples=1",
+  ]
   assert cli.main(train + quick) == 0
   rows = [json.loads(line) for line in (model_dir / "metrics.jsonl").read_text().splitlines()]
   assert {(r["split"], r["step"]) for r in rows} >= {("train", 6), ("validation", 0), ("validation", 6)}
@@ -237,28 +273,46 @@ def test_docs_worked_example_trains_and_infers(embedded_env, tmp_path, monkeypat
   assert run_config.from_gin().data.task == "custom"
   task = seqio.get_mixture_or_task("custom")
   assert task.source.split_files["validation"] == [str(tmp_path / "dev.tsv")]
-  _check_pairs("custom", [(json.loads(r)["inputs"], json.loads(r)["targets"])
-                          for r in files["train.jsonl"].splitlines()])
+  _check_pairs(
+    "custom", [(json.loads(r)["inputs"], json.loads(r)["targets"]) for r in files["train.jsonl"].splitlines()]
+  )
   gin.clear_config()
 
 
 def test_cli_flag_errors(tmp_path, capsys):
   from remixer_t5 import cli
   from remixer_t5.commands import common
+
   base = ["--gin_file=models/t5_1_1/tiny.gin", "--gin_file=runs/demo.gin", f"--gin.MODEL_DIR='{tmp_path}'"]
   data = _write(tmp_path / "t.tsv", ["a\tb"])
   for argv, message in [
-      (["train", *base, "--objective=span_corruption"], "--objective applies to --train_file"),
-      (["train", *base, f"--train_file={data}"], "pass --validation_file too"),
-      (["eval", *base, f"--validation_file={data}", "--gin.MIXTURE_OR_TASK_NAME='cogs'"],
-       "drop --gin.MIXTURE_OR_TASK_NAME"),
+    (["train", *base, "--objective=span_corruption"], "--objective applies to --train_file"),
+    (["train", *base, f"--train_file={data}"], "pass --validation_file too"),
+    (
+      ["eval", *base, f"--validation_file={data}", "--gin.MIXTURE_OR_TASK_NAME='cogs'"],
+      "drop --gin.MIXTURE_OR_TASK_NAME",
+    ),
   ]:
     assert cli.main(argv) == 2
     assert message in capsys.readouterr().err
-  args, _ = cli.parse(["infer", "--train_file", "a.tsv", "--train_file", "gs://b/c-*.jsonl", "--gin_file=x.gin",
-                       "--validation_file=d.tsv", "--objective", "span_corruption", "--gin.BATCH_SIZE=2"])
+  args, _ = cli.parse(
+    [
+      "infer",
+      "--train_file",
+      "a.tsv",
+      "--train_file",
+      "gs://b/c-*.jsonl",
+      "--gin_file=x.gin",
+      "--validation_file=d.tsv",
+      "--objective",
+      "span_corruption",
+      "--gin.BATCH_SIZE=2",
+    ]
+  )
   files, bindings, _ = common.custom_data(args)
   assert files[0] == "x.gin" and files[1].endswith("gin/runs/custom.gin") and bindings[-1] == "BATCH_SIZE=2"
-  assert bindings[:3] == [f"custom.register.train={[str(Path('a.tsv').absolute()), 'gs://b/c-*.jsonl']!r}",
-                          f"custom.register.validation={[str(Path('d.tsv').absolute())]!r}",
-                          "custom.register.objective='span_corruption'"]
+  assert bindings[:3] == [
+    f"custom.register.train={[str(Path('a.tsv').absolute()), 'gs://b/c-*.jsonl']!r}",
+    f"custom.register.validation={[str(Path('d.tsv').absolute())]!r}",
+    "custom.register.objective='span_corruption'",
+  ]

@@ -2,6 +2,7 @@
 checkpoint and other (summing to `window_seconds`), with goodput the step's share; `--profile_steps` leaves a
 jax.profiler trace of those steps under MODEL_DIR/profile/ that xprof (TensorBoard's profile plugin) reads, with
 the train step's XLA program and a marker per step; MODEL_DIR/PROFILE asks a running train for one."""
+
 import json
 import time
 from pathlib import Path
@@ -22,12 +23,30 @@ def profiled_run(tmp_path_factory, embedded_cache):
   root = tmp_path_factory.mktemp("split") / "run"
   with pytest.MonkeyPatch.context() as mp:
     mp.setenv("REMIXER_T5_CACHE_DIR", str(embedded_cache.root))
-    assert cli.main(["train", "--gin_file=models/t5_1_1/tiny.gin", "--gin_file=runs/demo.gin", "--gin.BATCH_SIZE=2",
-                     "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}", "--gin.network.T5Config.emb_dim=32",
-                     "--gin.network.T5Config.mlp_dim=48", "--gin.network.T5Config.num_encoder_layers=1",
-                     "--gin.network.T5Config.num_decoder_layers=1", f"--gin.MODEL_DIR='{root}'",
-                     "--gin.TRAIN_STEPS=25", "--gin.LOG_PERIOD=5", "--gin.EVAL_PERIOD=10", "--gin.EVAL_STEPS=2",
-                     "--gin.CHECKPOINT_PERIOD=10", "--profile_steps", "22:25"]) == 0
+    assert (
+      cli.main(
+        [
+          "train",
+          "--gin_file=models/t5_1_1/tiny.gin",
+          "--gin_file=runs/demo.gin",
+          "--gin.BATCH_SIZE=2",
+          "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}",
+          "--gin.network.T5Config.emb_dim=32",
+          "--gin.network.T5Config.mlp_dim=48",
+          "--gin.network.T5Config.num_encoder_layers=1",
+          "--gin.network.T5Config.num_decoder_layers=1",
+          f"--gin.MODEL_DIR='{root}'",
+          "--gin.TRAIN_STEPS=25",
+          "--gin.LOG_PERIOD=5",
+          "--gin.EVAL_PERIOD=10",
+          "--gin.EVAL_STEPS=2",
+          "--gin.CHECKPOINT_PERIOD=10",
+          "--profile_steps",
+          "22:25",
+        ]
+      )
+      == 0
+    )
   return root
 
 
@@ -47,8 +66,16 @@ def test_every_train_row_splits_its_window(profiled_run):
 
 
 def test_the_console_names_goodput_and_the_largest_other_part():
-  row = {"window_seconds": 10.0, "time/step": 9.1, "time/input": 0.6, "time/other": 0.3, "time/eval": 0.0,
-         "time/compile": 0.0, "time/checkpoint": 0.0, "goodput": 0.91}
+  row = {
+    "window_seconds": 10.0,
+    "time/step": 9.1,
+    "time/input": 0.6,
+    "time/other": 0.3,
+    "time/eval": 0.0,
+    "time/compile": 0.0,
+    "time/checkpoint": 0.0,
+    "goodput": 0.91,
+  }
   assert time_split.summary(row) == "goodput 91%, input 6%"
   row.update({"time/input": 0.2, "time/other": 0.7, "time/step": 9.1})
   assert time_split.summary(row) == "goodput 91%, other 7%"
@@ -121,6 +148,7 @@ def test_the_split_sums_to_the_window():
 def test_a_trace_goes_to_a_bucket_through_the_runs_storage_client(monkeypatch):
   import gcsfs
   from gcs_server import GCSServer
+
   server = GCSServer()
   try:
     server.create_bucket("bucket")

@@ -1,6 +1,7 @@
 """W&B tracking (remixer_t5/training/tracking.py): with a W&B project named, a run's metrics rows go to W&B row for
 row with its gin settings as config, a relaunch continues the same W&B run, and a sweep's group is kept. Read
 back from W&B's offline run files (`WANDB_MODE=offline`), whose framing the reader here checks byte for byte."""
+
 import json
 import os
 import shutil
@@ -42,13 +43,14 @@ def read_records(path: Path) -> list:
     if left < CHUNK_HEADER:
       pos += left
       continue
-    crc, length, kind = struct.unpack("<IHB", data[pos:pos + CHUNK_HEADER])
+    crc, length, kind = struct.unpack("<IHB", data[pos : pos + CHUNK_HEADER])
     if (crc, length, kind) == (0, 0, 0):  # the rest of the block is zeroes
       pos += left
       continue
-    chunk = data[pos + CHUNK_HEADER:pos + CHUNK_HEADER + length]
-    assert len(chunk) == length and pos % BLOCK + CHUNK_HEADER + length <= BLOCK, \
-        f"{path}: chunk at {pos} of length {length} runs past its block or the file"
+    chunk = data[pos + CHUNK_HEADER : pos + CHUNK_HEADER + length]
+    assert len(chunk) == length and pos % BLOCK + CHUNK_HEADER + length <= BLOCK, (
+      f"{path}: chunk at {pos} of length {length} runs past its block or the file"
+    )
     assert zlib.crc32(bytes([kind]) + chunk) == crc, f"{path}: checksum mismatch at {pos}"
     assert (kind in (FULL, FIRST)) == (parts is None), f"{path}: chunk type {kind} at {pos} out of sequence"
     parts = [chunk] if kind in (FULL, FIRST) else parts + [chunk]
@@ -87,12 +89,28 @@ def offline_runs(wandb_dir: Path) -> list[dict]:
 
 
 def _train(root: Path, steps: int) -> None:
-  assert cli.main(["train", "--gin_file=models/t5_1_1/tiny.gin", "--gin_file=runs/demo.gin", "--gin.BATCH_SIZE=2",
-                   "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}", "--gin.network.T5Config.emb_dim=32",
-                   "--gin.network.T5Config.mlp_dim=48", "--gin.network.T5Config.num_encoder_layers=1",
-                   "--gin.network.T5Config.num_decoder_layers=1", f"--gin.MODEL_DIR='{root}'",
-                   f"--gin.TRAIN_STEPS={steps}", "--gin.LOG_PERIOD=2", "--gin.EVAL_PERIOD=4", "--gin.EVAL_STEPS=1",
-                   "--gin.CHECKPOINT_PERIOD=4"]) == 0
+  assert (
+    cli.main(
+      [
+        "train",
+        "--gin_file=models/t5_1_1/tiny.gin",
+        "--gin_file=runs/demo.gin",
+        "--gin.BATCH_SIZE=2",
+        "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}",
+        "--gin.network.T5Config.emb_dim=32",
+        "--gin.network.T5Config.mlp_dim=48",
+        "--gin.network.T5Config.num_encoder_layers=1",
+        "--gin.network.T5Config.num_decoder_layers=1",
+        f"--gin.MODEL_DIR='{root}'",
+        f"--gin.TRAIN_STEPS={steps}",
+        "--gin.LOG_PERIOD=2",
+        "--gin.EVAL_PERIOD=4",
+        "--gin.EVAL_STEPS=1",
+        "--gin.CHECKPOINT_PERIOD=4",
+      ]
+    )
+    == 0
+  )
 
 
 def _wandb_core_of(pid: int) -> list[str]:
@@ -126,9 +144,14 @@ def tracked_run(tmp_path_factory, embedded_cache):
   wandb_dir.mkdir()
   with pytest.MonkeyPatch.context() as mp:
     mp.setenv("REMIXER_T5_CACHE_DIR", str(embedded_cache.root))
-    for name, value in {"WANDB_MODE": "offline", "WANDB_PROJECT": "test", "WANDB_DIR": str(wandb_dir),
-                        "WANDB_SILENT": "true", "WANDB_ERROR_REPORTING": "false",
-                        "WANDB_RUN_GROUP": "sweep-lr"}.items():
+    for name, value in {
+      "WANDB_MODE": "offline",
+      "WANDB_PROJECT": "test",
+      "WANDB_DIR": str(wandb_dir),
+      "WANDB_SILENT": "true",
+      "WANDB_ERROR_REPORTING": "false",
+      "WANDB_RUN_GROUP": "sweep-lr",
+    }.items():
       mp.setenv(name, value)
     mp.delenv("WANDB_ENTITY", raising=False)
     _train(root, 6)
@@ -182,12 +205,20 @@ def test_the_wandb_config_is_the_runs_gin_bindings(tracked_run):
 
 
 def test_gin_bindings_reads_continued_values_and_skips_imports_and_comments():
-  text = ("from __gin__ import dynamic_registration\nfrom remixer_t5.training import optim\n\n# Macros:\n"
-          "# ====\nBATCH_SIZE = 32\nDATA_DIR = None\nNAME = 'x = y'\nLONG = \\\n    {'a': 1,\n     'b': 2}\n"
-          "optim.rsqrt_schedule.warmup_steps = 300\nflag = True\nrate = 1e-3\n")
-  assert tracking.gin_bindings(text) == {"BATCH_SIZE": 32, "DATA_DIR": None, "NAME": "x = y",
-                                         "LONG": "{'a': 1, 'b': 2}", "optim.rsqrt_schedule.warmup_steps": 300,
-                                         "flag": True, "rate": 1e-3}
+  text = (
+    "from __gin__ import dynamic_registration\nfrom remixer_t5.training import optim\n\n# Macros:\n"
+    "# ====\nBATCH_SIZE = 32\nDATA_DIR = None\nNAME = 'x = y'\nLONG = \\\n    {'a': 1,\n     'b': 2}\n"
+    "optim.rsqrt_schedule.warmup_steps = 300\nflag = True\nrate = 1e-3\n"
+  )
+  assert tracking.gin_bindings(text) == {
+    "BATCH_SIZE": 32,
+    "DATA_DIR": None,
+    "NAME": "x = y",
+    "LONG": "{'a': 1, 'b': 2}",
+    "optim.rsqrt_schedule.warmup_steps": 300,
+    "flag": True,
+    "rate": 1e-3,
+  }
 
 
 def test_a_gin_binding_names_the_project_and_group_before_the_environment(tmp_path, monkeypatch):
@@ -197,8 +228,10 @@ def test_a_gin_binding_names_the_project_and_group_before_the_environment(tmp_pa
   parse_gin(["models/t5_1_1/tiny.gin", "runs/demo.gin"], ["MODEL_DIR='/tmp/unused'"])
   assert tracking.settings() == tracking.Wandb(project="from-env", group="group-from-env")
   bound = tmp_path / "tracking.gin"
-  bound.write_text("from __gin__ import dynamic_registration\nfrom remixer_t5.training import tracking\n"
-                   "tracking.Wandb.project = 'from-gin'\n")
+  bound.write_text(
+    "from __gin__ import dynamic_registration\nfrom remixer_t5.training import tracking\n"
+    "tracking.Wandb.project = 'from-gin'\n"
+  )
   parse_gin(["models/t5_1_1/tiny.gin", "runs/demo.gin", str(bound)], ["MODEL_DIR='/tmp/unused'"])
   assert tracking.settings() == tracking.Wandb(project="from-gin", group="group-from-env")
   monkeypatch.delenv("WANDB_PROJECT")
@@ -210,6 +243,7 @@ def test_a_gin_binding_names_the_project_and_group_before_the_environment(tmp_pa
 
 def test_tracking_without_wandb_installed_is_one_line_naming_the_extra(tmp_path, monkeypatch):
   import gin
+
   gin.clear_config()
   monkeypatch.setenv("WANDB_PROJECT", "test")
   monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
@@ -221,12 +255,20 @@ def test_tracking_without_wandb_installed_is_one_line_naming_the_extra(tmp_path,
 def test_a_tracked_process_leaves_no_wandb_process_behind(tmp_path):
   """Even a process that ends with os._exit (the CLI's exit after abandoned storage waits) leaves none. Its
   second row (3,000 keys, ~80 KB) spans blocks: the reader joins W&B's first, middle and last chunks."""
-  script = ("import os\nfrom remixer_t5.training import tracking\n"
-            f"t = tracking.from_environment({str(tmp_path / 'run')!r})\n"
-            "t.log(1, 'train', {'loss': 1.0}, 1)\nt.log(2, 'wide', {f'k{i}': i / 7 for i in range(3000)}, 1)\n"
-            "t.close()\nprint(os.getpid(), flush=True)\nos._exit(0)\n")
-  env = {**os.environ, "WANDB_MODE": "offline", "WANDB_PROJECT": "test", "WANDB_DIR": str(tmp_path),
-         "WANDB_SILENT": "true", "WANDB_ERROR_REPORTING": "false"}
+  script = (
+    "import os\nfrom remixer_t5.training import tracking\n"
+    f"t = tracking.from_environment({str(tmp_path / 'run')!r})\n"
+    "t.log(1, 'train', {'loss': 1.0}, 1)\nt.log(2, 'wide', {f'k{i}': i / 7 for i in range(3000)}, 1)\n"
+    "t.close()\nprint(os.getpid(), flush=True)\nos._exit(0)\n"
+  )
+  env = {
+    **os.environ,
+    "WANDB_MODE": "offline",
+    "WANDB_PROJECT": "test",
+    "WANDB_DIR": str(tmp_path),
+    "WANDB_SILENT": "true",
+    "WANDB_ERROR_REPORTING": "false",
+  }
   (tmp_path / "run").mkdir()
   done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
   assert done.returncode == 0, done.stderr[-2000:]
@@ -234,7 +276,9 @@ def test_a_tracked_process_leaves_no_wandb_process_behind(tmp_path):
   left = _wait_for_no_wandb_core(pid)
   assert not left, f"wandb-core processes {left} outlived their process {pid}"
   (history,) = [r["history"] for r in offline_runs(tmp_path)]
-  assert history == [{"train/loss": 1, "step": 1, "attempt": 1},
-                     {**{f"wide/k{i}": i / 7 for i in range(3000)}, "step": 2, "attempt": 1}]
+  assert history == [
+    {"train/loss": 1, "step": 1, "attempt": 1},
+    {**{f"wide/k{i}": i / 7 for i in range(3000)}, "step": 2, "attempt": 1},
+  ]
   (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
   assert run_file.stat().st_size > 2 * BLOCK, f"{run_file}: {run_file.stat().st_size} bytes, expected > 2 blocks"

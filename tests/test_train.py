@@ -1,4 +1,5 @@
 """End to end through the CLI: train, resume, refuse an incompatible MODEL_DIR, eval, export/import HF."""
+
 import json
 from pathlib import Path
 
@@ -9,10 +10,18 @@ import pytest
 from remixer_t5.training import checkpoints
 from remixer_t5 import cli, gin_utils
 
-SMALL_RUN = ["--gin_file=models/t5_1_1/tiny.gin", "--gin_file=runs/demo.gin", "--gin.BATCH_SIZE=4",
-             "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}", "--gin.LOG_PERIOD=2",
-             "--gin.EVAL_PERIOD=3", "--gin.CHECKPOINT_PERIOD=3", "--gin.EVAL_STEPS=1",
-             "--gin.network.T5Config.emb_dim=32", "--gin.network.T5Config.mlp_dim=48"]
+SMALL_RUN = [
+  "--gin_file=models/t5_1_1/tiny.gin",
+  "--gin_file=runs/demo.gin",
+  "--gin.BATCH_SIZE=4",
+  "--gin.TASK_FEATURE_LENGTHS={'inputs': 32, 'targets': 8}",
+  "--gin.LOG_PERIOD=2",
+  "--gin.EVAL_PERIOD=3",
+  "--gin.CHECKPOINT_PERIOD=3",
+  "--gin.EVAL_STEPS=1",
+  "--gin.network.T5Config.emb_dim=32",
+  "--gin.network.T5Config.mlp_dim=48",
+]
 
 
 def _train(model_dir, steps, *extra):
@@ -66,10 +75,14 @@ def test_a_preempted_run_logs_its_last_partial_window(tmp_path, monkeypatch, emb
   """SIGTERM between two log steps: the trainer saves and logs the steps since the last row (their time counts
   in a resumed run's total, repro cogs' training_seconds)."""
   from remixer_t5.training import trainer
+
   monkeypatch.setenv("REMIXER_T5_CACHE_DIR", str(embedded_cache.root))
   polls = []
-  monkeypatch.setattr(trainer._StopWatch, "requested",
-                      lambda self: polls.append(1) or ("preempted (SIGTERM)" if len(polls) >= 3 else None))
+  monkeypatch.setattr(
+    trainer._StopWatch,
+    "requested",
+    lambda self: polls.append(1) or ("preempted (SIGTERM)" if len(polls) >= 3 else None),
+  )
   assert _train(tmp_path / "p", 8, "--gin.LOG_PERIOD=5", "--gin.EVAL_PERIOD=0") == 0
   train = [r for r in _rows(tmp_path / "p") if r["split"] == "train"]
   assert [r["step"] for r in train] == [3] and train[0]["window_seconds"] > 0
@@ -77,8 +90,9 @@ def test_a_preempted_run_logs_its_last_partial_window(tmp_path, monkeypatch, emb
   assert checkpoints.Checkpointer(tmp_path / "p").latest_step() == 3
 
 
-def test_resume_reaches_the_same_parameters_as_an_uninterrupted_run(trained, uninterrupted, monkeypatch,
-                                                                   embedded_cache):
+def test_resume_reaches_the_same_parameters_as_an_uninterrupted_run(
+  trained, uninterrupted, monkeypatch, embedded_cache
+):
   monkeypatch.setenv("REMIXER_T5_CACHE_DIR", str(embedded_cache.root))
   assert _train(trained / "a", 8) == 0  # resumes from step 6
   a = checkpoints.restore_any_params(trained / "a")
@@ -89,8 +103,15 @@ def test_resume_reaches_the_same_parameters_as_an_uninterrupted_run(trained, uni
 
 def test_gradient_accumulation_trains_like_the_whole_batch(trained, uninterrupted, monkeypatch, embedded_cache):
   monkeypatch.setenv("REMIXER_T5_CACHE_DIR", str(embedded_cache.root))
-  assert _train(trained / "acc", 4, "--gin.run_config.Training.num_microbatches=2",
-                "--gin.run_config.Training.peak_flops_per_device=1e12") == 0
+  assert (
+    _train(
+      trained / "acc",
+      4,
+      "--gin.run_config.Training.num_microbatches=2",
+      "--gin.run_config.Training.peak_flops_per_device=1e12",
+    )
+    == 0
+  )
   whole = [r for r in _rows(uninterrupted) if r["split"] == "train"][:2]
   accumulated = [r for r in _rows(trained / "acc") if r["split"] == "train"]
   assert [r["step"] for r in accumulated] == [2, 4]
@@ -143,15 +164,20 @@ T5_VOCAB = Path(__file__).resolve().parents[2] / "shared" / "vocab" / "t5_cc_all
 def test_a_config_can_name_a_real_vocabulary(tmp_path, capsys, monkeypatch, embedded_cache):
   from remixer_t5.data import input_pipeline, vocab
   from remixer_t5.tasks import lookup as task_lookup
+
   monkeypatch.setenv("REMIXER_T5_CACHE_DIR", str(embedded_cache.root))
   task = task_lookup.get_task("embedded_span_corruption", vocab.get_vocabulary(str(T5_VOCAB)))
   assert task.output_features["inputs"].vocabulary.vocab_size == 32100
-  batch = next(input_pipeline.get_batches(task, {"inputs": 64, "targets": 16}, "validation", 2, seed=0,
-                                          shuffle=False, repeat=False, pack=False))
+  batch = next(
+    input_pipeline.get_batches(
+      task, {"inputs": 64, "targets": 16}, "validation", 2, seed=0, shuffle=False, repeat=False, pack=False
+    )
+  )
   assert batch["encoder_input_tokens"].max() > 2100  # T5 ids, e.g. its sentinels from 32099 down
   # The tiny model's 2,176-row embedding cannot hold that vocabulary: a clear refusal, nothing written.
-  code = _train(tmp_path / "run", 2, "--gin.VOCABULARY=@vocab.get_vocabulary()",
-                f"--gin.vocab.get_vocabulary.path='{T5_VOCAB}'")
+  code = _train(
+    tmp_path / "run", 2, "--gin.VOCABULARY=@vocab.get_vocabulary()", f"--gin.vocab.get_vocabulary.path='{T5_VOCAB}'"
+  )
   assert code == 2
   err = capsys.readouterr().err
   assert "32100" in err and "2176" in err
@@ -170,11 +196,13 @@ def test_the_initialisers_rng_form_is_chosen_by_the_builder_and_scoped_to_its_th
 
   from remixer_t5.model import models
   from remixer_t5.training import optim, partitioning, programs
+
   option = jax_config.threefry_gpu_kernel_lowering
   before = option.value
 
   class Sharded:  # a sharding that splits a value over devices (fsdp or model rules)
     is_fully_replicated = False
+
   cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
   assert programs.init_rng_kernel("auto", {"w": cpu, "b": cpu})
   assert not programs.init_rng_kernel("auto", {"w": Sharded(), "b": cpu})
@@ -182,13 +210,17 @@ def test_the_initialisers_rng_form_is_chosen_by_the_builder_and_scoped_to_its_th
   with pytest.raises(ValueError, match="init_rng='gpu'"):
     programs.init_rng_kernel("gpu", {})
 
-  model = models.EncoderDecoderModel(models.from_gin("models/t5_1_1/tiny.gin", "network.T5Config.num_encoder_layers=1",
-                                                    "network.T5Config.num_decoder_layers=1"))
+  model = models.EncoderDecoderModel(
+    models.from_gin(
+      "models/t5_1_1/tiny.gin", "network.T5Config.num_encoder_layers=1", "network.T5Config.num_decoder_layers=1"
+    )
+  )
   part = partitioning.partitioner(None, jax.devices()[:1])
   prog = programs.build(model, programs.make_tx(model, optim.adafactor, 1e-2), {"inputs": 8, "targets": 4}, part)
   assert prog.init_rng_kernel  # one device: the state is whole
-  assert not programs.build(model, programs.make_tx(model), {"inputs": 8, "targets": 4}, part,
-                            init_rng="inline").init_rng_kernel
+  assert not programs.build(
+    model, programs.make_tx(model), {"inputs": 8, "targets": 4}, part, init_rng="inline"
+  ).init_rng_kernel
   seen = []
 
   def init(rng):  # records the option when the initialiser is traced, here and in another thread
@@ -197,6 +229,7 @@ def test_the_initialisers_rng_form_is_chosen_by_the_builder_and_scoped_to_its_th
     other.join()
     seen.append(("tracing", option.value))
     return rng
+
   traced = dataclasses.replace(prog, init=jax.jit(init))
   traced.init_state(0)
   assert seen == [("other thread", before), ("tracing", True)] and option.value is before

@@ -1,6 +1,7 @@
 """The suite's two tiers (tests/conftest.py registers the `integration` marker): parameter lists whose
 representatives run in `make test` and whose rest runs in `make test-integration`; and the GPU compile tests,
 which run where XLA's CUDA compiler plugin is installed (`make test-gpu-compile`, in .venv-gpu)."""
+
 import importlib.util
 
 import pytest
@@ -18,5 +19,8 @@ def _cuda_plugin() -> bool:
     return False
 
 
-needs_cuda_plugin = pytest.mark.skipif(not _cuda_plugin(), reason="XLA's CUDA compiler plugin is not installed "
-                                       "(the gpu-compile extra): `make test-gpu-compile` runs these in .venv-gpu")
+needs_cuda_plugin = pytest.mark.skipif(
+  not _cuda_plugin(),
+  reason="XLA's CUDA compiler plugin is not installed "
+  "(the gpu-compile extra): `make test-gpu-compile` runs these in .venv-gpu",
+)

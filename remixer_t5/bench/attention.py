@@ -13,6 +13,7 @@ for the GPU (`device_kind`). `max_diff_vs_xla`: each biased form's output agains
 its largest magnitude (bfloat16: ~1e-2). On a CPU (`dry=True`) the kernels run in Pallas's interpreter at tiny shapes: a
 check that every form runs, not a measurement.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -30,8 +31,7 @@ from remixer_t5.model.mixers.attention import dot_product_attention
 SHAPES = {"encoder": (128, 512, 512, 12, 64, False, 4), "decoder": (128, 114, 114, 12, 64, True, 4)}
 DRY_SHAPES = {"encoder": (2, 64, 64, 2, 16, False, 2), "decoder": (2, 40, 40, 2, 16, True, 2)}
 T = fa.Tiling
-CANDIDATES = (T(64, 64, 4, 2), T(64, 64, 4, 3), T(128, 64, 4, 2), T(128, 64, 8, 2), T(64, 128, 4, 2),
-              T(128, 128, 8, 2))
+CANDIDATES = (T(64, 64, 4, 2), T(64, 64, 4, 3), T(128, 64, 4, 2), T(128, 64, 8, 2), T(64, 128, 4, 2), T(128, 128, 8, 2))
 DRY_CANDIDATES = (T(16, 16), T(32, 16))
 
 
@@ -39,25 +39,49 @@ def _inputs(shape, seed: int = 0):
   b, nq, nk, h, d, causal, pieces = shape
   rng = np.random.default_rng(seed)
   normal = lambda *s, scale=1.0: jnp.asarray(scale * rng.normal(size=s), jnp.bfloat16)
-  seg = lambda n: jnp.asarray(np.tile(np.repeat(np.arange(1, pieces + 1), np.diff(
-      np.linspace(0, n, pieces + 1).astype(int))), (b, 1)), jnp.int32)
-  return (normal(b, nq, h, d, scale=0.125), normal(b, nk, h, d), normal(b, nk, h, d),
-          jnp.asarray(rng.normal(size=(h, nq + nk - 1)), jnp.float32), seg(nq), seg(nk), normal(b, nq, h, d))
+  seg = lambda n: jnp.asarray(
+    np.tile(np.repeat(np.arange(1, pieces + 1), np.diff(np.linspace(0, n, pieces + 1).astype(int))), (b, 1)), jnp.int32
+  )
+  return (
+    normal(b, nq, h, d, scale=0.125),
+    normal(b, nk, h, d),
+    normal(b, nk, h, d),
+    jnp.asarray(rng.normal(size=(h, nq + nk - 1)), jnp.float32),
+    seg(nq),
+    seg(nk),
+    normal(b, nq, h, d),
+  )
 
 
 def forms(shape, dry: bool, candidates) -> dict[str, Callable]:
   """name -> attention(q, k, v, rel, q_seg, kv_seg) for the shape's masks."""
   nq, nk, causal = shape[1], shape[2], shape[5]
-  out = {f"pallas {t.block_q}x{t.block_k} w{t.num_warps} s{t.num_stages}": (
-      lambda t: lambda q, k, v, rel, qs, ks: fa.attention(
-          q, k, v, bias=RelativeBias(rel, nq), q_segment_ids=qs, kv_segment_ids=ks, causal=causal,
-          dtype=jnp.bfloat16, interpret=dry, tiling=t))(t) for t in candidates}
+  out = {
+    f"pallas {t.block_q}x{t.block_k} w{t.num_warps} s{t.num_stages}": (
+      lambda t: (
+        lambda q, k, v, rel, qs, ks: fa.attention(
+          q,
+          k,
+          v,
+          bias=RelativeBias(rel, nq),
+          q_segment_ids=qs,
+          kv_segment_ids=ks,
+          causal=causal,
+          dtype=jnp.bfloat16,
+          interpret=dry,
+          tiling=t,
+        )
+      )
+    )(t)
+    for t in candidates
+  }
   out["xla"] = lambda q, k, v, rel, qs, ks: dot_product_attention(
-      q, k, v, RelativeBias(rel, nq), qs, ks, None, causal=causal, dropout_rate=0.0, dtype=jnp.bfloat16)
+    q, k, v, RelativeBias(rel, nq), qs, ks, None, causal=causal, dropout_rate=0.0, dtype=jnp.bfloat16
+  )
   if nq % 128 == 0 and nk % 128 == 0 or dry:
     from jax.experimental.pallas.ops.gpu import attention as jax_gpu
-    out["mha"] = lambda q, k, v, rel, qs, ks: jax_gpu.mha(q, k, v, None, sm_scale=1.0, causal=causal,
-                                                          interpret=dry)
+
+    out["mha"] = lambda q, k, v, rel, qs, ks: jax_gpu.mha(q, k, v, None, sm_scale=1.0, causal=causal, interpret=dry)
   return out
 
 
@@ -74,12 +98,18 @@ def measure(shape, form: Callable, repeats: int, warmup: int, want=None) -> dict
   both = jit_seconds(jax.grad(loss, argnums=(0, 1, 2, 3)), (q, k, v, rel), repeats, warmup)
   b, nq, nk, h, d, causal, _ = shape
   flops = 4 * b * h * nq * nk * d * (0.5 if causal else 1.0)
-  return {**diff, "fwd_ms": 1e3 * fwd, "fwd_bwd_ms": 1e3 * both, "fwd_tflops": flops / fwd / 1e12,
-          "fwd_bwd_tflops": 3.5 * flops / both / 1e12}
+  return {
+    **diff,
+    "fwd_ms": 1e3 * fwd,
+    "fwd_bwd_ms": 1e3 * both,
+    "fwd_tflops": flops / fwd / 1e12,
+    "fwd_bwd_tflops": 3.5 * flops / both / 1e12,
+  }
 
 
-def run(*, dry: bool = False, repeats: int = 10, warmup: int = 2, candidates=None,
-        log: Callable[[str], None] = print) -> list[dict]:
+def run(
+  *, dry: bool = False, repeats: int = 10, warmup: int = 2, candidates=None, log: Callable[[str], None] = print
+) -> list[dict]:
   """Rows per (shape, form), then one `best` row per shape with the fastest tilings."""
   shapes, candidates = (DRY_SHAPES, candidates or DRY_CANDIDATES) if dry else (SHAPES, candidates or CANDIDATES)
   kind = jax.devices()[0].device_kind
@@ -96,8 +126,13 @@ def run(*, dry: bool = False, repeats: int = 10, warmup: int = 2, candidates=Non
       except Exception as e:  # noqa: BLE001 - a tiling that does not compile (shared memory) costs its row only
         row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
       rows.append(row)
-      log(f"{name} {form_name}: " + (row.get("error") or f"fwd {row['fwd_ms']:.3f} ms, fwd+bwd "
-                                     f"{row['fwd_bwd_ms']:.3f} ms ({row['fwd_bwd_tflops']:.1f} TFLOP/s)"))
+      log(
+        f"{name} {form_name}: "
+        + (
+          row.get("error")
+          or f"fwd {row['fwd_ms']:.3f} ms, fwd+bwd {row['fwd_bwd_ms']:.3f} ms ({row['fwd_bwd_tflops']:.1f} TFLOP/s)"
+        )
+      )
     if "mha" in timed:
       for row in timed.values():
         row["of_mha"] = row["fwd_bwd_tflops"] / timed["mha"]["fwd_bwd_tflops"]

@@ -9,6 +9,7 @@ each step gives both losses and
 A fault in the kernel shows in `one step` (it grows, or jumps at some step); rounding stays at float32's
 1e-7-1e-5 there while `trajectory` may still grow, when training amplifies small differences.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,8 +55,10 @@ def steps_both_ways(workload: str, field: str):
 def run(workload: str, field: str, steps: int, log: Callable[[str], None]) -> list[dict]:
   """One row per step: both losses, the trajectories' and one step's largest relative parameter difference."""
   if field not in bench_kernels.fields() or workload not in bench_kernels.WORKLOADS or steps < 1:
-    raise ValueError(f"bench drift: --field {field!r}, --workloads {workload!r}, --steps {steps}: expected one of "
-                     f"{sorted(bench_kernels.fields())}, one of {sorted(bench_kernels.WORKLOADS)}, steps >= 1")
+    raise ValueError(
+      f"bench drift: --field {field!r}, --workloads {workload!r}, --steps {steps}: expected one of "
+      f"{sorted(bench_kernels.fields())}, one of {sorted(bench_kernels.WORKLOADS)}, steps >= 1"
+    )
   step, host, data = steps_both_ways(workload, field)
   kernel = ref = host
   rows = []
@@ -64,20 +67,34 @@ def run(workload: str, field: str, steps: int, log: Callable[[str], None]) -> li
     from_ref, _ = step["default"](ref, data)
     kernel, m_kernel = step["default"](kernel, data)
     ref, m_ref = step["xla"](ref, data)
-    rows.append({"workload": workload, "field": field, "step": i + 1, "loss_sum_default": float(m_kernel["loss_sum"]),
-                 "loss_sum_xla": float(m_ref["loss_sum"]), "trajectory_rel_diff": rel_diff(kernel.params, ref.params),
-                 "one_step_rel_diff": rel_diff(from_ref.params, ref.params)})
+    rows.append(
+      {
+        "workload": workload,
+        "field": field,
+        "step": i + 1,
+        "loss_sum_default": float(m_kernel["loss_sum"]),
+        "loss_sum_xla": float(m_ref["loss_sum"]),
+        "trajectory_rel_diff": rel_diff(kernel.params, ref.params),
+        "one_step_rel_diff": rel_diff(from_ref.params, ref.params),
+      }
+    )
     r = rows[-1]
-    log(f"{i + 1:>4} {r['loss_sum_default']:>15.4f} {r['loss_sum_xla']:>12.4f} {r['trajectory_rel_diff']:>11.2e} "
-        f"{r['one_step_rel_diff']:>9.2e}")
+    log(
+      f"{i + 1:>4} {r['loss_sum_default']:>15.4f} {r['loss_sum_xla']:>12.4f} {r['trajectory_rel_diff']:>11.2e} "
+      f"{r['one_step_rel_diff']:>9.2e}"
+    )
   return rows
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-  p.add_argument("--workloads", default="cogs:hypermixer", help="one of bench kernels' workloads (default "
-                 "cogs:hypermixer)")
-  p.add_argument("--field", default="hypermixing", help="the implementation field (attention, dropout, "
-                 "hypermixing) set to xla in the reference (default hypermixing)")
+  p.add_argument(
+    "--workloads", default="cogs:hypermixer", help="one of bench kernels' workloads (default cogs:hypermixer)"
+  )
+  p.add_argument(
+    "--field",
+    default="hypermixing",
+    help="the implementation field (attention, dropout, hypermixing) set to xla in the reference (default hypermixing)",
+  )
   p.add_argument("--steps", type=int, default=40, help="steps (default 40)")
   p.add_argument("--json", action="store_true", help="one JSON object per step on stdout")
 

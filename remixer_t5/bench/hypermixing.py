@@ -18,6 +18,7 @@ forward + backward, the causal form's share of one training step. HyperMixer-bas
 measured in the same run, the design (one GELU per position per state entry) cannot reach it with any kernel.
 On a CPU (`dry=True`) both run in Pallas's interpreter at a tiny shape: a check that every form runs.
 """
+
 from __future__ import annotations
 
 import functools
@@ -79,6 +80,7 @@ def arithmetic(shape, block_h: int, block_d: int, warps: int, interpret: bool):
   [d/block_d, b, d'])."""
   from jax.experimental import pallas as pl
   from jax.experimental.pallas import triton as plt
+
   b, n, h, d = shape
   grid = (b, h // block_h, d // block_d)
   over_h = pl.BlockSpec((None, n, block_h), lambda r, k, c: (r, 0, k))
@@ -87,13 +89,27 @@ def arithmetic(shape, block_h: int, block_d: int, warps: int, interpret: bool):
   rows_h = pl.BlockSpec((None, None, block_h), lambda r, k, c: (c, r, k))  # a row per (d-block, sequence)
   params = dict(compiler_params=plt.CompilerParams(num_warps=warps, num_stages=1), interpret=interpret)
   forward = pl.pallas_call(
-      functools.partial(_forward_arithmetic, n=n), grid=grid, in_specs=[over_h, over_d, over_h], out_specs=rows_d,
-      out_shape=jax.ShapeDtypeStruct((h // block_h, b, d), f32), name="hypermixing_arithmetic", **params)
+    functools.partial(_forward_arithmetic, n=n),
+    grid=grid,
+    in_specs=[over_h, over_d, over_h],
+    out_specs=rows_d,
+    out_shape=jax.ShapeDtypeStruct((h // block_h, b, d), f32),
+    name="hypermixing_arithmetic",
+    **params,
+  )
   backward = pl.pallas_call(
-      functools.partial(_backward_arithmetic, n=n), grid=grid, in_specs=[over_h, over_d, over_h, over_d],
-      out_specs=[rows_h, rows_d, rows_h],
-      out_shape=[jax.ShapeDtypeStruct((d // block_d, b, h), f32), jax.ShapeDtypeStruct((h // block_h, b, d), f32),
-                 jax.ShapeDtypeStruct((d // block_d, b, h), f32)], name="hypermixing_arithmetic_grad", **params)
+    functools.partial(_backward_arithmetic, n=n),
+    grid=grid,
+    in_specs=[over_h, over_d, over_h, over_d],
+    out_specs=[rows_h, rows_d, rows_h],
+    out_shape=[
+      jax.ShapeDtypeStruct((d // block_d, b, h), f32),
+      jax.ShapeDtypeStruct((h // block_h, b, d), f32),
+      jax.ShapeDtypeStruct((d // block_d, b, h), f32),
+    ],
+    name="hypermixing_arithmetic_grad",
+    **params,
+  )
   return forward, backward
 
 
@@ -102,18 +118,27 @@ def _inputs(shape, seed: int = 0):
   rng = np.random.default_rng(seed)
   normal = lambda *s: jnp.asarray(rng.normal(size=s) / np.sqrt(s[-1]), jnp.bfloat16)
   seg = np.tile(np.repeat(np.arange(1, pieces + 1), np.diff(np.linspace(0, n, pieces + 1).astype(int))), (b, 1))
-  return (normal(b, n, h), normal(b, n, d), normal(b, n, h), jnp.ones((b, n), f32), jnp.asarray(seg, jnp.int32),
-          jnp.asarray(rng.normal(size=(b, n, d)), f32))
+  return (
+    normal(b, n, h),
+    normal(b, n, d),
+    normal(b, n, h),
+    jnp.ones((b, n), f32),
+    jnp.asarray(seg, jnp.int32),
+    jnp.asarray(rng.normal(size=(b, n, d)), f32),
+  )
 
 
 def measure_kernel(shape, tile, dry: bool, repeats: int, warmup: int) -> dict:
   w1, x, w2, mask, seg, g = _inputs(shape)
   block_h, block_d, warps = tile
-  fn = lambda w1, x, w2: hm.kernel(w1, x, w2, mask, seg, False, block_h=block_h, block_d=block_d,
-                                   num_warps=(warps, warps), interpret=dry)
+  fn = lambda w1, x, w2: hm.kernel(
+    w1, x, w2, mask, seg, False, block_h=block_h, block_d=block_d, num_warps=(warps, warps), interpret=dry
+  )
   grad = jax.grad(lambda w1, x, w2: jnp.sum(fn(w1, x, w2) * g), argnums=(0, 1, 2))
-  return {"fwd_ms": 1e3 * jit_seconds(fn, (w1, x, w2), repeats, warmup),
-          "fwd_bwd_ms": 1e3 * jit_seconds(grad, (w1, x, w2), repeats, warmup)}
+  return {
+    "fwd_ms": 1e3 * jit_seconds(fn, (w1, x, w2), repeats, warmup),
+    "fwd_bwd_ms": 1e3 * jit_seconds(grad, (w1, x, w2), repeats, warmup),
+  }
 
 
 def measure_arithmetic(shape, tile, dry: bool, repeats: int, warmup: int) -> dict:
@@ -141,9 +166,15 @@ def run(*, dry: bool = False, repeats: int = 5, warmup: int = 1, log: Callable[[
     except Exception as e:  # noqa: BLE001 - a tile that does not compile costs its row only
       row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
     rows.append(row)
-    log(f"hypermixing {name}: " + (row.get("error") or f"fwd {row['fwd_ms']:.2f} ms, fwd+bwd {row['fwd_bwd_ms']:.2f}"
-                                   f" ms, {row['gelu_per_s'] / 1e9:.0f} G GELU/s, x{layers} layers "
-                                   f"{row['decoder_ms']:.0f} ms"))
+    log(
+      f"hypermixing {name}: "
+      + (
+        row.get("error")
+        or f"fwd {row['fwd_ms']:.2f} ms, fwd+bwd {row['fwd_bwd_ms']:.2f}"
+        f" ms, {row['gelu_per_s'] / 1e9:.0f} G GELU/s, x{layers} layers "
+        f"{row['decoder_ms']:.0f} ms"
+      )
+    )
   bound = next((r for r in rows if r["form"] == "arithmetic" and "error" not in r), None)
   if bound:
     for row in rows:

@@ -11,6 +11,7 @@ the median of `steps` timed steps after `warmup`. Variants: `default` (every imp
 `xla` (every field of the registry, kernels.OPERATIONS, that the workload exercises at `xla`) and `<field>=xla`
 (that one alone) where it exercises more than one. The last losses agree: the kernels compute the same function.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,11 +29,22 @@ from remixer_t5.commands import common
 COGS_MODELS = ("t5_1_1", "remixer", "mixer_encdec", "hypermixer")
 SMALL = ["models/t5_1_1/small.gin"]
 WORKLOADS = {  # name -> (gin files, bindings, batch size, feature lengths; None: the run file's)
-    **{f"cogs:{m}": ([f"models/{m}/cogs.gin", "runs/cogs_scratch.gin"], [], None, None) for m in COGS_MODELS},
-    "A": (SMALL, ["DROPOUT_RATE=0.0", "network.T5Config.emb_dim=256", "network.T5Config.num_encoder_layers=4",
-                  "network.T5Config.num_decoder_layers=4", "network.T5Config.mlp_dim=1024",
-                  "network.T5Config.num_heads=4", "network.T5Config.head_dim=64"], 16, {"inputs": 128, "targets": 32}),
-    "B": (SMALL, ["DROPOUT_RATE=0.0"], 8, {"inputs": 512, "targets": 114}),
+  **{f"cogs:{m}": ([f"models/{m}/cogs.gin", "runs/cogs_scratch.gin"], [], None, None) for m in COGS_MODELS},
+  "A": (
+    SMALL,
+    [
+      "DROPOUT_RATE=0.0",
+      "network.T5Config.emb_dim=256",
+      "network.T5Config.num_encoder_layers=4",
+      "network.T5Config.num_decoder_layers=4",
+      "network.T5Config.mlp_dim=1024",
+      "network.T5Config.num_heads=4",
+      "network.T5Config.head_dim=64",
+    ],
+    16,
+    {"inputs": 128, "targets": 32},
+  ),
+  "B": (SMALL, ["DROPOUT_RATE=0.0"], 8, {"inputs": 512, "targets": 114}),
 }
 WORKLOADS["cogs:hypermixer:packed"] = WORKLOADS["cogs:hypermixer"]
 PACKED = {"cogs:hypermixer:packed": 7}  # workload -> examples a row
@@ -92,8 +104,10 @@ def run(names: list[str], rounds: int, steps: int, warmup: int, log: Callable[[s
   workload (each variant's median over rounds and its ratio to `default`) to `log`."""
   unknown = [n for n in names if n not in WORKLOADS]
   if unknown or rounds < 1 or steps < 1 or warmup < 0:
-    raise ValueError(f"bench kernels: workloads {unknown or names} rounds {rounds} steps {steps} warmup {warmup}: "
-                     f"expected some of {', '.join(WORKLOADS)}, rounds and steps >= 1, warmup >= 0")
+    raise ValueError(
+      f"bench kernels: workloads {unknown or names} rounds {rounds} steps {steps} warmup {warmup}: "
+      f"expected some of {', '.join(WORKLOADS)}, rounds and steps >= 1, warmup >= 0"
+    )
   env, rows = bench_env.environment(), []
   for name in names:
     calls = {variant: step(name, extra)[0] for variant, extra in variants(name).items()}
@@ -103,17 +117,34 @@ def run(names: list[str], rounds: int, steps: int, warmup: int, log: Callable[[s
       for variant, call in calls.items():
         times, loss = bench_train.time_calls(call, n, warmup)
         medians[variant].append(statistics.median(times))
-        rows.append({"workload": name, "variant": variant, "round": r, "s_per_step": medians[variant][-1],
-                     "steps": n, "last_loss_sum": float(loss), "load_average": list(os.getloadavg()), **env})
+        rows.append(
+          {
+            "workload": name,
+            "variant": variant,
+            "round": r,
+            "s_per_step": medians[variant][-1],
+            "steps": n,
+            "last_loss_sum": float(loss),
+            "load_average": list(os.getloadavg()),
+            **env,
+          }
+        )
     base = statistics.median(medians["default"])
-    log(f"# {name}: " + "; ".join(f"{v} {statistics.median(m) * 1e3:.1f} ms ({statistics.median(m) / base:.3f}x)"
-                                 for v, m in medians.items()))
+    log(
+      f"# {name}: "
+      + "; ".join(
+        f"{v} {statistics.median(m) * 1e3:.1f} ms ({statistics.median(m) / base:.3f}x)" for v, m in medians.items()
+      )
+    )
   return rows
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-  p.add_argument("--workloads", default="cogs:t5_1_1,cogs:remixer,cogs:mixer_encdec,cogs:hypermixer,A,B",
-                 help="comma-separated, of cogs:<model>, cogs:hypermixer:packed and the T5.1.1 configs A and B")
+  p.add_argument(
+    "--workloads",
+    default="cogs:t5_1_1,cogs:remixer,cogs:mixer_encdec,cogs:hypermixer,A,B",
+    help="comma-separated, of cogs:<model>, cogs:hypermixer:packed and the T5.1.1 configs A and B",
+  )
   p.add_argument("--steps", type=int, default=10, help="timed steps per round (default 10; B a third of them)")
   p.add_argument("--rounds", type=int, default=3, help="rounds, the variants alternating (default 3)")
   p.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
@@ -123,6 +154,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
   rows = run(args.workloads.split(","), rounds=args.rounds, steps=args.steps, warmup=args.warmup, log=common.stderr)
   for row in rows:
-    print(json.dumps(row) if args.json else f"{row['workload']} {row['variant']} round {row['round']}: "
-          f"{row['s_per_step'] * 1e3:.1f} ms/step", flush=True)
+    print(
+      json.dumps(row)
+      if args.json
+      else f"{row['workload']} {row['variant']} round {row['round']}: {row['s_per_step'] * 1e3:.1f} ms/step",
+      flush=True,
+    )
   return 0

@@ -19,6 +19,7 @@ flops, params, temp_mb (XLA's scratch of the compiled fwd+bwd: activations and g
 host_malloc (whether runtime's allocator policy was applied, as the CLI does; without it scratch above 32 MiB is
 page-faulted in on every call). Results: docs/benchmarks.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,15 +50,15 @@ def _registry() -> dict[str, tuple[str, Callable[[int], Callable[..., nn.Module]
   """name -> (role, length -> factory(config=, name=)); role 'token' or 'feature'."""
   p = functools.partial
   return {
-      "attention": ("token", lambda n: attention.Attention),
-      "attention_norelpos": ("token", lambda n: p(attention.Attention, relative_positions=False)),
-      "hypermixer": ("token", lambda n: hypermixer.HyperMixing),
-      "linear_attention": ("token", lambda n: linear_attention.LinearAttention),
-      "fnet": ("token", lambda n: fnet.FourierMixing),
-      "mlp_mixer": ("token", lambda n: p(mlp_mixer.TokenMixingMlp, max_length=n)),
-      "gmlp": ("token", lambda n: p(gmlp.GatedMlpBlock, max_length=n)),
-      "amlp": ("token", lambda n: p(gmlp.GatedMlpBlock, max_length=n, tiny_attention_dim=64)),
-      "remixer": ("feature", lambda n: p(remixer.RemixerBlock, max_length=n)),
+    "attention": ("token", lambda n: attention.Attention),
+    "attention_norelpos": ("token", lambda n: p(attention.Attention, relative_positions=False)),
+    "hypermixer": ("token", lambda n: hypermixer.HyperMixing),
+    "linear_attention": ("token", lambda n: linear_attention.LinearAttention),
+    "fnet": ("token", lambda n: fnet.FourierMixing),
+    "mlp_mixer": ("token", lambda n: p(mlp_mixer.TokenMixingMlp, max_length=n)),
+    "gmlp": ("token", lambda n: p(gmlp.GatedMlpBlock, max_length=n)),
+    "amlp": ("token", lambda n: p(gmlp.GatedMlpBlock, max_length=n, tiny_attention_dim=64)),
+    "remixer": ("feature", lambda n: p(remixer.RemixerBlock, max_length=n)),
   }
 
 
@@ -66,12 +67,22 @@ DEFAULT_MIXERS = ("attention", "hypermixer", "linear_attention", "fnet", "mlp_mi
 
 
 def default_config(d_model: int = 256, hidden: int = 512, num_heads: int = 4, head_dim: int = 64):
-  return T5Config(vocab_size=128, emb_dim=d_model, num_heads=num_heads, head_dim=head_dim, mlp_dim=hidden,
-                  num_encoder_layers=1, num_decoder_layers=1, dropout_rate=0.0, dtype="float32")
+  return T5Config(
+    vocab_size=128,
+    emb_dim=d_model,
+    num_heads=num_heads,
+    head_dim=head_dim,
+    mlp_dim=hidden,
+    num_encoder_layers=1,
+    num_decoder_layers=1,
+    dropout_rate=0.0,
+    dtype="float32",
+  )
 
 
 class MixingLayer(nn.Module):
   """One mixer on an unpadded, unpacked, non-causal batch, with the context an encoder would give it."""
+
   config: object
   factory: Callable[..., nn.Module]
   role: str = "token"
@@ -80,8 +91,9 @@ class MixingLayer(nn.Module):
   def __call__(self, x):
     cfg = self.config.for_target()
     b, n = x.shape[:2]
-    relpos = layers.RelativePositionBiases(cfg.relpos_num_buckets, cfg.relpos_max_distance, cfg.num_heads,
-                                           cfg.dtype, name="relpos_bias")
+    relpos = layers.RelativePositionBiases(
+      cfg.relpos_num_buckets, cfg.relpos_max_distance, cfg.num_heads, cfg.dtype, name="relpos_bias"
+    )
     mask = jnp.ones((b, n), jnp.float32)
     pos = jnp.arange(n, dtype=jnp.int32)[None, :]
     ctx = base.MixerContext(q_mask=mask, kv_mask=mask, q_positions=pos, kv_positions=pos, relpos=relpos)
@@ -94,13 +106,14 @@ class MixingLayer(nn.Module):
 def _temp_mb(compiled) -> float | None:
   """XLA's scratch allocation for the compiled function (activations and gradients), in MiB."""
   try:
-    return round(compiled.memory_analysis().temp_size_in_bytes / 2 ** 20, 2)
+    return round(compiled.memory_analysis().temp_size_in_bytes / 2**20, 2)
   except Exception:  # noqa: BLE001 - not every backend reports it
     return None
 
 
-def measure(mixer: str, length: int, *, config=None, batch: int = 1, repeats: int = 5, warmup: int = 1,
-            seed: int = 0) -> dict:
+def measure(
+  mixer: str, length: int, *, config=None, batch: int = 1, repeats: int = 5, warmup: int = 1, seed: int = 0
+) -> dict:
   """One row: fwd+bwd ms (median of `repeats`) and XLA FLOPs of one mixer layer."""
   registry = _registry()
   if mixer not in registry:
@@ -122,15 +135,30 @@ def measure(mixer: str, length: int, *, config=None, batch: int = 1, repeats: in
   compile_s = time.perf_counter() - t0
   times, _ = time_calls(lambda: jax.block_until_ready(compiled(params, x, cot)), max(repeats, 1), max(warmup, 0))
   times = [t * 1e3 for t in times]
-  return {"mixer": mixer, "length": int(length), "batch": int(batch), "d_model": int(cfg.emb_dim),
-          "ms": round(statistics.median(times), 4), "flops": mfu.compiled_flops(compiled) or float("nan"),
-          "params": int(sum(np.size(a) for a in jax.tree_util.tree_leaves(params))),
-          "temp_mb": _temp_mb(compiled), "compile_s": round(compile_s, 3), "host_malloc": runtime.applied,
-          "ms_min": round(min(times), 4)}
+  return {
+    "mixer": mixer,
+    "length": int(length),
+    "batch": int(batch),
+    "d_model": int(cfg.emb_dim),
+    "ms": round(statistics.median(times), 4),
+    "flops": mfu.compiled_flops(compiled) or float("nan"),
+    "params": int(sum(np.size(a) for a in jax.tree_util.tree_leaves(params))),
+    "temp_mb": _temp_mb(compiled),
+    "compile_s": round(compile_s, 3),
+    "host_malloc": runtime.applied,
+    "ms_min": round(min(times), 4),
+  }
 
 
-def bench_mixing(lengths: Iterable[int], mixers: Sequence[str] = DEFAULT_MIXERS, *, config=None, batch: int = 1,
-                 repeats: int = 5, log=None) -> list[dict]:
+def bench_mixing(
+  lengths: Iterable[int],
+  mixers: Sequence[str] = DEFAULT_MIXERS,
+  *,
+  config=None,
+  batch: int = 1,
+  repeats: int = 5,
+  log=None,
+) -> list[dict]:
   """Rows for every (mixer, length), mixers in the given order; `log(str)` gets one progress line each."""
   rows = []
   for mixer in mixers:
@@ -138,8 +166,10 @@ def bench_mixing(lengths: Iterable[int], mixers: Sequence[str] = DEFAULT_MIXERS,
       row = measure(mixer, n, config=config, batch=batch, repeats=repeats)
       rows.append(row)
       if log:
-        log(f"bench {mixer:>18s} length {n:>5d}: {row['ms']:.2f} ms, {row['flops'] / 1e9:.4g} GFLOP fwd+bwd "
-            f"(compile {row['compile_s']:.1f}s)")
+        log(
+          f"bench {mixer:>18s} length {n:>5d}: {row['ms']:.2f} ms, {row['flops'] / 1e9:.4g} GFLOP fwd+bwd "
+          f"(compile {row['compile_s']:.1f}s)"
+        )
   return rows
 
 
@@ -179,8 +209,10 @@ def format_table(rows: Sequence[dict]) -> str:
   mixers = list(dict.fromkeys(r["mixer"] for r in rows))
   lengths = sorted({r["length"] for r in rows})
   get = {(r["mixer"], r["length"]): r for r in rows}
-  lines = ["| length | " + " | ".join(f"{m} ms (×) | {m} GFLOP" for m in mixers) + " |",
-           "|---:|" + "---:|---:|" * len(mixers)]
+  lines = [
+    "| length | " + " | ".join(f"{m} ms (×) | {m} GFLOP" for m in mixers) + " |",
+    "|---:|" + "---:|---:|" * len(mixers),
+  ]
   for i, n in enumerate(lengths):
     cells = []
     for m in mixers:
@@ -214,8 +246,7 @@ def plot_bench(rows: Sequence[dict], path) -> str:
     ax.set_title(title)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-  fig.suptitle(f"one token-mixing layer, batch {r0.get('batch')}, d_model {r0.get('d_model')}, "
-               f"{jax.default_backend()}")
+  fig.suptitle(f"one token-mixing layer, batch {r0.get('batch')}, d_model {r0.get('d_model')}, {jax.default_backend()}")
   fig.tight_layout()
   return str(plots.save_png(fig, path))
 
@@ -239,8 +270,14 @@ def main(args: argparse.Namespace) -> int:
   if unknown:
     raise ValueError(f"unknown mixer(s) {', '.join(unknown)}; choose from {', '.join(MIXERS)}")
   config = default_config(args.d_model, args.hidden, args.num_heads, args.head_dim)
-  rows = bench_mixing(parse_lengths(args.lengths), mixers, config=config, batch=args.batch, repeats=args.repeats,
-                      log=lambda m: print(m, file=sys.stderr, flush=True))
+  rows = bench_mixing(
+    parse_lengths(args.lengths),
+    mixers,
+    config=config,
+    batch=args.batch,
+    repeats=args.repeats,
+    log=lambda m: print(m, file=sys.stderr, flush=True),
+  )
   print("\n".join(json.dumps(row) for row in rows) if args.json else format_table(rows), flush=True)
   path = plot_bench(rows, Path(args.out) / "mixing_bench.png")
   print(f"wrote {path}", file=sys.stderr if args.json else sys.stdout)

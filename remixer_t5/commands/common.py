@@ -1,5 +1,6 @@
 """What several commands share: the gin flags (split off the command line by cli.py, kept on `args.gin`), the
 run they configure, the options of the commands that run one (train, eval, infer) and checkpoint arguments."""
+
 from __future__ import annotations
 
 import argparse
@@ -27,16 +28,26 @@ def stderr(msg: str) -> None:
   print(msg, file=sys.stderr, flush=True)
 
 
-def load_gin(args: argparse.Namespace, *, required: bool = False, run: bool = False, first: tuple[str, ...] = (),
-             bindings: tuple[str, ...] = ()) -> None:
+def load_gin(
+  args: argparse.Namespace,
+  *,
+  required: bool = False,
+  run: bool = False,
+  first: tuple[str, ...] = (),
+  bindings: tuple[str, ...] = (),
+) -> None:
   """Parses the command's gin flags (after the package's gin files `first`, plus `bindings`). `run`: a command
   that reads or writes MODEL_DIR (train, eval), whose run files leave it `%gin.REQUIRED`; the others take a run's
   gin files with MODEL_DIR unset. `required`: a command that needs a config. Without flags any config an earlier
   call left is cleared."""
   files, given, paths = args.gin
   if files or given or bindings:
-    parse_gin([*(str(gin_dir() / f) for f in first), *files], [*given, *bindings], paths,
-              macro_defaults=None if run else {"MODEL_DIR": "None"})
+    parse_gin(
+      [*(str(gin_dir() / f) for f in first), *files],
+      [*given, *bindings],
+      paths,
+      macro_defaults=None if run else {"MODEL_DIR": "None"},
+    )
   elif required:
     raise GinError(f"`{args.command}` needs a config: --gin_file=... (see gin/ for models and runs)")
   else:  # export-hf/plot then read the checkpoint's own gin, never a config left by an earlier main() call
@@ -45,22 +56,44 @@ def load_gin(args: argparse.Namespace, *, required: bool = False, run: bool = Fa
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
   """The options of the commands that run a model from a config (train, eval, infer)."""
-  p.add_argument("--train_file", "--train-file", action="append", metavar="PATH",
-                 help="your own data: a TSV or JSONL file (or glob; local or gs://; repeatable) as the train "
-                 "split of the run's task (gin/runs/custom.gin; docs/data.md, \"Your own data\")")
-  p.add_argument("--validation_file", "--validation-file", action="append", metavar="PATH",
-                 help="the validation split of that task, as --train_file")
-  p.add_argument("--objective", choices=("inputs_targets", "span_corruption"),
-                 help="with --train_file/--validation_file: inputs/targets rows (default) or span corruption "
-                 "of a text field")
-  p.add_argument("--coordinator_address", "--coordinator-address",
-                 help="HOST:PORT of process 0 for a multi-process run (or $REMIXER_T5_COORDINATOR)")
+  p.add_argument(
+    "--train_file",
+    "--train-file",
+    action="append",
+    metavar="PATH",
+    help="your own data: a TSV or JSONL file (or glob; local or gs://; repeatable) as the train "
+    "split of the run's task (gin/runs/custom.gin; docs/data.md, \"Your own data\")",
+  )
+  p.add_argument(
+    "--validation_file",
+    "--validation-file",
+    action="append",
+    metavar="PATH",
+    help="the validation split of that task, as --train_file",
+  )
+  p.add_argument(
+    "--objective",
+    choices=("inputs_targets", "span_corruption"),
+    help="with --train_file/--validation_file: inputs/targets rows (default) or span corruption of a text field",
+  )
+  p.add_argument(
+    "--coordinator_address",
+    "--coordinator-address",
+    help="HOST:PORT of process 0 for a multi-process run (or $REMIXER_T5_COORDINATOR)",
+  )
   p.add_argument("--num_processes", "--num-processes", type=int, help="(or $REMIXER_T5_NUM_PROCESSES)")
   p.add_argument("--process_id", "--process-id", type=int, help="(or $REMIXER_T5_PROCESS_ID)")
-  p.add_argument("--distributed", action="store_true",
-                 help="let JAX detect the cluster (TPU VM slice, SLURM, Open MPI); or $REMIXER_T5_DISTRIBUTED=auto")
-  p.add_argument("--verbose", "-v", action="store_true",
-                 help="say how the process was set up (host allocator, ...) besides the one start line")
+  p.add_argument(
+    "--distributed",
+    action="store_true",
+    help="let JAX detect the cluster (TPU VM slice, SLURM, Open MPI); or $REMIXER_T5_DISTRIBUTED=auto",
+  )
+  p.add_argument(
+    "--verbose",
+    "-v",
+    action="store_true",
+    help="say how the process was set up (host allocator, ...) besides the one start line",
+  )
 
 
 def start_run(args: argparse.Namespace, *, run: bool, first: tuple[str, ...] = (), bindings: tuple[str, ...] = ()):
@@ -88,14 +121,22 @@ def custom_data(args: argparse.Namespace) -> tuple[list[str], list[str], list[st
       raise GinError("--objective applies to --train_file / --validation_file; pass them too")
     return files, bindings, paths
   if any(b.partition("=")[0].strip() == "MIXTURE_OR_TASK_NAME" for b in bindings):
-    raise GinError("--train_file/--validation_file set MIXTURE_OR_TASK_NAME (the task 'custom'); drop "
-                   "--gin.MIXTURE_OR_TASK_NAME")
-  if args.command == "train" and train and not validation and not any(
-      b.startswith("custom.register.validation") for b in bindings):
+    raise GinError(
+      "--train_file/--validation_file set MIXTURE_OR_TASK_NAME (the task 'custom'); drop --gin.MIXTURE_OR_TASK_NAME"
+    )
+  if (
+    args.command == "train"
+    and train
+    and not validation
+    and not any(b.startswith("custom.register.validation") for b in bindings)
+  ):
     raise GinError("train evaluates on a validation split: pass --validation_file too")
   absolute = lambda values: [p.as_posix() if storage.is_bucket(p) else str(p) for p in map(storage.run_path, values)]
-  added = [f"custom.register.{split}={absolute(values)!r}" for split, values in (("train", train),
-                                                                              ("validation", validation)) if values]
+  added = [
+    f"custom.register.{split}={absolute(values)!r}"
+    for split, values in (("train", train), ("validation", validation))
+    if values
+  ]
   if args.objective:
     added.append(f"custom.register.objective={args.objective!r}")
   return files + [str(gin_dir() / CUSTOM_GIN)], added + bindings, paths
@@ -105,14 +146,19 @@ def start_line(command: str) -> None:
   """One line at the start of a run: the devices, and the kernel choices the config makes (kernels/)."""
   devices = jax.devices()
   kinds = sorted({d.device_kind for d in devices})
-  chosen = [line.strip() for line in gin.config_str().splitlines()
-            if any(k in line for k in ("attention_impl", "dropout_impl", "HyperMixing.impl")) and "'auto'" not in line]
+  chosen = [
+    line.strip()
+    for line in gin.config_str().splitlines()
+    if any(k in line for k in ("attention_impl", "dropout_impl", "HyperMixing.impl")) and "'auto'" not in line
+  ]
   try:
     out = f"; output: {macro('MODEL_DIR')}"
   except Exception:  # noqa: BLE001 - a config without MODEL_DIR: nothing to name
     out = ""
-  stderr(f"remixer-t5 {command}: {len(devices)} {devices[0].platform} device(s) ({', '.join(kinds)}) in "
-         f"{jax.process_count()} process(es); kernels: {'; '.join(chosen) or 'auto (by platform)'}{out}")
+  stderr(
+    f"remixer-t5 {command}: {len(devices)} {devices[0].platform} device(s) ({', '.join(kinds)}) in "
+    f"{jax.process_count()} process(es); kernels: {'; '.join(chosen) or 'auto (by platform)'}{out}"
+  )
 
 
 def check_checkpoint_source(path, what: str) -> None:
@@ -122,9 +168,11 @@ def check_checkpoint_source(path, what: str) -> None:
     return
   folder = Path(path).expanduser()
   if not folder.exists() or (folder.is_dir() and not any(folder.iterdir())):
-    raise FileNotFoundError(f"no checkpoint in {path} ({what} {'is empty' if folder.exists() else 'does not exist'}):"
-                            " expected a training run's MODEL_DIR (checkpoints/), an import-hf output, a t5x "
-                            "checkpoint or a params checkpoint")
+    raise FileNotFoundError(
+      f"no checkpoint in {path} ({what} {'is empty' if folder.exists() else 'does not exist'}):"
+      " expected a training run's MODEL_DIR (checkpoints/), an import-hf output, a t5x "
+      "checkpoint or a params checkpoint"
+    )
 
 
 def parse_lengths(text: str | None) -> dict[str, int] | None:
@@ -162,8 +210,10 @@ def model_for_checkpoint(ckpt):
   if found is None:
     gin_file = ckpt / "model.gin" if (ckpt / "model.gin").exists() else ckpt / "config.gin"
     if not gin_file.exists():
-      raise GinError(f"no model config: pass --gin_file=... or a directory holding model.gin "
-                     f"(import-hf output) or config.gin (a train MODEL_DIR); looked for {gin_file}")
+      raise GinError(
+        f"no model config: pass --gin_file=... or a directory holding model.gin "
+        f"(import-hf output) or config.gin (a train MODEL_DIR); looked for {gin_file}"
+      )
     parse_gin([str(gin_file)], ["MODEL_DIR=None"] if gin_file.name == "config.gin" else [])
     found = macro("MODEL")
   return found
@@ -171,5 +221,9 @@ def model_for_checkpoint(ckpt):
 
 def add_step_argument(p: argparse.ArgumentParser) -> None:
   """export-hf's and plot's --checkpoint: the step of a training MODEL_DIR given as their positional argument."""
-  p.add_argument("--checkpoint", dest="step", metavar="best|latest|STEP",
-                 help="which step of a training MODEL_DIR (default latest; best: the KEEP_BEST_BY step)")
+  p.add_argument(
+    "--checkpoint",
+    dest="step",
+    metavar="best|latest|STEP",
+    help="which step of a training MODEL_DIR (default latest; best: the KEEP_BEST_BY step)",
+  )

@@ -1,6 +1,7 @@
 """What the CLI reports for an exception that ends a command: its exit code and one line (docs/cli.md, "Exit
 codes"). An exception class of the project may carry its own code (`exit_code`); anything else that is not a cause
 the user can act on (a bug) keeps its traceback."""
+
 from __future__ import annotations
 
 import os

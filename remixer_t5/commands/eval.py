@@ -1,5 +1,6 @@
 """`remixer-t5 eval`: a checkpoint of MODEL_DIR evaluated: validation loss, and the task's metrics on decoded
 outputs (trainer.evaluate_checkpoint; its own options, e.g. infer_split, bound in gin)."""
+
 from __future__ import annotations
 
 import argparse
@@ -12,8 +13,11 @@ from remixer_t5.training import best, trainer
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-  p.add_argument("--checkpoint", metavar="best|latest|STEP", help="which step of MODEL_DIR (default latest; "
-                 "best: the KEEP_BEST_BY step)")
+  p.add_argument(
+    "--checkpoint",
+    metavar="best|latest|STEP",
+    help="which step of MODEL_DIR (default latest; best: the KEEP_BEST_BY step)",
+  )
   common.add_run_arguments(p)
 
 

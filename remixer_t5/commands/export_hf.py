@@ -1,5 +1,6 @@
 """`remixer-t5 export-hf`: a checkpoint (an import-hf output or a MODEL_DIR's step) -> a Hugging Face T5 v1.1
 folder, with the run's tokenizer when its vocabulary is known (interop/hf.py)."""
+
 from __future__ import annotations
 
 import argparse
@@ -17,8 +18,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
   p.add_argument("checkpoint")
   common.add_step_argument(p)
   p.add_argument("out_dir")
-  p.add_argument("--vocabulary", help="SentencePiece model written as the tokenizer (default: the run's gin "
-                 "VOCABULARY, else its task's vocabulary)")
+  p.add_argument(
+    "--vocabulary",
+    help="SentencePiece model written as the tokenizer (default: the run's gin VOCABULARY, else its task's vocabulary)",
+  )
 
 
 def run_vocabulary(path: str | None):
@@ -45,17 +48,24 @@ def main(args: argparse.Namespace) -> int:
   tokenizer = None
   if vocabulary is not None:
     if vocabulary.vocab_size > model.module.config.vocab_size:
-      raise ValueError(f"the vocabulary ({source}) has {vocabulary.vocab_size} ids but the model's vocab_size "
-                       f"is {model.module.config.vocab_size}; pass the run's own --vocabulary")
+      raise ValueError(
+        f"the vocabulary ({source}) has {vocabulary.vocab_size} ids but the model's vocab_size "
+        f"is {model.module.config.vocab_size}; pass the run's own --vocabulary"
+      )
     tokenizer = hf.vocabulary_tokenizer_files(vocabulary)
   hf.write_hf_checkpoint(args.out_dir, model.module.config, params, tokenizer=tokenizer)
   print(f"wrote Hugging Face T5 v1.1 checkpoint to {args.out_dir}")
   if hf.is_scanned(params):  # write_hf_checkpoint unstacks them: one HF block per layer
     print("the checkpoint's layers were scanned (T5Config.scan_layers): exported unstacked, one block per layer")
   if tokenizer:
-    print(f"with its tokenizer ({', '.join(tokenizer)}; {vocabulary.vocab_size} ids, {vocabulary.extra_ids} "
-          f"sentinels) from {source}")
+    print(
+      f"with its tokenizer ({', '.join(tokenizer)}; {vocabulary.vocab_size} ids, {vocabulary.extra_ids} "
+      f"sentinels) from {source}"
+    )
   else:
-    print("no tokenizer written: no vocabulary is known for this checkpoint (no VOCABULARY or "
-          "MIXTURE_OR_TASK_NAME in its gin); pass --vocabulary=PATH/TO/sentencepiece.model", file=sys.stderr)
+    print(
+      "no tokenizer written: no vocabulary is known for this checkpoint (no VOCABULARY or "
+      "MIXTURE_OR_TASK_NAME in its gin); pass --vocabulary=PATH/TO/sentencepiece.model",
+      file=sys.stderr,
+    )
   return 0

@@ -1,5 +1,6 @@
 """`remixer-t5 import-hf`: a Hugging Face T5 v1.1 folder -> an orbax params checkpoint and the model.gin that
 builds it (interop/hf.py)."""
+
 from __future__ import annotations
 
 import argparse
@@ -20,12 +21,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def model_gin(cfg, source: str = "") -> str:
   """A standalone model gin file for a T5Config."""
-  lines = [f"# T5.1.1 model imported from {source}" if source else "# T5.1.1 model",
-           "from __gin__ import dynamic_registration", "from remixer_t5.model import models",
-           "from remixer_t5.model import network", "",
-           "MODEL = @models.EncoderDecoderModel()",
-           "models.EncoderDecoderModel.module = @network.Transformer()",
-           "network.Transformer.config = @network.T5Config()"]
+  lines = [
+    f"# T5.1.1 model imported from {source}" if source else "# T5.1.1 model",
+    "from __gin__ import dynamic_registration",
+    "from remixer_t5.model import models",
+    "from remixer_t5.model import network",
+    "",
+    "MODEL = @models.EncoderDecoderModel()",
+    "models.EncoderDecoderModel.module = @network.Transformer()",
+    "network.Transformer.config = @network.T5Config()",
+  ]
   lines += [f"network.T5Config.{f.name} = {getattr(cfg, f.name)!r}" for f in dataclasses.fields(cfg)]
   return "\n".join(lines) + "\n"
 
@@ -37,8 +42,11 @@ def main(args: argparse.Namespace) -> int:
     raise NotADirectoryError(f"OUT_DIR {out} is a file; expected a new folder")
   if out.exists() and any(out.iterdir()):
     unfinished = storage.is_bucket(out) and not (out / "model.gin").exists()
-    raise FileExistsError(f"{out} exists and is not empty" + (" (an unfinished import: no model.gin; delete it)"
-                                                             if unfinished else "") + "; choose a new OUT_DIR")
+    raise FileExistsError(
+      f"{out} exists and is not empty"
+      + (" (an unfinished import: no model.gin; delete it)" if unfinished else "")
+      + "; choose a new OUT_DIR"
+    )
   module, params = hf.load_hf_t5(args.hf_dir)
   gin_text = model_gin(module.config, source=str(args.hf_dir))
   if storage.is_bucket(out):  # no folder rename: orbax's commit marker, then model.gin, written last, whole

@@ -1,4 +1,5 @@
 """`remixer-t5 tasks [NAME]`: what is registered, and what a task's preprocessed examples look like."""
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,11 @@ def main(args: argparse.Namespace) -> int:
   common.load_gin(args)  # a gin file may register tasks of its own
   if args.data_dir:
     sources.set_data_dir(args.data_dir)
-  print(show(args.name, split=args.split, num=args.num, feature_lengths=common.parse_lengths(args.lengths))
-        if args.name else list_tasks())
+  print(
+    show(args.name, split=args.split, num=args.num, feature_lengths=common.parse_lengths(args.lengths))
+    if args.name
+    else list_tasks()
+  )
   return 0
 
 
@@ -60,10 +64,18 @@ def show(name: str, *, split: str = "train", num: int = 3, feature_lengths: Mapp
   task = provider
   if split not in task.splits:
     raise ValueError(f"task {name!r} has no split {split!r}; its splits: {', '.join(task.splits)}")
-  out = [f"task {name} | split {split} | source {task.source!r}",
-         f"  metrics: {', '.join(getattr(f, '__name__', repr(f)) for f in task.metric_fns) or 'none'}"]
-  ds = task.get_dataset(sequence_length=dict(feature_lengths) if feature_lengths else None, split=split,
-                        shuffle=False, num_epochs=1, use_cached=False, try_in_mem_cache=False)
+  out = [
+    f"task {name} | split {split} | source {task.source!r}",
+    f"  metrics: {', '.join(getattr(f, '__name__', repr(f)) for f in task.metric_fns) or 'none'}",
+  ]
+  ds = task.get_dataset(
+    sequence_length=dict(feature_lengths) if feature_lengths else None,
+    split=split,
+    shuffle=False,
+    num_epochs=1,
+    use_cached=False,
+    try_in_mem_cache=False,
+  )
   for i, ex in enumerate(ds.take(num).as_numpy_iterator()):
     out.append(f"-- example {i}")
     for key, feature in task.output_features.items():

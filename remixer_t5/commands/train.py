@@ -1,4 +1,5 @@
 """`remixer-t5 train`: trains the run the gin flags configure, resuming from its MODEL_DIR (training/trainer.py)."""
+
 from __future__ import annotations
 
 import argparse
@@ -10,9 +11,13 @@ from remixer_t5.training import trainer
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-  p.add_argument("--profile_steps", "--profile-steps", metavar="FIRST:LAST",
-                 help="a profiler trace of these train steps under MODEL_DIR/profile/ (run_config.Schedule."
-                 "profile_steps; a running train also reads MODEL_DIR/PROFILE at its log steps)")
+  p.add_argument(
+    "--profile_steps",
+    "--profile-steps",
+    metavar="FIRST:LAST",
+    help="a profiler trace of these train steps under MODEL_DIR/profile/ (run_config.Schedule."
+    "profile_steps; a running train also reads MODEL_DIR/PROFILE at its log steps)",
+  )
   common.add_run_arguments(p)
 
 

@@ -8,6 +8,7 @@ state, packing and span-corruption buffers, the prefetched batches). Restoring c
 and for checkpoints of older runs, grows with n. Where the files live and when they are written:
 remixer_t5/training/checkpoints.py (``*_input_state``); the choice of route: docs/architecture.md, "Input position".
 """
+
 from __future__ import annotations
 
 import time
@@ -50,8 +51,9 @@ class Batches:
     except tf.errors.FailedPreconditionError as e:
       reason = str(e).split("}}")[-1].split("[Op:")[0].strip()
       raise InputNotCheckpointableError(
-          f"the input pipeline cannot be checkpointed ({reason}): a source built on a Python generator or "
-          f"a stateful map; its position is saved as a batch count and replayed with skip on resume") from None
+        f"the input pipeline cannot be checkpointed ({reason}): a source built on a Python generator or "
+        f"a stateful map; its position is saved as a batch count and replayed with skip on resume"
+      ) from None
 
   def restore(self, prefix: str, position: int) -> float:
     """Restores the state saved at ``prefix`` (``position`` batches consumed); returns the seconds taken."""
@@ -61,9 +63,20 @@ class Batches:
     return time.perf_counter() - t0
 
 
-def get_batches(task, feature_lengths: Mapping[str, int], split: str, batch_size: int, *, seed: int,
-                shuffle: bool, repeat: bool, pack: bool, skip_batches: int = 0, process_index: int | None = None,
-                process_count: int | None = None) -> Batches:
+def get_batches(
+  task,
+  feature_lengths: Mapping[str, int],
+  split: str,
+  batch_size: int,
+  *,
+  seed: int,
+  shuffle: bool,
+  repeat: bool,
+  pack: bool,
+  skip_batches: int = 0,
+  process_index: int | None = None,
+  process_count: int | None = None,
+) -> Batches:
   """Batches in the model's feature format (t5x's EncDecFeatureConverter), this process's shard.
 
   Each process reads its own shard (``process_index`` of ``process_count``, default JAX's); ``batch_size``
@@ -74,10 +87,17 @@ def get_batches(task, feature_lengths: Mapping[str, int], split: str, batch_size
   if batch_size % num_procs:
     raise ValueError(f"BATCH_SIZE={batch_size} must be divisible by the {num_procs} processes")
   shard = seqio.ShardInfo(index=index, num_shards=num_procs)
-  ds = seqio.get_dataset(task,
-                         task_feature_lengths=dict(feature_lengths), dataset_split=split, shuffle=shuffle,
-                         num_epochs=None if repeat else 1, seed=seed, shard_info=shard,
-                         use_cached=False, feature_converter=seqio.EncDecFeatureConverter(pack=pack))
+  ds = seqio.get_dataset(
+    task,
+    task_feature_lengths=dict(feature_lengths),
+    dataset_split=split,
+    shuffle=shuffle,
+    num_epochs=None if repeat else 1,
+    seed=seed,
+    shard_info=shard,
+    use_cached=False,
+    feature_converter=seqio.EncDecFeatureConverter(pack=pack),
+  )
   ds = ds.batch(batch_size // num_procs, drop_remainder=True)
   if skip_batches:
     ds = ds.skip(skip_batches)  # deterministic pipeline: skipping reproduces the position

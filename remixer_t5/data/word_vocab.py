@@ -21,6 +21,7 @@ dataset built from it), and SentencePiece compiles no map without a rule: it ref
 rules. So the map holds one rule on a character no text should hold, the Unicode noncharacter U+FFFF, mapped to U+FFFD
 (the replacement character), compiled by SentencePiece's own trainer.
 """
+
 from __future__ import annotations
 
 import collections
@@ -56,9 +57,14 @@ def _charsmap() -> bytes:
     rules = Path(tmp) / "rules.tsv"
     rules.write_text(f"{source}\t{target}\n", encoding="utf-8")
     out = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(["a b c d e f g"] * 20), model_writer=out,
-                                   vocab_size=12, model_type="char", normalization_rule_tsv=str(rules),
-                                   minloglevel=2)
+    spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(["a b c d e f g"] * 20),
+      model_writer=out,
+      vocab_size=12,
+      model_type="char",
+      normalization_rule_tsv=str(rules),
+      minloglevel=2,
+    )
   m = pb.ModelProto()
   m.ParseFromString(out.getvalue())
   return m.normalizer_spec.precompiled_charsmap
@@ -130,8 +136,11 @@ def cached_model(cache_path: Path, texts_fn: Callable[[], Iterable[str]], what: 
   model = build_word_model(texts_fn())
   cache_path.parent.mkdir(parents=True, exist_ok=True)
   atomic_write_bytes(cache_path, model)
-  print(f"remixer_t5: built the word vocabulary of {what}: {cache_path} ({time.perf_counter() - start:.1f}s)",
-        file=sys.stderr, flush=True)
+  print(
+    f"remixer_t5: built the word vocabulary of {what}: {cache_path} ({time.perf_counter() - start:.1f}s)",
+    file=sys.stderr,
+    flush=True,
+  )
   return cache_path
 
 
@@ -180,7 +189,9 @@ def _lazy_class():
 
     def __eq__(self, other):
       return isinstance(other, LazySentencePieceVocabulary) and (self._key, self._extra_ids) == (
-          other._key, other._extra_ids)
+        other._key,
+        other._extra_ids,
+      )
 
     def __hash__(self):
       return hash((type(self).__name__, self._key, self._extra_ids))

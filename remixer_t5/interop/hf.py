@@ -17,6 +17,7 @@ transformers 4.x and 5.x both load as the same model.
 Import needs only numpy + safetensors (+ jax/flax for the module); torch is imported lazily, only to read
 `pytorch_model.bin` checkpoints (`pip install remixer_t5[hf]`).
 """
+
 from __future__ import annotations
 
 import base64
@@ -44,9 +45,19 @@ TORCH_INDEX_NAME = "pytorch_model.bin.index.json"
 WEIGHT_FILES = (SAFETENSORS_NAME, SAFETENSORS_INDEX_NAME, TORCH_NAME, TORCH_INDEX_NAME)
 
 # HF's own T5Config defaults, used for keys a config.json leaves out (so we read it as transformers does).
-_HF_DEFAULTS = dict(vocab_size=32128, d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_heads=8,
-                    relative_attention_num_buckets=32, relative_attention_max_distance=128,
-                    dropout_rate=0.1, layer_norm_epsilon=1e-6, feed_forward_proj="relu")
+_HF_DEFAULTS = dict(
+  vocab_size=32128,
+  d_model=512,
+  d_kv=64,
+  d_ff=2048,
+  num_layers=6,
+  num_heads=8,
+  relative_attention_num_buckets=32,
+  relative_attention_max_distance=128,
+  dropout_rate=0.1,
+  layer_norm_epsilon=1e-6,
+  feed_forward_proj="relu",
+)
 # Present in some HF checkpoints, unused by HF itself (its `_keys_to_ignore_on_load_unexpected`).
 _IGNORED_KEYS = ("decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight",)
 # Copies of shared.weight that older checkpoints (pytorch_model.bin) store.
@@ -61,41 +72,68 @@ def config_from_hf(hf_config: Mapping[str, Any]) -> network.T5Config:
   get = lambda key: hf_config.get(key, _HF_DEFAULTS.get(key))
   model_type = hf_config.get("model_type", "t5")
   if model_type not in SUPPORTED_MODEL_TYPES:
-    raise ValueError(f"HF config model_type={model_type!r} is not supported; expected one of "
-                     f"{SUPPORTED_MODEL_TYPES} (T5 v1.1 architecture)")
+    raise ValueError(
+      f"HF config model_type={model_type!r} is not supported; expected one of "
+      f"{SUPPORTED_MODEL_TYPES} (T5 v1.1 architecture)"
+    )
   ff = get("feed_forward_proj")
   if ff not in SUPPORTED_FEED_FORWARD_PROJ:
     raise ValueError(
-        f"HF config feed_forward_proj={ff!r} is not supported: only {SUPPORTED_FEED_FORWARD_PROJ} "
-        "(T5 v1.1, gated GELU) maps onto network.Transformer; original T5 ('relu') does not")
+      f"HF config feed_forward_proj={ff!r} is not supported: only {SUPPORTED_FEED_FORWARD_PROJ} "
+      "(T5 v1.1, gated GELU) maps onto network.Transformer; original T5 ('relu') does not"
+    )
   num_layers, num_decoder_layers = get("num_layers"), hf_config.get("num_decoder_layers")
   return network.T5Config(
-      vocab_size=get("vocab_size"), emb_dim=get("d_model"), num_heads=get("num_heads"),
-      num_encoder_layers=num_layers,
-      num_decoder_layers=num_layers if num_decoder_layers is None else num_decoder_layers,
-      head_dim=get("d_kv"), mlp_dim=get("d_ff"), mlp_activations=("gelu", "linear"),
-      dropout_rate=float(get("dropout_rate")), relpos_num_buckets=get("relative_attention_num_buckets"),
-      relpos_max_distance=get("relative_attention_max_distance"),
-      layer_norm_epsilon=float(get("layer_norm_epsilon")), dtype="auto")
+    vocab_size=get("vocab_size"),
+    emb_dim=get("d_model"),
+    num_heads=get("num_heads"),
+    num_encoder_layers=num_layers,
+    num_decoder_layers=num_layers if num_decoder_layers is None else num_decoder_layers,
+    head_dim=get("d_kv"),
+    mlp_dim=get("d_ff"),
+    mlp_activations=("gelu", "linear"),
+    dropout_rate=float(get("dropout_rate")),
+    relpos_num_buckets=get("relative_attention_num_buckets"),
+    relpos_max_distance=get("relative_attention_max_distance"),
+    layer_norm_epsilon=float(get("layer_norm_epsilon")),
+    dtype="auto",
+  )
 
 
 def config_to_hf(cfg: network.T5Config) -> dict:
   """config.json dict that transformers 4.x and 5.x both load as this T5 v1.1 (untied, unscaled head)."""
   if tuple(cfg.mlp_activations) != ("gelu", "linear"):
-    raise ValueError(f"T5Config.mlp_activations={tuple(cfg.mlp_activations)!r} has no HF T5 equivalent; "
-                     "only ('gelu', 'linear') (feed_forward_proj 'gated-gelu') can be exported")
+    raise ValueError(
+      f"T5Config.mlp_activations={tuple(cfg.mlp_activations)!r} has no HF T5 equivalent; "
+      "only ('gelu', 'linear') (feed_forward_proj 'gated-gelu') can be exported"
+    )
   return {
-      "architectures": ["T5ForConditionalGeneration"], "model_type": "t5", "vocab_size": cfg.vocab_size,
-      "d_model": cfg.emb_dim, "d_kv": cfg.head_dim, "d_ff": cfg.mlp_dim, "num_layers": cfg.num_encoder_layers,
-      "num_decoder_layers": cfg.num_decoder_layers, "num_heads": cfg.num_heads,
-      "relative_attention_num_buckets": cfg.relpos_num_buckets,
-      "relative_attention_max_distance": cfg.relpos_max_distance, "dropout_rate": cfg.dropout_rate,
-      "layer_norm_epsilon": cfg.layer_norm_epsilon, "initializer_factor": 1.0, "feed_forward_proj": "gated-gelu",
-      "dense_act_fn": "gelu_new", "is_gated_act": True, "is_encoder_decoder": True, "use_cache": True,
-      # 4.x: false = untied lm_head, no output scaling. 5.x forces tying in its config object but reads
-      # the scaling from this key (or from tie_word_embeddings: false) and unties a differing lm_head.
-      "tie_word_embeddings": False, "scale_decoder_outputs": False,
-      "pad_token_id": 0, "eos_token_id": 1, "decoder_start_token_id": 0,
+    "architectures": ["T5ForConditionalGeneration"],
+    "model_type": "t5",
+    "vocab_size": cfg.vocab_size,
+    "d_model": cfg.emb_dim,
+    "d_kv": cfg.head_dim,
+    "d_ff": cfg.mlp_dim,
+    "num_layers": cfg.num_encoder_layers,
+    "num_decoder_layers": cfg.num_decoder_layers,
+    "num_heads": cfg.num_heads,
+    "relative_attention_num_buckets": cfg.relpos_num_buckets,
+    "relative_attention_max_distance": cfg.relpos_max_distance,
+    "dropout_rate": cfg.dropout_rate,
+    "layer_norm_epsilon": cfg.layer_norm_epsilon,
+    "initializer_factor": 1.0,
+    "feed_forward_proj": "gated-gelu",
+    "dense_act_fn": "gelu_new",
+    "is_gated_act": True,
+    "is_encoder_decoder": True,
+    "use_cache": True,
+    # 4.x: false = untied lm_head, no output scaling. 5.x forces tying in its config object but reads
+    # the scaling from this key (or from tie_word_embeddings: false) and unties a differing lm_head.
+    "tie_word_embeddings": False,
+    "scale_decoder_outputs": False,
+    "pad_token_id": 0,
+    "eos_token_id": 1,
+    "decoder_start_token_id": 0,
   }
 
 
@@ -112,25 +150,45 @@ def lm_head_convention(hf_config: Mapping[str, Any] | None, has_lm_head: bool) -
 def _weight_map(cfg: network.T5Config) -> list[tuple[str, tuple[str, ...], bool, tuple[int, ...]]]:
   """(HF name, our param path, transpose, HF shape) of every weight of the model but shared/lm_head.weight."""
   e, inner, m = cfg.emb_dim, cfg.num_heads * cfg.head_dim, cfg.mlp_dim
-  attention = {"q": ("query", (inner, e)), "k": ("key", (inner, e)), "v": ("value", (inner, e)),
-               "o": ("out", (e, inner))}
+  attention = {
+    "q": ("query", (inner, e)),
+    "k": ("key", (inner, e)),
+    "v": ("value", (inner, e)),
+    "o": ("out", (e, inner)),
+  }
   # A block's sublayers in HF's order (layer.0, layer.1, ...): (HF module, our pre-norm, our module, weights).
-  mlp = ("DenseReluDense", "pre_mlp_layer_norm", "mlp",
-         {"wi_0": ("wi_0", (m, e)), "wi_1": ("wi_1", (m, e)), "wo": ("wo", (e, m))})
+  mlp = (
+    "DenseReluDense",
+    "pre_mlp_layer_norm",
+    "mlp",
+    {"wi_0": ("wi_0", (m, e)), "wi_1": ("wi_1", (m, e)), "wo": ("wo", (e, m))},
+  )
   encoder = [("SelfAttention", "pre_attention_layer_norm", "attention", attention), mlp]
-  decoder = [("SelfAttention", "pre_self_attention_layer_norm", "self_attention", attention),
-             ("EncDecAttention", "pre_cross_attention_layer_norm", "encoder_decoder_attention", attention), mlp]
+  decoder = [
+    ("SelfAttention", "pre_self_attention_layer_norm", "self_attention", attention),
+    ("EncDecAttention", "pre_cross_attention_layer_norm", "encoder_decoder_attention", attention),
+    mlp,
+  ]
   out = []
-  for stack, num_layers, sublayers in (("encoder", cfg.num_encoder_layers, encoder),
-                                       ("decoder", cfg.num_decoder_layers, decoder)):
-    out.append((f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
-                (stack, "relpos_bias", "rel_embedding"), True, (cfg.relpos_num_buckets, cfg.num_heads)))
+  for stack, num_layers, sublayers in (
+    ("encoder", cfg.num_encoder_layers, encoder),
+    ("decoder", cfg.num_decoder_layers, decoder),
+  ):
+    out.append(
+      (
+        f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+        (stack, "relpos_bias", "rel_embedding"),
+        True,
+        (cfg.relpos_num_buckets, cfg.num_heads),
+      )
+    )
     for i in range(num_layers):
       for j, (hf, norm, ours, weights) in enumerate(sublayers):
         block, layer = f"{stack}.block.{i}.layer.{j}", (stack, f"layers_{i}")
         out.append((f"{block}.layer_norm.weight", layer + (norm, "scale"), False, (e,)))
-        out += [(f"{block}.{hf}.{a}.weight", layer + (ours, b, "kernel"), True, shape)
-                for a, (b, shape) in weights.items()]
+        out += [
+          (f"{block}.{hf}.{a}.weight", layer + (ours, b, "kernel"), True, shape) for a, (b, shape) in weights.items()
+        ]
     out.append((f"{stack}.final_layer_norm.weight", (stack, f"{stack}_norm", "scale"), False, (e,)))
   return out
 
@@ -145,8 +203,9 @@ def _float32(x) -> np.ndarray:
   return np.asarray(x).astype(np.float32)  # also from bfloat16/float16 (ml_dtypes) arrays
 
 
-def hf_state_dict_to_params(state: Mapping[str, Any], cfg: network.T5Config, *,
-                            hf_config: Mapping[str, Any] | None = None) -> Params:
+def hf_state_dict_to_params(
+  state: Mapping[str, Any], cfg: network.T5Config, *, hf_config: Mapping[str, Any] | None = None
+) -> Params:
   """Nested float32 numpy params of `network.Transformer(cfg)` from an HF T5 state dict.
 
   `hf_config` (the config.json dict) decides the output-layer convention (module docstring); without it
@@ -167,22 +226,31 @@ def hf_state_dict_to_params(state: Mapping[str, Any], cfg: network.T5Config, *,
     del expected["lm_head.weight"]
   missing = sorted(k for k in expected if k not in state)
   unexpected = sorted(k for k in state if k not in expected)
-  wrong = [f"{k}: expected {expected[k]}, got {tuple(np.shape(state[k]))}" for k in sorted(expected)
-           if k in state and tuple(np.shape(state[k])) != expected[k]]
-  wrong += [f"{k}: expected {expected['shared.weight']} equal to shared.weight, got a different "
-            f"{tuple(np.shape(v))} tensor (untied input embeddings are not supported)"
-            for k, v in copies.items() if "shared.weight" in state and not (
-                np.shape(v) == np.shape(state["shared.weight"]) and np.array_equal(v, state["shared.weight"]))]
+  wrong = [
+    f"{k}: expected {expected[k]}, got {tuple(np.shape(state[k]))}"
+    for k in sorted(expected)
+    if k in state and tuple(np.shape(state[k])) != expected[k]
+  ]
+  wrong += [
+    f"{k}: expected {expected['shared.weight']} equal to shared.weight, got a different "
+    f"{tuple(np.shape(v))} tensor (untied input embeddings are not supported)"
+    for k, v in copies.items()
+    if "shared.weight" in state
+    and not (np.shape(v) == np.shape(state["shared.weight"]) and np.array_equal(v, state["shared.weight"]))
+  ]
   if missing or unexpected or wrong:
-    lines = ["HF T5 checkpoint does not match the config "
-             f"(emb_dim={cfg.emb_dim}, heads={cfg.num_heads}x{cfg.head_dim}, mlp_dim={cfg.mlp_dim}, "
-             f"vocab={cfg.vocab_size}, layers={cfg.num_encoder_layers}+{cfg.num_decoder_layers}, "
-             f"relpos_buckets={cfg.relpos_num_buckets}):"]
+    lines = [
+      "HF T5 checkpoint does not match the config "
+      f"(emb_dim={cfg.emb_dim}, heads={cfg.num_heads}x{cfg.head_dim}, mlp_dim={cfg.mlp_dim}, "
+      f"vocab={cfg.vocab_size}, layers={cfg.num_encoder_layers}+{cfg.num_decoder_layers}, "
+      f"relpos_buckets={cfg.relpos_num_buckets}):"
+    ]
     if missing:
       lines.append(f"missing weights ({len(missing)}): " + ", ".join(f"{k} {expected[k]}" for k in missing))
     if unexpected:
-      lines.append(f"unexpected weights ({len(unexpected)}): "
-                   + ", ".join(f"{k} {tuple(np.shape(state[k]))}" for k in unexpected))
+      lines.append(
+        f"unexpected weights ({len(unexpected)}): " + ", ".join(f"{k} {tuple(np.shape(state[k]))}" for k in unexpected)
+      )
     if wrong:
       lines.append("shape mismatches: " + "; ".join(wrong))
     raise ValueError("\n".join(lines))
@@ -193,7 +261,7 @@ def hf_state_dict_to_params(state: Mapping[str, Any], cfg: network.T5Config, *,
     flat[path] = np.ascontiguousarray(w.T) if transpose else w
   head = _float32(state["shared.weight"] if use_shared else state["lm_head.weight"]).T
   if scale:
-    head = head * np.float32(cfg.emb_dim ** -0.5)
+    head = head * np.float32(cfg.emb_dim**-0.5)
   flat[("decoder", "logits_dense", "kernel")] = np.ascontiguousarray(head)
   return traverse_util.unflatten_dict(flat)
 
@@ -214,8 +282,10 @@ def params_to_hf_state_dict(params: Mapping, cfg: network.T5Config) -> dict[str,
   if is_scanned(params):
     params = network.unstack_scanned_params(params)
   head = (cfg.vocab_size, cfg.emb_dim)
-  entries = [("shared.weight", ("token_embedder", "embedding"), False, head),
-             ("lm_head.weight", ("decoder", "logits_dense", "kernel"), True, head)] + _weight_map(cfg)
+  entries = [
+    ("shared.weight", ("token_embedder", "embedding"), False, head),
+    ("lm_head.weight", ("decoder", "logits_dense", "kernel"), True, head),
+  ] + _weight_map(cfg)
   flat, state, problems = traverse_util.flatten_dict(params), {}, []
   for name, path, transpose, shape in entries:
     if path not in flat:
@@ -224,8 +294,10 @@ def params_to_hf_state_dict(params: Mapping, cfg: network.T5Config) -> dict[str,
     w = _float32(flat[path])
     w = np.ascontiguousarray(w.T if transpose else w)
     if w.shape != shape:
-      problems.append(f"param {'/'.join(path)}: expected {shape[::-1] if transpose else shape}, "
-                      f"got {w.shape[::-1] if transpose else w.shape}")
+      problems.append(
+        f"param {'/'.join(path)}: expected {shape[::-1] if transpose else shape}, "
+        f"got {w.shape[::-1] if transpose else w.shape}"
+      )
       continue
     state[name] = w
   known = {p for _, p, _, _ in entries}
@@ -247,11 +319,13 @@ def _read_torch(path: str) -> dict[str, np.ndarray]:
   try:
     import torch
   except ImportError as e:
-    raise ImportError(f"reading {path} needs torch: pip install remixer_t5[hf] "
-                      "(or convert the checkpoint to model.safetensors)") from e
+    raise ImportError(
+      f"reading {path} needs torch: pip install remixer_t5[hf] (or convert the checkpoint to model.safetensors)"
+    ) from e
   state = torch.load(path, map_location="cpu", weights_only=True)
-  return {k: v.detach().to(torch.float32).numpy() if v.is_floating_point() else v.detach().numpy()
-          for k, v in state.items()}
+  return {
+    k: v.detach().to(torch.float32).numpy() if v.is_floating_point() else v.detach().numpy() for k, v in state.items()
+  }
 
 
 def _read_sharded(directory: str, index_name: str, reader) -> dict[str, np.ndarray]:
@@ -273,8 +347,10 @@ def read_hf_checkpoint(path: str | os.PathLike) -> tuple[dict, dict[str, np.ndar
   pytorch_model.bin.index.json, in that order of preference (torch only for the .bin ones)."""
   path = os.fspath(path)
   if not os.path.isdir(path):
-    raise FileNotFoundError(f"HF checkpoint directory {path} does not exist (expected a directory with "
-                            f"{CONFIG_NAME} and one of {', '.join(WEIGHT_FILES)})")
+    raise FileNotFoundError(
+      f"HF checkpoint directory {path} does not exist (expected a directory with "
+      f"{CONFIG_NAME} and one of {', '.join(WEIGHT_FILES)})"
+    )
   config_path = os.path.join(path, CONFIG_NAME)
   if not os.path.isfile(config_path):
     raise FileNotFoundError(f"no {CONFIG_NAME} in HF checkpoint directory {path}")
@@ -334,11 +410,21 @@ def fast_tokenizer_json(spiece_model: bytes, extra_ids: int = 100) -> dict:
   sentinels = [f"<extra_id_{i}>" for i in reversed(range(extra_ids))]  # ids n, n + 1, ...: <extra_id_0> last
 
   def added(token_id, content, special, lstrip=False):
-    return {"id": token_id, "content": content, "single_word": False, "lstrip": lstrip, "rstrip": False,
-            "normalized": False, "special": special}
+    return {
+      "id": token_id,
+      "content": content,
+      "single_word": False,
+      "lstrip": lstrip,
+      "rstrip": False,
+      "normalized": False,
+      "special": special,
+    }
 
-  added_tokens = [added(i, p.piece, p.type != Piece.USER_DEFINED) for i, p in enumerate(proto.pieces)
-                  if p.type in (Piece.CONTROL, Piece.UNKNOWN, Piece.USER_DEFINED)]
+  added_tokens = [
+    added(i, p.piece, p.type != Piece.USER_DEFINED)
+    for i, p in enumerate(proto.pieces)
+    if p.type in (Piece.CONTROL, Piece.UNKNOWN, Piece.USER_DEFINED)
+  ]
   added_tokens += [added(n + i, s, True, lstrip=True) for i, s in enumerate(sentinels)]
 
   def replace(regex, content):
@@ -346,31 +432,44 @@ def fast_tokenizer_json(spiece_model: bytes, extra_ids: int = 100) -> dict:
 
   normalizers = []
   if norm.precompiled_charsmap:
-    normalizers.append({"type": "Precompiled",
-                        "precompiled_charsmap": base64.b64encode(norm.precompiled_charsmap).decode("ascii")})
+    normalizers.append(
+      {"type": "Precompiled", "precompiled_charsmap": base64.b64encode(norm.precompiled_charsmap).decode("ascii")}
+    )
   if norm.remove_extra_whitespaces:
     normalizers += [replace(r" +\z", ""), replace(" {2,}", " ")]
   # Per token, before the rest: a sentinel decodes as seqio's piece "▁<extra_id_N>".
   decoders = [replace(r"\A<(?=extra_id_\d+>\z)", _SPACE + "<")] if extra_ids else []
   if trainer.byte_fallback:
-    decoders += [{"type": "Replace", "pattern": {"String": _SPACE}, "content": " "}, {"type": "ByteFallback"},
-                 {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]
+    decoders += [
+      {"type": "Replace", "pattern": {"String": _SPACE}, "content": " "},
+      {"type": "ByteFallback"},
+      {"type": "Fuse"},
+      {"type": "Strip", "content": " ", "start": 1, "stop": 0},
+    ]
   else:
     decoders.append({"type": "Metaspace", "replacement": _SPACE, "prepend_scheme": "first", "split": True})
   eos = {"SpecialToken": {"id": "</s>", "type_id": 0}}
   seq_a, seq_b = ({"Sequence": {"id": x, "type_id": 0}} for x in "AB")
   return {
-      "version": "1.0",
-      "truncation": None,
-      "padding": None,
-      "added_tokens": added_tokens,
-      "normalizer": {"type": "Sequence", "normalizers": normalizers} if normalizers else None,
-      "pre_tokenizer": {"type": "Metaspace", "replacement": _SPACE, "prepend_scheme": "first", "split": False},
-      "post_processor": {"type": "TemplateProcessing", "single": [seq_a, eos], "pair": [seq_a, eos, seq_b, eos],
-                         "special_tokens": {"</s>": {"id": "</s>", "ids": [1], "tokens": ["</s>"]}}},
-      "decoder": {"type": "Sequence", "decoders": decoders} if len(decoders) > 1 else decoders[0],
-      "model": {"type": "Unigram", "unk_id": trainer.unk_id, "byte_fallback": trainer.byte_fallback,
-                "vocab": [[p.piece, p.score] for p in proto.pieces] + [[s, 0.0] for s in sentinels]},
+    "version": "1.0",
+    "truncation": None,
+    "padding": None,
+    "added_tokens": added_tokens,
+    "normalizer": {"type": "Sequence", "normalizers": normalizers} if normalizers else None,
+    "pre_tokenizer": {"type": "Metaspace", "replacement": _SPACE, "prepend_scheme": "first", "split": False},
+    "post_processor": {
+      "type": "TemplateProcessing",
+      "single": [seq_a, eos],
+      "pair": [seq_a, eos, seq_b, eos],
+      "special_tokens": {"</s>": {"id": "</s>", "ids": [1], "tokens": ["</s>"]}},
+    },
+    "decoder": {"type": "Sequence", "decoders": decoders} if len(decoders) > 1 else decoders[0],
+    "model": {
+      "type": "Unigram",
+      "unk_id": trainer.unk_id,
+      "byte_fallback": trainer.byte_fallback,
+      "vocab": [[p.piece, p.score] for p in proto.pieces] + [[s, 0.0] for s in sentinels],
+    },
   }
 
 
@@ -380,11 +479,15 @@ def _t5_like_proto(spiece_model: bytes, extra_ids: int):
   proto = pb.ModelProto.FromString(spiece_model)
   trainer, norm = proto.trainer_spec, proto.normalizer_spec
   if trainer.model_type != pb.TrainerSpec.UNIGRAM:
-    raise ValueError(f"the SentencePiece model is a {pb.TrainerSpec.ModelType.Name(trainer.model_type)} model; "
-                     "T5's tokenizer is a unigram one")
+    raise ValueError(
+      f"the SentencePiece model is a {pb.TrainerSpec.ModelType.Name(trainer.model_type)} model; "
+      "T5's tokenizer is a unigram one"
+    )
   if not (norm.escape_whitespaces and norm.add_dummy_prefix) or trainer.treat_whitespace_as_suffix:
-    raise ValueError("the SentencePiece model does not start words with '\u2581' (escape_whitespaces or "
-                     "add_dummy_prefix off, or treat_whitespace_as_suffix on); T5's tokenizer does")
+    raise ValueError(
+      "the SentencePiece model does not start words with '\u2581' (escape_whitespaces or "
+      "add_dummy_prefix off, or treat_whitespace_as_suffix on); T5's tokenizer does"
+    )
   if proto.denormalizer_spec.precompiled_charsmap:
     raise ValueError("the SentencePiece model has a denormalizer, which HF's tokenizer cannot apply")
   if extra_ids < 0:
@@ -412,20 +515,32 @@ def hf_tokenizer_files(spiece_model: bytes, extra_ids: int = 100, model_max_leng
   n = sp.get_piece_size()
   special = tuple(sp.id_to_piece(i) for i in range(min(3, n)))
   if special != _T5_SPECIAL_PIECES:
-    raise ValueError(f"the SentencePiece model's ids 0, 1, 2 are {special}; T5's tokenizer needs "
-                     f"{_T5_SPECIAL_PIECES} (pad, eos, unk)")
+    raise ValueError(
+      f"the SentencePiece model's ids 0, 1, 2 are {special}; T5's tokenizer needs {_T5_SPECIAL_PIECES} (pad, eos, unk)"
+    )
   inside = [sp.id_to_piece(i) for i in range(n) if "<extra_id_" in sp.id_to_piece(i)]
   if inside:
-    raise ValueError(f"the SentencePiece model already holds {len(inside)} sentinel pieces (e.g. {inside[0]!r}); "
-                     "write the plain model, without seqio's extra ids")
+    raise ValueError(
+      f"the SentencePiece model already holds {len(inside)} sentinel pieces (e.g. {inside[0]!r}); "
+      "write the plain model, without seqio's extra ids"
+    )
   sentinels = [f"<extra_id_{i}>" for i in range(extra_ids)]  # extra_ids < 0: refused by fast_tokenizer_json
   tokens = {"eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>", "additional_special_tokens": sentinels}
-  config = {**tokens, "extra_ids": extra_ids, "model_max_length": model_max_length,
-            "tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
+  config = {
+    **tokens,
+    "extra_ids": extra_ids,
+    "model_max_length": model_max_length,
+    "tokenizer_class": "PreTrainedTokenizerFast",
+    "clean_up_tokenization_spaces": False,
+  }
   dump = lambda d: (json.dumps(d, indent=2, sort_keys=True) + "\n").encode()
   fast = json.dumps(fast_tokenizer_json(spiece_model, extra_ids), indent=2, ensure_ascii=False) + "\n"
-  return {SPIECE_NAME: bytes(spiece_model), TOKENIZER_JSON_NAME: fast.encode(),
-          TOKENIZER_CONFIG_NAME: dump(config), SPECIAL_TOKENS_MAP_NAME: dump(tokens)}
+  return {
+    SPIECE_NAME: bytes(spiece_model),
+    TOKENIZER_JSON_NAME: fast.encode(),
+    TOKENIZER_CONFIG_NAME: dump(config),
+    SPECIAL_TOKENS_MAP_NAME: dump(tokens),
+  }
 
 
 def vocabulary_tokenizer_files(vocabulary) -> dict[str, bytes]:
@@ -438,15 +553,24 @@ def vocabulary_tokenizer_files(vocabulary) -> dict[str, bytes]:
   if getattr(vocabulary, "_normalizer_spec_overrides", None):
     raise ValueError(f"{vocabulary!r} overrides the SentencePiece normalizer, which spiece.model would not carry")
   if vocabulary.extra_ids and not getattr(vocabulary, "_reverse_extra_ids", True):
-    raise ValueError(f"{vocabulary!r} numbers its extra ids upwards; HF's T5 tokenizer numbers them downwards "
-                     "(<extra_id_0> = the last id)")
+    raise ValueError(
+      f"{vocabulary!r} numbers its extra ids upwards; HF's T5 tokenizer numbers them downwards "
+      "(<extra_id_0> = the last id)"
+    )
   import tensorflow as tf
+
   with tf.io.gfile.GFile(model_file, "rb") as f:
     return hf_tokenizer_files(f.read(), vocabulary.extra_ids)
 
 
-def write_hf_checkpoint(path: str | os.PathLike, cfg: network.T5Config, params: Mapping, *,
-                        overwrite: bool = False, tokenizer: Mapping[str, bytes] | None = None) -> None:
+def write_hf_checkpoint(
+  path: str | os.PathLike,
+  cfg: network.T5Config,
+  params: Mapping,
+  *,
+  overwrite: bool = False,
+  tokenizer: Mapping[str, bytes] | None = None,
+) -> None:
   """Write config.json + model.safetensors to directory `path`, atomically (temp dir, then rename).
 
   `tokenizer`: files to write beside them ({name: bytes}, from `hf_tokenizer_files`), so that

@@ -1,6 +1,7 @@
 """t5x interop: t5x's trainer runs `network.Transformer` (gin/t5x/); training/t5x_checkpoints.py reads t5x's
 checkpoints. t5x (github.com/google-research/t5x) is installed from source, never by this package: the functions
 that need it import it lazily."""
+
 from __future__ import annotations
 
 from flax.core import freeze
@@ -17,6 +18,7 @@ FACTOR_RULES = {"mix_length": "ROW", "mix_source": "COLUMN", "mix_hidden": "COLU
 def logical_factor_rules():
   """t5x's `adafactor.standard_logical_factor_rules()` plus `FACTOR_RULES` (needs t5x)."""
   from t5x import adafactor
+
   rules = dict(adafactor.standard_logical_factor_rules())
   rules.update({name: adafactor.FactorDim[dim] for name, dim in FACTOR_RULES.items()})
   return freeze(rules)
@@ -28,6 +30,7 @@ def logical_axis_rules() -> list[tuple[str, str | None]]:
   For `partitioning.standard_logical_axis_rules.additional_rules`, so our mixers' weights shard in t5x as they
   do here (all of them replicated today)."""
   from t5x import partitioning as t5x_partitioning
+
   # additional_rules=None explicitly: were the function gin-decorated, its binding (this function) would recurse.
   known = {name for name, _ in t5x_partitioning.standard_logical_axis_rules(additional_rules=None)}
   return [(name, axis) for name, axis in partitioning.DEFAULT_RULES if name not in known]

@@ -26,6 +26,7 @@ Kernels live in `cpu/` (C++ through XLA's FFI), `gpu/` (Pallas, Triton) and `tpu
 imported only when a program uses them, and import nothing of the model; `sharding.py` runs a custom-call
 kernel on each device's batch rows under a mesh.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -54,6 +55,7 @@ class Operation:
   `kernels`: implementation name -> 'module:function' of a kernel under kernels/, called as
   `kernel(*args, reference=reference, **static)`. `auto`: platform ('cpu', 'cuda', 'rocm', 'tpu') ->
   implementation name. `field`: the config field that names the choice; `what` and `auto_note` feed the docs."""
+
   name: str
   field: str
   what: str
@@ -105,8 +107,9 @@ class _Reference:
     key = (self.op.name, self.impl, reason)
     if key not in _SAID:
       _SAID.add(key)
-      log.warning("%s=%r: %s; computing the plain-JAX reference (%s='xla') there", self.op.field, self.impl,
-                  reason, self.op.field)
+      log.warning(
+        "%s=%r: %s; computing the plain-JAX reference (%s='xla') there", self.op.field, self.impl, reason, self.op.field
+      )
     return self.fn
 
 
@@ -121,25 +124,38 @@ def hand_back(reference: Callable, reason: str, *args, **kwargs):
 
 
 ATTENTION = Operation(
-    "attention", "network.T5Config.attention_impl",
-    "attention (every softmax attention: T5.1.1's three, the Remixer's attention part, aMLP's tiny attention)",
-    {"cpu": "cpu.attention:seam", "pallas_gpu": "gpu.flash_attention:seam", "pallas_tpu": "tpu.flash_attention:seam"},
-    {"cpu": "cpu", "cuda": "pallas_gpu", "tpu": "pallas_tpu"},
-    "`cpu` (the reference with a CPU-shaped bias gradient) on CPUs; `pallas_gpu` on CUDA GPUs; `pallas_tpu` on TPU "
-    "v4 and later (v2/v3: `xla`, as with attention dropout)")
+  "attention",
+  "network.T5Config.attention_impl",
+  "attention (every softmax attention: T5.1.1's three, the Remixer's attention part, aMLP's tiny attention)",
+  {"cpu": "cpu.attention:seam", "pallas_gpu": "gpu.flash_attention:seam", "pallas_tpu": "tpu.flash_attention:seam"},
+  {"cpu": "cpu", "cuda": "pallas_gpu", "tpu": "pallas_tpu"},
+  "`cpu` (the reference with a CPU-shaped bias gradient) on CPUs; `pallas_gpu` on CUDA GPUs; `pallas_tpu` on TPU "
+  "v4 and later (v2/v3: `xla`, as with attention dropout)",
+)
 HYPERMIXING_CAUSAL = Operation(
-    "HyperMixing's causal form", "hypermixer.HyperMixing.impl", "HyperMixing's causal form",
-    {"cpu": "cpu.hypermixing:causal", "pallas_gpu": "gpu.hypermixing:causal"}, {"cpu": "cpu", "cuda": "pallas_gpu"},
-    "`cpu` (C++ loops) on CPUs, `pallas_gpu` on CUDA GPUs")
+  "HyperMixing's causal form",
+  "hypermixer.HyperMixing.impl",
+  "HyperMixing's causal form",
+  {"cpu": "cpu.hypermixing:causal", "pallas_gpu": "gpu.hypermixing:causal"},
+  {"cpu": "cpu", "cuda": "pallas_gpu"},
+  "`cpu` (C++ loops) on CPUs, `pallas_gpu` on CUDA GPUs",
+)
 HYPERMIXING_PACKED = Operation(
-    "HyperMixing's packed form", "hypermixer.HyperMixing.impl",
-    "HyperMixing's packed (non-causal, several examples a row) form",
-    {"cpu": "cpu.hypermixing:segmented"}, {"cpu": "cpu"}, "`cpu` (C++ loops) on CPUs, else `xla`")
+  "HyperMixing's packed form",
+  "hypermixer.HyperMixing.impl",
+  "HyperMixing's packed (non-causal, several examples a row) form",
+  {"cpu": "cpu.hypermixing:segmented"},
+  {"cpu": "cpu"},
+  "`cpu` (C++ loops) on CPUs, else `xla`",
+)
 DROPOUT_MASK = Operation(
-    "dropout's keep mask", "network.T5Config.dropout_impl",
-    "dropout's keep mask (the same bits as `jax.random.bernoulli`)",
-    {"cpu": "cpu.threefry:keep_mask"}, {"cpu": "cpu"}, "`cpu` (an unrolled hash, large masks computed once) on "
-    "CPUs, else `xla`")
+  "dropout's keep mask",
+  "network.T5Config.dropout_impl",
+  "dropout's keep mask (the same bits as `jax.random.bernoulli`)",
+  {"cpu": "cpu.threefry:keep_mask"},
+  {"cpu": "cpu"},
+  "`cpu` (an unrolled hash, large masks computed once) on CPUs, else `xla`",
+)
 OPERATIONS = (ATTENTION, HYPERMIXING_CAUSAL, HYPERMIXING_PACKED, DROPOUT_MASK)
 
 
@@ -159,8 +175,9 @@ def check(field: str, impl: str) -> None:
 
 def table() -> str:
   """The docs' table of operations, their fields, implementations and what `auto` picks."""
-  return "\n".join(["| operation | field | implementations | `auto` picks |", "|---|---|---|---|",
-                    *(op.row() for op in OPERATIONS)])
+  return "\n".join(
+    ["| operation | field | implementations | `auto` picks |", "|---|---|---|---|", *(op.row() for op in OPERATIONS)]
+  )
 
 
 def check_attention_shapes(query, key, value, bias) -> None:
@@ -169,8 +186,10 @@ def check_attention_shapes(query, key, value, bias) -> None:
   b, nq, h, d = query.shape
   nk = key.shape[1]
   if key.shape != (b, nk, h, d) or value.shape != key.shape:
-    raise ValueError(f"flash attention: query {query.shape}, key {key.shape} and value {value.shape} must be "
-                     f"[b, q, h, d], [b, k, h, d], [b, k, h, d]")
+    raise ValueError(
+      f"flash attention: query {query.shape}, key {key.shape} and value {value.shape} must be "
+      f"[b, q, h, d], [b, k, h, d], [b, k, h, d]"
+    )
   if bias is not None and (bias.ndim != 4 or bias.shape[0] not in (1, b) or bias.shape[1:] != (h, nq, nk)):
     raise ValueError(f"flash attention: bias {bias.shape} must be [1, {h}, {nq}, {nk}] or [{b}, {h}, {nq}, {nk}]")
 

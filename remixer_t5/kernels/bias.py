@@ -5,6 +5,7 @@ a function of k - q alone: bias[h, q, k] = values[h, k - q + q_len - 1], q_len +
 plain-JAX forms expand it (`dense`); the GPU kernel reads the vector itself, which is ~q_len times fewer bytes
 than the [1, h, q, k] array, and gives its gradient per offset.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,8 +32,8 @@ class RelativeBias:
     heads, n = self.values.shape
     q = self.q_len
     padded = jnp.pad(jnp.broadcast_to(self.values[:, None, :], (heads, q, n)), ((0, 0), (0, 0), (0, 1)))
-    skewed = padded.reshape(heads, q * (n + 1))[:, :q * n].reshape(heads, q, n)
-    return skewed[None, :, :, q - 1:]
+    skewed = padded.reshape(heads, q * (n + 1))[:, : q * n].reshape(heads, q, n)
+    return skewed[None, :, :, q - 1 :]
 
   def offset_sums(self, dense_gradient: jax.Array) -> jax.Array:
     """The gradient of `values` given that of `dense()` ([1 or heads..., q, k] summed to [heads, q, k]): the
@@ -44,5 +45,7 @@ class RelativeBias:
 def check(bias: RelativeBias, heads: int, q_len: int, k_len: int, name: str = "attention") -> None:
   """ValueError naming the shapes when `bias` is not one value per head and offset of a [q_len, k_len] pair."""
   if bias.values.shape != (heads, q_len + k_len - 1) or bias.q_len != q_len:
-    raise ValueError(f"{name}: relative bias values {bias.values.shape} (q_len {bias.q_len}) must be "
-                     f"[{heads}, {q_len + k_len - 1}] for {q_len} queries and {k_len} keys")
+    raise ValueError(
+      f"{name}: relative bias values {bias.values.shape} (q_len {bias.q_len}) must be "
+      f"[{heads}, {q_len + k_len - 1}] for {q_len} queries and {k_len} keys"
+    )

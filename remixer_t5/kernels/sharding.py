@@ -6,6 +6,7 @@ runs it under `shard_map` on each device's rows instead. Other dimensions are ga
 or the heads is undone here). Inputs shared by the whole batch (attention's [1, h, q, k] position bias) are tiled
 once per shard outside the map, so each shard reads its own copy and autodiff sums the shards' gradients.
 """
+
 from __future__ import annotations
 
 import math
@@ -44,6 +45,7 @@ def per_batch_shard(fn: Callable, shared: tuple[int, ...] = ()) -> Callable:
       for i, a in zip(present, local):
         full[i] = a
       return fn(*full)
+
     return jax.shard_map(body, mesh=mesh, in_specs=(spec,) * len(arrays), out_specs=spec, check_vma=False)(*arrays)
 
   return each_shard

@@ -4,6 +4,7 @@ registry (kernels/__init__.py), for the implementation names its fields take.
 The network (`network.py`) builds stacks from mixers; mixers and layers read their sizes from this config, so
 dependencies run downward: network -> mixers/layers -> config. gin files name it `network.T5Config` (re-exported).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,6 +20,7 @@ from remixer_t5 import kernels
 @dataclasses.dataclass(frozen=True)
 class T5Config:
   """Sizes and options shared by all mixers; field names follow t5x's `T5Config`."""
+
   vocab_size: int = 32128
   emb_dim: int = 512
   num_heads: int = 6
@@ -58,13 +60,20 @@ class T5Config:
         object.__setattr__(self, "dtype", jnp.dtype(self.dtype).name)
       except TypeError:
         pass  # not a dtype: refused below, with the choices
-    for name, choices in (("dtype", ACTIVATION_DTYPES), ("remat_policy", tuple(REMAT_POLICIES)),
-                          ("layer_layout", LAYER_LAYOUTS),
-                          ("attention_impl", ATTENTION_IMPLS), ("dropout_impl", DROPOUT_IMPLS)):
+    for name, choices in (
+      ("dtype", ACTIVATION_DTYPES),
+      ("remat_policy", tuple(REMAT_POLICIES)),
+      ("layer_layout", LAYER_LAYOUTS),
+      ("attention_impl", ATTENTION_IMPLS),
+      ("dropout_impl", DROPOUT_IMPLS),
+    ):
       if getattr(self, name) not in choices:
         raise ValueError(f"T5Config.{name} must be one of {choices}, got {getattr(self, name)!r}")
-    expected = {"int": (numbers.Integral, "an integer"), "float": (numbers.Real, "a number"),
-                "bool": (bool, "True or False")}
+    expected = {
+      "int": (numbers.Integral, "an integer"),
+      "float": (numbers.Real, "a number"),
+      "bool": (bool, "True or False"),
+    }
     for f in dataclasses.fields(self):  # a wrong type here, not deep inside a traced step
       kind, words = expected.get(str(f.type), (None, ""))
       value = getattr(self, f.name)
@@ -75,7 +84,6 @@ class T5Config:
         raise ValueError(f"T5Config.{name} must be positive, got {getattr(self, name)}")
     if not 0 <= self.dropout_rate < 1:
       raise ValueError(f"T5Config.dropout_rate = {self.dropout_rate!r}: expected a number in [0, 1)")
-
 
   def for_target(self) -> "T5Config":
     """This config with `dtype='auto'` resolved for the platform being compiled for (`kernels.target_device`,
@@ -106,9 +114,9 @@ LAYER_LAYOUTS = ("pre_norm", "post_norm", "serialized")
 
 # What each layer saves for the backward pass (the rest is recomputed); names as in MaxText's `remat_policy`.
 REMAT_POLICIES: dict[str, Callable[..., bool] | None] = {
-    "none": None,  # no rematerialisation: every intermediate is kept
-    "full": jax.checkpoint_policies.nothing_saveable,  # keep only each layer's inputs
-    "dots": jax.checkpoint_policies.checkpoint_dots,  # keep every matmul output
-    # keep the weight matmuls, recompute those with batch dimensions (attention scores and their mixing)
-    "minimal": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+  "none": None,  # no rematerialisation: every intermediate is kept
+  "full": jax.checkpoint_policies.nothing_saveable,  # keep only each layer's inputs
+  "dots": jax.checkpoint_policies.checkpoint_dots,  # keep every matmul output
+  # keep the weight matmuls, recompute those with batch dimensions (attention scores and their mixing)
+  "minimal": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
 }

@@ -3,6 +3,7 @@
 `tokens_to_logits(tokens [batch, 1], cache) -> (logits [batch, vocab], cache)` advances the cache one position.
 Sequences start from token 0 (T5's decoder start) and stop at `eos_id`; positions after EOS are 0.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,8 +38,14 @@ def token_and_log_prob_by_reductions(logits: Array) -> tuple[Array, Array]:
   return token, (top - lse)[..., 0]
 
 
-def greedy_decode(tokens_to_logits: StepFn, cache, batch_size: int, max_length: int, eos_id: int = 1,
-                  pick: Callable[[Array, Array], tuple[Array, Array]] | None = None) -> tuple[Array, Array]:
+def greedy_decode(
+  tokens_to_logits: StepFn,
+  cache,
+  batch_size: int,
+  max_length: int,
+  eos_id: int = 1,
+  pick: Callable[[Array, Array], tuple[Array, Array]] | None = None,
+) -> tuple[Array, Array]:
   """Argmax decoding, or with `pick(logits, position) -> (token, log-probability)` any one-token choice (as
   `sample_decode` draws); returns (tokens [batch, max_length], sum of log-probabilities [batch])."""
 
@@ -56,8 +63,13 @@ def greedy_decode(tokens_to_logits: StepFn, cache, batch_size: int, max_length: 
     seqs = jax.lax.dynamic_update_index_in_dim(seqs, tok, i, 1)
     return i + 1, seqs, logp, jnp.logical_or(done, tok == eos_id), cache
 
-  init = (jnp.array(0), jnp.zeros((batch_size, max_length), jnp.int32), jnp.zeros((batch_size,)),
-          jnp.zeros((batch_size,), bool), cache)
+  init = (
+    jnp.array(0),
+    jnp.zeros((batch_size, max_length), jnp.int32),
+    jnp.zeros((batch_size,)),
+    jnp.zeros((batch_size,), bool),
+    cache,
+  )
   _, seqs, logp, _, _ = jax.lax.while_loop(cond, body, init)
   return seqs, logp
 
@@ -68,6 +80,7 @@ class Sampling:
   Case of Neural Text Degeneration") and HF's `generate` do: logits divided by `temperature`, then only the
   `top_k` most likely tokens kept (0: all), then only the smallest set of most likely tokens whose probability
   reaches `top_p` (the nucleus; 1.0: all). `seed` fixes the draws. A temperature of 0 is greedy decoding."""
+
   temperature: float = 1.0
   top_k: int = 0
   top_p: float = 1.0
@@ -75,8 +88,10 @@ class Sampling:
 
   def __post_init__(self):
     if self.temperature < 0 or self.top_k < 0 or not 0.0 < self.top_p <= 1.0:
-      raise ValueError(f"sampling: temperature {self.temperature}, top_k {self.top_k}, top_p {self.top_p}: expected "
-                       "temperature >= 0 (0: greedy), top_k >= 0 (0: every token) and 0 < top_p <= 1")
+      raise ValueError(
+        f"sampling: temperature {self.temperature}, top_k {self.top_k}, top_p {self.top_p}: expected "
+        "temperature >= 0 (0: greedy), top_k >= 0 (0: every token) and 0 < top_p <= 1"
+      )
 
 
 def sampling_logits(logits: Array, sampling: Sampling) -> Array:
@@ -102,8 +117,9 @@ def sample_token(logits: Array, key: Array, sampling: Sampling) -> tuple[Array, 
   return token, jnp.take_along_axis(log_probs, token[..., None], axis=-1)[..., 0]
 
 
-def sample_decode(tokens_to_logits: StepFn, cache, batch_size: int, max_length: int, rng: Array,
-                  sampling: Sampling, eos_id: int = 1) -> tuple[Array, Array]:
+def sample_decode(
+  tokens_to_logits: StepFn, cache, batch_size: int, max_length: int, rng: Array, sampling: Sampling, eos_id: int = 1
+) -> tuple[Array, Array]:
   """Sampling as `sampling` says, position i drawing with key fold_in(rng, i); temperature 0 is greedy. Returns
   (tokens [batch, max_length], the model's log-probability of them [batch])."""
   if sampling.temperature == 0:
@@ -135,8 +151,9 @@ def _gather_beams(tree, beam_indices: Array, batch_size: int, old_beams: int, ne
   return jax.tree_util.tree_map(gather, tree)
 
 
-def beam_search(tokens_to_logits: StepFn, cache, batch_size: int, beam_size: int, max_length: int,
-                eos_id: int = 1, alpha: float = 0.6) -> tuple[Array, Array]:
+def beam_search(
+  tokens_to_logits: StepFn, cache, batch_size: int, beam_size: int, max_length: int, eos_id: int = 1, alpha: float = 0.6
+) -> tuple[Array, Array]:
   """Beam search with length penalty; returns (tokens [batch, beams, max_length], scores [batch, beams]).
 
   Beams are sorted best first. `cache` must already be expanded to batch * beam_size rows (see

@@ -4,6 +4,7 @@ Parameter names and logical axis names follow t5x's `examples/t5/layers.py`, so 
 checkpoints line up. Every parameter is created with `param_with_axes`, which records its logical axes in the
 `params_axes` collection; `partitioning.py` maps them onto a mesh.
 """
+
 from __future__ import annotations
 
 import functools
@@ -34,6 +35,7 @@ NEG_INF = -1e10  # additive bias for masked attention logits (finite, so fully m
 
 class RMSNorm(nn.Module):
   """T5 layer norm: scale only, no bias, no mean subtraction; variance in float32."""
+
   epsilon: float = 1e-6
   dtype: str = "float32"
 
@@ -49,6 +51,7 @@ class RMSNorm(nn.Module):
 class LayerNorm(nn.Module):
   """Ba et al. (2016) with scale and bias, statistics in float32 (HyperMixing's output, Algorithm 1; gMLP's
   spatial gating unit; pNLP-Mixer's bottleneck); `axis_name` is the logical axis of the scale and bias."""
+
   epsilon: float = 1e-6
   dtype: str = "float32"
   axis_name: str = "embed"
@@ -98,6 +101,7 @@ _accumulating_einsum.defvjp(_accumulating_einsum_fwd, _accumulating_einsum_bwd)
 class Dense(nn.Module):
   """Bias-free dense layer over the last axis with a 2-D float32 kernel and logical axes; `accumulate`: the
   product's output dtype where it differs from `dtype` (float32 from bfloat16 operands: `accumulating_einsum`)."""
+
   features: int
   kernel_axes: tuple[str, str]
   kernel_init: Initializer = default_kernel_init
@@ -108,8 +112,13 @@ class Dense(nn.Module):
   def __call__(self, x: Array | int) -> Array:
     """x [..., in] -> [..., features]. Given the input width (an int) instead: the kernel in `dtype`, made as a
     call makes it, for a product the caller fuses with other layers' kernels (`fused_dense`)."""
-    kernel = param_with_axes("kernel", self.kernel_init, (x if isinstance(x, int) else x.shape[-1], self.features),
-                             jnp.float32, axes=self.kernel_axes).astype(self.dtype)
+    kernel = param_with_axes(
+      "kernel",
+      self.kernel_init,
+      (x if isinstance(x, int) else x.shape[-1], self.features),
+      jnp.float32,
+      axes=self.kernel_axes,
+    ).astype(self.dtype)
     if isinstance(x, int):
       return kernel
     # One 2-D matmul over all leading axes (tokens x features), reshaped back: the same result, and the kernel
@@ -136,6 +145,7 @@ def fused_dense(x: Array, denses: Sequence[Dense]) -> list[Array]:
 class Dropout(nn.Dropout):
   """flax's `nn.Dropout` (the same mask from the same key, the same output, the same `Dropout_N` names and random
   streams), its keep mask computed by the implementation `impl` names (`T5Config.dropout_impl`; kernels/)."""
+
   impl: str = "auto"
 
   def keep(self, shape: tuple[int, ...]) -> Array:
@@ -170,14 +180,16 @@ def keep_mask(rng: Array, keep_prob: float, shape: tuple[int, ...], impl: str = 
 
 class Embed(nn.Module):
   """Token embedding table (vocab, embed), read by a gather, not a one-hot matmul: exact, and cheap on CPU/GPU."""
+
   num_embeddings: int
   features: int
   dtype: str = "float32"
 
   @nn.compact
   def __call__(self, ids: Array) -> Array:
-    table = param_with_axes("embedding", embedding_init, (self.num_embeddings, self.features), jnp.float32,
-                            axes=("vocab", "embed"))
+    table = param_with_axes(
+      "embedding", embedding_init, (self.num_embeddings, self.features), jnp.float32, axes=("vocab", "embed")
+    )
     return jnp.take(table, ids, axis=0).astype(self.dtype)
 
 
@@ -206,6 +218,7 @@ class AbsolutePositionEmbedding(nn.Module):
       like the token embedding (normal, stddev 1, so both terms start at T5's embedding scale), as BERT's.
   Called with positions [batch or 1, len] (int; restarting in each packed segment, or the decode step),
   returns [batch or 1, len, features] in `dtype`."""
+
   kind: str
   features: int
   max_length: int = 512
@@ -217,10 +230,13 @@ class AbsolutePositionEmbedding(nn.Module):
       return sinusoidal_features(positions, self.features).astype(self.dtype)
     if self.kind == "learned":
       if positions.shape[-1] > self.max_length:
-        raise ValueError(f"learned position embeddings cover {self.max_length} positions but got a sequence of "
-                         f"length {positions.shape[-1]}; raise max_position_embeddings")
-      table = param_with_axes("embedding", embedding_init, (self.max_length, self.features), jnp.float32,
-                              axes=("abspos_buckets", "embed"))
+        raise ValueError(
+          f"learned position embeddings cover {self.max_length} positions but got a sequence of "
+          f"length {positions.shape[-1]}; raise max_position_embeddings"
+        )
+      table = param_with_axes(
+        "embedding", embedding_init, (self.max_length, self.features), jnp.float32, axes=("abspos_buckets", "embed")
+      )
       return jnp.take(table, positions.astype(jnp.int32), axis=0).astype(self.dtype)
     raise ValueError(f"unknown position embedding kind {self.kind!r}; expected one of {POSITION_EMBEDDINGS}")
 
@@ -235,8 +251,9 @@ def activation(name: str) -> Callable[[Array], Array]:
   raise ValueError(f"unknown MLP activation {name!r}; expected one of 'gelu', 'relu', 'linear'")
 
 
-def relative_position_bucket(relative_position: Array, bidirectional: bool, num_buckets: int,
-                             max_distance: int) -> Array:
+def relative_position_bucket(
+  relative_position: Array, bidirectional: bool, num_buckets: int, max_distance: int
+) -> Array:
   """T5's log-spaced buckets for `relative_position = key_pos - query_pos` (Raffel et al. §2.1).
 
   Half the buckets (or all, unidirectionally) are exact offsets, the rest grow logarithmically up to `max_distance`.
@@ -251,28 +268,34 @@ def relative_position_bucket(relative_position: Array, bidirectional: bool, num_
     n = -jnp.minimum(n, 0)  # future keys all fall into bucket 0 (they are masked anyway)
   max_exact = num_buckets // 2
   is_small = n < max_exact
-  large = max_exact + (jnp.log(jnp.maximum(n, 1).astype(jnp.float32) / max_exact)
-                       / math.log(max_distance / max_exact) * (num_buckets - max_exact)).astype(jnp.int32)
+  large = max_exact + (
+    jnp.log(jnp.maximum(n, 1).astype(jnp.float32) / max_exact)
+    / math.log(max_distance / max_exact)
+    * (num_buckets - max_exact)
+  ).astype(jnp.int32)
   large = jnp.minimum(large, num_buckets - 1)
   return ret + jnp.where(is_small, n, large)
 
 
 class RelativePositionBiases(nn.Module):
   """One learned scalar per (head, bucket), shared by all layers of a stack (T5.1.1)."""
+
   num_buckets: int
   max_distance: int
   num_heads: int
   dtype: str = "float32"
 
   @nn.compact
-  def __call__(self, query_positions: Array | int, key_positions: Array | int, bidirectional: bool
-               ) -> Array | kernels_bias.RelativeBias:
+  def __call__(
+    self, query_positions: Array | int, key_positions: Array | int, bidirectional: bool
+  ) -> Array | kernels_bias.RelativeBias:
     """Positions are [batch or 1, len] arrays (decoding's one query row): returns a [batch or 1, heads, q_len,
     k_len] bias. Or two lengths (ints) for the row indices 0..len-1, which every non-decoding attention uses (a
     packed segment's positions are consecutive, so its key - query offsets are the rows'): returns the bias as
     one value per head and offset (`kernels.bias.RelativeBias`), which the attention operation takes."""
-    table = param_with_axes("rel_embedding", relpos_init, (self.num_heads, self.num_buckets), jnp.float32,
-                            axes=("heads", "relpos_buckets"))
+    table = param_with_axes(
+      "rel_embedding", relpos_init, (self.num_heads, self.num_buckets), jnp.float32, axes=("heads", "relpos_buckets")
+    )
     if isinstance(query_positions, int):
       return self._rows(table, query_positions, key_positions, bidirectional)
     rel = key_positions[:, None, :] - query_positions[:, :, None]
@@ -288,7 +311,7 @@ class RelativePositionBiases(nn.Module):
     offsets = jnp.arange(n, dtype=jnp.int32) - (q_len - 1)
     buckets = relative_position_bucket(offsets, bidirectional, self.num_buckets, self.max_distance)
     one_hot = (buckets[:, None] == jnp.arange(self.num_buckets, dtype=jnp.int32)).astype(table.dtype)
-    v = jnp.einsum("hm,nm->hn", table, one_hot, precision=jax.lax.Precision.HIGHEST)     # [heads, n]
+    v = jnp.einsum("hm,nm->hn", table, one_hot, precision=jax.lax.Precision.HIGHEST)  # [heads, n]
     return kernels_bias.RelativeBias(v.astype(self.dtype), q_len)
 
 

@@ -3,6 +3,7 @@
 Mirrors t5x's `EncoderDecoderModel`: batches are dicts of `encoder_input_tokens`, `decoder_input_tokens`,
 `decoder_target_tokens` (+ optional `*_segment_ids`, `*_positions`, `decoder_loss_weights`).
 """
+
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -22,8 +23,9 @@ Batch = Mapping[str, Array]
 _MODULE_KEYS = ("encoder_segment_ids", "decoder_segment_ids", "encoder_positions", "decoder_positions")
 
 
-def cross_entropy_with_z_loss(logits: Array, targets: Array, weights: Array, z_loss: float = 0.0,
-                              label_smoothing: float = 0.0) -> tuple[Array, Array, Array, Array]:
+def cross_entropy_with_z_loss(
+  logits: Array, targets: Array, weights: Array, z_loss: float = 0.0, label_smoothing: float = 0.0
+) -> tuple[Array, Array, Array, Array]:
   """Summed token cross-entropy (+ z_loss * log(Z)^2, the PaLM/mesh-TF stabiliser), its z part and the tokens
   whose target is the top logit, as t5x's `cross_entropy_with_logits` on (smoothed) one-hot targets and
   `compute_weighted_accuracy`; a target id outside [0, V) has a zero row and is never correct.
@@ -40,8 +42,11 @@ def cross_entropy_with_z_loss(logits: Array, targets: Array, weights: Array, z_l
   low = label_smoothing / (vocab - 1) if vocab > 1 else 0.0
   soft = jax.nn.one_hot(targets, vocab) * (confidence - low) + low
   # less the entropy of the smoothed target, so that the minimum is 0
-  ce = log_z - jnp.sum(soft * logits, axis=-1) + (confidence * np.log(confidence)
-                                                   + (vocab - 1) * low * np.log(low + 1e-20))
+  ce = (
+    log_z
+    - jnp.sum(soft * logits, axis=-1)
+    + (confidence * np.log(confidence) + (vocab - 1) * low * np.log(low + 1e-20))
+  )
   zl = z_loss * jnp.square(log_z)
   correct = jnp.argmax(logits, axis=-1) == targets
   return jnp.sum((ce + zl) * w), jnp.sum(zl * w), jnp.sum(w), jnp.sum(correct * w)
@@ -66,8 +71,14 @@ def _one_hot_cross_entropy(logits: Array, targets: Array, z_loss: float) -> tupl
 class EncoderDecoderModel:
   """Loss, evaluation and decoding for an encoder-decoder `module` (e.g. `network.Transformer`)."""
 
-  def __init__(self, module: nn.Module, vocabulary: Any = None, z_loss: float = 1e-4,
-               label_smoothing: float = 0.0, loss_normalizing_factor: float | None = None):
+  def __init__(
+    self,
+    module: nn.Module,
+    vocabulary: Any = None,
+    z_loss: float = 1e-4,
+    label_smoothing: float = 0.0,
+    loss_normalizing_factor: float | None = None,
+  ):
     """`loss_normalizing_factor=None` divides by the number of real target tokens (a per-token mean)."""
     self.module = module
     self.vocabulary = vocabulary
@@ -79,24 +90,32 @@ class EncoderDecoderModel:
   def init_variables(self, rng: Array, input_shapes: Mapping[str, tuple[int, ...]]):
     """{'params', 'params_axes'} for batches of the given shapes (use under jax.eval_shape for shapes)."""
     b = {k: jnp.ones(v, jnp.int32) for k, v in input_shapes.items()}
-    return self.module.init(rng, b["encoder_input_tokens"], b["decoder_input_tokens"],
-                            b["decoder_target_tokens"], enable_dropout=False)
+    return self.module.init(
+      rng, b["encoder_input_tokens"], b["decoder_input_tokens"], b["decoder_target_tokens"], enable_dropout=False
+    )
 
   # --- training and evaluation ---------------------------------------------------------------------
   def logits(self, params, batch: Batch, dropout_rng: Array | None = None) -> Array:
     rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
     extra = {k: batch[k] for k in _MODULE_KEYS if k in batch}
-    return self.module.apply({"params": params}, batch["encoder_input_tokens"],
-                             batch["decoder_input_tokens"], batch["decoder_target_tokens"], **extra,
-                             enable_dropout=dropout_rng is not None, rngs=rngs)
+    return self.module.apply(
+      {"params": params},
+      batch["encoder_input_tokens"],
+      batch["decoder_input_tokens"],
+      batch["decoder_target_tokens"],
+      **extra,
+      enable_dropout=dropout_rng is not None,
+      rngs=rngs,
+    )
 
   def loss_fn(self, params, batch: Batch, dropout_rng: Array | None) -> tuple[Array, dict[str, Array]]:
     """Normalised loss and summed metrics (`*_sum` are additive across batches and devices)."""
     logits = self.logits(params, batch, dropout_rng)
     targets = batch["decoder_target_tokens"]
     weights = batch.get("decoder_loss_weights", (targets > 0).astype(jnp.float32))
-    total, z, weight_sum, correct = cross_entropy_with_z_loss(logits, targets, weights, self.z_loss,
-                                                              self.label_smoothing)
+    total, z, weight_sum, correct = cross_entropy_with_z_loss(
+      logits, targets, weights, self.z_loss, self.label_smoothing
+    )
     norm = self.loss_normalizing_factor or jnp.maximum(weight_sum, 1.0)
     metrics = {"loss_sum": total, "z_loss_sum": z, "weight_sum": weight_sum, "correct_sum": correct}
     return total / norm, metrics
@@ -105,14 +124,31 @@ class EncoderDecoderModel:
   def _init_cache(self, params, encoded, encoder_tokens, batch_size: int, max_length: int):
     """(the decode cache, {base.STATIC_CACHE: values computed once from `encoded`} or {})."""
     dec = jnp.ones((batch_size, max_length), jnp.int32)
-    _, variables = self.module.apply({"params": params}, encoded, encoder_tokens, dec, dec,
-                                     enable_dropout=False, decode=True, mutable=["cache", base.STATIC_CACHE],
-                                     method=self.module.decode)
+    _, variables = self.module.apply(
+      {"params": params},
+      encoded,
+      encoder_tokens,
+      dec,
+      dec,
+      enable_dropout=False,
+      decode=True,
+      mutable=["cache", base.STATIC_CACHE],
+      method=self.module.decode,
+    )
     return variables["cache"], {k: v for k, v in variables.items() if k == base.STATIC_CACHE}
 
-  def predict_batch(self, params, batch: Batch, max_decode_length: int | None = None, beam_size: int = 1,
-                    alpha: float = 0.6, eos_id: int = 1, return_scores: bool = False,
-                    sampling: decoding.Sampling | None = None, rng: Array | None = None):
+  def predict_batch(
+    self,
+    params,
+    batch: Batch,
+    max_decode_length: int | None = None,
+    beam_size: int = 1,
+    alpha: float = 0.6,
+    eos_id: int = 1,
+    return_scores: bool = False,
+    sampling: decoding.Sampling | None = None,
+    rng: Array | None = None,
+  ):
     """Greedy (beam_size=1), beam-search or, with `sampling` and `rng`, sampled decoding; returns tokens [batch,
     max_decode_length] (the best beam), and with `return_scores` their log-probability [batch] (beam search: the
     beam's length-penalised score)."""
@@ -129,10 +165,18 @@ class EncoderDecoderModel:
       enc_tokens, encoded, cache = decoding.expand_to_beams((enc_tokens, encoded, cache), beam_size)
 
     def step(tokens, cache):  # `static` enters every step as a constant, not as loop state (base.static_cache)
-      logits, variables = self.module.apply({"params": params, "cache": cache, **static}, encoded, enc_tokens,
-                                            tokens, tokens, enable_dropout=False, decode=True,
-                                            max_decode_length=max_len, mutable=["cache"],
-                                            method=self.module.decode)
+      logits, variables = self.module.apply(
+        {"params": params, "cache": cache, **static},
+        encoded,
+        enc_tokens,
+        tokens,
+        tokens,
+        enable_dropout=False,
+        decode=True,
+        max_decode_length=max_len,
+        mutable=["cache"],
+        method=self.module.decode,
+      )
       return logits[:, -1, :], variables["cache"]
 
     if sampling is not None:

@@ -8,6 +8,7 @@ parameter names. The mixers of each stack come from gin (`remixer_t5/model/mixer
 Absolute position embeddings (`Transformer.encoder_position_embeddings` / `decoder_position_embeddings`) can be
 added to the token embeddings, for mixers that carry no position information of their own.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Mapping
@@ -51,8 +52,11 @@ def _apply_slot(layer: nn.Module, x, factory: Factory, role: str, kv, ctx, deter
   name = slot_name(factory, role)
   post = cfg.layer_layout == "post_norm"
   mixer = factory(config=cfg, name=name)
-  y = x if post else layers.RMSNorm(cfg.layer_norm_epsilon, cfg.dtype,
-                                    name=_NORM_NAMES.get(name, f"pre_{name}_layer_norm"))(x)
+  y = (
+    x
+    if post
+    else layers.RMSNorm(cfg.layer_norm_epsilon, cfg.dtype, name=_NORM_NAMES.get(name, f"pre_{name}_layer_norm"))(x)
+  )
   if role == "feature":
     y = mixer(y, ctx, deterministic=deterministic)
   else:
@@ -79,14 +83,19 @@ def _with_table(ctx: base.MixerContext, cfg: T5Config, table: Array | None) -> b
   scope), so the stack hands the table in as an argument and this applies the same module to it."""
   if table is None:
     return ctx
-  module = layers.RelativePositionBiases(cfg.relpos_num_buckets, cfg.relpos_max_distance, cfg.num_heads,
-                                         cfg.dtype, parent=None)
-  return ctx.replace(relpos=lambda q, k, bidirectional: module.apply({"params": {"rel_embedding": table}}, q, k,
-                                                                     bidirectional=bidirectional))
+  module = layers.RelativePositionBiases(
+    cfg.relpos_num_buckets, cfg.relpos_max_distance, cfg.num_heads, cfg.dtype, parent=None
+  )
+  return ctx.replace(
+    relpos=lambda q, k, bidirectional: module.apply(
+      {"params": {"rel_embedding": table}}, q, k, bidirectional=bidirectional
+    )
+  )
 
 
 class EncoderLayer(nn.Module):
   """`relpos_table` (set by remat/scan stacks) replaces `ctx.relpos`; `scanned` returns (x, None) for nn.scan."""
+
   config: T5Config
   token_mixer: Factory = Attention
   feature_mixer: Factory | None = GatedMlp
@@ -101,6 +110,7 @@ class EncoderLayer(nn.Module):
 
 class DecoderLayer(nn.Module):
   """As `EncoderLayer`; the table is the decoder self-attention's (cross-mixing has no position bias)."""
+
   config: T5Config
   token_mixer: Factory = Attention
   cross_mixer: Factory = Attention
@@ -108,8 +118,15 @@ class DecoderLayer(nn.Module):
   scanned: bool = False
 
   @nn.compact
-  def __call__(self, x, encoded, self_ctx: base.MixerContext, cross_ctx: base.MixerContext,
-               deterministic: bool, relpos_table: Array | None = None):
+  def __call__(
+    self,
+    x,
+    encoded,
+    self_ctx: base.MixerContext,
+    cross_ctx: base.MixerContext,
+    deterministic: bool,
+    relpos_table: Array | None = None,
+  ):
     self_ctx = _with_table(self_ctx, self.config, relpos_table)
     y = _apply_slot(self, x, self.token_mixer, "self", None, self_ctx, deterministic)
     y = _apply_slot(self, y, self.cross_mixer, "cross", encoded, cross_ctx, deterministic)
@@ -148,9 +165,11 @@ def _scan_cache_layout(target):
   element of a [layers] vector; outside, `decoding` gathers beams along axis 0 and treats 0-d leaves as the
   shared position, so the cache is stored transposed and with one counter (all layers step together).
   The static cache (`base.static_cache`) stays [layers, batch, ...]: the decode loop never gathers it."""
+
   def to_scan(tree, length):
     return jax.tree_util.tree_map(
-        lambda x: jnp.broadcast_to(x, (length,)) if x.ndim == 0 else jnp.swapaxes(x, 0, 1), tree)
+      lambda x: jnp.broadcast_to(x, (length,)) if x.ndim == 0 else jnp.swapaxes(x, 0, 1), tree
+    )
 
   def from_scan(tree):
     return jax.tree_util.tree_map(lambda x: x[0] if x.ndim == 1 else jnp.swapaxes(x, 0, 1), tree)
@@ -158,8 +177,18 @@ def _scan_cache_layout(target):
   return lambda length: nn.map_variables(target, "cache", lambda t: to_scan(t, length), from_scan, mutable=True)
 
 
-def _run_layers(stack: nn.Module, layer_cls, factories: Mapping[str, Any], num_layers: int, relpos: nn.Module,
-                x: Array, rest: tuple, ctx_index: int, deterministic: bool, decode: bool = False) -> Array:
+def _run_layers(
+  stack: nn.Module,
+  layer_cls,
+  factories: Mapping[str, Any],
+  num_layers: int,
+  relpos: nn.Module,
+  x: Array,
+  rest: tuple,
+  ctx_index: int,
+  deterministic: bool,
+  decode: bool = False,
+) -> Array:
   """The stack's layers applied in order: unrolled (default), remat'd per layer, or one nn.scan.
 
   `rest` are the layer arguments between `x` and `deterministic`; `rest[ctx_index]` is the context whose
@@ -181,17 +210,22 @@ def _run_layers(stack: nn.Module, layer_cls, factories: Mapping[str, Any], num_l
     rest = tuple(a.replace(relpos=None) if i == ctx_index else a for i, a in enumerate(rest))
     if policy is not None:
       # prevent_cse guards unrolled remat against XLA merging the recomputation back; a scan body needs none.
-      layer_cls = nn.remat(layer_cls, policy=policy, prevent_cse=not cfg.scan_layers,
-                           static_argnums=(_DETERMINISTIC_ARGNUM[layer_cls],))
+      layer_cls = nn.remat(
+        layer_cls, policy=policy, prevent_cse=not cfg.scan_layers, static_argnums=(_DETERMINISTIC_ARGNUM[layer_cls],)
+      )
   if not cfg.scan_layers:
     for i in range(num_layers):
       x = layer_cls(cfg, **factories, name=f"layers_{i}")(x, *rest, deterministic, table)
     return x
 
   scanned = nn_partitioning.scan_with_axes(
-      layer_cls, variable_axes={"params": 0, "cache": 0, base.STATIC_CACHE: 0},
-      split_rngs={"params": True, "dropout": True},
-      in_axes=(nn.broadcast,) * (len(rest) + 2), length=num_layers, axis_name="layers")
+    layer_cls,
+    variable_axes={"params": 0, "cache": 0, base.STATIC_CACHE: 0},
+    split_rngs={"params": True, "dropout": True},
+    in_axes=(nn.broadcast,) * (len(rest) + 2),
+    length=num_layers,
+    axis_name="layers",
+  )
   if decode:
     scanned = _scan_cache_layout(scanned)(num_layers)
   x, _ = scanned(cfg, **factories, scanned=True, name="layers")(x, *rest, deterministic, table)
@@ -214,8 +248,9 @@ def _add_position_embeddings(stack: nn.Module, x: Array, positions: Array) -> Ar
   if stack.position_embeddings == "none":
     return x
   cfg = stack.config
-  emb = layers.AbsolutePositionEmbedding(stack.position_embeddings, cfg.emb_dim, stack.max_position_embeddings,
-                                         cfg.dtype, name="position_embedder")(positions)
+  emb = layers.AbsolutePositionEmbedding(
+    stack.position_embeddings, cfg.emb_dim, stack.max_position_embeddings, cfg.dtype, name="position_embedder"
+  )(positions)
   return x + emb
 
 
@@ -232,22 +267,40 @@ class Encoder(nn.Module):
   def __call__(self, tokens, segment_ids=None, positions=None, *, deterministic=True):
     cfg = self.config
     # Created here, materialised only if a mixer calls it (attention), so attention-free stacks have no table.
-    relpos = layers.RelativePositionBiases(cfg.relpos_num_buckets, cfg.relpos_max_distance, cfg.num_heads,
-                                           cfg.dtype, name="relpos_bias")
+    relpos = layers.RelativePositionBiases(
+      cfg.relpos_num_buckets, cfg.relpos_max_distance, cfg.num_heads, cfg.dtype, name="relpos_bias"
+    )
     mask = (tokens > 0).astype(jnp.float32)
     pos = _positions(tokens, positions, segment_ids)
-    ctx = base.MixerContext(q_mask=mask, kv_mask=mask, q_positions=pos, kv_positions=pos,
-                            q_segment_ids=segment_ids, kv_segment_ids=segment_ids, relpos=relpos)
+    ctx = base.MixerContext(
+      q_mask=mask,
+      kv_mask=mask,
+      q_positions=pos,
+      kv_positions=pos,
+      q_segment_ids=segment_ids,
+      kv_segment_ids=segment_ids,
+      relpos=relpos,
+    )
     if self.input_layer is not None:
-      x = self.input_layer(config=cfg, name="input_projection")(tokens.astype(jnp.int32), ctx,
-                                                               deterministic=deterministic)
+      x = self.input_layer(config=cfg, name="input_projection")(
+        tokens.astype(jnp.int32), ctx, deterministic=deterministic
+      )
     else:
       x = self.shared_embedding(tokens.astype(jnp.int32))
     x = _add_position_embeddings(self, x, pos)
     x = layers.Dropout(cfg.dropout_rate, broadcast_dims=(-2,), impl=cfg.dropout_impl)(x, deterministic=deterministic)
     x = layers.with_sharding_constraint(x, ("batch", "length", "embed"))
-    x = _run_layers(self, EncoderLayer, dict(token_mixer=self.token_mixer, feature_mixer=self.feature_mixer),
-                    cfg.num_encoder_layers, relpos, x, (ctx,), 0, deterministic)
+    x = _run_layers(
+      self,
+      EncoderLayer,
+      dict(token_mixer=self.token_mixer, feature_mixer=self.feature_mixer),
+      cfg.num_encoder_layers,
+      relpos,
+      x,
+      (ctx,),
+      0,
+      deterministic,
+    )
     x = layers.RMSNorm(cfg.layer_norm_epsilon, cfg.dtype, name="encoder_norm")(x)
     return layers.Dropout(cfg.dropout_rate, broadcast_dims=(-2,), impl=cfg.dropout_impl)(x, deterministic=deterministic)
 
@@ -262,12 +315,24 @@ class Decoder(nn.Module):
   max_position_embeddings: int = 512
 
   @nn.compact
-  def __call__(self, encoded, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens,
-               encoder_segment_ids=None, decoder_segment_ids=None, positions=None, *, deterministic=True,
-               decode=False, max_decode_length=None):
+  def __call__(
+    self,
+    encoded,
+    encoder_input_tokens,
+    decoder_input_tokens,
+    decoder_target_tokens,
+    encoder_segment_ids=None,
+    decoder_segment_ids=None,
+    positions=None,
+    *,
+    deterministic=True,
+    decode=False,
+    max_decode_length=None,
+  ):
     cfg = self.config
-    relpos = layers.RelativePositionBiases(cfg.relpos_num_buckets, cfg.relpos_max_distance, cfg.num_heads,
-                                           cfg.dtype, name="relpos_bias")
+    relpos = layers.RelativePositionBiases(
+      cfg.relpos_num_buckets, cfg.relpos_max_distance, cfg.num_heads, cfg.dtype, name="relpos_bias"
+    )
     enc_mask = (encoder_input_tokens > 0).astype(jnp.float32)
     if decode:
       # One position per call (after the cache-creating first call); mixers track the step in their cache.
@@ -277,14 +342,28 @@ class Decoder(nn.Module):
     else:
       pos = _positions(decoder_input_tokens, positions, decoder_segment_ids)
       dec_mask = (decoder_target_tokens > 0).astype(jnp.float32)
-    self_ctx = base.MixerContext(q_mask=dec_mask, kv_mask=dec_mask, q_positions=pos, kv_positions=pos,
-                                 q_segment_ids=decoder_segment_ids, kv_segment_ids=decoder_segment_ids,
-                                 causal=True, decode=decode, max_decode_length=max_decode_length,
-                                 relpos=relpos)
+    self_ctx = base.MixerContext(
+      q_mask=dec_mask,
+      kv_mask=dec_mask,
+      q_positions=pos,
+      kv_positions=pos,
+      q_segment_ids=decoder_segment_ids,
+      kv_segment_ids=decoder_segment_ids,
+      causal=True,
+      decode=decode,
+      max_decode_length=max_decode_length,
+      relpos=relpos,
+    )
     enc_pos = _positions(encoder_input_tokens, None, encoder_segment_ids)
-    cross_ctx = base.MixerContext(q_mask=dec_mask, kv_mask=enc_mask, q_positions=pos, kv_positions=enc_pos,
-                                  q_segment_ids=decoder_segment_ids, kv_segment_ids=encoder_segment_ids,
-                                  static_kv=decode)
+    cross_ctx = base.MixerContext(
+      q_mask=dec_mask,
+      kv_mask=enc_mask,
+      q_positions=pos,
+      kv_positions=enc_pos,
+      q_segment_ids=decoder_segment_ids,
+      kv_segment_ids=encoder_segment_ids,
+      static_kv=decode,
+    )
 
     y = self.shared_embedding(decoder_input_tokens.astype(jnp.int32))
     if decode and self.position_embeddings != "none":
@@ -298,20 +377,34 @@ class Decoder(nn.Module):
         y = _add_position_embeddings(self, y, jnp.broadcast_to(index.value, (1, 1)))
         index.value = index.value + 1
       else:
-        y = _add_position_embeddings(self, y, pos[:, :y.shape[1]])
+        y = _add_position_embeddings(self, y, pos[:, : y.shape[1]])
     else:
       y = _add_position_embeddings(self, y, pos)
     y = layers.Dropout(cfg.dropout_rate, broadcast_dims=(-2,), impl=cfg.dropout_impl)(y, deterministic=deterministic)
     y = layers.with_sharding_constraint(y, ("batch", "length", "embed"))
-    y = _run_layers(self, DecoderLayer, dict(token_mixer=self.token_mixer, cross_mixer=self.cross_mixer,
-                                             feature_mixer=self.feature_mixer),
-                    cfg.num_decoder_layers, relpos, y, (encoded, self_ctx, cross_ctx), 1, deterministic, decode)
+    y = _run_layers(
+      self,
+      DecoderLayer,
+      dict(token_mixer=self.token_mixer, cross_mixer=self.cross_mixer, feature_mixer=self.feature_mixer),
+      cfg.num_decoder_layers,
+      relpos,
+      y,
+      (encoded, self_ctx, cross_ctx),
+      1,
+      deterministic,
+      decode,
+    )
     y = layers.RMSNorm(cfg.layer_norm_epsilon, cfg.dtype, name="decoder_norm")(y)
     y = layers.Dropout(cfg.dropout_rate, broadcast_dims=(-2,), impl=cfg.dropout_impl)(y, deterministic=deterministic)
     # Logits in float32 whatever the activation dtype: the softmax over the vocabulary needs the range (with
     # `logits_in_activation_dtype`, from activation-dtype operands).
-    logits = layers.Dense(cfg.vocab_size, ("embed", "vocab"), dtype=cfg.dtype if cfg.logits_in_activation_dtype
-                          else "float32", accumulate="float32", name="logits_dense")(y)
+    logits = layers.Dense(
+      cfg.vocab_size,
+      ("embed", "vocab"),
+      dtype=cfg.dtype if cfg.logits_in_activation_dtype else "float32",
+      accumulate="float32",
+      name="logits_dense",
+    )(y)
     return layers.with_sharding_constraint(logits, ("batch", "length", "vocab"))
 
 
@@ -319,6 +412,7 @@ class Transformer(nn.Module):
   """Encoder-decoder with t5x's call contract. Token id 0 is padding (masks come from the tokens).
 
   The defaults give T5.1.1; gin picks other mixers per stack (see gin/models/<arch>/)."""
+
   config: T5Config
   encoder_token_mixer: Factory = Attention
   encoder_feature_mixer: Factory | None = GatedMlp
@@ -337,43 +431,100 @@ class Transformer(nn.Module):
     for which in ("encoder", "decoder"):
       kind = getattr(self, f"{which}_position_embeddings")
       if kind not in layers.POSITION_EMBEDDINGS:
-        raise ValueError(f"Transformer.{which}_position_embeddings must be one of {layers.POSITION_EMBEDDINGS}, "
-                         f"got {kind!r}")
+        raise ValueError(
+          f"Transformer.{which}_position_embeddings must be one of {layers.POSITION_EMBEDDINGS}, got {kind!r}"
+        )
     self.token_embedder = layers.Embed(cfg.vocab_size, cfg.emb_dim, cfg.dtype)
-    self.encoder = Encoder(cfg, self.token_embedder, self.encoder_token_mixer, self.encoder_feature_mixer,
-                           self.encoder_input_layer, self.encoder_position_embeddings,
-                           self.max_position_embeddings)
-    self.decoder = Decoder(cfg, self.token_embedder, self.decoder_token_mixer, self.decoder_cross_mixer,
-                           self.decoder_feature_mixer, self.decoder_position_embeddings,
-                           self.max_position_embeddings)
+    self.encoder = Encoder(
+      cfg,
+      self.token_embedder,
+      self.encoder_token_mixer,
+      self.encoder_feature_mixer,
+      self.encoder_input_layer,
+      self.encoder_position_embeddings,
+      self.max_position_embeddings,
+    )
+    self.decoder = Decoder(
+      cfg,
+      self.token_embedder,
+      self.decoder_token_mixer,
+      self.decoder_cross_mixer,
+      self.decoder_feature_mixer,
+      self.decoder_position_embeddings,
+      self.max_position_embeddings,
+    )
 
   @property
   def packable(self) -> bool:
     """False when a mixer cannot mix packed examples exactly (it then refuses packed batches)."""
-    factories = (self.encoder_token_mixer, self.encoder_feature_mixer, self.decoder_token_mixer,
-                 self.decoder_cross_mixer, self.decoder_feature_mixer, self.encoder_input_layer)
+    factories = (
+      self.encoder_token_mixer,
+      self.encoder_feature_mixer,
+      self.decoder_token_mixer,
+      self.decoder_cross_mixer,
+      self.decoder_feature_mixer,
+      self.encoder_input_layer,
+    )
     return all(getattr(f(config=self.config), "packable", True) for f in factories if f is not None)
 
   def encode(self, encoder_input_tokens, encoder_segment_ids=None, encoder_positions=None, *, enable_dropout=True):
     return self.encoder(encoder_input_tokens, encoder_segment_ids, encoder_positions, deterministic=not enable_dropout)
 
-  def decode(self, encoded, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens,
-             encoder_segment_ids=None, decoder_segment_ids=None, decoder_positions=None, *,
-             enable_dropout=True, decode=False, max_decode_length=None):
+  def decode(
+    self,
+    encoded,
+    encoder_input_tokens,
+    decoder_input_tokens,
+    decoder_target_tokens,
+    encoder_segment_ids=None,
+    decoder_segment_ids=None,
+    decoder_positions=None,
+    *,
+    enable_dropout=True,
+    decode=False,
+    max_decode_length=None,
+  ):
     """Logits for decoder inputs given the encoder output; `decode=True` steps one position with the cache."""
-    return self.decoder(encoded, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens,
-                        encoder_segment_ids, decoder_segment_ids, decoder_positions,
-                        deterministic=not enable_dropout, decode=decode, max_decode_length=max_decode_length)
+    return self.decoder(
+      encoded,
+      encoder_input_tokens,
+      decoder_input_tokens,
+      decoder_target_tokens,
+      encoder_segment_ids,
+      decoder_segment_ids,
+      decoder_positions,
+      deterministic=not enable_dropout,
+      decode=decode,
+      max_decode_length=max_decode_length,
+    )
 
-  def __call__(self, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens,
-               encoder_segment_ids=None, decoder_segment_ids=None, encoder_positions=None,
-               decoder_positions=None, *, enable_dropout=True, decode=False):
+  def __call__(
+    self,
+    encoder_input_tokens,
+    decoder_input_tokens,
+    decoder_target_tokens,
+    encoder_segment_ids=None,
+    decoder_segment_ids=None,
+    encoder_positions=None,
+    decoder_positions=None,
+    *,
+    enable_dropout=True,
+    decode=False,
+  ):
     if (encoder_segment_ids is None) != (decoder_segment_ids is None):
       raise ValueError("packed inputs need both encoder_segment_ids and decoder_segment_ids")
     encoded = self.encode(encoder_input_tokens, encoder_segment_ids, encoder_positions, enable_dropout=enable_dropout)
-    return self.decode(encoded, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens,
-                       encoder_segment_ids, decoder_segment_ids, decoder_positions,
-                       enable_dropout=enable_dropout, decode=decode)
+    return self.decode(
+      encoded,
+      encoder_input_tokens,
+      decoder_input_tokens,
+      decoder_target_tokens,
+      encoder_segment_ids,
+      decoder_segment_ids,
+      decoder_positions,
+      enable_dropout=enable_dropout,
+      decode=decode,
+    )
 
 
 _STACKS = ("encoder", "decoder")
@@ -404,10 +555,10 @@ def stack_params(params: Mapping) -> dict:
     if stack not in out:
       continue
     tree = dict(out[stack])
-    names = [k for k in tree if k.startswith("layers_") and k[len("layers_"):].isdigit()]
+    names = [k for k in tree if k.startswith("layers_") and k[len("layers_") :].isdigit()]
     if not names:
       continue
-    indices = sorted(int(k[len("layers_"):]) for k in names)
+    indices = sorted(int(k[len("layers_") :]) for k in names)
     if indices != list(range(len(indices))):
       raise ValueError(f"{stack} layers are not numbered 0..{len(indices) - 1}: {indices}")
     per_layer = [tree.pop(f"layers_{i}") for i in indices]

@@ -22,6 +22,7 @@ Hash functions: h_i(s) = (a_i·g(s) + b_i) mod (2³¹−1), with g a keyed BLAKE
 hash() is never used). Everything up to the fingerprint table is numpy on the host; the model side reads the
 SentencePiece model with `sentencepiece` only (no seqio).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,9 +42,9 @@ from remixer_t5.model.mixers import base
 
 Array = jax.Array
 
-WORD_MARKER = "\u2581"   # SentencePiece's '▁'
+WORD_MARKER = "\u2581"  # SentencePiece's '▁'
 CONTINUATION_PREFIX = "##"
-PRIME = (1 << 31) - 1    # hash values lie in [0, PRIME); fits int32 on the device
+PRIME = (1 << 31) - 1  # hash values lie in [0, PRIME); fits int32 on the device
 MODES = ("piece", "word", "piece+word")
 
 
@@ -65,12 +66,12 @@ def hashed_strings(piece: str) -> list[str]:
     return [CONTINUATION_PREFIX + piece]
   if kind == "special":
     return [piece]
-  text = piece[len(WORD_MARKER):]
+  text = piece[len(WORD_MARKER) :]
   if not text:
     return [piece]
   if len(text) < 3:
     return [text]
-  return [text[i:i + 3] for i in range(len(text) - 2)]
+  return [text[i : i + 3] for i in range(len(text) - 2)]
 
 
 def _base_hash(s: str) -> int:
@@ -113,12 +114,15 @@ def _word_flags(pieces: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
 def _read_bytes(path: str) -> bytes:
   if path.startswith("gs://"):  # cloud paths (the T5 vocabulary) need TF's file system; local ones do not
     import tensorflow as tf
+
     try:
       with tf.io.gfile.GFile(path, "rb") as f:
         return f.read()
     except tf.errors.OpError as e:
-      raise FileNotFoundError(f"cannot read the SentencePiece model {path} ({e.message.splitlines()[0]}); "
-                              "set projection.ProjectionEmbed.vocab_model to a local copy") from e
+      raise FileNotFoundError(
+        f"cannot read the SentencePiece model {path} ({e.message.splitlines()[0]}); "
+        "set projection.ProjectionEmbed.vocab_model to a local copy"
+      ) from e
   if not os.path.isfile(path):
     raise FileNotFoundError(f"SentencePiece model {path} not found; set projection.ProjectionEmbed.vocab_model")
   with open(path, "rb") as f:
@@ -135,8 +139,9 @@ def pieces_from_sentencepiece(path: str, vocab_size: int | None = None, extra_id
   pieces += [f"<extra_id_{extra_ids - 1 - k}>" for k in range(extra_ids)]
   if vocab_size is not None:
     if vocab_size < len(pieces):
-      raise ValueError(f"vocab_size {vocab_size} is smaller than the {len(pieces)} pieces of {path} plus "
-                       f"{extra_ids} extra ids")
+      raise ValueError(
+        f"vocab_size {vocab_size} is smaller than the {len(pieces)} pieces of {path} plus {extra_ids} extra ids"
+      )
     pieces += [f"<unused_{k}>" for k in range(vocab_size - len(pieces))]
   return pieces
 
@@ -144,9 +149,10 @@ def pieces_from_sentencepiece(path: str, vocab_size: int | None = None, extra_id
 @dataclasses.dataclass(frozen=True, eq=False)  # hashed by identity: a static module field
 class FingerprintTable:
   """Per-id MinHash fingerprints [vocab, n] int32 and word flags [vocab] bool (ids index the pieces)."""
+
   fingerprints: np.ndarray
   starts_word: np.ndarray  # a word-start or special piece: it begins a new word
-  standalone: np.ndarray   # a special piece: the next piece begins a new word too
+  standalone: np.ndarray  # a special piece: the next piece begins a new word too
 
   @classmethod
   def from_pieces(cls, pieces: Sequence[str], num_hashes: int, seed: int = 0) -> "FingerprintTable":
@@ -159,8 +165,9 @@ class FingerprintTable:
 
 
 @functools.lru_cache(maxsize=4)
-def load_fingerprint_table(path: str, num_hashes: int, seed: int = 0, vocab_size: int | None = None,
-                           extra_ids: int = 100) -> FingerprintTable:
+def load_fingerprint_table(
+  path: str, num_hashes: int, seed: int = 0, vocab_size: int | None = None, extra_ids: int = 100
+) -> FingerprintTable:
   """The table of a SentencePiece model file (cached: built once per process, about a second for 32k)."""
   return FingerprintTable.from_pieces(pieces_from_sentencepiece(path, vocab_size, extra_ids), num_hashes, seed)
 
@@ -173,8 +180,14 @@ def _bloom(fp: Array, m: int) -> Array:
   return jnp.zeros((b, length, m), jnp.float32).at[rows, cols, fp % m].add(1.0)
 
 
-def projection_features(ids: Array, table: FingerprintTable, m: int, mode: str = "piece+word",
-                        mask: Array | None = None, segment_ids: Array | None = None) -> Array:
+def projection_features(
+  ids: Array,
+  table: FingerprintTable,
+  m: int,
+  mode: str = "piece+word",
+  mask: Array | None = None,
+  segment_ids: Array | None = None,
+) -> Array:
   """[b, L, m] ('piece', 'word') or [b, L, 2m] ('piece+word': piece counts, then word counts) float32.
 
   Padded positions (mask 0) get zeros and are words of their own, so they change nothing elsewhere."""
@@ -245,6 +258,7 @@ class ProjectionEmbed(nn.Module):
 
   Parameters: bottleneck kernel [m·k·(2w+1), d] ('projection','embed') with k = 2 for 'piece+word' else 1,
   bottleneck_bias [d] ('embed',), bottleneck_norm scale and bias [d] ('embed',). Count: m·k·(2w+1)·d + 3d."""
+
   config: Any  # remixer_t5.model.config.T5Config
   vocab_model: str = ""
   extra_ids: int = 100
@@ -260,23 +274,30 @@ class ProjectionEmbed(nn.Module):
     table = self.table
     if table is None:
       if not self.vocab_model:
-        raise ValueError("ProjectionEmbed needs a vocabulary: set ProjectionEmbed.vocab_model to the "
-                         "SentencePiece model file of the task (or pass a FingerprintTable as `table`)")
-      table = load_fingerprint_table(self.vocab_model, self.num_hashes, self.seed, self.config.vocab_size,
-                                     self.extra_ids)
+        raise ValueError(
+          "ProjectionEmbed needs a vocabulary: set ProjectionEmbed.vocab_model to the "
+          "SentencePiece model file of the task (or pass a FingerprintTable as `table`)"
+        )
+      table = load_fingerprint_table(
+        self.vocab_model, self.num_hashes, self.seed, self.config.vocab_size, self.extra_ids
+      )
     if table.num_hashes != self.num_hashes:
       raise ValueError(f"ProjectionEmbed.num_hashes is {self.num_hashes} but the table has {table.num_hashes}")
     if table.fingerprints.shape[0] < self.config.vocab_size:
-      raise ValueError(f"the fingerprint table covers {table.fingerprints.shape[0]} ids, fewer than "
-                       f"vocab_size {self.config.vocab_size}")
+      raise ValueError(
+        f"the fingerprint table covers {table.fingerprints.shape[0]} ids, fewer than "
+        f"vocab_size {self.config.vocab_size}"
+      )
     return table
 
   @nn.compact
   def __call__(self, ids: Array, ctx: base.MixerContext | None = None, *, deterministic: bool = True) -> Array:
     cfg = self.config
     if ctx is not None and (ctx.causal or ctx.decode):
-      raise ValueError("ProjectionEmbed is an encoder input layer: its word features and context window "
-                       "look ahead, so it cannot feed a causal decoder")
+      raise ValueError(
+        "ProjectionEmbed is an encoder input layer: its word features and context window "
+        "look ahead, so it cannot feed a causal decoder"
+      )
     if self.window < 0:
       raise ValueError(f"ProjectionEmbed.window must be >= 0, got {self.window}")
     mask = (ids > 0) if ctx is None else ctx.q_mask > 0
@@ -286,7 +307,8 @@ class ProjectionEmbed(nn.Module):
       same = mask.astype(jnp.int32) if segment_ids is None else segment_ids
       feats = _context_window(feats, self.window, same)
     x = layers.Dense(cfg.emb_dim, ("projection", "embed"), dtype=cfg.dtype, name="bottleneck")(feats.astype(cfg.dtype))
-    bias = layers.param_with_axes("bottleneck_bias", nn.initializers.zeros, (cfg.emb_dim,), jnp.float32,
-                                  axes=("embed",))
+    bias = layers.param_with_axes(
+      "bottleneck_bias", nn.initializers.zeros, (cfg.emb_dim,), jnp.float32, axes=("embed",)
+    )
     x = nn.leaky_relu(x + bias.astype(cfg.dtype), self.negative_slope)
     return layers.LayerNorm(cfg.layer_norm_epsilon, cfg.dtype, "embed", name="bottleneck_norm")(x)

@@ -1,4 +1,5 @@
 """Reproductions of paper experiments that run on a CPU (`remixer-t5 repro ...`), and what their commands share."""
+
 from __future__ import annotations
 
 import json
@@ -30,7 +31,8 @@ def mean_range(values: Sequence[float], digits: int) -> str:
   if not values:
     return "-"
   return f"{np.mean(values):.{digits}f}" + (
-      f" ({min(values):.{digits}f}-{max(values):.{digits}f})" if len(values) > 1 else "")
+    f" ({min(values):.{digits}f}-{max(values):.{digits}f})" if len(values) > 1 else ""
+  )
 
 
 def pyplot():

@@ -15,6 +15,7 @@ row refused (``check_lengths``); each split decoded only to its own longest targ
 Outputs (``--out DIR``, rewritten after every run; a rerun skips the finished runs): ``cogs.jsonl`` (a row per
 model, seed and split or gen category), ``cogs_table.md`` (mean and range over seeds) and ``cogs.png``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,9 +44,18 @@ from remixer_t5.tasks import cogs, sources
 from remixer_t5.training import checkpoints, evaluation
 
 DEFAULT_MODELS = ("t5_1_1", "remixer", "mixer_encdec", "hypermixer")
-LABELS = {"t5_1_1": "T5.1.1", "remixer": "Remixer", "mixer_encdec": "MLP-Mixer enc-dec",
-          "hypermixer": "HyperMixer", "gmlp": "gMLP", "amlp": "aMLP", "fnet": "FNet",
-          "linear_attention": "Linear attention", "mixer_enc": "MLP-Mixer enc", "pnlp_mixer": "pNLP-Mixer"}
+LABELS = {
+  "t5_1_1": "T5.1.1",
+  "remixer": "Remixer",
+  "mixer_encdec": "MLP-Mixer enc-dec",
+  "hypermixer": "HyperMixer",
+  "gmlp": "gMLP",
+  "amlp": "aMLP",
+  "fnet": "FNet",
+  "linear_attention": "Linear attention",
+  "mixer_enc": "MLP-Mixer enc",
+  "pnlp_mixer": "pNLP-Mixer",
+}
 TASK = "cogs_words"
 SPLITS = ("validation", "test", "gen")
 SPLIT_LABELS = {"validation": "dev", "test": "test", "gen": "gen"}
@@ -56,8 +66,10 @@ RUN_FILE = "runs/cogs_scratch.gin"
 CHECKPOINT_EVERY = 1000
 
 # Published gen exact match (%) the runs are held against (see the module docstring and docs/reproductions.md).
-REFERENCES = (("Kim & Linzen 2020 Transformer (9.5M, from scratch)", 35.0),
-              ("Csordás et al. 2021 Transformer (relative positions, no early stopping)", 81.0))
+REFERENCES = (
+  ("Kim & Linzen 2020 Transformer (9.5M, from scratch)", 35.0),
+  ("Csordás et al. 2021 Transformer (relative positions, no early stopping)", 81.0),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,11 +79,11 @@ class Settings:
   # Optimisation steps per run (batch rows of packed examples): far fewer leave T5.1.1 and the Remixer short
   # of generalising (docs/reproductions.md, "How many steps gen needs").
   steps: int = 12000
-  batch_size: int = 4          # packed rows per step (~6.4 examples each: ~26 examples per step)
-  warmup: int = 300            # rsqrt schedule: base / sqrt(max(step, warmup))
-  base_lr: float = 1.0         # rsqrt schedule's base (T5's 1.0): every step's rate scales with it
-  cooldown: int = 0            # > 0: the rate decays linearly to 0 over the last `cooldown` steps (optim.py)
-  eval_batch_size: int = 250   # examples decoded at once
+  batch_size: int = 4  # packed rows per step (~6.4 examples each: ~26 examples per step)
+  warmup: int = 300  # rsqrt schedule: base / sqrt(max(step, warmup))
+  base_lr: float = 1.0  # rsqrt schedule's base (T5's 1.0): every step's rate scales with it
+  cooldown: int = 0  # > 0: the rate decays linearly to 0 over the last `cooldown` steps (optim.py)
+  eval_batch_size: int = 250  # examples decoded at once
   gen_file: str | None = None  # None: <data>/cogs/gen.tsv, else gen_sample.tsv
   eval_examples: int | None = None  # first N examples of each split (None: all)
 
@@ -114,8 +126,10 @@ def model_gin(model: str) -> str:
   if (gin_utils.gin_dir() / "models" / model / MODEL_FILE).is_file():
     return f"models/{model}/{MODEL_FILE}"
   have = sorted(p.parent.name for p in (gin_utils.gin_dir() / "models").glob(f"*/{MODEL_FILE}"))
-  raise ValueError(f"unknown COGS model {model!r}: gin/models/{model}/{MODEL_FILE} does not exist; models with "
-                   f"a COGS config: {', '.join(have)}")
+  raise ValueError(
+    f"unknown COGS model {model!r}: gin/models/{model}/{MODEL_FILE} does not exist; models with "
+    f"a COGS config: {', '.join(have)}"
+  )
 
 
 # --- data -------------------------------------------------------------------------------------------------
@@ -126,26 +140,38 @@ def measure_splits(progress: Callable[[str], None] = print, eval_examples: int |
   counts the rows of each category that are decoded (the first `eval_examples` of the file)."""
   vocab = cogs.cogs_word_vocabulary()
   gen = cogs.gen_path()
-  out = {"gen_file": portable_path(gen), "gen_digest": word_vocab.file_digest(gen),
-         "vocab_size": int(vocab.vocab_size), "splits": {}}
+  out = {
+    "gen_file": portable_path(gen),
+    "gen_digest": word_vocab.file_digest(gen),
+    "vocab_size": int(vocab.vocab_size),
+    "splits": {},
+  }
   for split in ("train",) + SPLITS:
     path = cogs.split_path(split)
     numbered = cogs.read_cogs_tsv_lines(path)
     rows = [r for _, r in numbered]
     bad = word_vocab.round_trip_failures(vocab, [t for r in rows for t in r[:2]])
-    lengths = {f: [len(e) + 1 for e in vocab.tokenizer.encode([r[i] for r in rows])]  # with EOS
-               for i, f in enumerate(("inputs", "targets"))}
+    lengths = {
+      f: [len(e) + 1 for e in vocab.tokenizer.encode([r[i] for r in rows])]  # with EOS
+      for i, f in enumerate(("inputs", "targets"))
+    }
     check_lengths(path, split, [n for n, _ in numbered], lengths)
-    info = {"rows": len(rows), "round_trip_failures": len(bad),
-            "max_input_tokens": max(lengths["inputs"]), "max_target_tokens": max(lengths["targets"]),
-            "mean_target_tokens": round(float(np.mean(lengths["targets"])), 1)}
+    info = {
+      "rows": len(rows),
+      "round_trip_failures": len(bad),
+      "max_input_tokens": max(lengths["inputs"]),
+      "max_target_tokens": max(lengths["targets"]),
+      "mean_target_tokens": round(float(np.mean(lengths["targets"])), 1),
+    }
     if split == "gen":
       decoded = rows[:eval_examples] if eval_examples else rows
       info["categories"] = {c: sum(r[2] == c for r in decoded) for c in sorted({r[2] for r in decoded})}
     out["splits"][split] = info
-    progress(f"cogs {SPLIT_LABELS.get(split, split)}: {len(rows)} rows, {len(bad)} do not round-trip, longest "
-             f"input {info['max_input_tokens']} and target {info['max_target_tokens']} tokens (with EOS)"
-             + (f" [{out['gen_file']}]" if split == "gen" else ""))
+    progress(
+      f"cogs {SPLIT_LABELS.get(split, split)}: {len(rows)} rows, {len(bad)} do not round-trip, longest "
+      f"input {info['max_input_tokens']} and target {info['max_target_tokens']} tokens (with EOS)"
+      + (f" [{out['gen_file']}]" if split == "gen" else "")
+    )
   out["model_lengths"] = dict(MODEL_LENGTHS)
   out["train_lengths"] = dict(TRAIN_LENGTHS)
   return out
@@ -165,13 +191,17 @@ def check_lengths(path: str | os.PathLike, split: str, lines: Sequence[int], len
   i, f = over[0]
   what = {"inputs": "input (sentence)", "targets": "target (logical form)"}[f]
   n = len({i for i, _ in over})
-  why = ("a packed training row's length" if split == "train" else
-         "the model's length, declared for the full COGS release: it does not follow the evaluation files at hand")
+  why = (
+    "a packed training row's length"
+    if split == "train"
+    else "the model's length, declared for the full COGS release: it does not follow the evaluation files at hand"
+  )
   raise ValueError(
-      f"{path}:{lines[i]}: this {SPLIT_LABELS.get(split, split)} row's {what} is {lengths[f][i]} tokens with EOS "
-      f"(cogs_words vocabulary), longer than the {limits[f]} of {name}[{f!r}] (remixer_t5/repro/cogs.py), "
-      f"{why}; {n} row{'s' * (n > 1)} of this file {'do' if n > 1 else 'does'} not fit. Remove or shorten "
-      "such rows (the COGS release has none).")
+    f"{path}:{lines[i]}: this {SPLIT_LABELS.get(split, split)} row's {what} is {lengths[f][i]} tokens with EOS "
+    f"(cogs_words vocabulary), longer than the {limits[f]} of {name}[{f!r}] (remixer_t5/repro/cogs.py), "
+    f"{why}; {n} row{'s' * (n > 1)} of this file {'do' if n > 1 else 'does'} not fit. Remove or shorten "
+    "such rows (the COGS release has none)."
+  )
 
 
 def portable_path(path: str | os.PathLike) -> str:
@@ -196,22 +226,31 @@ def decode_lengths(data: dict, split: str) -> dict:
   every target at or before the target's EOS), so this changes no score and spares dev and test decoding the
   cache length gen needs (a decode step's cost grows with it)."""
   longest = data["splits"][split]["max_target_tokens"]
-  return {"inputs": data["model_lengths"]["inputs"],
-          "targets": min(data["model_lengths"]["targets"], -(-longest // 16) * 16)}
+  return {
+    "inputs": data["model_lengths"]["inputs"],
+    "targets": min(data["model_lengths"]["targets"], -(-longest // 16) * 16),
+  }
 
 
 # --- one run ----------------------------------------------------------------------------------------------
 def _gin_args(model: str, model_dir: Path, seed: int, settings: Settings, lengths: dict) -> list[str]:
   """The gin flags of `model`'s run: `lengths` the model's (MODEL_LENGTHS; a run folder's recorded ones when it
   is decoded), the training rows packed at TRAIN_LENGTHS whatever they are."""
-  return [f"--gin_file={model_gin(model)}", f"--gin_file={RUN_FILE}",
-          f"--gin.MODEL_DIR='{model_dir}'", f"--gin.RANDOM_SEED={seed}", f"--gin.TRAIN_STEPS={settings.steps}",
-          f"--gin.BATCH_SIZE={settings.batch_size}",
-          f"--gin.CHECKPOINT_PERIOD={min(settings.steps, CHECKPOINT_EVERY)}",
-          "--gin.EVAL_PERIOD=0", f"--gin.optim.rsqrt_schedule.warmup_steps={settings.warmup}",
-          *([f"--gin.optim.rsqrt_schedule.cooldown_steps={settings.cooldown}"] if settings.cooldown else []),
-          *([f"--gin.optim.rsqrt_schedule.base_learning_rate={settings.base_lr!r}"] if settings.base_lr != 1.0 else []),
-          f"--gin.MODEL_LENGTHS={json.dumps(lengths)}", f"--gin.TASK_FEATURE_LENGTHS={json.dumps(TRAIN_LENGTHS)}"]
+  return [
+    f"--gin_file={model_gin(model)}",
+    f"--gin_file={RUN_FILE}",
+    f"--gin.MODEL_DIR='{model_dir}'",
+    f"--gin.RANDOM_SEED={seed}",
+    f"--gin.TRAIN_STEPS={settings.steps}",
+    f"--gin.BATCH_SIZE={settings.batch_size}",
+    f"--gin.CHECKPOINT_PERIOD={min(settings.steps, CHECKPOINT_EVERY)}",
+    "--gin.EVAL_PERIOD=0",
+    f"--gin.optim.rsqrt_schedule.warmup_steps={settings.warmup}",
+    *([f"--gin.optim.rsqrt_schedule.cooldown_steps={settings.cooldown}"] if settings.cooldown else []),
+    *([f"--gin.optim.rsqrt_schedule.base_learning_rate={settings.base_lr!r}"] if settings.base_lr != 1.0 else []),
+    f"--gin.MODEL_LENGTHS={json.dumps(lengths)}",
+    f"--gin.TASK_FEATURE_LENGTHS={json.dumps(TRAIN_LENGTHS)}",
+  ]
 
 
 def settings_match(path: Path, record: dict) -> bool:
@@ -261,8 +300,14 @@ class Interrupted(Exception):
   """Raised in a run's thread at its next progress line once the driver was interrupted (`run`)."""
 
 
-def _run_child(cmd: list[str], log_path: Path, cpus: Sequence[int] | None, progress: Callable[[str], None],
-               forward: tuple[str, ...], what: str) -> None:
+def _run_child(
+  cmd: list[str],
+  log_path: Path,
+  cpus: Sequence[int] | None,
+  progress: Callable[[str], None],
+  forward: tuple[str, ...],
+  what: str,
+) -> None:
   """Runs `cmd` (a remixer-t5 command) in a subprocess, its output appended to `log_path`, lines starting with
   one of `forward` passed to `progress`; `cpus` pins it ($REMIXER_T5_CPUS: the CLI pins itself before any thread
   pool starts, and XLA sizes its pool to them). Stopped (Interrupted at a progress line, Ctrl-C) it gets SIGTERM.
@@ -297,48 +342,83 @@ def _last_error(log_path: Path) -> str:
   return last[:300] + ("..." if len(last) > 300 else "")
 
 
-def train_run(model: str, seed: int, settings: Settings, lengths: dict, run_dir: Path,
-              progress: Callable[[str], None], extra_gin: Sequence[str] = (),
-              cpus: Sequence[int] | None = None) -> float:
+def train_run(
+  model: str,
+  seed: int,
+  settings: Settings,
+  lengths: dict,
+  run_dir: Path,
+  progress: Callable[[str], None],
+  extra_gin: Sequence[str] = (),
+  cpus: Sequence[int] | None = None,
+) -> float:
   """`remixer-t5 train` in a subprocess (resumes a started run); its output in run_dir/train.log, its
   [train] lines passed to `progress`; `extra_gin` flags come last (they override); `cpus` pins it to those
   cores (_run_child). Returns the seconds it took."""
   run_dir.mkdir(parents=True, exist_ok=True)
   cmd = [sys.executable, "-m", "remixer_t5", "train", *_gin_args(model, run_dir, seed, settings, lengths), *extra_gin]
   t0 = time.time()
-  _run_child(cmd, run_dir / "train.log", cpus, lambda line: progress(f"{model} seed {seed}: {line}"),
-             ("[train]", "[validation]", "model:"), f"training {model} seed {seed}")
+  _run_child(
+    cmd,
+    run_dir / "train.log",
+    cpus,
+    lambda line: progress(f"{model} seed {seed}: {line}"),
+    ("[train]", "[validation]", "model:"),
+    f"training {model} seed {seed}",
+  )
   # A trainer stopped by SIGTERM saves, says so and exits 0: decoding that checkpoint would report a short run.
   ckpt = checkpoints.Checkpointer(run_dir)
   reached = ckpt.latest_step()
   ckpt.close()
   if reached != settings.steps:
-    raise RuntimeError(f"training {model} seed {seed} stopped at step {reached} of {settings.steps} (preempted?); "
-                       f"rerun the same command to resume it; see {run_dir}/train.log")
+    raise RuntimeError(
+      f"training {model} seed {seed} stopped at step {reached} of {settings.steps} (preempted?); "
+      f"rerun the same command to resume it; see {run_dir}/train.log"
+    )
   return time.time() - t0
 
 
-def evaluate_run(model: str, seed: int, settings: Settings, data: dict, run_dir: Path,
-                 progress: Callable[[str], None], step: int | None = None,
-                 splits: Sequence[str] = SPLITS) -> dict[str, dict]:
+def evaluate_run(
+  model: str,
+  seed: int,
+  settings: Settings,
+  data: dict,
+  run_dir: Path,
+  progress: Callable[[str], None],
+  step: int | None = None,
+  splits: Sequence[str] = SPLITS,
+) -> dict[str, dict]:
   """Decode `splits` (dev, test and gen) with the run's checkpoint of `step` (None: the last), each at
   `decode_lengths`; {split: {metrics..., stats...}}."""
   lengths = data["model_lengths"]
   flags = _gin_args(model, run_dir, seed, settings, lengths)
-  gin_utils.parse_gin([f[len("--gin_file="):] for f in flags if f.startswith("--gin_file=")],
-                      [f[len("--gin."):] for f in flags if f.startswith("--gin.")])
+  gin_utils.parse_gin(
+    [f[len("--gin_file=") :] for f in flags if f.startswith("--gin_file=")],
+    [f[len("--gin.") :] for f in flags if f.startswith("--gin.")],
+  )
   mdl = gin_utils.macro("MODEL")
   params = checkpoints.restore_any_params(run_dir if step is None else run_dir / "checkpoints" / str(step))
   out = {}
   for split in splits:
     stats: dict = {}
     t0 = time.time()
-    decoding = evaluation.Decoding(settings.eval_batch_size, stats=stats, progress=lambda s, sp=split: progress(
-        f"{model} seed {seed} {SPLIT_LABELS[sp]}: {s}"))
+    decoding = evaluation.Decoding(
+      settings.eval_batch_size,
+      stats=stats,
+      progress=lambda s, sp=split: progress(f"{model} seed {seed} {SPLIT_LABELS[sp]}: {s}"),
+    )
     per_task = evaluation.infer_eval(
-        mdl, params, TASK, decoding, feature_lengths=decode_lengths(data, split), split=split,
-        num_examples=settings.eval_examples, log_dir=str(run_dir / "inference_eval"),
-        step=settings.steps if step is None else step, lengths_on_purpose=True)
+      mdl,
+      params,
+      TASK,
+      decoding,
+      feature_lengths=decode_lengths(data, split),
+      split=split,
+      num_examples=settings.eval_examples,
+      log_dir=str(run_dir / "inference_eval"),
+      step=settings.steps if step is None else step,
+      lengths_on_purpose=True,
+    )
     out[split] = {**per_task[TASK], **stats, "wall_seconds": time.time() - t0}
   return out
 
@@ -346,9 +426,16 @@ def evaluate_run(model: str, seed: int, settings: Settings, data: dict, run_dir:
 DECODE_SPEC, DECODE_RESULT = "decode_spec.json", "decode.json"
 
 
-def decode_run(model: str, seed: int, settings: Settings, data: dict, run_dir: Path,
-               progress: Callable[[str], None], cpus: Sequence[int] | None = None,
-               lock: "contextlib.AbstractContextManager | None" = None) -> dict[str, dict]:
+def decode_run(
+  model: str,
+  seed: int,
+  settings: Settings,
+  data: dict,
+  run_dir: Path,
+  progress: Callable[[str], None],
+  cpus: Sequence[int] | None = None,
+  lock: "contextlib.AbstractContextManager | None" = None,
+) -> dict[str, dict]:
   """evaluate_run's result for a trained run. Unpinned (`cpus` None: `--jobs 1`, or no affinity support as on
   macOS, where several runs may be unpinned at once) it decodes in this process, holding `lock` (gin's
   configuration is global: one such decode at a time). Pinned, it decodes in a child process on the run's own
@@ -379,8 +466,9 @@ def decode_child(spec_path: Path) -> int:
   settings, run_dir = Settings(**kw), Path(spec["run_dir"])
   if settings.gen_file:
     cogs.set_gen_file(settings.gen_file)
-  results = evaluate_run(spec["model"], spec["seed"], settings, spec["data"], run_dir,
-                         lambda s: print(s, file=sys.stderr, flush=True))
+  results = evaluate_run(
+    spec["model"], spec["seed"], settings, spec["data"], run_dir, lambda s: print(s, file=sys.stderr, flush=True)
+  )
   tmp = run_dir / (DECODE_RESULT + ".tmp")
   tmp.write_text(json.dumps(results))
   os.replace(tmp, run_dir / DECODE_RESULT)
@@ -389,27 +477,51 @@ def decode_child(spec_path: Path) -> int:
 
 def category_scores(result: dict) -> dict[str, float]:
   """Exact match (0-1) per gen category of one decoded split's metrics (seqio's `accuracy_<category>`)."""
-  return {k[len("accuracy_"):]: v / 100.0 for k, v in result.items() if k.startswith("accuracy_")}
+  return {k[len("accuracy_") :]: v / 100.0 for k, v in result.items() if k.startswith("accuracy_")}
 
 
-def _rows(model: str, seed: int, params: int, settings: Settings, results: dict, train_seconds: float,
-          categories: dict[str, int], gen_file: str) -> list[dict]:
+def _rows(
+  model: str,
+  seed: int,
+  params: int,
+  settings: Settings,
+  results: dict,
+  train_seconds: float,
+  categories: dict[str, int],
+  gen_file: str,
+) -> list[dict]:
   rows = []
   for split in SPLITS:
     r = results[split]
-    base = {"model": model, "seed": seed, "split": SPLIT_LABELS[split], "params": params,
-            "train_steps": settings.steps, "cooldown_steps": settings.cooldown, "base_lr": settings.base_lr,
-            "train_seconds": round(train_seconds, 1),
-            "seconds": round(r["seconds"], 1), "decode_examples_per_s": round(r["examples"] / r["seconds"], 1),
-            "decode_tokens_per_s": round(r["tokens"] / r["seconds"], 1)}
+    base = {
+      "model": model,
+      "seed": seed,
+      "split": SPLIT_LABELS[split],
+      "params": params,
+      "train_steps": settings.steps,
+      "cooldown_steps": settings.cooldown,
+      "base_lr": settings.base_lr,
+      "train_seconds": round(train_seconds, 1),
+      "seconds": round(r["seconds"], 1),
+      "decode_examples_per_s": round(r["examples"] / r["seconds"], 1),
+      "decode_tokens_per_s": round(r["tokens"] / r["seconds"], 1),
+    }
     if split != "gen":
       rows.append({**base, "category": None, "exact_match": r["exact_match"] / 100.0, "n": r["examples"]})
       continue
     cats = category_scores(r)
     for cat, acc in sorted(cats.items()):
       rows.append({**base, "category": cat, "exact_match": acc, "n": categories.get(cat), "gen_file": gen_file})
-    rows.append({**base, "category": "mean over categories", "exact_match": float(np.mean(list(cats.values()))),
-                 "n": r["examples"], "categories": len(cats), "gen_file": gen_file})
+    rows.append(
+      {
+        **base,
+        "category": "mean over categories",
+        "exact_match": float(np.mean(list(cats.values()))),
+        "n": r["examples"],
+        "categories": len(cats),
+        "gen_file": gen_file,
+      }
+    )
   return rows
 
 
@@ -425,7 +537,7 @@ def core_groups(jobs: int) -> list[list[int] | None]:
   cpus = sorted(os.sched_getaffinity(0))
   if len(cpus) < jobs:
     raise ValueError(f"--jobs {jobs}: this process may use {len(cpus)} core(s) ({cpus}); give at most one job per core")
-  return [cpus[len(cpus) * k // jobs:len(cpus) * (k + 1) // jobs] for k in range(jobs)]
+  return [cpus[len(cpus) * k // jobs : len(cpus) * (k + 1) // jobs] for k in range(jobs)]
 
 
 def _prepare(settings: Settings, out_dir: Path | None, progress: Callable[[str], None]) -> tuple[Path, dict]:
@@ -444,25 +556,32 @@ def _prepare(settings: Settings, out_dir: Path | None, progress: Callable[[str],
   progress(f"model lengths {lengths} (declared for the COGS release), training rows packed at {TRAIN_LENGTHS}")
   work = Path(out_dir) if out_dir is not None else Path(os.environ.get("TMPDIR", "/tmp")) / "remixer_t5_cogs"
   work.mkdir(parents=True, exist_ok=True)
-  record = {"settings": dataclasses.asdict(settings) | {"models": None, "seeds": None},
-            "gen_file": data["gen_file"], "gen_digest": data["gen_digest"], "model_lengths": lengths,
-            "train_lengths": dict(TRAIN_LENGTHS)}
+  record = {
+    "settings": dataclasses.asdict(settings) | {"models": None, "seeds": None},
+    "gen_file": data["gen_file"],
+    "gen_digest": data["gen_digest"],
+    "model_lengths": lengths,
+    "train_lengths": dict(TRAIN_LENGTHS),
+  }
   if settings.gen_file:
     record["settings"]["gen_file"] = portable_path(settings.gen_file)
   settings_path = work / "settings.json"
   if settings_path.exists():
     if not settings_match(settings_path, record):
       old = json.loads(settings_path.read_text())
-      raise ValueError(f"{work} holds runs made with other settings ({settings_path}); use another --out "
-                       f"or remove it.\n  there: {json.dumps(old)}\n  now:   {json.dumps(record)}")
+      raise ValueError(
+        f"{work} holds runs made with other settings ({settings_path}); use another --out "
+        f"or remove it.\n  there: {json.dumps(old)}\n  now:   {json.dumps(record)}"
+      )
   else:
     settings_path.write_text(json.dumps(record, indent=2))
   (work / "data.json").write_text(json.dumps(data, indent=2))
   return work, data
 
 
-def _kept_and_todo(work: Path, settings: Settings, progress: Callable[[str], None], emit: Callable[[dict], None]
-                   ) -> tuple[list[dict], list[tuple[int, str, int]]]:
+def _kept_and_todo(
+  work: Path, settings: Settings, progress: Callable[[str], None], emit: Callable[[dict], None]
+) -> tuple[list[dict], list[tuple[int, str, int]]]:
   """(the rows of runs finished before, emitted again; the (index, model, seed) runs still to do)."""
   results_path = work / "cogs.jsonl"
   records = [json.loads(line) for line in results_path.read_text().splitlines()] if results_path.exists() else []
@@ -490,8 +609,17 @@ def _stop_all(stop, futures) -> None:
     proc.terminate()
 
 
-def _train_and_decode(label: str, model: str, seed: int, settings: Settings, data: dict, run_dir: Path,
-                      cpus: Sequence[int] | None, lock, progress: Callable[[str], None]) -> tuple[float, dict]:
+def _train_and_decode(
+  label: str,
+  model: str,
+  seed: int,
+  settings: Settings,
+  data: dict,
+  run_dir: Path,
+  cpus: Sequence[int] | None,
+  lock,
+  progress: Callable[[str], None],
+) -> tuple[float, dict]:
   """One run on `cpus`: train (or resume) it, then decode it; (its training seconds over all its starts,
   decode_run's results)."""
   on = f" on cores {','.join(map(str, cpus))}" if cpus else ""
@@ -512,8 +640,14 @@ def _eta(took: Sequence[float], started: dict, ended: dict, runs: int, jobs: int
   return eta_seconds(float(np.mean(took)), running, runs - len(begun), jobs)
 
 
-def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None] = lambda r: None,
-        progress: Callable[[str], None] = lambda s: None, jobs: int = 1) -> list[dict]:
+def run(
+  settings: Settings,
+  out_dir: Path | None,
+  *,
+  emit: Callable[[dict], None] = lambda r: None,
+  progress: Callable[[str], None] = lambda s: None,
+  jobs: int = 1,
+) -> list[dict]:
   """Every model x seed: train (or resume), decode, score; outputs rewritten after every run.
 
   `jobs` > 1 trains that many runs at once, each pinned to its share of the cores (core_groups), which it keeps
@@ -541,8 +675,17 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
     cpus = free.get()
     started[(model, seed)] = time.time()
     try:
-      return _train_and_decode(f"[{i}/{total}] {model} seed {seed}", model, seed, settings, data,
-                               work / "runs" / f"{model}-seed{seed}", cpus, decoding, said)
+      return _train_and_decode(
+        f"[{i}/{total}] {model} seed {seed}",
+        model,
+        seed,
+        settings,
+        data,
+        work / "runs" / f"{model}-seed{seed}",
+        cpus,
+        decoding,
+        said,
+      )
     finally:
       ended[(model, seed)] = time.time()  # before its cores go to the next run (the ETA's bookkeeping)
       free.put(cpus)
@@ -562,8 +705,16 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
           progress(f"[{i}/{total}] {model} seed {seed} FAILED: {e}")
           continue
         params = _param_count(work / "runs" / f"{model}-seed{seed}")
-        new = _rows(model, seed, params, settings, results, train_seconds, data["splits"]["gen"]["categories"],
-                    Path(data["gen_file"]).name)
+        new = _rows(
+          model,
+          seed,
+          params,
+          settings,
+          results,
+          train_seconds,
+          data["splits"]["gen"]["categories"],
+          Path(data["gen_file"]).name,
+        )
         records += new
         for r in new:
           r["jobs"] = jobs  # runs trained at once: train seconds and decode speeds shared the cores
@@ -571,9 +722,11 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
         decode_seconds = sum(r["seconds"] for r in results.values())
         took.append(run_cost(ended[(model, seed)] - started[(model, seed)], train_seconds, decode_seconds))
         eta = _eta(took, started, ended, len(todo), jobs)
-        progress(f"[{i}/{total}] {model} seed {seed}: test {results['test']['exact_match']:.1f}%, gen mean "
-                 f"{new[-1]['exact_match'] * 100:.1f}% (train {train_seconds:.0f}s, decode "
-                 f"{decode_seconds:.0f}s); ETA {eta / 60:.0f} min")
+        progress(
+          f"[{i}/{total}] {model} seed {seed}: test {results['test']['exact_match']:.1f}%, gen mean "
+          f"{new[-1]['exact_match'] * 100:.1f}% (train {train_seconds:.0f}s, decode "
+          f"{decode_seconds:.0f}s); ETA {eta / 60:.0f} min"
+        )
         _write_outputs(work, records)
     except BaseException:  # Ctrl-C: runs not started stay unstarted, running ones stop (their checkpoints kept)
       _stop_all(stop, futures)
@@ -581,8 +734,9 @@ def run(settings: Settings, out_dir: Path | None, *, emit: Callable[[dict], None
   if failed or out_dir is not None:
     _write_outputs(work, records)
   if failed:
-    raise RuntimeError(f"{len(failed)} of {len(todo)} runs failed (the others' rows are written):\n  "
-                       + "\n  ".join(failed))
+    raise RuntimeError(
+      f"{len(failed)} of {len(todo)} runs failed (the others' rows are written):\n  " + "\n  ".join(failed)
+    )
   return records
 
 
@@ -638,30 +792,43 @@ def _by_model(records: Sequence[dict]) -> dict[str, dict]:
 def _steps_cell(row: dict) -> str:
   cooldown = row.get("cooldown_steps") or 0  # rows written before --cooldown existed lack it
   base_lr = row.get("base_lr", 1.0)  # likewise --base_lr
-  return (f"{row['train_steps']}" + (f" (cooldown {cooldown})" if cooldown else "")
-          + (f" (base lr {base_lr:g})" if base_lr != 1.0 else ""))
+  return (
+    f"{row['train_steps']}"
+    + (f" (cooldown {cooldown})" if cooldown else "")
+    + (f" (base lr {base_lr:g})" if base_lr != 1.0 else "")
+  )
 
 
 def markdown_table(records: Sequence[dict]) -> str:
   """Exact match (%) per model: mean over seeds (min-max), per split and gen category; decode speed."""
   cols = _columns(records)
-  head = ["model", "params", "seeds", "steps"] + [
-      ("gen mean" if c == "mean over categories" else f"gen: {c}") if s == "gen" else s for s, c in cols] + [
-      "decode ex/s", "decode tok/s", "train s"]
+  head = (
+    ["model", "params", "seeds", "steps"]
+    + [("gen mean" if c == "mean over categories" else f"gen: {c}") if s == "gen" else s for s, c in cols]
+    + ["decode ex/s", "decode tok/s", "train s"]
+  )
   lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
   for m, cells in _by_model(records).items():
     any_rows = [r for rows in cells.values() for r in rows]
     seeds = sorted({r["seed"] for r in any_rows})
     gen_rows = cells.get(("gen", "mean over categories"), [])
     speed = lambda k: f"{np.mean([r[k] for r in gen_rows]):.0f}" if gen_rows else "-"
-    lines.append("| " + " | ".join(
+    lines.append(
+      "| "
+      + " | ".join(
         [LABELS.get(m, m), f"{any_rows[0]['params']:,}", str(len(seeds)), _steps_cell(any_rows[0])]
         + [mean_range([100 * r["exact_match"] for r in cells.get(c, [])], 1) for c in cols]
-        + [speed("decode_examples_per_s"), speed("decode_tokens_per_s"), speed("train_seconds")]) + " |")
+        + [speed("decode_examples_per_s"), speed("decode_tokens_per_s"), speed("train_seconds")]
+      )
+      + " |"
+    )
   gen_file = next((r.get("gen_file") for r in records if r.get("gen_file")), None)
-  notes = ["", "Exact match in %, mean over seeds (min-max). 'gen mean' is the mean over the gen categories "
-           f"present ({gen_file or 'no gen file'}); decode speeds are greedy decoding of gen with the cache.",
-           "Published gen exact match: " + "; ".join(f"{name}: {v:.0f}%" for name, v in REFERENCES) + "."]
+  notes = [
+    "",
+    "Exact match in %, mean over seeds (min-max). 'gen mean' is the mean over the gen categories "
+    f"present ({gen_file or 'no gen file'}); decode speeds are greedy decoding of gen with the cache.",
+    "Published gen exact match: " + "; ".join(f"{name}: {v:.0f}%" for name, v in REFERENCES) + ".",
+  ]
   return "\n".join(lines + notes) + "\n"
 
 
@@ -679,15 +846,25 @@ def plot(records: Sequence[dict], path: Path) -> None:
     vals = [[100 * r["exact_match"] for r in by[m].get(c, [])] or [np.nan] for c in cols]
     mean = [np.mean(v) for v in vals]
     lo, hi = [mu - np.min(v) for mu, v in zip(mean, vals)], [np.max(v) - mu for mu, v in zip(mean, vals)]
-    bars = ax.bar(x + (k - (len(models) - 1) / 2) * width, mean, width, yerr=[lo, hi], capsize=2,
-                  label=f"{LABELS.get(m, m)} ({n} seed{'s' * (n > 1)})")
+    bars = ax.bar(
+      x + (k - (len(models) - 1) / 2) * width,
+      mean,
+      width,
+      yerr=[lo, hi],
+      capsize=2,
+      label=f"{LABELS.get(m, m)} ({n} seed{'s' * (n > 1)})",
+    )
     ax.bar_label(bars, labels=["" if np.isnan(v) else f"{v:.0f}" for v in mean], fontsize=6, padding=1)
   for name, v in REFERENCES:
     ax.axhline(v, ls="--", lw=0.8, color="grey")
     ax.text(len(cols) - 0.5, v + 1, name.split(" (")[0] + " gen", fontsize=6, ha="right", color="grey")
   ax.set_xticks(x)
-  ax.set_xticklabels([("gen mean" if c == "mean over categories" else c) if s == "gen" else s for s, c in cols],
-                     rotation=20, ha="right", fontsize=8)
+  ax.set_xticklabels(
+    [("gen mean" if c == "mean over categories" else c) if s == "gen" else s for s, c in cols],
+    rotation=20,
+    ha="right",
+    fontsize=8,
+  )
   ax.set_ylabel("exact match (%)")
   ax.set_ylim(0, 105)
   ax.set_title("COGS from scratch (mean over each model's seeds; bars: min-max)", fontsize=10)
@@ -699,34 +876,56 @@ def plot(records: Sequence[dict], path: Path) -> None:
 
 # --- command line -----------------------------------------------------------------------------------------
 def add_arguments(p) -> None:
-  p.add_argument("--quick", action="store_true",
-                 help=f"T5.1.1 and the Remixer, 1 seed, {QUICK['steps']} steps; trained side by side where there are 2 "
-                 "cores or more (Linux), each run decoded on its own cores (its time: docs/reproductions.md)")
-  p.add_argument("--models", help=f"comma-separated folders of gin/models/ with {MODEL_FILE} "
-                 f"(default: {','.join(DEFAULT_MODELS)})")
+  p.add_argument(
+    "--quick",
+    action="store_true",
+    help=f"T5.1.1 and the Remixer, 1 seed, {QUICK['steps']} steps; trained side by side where there are 2 "
+    "cores or more (Linux), each run decoded on its own cores (its time: docs/reproductions.md)",
+  )
+  p.add_argument(
+    "--models", help=f"comma-separated folders of gin/models/ with {MODEL_FILE} (default: {','.join(DEFAULT_MODELS)})"
+  )
   p.add_argument("--seeds", help="a count N (seeds 0..N-1) or comma-separated seeds, e.g. 3,4 (default 3)")
   p.add_argument("--steps", type=int, help=f"training steps per run (default {Settings.steps})")
   p.add_argument("--batch_size", "--batch-size", type=int, help=f"packed rows per step (default {Settings.batch_size})")
   p.add_argument("--warmup", type=int, help=f"rsqrt schedule warm-up steps (default {Settings.warmup})")
-  p.add_argument("--base_lr", "--base-lr", type=float,
-                 help=f"base of the rsqrt schedule, base / sqrt(max(step, warmup)) (default {Settings.base_lr}: T5's)")
-  p.add_argument("--cooldown", type=int, help="end each run with a linear decay of the rate over its last N steps, "
-                 "to 1/N of it at the last update (default 0: T5's rsqrt schedule to the end)")
-  p.add_argument("--eval_batch_size", "--eval-batch-size", type=int,
-                 help=f"examples decoded at once (default {Settings.eval_batch_size})")
+  p.add_argument(
+    "--base_lr",
+    "--base-lr",
+    type=float,
+    help=f"base of the rsqrt schedule, base / sqrt(max(step, warmup)) (default {Settings.base_lr}: T5's)",
+  )
+  p.add_argument(
+    "--cooldown",
+    type=int,
+    help="end each run with a linear decay of the rate over its last N steps, "
+    "to 1/N of it at the last update (default 0: T5's rsqrt schedule to the end)",
+  )
+  p.add_argument(
+    "--eval_batch_size",
+    "--eval-batch-size",
+    type=int,
+    help=f"examples decoded at once (default {Settings.eval_batch_size})",
+  )
   p.add_argument("--eval_examples", "--eval-examples", type=int, help="decode only the first N of each split")
-  p.add_argument("--gen", help="the gen file (default: <data>/cogs/gen.tsv, else gen_sample.tsv); it is scored, "
-                 "never trained on: a row longer than the model's declared lengths "
-                 f"({MODEL_LENGTHS['inputs']} / {MODEL_LENGTHS['targets']} tokens) is an error")
+  p.add_argument(
+    "--gen",
+    help="the gen file (default: <data>/cogs/gen.tsv, else gen_sample.tsv); it is scored, "
+    "never trained on: a row longer than the model's declared lengths "
+    f"({MODEL_LENGTHS['inputs']} / {MODEL_LENGTHS['targets']} tokens) is an error",
+  )
   p.add_argument("--data_dir", "--data-dir", help="folder holding cogs/ (default: $REMIXER_T5_DATA_DIR)")
   p.add_argument("--json", action="store_true", help="one JSON line per model, seed and split or gen category")
   p.add_argument("--out", help="directory for cogs.jsonl, cogs_table.md, cogs.png and the runs (resumable)")
-  p.add_argument("--jobs", type=int,
-                 help="runs trained at once, each pinned to its share of the cores (default 1; with --quick 2 "
-                 "where this process may use 2 cores or more, on Linux); never more than the runs left to train; "
-                 "rows come in the order runs finish. A run on fewer "
-                 "cores sums in another order, so its numbers are not bit-identical to --jobs 1's (as between "
-                 "machines)")
+  p.add_argument(
+    "--jobs",
+    type=int,
+    help="runs trained at once, each pinned to its share of the cores (default 1; with --quick 2 "
+    "where this process may use 2 cores or more, on Linux); never more than the runs left to train; "
+    "rows come in the order runs finish. A run on fewer "
+    "cores sums in another order, so its numbers are not bit-identical to --jobs 1's (as between "
+    "machines)",
+  )
   p.add_argument("--decode_spec", help=argparse.SUPPRESS)  # decode_run's child process (internal)
 
 
@@ -748,8 +947,10 @@ def settings_from_args(args) -> Settings:
   if args.seeds:
     vals = ints(args.seeds, "seeds")
     if len(vals) == 1 and "," not in args.seeds and vals[0] < 1:
-      raise ValueError(f"--seeds {args.seeds}: a single number is a count of seeds (0..N-1) and must be at least "
-                       "1; to run seed 0 alone pass --seeds 1, other seeds as a list, e.g. --seeds 2,3")
+      raise ValueError(
+        f"--seeds {args.seeds}: a single number is a count of seeds (0..N-1) and must be at least "
+        "1; to run seed 0 alone pass --seeds 1, other seeds as a list, e.g. --seeds 2,3"
+      )
     kw["seeds"] = tuple(range(vals[0])) if len(vals) == 1 and "," not in args.seeds else vals
   for arg in ("steps", "batch_size", "warmup", "base_lr", "cooldown", "eval_batch_size", "eval_examples"):
     if getattr(args, arg) is not None:
@@ -770,8 +971,10 @@ def main(args) -> int:
   progress(f"repro cogs: {json.dumps(dataclasses.asdict(settings))}")
   jobs = jobs_from_args(args)
   if args.jobs is None and jobs > 1:
-    progress(f"repro cogs: --quick trains {jobs} runs at a time, each pinned to its share of the cores (--jobs "
-             f"{jobs}; --jobs 1 for one after the other)")
+    progress(
+      f"repro cogs: --quick trains {jobs} runs at a time, each pinned to its share of the cores (--jobs "
+      f"{jobs}; --jobs 1 for one after the other)"
+    )
   records = run(settings, out, emit=emitter(args.json), progress=progress, jobs=jobs)
   if not args.json:
     print(markdown_table(records), end="")

@@ -11,6 +11,7 @@ Resumable: training resumes from its last checkpoint, decoded (step, split) pair
 
   remixer-t5 repro cogs-curve --model t5_1_1 --seed 0 --steps 12000 --every 2000 --out DIR
 """
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,10 @@ def main(args) -> int:
   splits = tuple(args.splits.split(","))
   bad = [s for s in splits if s not in repro.SPLITS]
   if bad or args.every <= 0 or args.steps % args.every:
-    raise ValueError(f"--splits must name {', '.join(repro.SPLITS)} (got {bad}); --every must divide --steps "
-                     f"({args.every}, {args.steps})")
+    raise ValueError(
+      f"--splits must name {', '.join(repro.SPLITS)} (got {bad}); --every must divide --steps "
+      f"({args.every}, {args.steps})"
+    )
   progress = lambda s: print(s, file=sys.stderr, flush=True)
   args.out.mkdir(parents=True, exist_ok=True)
   record = {"model": args.model, "seed": args.seed, "steps": args.steps, "every": args.every}
@@ -45,9 +48,15 @@ def main(args) -> int:
   settings = repro.Settings(models=(args.model,), seeds=(args.seed,), steps=args.steps)
   data = repro.measure_splits(progress)
   run_dir = args.out / "runs" / f"{args.model}-seed{args.seed}"
-  repro.train_run(args.model, args.seed, settings, data["model_lengths"], run_dir, progress,
-                  extra_gin=[f"--gin.CHECKPOINT_PERIOD={args.every}",
-                             "--gin.run_config.Schedule.keep_checkpoints=None"])
+  repro.train_run(
+    args.model,
+    args.seed,
+    settings,
+    data["model_lengths"],
+    run_dir,
+    progress,
+    extra_gin=[f"--gin.CHECKPOINT_PERIOD={args.every}", "--gin.run_config.Schedule.keep_checkpoints=None"],
+  )
   path = args.out / "curve.jsonl"
   rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
   for step in range(args.every, args.steps + 1, args.every):
@@ -58,14 +67,25 @@ def main(args) -> int:
     results = repro.evaluate_run(args.model, args.seed, settings, data, run_dir, progress, step=step, splits=todo)
     for split, r in results.items():
       cats = repro.category_scores(r) if split == "gen" else {}
-      new = [{"step": step, "split": repro.SPLIT_LABELS[split], "category": "mean over categories" if cats else None,
-              "exact_match": sum(cats.values()) / len(cats) if cats else r["exact_match"] / 100.0,
-              "n": r["examples"], "seconds": round(r["seconds"], 1)}]
-      new += [{"step": step, "split": "gen", "category": c, "exact_match": v, "n": None, "seconds": None}
-              for c, v in sorted(cats.items())]
+      new = [
+        {
+          "step": step,
+          "split": repro.SPLIT_LABELS[split],
+          "category": "mean over categories" if cats else None,
+          "exact_match": sum(cats.values()) / len(cats) if cats else r["exact_match"] / 100.0,
+          "n": r["examples"],
+          "seconds": round(r["seconds"], 1),
+        }
+      ]
+      new += [
+        {"step": step, "split": "gen", "category": c, "exact_match": v, "n": None, "seconds": None}
+        for c, v in sorted(cats.items())
+      ]
       rows += new
-      progress(f"step {step} {repro.SPLIT_LABELS[split]}: " + ", ".join(
-          f"{r['category'] or 'all'} {100 * r['exact_match']:.1f}%" for r in new))
+      progress(
+        f"step {step} {repro.SPLIT_LABELS[split]}: "
+        + ", ".join(f"{r['category'] or 'all'} {100 * r['exact_match']:.1f}%" for r in new)
+      )
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     plot(rows, args.out / "curve.png", f"{repro.LABELS.get(args.model, args.model)} seed {args.seed}")
   return 0
@@ -75,18 +95,29 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
   plt, save_png = pyplot()
   lines: dict[str, list[tuple[int, float]]] = {}
   for r in rows:
-    name = r["split"] if r["category"] is None else (
-        "gen mean" if r["category"] == "mean over categories" else f"gen: {r['category']}")
+    name = (
+      r["split"]
+      if r["category"] is None
+      else ("gen mean" if r["category"] == "mean over categories" else f"gen: {r['category']}")
+    )
     lines.setdefault(name, []).append((r["step"], 100 * r["exact_match"]))
   fig, ax = plt.subplots(figsize=(6.5, 4))
   for name, pts in sorted(lines.items()):
     pts.sort()
-    ax.plot([s for s, _ in pts], [v for _, v in pts], marker="o", label=name,
-            linestyle="--" if name.startswith("gen:") else "-")
-  ax.set(xlabel="training steps (batch 4 packed rows, ~26 examples)", ylabel="exact match (%)", ylim=(-2, 102),
-         title=f"COGS from scratch: {title}, exact match against steps")
+    ax.plot(
+      [s for s, _ in pts],
+      [v for _, v in pts],
+      marker="o",
+      label=name,
+      linestyle="--" if name.startswith("gen:") else "-",
+    )
+  ax.set(
+    xlabel="training steps (batch 4 packed rows, ~26 examples)",
+    ylabel="exact match (%)",
+    ylim=(-2, 102),
+    title=f"COGS from scratch: {title}, exact match against steps",
+  )
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
   fig.tight_layout()
   save_png(fig, path, dpi=120)
-

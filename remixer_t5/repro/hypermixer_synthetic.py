@@ -19,6 +19,7 @@ table: input normalised by the training set's mean and std, MSE on the raw targe
 LayerNorm and sinusoidal p_j (the project's defaults); attention with no position information (only the
 convolutions see positions); no residual connection around the mixer (Fleuret's model has none).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -51,12 +52,13 @@ LABELS = {"none": "None", "mlp_mixer": "MLP-Mixer", "hypermixer": "HyperMixer", 
 @dataclasses.dataclass(frozen=True)
 class TaskSpec:
   """Fleuret's toy problem (DLC 13.2); the HyperMixer paper gives no sizes (App. B.4)."""
+
   length: int = 100
   height_min: float = 1.0
   height_max: float = 25.0
   width_min: float = 5.0
   width_max: float = 11.0
-  noise: float = 0.3          # input noise U[-noise/2, noise/2]
+  noise: float = 0.3  # input noise U[-noise/2, noise/2]
   min_height_gap: float = 4.0  # the two heights of a pair differ by more than this
 
   def __post_init__(self):
@@ -67,8 +69,10 @@ class TaskSpec:
     if not 0 < self.width_min <= self.width_max:
       raise ValueError(f"TaskSpec needs 0 < width_min <= width_max; got {self.width_min}, {self.width_max}")
     if self.min_height_gap >= self.height_max - self.height_min:
-      raise ValueError(f"TaskSpec.min_height_gap {self.min_height_gap} leaves no valid pair of heights in "
-                       f"[{self.height_min}, {self.height_max}]")
+      raise ValueError(
+        f"TaskSpec.min_height_gap {self.min_height_gap} leaves no valid pair of heights in "
+        f"[{self.height_min}, {self.height_max}]"
+      )
 
 
 def render(triangles: np.ndarray, boxes: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -82,9 +86,9 @@ def render(triangles: np.ndarray, boxes: np.ndarray, length: int) -> tuple[np.nd
   tri = np.maximum(h - np.maximum(np.abs(t - c) - 0.5, 0.0) * 2.0 * h / w, 0.0)
   c, h, w = (a[:, None, :] for a in (boxes[..., 0], boxes[..., 1], boxes[..., 2]))
   box = np.where(np.abs(t - c) < w / 2.0, h, 0.0)
-  x = np.concatenate([tri, box], axis=-1)                      # [n, length, 4]
+  x = np.concatenate([tri, box], axis=-1)  # [n, length, 4]
   on = x > 0
-  near = on[:, 1:] | on[:, :-1]                                # each shape's support widened by one position
+  near = on[:, 1:] | on[:, :-1]  # each shape's support widened by one position
   collision = (near.sum(-1) > 1).any(-1)
   return x.max(-1), collision
 
@@ -140,6 +144,7 @@ def _build_model(mixer: str, channels: int, hidden: int, length: int):
   class Conv1d(nn.Module):
     """1-D convolution, kernel 5, zero padding 2 (App. B.4), as 5 shifted copies times one matrix (so a vmap
     over seeds is a batched matmul, not a grouped convolution). Cross-correlation, like PyTorch's Conv1d."""
+
     features: int
     kernel_size: int = 5
 
@@ -147,17 +152,19 @@ def _build_model(mixer: str, channels: int, hidden: int, length: int):
     def __call__(self, x):  # [batch, length, channels]
       k, cin = self.kernel_size, x.shape[-1]
       init = torch_uniform(k * cin)
-      kernel = layers.param_with_axes("kernel", init, (k, cin, self.features), jnp.float32,
-                                      axes=("length", "embed", "mlp"))
+      kernel = layers.param_with_axes(
+        "kernel", init, (k, cin, self.features), jnp.float32, axes=("length", "embed", "mlp")
+      )
       bias = layers.param_with_axes("bias", init, (self.features,), jnp.float32, axes=("mlp",))
       pad = k // 2
       xp = jnp.pad(x, ((0, 0), (pad, pad), (0, 0)))
       n = x.shape[1]
-      windows = jnp.concatenate([xp[:, o:o + n] for o in range(k)], axis=-1)   # [b, n, k*cin]
+      windows = jnp.concatenate([xp[:, o : o + n] for o in range(k)], axis=-1)  # [b, n, k*cin]
       return windows @ kernel.reshape(k * cin, self.features) + bias
 
-  cfg = T5Config(vocab_size=1, emb_dim=channels, num_heads=1, head_dim=channels, mlp_dim=hidden,
-                 dropout_rate=0.0, dtype="float32")
+  cfg = T5Config(
+    vocab_size=1, emb_dim=channels, num_heads=1, head_dim=channels, mlp_dim=hidden, dropout_rate=0.0, dtype="float32"
+  )
 
   class SyntheticNet(nn.Module):
     """conv ReLU conv ReLU [mixer] conv ReLU conv (App. B.4); 'none': conv ReLU in the mixer's place."""
@@ -217,14 +224,14 @@ class SweepSettings:
   models: tuple[str, ...] = MODELS
   train_sizes: tuple[int, ...] = (1000, 2500, 5000, 10000, 25000, 50000, 100000)
   seeds: tuple[int, ...] = (0, 1, 2)
-  steps: int = 4000           # optimisation steps per run, for every training-set size
-  batch_size: int = 100       # Fleuret's
+  steps: int = 4000  # optimisation steps per run, for every training-set size
+  batch_size: int = 100  # Fleuret's
   learning_rate: float = 1e-3  # Fleuret's (Adam)
-  channels: int = 64          # Fleuret's nc
-  hidden: int = 128           # d' of HyperMixing and MLP-Mixer's token MLP (2 x channels)
-  test_examples: int = 1000   # Fleuret's
-  chunk_steps: int = 250      # steps per jitted call (progress granularity)
-  map_examples: int = 25000   # training-set size whose models give the pseudo-attention maps (App. B.4)
+  channels: int = 64  # Fleuret's nc
+  hidden: int = 128  # d' of HyperMixing and MLP-Mixer's token MLP (2 x channels)
+  test_examples: int = 1000  # Fleuret's
+  chunk_steps: int = 250  # steps per jitted call (progress granularity)
+  map_examples: int = 25000  # training-set size whose models give the pseudo-attention maps (App. B.4)
   spec: TaskSpec = TaskSpec()
 
   def __post_init__(self):
@@ -242,10 +249,11 @@ class SweepSettings:
       raise ValueError(f"learning rate must be positive, got {self.learning_rate}")
 
 
-QUICK = dict(train_sizes=(2500, 25000), seeds=(0,), steps=1000, channels=32, hidden=64, test_examples=500,
-             models=MODELS)
+QUICK = dict(
+  train_sizes=(2500, 25000), seeds=(0,), steps=1000, channels=32, hidden=64, test_examples=500, models=MODELS
+)
 
-TEST_SEED = 10 ** 6  # the test set's generator seed, far from the training seeds
+TEST_SEED = 10**6  # the test set's generator seed, far from the training seeds
 
 
 def _chunking(settings: SweepSettings) -> tuple[int, int]:
@@ -277,8 +285,13 @@ def _train_fn(model, settings: SweepSettings):
   return opt, jax.jit(jax.vmap(chunk, in_axes=(0, 0, 0, None, 0)), donate_argnums=(0,))
 
 
-def run_sweep(settings: SweepSettings, *, emit: Callable[[dict], None] = lambda r: None,
-              progress: Callable[[str], None] = lambda s: None, out_dir: Path | None = None) -> list[dict]:
+def run_sweep(
+  settings: SweepSettings,
+  *,
+  emit: Callable[[dict], None] = lambda r: None,
+  progress: Callable[[str], None] = lambda s: None,
+  out_dir: Path | None = None,
+) -> list[dict]:
   """Train every model on every training-set size with every seed; returns one record per run.
 
   Seed s draws its training pool (the first N examples serve size N, so sizes are nested), the parameters'
@@ -290,7 +303,7 @@ def run_sweep(settings: SweepSettings, *, emit: Callable[[dict], None] = lambda 
   pool_n = max(sizes)
   test = generate(settings.test_examples, TEST_SEED, spec)
   pools = [generate(pool_n, s, spec) for s in seeds]
-  inputs = np.stack([p["inputs"] for p in pools])     # [seeds, pool_n, L]
+  inputs = np.stack([p["inputs"] for p in pools])  # [seeds, pool_n, L]
   targets = np.stack([p["targets"] for p in pools])
   map_size = max([n for n in sizes if n <= settings.map_examples] or [min(sizes)])
   records: list[dict] = []
@@ -333,18 +346,26 @@ def run_sweep(settings: SweepSettings, *, emit: Callable[[dict], None] = lambda 
       for c in range(chunks):
         step_keys, sub = jax.vmap(jax.random.split, out_axes=1)(step_keys)
         state, losses = train_chunk(state, x_train, y_train, n, sub)
-        progress(f"[{done + 1}/{total}] {name} N={n}: step {(c + 1) * per_call}/{chunks * per_call} "
-                 f"train mse {float(jnp.mean(losses)):.3f} ({time.time() - t0:.0f}s, "
-                 f"total {time.time() - t_start:.0f}s)")
+        progress(
+          f"[{done + 1}/{total}] {name} N={n}: step {(c + 1) * per_call}/{chunks * per_call} "
+          f"train mse {float(jnp.mean(losses)):.3f} ({time.time() - t0:.0f}s, "
+          f"total {time.time() - t_start:.0f}s)"
+        )
       params = state[0]
       for i, s in enumerate(seeds):
         p = jax.tree_util.tree_map(lambda a: a[i], params)
         x_test = jnp.asarray((test["inputs"] - mu[i]) / sd[i])
         pred = np.asarray(apply_fn(p, x_test))
         mse = float(np.mean(np.square(pred - test["targets"])))
-        rec = {"model": name, "train_examples": int(n), "seed": int(s), "test_mse": mse,
-               "steps": chunks * per_call, "final_train_batch_mse": float(losses[i]),
-               "seconds": round(time.time() - t0, 1)}
+        rec = {
+          "model": name,
+          "train_examples": int(n),
+          "seed": int(s),
+          "test_mse": mse,
+          "steps": chunks * per_call,
+          "final_train_batch_mse": float(losses[i]),
+          "seconds": round(time.time() - t0, 1),
+        }
         records.append(rec)
         emit(rec)
         if n == map_size and i == 0:
@@ -412,7 +433,7 @@ def plot_maps(maps: dict, test: dict, settings: SweepSettings, map_size: int, pa
   rows = 1 if len(panels) + 1 <= cols else 2
   fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 3.3 * rows), squeeze=False)
   axes = axes.ravel()
-  for a in axes[len(panels) + 1:]:
+  for a in axes[len(panels) + 1 :]:
     a.axis("off")
   ax = axes[0]
   ax.plot(test["inputs"][0], label="input")
@@ -439,8 +460,11 @@ def plot_maps(maps: dict, test: dict, settings: SweepSettings, map_size: int, pa
 
 # --- command line -----------------------------------------------------------------------------------------
 def add_arguments(p) -> None:
-  p.add_argument("--quick", action="store_true",
-                 help="2 sizes (2.5k, 25k), 1 seed, 1,000 steps, 32 channels, 500 test examples: minutes on 2 cores")
+  p.add_argument(
+    "--quick",
+    action="store_true",
+    help="2 sizes (2.5k, 25k), 1 seed, 1,000 steps, 32 channels, 500 test examples: minutes on 2 cores",
+  )
   p.add_argument("--models", help=f"comma-separated, from {','.join(MODELS)} (default: all)")
   p.add_argument("--sizes", help="training-set sizes, e.g. 1000,5000,25000 (default: 1k..100k, 7 sizes)")
   p.add_argument("--seeds", help="comma-separated seeds (default 0,1,2)")
@@ -462,8 +486,14 @@ def settings_from_args(args) -> SweepSettings:
     kw["train_sizes"] = ints(args.sizes, "sizes")
   if args.seeds:
     kw["seeds"] = ints(args.seeds, "seeds")
-  for arg, field in (("steps", "steps"), ("batch_size", "batch_size"), ("lr", "learning_rate"),
-                     ("channels", "channels"), ("hidden", "hidden"), ("test_examples", "test_examples")):
+  for arg, field in (
+    ("steps", "steps"),
+    ("batch_size", "batch_size"),
+    ("lr", "learning_rate"),
+    ("channels", "channels"),
+    ("hidden", "hidden"),
+    ("test_examples", "test_examples"),
+  ):
     if getattr(args, arg) is not None:
       kw[field] = getattr(args, arg)
   return SweepSettings(**kw)

@@ -6,6 +6,7 @@ so averaging k normalised microbatch gradients would weight tokens unequally; in
 unnormalised `loss_sum` are summed and divided once by the whole batch's norm, which is exactly the full-batch
 gradient (t5x accumulates the same way: sums first, normalisation once).
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Mapping
@@ -29,12 +30,15 @@ def split_microbatches(batch: Mapping[str, Array], num_microbatches: int) -> dic
   size = next(iter(sizes.values()))
   if num_microbatches < 1 or size % num_microbatches:
     raise ValueError(f"num_microbatches={num_microbatches} must be a positive divisor of the batch size {size}")
-  return {k: jnp.swapaxes(v.reshape((size // num_microbatches, num_microbatches) + v.shape[1:]), 0, 1)
-          for k, v in batch.items()}
+  return {
+    k: jnp.swapaxes(v.reshape((size // num_microbatches, num_microbatches) + v.shape[1:]), 0, 1)
+    for k, v in batch.items()
+  }
 
 
-def value_and_grad(loss_fn: LossFn, num_microbatches: int | None = None, *,
-                   loss_normalizing_factor: float | None = None):
+def value_and_grad(
+  loss_fn: LossFn, num_microbatches: int | None = None, *, loss_normalizing_factor: float | None = None
+):
   """`jax.value_and_grad(loss_fn, has_aux=True)` with the batch processed as `num_microbatches` pieces.
 
   Returns `f(params, batch, dropout_rng) -> ((loss, metrics), grads)`, the contract of

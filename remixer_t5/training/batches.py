@@ -1,5 +1,6 @@
 """Batches between hosts and devices: each process's input iterator, global arrays from process-local rows, and
 values fetched back to every host."""
+
 from __future__ import annotations
 
 from typing import Mapping

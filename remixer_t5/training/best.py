@@ -13,6 +13,7 @@ T5 reports SuperGLUE per task at the checkpoint with the highest validation scor
 2020, §3.1.2, "we report the ... performance on each task at the checkpoint ..."), the average of those beside
 the single best checkpoint's average (`super_glue_protocol`).
 """
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,10 @@ def parse(spec: str, what: str = "KEEP_BEST_BY") -> tuple[str, str]:
   """'validation/loss:min' -> ('validation/loss', 'min'); ValueError naming `what` otherwise."""
   m = re.fullmatch(r"\s*([^:\s]+/[^:\s]+)\s*:\s*(min|max)\s*", str(spec))
   if not m:
-    raise ValueError(f"{what}={spec!r}: expected '<split or task>/<metric>:min|max', e.g. 'validation/loss:min' "
-                     "or 'cogs/exact_match:max'")
+    raise ValueError(
+      f"{what}={spec!r}: expected '<split or task>/<metric>:min|max', e.g. 'validation/loss:min' "
+      "or 'cogs/exact_match:max'"
+    )
   return m.group(1), m.group(2)
 
 
@@ -49,8 +52,13 @@ class Keeper:
     self.since = int(state.get("since", 0))
 
   def state(self) -> dict[str, Any]:
-    return {"metric": self.metric, "mode": self.mode, "best_value": self.best_value, "best_step": self.best_step,
-            "since": self.since}
+    return {
+      "metric": self.metric,
+      "mode": self.mode,
+      "best_value": self.best_value,
+      "best_step": self.best_step,
+      "since": self.since,
+    }
 
   def observe(self, step: int, values: Mapping[str, float]) -> tuple[bool, bool]:
     """(improved, stop) after an evaluation at `step` giving `values` ({'validation/loss': ..., ...}); an
@@ -70,22 +78,30 @@ class Keeper:
     return better, bool(self.patience) and self.since >= self.patience
 
   def stop_message(self) -> str:
-    return (f"early stop: {self.metric} did not improve by more than {self.min_delta:g} in {self.since} "
-            f"evaluations (best {self.best_value:.6g} at step {self.best_step})")
+    return (
+      f"early stop: {self.metric} did not improve by more than {self.min_delta:g} in {self.since} "
+      f"evaluations (best {self.best_value:.6g} at step {self.best_step})"
+    )
 
 
 def record(model_dir: storage.Path, keeper: Keeper) -> None:
   """MODEL_DIR/best_checkpoint.json: the best step, its metric and value (written once that step is saved)."""
-  storage.write_text(model_dir / BEST_FILE, json.dumps(
-      {"step": keeper.best_step, "metric": keeper.metric, "mode": keeper.mode, "value": keeper.best_value}, indent=1))
+  storage.write_text(
+    model_dir / BEST_FILE,
+    json.dumps(
+      {"step": keeper.best_step, "metric": keeper.metric, "mode": keeper.mode, "value": keeper.best_value}, indent=1
+    ),
+  )
 
 
 def best_step(model_dir: storage.Path) -> int:
   """The recorded best step; FileNotFoundError (one line) when the run recorded none."""
   path = model_dir / BEST_FILE
   if not path.is_file():
-    raise FileNotFoundError(f"{model_dir} records no best checkpoint ({BEST_FILE}): train with "
-                            "KEEP_BEST_BY (e.g. --gin.KEEP_BEST_BY=\"'validation/loss:min'\") to keep one")
+    raise FileNotFoundError(
+      f"{model_dir} records no best checkpoint ({BEST_FILE}): train with "
+      "KEEP_BEST_BY (e.g. --gin.KEEP_BEST_BY=\"'validation/loss:min'\") to keep one"
+    )
   return int(json.loads(path.read_text())["step"])
 
 
@@ -112,13 +128,14 @@ def super_glue_protocol(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | N
   """T5's report from a run's `infer/<task>` rows (metrics_log.current_rows): each SuperGLUE task's score at
   its own best step, their mean, and the single best step's SuperGLUE average; None without all 8 tasks."""
   from remixer_t5.tasks import super_glue
+
   scores: dict[str, dict[int, float]] = {}
   averages: dict[int, float] = {}
   for row in rows:
     split = str(row.get("split", ""))
     if not split.startswith("infer/"):
       continue
-    name = split[len("infer/"):]
+    name = split[len("infer/") :]
     if name == f"{super_glue.PREFIX}{super_glue.AVERAGE_NAME}":
       averages[int(row["step"])] = float(row[super_glue.AVERAGE_METRIC])
       continue
@@ -129,7 +146,10 @@ def super_glue_protocol(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | N
     return None
   best = {task: max(by_step.items(), key=lambda kv: (kv[1], -kv[0])) for task, by_step in scores.items()}
   single_step, single = max(averages.items(), key=lambda kv: (kv[1], -kv[0]))
-  return {"score": sum(v for _, v in best.values()) / len(best),
-          **{f"{task}_score": v for task, (_, v) in best.items()},
-          **{f"{task}_step": s for task, (s, _) in best.items()},
-          "single_best_score": single, "single_best_step": single_step}
+  return {
+    "score": sum(v for _, v in best.values()) / len(best),
+    **{f"{task}_score": v for task, (_, v) in best.items()},
+    **{f"{task}_step": s for task, (s, _) in best.items()},
+    "single_best_score": single,
+    "single_best_step": single_step,
+  }

@@ -6,6 +6,7 @@ its commit marker, so a killed save never becomes the latest step), `input_state
 (each process's tf.data iterator state at that step, written before the orbax step). What the run is
 (`run_signature.json`) is run_identity.py's; who writes it (`LOCK`) run_lock.py's.
 """
+
 from __future__ import annotations
 
 import os
@@ -31,8 +32,12 @@ class Checkpointer:
     """`keep`: the newest steps kept (None: all); `keep_best`: orbax keeps every step and the trainer's
     `prune` applies keep-N around the best step."""
     self.directory = storage.run_path(model_dir) / "checkpoints"
-    self.manager = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(
-        max_to_keep=None if keep_best else keep, create=True, cleanup_tmp_directories=True))
+    self.manager = ocp.CheckpointManager(
+      self.directory,
+      options=ocp.CheckpointManagerOptions(
+        max_to_keep=None if keep_best else keep, create=True, cleanup_tmp_directories=True
+      ),
+    )
     self.pending: int | None = None  # the step whose save runs in the background
 
   def latest_step(self) -> int | None:
@@ -47,8 +52,10 @@ class Checkpointer:
       args["extra"] = ocp.args.JsonSave(dict(extra))
     self.wait()  # the previous save first, within the storage timeout (orbax would wait without a bound)
     # orbax's synchronous part (the step's folders, the arrays copied to host) is bounded too
-    saved = storage.bounded(lambda: self.manager.save(step, args=ocp.args.Composite(**args), force=force),
-                            f"the save of checkpoint {self.directory / str(step)}")
+    saved = storage.bounded(
+      lambda: self.manager.save(step, args=ocp.args.Composite(**args), force=force),
+      f"the save of checkpoint {self.directory / str(step)}",
+    )
     self.pending = step if saved else None
     return saved
 
@@ -79,8 +86,9 @@ class Checkpointer:
     except storage.StorageTimeout:
       raise
     except Exception as e:  # noqa: BLE001 - orbax's and tensorstore's errors: the cause in one line
-      raise storage.StorageError(f"checkpoint {self.directory / str(step)} could not be written: "
-                                 f"{storage_cause(e)}") from e
+      raise storage.StorageError(
+        f"checkpoint {self.directory / str(step)} could not be written: {storage_cause(e)}"
+      ) from e
 
   def restore(self, abstract_state: Any, step: int | None = None) -> tuple[Any, dict]:
     """Restore into the structure, dtypes and shardings of `abstract_state` (ShapeDtypeStructs)."""
@@ -104,8 +112,10 @@ class Checkpointer:
       except Exception as e:  # noqa: BLE001 - any failure to read means this step is unusable
         why = quiet.one_line(str(e), limit=400)  # tensorstore's spec and other C++ reprs trimmed
         why = why if len(why) <= 400 else why[:399] + "…"
-        log(f"checkpoint {self.directory / str(step)} cannot be restored ({type(e).__name__}"
-            f"{': ' + why if why else ''}); moving it aside and trying the previous one")
+        log(
+          f"checkpoint {self.directory / str(step)} cannot be restored ({type(e).__name__}"
+          f"{': ' + why if why else ''}); moving it aside and trying the previous one"
+        )
         self._quarantine(step)
         continue
       return state, extra, step
@@ -122,13 +132,17 @@ class Checkpointer:
     except Exception:  # noqa: BLE001 - unreadable: judged by the restore
       return
     want = tree_shapes(abstract_state.params, dtypes=False)
-    problems = ([f"missing {k}" for k in want if k not in saved] + [f"unexpected {k}" for k in saved if k not in want]
-                + [f"{k}: {saved[k]} saved, {v} now" for k, v in want.items() if k in saved and saved[k] != v])
+    problems = (
+      [f"missing {k}" for k in want if k not in saved]
+      + [f"unexpected {k}" for k in saved if k not in want]
+      + [f"{k}: {saved[k]} saved, {v} now" for k, v in want.items() if k in saved and saved[k] != v]
+    )
     if problems:
       raise IncompatibleModelDirError(
-          f"checkpoint {self.directory / str(step)} holds another model's state ({'; '.join(problems[:4])}"
-          f"{f' and {len(problems) - 4} more' if len(problems) > 4 else ''}); refusing to restore or move it: "
-          "use a new MODEL_DIR, or this run's own configuration")
+        f"checkpoint {self.directory / str(step)} holds another model's state ({'; '.join(problems[:4])}"
+        f"{f' and {len(problems) - 4} more' if len(problems) > 4 else ''}); refusing to restore or move it: "
+        "use a new MODEL_DIR, or this run's own configuration"
+      )
 
   def _quarantine(self, step: int) -> None:
     if jax.process_index() == 0:
@@ -167,8 +181,7 @@ INPUT_STATE_DIR = "input_state"
 
 def _input_state_dir(model_dir: Path, step: int) -> Path:
   """This process's folder of `step`'s input states."""
-  return (model_dir / INPUT_STATE_DIR / str(step)
-          / f"process-{jax.process_index():05d}-of-{jax.process_count():05d}")
+  return model_dir / INPUT_STATE_DIR / str(step) / f"process-{jax.process_index():05d}-of-{jax.process_count():05d}"
 
 
 def save_input_state(model_dir: Path, step: int, write) -> None:
@@ -252,8 +265,9 @@ def restore_params(directory: str | os.PathLike) -> Any:
     tree = metadata.item_metadata.tree
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     is_array = lambda m: hasattr(m, "shape") and hasattr(m, "dtype")
-    target = jax.tree_util.tree_map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device)
-                                    if is_array(m) else m, tree, is_leaf=is_array)
+    target = jax.tree_util.tree_map(
+      lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device) if is_array(m) else m, tree, is_leaf=is_array
+    )
     return ckptr.restore(path, target)
 
 
@@ -274,12 +288,13 @@ def restore_any_params(path: str | os.PathLike) -> Any:
   try:
     return restore_params(path)
   except FileNotFoundError:
-    raise FileNotFoundError(f"no checkpoint in {path}: expected a training run's MODEL_DIR (checkpoints/), an "
-                            "import-hf output, a t5x checkpoint or a params checkpoint") from None
+    raise FileNotFoundError(
+      f"no checkpoint in {path}: expected a training run's MODEL_DIR (checkpoints/), an "
+      "import-hf output, a t5x checkpoint or a params checkpoint"
+    ) from None
 
 
-def restore_init_params(path: str | os.PathLike, abstract_params: Any, fit=None, what: str = "INIT_CHECKPOINT"
-                        ) -> Any:
+def restore_init_params(path: str | os.PathLike, abstract_params: Any, fit=None, what: str = "INIT_CHECKPOINT") -> Any:
   """Params to start a finetune from: an import-hf output, a train MODEL_DIR (its latest step: params only,
   the optimizer state and step are left behind) or a params checkpoint, placed as ``abstract_params`` says
   (shapes, dtypes, shardings). `fit(params) -> params` first adapts the restored tree (the trainer passes
@@ -291,10 +306,17 @@ def restore_init_params(path: str | os.PathLike, abstract_params: Any, fit=None,
   want = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(abstract_params)}
   got = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(params)}
   problems = [f"missing {k}" for k in want if k not in got] + [f"unexpected {k}" for k in got if k not in want]
-  problems += [f"{k}: shape {tuple(got[k].shape)} in the checkpoint, {tuple(v.shape)} in the model"
-               for k, v in want.items() if k in got and tuple(got[k].shape) != tuple(v.shape)]
+  problems += [
+    f"{k}: shape {tuple(got[k].shape)} in the checkpoint, {tuple(v.shape)} in the model"
+    for k, v in want.items()
+    if k in got and tuple(got[k].shape) != tuple(v.shape)
+  ]
   if problems:
-    raise ValueError(f"{what} {path} does not fit this model: " + "; ".join(problems[:8])
-                     + (f" (+{len(problems) - 8} more)" if len(problems) > 8 else ""))
-  return jax.tree_util.tree_map(lambda x, a: jax.device_put(np.asarray(x).astype(a.dtype), a.sharding), params,
-                                abstract_params)
+    raise ValueError(
+      f"{what} {path} does not fit this model: "
+      + "; ".join(problems[:8])
+      + (f" (+{len(problems) - 8} more)" if len(problems) > 8 else "")
+    )
+  return jax.tree_util.tree_map(
+    lambda x, a: jax.device_put(np.asarray(x).astype(a.dtype), a.sharding), params, abstract_params
+  )

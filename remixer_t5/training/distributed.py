@@ -6,6 +6,7 @@
   SLURM, Open MPI).
 On CPU the processes talk through gloo. Without any of these the run is single-process and nothing happens.
 """
+
 from __future__ import annotations
 
 import os
@@ -15,8 +16,12 @@ import jax
 _initialized = False
 
 
-def maybe_initialize(coordinator_address: str | None = None, num_processes: int | None = None,
-                     process_id: int | None = None, auto: bool = False) -> bool:
+def maybe_initialize(
+  coordinator_address: str | None = None,
+  num_processes: int | None = None,
+  process_id: int | None = None,
+  auto: bool = False,
+) -> bool:
   """Initializes JAX's distributed runtime when asked to; returns whether this is a multi-process run."""
   global _initialized
   if _initialized:
@@ -31,17 +36,22 @@ def maybe_initialize(coordinator_address: str | None = None, num_processes: int 
     num_processes = num_processes if num_processes is not None else _env_int("REMIXER_T5_NUM_PROCESSES")
     process_id = process_id if process_id is not None else _env_int("REMIXER_T5_PROCESS_ID")
     if num_processes is None or process_id is None:
-      raise ValueError(f"coordinator {coordinator_address!r} given without the number of processes and this "
-                       "process's id: pass --num_processes and --process_id (or $REMIXER_T5_NUM_PROCESSES and "
-                       "$REMIXER_T5_PROCESS_ID)")
+      raise ValueError(
+        f"coordinator {coordinator_address!r} given without the number of processes and this "
+        "process's id: pass --num_processes and --process_id (or $REMIXER_T5_NUM_PROCESSES and "
+        "$REMIXER_T5_PROCESS_ID)"
+      )
     if not 0 <= process_id < num_processes:
       raise ValueError(f"process_id={process_id} must lie in [0, num_processes={num_processes})")
     jax.distributed.initialize(coordinator_address, num_processes, process_id)
   else:
     jax.distributed.initialize()
   _initialized = True
-  print(f"process {jax.process_index()} of {jax.process_count()}: {jax.local_device_count()} local devices, "
-        f"{jax.device_count()} in all", flush=True)
+  print(
+    f"process {jax.process_index()} of {jax.process_count()}: {jax.local_device_count()} local devices, "
+    f"{jax.device_count()} in all",
+    flush=True,
+  )
   return True
 
 

@@ -6,6 +6,7 @@ Per task, under ``log_dir``: seqio's ``<task>-metrics.jsonl`` (one line per step
 file system, so a ``log_dir`` in a bucket is written through a local mirror (remixer_t5.storage.Mirror) and
 copied up once the evaluation has logged.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,6 +30,7 @@ class Decoding:
   `put` makes a device array of a host batch and `fetch` brings outputs back (multi-process runs pass
   global-array versions of both); `progress` gets a line per batch; `stats`, when given, receives `examples`,
   `tokens` (generated, up to and with EOS) and `seconds` (decoding only, compilation included) of the calls."""
+
   batch_size: int
   beam_size: int = 1
   put: Callable[[np.ndarray], Any] = jnp.asarray
@@ -56,7 +58,7 @@ def make_predict_fn(model: EncoderDecoderModel, params, decoding: Decoding):
     length = rows[0][1]["decoder_target_tokens"].shape[-1]
     out, t0 = [], time.time()
     for start in range(0, len(rows), batch_size):
-      chunk = rows[start:start + batch_size]
+      chunk = rows[start : start + batch_size]
       enc = np.stack([r[1]["encoder_input_tokens"] for r in chunk])
       if len(chunk) < batch_size:
         enc = np.concatenate([enc, np.zeros((batch_size - len(chunk), enc.shape[1]), enc.dtype)])
@@ -64,7 +66,7 @@ def make_predict_fn(model: EncoderDecoderModel, params, decoding: Decoding):
       for (index, _), ids in zip(chunk, tokens):
         out.append((int(index), ids.tolist()))
       if stats is not None:
-        stats["tokens"] = stats.get("tokens", 0) + int(_generated(tokens[:len(chunk)]).sum())
+        stats["tokens"] = stats.get("tokens", 0) + int(_generated(tokens[: len(chunk)]).sum())
       if progress:
         done = min(start + batch_size, len(rows))
         rate = done / max(time.time() - t0, 1e-9)
@@ -83,10 +85,20 @@ def _generated(tokens: np.ndarray, eos_id: int = 1) -> np.ndarray:
   return np.where(is_eos.any(-1), is_eos.argmax(-1) + 1, tokens.shape[-1])
 
 
-def infer_eval(model: EncoderDecoderModel, params, task_name: str, decoding: Decoding, *,
-               feature_lengths: Mapping[str, int] | None = None, split: str = "validation",
-               num_examples: int | None = None, log_dir: str | None = None, step: int | None = None,
-               seed: int = 0, lengths_on_purpose: bool = False) -> dict[str, dict[str, float]]:
+def infer_eval(
+  model: EncoderDecoderModel,
+  params,
+  task_name: str,
+  decoding: Decoding,
+  *,
+  feature_lengths: Mapping[str, int] | None = None,
+  split: str = "validation",
+  num_examples: int | None = None,
+  log_dir: str | None = None,
+  step: int | None = None,
+  seed: int = 0,
+  lengths_on_purpose: bool = False,
+) -> dict[str, dict[str, float]]:
   """Decode ``split`` of every task of ``task_name`` that has metrics as ``decoding`` says; returns
   ``{task: {metric: value}}``.
 
@@ -103,20 +115,25 @@ def infer_eval(model: EncoderDecoderModel, params, task_name: str, decoding: Dec
     mirror.pull("*-metrics.jsonl")  # the JSONLogger appends to these
     log_dir = str(mirror.local)
   try:
-    evaluator = _evaluator(task_name, split, feature_lengths, num_examples, seed, loggers, log_dir,
-                           lengths_on_purpose, absl_log)
-    metrics, _ = evaluator.evaluate(compute_metrics=True, step=step,
-                                    predict_fn=make_predict_fn(model, params, decoding))
+    evaluator = _evaluator(
+      task_name, split, feature_lengths, num_examples, seed, loggers, log_dir, lengths_on_purpose, absl_log
+    )
+    metrics, _ = evaluator.evaluate(
+      compute_metrics=True, step=step, predict_fn=make_predict_fn(model, params, decoding)
+    )
     # seqio wraps metrics in clu-style Scalar objects
-    return {task: {k: float(np.asarray(getattr(v, "value", v))) for k, v in values.items()}
-            for task, values in metrics.result().items()}
+    return {
+      task: {k: float(np.asarray(getattr(v, "value", v))) for k, v in values.items()}
+      for task, values in metrics.result().items()
+    }
   finally:
     if mirror is not None:
       mirror.close()
 
 
-def _evaluator(task_name, split, feature_lengths, num_examples, seed, loggers, log_dir, lengths_on_purpose,
-               absl_log) -> seqio.Evaluator:
+def _evaluator(
+  task_name, split, feature_lengths, num_examples, seed, loggers, log_dir, lengths_on_purpose, absl_log
+) -> seqio.Evaluator:
   # seqio's "Given sequence lengths are longer than necessary" warning, for callers whose lengths are longer on
   # purpose (`repro cogs`: fixed-length mixers see inputs at the model's length, decode lengths are rounded up),
   # would print for every split; elsewhere it stays, as it can be a real hint.
@@ -125,13 +142,23 @@ def _evaluator(task_name, split, feature_lengths, num_examples, seed, loggers, l
     absl_log.addFilter(hide)
   try:  # the Evaluator measures the split and warns when it is built
     evaluator = seqio.Evaluator(
-        mixture_or_task_name=task_name, feature_converter=seqio.EncDecFeatureConverter(pack=False),
-        eval_split=split, use_cached=False, seed=seed, sequence_length=dict(feature_lengths or {}) or None,
-        num_examples=num_examples, shuffle=False, logger_cls=loggers, log_dir=log_dir if loggers else None,
-        async_compute_metrics=False)
+      mixture_or_task_name=task_name,
+      feature_converter=seqio.EncDecFeatureConverter(pack=False),
+      eval_split=split,
+      use_cached=False,
+      seed=seed,
+      sequence_length=dict(feature_lengths or {}) or None,
+      num_examples=num_examples,
+      shuffle=False,
+      logger_cls=loggers,
+      log_dir=log_dir if loggers else None,
+      async_compute_metrics=False,
+    )
   finally:
     absl_log.removeFilter(hide)
   if not evaluator.eval_tasks:
-    raise ValueError(f"{task_name!r} has no task with metrics and a {split!r} split to evaluate "
-                     "(span corruption tasks have none; use loss evaluation)")
+    raise ValueError(
+      f"{task_name!r} has no task with metrics and a {split!r} split to evaluate "
+      "(span corruption tasks have none; use loss evaluation)"
+    )
   return evaluator

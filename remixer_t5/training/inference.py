@@ -8,6 +8,7 @@ carried into the row). Each output row has `inputs`, `prediction`, `targets` whe
 model's log-probability of the predicted tokens (up to and with EOS). Decoding is greedy, beam search or sampling
 (`decoding.Sampling`); the output file is written whole at the end (a bucket path too).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,6 +35,7 @@ class Request:
   """What to predict and how. `inputs`: a text or JSONL file (None: the task's `split`); `output`: the JSONL
   written (None: MODEL_DIR/infer/<inputs file's stem or task-split>.jsonl); `checkpoint`: where the parameters
   come from (None: MODEL_DIR); `sampling`: None for greedy (beam_size 1) or beam search."""
+
   inputs: str | None = None
   output: str | None = None
   split: str = "validation"
@@ -44,8 +46,9 @@ class Request:
 
   def __post_init__(self):
     if self.beam_size < 1 or (self.sampling is not None and self.beam_size != 1):
-      raise ValueError(f"infer: beam_size {self.beam_size} with sampling {self.sampling}: expected beam_size >= 1, "
-                       "and 1 when sampling")
+      raise ValueError(
+        f"infer: beam_size {self.beam_size} with sampling {self.sampling}: expected beam_size >= 1, and 1 when sampling"
+      )
     if self.max_examples is not None and self.max_examples < 1:
       raise ValueError(f"infer: max_examples {self.max_examples}: expected a positive count or None")
 
@@ -73,15 +76,17 @@ def read_inputs(path: str) -> list[dict[str, Any]]:
 def encode_inputs(rows: list[dict[str, Any]], vocab, length: int) -> list[np.ndarray]:
   """Each row's input ids as the task's preprocessing gives them: the text's pieces, truncated to leave room
   for EOS, then EOS (id 1)."""
-  return [np.asarray(list(vocab.encode(r["inputs"]))[:length - 1] + [1], np.int32) for r in rows]
+  return [np.asarray(list(vocab.encode(r["inputs"]))[: length - 1] + [1], np.int32) for r in rows]
 
 
-def task_rows(task, split: str, lengths: dict[str, int], limit: int | None
-              ) -> Iterator[tuple[dict[str, Any], np.ndarray]]:
+def task_rows(
+  task, split: str, lengths: dict[str, int], limit: int | None
+) -> Iterator[tuple[dict[str, Any], np.ndarray]]:
   """(row with `inputs` and `targets` texts where the task keeps them, input ids) for a seqio task's split,
   preprocessed as evaluation reads it (no shuffling, inputs truncated to the run's length)."""
-  ds = task.get_dataset(dict(lengths), split=split, shuffle=False, use_cached=False, num_epochs=1,
-                        trim_output_features=True)
+  ds = task.get_dataset(
+    dict(lengths), split=split, shuffle=False, use_cached=False, num_epochs=1, trim_output_features=True
+  )
   if limit:
     ds = ds.take(limit)
   vocab = task.output_features["targets"].vocabulary
@@ -101,16 +106,24 @@ def sequence_log_prob(model, params, enc, tokens):
   """The model's log-probability of each row of `tokens` given `enc`, teacher-forced: the sum over positions up
   to and with the first EOS (id 1). The same measure for greedy, beam and sampled outputs."""
   dec_in = jnp.concatenate([jnp.zeros_like(tokens[:, :1]), tokens[:, :-1]], axis=1)
-  logits = model.logits(params, {"encoder_input_tokens": enc, "decoder_input_tokens": dec_in,
-                                 "decoder_target_tokens": tokens}, None)
+  logits = model.logits(
+    params, {"encoder_input_tokens": enc, "decoder_input_tokens": dec_in, "decoder_target_tokens": tokens}, None
+  )
   log_probs = jnp.take_along_axis(jax.nn.log_softmax(logits.astype(jnp.float32)), tokens[..., None], -1)[..., 0]
   eos = (tokens == 1).astype(jnp.int32)
   return jnp.sum(jnp.where(jnp.cumsum(eos, axis=1) - eos == 0, log_probs, 0.0), axis=1)
 
 
-def predict(model, params, ids: list[np.ndarray], request: Request, batch_size: int, lengths: dict[str, int],
-            put: Callable[[np.ndarray], Any] = jnp.asarray, progress: Callable[[str], None] = log.info
-            ) -> Iterator[tuple[list[int], float]]:
+def predict(
+  model,
+  params,
+  ids: list[np.ndarray],
+  request: Request,
+  batch_size: int,
+  lengths: dict[str, int],
+  put: Callable[[np.ndarray], Any] = jnp.asarray,
+  progress: Callable[[str], None] = log.info,
+) -> Iterator[tuple[list[int], float]]:
   """(predicted ids up to and with EOS, their log-probability) for each input, in order, a batch at a time with
   a progress line (inputs/s, ETA) per batch; the last batch padded with empty rows. `put` places a host batch
   (the trainer's batch sharding under a mesh)."""
@@ -118,24 +131,30 @@ def predict(model, params, ids: list[np.ndarray], request: Request, batch_size: 
 
   @jax.jit
   def decode(p, enc, rng):
-    tokens = model.predict_batch(p, {"encoder_input_tokens": enc}, max_decode_length=lengths["targets"],
-                                 beam_size=request.beam_size, sampling=sampling, rng=rng)
+    tokens = model.predict_batch(
+      p,
+      {"encoder_input_tokens": enc},
+      max_decode_length=lengths["targets"],
+      beam_size=request.beam_size,
+      sampling=sampling,
+      rng=rng,
+    )
     return tokens, sequence_log_prob(model, p, enc, tokens)
 
   rng = jax.random.PRNGKey(sampling.seed if sampling else 0)
   t0, n = time.time(), len(ids)
   for start in range(0, n, batch_size):
-    chunk = ids[start:start + batch_size]
+    chunk = ids[start : start + batch_size]
     enc = np.zeros((batch_size, lengths["inputs"]), np.int32)
     for i, row in enumerate(chunk):
-      enc[i, :len(row)] = row[:lengths["inputs"]]
+      enc[i, : len(row)] = row[: lengths["inputs"]]
     tokens, scores = jax.device_get(decode(params, put(enc), jax.random.fold_in(rng, start)))
     done = min(n, start + batch_size)
     rate = done / max(time.time() - t0, 1e-9)
     progress(f"[infer] {done}/{n} inputs | {rate:.1f}/s | ETA {(n - done) / rate:.0f} s")
     for i in range(len(chunk)):
       out = tokens[i].tolist()
-      yield out[:out.index(1) + 1] if 1 in out else out, float(scores[i])
+      yield out[: out.index(1) + 1] if 1 in out else out, float(scores[i])
 
 
 def output_path(run: Run, request: Request) -> str:
@@ -158,7 +177,7 @@ def infer(run: Run, request: Request, progress: Callable[[str], None] = log.info
   prog = trainer.eval_program(run)
   params = checkpoints.restore_init_params(source, prog.state.params, None, what="checkpoint")
   if request.inputs:
-    rows = read_inputs(request.inputs)[:request.max_examples]
+    rows = read_inputs(request.inputs)[: request.max_examples]
     ids = encode_inputs(rows, vocab, lengths["inputs"])
   else:
     pairs = list(task_rows(task, request.split, lengths, request.max_examples))

@@ -10,6 +10,7 @@ stale (`current_rows`). One curve is the rows that no later `start` row makes st
 
 With a W&B project named (tracking.py), `start` also opens the run's W&B run, every row is mirrored there and
 `close` finishes it; `eval` (no `start`) does not track."""
+
 from __future__ import annotations
 
 import json
@@ -58,15 +59,18 @@ class MetricsLogger:
     if self.enabled:
       print(message, flush=True)
 
-  def write(self, step: int, split: str, row: Mapping[str, float], suffix: str = "",
-            examples: Sequence[Mapping[str, str]] = ()) -> None:
+  def write(
+    self, step: int, split: str, row: Mapping[str, float], suffix: str = "", examples: Sequence[Mapping[str, str]] = ()
+  ) -> None:
     if not self.enabled:
       return
     shown = " | ".join(_fmt(k, v) for k, v in row.items() if k in _CONSOLE_KEYS or split.startswith("infer/"))
     print(f"[{split}] step {step} | {shown}" + (f" | {suffix}" if suffix else ""), flush=True)
     for ex in examples:
-      print(f"  input: {ex['inputs'][:160]}\n  target: {ex['targets'][:160]}\n  prediction: "
-            f"{ex['prediction'][:160]}", flush=True)
+      print(
+        f"  input: {ex['inputs'][:160]}\n  target: {ex['targets'][:160]}\n  prediction: {ex['prediction'][:160]}",
+        flush=True,
+      )
     record = {"step": int(step), "split": split, "time": time.time(), **{k: float(v) for k, v in row.items()}}
     if self.attempt is not None:
       record["attempt"] = self.attempt
@@ -79,6 +83,7 @@ class MetricsLogger:
 
   def _tensorboard(self, step, split, row, examples):
     import tensorflow as tf  # host-side only; TF is already a dependency of the input pipeline
+
     if self._tb is None:
       self._tb = storage.Mirror(self.path.parent / "tensorboard")
     if split not in self._writers:
@@ -87,9 +92,13 @@ class MetricsLogger:
       for k, v in row.items():
         tf.summary.scalar(k, float(v))
       if examples:
-        tf.summary.text("examples", "\n\n".join(
+        tf.summary.text(
+          "examples",
+          "\n\n".join(
             f"**input**: {e['inputs']}  \n**target**: {e['targets']}  \n**prediction**: {e['prediction']}"
-            for e in examples))
+            for e in examples
+          ),
+        )
     self._writers[split].flush()
     self._tb.sync()
 

@@ -11,6 +11,7 @@ Peak figures are the vendors' dense (no sparsity) bf16 numbers per JAX device. O
 one TensorCore (half a chip); from v4 on, one chip. `peak_flops` can be overridden (gin:
 `run_config.Training.peak_flops_per_device`), e.g. for an unlisted device or to report against fp32 peaks.
 """
+
 from __future__ import annotations
 
 import copy
@@ -25,17 +26,17 @@ from remixer_t5 import flop_count
 # (substring of jax.Device.device_kind, lower case) -> peak bf16 FLOP/s per JAX device. Order matters: the
 # first match wins, so more specific names come first.
 PEAK_FLOPS_PER_DEVICE: tuple[tuple[str, float], ...] = (
-    ("tpu v2", 45e12 / 2),          # 45 TFLOP/s per chip, 2 cores
-    ("tpu v3", 123e12 / 2),         # 123 TFLOP/s per chip, 2 cores
-    ("tpu v4", 275e12),
-    ("tpu v5 lite", 197e12),        # v5e
-    ("tpu v5e", 197e12),
-    ("tpu v5p", 459e12),
-    ("tpu v5", 459e12),             # v5p reports "TPU v5"
-    ("tpu v6 lite", 918e12),        # v6e (Trillium)
-    ("a100", 312e12),
-    ("h100", 989e12),               # SXM dense bf16
-    ("h200", 989e12),
+  ("tpu v2", 45e12 / 2),  # 45 TFLOP/s per chip, 2 cores
+  ("tpu v3", 123e12 / 2),  # 123 TFLOP/s per chip, 2 cores
+  ("tpu v4", 275e12),
+  ("tpu v5 lite", 197e12),  # v5e
+  ("tpu v5e", 197e12),
+  ("tpu v5p", 459e12),
+  ("tpu v5", 459e12),  # v5p reports "TPU v5"
+  ("tpu v6 lite", 918e12),  # v6e (Trillium)
+  ("a100", 312e12),
+  ("h100", 989e12),  # SXM dense bf16
+  ("h200", 989e12),
 )
 
 
@@ -86,17 +87,22 @@ def model_flops_and_loops(model, batch: Mapping[str, jax.ShapeDtypeStruct]) -> t
   """(model_flops_per_step, the number of while loops left in the lowered step). With loops the count is a
   lower bound: XLA's cost analysis counts each loop's body once, however many times it runs."""
   plain, cfg = model, getattr(model.module, "config", None)
-  if dataclasses.is_dataclass(cfg) and (getattr(cfg, "scan_layers", False)
-                                        or getattr(cfg, "remat_policy", "none") != "none"):
+  if dataclasses.is_dataclass(cfg) and (
+    getattr(cfg, "scan_layers", False) or getattr(cfg, "remat_policy", "none") != "none"
+  ):
     plain = copy.copy(model)
     plain.module = model.module.clone(config=dataclasses.replace(cfg, scan_layers=False, remat_policy="none"))
   # The batch counted unpacked, the model's math, not a packing's bookkeeping: without segment ids every mixer
   # takes its unpacked form (packed HyperMixing scans segment ids a block at a time, several unpacked passes).
   batch = {k: v for k, v in batch.items() if not k.endswith(("_segment_ids", "_positions"))}
-  input_shapes = {k: (1,) + tuple(v.shape[1:]) for k, v in batch.items()
-                  if k in ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens")}
+  input_shapes = {
+    k: (1,) + tuple(v.shape[1:])
+    for k, v in batch.items()
+    if k in ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens")
+  }
   params = jax.eval_shape(lambda rng: plain.init_variables(rng, input_shapes), jax.random.PRNGKey(0))["params"]
   grad = jax.grad(lambda p, b: plain.loss_fn(p, b, None)[0])
+
   def lower():
     with flop_count.counting_model_flops():  # loops unrolled; kernels and custom calls in XLA's form
       lowered = jax.jit(grad).lower(params, dict(batch))

@@ -28,6 +28,7 @@ uneven parameter shardings. A `Partitioner` (t5x's partitioner: a mesh and its r
 `MeshSpec`) is what a run passes where shardings are made; the module's functions take a mesh and rules alike,
 the rules defaulting to DEFAULT_RULES. Nothing here keeps state between calls.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -53,28 +54,49 @@ Rules = tuple[tuple[str, Any], ...]
 
 # Logical axes that no rule set shards (t5x's replicated rules plus this repository's mixer axes).
 _REPLICATED: Rules = (
-    ("kv", None),
-    ("relpos_buckets", None),
-    ("abspos_buckets", None),  # learned absolute position embeddings (t5x's name; FNet)
-    ("length", None),
-    ("layers", None),       # the stacked-layers axis of scanned stacks (T5Config.scan_layers)
-    ("mix_length", None),   # fixed-length position axes of token-mixing weights (MLP-Mixer, Remixer's H)
-    ("mix_source", None),   # the source-position axis of an L x L mixing matrix (H, gMLP's W)
-    ("mix_hidden", None),   # hidden width of token-mixing MLPs (HyperMixer, MLP-Mixer)
-    ("projection", None),   # pNLP-Mixer projection features
+  ("kv", None),
+  ("relpos_buckets", None),
+  ("abspos_buckets", None),  # learned absolute position embeddings (t5x's name; FNet)
+  ("length", None),
+  ("layers", None),  # the stacked-layers axis of scanned stacks (T5Config.scan_layers)
+  ("mix_length", None),  # fixed-length position axes of token-mixing weights (MLP-Mixer, Remixer's H)
+  ("mix_source", None),  # the source-position axis of an L x L mixing matrix (H, gMLP's W)
+  ("mix_hidden", None),  # hidden width of token-mixing MLPs (HyperMixer, MLP-Mixer)
+  ("projection", None),  # pNLP-Mixer projection features
 )
 
 RULE_SETS: dict[str, Rules] = {
-    # Every device holds every parameter; the batch is split over all of them.
-    "data": (("batch", ("data", "model")), ("vocab", None), ("embed", None), ("mlp", None), ("heads", None),
-             ("joined_kv", None)) + _REPLICATED,
-    # t5x standard_logical_axis_rules(): 1-D parameter sharding (Megatron-style over 'model').
-    "data_model": (("batch", "data"), ("vocab", "model"), ("embed", None), ("mlp", "model"), ("heads", "model"),
-                   ("joined_kv", "model")) + _REPLICATED,
-    # t5x standard_logical_axis_rules(parameter_partitioning_dims=2): parameters' embed axis also over 'data'.
-    # ('embed', 'data') comes after ('batch', 'data'), so activations keep the batch on 'data'.
-    "fsdp": (("batch", "data"), ("vocab", "model"), ("mlp", "model"), ("heads", "model"), ("joined_kv", "model"),
-             ("embed", "data")) + _REPLICATED,
+  # Every device holds every parameter; the batch is split over all of them.
+  "data": (
+    ("batch", ("data", "model")),
+    ("vocab", None),
+    ("embed", None),
+    ("mlp", None),
+    ("heads", None),
+    ("joined_kv", None),
+  )
+  + _REPLICATED,
+  # t5x standard_logical_axis_rules(): 1-D parameter sharding (Megatron-style over 'model').
+  "data_model": (
+    ("batch", "data"),
+    ("vocab", "model"),
+    ("embed", None),
+    ("mlp", "model"),
+    ("heads", "model"),
+    ("joined_kv", "model"),
+  )
+  + _REPLICATED,
+  # t5x standard_logical_axis_rules(parameter_partitioning_dims=2): parameters' embed axis also over 'data'.
+  # ('embed', 'data') comes after ('batch', 'data'), so activations keep the batch on 'data'.
+  "fsdp": (
+    ("batch", "data"),
+    ("vocab", "model"),
+    ("mlp", "model"),
+    ("heads", "model"),
+    ("joined_kv", "model"),
+    ("embed", "data"),
+  )
+  + _REPLICATED,
 }
 DEFAULT_KIND = "data_model"
 DEFAULT_RULES: Rules = RULE_SETS[DEFAULT_KIND]
@@ -88,12 +110,12 @@ class Preset:
 
 
 PRESETS: dict[str, Preset] = {
-    "cpu": Preset(None, "data", "all local devices, data parallel"),
-    "tpu_v3_8": Preset((8, 1), "fsdp", "TPU v3-8: 4 chips x 2 cores"),
-    "tpu_v3_32": Preset((32, 1), "fsdp", "TPU v3-32: the paper's 16 chips = 32 cores"),
-    "tpu_v3_128": Preset((128, 1), "fsdp", "TPU v3-128: 64 chips = 128 cores"),
-    "tpu_v3_128_xl": Preset((32, 4), "fsdp", "TPU v3-128 for xl-sized models: 64 chips = 128 cores"),
-    "gpu_8": Preset((8, 1), "fsdp", "one host with 8 GPUs"),
+  "cpu": Preset(None, "data", "all local devices, data parallel"),
+  "tpu_v3_8": Preset((8, 1), "fsdp", "TPU v3-8: 4 chips x 2 cores"),
+  "tpu_v3_32": Preset((32, 1), "fsdp", "TPU v3-32: the paper's 16 chips = 32 cores"),
+  "tpu_v3_128": Preset((128, 1), "fsdp", "TPU v3-128: 64 chips = 128 cores"),
+  "tpu_v3_128_xl": Preset((32, 4), "fsdp", "TPU v3-128 for xl-sized models: 64 chips = 128 cores"),
+  "gpu_8": Preset((8, 1), "fsdp", "one host with 8 GPUs"),
 }
 
 
@@ -107,14 +129,19 @@ def logical_rules(kind: str = DEFAULT_KIND) -> Rules:
 @dataclasses.dataclass(frozen=True)
 class MeshSpec:
   """The mesh and rules a run asks for (`partitioner` builds them); gin binds one at `run_config.Training.mesh`."""
+
   preset: str | None = None
   shape: tuple[int, int] | str | None = None  # (data, model) or 'DxM'
   num_partitions: int | None = None
   rules: str | Rules | None = None  # a kind name or a rule tuple; None: the preset's, else DEFAULT_KIND
 
 
-def mesh_spec(preset: str | None = None, shape: tuple[int, int] | str | None = None,
-              num_partitions: int | None = None, rules: str | Rules | None = None) -> MeshSpec:
+def mesh_spec(
+  preset: str | None = None,
+  shape: tuple[int, int] | str | None = None,
+  num_partitions: int | None = None,
+  rules: str | Rules | None = None,
+) -> MeshSpec:
   """gin: `run_config.Training.mesh = @partitioning.mesh_spec()`, `partitioning.mesh_spec.preset = 'gpu_8'`."""
   return MeshSpec(preset, shape, num_partitions, rules)
 
@@ -150,8 +177,10 @@ def mesh_plan(num_partitions: int = 1, shape=None, num_devices: int | None = Non
     spec = shape
     rules = _as_rules(spec.rules)
     if spec.preset is not None and (spec.shape is not None or spec.num_partitions is not None):
-      raise ValueError(f"mesh_spec got preset={spec.preset!r} and also shape={spec.shape!r} / "
-                       f"num_partitions={spec.num_partitions!r}; give the preset or a shape")
+      raise ValueError(
+        f"mesh_spec got preset={spec.preset!r} and also shape={spec.shape!r} / "
+        f"num_partitions={spec.num_partitions!r}; give the preset or a shape"
+      )
     shape = spec.preset if spec.preset is not None else spec.shape
     num_partitions = spec.num_partitions or num_partitions
   if isinstance(shape, str) and shape in PRESETS:
@@ -163,9 +192,11 @@ def mesh_plan(num_partitions: int = 1, shape=None, num_devices: int | None = Non
     else:
       plan = preset.shape
       if num_devices is not None and math.prod(plan) != num_devices:
-        raise ValueError(f"mesh preset {shape!r} ({preset.about}) needs {math.prod(plan)} devices as "
-                         f"(data, model) = {plan}, but the mesh gets {num_devices} "
-                         f"(jax.device_count() = {jax.device_count()})")
+        raise ValueError(
+          f"mesh preset {shape!r} ({preset.about}) needs {math.prod(plan)} devices as "
+          f"(data, model) = {plan}, but the mesh gets {num_devices} "
+          f"(jax.device_count() = {jax.device_count()})"
+        )
     return plan, rules or logical_rules(preset.rules)
   if shape is None:
     n = num_devices if num_devices is not None else jax.device_count()
@@ -201,6 +232,7 @@ class Partitioner:
   """A mesh and the logical-axis rules that place a run's arrays on it (t5x's partitioner). The trainer,
   `remixer-t5 compile`, `bench` and `info` each make one from the run's `MeshSpec` (`partitioner`) and pass it
   where shardings are made. `mesh` may be abstract (`info`: specs only)."""
+
   mesh: Mesh | AbstractMesh
   rules: Rules = DEFAULT_RULES
 
@@ -230,9 +262,15 @@ class Partitioner:
     return activation_sharding(self.mesh, self.rules)
 
 
-def partitioner(spec=None, devices: Sequence[jax.Device] | None = None, *, num_partitions: int = 1,
-                rules: str | Rules | None = None, abstract: bool = False, num_devices: int | None = None
-                ) -> Partitioner:
+def partitioner(
+  spec=None,
+  devices: Sequence[jax.Device] | None = None,
+  *,
+  num_partitions: int = 1,
+  rules: str | Rules | None = None,
+  abstract: bool = False,
+  num_devices: int | None = None,
+) -> Partitioner:
   """The partitioner a `MeshSpec` (or a preset name, 'DxM', a (data, model) tuple, None) describes over `devices`
   (default all); `rules` overrides the spec's. `abstract`: an AbstractMesh instead, of `num_devices` where the
   spec leaves the size open (see `mesh_plan`)."""
@@ -284,14 +322,16 @@ def _is_spec(x) -> bool:
   return isinstance(x, P)
 
 
-def param_specs(params_axes, mesh, rules: str | Rules | None = None, *, params=None
-                ) -> tuple[Any, dict[str, list[str]]]:
+def param_specs(
+  params_axes, mesh, rules: str | Rules | None = None, *, params=None
+) -> tuple[Any, dict[str, list[str]]]:
   """(params-shaped tree of mesh PartitionSpecs, {param path: fallback notes}).
 
   With `params` (arrays or ShapeDtypeStructs) each spec is checked against the shape (`fit_spec`)."""
   rules = _as_rules(rules) or DEFAULT_RULES
-  specs = jax.tree_util.tree_map(lambda s: nn.logical_to_mesh_axes(tuple(s), rules), logical_axes(params_axes),
-                                 is_leaf=_is_spec)
+  specs = jax.tree_util.tree_map(
+    lambda s: nn.logical_to_mesh_axes(tuple(s), rules), logical_axes(params_axes), is_leaf=_is_spec
+  )
   fallbacks: dict[str, list[str]] = {}
   if params is not None:
     flat, treedef = jax.tree_util.tree_flatten_with_path(specs, is_leaf=_is_spec)
@@ -322,9 +362,11 @@ def _check_divisible(param_sh, params, mesh) -> None:
     if notes:
       bad.append(f"{jax.tree_util.keystr(path)} {tuple(p.shape)} {sh.spec}: {'; '.join(notes)}")
   if bad:
-    raise ValueError("parameter shardings that the mesh does not divide (build them with "
-                     "partitioning.param_shardings(..., params=abstract_params) to replicate those "
-                     "dimensions instead):\n  " + "\n  ".join(bad))
+    raise ValueError(
+      "parameter shardings that the mesh does not divide (build them with "
+      "partitioning.param_shardings(..., params=abstract_params) to replicate those "
+      "dimensions instead):\n  " + "\n  ".join(bad)
+    )
 
 
 def opt_state_shardings(abstract_state, params, param_sh, mesh):
@@ -338,7 +380,7 @@ def opt_state_shardings(abstract_state, params, param_sh, mesh):
   masked = lambda x: isinstance(x, optax.MaskedNode)
 
   def params_like(x) -> bool:
-    return (isinstance(x, (dict, Mapping)) and jax.tree_util.tree_structure(x, is_leaf=masked) == params_def)
+    return isinstance(x, (dict, Mapping)) and jax.tree_util.tree_structure(x, is_leaf=masked) == params_def
 
   def per_param(leaf, sh, param):
     return sh if getattr(leaf, "shape", None) == param.shape else replicated
@@ -350,22 +392,25 @@ def opt_state_shardings(abstract_state, params, param_sh, mesh):
       if len(shape) - offset >= 2:
         d1, d0 = np.argsort(shape[offset:])[-2:]  # as optax.adafactor's _factored_dims: d0 the largest axis
         axis = int(d0 if stat == "v_row" else d1) + offset
-        if tuple(leaf.shape) == shape[:axis] + shape[axis + 1:]:
+        if tuple(leaf.shape) == shape[:axis] + shape[axis + 1 :]:
           spec = tuple(sh.spec) + (None,) * (len(shape) - len(sh.spec))
-          return NamedSharding(sh.mesh, P(*(spec[:axis] + spec[axis + 1:])))
+          return NamedSharding(sh.mesh, P(*(spec[:axis] + spec[axis + 1 :])))
     return replicated  # the (1,) placeholder of an unfactored parameter
 
   def over_params(fn, tree):
-    return jax.tree_util.tree_map(lambda l, s, p: l if masked(l) else fn(l, s, p), tree, param_sh, params,
-                                  is_leaf=masked)
+    return jax.tree_util.tree_map(
+      lambda l, s, p: l if masked(l) else fn(l, s, p), tree, param_sh, params, is_leaf=masked
+    )
 
   def shard(node):
     if masked(node):
       return node
     if isinstance(node, optax.FactoredState) and all(params_like(t) for t in (node.v_row, node.v_col, node.v)):
       return optax.FactoredState(
-          count=replicated, v=over_params(per_param, node.v),
-          **{stat: over_params(functools.partial(factored, stat), getattr(node, stat)) for stat in ("v_row", "v_col")})
+        count=replicated,
+        v=over_params(per_param, node.v),
+        **{stat: over_params(functools.partial(factored, stat), getattr(node, stat)) for stat in ("v_row", "v_col")},
+      )
     if params_like(node):
       return over_params(per_param, node)
     return replicated
@@ -389,11 +434,12 @@ def check_batch_size(batch_size: int, mesh, rules: str | Rules | None = None) ->
   n = batch_shards(mesh, rules)
   if batch_size % n:
     raise ValueError(
-        f"BATCH_SIZE={batch_size} does not split over the mesh {dict(mesh.shape)}: the "
-        f"{rules_kind(_as_rules(rules) or DEFAULT_RULES)!r} rules place the batch on {n} devices, so the global "
-        "batch must be "
-        f"a multiple of {n}; use --gin.BATCH_SIZE={max(n, batch_size // n * n)} (or {-(-batch_size // n) * n}), "
-        "or a mesh with fewer data shards (e.g. a 'model' axis: mesh_spec.shape='DxM')")
+      f"BATCH_SIZE={batch_size} does not split over the mesh {dict(mesh.shape)}: the "
+      f"{rules_kind(_as_rules(rules) or DEFAULT_RULES)!r} rules place the batch on {n} devices, so the global "
+      "batch must be "
+      f"a multiple of {n}; use --gin.BATCH_SIZE={max(n, batch_size // n * n)} (or {-(-batch_size // n) * n}), "
+      "or a mesh with fewer data shards (e.g. a 'model' axis: mesh_spec.shape='DxM')"
+    )
 
 
 def replicated(mesh) -> NamedSharding:

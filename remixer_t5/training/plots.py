@@ -1,4 +1,5 @@
 """PNG plots of what people look at: the training and validation curves of a run, and what a model mixes."""
+
 from __future__ import annotations
 
 import io
@@ -19,8 +20,10 @@ from remixer_t5.training.metrics_log import current_rows, read_rows
 def pyplot():
   """matplotlib.pyplot on the file-only Agg backend."""
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   return plt
 
 
@@ -60,11 +63,14 @@ def plot_metrics(model_dir: str, out: str | None = None) -> Path:
 # --- what a model mixes: Remixer paper Fig. 2, HyperMixer paper Fig. 5c/d ----------------------------------
 # Matrices are [query/output position i, key/source position j]; rows are what position i reads.
 
+
 def _slots(params, stack: str, has: str) -> list[tuple[str, str]]:
   """(layer, slot) of the `stack` layers, in order, whose slot holds a parameter (or submodule) named `has`."""
   tree = params.get(stack, {})
   numbered = sorted((k for k in tree if k.startswith("layers_")), key=lambda k: int(k.split("_")[-1]))
-  return [(layer, slot) for layer in numbered for slot, sub in tree[layer].items() if hasattr(sub, "keys") and has in sub]
+  return [
+    (layer, slot) for layer in numbered for slot, sub in tree[layer].items() if hasattr(sub, "keys") and has in sub
+  ]
 
 
 def remix_matrices(params) -> list[tuple[str, "np.ndarray"]]:
@@ -108,8 +114,9 @@ def attention_maps(module, params, tokens) -> list[tuple[str, "np.ndarray"]]:
   Recomputed from what the layer computes on the way (its query and key projections and the stack's relative
   position bias, captured by method interception) exactly as mixers/attention.py combines them:
   softmax(q·k + mask bias + relative position bias). Rows sum to 1 over the real keys."""
-  slots = [(layer, slot) for layer, slot in _slots(params, "encoder", "query")
-           if "key" in params["encoder"][layer][slot]]
+  slots = [
+    (layer, slot) for layer, slot in _slots(params, "encoder", "query") if "key" in params["encoder"][layer][slot]
+  ]
   if not slots:
     return []
   paths = {("encoder", layer, slot) for layer, slot in slots}
@@ -133,8 +140,9 @@ def attention_maps(module, params, tokens) -> list[tuple[str, "np.ndarray"]]:
   return out
 
 
-def pseudo_attention(module, params, tokens, path: tuple[str, ...], samples: int = 0, seed: int = 0,
-                     max_floats: int = 1 << 24) -> "np.ndarray":
+def pseudo_attention(
+  module, params, tokens, path: tuple[str, ...], samples: int = 0, seed: int = 0, max_floats: int = 1 << 24
+) -> "np.ndarray":
   """Input-gradient pseudo-attention of the token mixer at `path` (e.g. ('encoder', 'layers_0', 'token_mixer')).
 
   HyperMixer paper §4.7 and App. B.5 (Fig. 5c/d, 6): the gradient of each output token with respect to each
@@ -173,11 +181,11 @@ def pseudo_attention(module, params, tokens, path: tuple[str, ...], samples: int
       dirs = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), (rows.shape[0], d, d))
     else:
       dirs = jax.random.normal(key, (rows.shape[0], probes, d), jnp.float32)
-    onehot = jax.nn.one_hot(rows, n, dtype=jnp.float32)                      # [c, n]
-    cts = onehot[:, None, :, None] * dirs[:, :, None, :]                    # [c, probes, n, d]
+    onehot = jax.nn.one_hot(rows, n, dtype=jnp.float32)  # [c, n]
+    cts = onehot[:, None, :, None] * dirs[:, :, None, :]  # [c, probes, n, d]
     flat = cts.reshape((-1, 1, n, d))
     grads = jax.vmap(lambda c: vjp(c)[0])(flat).reshape(rows.shape[0], probes, n, d)
-    sq = jnp.sum(jnp.square(grads), axis=-1)                                # [c, probes, n]
+    sq = jnp.sum(jnp.square(grads), axis=-1)  # [c, probes, n]
     return jnp.sum(sq, 1) if samples <= 0 else jnp.mean(sq, 1)
 
   key = jax.random.PRNGKey(seed)
@@ -192,12 +200,21 @@ def pseudo_attention(module, params, tokens, path: tuple[str, ...], samples: int
 
 def pseudo_attention_maps(module, params, tokens, samples: int = 0) -> list[tuple[str, "np.ndarray"]]:
   """pseudo_attention of every encoder HyperMixing layer (found by its `hypernetwork_in`): [(name, [n, n])]."""
-  return [(f"encoder_{layer}", pseudo_attention(module, params, tokens, ("encoder", layer, slot), samples))
-          for layer, slot in _slots(params, "encoder", "hypernetwork_in")]
+  return [
+    (f"encoder_{layer}", pseudo_attention(module, params, tokens, ("encoder", layer, slot), samples))
+    for layer, slot in _slots(params, "encoder", "hypernetwork_in")
+  ]
 
 
-def draw_matrix(matrix, path, title: str, labels=None, xlabel: str = "source / key position j",
-                ylabel: str = "output / query position i", colorbar: str = "") -> Path:
+def draw_matrix(
+  matrix,
+  path,
+  title: str,
+  labels=None,
+  xlabel: str = "source / key position j",
+  ylabel: str = "output / query position i",
+  colorbar: str = "",
+) -> Path:
   """One heatmap PNG of a [rows, cols] matrix; `labels` (tokens) label both axes when there are few."""
   plt = pyplot()
   m = np.asarray(matrix, dtype=np.float32)
@@ -228,20 +245,36 @@ def plot_mixing(module, params, tokens, out_dir, labels=None, pseudo_samples: in
   tokens = jnp.asarray(tokens, jnp.int32).reshape(1, -1)
   how = "exact" if pseudo_samples <= 0 else f"{pseudo_samples}-probe estimate"
   kinds = [  # (file prefix, the maps, said when there are none, title, draw_matrix's keywords)
-      ("remix", lambda: remix_matrices(params), "no Remixer blocks (no `remix` parameter H): skipping softmax(H) "
-       "maps", "softmax(H)", dict(colorbar="mixing weight")),
-      ("attention", lambda: attention_maps(module, params, tokens), "no encoder self-attention layers: skipping "
-       "attention maps", "self-attention (mean over heads)", dict(labels=labels, colorbar="attention weight")),
-      ("pseudo_attention", lambda: pseudo_attention_maps(module, params, tokens, pseudo_samples),
-       "no encoder HyperMixing layers: skipping pseudo-attention maps",
-       f"HyperMixing pseudo-attention ||d out_i / d x_j|| ({how})",
-       dict(labels=labels, xlabel="input token j", ylabel="output token i", colorbar="gradient norm"))]
+    (
+      "remix",
+      lambda: remix_matrices(params),
+      "no Remixer blocks (no `remix` parameter H): skipping softmax(H) maps",
+      "softmax(H)",
+      dict(colorbar="mixing weight"),
+    ),
+    (
+      "attention",
+      lambda: attention_maps(module, params, tokens),
+      "no encoder self-attention layers: skipping attention maps",
+      "self-attention (mean over heads)",
+      dict(labels=labels, colorbar="attention weight"),
+    ),
+    (
+      "pseudo_attention",
+      lambda: pseudo_attention_maps(module, params, tokens, pseudo_samples),
+      "no encoder HyperMixing layers: skipping pseudo-attention maps",
+      f"HyperMixing pseudo-attention ||d out_i / d x_j|| ({how})",
+      dict(labels=labels, xlabel="input token j", ylabel="output token i", colorbar="gradient norm"),
+    ),
+  ]
   written = []
   for prefix, maps, none, title, keywords in kinds:
     found = maps()
     if not found:
       log(none)
     out = storage.run_path(out_dir)
-    written += [draw_matrix(m, out / f"{prefix}_{name}.png", f"{title}, {name.replace('_', ' ', 1)}", **keywords)
-                for name, m in found]
+    written += [
+      draw_matrix(m, out / f"{prefix}_{name}.png", f"{title}, {name.replace('_', ' ', 1)}", **keywords)
+      for name, m in found
+    ]
   return written

@@ -8,6 +8,7 @@ layout TensorBoard's profile plugin and xprof read: `tensorboard --logdir MODEL_
 `xprof MODEL_DIR/profile` (`pip install -e '.[profile]'`). `trace` is the one way this package takes a trace
 (scripts/gpu_measure.py's too).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -100,8 +101,10 @@ class StepProfiler:
       jax.block_until_ready(outputs)
       self.active = None
       context.__exit__(None, None, None)
-      self.log(f"profile of steps {first}-{last} written to {self.model_dir / PROFILE_DIR / f'steps_{first}-{last}'}; "
-               f"open it with `tensorboard --logdir {self.model_dir / PROFILE_DIR}` (the profile plugin) or xprof")
+      self.log(
+        f"profile of steps {first}-{last} written to {self.model_dir / PROFILE_DIR / f'steps_{first}-{last}'}; "
+        f"open it with `tensorboard --logdir {self.model_dir / PROFILE_DIR}` (the profile plugin) or xprof"
+      )
 
   def close(self) -> None:
     if self.active is not None:

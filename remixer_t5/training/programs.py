@@ -1,6 +1,7 @@
 """The program builder: a run's model, optax transformation (`tx`) and partitioner in, its jitted initialiser,
 train and eval steps out. `train`, `eval`, `remixer-t5 compile`, `bench train` and the scripts all build them
 with `build`, so the ahead-of-time compile and every measurement are of exactly the step `train` runs."""
+
 from __future__ import annotations
 
 import contextlib
@@ -22,12 +23,17 @@ INIT_RNG_FORMS = ("auto", "inline", "kernel")
 
 
 # --- steps -----------------------------------------------------------------------------------------------
-def make_train_step(model: EncoderDecoderModel, tx: optax.GradientTransformation,
-                    schedule: Callable | None, num_microbatches: int | None = None):
+def make_train_step(
+  model: EncoderDecoderModel,
+  tx: optax.GradientTransformation,
+  schedule: Callable | None,
+  num_microbatches: int | None = None,
+):
   """One update by `tx`; with `num_microbatches` > 1 the batch's gradient is accumulated over microbatches
   (remixer_t5/training/accumulate.py: the same gradient as the whole batch at once, in less memory)."""
-  grad_fn = accumulate.value_and_grad(model.loss_fn, num_microbatches,
-                                      loss_normalizing_factor=model.loss_normalizing_factor)
+  grad_fn = accumulate.value_and_grad(
+    model.loss_fn, num_microbatches, loss_normalizing_factor=model.loss_normalizing_factor
+  )
 
   def train_step(state: TrainState, batch):
     dropout_rng = jax.random.fold_in(state.rng, state.step)
@@ -35,18 +41,21 @@ def make_train_step(model: EncoderDecoderModel, tx: optax.GradientTransformation
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     # Counted every step, checked on the host at log and save points: a bad update is never checkpointed.
-    metrics["nonfinite"] = jnp.logical_not(jnp.isfinite(metrics["loss_sum"]) & jnp.isfinite(
-        optax.tree.norm(updates))).astype(jnp.int32)
+    metrics["nonfinite"] = jnp.logical_not(
+      jnp.isfinite(metrics["loss_sum"]) & jnp.isfinite(optax.tree.norm(updates))
+    ).astype(jnp.int32)
     if schedule is not None:
       metrics["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)
     metrics["grad_norm"] = optax.tree.norm(grads)
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
   return train_step
 
 
 def make_eval_step(model: EncoderDecoderModel):
   def eval_step(params, batch):
     return model.loss_fn(params, batch, None)[1]
+
   return eval_step
 
 
@@ -58,6 +67,7 @@ def make_init(model: EncoderDecoderModel, tx: optax.GradientTransformation, feat
     init_rng, dropout_rng = jax.random.split(rng)
     params = model.init_variables(init_rng, shapes)["params"]
     return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params), rng=dropout_rng)
+
   return init
 
 
@@ -66,19 +76,25 @@ def jit_decode(model: EncoderDecoderModel, beam_size: int = 1, eos_id: int = 1):
   """(params, encoder tokens, decode length) -> tokens: the jitted greedy (beam_size 1) or beam decode, one per
   (model, beams, EOS) so that evaluating several splits compiles each length once. Evaluation stops at EOS (id 1);
   `remixer-t5 bench decode` passes an id no token has (bench_decode.NO_EOS) to time every position."""
-  return jax.jit(lambda p, enc, n: model.predict_batch(p, {"encoder_input_tokens": enc}, max_decode_length=n,
-                                                       beam_size=beam_size, eos_id=eos_id), static_argnums=2)
+  return jax.jit(
+    lambda p, enc, n: model.predict_batch(
+      p, {"encoder_input_tokens": enc}, max_decode_length=n, beam_size=beam_size, eos_id=eos_id
+    ),
+    static_argnums=2,
+  )
 
 
-def batch_shapes(feature_lengths: Mapping[str, int], batch_size: int, pack: bool
-                 ) -> dict[str, jax.ShapeDtypeStruct]:
+def batch_shapes(feature_lengths: Mapping[str, int], batch_size: int, pack: bool) -> dict[str, jax.ShapeDtypeStruct]:
   """The global batch the steps take, as shapes: seqio.EncDecFeatureConverter's int32 features."""
   enc, dec = feature_lengths["inputs"], feature_lengths["targets"]
-  lengths = {"encoder_input_tokens": enc, "decoder_target_tokens": dec, "decoder_input_tokens": dec,
-             "decoder_loss_weights": dec}
+  lengths = {
+    "encoder_input_tokens": enc,
+    "decoder_target_tokens": dec,
+    "decoder_input_tokens": dec,
+    "decoder_loss_weights": dec,
+  }
   if pack:
-    lengths.update(encoder_segment_ids=enc, encoder_positions=enc, decoder_segment_ids=dec,
-                   decoder_positions=dec)
+    lengths.update(encoder_segment_ids=enc, encoder_positions=enc, decoder_segment_ids=dec, decoder_positions=dec)
   return {k: jax.ShapeDtypeStruct((batch_size, n), jnp.int32) for k, n in lengths.items()}
 
 
@@ -119,6 +135,7 @@ def rng_kernel(on: bool):
 class Program:
   """The jitted steps of a run, the abstract state and shardings they take, and the partitioner that placed them.
   `init_rng_kernel`: whether `init` draws its bits with jax's GPU threefry kernel (`init_rng_kernel`)."""
+
   model: EncoderDecoderModel
   partitioner: Partitioner
   state: TrainState  # abstract: ShapeDtypeStructs carrying their shardings
@@ -136,8 +153,10 @@ class Program:
 
   def batch(self, batch_size: int, pack: bool) -> dict[str, jax.ShapeDtypeStruct]:
     """The global batch as shapes carrying the batch's sharding (for lowering without data)."""
-    return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=self.batch_sharding)
-            for k, v in batch_shapes(self.feature_lengths, batch_size, pack).items()}
+    return {
+      k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=self.batch_sharding)
+      for k, v in batch_shapes(self.feature_lengths, batch_size, pack).items()
+    }
 
   def init_state(self, seed: int) -> TrainState:
     """The initial state, created directly in its shardings (nothing is built replicated first)."""
@@ -156,26 +175,54 @@ class Program:
     return self.lower(step, *args).compile(compiler_options)
 
 
-def build(model: EncoderDecoderModel, tx: optax.GradientTransformation, feature_lengths: Mapping[str, int],
-          partitioner: Partitioner, *, schedule: Callable | None = None, num_microbatches: int | None = None,
-          init_rng: str = "auto") -> Program:
+def build(
+  model: EncoderDecoderModel,
+  tx: optax.GradientTransformation,
+  feature_lengths: Mapping[str, int],
+  partitioner: Partitioner,
+  *,
+  schedule: Callable | None = None,
+  num_microbatches: int | None = None,
+  init_rng: str = "auto",
+) -> Program:
   """The run's programs: `tx` (see `make_tx`) and its `schedule` (logged each step), gradient accumulation over
   `num_microbatches`, every array placed by `partitioner`; `init_rng` as `init_rng_kernel`."""
   abstract, shardings = abstract_state(model, tx, input_shapes(feature_lengths), partitioner)
   batch_sh = partitioner.data_sharding()
   init = jax.jit(make_init(model, tx, feature_lengths), out_shardings=shardings)
-  train_step = jax.jit(make_train_step(model, tx, schedule, num_microbatches),
-                       in_shardings=(shardings, batch_sh), out_shardings=(shardings, None), donate_argnums=0)
+  train_step = jax.jit(
+    make_train_step(model, tx, schedule, num_microbatches),
+    in_shardings=(shardings, batch_sh),
+    out_shardings=(shardings, None),
+    donate_argnums=0,
+  )
   eval_step = jax.jit(make_eval_step(model), in_shardings=(shardings.params, batch_sh))
-  return Program(model, partitioner, abstract, shardings, batch_sh, init, init_rng_kernel(init_rng, shardings),
-                 train_step, eval_step, dict(feature_lengths))
+  return Program(
+    model,
+    partitioner,
+    abstract,
+    shardings,
+    batch_sh,
+    init,
+    init_rng_kernel(init_rng, shardings),
+    train_step,
+    eval_step,
+    dict(feature_lengths),
+  )
 
 
 def from_run(training, feature_lengths: Mapping[str, int], partitioner: Partitioner, **kwargs) -> Program:
   """`build` for a run's `run_config.Training`: its model, its `tx` (`make_tx`), schedule and microbatches."""
   tx = make_tx(training.model, training.optimizer, training.learning_rate)
-  return build(training.model, tx, feature_lengths, partitioner, schedule=training.schedule,
-               num_microbatches=training.num_microbatches, **kwargs)
+  return build(
+    training.model,
+    tx,
+    feature_lengths,
+    partitioner,
+    schedule=training.schedule,
+    num_microbatches=training.num_microbatches,
+    **kwargs,
+  )
 
 
 def packing(model: EncoderDecoderModel, pack: bool) -> bool:
@@ -188,8 +235,11 @@ def packing(model: EncoderDecoderModel, pack: bool) -> bool:
 
 def summarize(sums: Mapping[str, float]) -> dict[str, float]:
   w = max(float(sums["weight_sum"]), 1.0)
-  return {"loss": float(sums["loss_sum"]) / w, "z_loss": float(sums["z_loss_sum"]) / w,
-          "accuracy": float(sums["correct_sum"]) / w}
+  return {
+    "loss": float(sums["loss_sum"]) / w,
+    "z_loss": float(sums["z_loss_sum"]) / w,
+    "accuracy": float(sums["correct_sum"]) / w,
+  }
 
 
 def make_tx(model, optimizer=optim.adafactor, learning_rate=None) -> optax.GradientTransformation:

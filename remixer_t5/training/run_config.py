@@ -6,6 +6,7 @@ keep their names, each bound once to its field (gin_names.MACROS: BATCH_SIZE -> 
 are bound by their field (`--gin.run_config.Training.num_microbatches=4`). What a run file used to bind on
 `trainer.train` / `trainer.evaluate_checkpoint` is refused with the field to bind instead (gin_names.MOVED).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -52,6 +53,7 @@ class Training:
   state. `num_microbatches`: gradient accumulation (memory), the same gradient as the whole batch. `mesh`:
   `partitioning.mesh_spec(...)` (None: every device on 'data', t5x's standard rules). `peak_flops_per_device`: the
   MFU's peak where the device is not in mfu.py's table."""
+
   model: Any
   optimizer: Callable[..., optax.GradientTransformation] = optim.adafactor
   learning_rate: Callable | float | None = None
@@ -63,8 +65,10 @@ class Training:
 
   def __post_init__(self):
     if self.model is None:
-      raise ValueError("run_config.Training.model (the macro MODEL) is None: pass a model config, e.g. "
-                       "--gin_file=models/t5_1_1/small.gin")
+      raise ValueError(
+        "run_config.Training.model (the macro MODEL) is None: pass a model config, e.g. "
+        "--gin_file=models/t5_1_1/small.gin"
+      )
     _check_int(self, "random_seed")
     _check_int(self, "num_microbatches", minimum=1, optional=True)
     where = lambda name: f"run_config.{_where('Training', name)} = {getattr(self, name)!r}"
@@ -85,6 +89,7 @@ class Data:
   """The examples: a seqio task or mixture, its lengths and the global batch. `vocabulary` swaps the task's
   (tasks/lookup.py); `data_dir`: local dataset release files (tasks/sources.py; None: $REMIXER_T5_DATA_DIR,
   else TFDS); `pack`: several examples a row where every mixer of the model can mix them exactly."""
+
   task: str
   feature_lengths: Mapping[str, int]
   batch_size: int
@@ -105,11 +110,15 @@ class Data:
       raise ValueError(f"TASK_FEATURE_LENGTHS={self.feature_lengths!r} lacks {sorted(missing)}; {example}")
     bad = {k: v for k, v in self.feature_lengths.items() if not _is_int(v) or v < 1}
     if bad:
-      raise ValueError(f"TASK_FEATURE_LENGTHS={self.feature_lengths!r}: {', '.join(map(repr, bad))} must be a "
-                       f"positive integer; {example}")
+      raise ValueError(
+        f"TASK_FEATURE_LENGTHS={self.feature_lengths!r}: {', '.join(map(repr, bad))} must be a "
+        f"positive integer; {example}"
+      )
     if not self.task:
-      raise ValueError(f"run_config.{_where('Data', 'task')} = {self.task!r}: expected a task or mixture name "
-                       "(remixer-t5 tasks lists them)")
+      raise ValueError(
+        f"run_config.{_where('Data', 'task')} = {self.task!r}: expected a task or mixture name "
+        "(remixer-t5 tasks lists them)"
+      )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +129,7 @@ class Schedule:
   trained on, first `infer_examples` examples, None: all); `profile_steps` ('A:B'): a profiler trace of steps A
   to B under MODEL_DIR/profile/ (training/profiling.py); `keep_best_by`, `early_stop_patience`,
   `early_stop_min_delta`: the best checkpoint kept and early stopping (training/best.py)."""
+
   train_steps: int = 0
   checkpoint_period: int = 1000
   keep_checkpoints: int | None = 3
@@ -146,18 +156,22 @@ class Schedule:
       parse_steps(self.profile_steps, what="run_config.Schedule.profile_steps")
     _check_int(self, "early_stop_patience", minimum=0)
     if not _is_number(self.early_stop_min_delta) or self.early_stop_min_delta < 0:
-      raise ValueError(f"{_where('Schedule', 'early_stop_min_delta')} = {self.early_stop_min_delta!r}: expected a "
-                       "number >= 0")
+      raise ValueError(
+        f"{_where('Schedule', 'early_stop_min_delta')} = {self.early_stop_min_delta!r}: expected a number >= 0"
+      )
     if self.keep_best_by is not None:
       best.parse(self.keep_best_by, what=_where("Schedule", "keep_best_by"))
     elif self.early_stop_patience:
-      raise ValueError(f"{_where('Schedule', 'early_stop_patience')} = {self.early_stop_patience}: early stopping "
-                       "follows the KEEP_BEST_BY metric; bind it too (e.g. 'validation/loss:min')")
+      raise ValueError(
+        f"{_where('Schedule', 'early_stop_patience')} = {self.early_stop_patience}: early stopping "
+        "follows the KEEP_BEST_BY metric; bind it too (e.g. 'validation/loss:min')"
+      )
 
 
 @dataclasses.dataclass(frozen=True)
 class Run:
   """One run: its directory (local or gs://; made a `storage.run_path` here, once) and its three parts."""
+
   training: Training
   data: Data
   schedule: Schedule = Schedule()
@@ -175,8 +189,10 @@ def _where(cls: str, name: str) -> str:
 def _no_run_config(what: str):
   """The error for a config without a run file: `what` it lacks, and the run files there are."""
   runs = sorted(p.name for p in (gin_dir() / "runs").glob("*.gin"))
-  return GinError(f"the gin config binds no {what}: add a run config, e.g. --gin_file=runs/pretrain.gin beside "
-                  f"the model config; gin/runs/ holds {', '.join(runs)}")
+  return GinError(
+    f"the gin config binds no {what}: add a run config, e.g. --gin_file=runs/pretrain.gin beside "
+    f"the model config; gin/runs/ holds {', '.join(runs)}"
+  )
 
 
 def from_gin() -> Run:

@@ -14,6 +14,7 @@ implementations, microbatches, the mesh); docs/cli.md lists them. The identity i
 `MODEL_DIR/run_signature.json` as flat keys (`config.emb_dim`, `modules`, ...); a key an older run did not record
 is not compared.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,9 +33,22 @@ SIGNATURE_FILE = "run_signature.json"
 
 # Fields (of T5Config and of every module) that may change on resume: how the same function is computed, and
 # (`resumable`) every dropout rate.
-RESUMABLE = frozenset({"dropout_rate", "dtype", "remat_policy", "attention_impl", "dropout_impl", "impl",
-                       "fuse_projections", "logits_in_activation_dtype", "deterministic", "decode", "parent",
-                       "name"})
+RESUMABLE = frozenset(
+  {
+    "dropout_rate",
+    "dtype",
+    "remat_policy",
+    "attention_impl",
+    "dropout_impl",
+    "impl",
+    "fuse_projections",
+    "logits_in_activation_dtype",
+    "deterministic",
+    "decode",
+    "parent",
+    "name",
+  }
+)
 
 
 def resumable(field: str) -> bool:
@@ -44,6 +58,7 @@ def resumable(field: str) -> bool:
 
 class IncompatibleModelDirError(ValueError):
   """MODEL_DIR holds another run: the message names the settings that differ."""
+
   exit_code = 2
 
 
@@ -58,9 +73,16 @@ def identity(run, vocab, abstract_state, model_lengths: Mapping[str, int]) -> di
   out["params"] = tree_shapes(abstract_state.params)
   out["optimizer"] = _callable_name(training.optimizer)
   out["state_digest"] = _digest(tree_shapes(abstract_state))
-  out.update(task=data.task, feature_lengths=dict(data.feature_lengths), vocab_size=vocab.vocab_size,
-             vocabulary=vocabulary_digest(vocab), batch_size=int(data.batch_size),
-             random_seed=int(training.random_seed), pack=bool(data.pack), shuffle=bool(data.shuffle))
+  out.update(
+    task=data.task,
+    feature_lengths=dict(data.feature_lengths),
+    vocab_size=vocab.vocab_size,
+    vocabulary=vocabulary_digest(vocab),
+    batch_size=int(data.batch_size),
+    random_seed=int(training.random_seed),
+    pack=bool(data.pack),
+    shuffle=bool(data.shuffle),
+  )
   files = training_files(data.task)
   if files:
     out["train_files"] = files
@@ -79,8 +101,11 @@ def modules(model, lengths: Mapping[str, int]) -> dict[str, str]:
       seen[path] = describe(module)
     return next_fun(*args, **kwargs)
 
-  shapes = {"encoder_input_tokens": (1, lengths["inputs"]), "decoder_input_tokens": (1, lengths["targets"]),
-            "decoder_target_tokens": (1, lengths["targets"])}
+  shapes = {
+    "encoder_input_tokens": (1, lengths["inputs"]),
+    "decoder_input_tokens": (1, lengths["targets"]),
+    "decoder_target_tokens": (1, lengths["targets"]),
+  }
   with nn.intercept_methods(record):
     jax.eval_shape(lambda: model.init_variables(jax.random.PRNGKey(0), shapes))
   return dict(sorted(seen.items()))
@@ -133,8 +158,11 @@ def tree_shapes(tree, dtypes: bool = True) -> dict[str, Any]:
   """'a/b/c' -> 'float32[2, 3]' (or the shape alone, `dtypes=False`) for each array of a tree, whichever
   container holds it (a TrainState, or the dicts of a checkpoint's saved metadata)."""
   name = lambda k: str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
-  return {"/".join(name(k) for k in path): f"{np.dtype(leaf.dtype).name}{list(leaf.shape)}" if dtypes
-          else tuple(leaf.shape) for path, leaf in jax.tree_util.tree_leaves_with_path(tree) if hasattr(leaf, "shape")}
+  return {
+    "/".join(name(k) for k in path): f"{np.dtype(leaf.dtype).name}{list(leaf.shape)}" if dtypes else tuple(leaf.shape)
+    for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
+    if hasattr(leaf, "shape")
+  }
 
 
 def _digest(value) -> str:
@@ -154,6 +182,7 @@ def training_files(task_name: str) -> dict[str, str]:
   fingerprint (storage.fingerprint); {} for registered datasets."""
   import seqio
   from remixer_t5.tasks.lookup import get_task
+
   task = get_task(task_name)
   tasks = task.tasks if isinstance(task, seqio.Mixture) else [task]
   out = {}
@@ -173,15 +202,17 @@ def check(model_dir: storage.Path, ident: Mapping[str, Any]) -> bool:
   try:
     old = json.loads(path.read_text())
   except json.JSONDecodeError as e:
-    raise IncompatibleModelDirError(f"{path} is not valid JSON ({e}); it is not a run this version wrote or "
-                                    "it was damaged: use a new MODEL_DIR") from None
+    raise IncompatibleModelDirError(
+      f"{path} is not valid JSON ({e}); it is not a run this version wrote or it was damaged: use a new MODEL_DIR"
+    ) from None
   ident = json.loads(json.dumps(dict(ident), default=str))
   diffs = differences(old, ident)
   if diffs:
     shown = diffs[:8] + ([f"... and {len(diffs) - 8} more"] if len(diffs) > 8 else [])
     raise IncompatibleModelDirError(
-        f"MODEL_DIR {model_dir} holds another run; refusing to train into it (nothing in it was changed). "
-        f"Different: {'; '.join(shown)}. Use a new MODEL_DIR, or the run's own settings (its config.gin)")
+      f"MODEL_DIR {model_dir} holds another run; refusing to train into it (nothing in it was changed). "
+      f"Different: {'; '.join(shown)}. Use a new MODEL_DIR, or the run's own settings (its config.gin)"
+    )
   return False
 
 
@@ -207,7 +238,7 @@ def differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
 
 def _short(value, limit: int = 120) -> str:
   text = value if isinstance(value, str) else json.dumps(value)
-  return text if len(text) <= limit else text[:limit - 3] + "..."
+  return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def write(model_dir: storage.Path, ident: Mapping[str, Any]) -> None:

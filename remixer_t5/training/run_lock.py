@@ -14,6 +14,7 @@ the atomic create, so two launches taking over the same stale lock still leave o
 A holder that finds its lock replaced or cannot renew it within its lease has lost it (`lost`): the trainer then
 stops without writing more. A run of many processes holds one lock, taken by process 0.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -35,6 +36,7 @@ DEFAULT_LEASE_S = 120.0
 
 class RunLockedError(storage.StorageError):
   """MODEL_DIR is held by a live `train`."""
+
   exit_code = 2
 
 
@@ -115,12 +117,14 @@ class _BucketFile:
 
   def __init__(self, path):
     import gcsfs
+
     self.path = storage.run_path(path).as_posix()
     self.fs = gcsfs.GCSFileSystem()
     self.bucket, self.key, _ = self.fs.split_path(self.path)
 
   def _call(self, method, url, **kwargs):
     from fsspec.asyn import sync
+
     return sync(self.fs.loop, self.fs._call, method, url, **kwargs)
 
   def _conditional(self, method: str, url: str, **kwargs) -> bool:
@@ -138,11 +142,22 @@ class _BucketFile:
     return True
 
   def _upload(self, data: bytes, generation: str) -> bool:
-    body = (b'--==lock==\nContent-Type: application/json; charset=UTF-8\n\n' + json.dumps({"name": self.key}).encode()
-            + b'\n--==lock==\nContent-Type: application/json\n\n' + data + b'\n--==lock==--')
-    return self._conditional("POST", f"{self.fs._location}/upload/storage/v1/b/{quote(self.bucket)}/o",
-                             uploadType="multipart", headers={"Content-Type": 'multipart/related; boundary="==lock=="'},
-                             data=body, json_out=True, ifGenerationMatch=generation)
+    body = (
+      b'--==lock==\nContent-Type: application/json; charset=UTF-8\n\n'
+      + json.dumps({"name": self.key}).encode()
+      + b'\n--==lock==\nContent-Type: application/json\n\n'
+      + data
+      + b'\n--==lock==--'
+    )
+    return self._conditional(
+      "POST",
+      f"{self.fs._location}/upload/storage/v1/b/{quote(self.bucket)}/o",
+      uploadType="multipart",
+      headers={"Content-Type": 'multipart/related; boundary="==lock=="'},
+      data=body,
+      json_out=True,
+      ifGenerationMatch=generation,
+    )
 
   def create(self, data: bytes) -> bool:
     return self._upload(data, "0")
@@ -172,8 +187,12 @@ class _BucketFile:
 
 
 def _precondition_failed(e: Exception) -> bool:
-  return getattr(e, "code", None) == 412 or isinstance(e, FileExistsError) or "412" in str(e)[:200] or (
-      "precondition" in str(e).lower())
+  return (
+    getattr(e, "code", None) == 412
+    or isinstance(e, FileExistsError)
+    or "412" in str(e)[:200]
+    or ("precondition" in str(e).lower())
+  )
 
 
 class RunLock:
@@ -195,10 +214,19 @@ class RunLock:
     now = time.time()
     if not hasattr(self, "_since"):
       self._since = now
-    return json.dumps({
-        "host": socket.gethostname(), "pid": os.getpid(), "pid_start": _process_start(os.getpid()),
-        "since": self._since, "renewed": now, "lease_s": self.lease_s, "token": self.token,
-        "command": " ".join(sys.argv)[:300]}, indent=1).encode()
+    return json.dumps(
+      {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "pid_start": _process_start(os.getpid()),
+        "since": self._since,
+        "renewed": now,
+        "lease_s": self.lease_s,
+        "token": self.token,
+        "command": " ".join(sys.argv)[:300],
+      },
+      indent=1,
+    ).encode()
 
   def acquire(self) -> "RunLock":
     """Takes the lock, taking over a stale one; RunLockedError naming a live holder."""
@@ -221,12 +249,16 @@ class RunLock:
         holder = {}  # an empty or torn lock (its writer died while writing): stale once old enough
       reason = stale(holder)
       if reason is None:
-        raise RunLockedError(f"MODEL_DIR {self.model_dir} is in use by {describe(holder)}; refusing a second "
-                             f"writer (wait for it to end, stop it, or use another MODEL_DIR)")
+        raise RunLockedError(
+          f"MODEL_DIR {self.model_dir} is in use by {describe(holder)}; refusing a second "
+          f"writer (wait for it to end, stop it, or use another MODEL_DIR)"
+        )
       if self.file.remove(current[1]):
         print(f"taking over MODEL_DIR {self.model_dir} from {describe(holder)}: {reason}", flush=True)
-    raise RunLockedError(f"MODEL_DIR {self.model_dir}: could not take its lock ({self.path}) after 5 tries; "
-                         "another launch is taking it at the same time")
+    raise RunLockedError(
+      f"MODEL_DIR {self.model_dir}: could not take its lock ({self.path}) after 5 tries; "
+      "another launch is taking it at the same time"
+    )
 
   def _start_renewing(self) -> None:
     self._thread = threading.Thread(target=self._renew_loop, name="remixer_t5-run-lock", daemon=True)
@@ -242,8 +274,9 @@ class RunLock:
     try:
       current = self.file.read()
       if current is None or json.loads(current[0]).get("token") != self.token:
-        self.lost = (f"its lock {self.path} was " + ("removed" if current is None else
-                     f"taken by {describe(json.loads(current[0]))}"))
+        self.lost = f"its lock {self.path} was " + (
+          "removed" if current is None else f"taken by {describe(json.loads(current[0]))}"
+        )
         return
       if self.file.replace(self._record(), current[1]):
         held = self.file.read()
@@ -260,8 +293,10 @@ class RunLock:
   def check(self) -> None:
     """RunLockLostError once the lock is no longer this run's."""
     if self.lost:
-      raise RunLockLostError(f"stopped: {self.lost}; another writer may be in MODEL_DIR {self.model_dir}, so "
-                             "this run writes nothing more there")
+      raise RunLockLostError(
+        f"stopped: {self.lost}; another writer may be in MODEL_DIR {self.model_dir}, so "
+        "this run writes nothing more there"
+      )
 
   def release(self) -> None:
     self._stop.set()
@@ -274,8 +309,12 @@ class RunLock:
       if current is not None and json.loads(current[0]).get("token") == self.token:
         self.file.remove(current[1])
     except Exception as e:  # noqa: BLE001 - a lock left behind is taken over by the next launch
-      print(f"could not remove the lock {self.path} ({type(e).__name__}: {e}); the next launch takes it over "
-            "once its lease runs out", file=sys.stderr, flush=True)
+      print(
+        f"could not remove the lock {self.path} ({type(e).__name__}: {e}); the next launch takes it over "
+        "once its lease runs out",
+        file=sys.stderr,
+        flush=True,
+      )
     self.version = None
 
 
@@ -296,8 +335,11 @@ def describe(holder: dict) -> str:
   if not holder:
     return "an unreadable lock"
   since = holder.get("since")
-  when = (datetime.datetime.fromtimestamp(since, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-          if isinstance(since, (int, float)) else "?")
+  when = (
+    datetime.datetime.fromtimestamp(since, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    if isinstance(since, (int, float))
+    else "?"
+  )
   return f"process {holder.get('pid', '?')} on {holder.get('host', '?')} (since {when})"
 
 

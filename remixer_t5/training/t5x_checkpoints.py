@@ -14,6 +14,7 @@ The two on-disk layouts t5x writes (t5x/checkpoints.py), one step each, in MODEL
 - orbax (`checkpoints.OrbaxCheckpointManagerInterface`): `state/` is an orbax PyTree item (OCDBT) of the
   train-state dict {'target': params, 'state': {...}}; `dataset/` may hold the input pipeline's state.
 """
+
 from __future__ import annotations
 
 import copy
@@ -29,9 +30,9 @@ import tensorstore as ts
 from flax import serialization, traverse_util
 
 CHECKPOINT_FILE = "checkpoint"  # t5x's msgpack file in a legacy step directory
-STATE_ITEM = "state"            # t5x's orbax item of the train state
+STATE_ITEM = "state"  # t5x's orbax item of the train state
 _STEP_DIR = re.compile(r"checkpoint_(\d+)")  # t5x's default `get_checkpoint_prefix()` is 'checkpoint'
-_ORBAX_METADATA = "_METADATA"   # t5x (checkpoint_utils.detect_checkpoint_type) tells orbax apart by this file
+_ORBAX_METADATA = "_METADATA"  # t5x (checkpoint_utils.detect_checkpoint_type) tells orbax apart by this file
 
 
 class T5xCheckpointError(ValueError):
@@ -63,16 +64,18 @@ def find_t5x_checkpoint(path: str | os.PathLike, step: int | None = None) -> tup
     raise FileNotFoundError(f"no t5x checkpoint at {p}")
   if p.is_file():
     if p.name != CHECKPOINT_FILE:
-      raise T5xCheckpointError(f"{p} is not a t5x checkpoint: expected a step directory or its "
-                               f"`{CHECKPOINT_FILE}` msgpack file")
+      raise T5xCheckpointError(
+        f"{p} is not a t5x checkpoint: expected a step directory or its `{CHECKPOINT_FILE}` msgpack file"
+      )
     return "legacy", p
   if not _STEP_DIR.fullmatch(p.name) and not (p / CHECKPOINT_FILE).is_file() and not (p / STATE_ITEM).is_dir():
     steps = sorted((int(m.group(1)), c) for c in p.iterdir() if c.is_dir() and (m := _STEP_DIR.fullmatch(c.name)))
     if not steps:
       raise T5xCheckpointError(
-          f"{p} is not a t5x checkpoint: it has no checkpoint_<step>/ directories (a t5x MODEL_DIR), "
-          f"no `{CHECKPOINT_FILE}` msgpack file (a legacy step directory) and no `{STATE_ITEM}/` orbax item "
-          f"(an orbax step directory)")
+        f"{p} is not a t5x checkpoint: it has no checkpoint_<step>/ directories (a t5x MODEL_DIR), "
+        f"no `{CHECKPOINT_FILE}` msgpack file (a legacy step directory) and no `{STATE_ITEM}/` orbax item "
+        f"(an orbax step directory)"
+      )
     if step is None:
       p = steps[-1][1]
     else:
@@ -86,8 +89,9 @@ def find_t5x_checkpoint(path: str | os.PathLike, step: int | None = None) -> tup
   if (p / CHECKPOINT_FILE).is_file():
     return "legacy", p / CHECKPOINT_FILE
   raise T5xCheckpointError(
-      f"t5x step directory {p} has neither the `{CHECKPOINT_FILE}` msgpack file (legacy layout) nor a "
-      f"`{STATE_ITEM}/` orbax item (orbax layout); contents: {sorted(c.name for c in p.iterdir())}")
+    f"t5x step directory {p} has neither the `{CHECKPOINT_FILE}` msgpack file (legacy layout) nor a "
+    f"`{STATE_ITEM}/` orbax item (orbax layout); contents: {sorted(c.name for c in p.iterdir())}"
+  )
 
 
 def load_t5x_params(path: str | os.PathLike, step: int | None = None) -> dict:
@@ -106,9 +110,10 @@ def _load_legacy(msgpack_file: Path) -> dict:
   # Version >= 1 wraps the optimizer state; version 0 (a plain flax optimizer checkpoint) is that state itself.
   optimizer = contents.get("optimizer", contents)
   if not isinstance(optimizer, dict) or "target" not in optimizer:
-    raise T5xCheckpointError(f"{msgpack_file} has no 'optimizer/target' (the parameters); top-level keys: "
-                             f"{sorted(contents)}" + (f", optimizer keys: {sorted(optimizer)}"
-                                                      if isinstance(optimizer, dict) else ""))
+    raise T5xCheckpointError(
+      f"{msgpack_file} has no 'optimizer/target' (the parameters); top-level keys: "
+      f"{sorted(contents)}" + (f", optimizer keys: {sorted(optimizer)}" if isinstance(optimizer, dict) else "")
+    )
   flat: dict[tuple[str, ...], Any] = {}
   specs: dict[tuple[str, ...], dict] = {}
   for keys, leaf in traverse_util.flatten_dict(optimizer["target"], is_leaf=lambda _, x: _is_ts_spec(x)).items():
@@ -134,8 +139,10 @@ def _local_spec(spec: dict, step_dir: Path, name: str, msgpack_file: Path) -> di
     raise T5xCheckpointError(f"{msgpack_file}: the TensorStore spec of {name} has no path: {spec}")
   array_dir = step_dir / rel
   if not array_dir.is_dir():
-    raise T5xCheckpointError(f"{msgpack_file} stores {name} in TensorStore at {array_dir}, which is missing "
-                             f"(copy the whole checkpoint_<step>/ directory)")
+    raise T5xCheckpointError(
+      f"{msgpack_file} stores {name} in TensorStore at {array_dir}, which is missing "
+      f"(copy the whole checkpoint_<step>/ directory)"
+    )
   spec["kvstore"] = {"driver": "file", "path": str(array_dir) + "/"}
   return spec
 
@@ -160,8 +167,12 @@ def _load_orbax(state_dir: Path) -> dict:
     abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype), target)
     restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target)
     # Only `target` is read: the optimizer state can be several times the size of the parameters.
-    restored = ckptr.restore(state_dir, args=ocp.args.PyTreeRestore(
-        item={"target": abstract}, restore_args={"target": restore_args}, partial_restore=True))
+    restored = ckptr.restore(
+      state_dir,
+      args=ocp.args.PyTreeRestore(
+        item={"target": abstract}, restore_args={"target": restore_args}, partial_restore=True
+      ),
+    )
   return _plain(restored["target"])
 
 

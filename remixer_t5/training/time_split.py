@@ -10,6 +10,7 @@ The device runs the dispatched steps while the host fetches the next batch, so i
 is counted as step time when the host then waits for them; what shows as `time/input` is what they could not
 hide. An evaluation or a save made right after a row falls in the next row's window.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -50,6 +51,6 @@ def summary(row) -> str:
   """'goodput 91%', and the largest other part when it takes more than SHOWN_ABOVE: 'goodput 91%, input 6%'."""
   seconds = row["window_seconds"]
   text = f"goodput {row['goodput']:.0%}"
-  others = {k[len("time/"):]: v / seconds for k, v in row.items() if k.startswith("time/") and k != "time/step"}
+  others = {k[len("time/") :]: v / seconds for k, v in row.items() if k.startswith("time/") and k != "time/step"}
   name, share = max(others.items(), key=lambda kv: kv[1])
   return text + (f", {name} {share:.0%}" if share > SHOWN_ABOVE else "")

@@ -19,6 +19,7 @@ train step as the value `step` (every metric plotted against it: `define_metric`
 (metrics.jsonl's). A step logged twice is in the history twice, each row with its attempt; as in metrics.jsonl,
 the later attempt's row is the current one. The W&B history is therefore metrics.jsonl's rows, row for row
 (less its `start` rows and decoded examples)."""
+
 from __future__ import annotations
 
 import ast
@@ -40,6 +41,7 @@ CONFIG_FILE = "config.gin"  # written by the trainer before the logger starts
 @dataclasses.dataclass(frozen=True)
 class Wandb:
   """The W&B settings a gin file may bind; None leaves each to W&B's environment variable (module docstring)."""
+
   project: str | None = None
   group: str | None = None
   entity: str | None = None
@@ -51,9 +53,11 @@ def settings() -> Wandb:
     bound = gin.get_configurable(Wandb)()
   except ValueError:  # no gin file binds it
     bound = Wandb()
-  return Wandb(project=bound.project or os.environ.get("WANDB_PROJECT") or None,
-               group=bound.group or os.environ.get("WANDB_RUN_GROUP") or None,
-               entity=bound.entity or os.environ.get("WANDB_ENTITY") or None)
+  return Wandb(
+    project=bound.project or os.environ.get("WANDB_PROJECT") or None,
+    group=bound.group or os.environ.get("WANDB_RUN_GROUP") or None,
+    entity=bound.entity or os.environ.get("WANDB_ENTITY") or None,
+  )
 
 
 def gin_bindings(config_text: str) -> dict[str, Any]:
@@ -119,8 +123,10 @@ def from_environment(model_dir: str) -> Tracker | None:
   try:
     import wandb  # the optional `wandb` extra: imported here only, when tracking is asked for
   except ImportError as e:
-    raise ImportError(f"W&B tracking is on (project {chosen.project!r}) and wandb is not installed: "
-                      "pip install -e '.[wandb]' (or unset WANDB_PROJECT)") from e
+    raise ImportError(
+      f"W&B tracking is on (project {chosen.project!r}) and wandb is not installed: "
+      "pip install -e '.[wandb]' (or unset WANDB_PROJECT)"
+    ) from e
   folder = storage.run_path(model_dir)
   id_file = folder / RUN_ID_FILE
   if id_file.exists():
@@ -131,7 +137,8 @@ def from_environment(model_dir: str) -> Tracker | None:
     storage.write_text(id_file, run_id + "\n")
   config_file = folder / CONFIG_FILE
   config = gin_bindings(config_file.read_text()) if config_file.exists() else {}
-  run = wandb.init(project=chosen.project, entity=chosen.entity, group=chosen.group, id=run_id,
-                   name=folder.name, resume="allow")
+  run = wandb.init(
+    project=chosen.project, entity=chosen.entity, group=chosen.group, id=run_id, name=folder.name, resume="allow"
+  )
   run.config.update(config, allow_val_change=True)  # a resumed launch may change what may change
   return Tracker(run)

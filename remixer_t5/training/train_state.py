@@ -1,5 +1,6 @@
 """The trainer's state, its abstract form (shapes and shardings: what programs.py builds the steps for, restores
 and ahead-of-time compiles take) and an INIT_CHECKPOINT's fixed-length matrices fitted on load."""
+
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -20,9 +21,11 @@ class TrainState(struct.PyTreeNode):
 
 
 def input_shapes(feature_lengths: Mapping[str, int]) -> dict[str, tuple[int, int]]:
-  return {"encoder_input_tokens": (1, feature_lengths["inputs"]),
-          "decoder_input_tokens": (1, feature_lengths["targets"]),
-          "decoder_target_tokens": (1, feature_lengths["targets"])}
+  return {
+    "encoder_input_tokens": (1, feature_lengths["inputs"]),
+    "decoder_input_tokens": (1, feature_lengths["targets"]),
+    "decoder_target_tokens": (1, feature_lengths["targets"]),
+  }
 
 
 def abstract(tree, shardings):
@@ -37,15 +40,20 @@ def abstract_state(model, tx, input_shapes, partitioner) -> tuple[TrainState, Tr
   opt_sh = partitioner.opt_state_shardings(abstract_opt, abstract_vars["params"], param_sh)
   rep = partitioner.replicated()
   shardings = TrainState(step=rep, params=param_sh, opt_state=opt_sh, rng=rep)
-  shapes = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract_vars["params"],
-                      opt_state=abstract_opt, rng=jax.eval_shape(lambda: jax.random.PRNGKey(0)))
+  shapes = TrainState(
+    step=jax.ShapeDtypeStruct((), jnp.int32),
+    params=abstract_vars["params"],
+    opt_state=abstract_opt,
+    rng=jax.eval_shape(lambda: jax.random.PRNGKey(0)),
+  )
   return abstract(shapes, shardings), shardings
 
 
 def fit_lengths(model, feature_lengths, fresh, params, log):
   """INIT_CHECKPOINT's fixed-length mixer matrices fitted to this run's lengths (see `fixed_length`)."""
-  variables = jax.eval_shape(lambda rng: model.init_variables(rng, input_shapes(feature_lengths)),
-                             jax.random.PRNGKey(0))
+  variables = jax.eval_shape(
+    lambda rng: model.init_variables(rng, input_shapes(feature_lengths)), jax.random.PRNGKey(0)
+  )
   params, resized = fixed_length.fit_params(params, fresh, partitioning.logical_axes(variables["params_axes"]))
   for line in resized:
     log.info(f"INIT_CHECKPOINT resized to this run's lengths: {line}")

@@ -6,6 +6,7 @@ The same code runs on one CPU and on a TPU slice: the state is created directly 
 programs.py's, evaluation validation.py's, and only process 0 writes summaries. It imports the data side (seqio,
 TensorFlow); `remixer-t5 compile` builds the same steps from programs.py without it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,6 +38,7 @@ from remixer_t5.tasks import sources
 from remixer_t5.tasks.lookup import get_task, with_vocabulary
 from remixer_t5.training.train_state import fit_lengths
 
+
 def train(run: Run, *, config_text: str | None = None) -> dict[str, float]:
   """Train `run` (run_config.Run), resuming from the latest good checkpoint in its MODEL_DIR. Returns the last
   train row's metrics.
@@ -62,14 +64,18 @@ def train(run: Run, *, config_text: str | None = None) -> dict[str, float]:
       if config_text is not None:
         storage.write_text(run.model_dir / "config.gin", config_text)
     log = MetricsLogger(run.model_dir)
-    ckpt = checkpoints.Checkpointer(run.model_dir, keep=run.schedule.keep_checkpoints,
-                                    keep_best=run.schedule.keep_best_by is not None)
+    ckpt = checkpoints.Checkpointer(
+      run.model_dir, keep=run.schedule.keep_checkpoints, keep_best=run.schedule.keep_best_by is not None
+    )
     with _StopWatch(lock) as stop:  # a signal while restoring or compiling stops after the first step
       state, position, input_state, best_state = _restore(ckpt, prog, run, log)
       log.start(int(state.step))
       sched = run.schedule
-      keeper = best.Keeper(sched.keep_best_by, sched.early_stop_patience, sched.early_stop_min_delta,
-                           best_state) if sched.keep_best_by else None
+      keeper = (
+        best.Keeper(sched.keep_best_by, sched.early_stop_patience, sched.early_stop_min_delta, best_state)
+        if sched.keep_best_by
+        else None
+      )
       return _loop(run, prog, state, task, vocab, infer_task, ckpt, log, position, input_state, stop, keeper)
   finally:
     _close(ckpt, log)
@@ -117,8 +123,9 @@ def _setup(run: Run, check_init: bool = False):
   if check_init and run.training.init_checkpoint:
     storage.check_bucket(run.training.init_checkpoint, "INIT_CHECKPOINT")
   data = run.data
-  task_name, task, vocab, infer_task = task_and_vocabulary(data.task, data.vocabulary, data.data_dir,
-                                                            run.schedule.infer_eval_task)
+  task_name, task, vocab, infer_task = task_and_vocabulary(
+    data.task, data.vocabulary, data.data_dir, run.schedule.infer_eval_task
+  )
   _check_vocab_fits(run.training.model, task)
   data = dataclasses.replace(data, task=task_name, pack=programs.packing(run.training.model, data.pack))
   return dataclasses.replace(run, data=data), task, vocab, infer_task
@@ -136,21 +143,29 @@ def eval_program(run: Run) -> programs.Program:
   return _program(dataclasses.replace(run, training=dataclasses.replace(run.training, learning_rate=None)))
 
 
-def _loop(run, prog, state, task, vocab, infer_task, ckpt, log, position, input_state, stop, keeper
-          ) -> dict[str, float]:
+def _loop(
+  run, prog, state, task, vocab, infer_task, ckpt, log, position, input_state, stop, keeper
+) -> dict[str, float]:
   """The training loop from `state` to TRAIN_STEPS with its log, evaluation and checkpoint hooks."""
   data, sched, model_dir = run.data, run.schedule, run.model_dir
   step = int(state.step)
   n_params = sum(int(np.prod(p.shape)) for p in jax.tree_util.tree_leaves(state.params))
-  log.info(f"model: {n_params:,} params | mesh {dict(prog.mesh.shape)} | task {data.task} | "
-           f"batch {data.batch_size} | lengths {dict(data.feature_lengths)} | steps {step}->{sched.train_steps}")
+  log.info(
+    f"model: {n_params:,} params | mesh {dict(prog.mesh.shape)} | task {data.task} | "
+    f"batch {data.batch_size} | lengths {dict(data.feature_lengths)} | steps {step}->{sched.train_steps}"
+  )
   evaluate = lambda st: validation.evaluate(prog, st, task, vocab, run, log)
   if step == 0 and sched.eval_period:
     evaluate(state)  # the starting point of the validation curve
   batches = _restore_batches(task, run, position, input_state, log)
   data_position = {"batches": position, "seed": run.training.random_seed, "task": data.task, "iterator": True}
-  window = _LogWindow(prog.model, batch_shapes(data.feature_lengths, data.batch_size, data.pack),
-                      run.training.peak_flops_per_device, step, log)
+  window = _LogWindow(
+    prog.model,
+    batch_shapes(data.feature_lengths, data.batch_size, data.pack),
+    run.training.peak_flops_per_device,
+    step,
+    log,
+  )
   profiler = profiling.StepProfiler(model_dir, sched.profile_steps, log.info)
   timed = window.split
   compiled, last, preempted, early_stop = None, {}, None, False
@@ -229,8 +244,10 @@ class _LogWindow:
       model_flops, model_loops = mfu_lib.model_flops_and_loops(model, batch)
       self.flops["mfu"] = model_flops / jax.device_count()
       if model_loops:
-        log.info(f"mfu is a lower bound: the model's mixers loop ({model_loops} while loops in the step) and "
-                 "XLA's cost analysis counts each loop body once")
+        log.info(
+          f"mfu is a lower bound: the model's mixers loop ({model_loops} while loops in the step) and "
+          "XLA's cost analysis counts each loop body once"
+        )
     self.sums, self.tokens, self.steps = None, 0, 0
     self.split = time_split.TimeSplit()
     self.run_t0 = time.time()
@@ -253,10 +270,14 @@ class _LogWindow:
     if m["nonfinite"]:
       ckpt.close()  # finish the saves in flight: they hold good states
       raise FloatingPointError(
-          f"non-finite loss or update between steps {self.checked_through} and {step} (loss "
-          f"{float(m['loss_sum']) / max(float(m['weight_sum']), 1.0):.4g}); stopped without saving. "
-          + (f"The last good checkpoint is {ckpt.latest_step()} in {ckpt.directory}" if ckpt.latest_step()
-             is not None else f"No checkpoint was saved before it ({ckpt.directory} is empty)"))
+        f"non-finite loss or update between steps {self.checked_through} and {step} (loss "
+        f"{float(m['loss_sum']) / max(float(m['weight_sum']), 1.0):.4g}); stopped without saving. "
+        + (
+          f"The last good checkpoint is {ckpt.latest_step()} in {ckpt.directory}"
+          if ckpt.latest_step() is not None
+          else f"No checkpoint was saved before it ({ckpt.directory} is empty)"
+        )
+      )
     self.checked_through = step
 
   def write(self, step: int, train_steps: int) -> dict:
@@ -265,8 +286,13 @@ class _LogWindow:
     m, steps, split = self.host, self.steps, self.split.row()
     seconds = split["window_seconds"]
     row = summarize(m)
-    row.update(tokens_per_s=self.tokens / seconds, tokens_per_s_per_device=self.tokens / seconds / jax.device_count(),
-               steps_per_s=steps / seconds, grad_norm=float(m["grad_norm"]) / steps, **split)
+    row.update(
+      tokens_per_s=self.tokens / seconds,
+      tokens_per_s_per_device=self.tokens / seconds / jax.device_count(),
+      steps_per_s=steps / seconds,
+      grad_norm=float(m["grad_norm"]) / steps,
+      **split,
+    )
     for name, count in self.flops.items():
       utilisation = mfu_lib.mfu(count, steps / seconds, self.peak)
       if utilisation is not None:
@@ -274,8 +300,13 @@ class _LogWindow:
     if "learning_rate" in m:
       row["learning_rate"] = float(m["learning_rate"]) / steps
     eta = (train_steps - step) * seconds / steps
-    self.log.write(step, "train", row, f"{time_split.summary(split)} | ETA {format_duration(eta)} (elapsed "
-                   f"{format_duration(time.time() - self.run_t0)})")
+    self.log.write(
+      step,
+      "train",
+      row,
+      f"{time_split.summary(split)} | ETA {format_duration(eta)} (elapsed "
+      f"{format_duration(time.time() - self.run_t0)})",
+    )
     self.sums, self.tokens, self.steps = None, 0, 0
     self.split.reset()
     return row
@@ -289,8 +320,10 @@ def _report_super_glue(model_dir, step: int, log) -> None:
   report = best.super_glue_protocol(current_rows(read_rows(log.path)))
   if report is not None:
     log.write(step, "infer/super_glue_t5_protocol", report)
-    log.info(f"SuperGLUE, T5's protocol: {report['score']:.2f} (each task at its best checkpoint), single best "
-             f"checkpoint {report['single_best_score']:.2f} (step {report['single_best_step']})")
+    log.info(
+      f"SuperGLUE, T5's protocol: {report['score']:.2f} (each task at its best checkpoint), single best "
+      f"checkpoint {report['single_best_score']:.2f} (step {report['single_best_step']})"
+    )
 
 
 def _save(model_dir, ckpt, step: int, state, batches, data_position: dict, log, keeper=None, keep=None) -> None:
@@ -306,8 +339,10 @@ def _save(model_dir, ckpt, step: int, state, batches, data_position: dict, log, 
       data_position["iterator"] = False
       log.info(str(e))
     except Exception as e:  # noqa: BLE001 - TensorFlow's and the file system's errors: one line, the cause
-      raise storage.StorageError(f"checkpoint {ckpt.directory / str(step)} could not be written (its input "
-                                 f"position): {checkpoints.storage_cause(e)}") from e
+      raise storage.StorageError(
+        f"checkpoint {ckpt.directory / str(step)} could not be written (its input "
+        f"position): {checkpoints.storage_cause(e)}"
+      ) from e
   extra = {"data_position": dict(data_position)}
   if keeper is not None:
     extra["best"] = keeper.state()
@@ -354,6 +389,7 @@ class _StopWatch:
   """SIGTERM (a preemption notice) and Ctrl-C (SIGINT) set a flag the loop polls at step boundaries, where the
   run then saves and returns; a second Ctrl-C aborts at once (KeyboardInterrupt). A lock that is no longer this
   run's stops it unsaved (run_lock.RunLockLostError). With many processes they agree (any -> all)."""
+
   SIGNALS = {signal.SIGTERM: "preempted (SIGTERM)", signal.SIGINT: "interrupted (Ctrl-C)"}
 
   def __init__(self, lock):
@@ -364,8 +400,10 @@ class _StopWatch:
       raise KeyboardInterrupt  # the second Ctrl-C
     self.reason = self.SIGNALS[signum]
     if signum == signal.SIGINT:
-      print("\ninterrupted: saving at the end of this step, then stopping (Ctrl-C again to abort without saving)",
-            flush=True)
+      print(
+        "\ninterrupted: saving at the end of this step, then stopping (Ctrl-C again to abort without saving)",
+        flush=True,
+      )
 
   def __enter__(self):
     if threading.current_thread() is threading.main_thread():
@@ -395,9 +433,17 @@ def _restore_batches(task, run: Run, position: int, input_state, log):
   """The training batches at `position`: the saved iterator state restored (constant time), else replayed
   with skip (a checkpoint from before iterator checkpoints, or a pipeline that cannot be checkpointed)."""
   data = run.data
-  batches_at = lambda skip=0: get_batches(task, data.feature_lengths, "train", data.batch_size,
-                                          seed=run.training.random_seed, shuffle=data.shuffle, repeat=True,
-                                          pack=data.pack, skip_batches=skip)
+  batches_at = lambda skip=0: get_batches(
+    task,
+    data.feature_lengths,
+    "train",
+    data.batch_size,
+    seed=run.training.random_seed,
+    shuffle=data.shuffle,
+    repeat=True,
+    pack=data.pack,
+    skip_batches=skip,
+  )
   say = log.info
   if jax.process_count() > 1:  # each process restores its own shard's position: every one reports
     say = lambda m: print(f"[process {jax.process_index()}] {m}", flush=True)
@@ -409,12 +455,16 @@ def _restore_batches(task, run: Run, position: int, input_state, log):
       say(f"input position restored from {input_state} ({position} batches) in {seconds:.2f}s")
       return batches
     except Exception as e:  # noqa: BLE001 - e.g. the task's pipeline changed since: say so, then replay
-      say(f"input state {input_state} does not fit this pipeline ({type(e).__name__}: "
-          f"{str(e).splitlines()[0][:200] if str(e) else ''}); replaying {position} batches with skip")
+      say(
+        f"input state {input_state} does not fit this pipeline ({type(e).__name__}: "
+        f"{str(e).splitlines()[0][:200] if str(e) else ''}); replaying {position} batches with skip"
+      )
   elif position:
-    say(f"no input-iterator state for this checkpoint (a run from before iterator checkpoints, a pipeline "
-        f"that cannot be checkpointed, or another number of processes): replaying {position} batches with "
-        f"skip, which takes time proportional to the position")
+    say(
+      f"no input-iterator state for this checkpoint (a run from before iterator checkpoints, a pipeline "
+      f"that cannot be checkpointed, or another number of processes): replaying {position} batches with "
+      f"skip, which takes time proportional to the position"
+    )
   return batches_at(position)
 
 
@@ -422,9 +472,11 @@ def _check_vocab_fits(model: EncoderDecoderModel, task) -> None:
   cfg = getattr(model.module, "config", None)
   for name, feature in task.output_features.items():
     if cfg is not None and feature.vocabulary.vocab_size > cfg.vocab_size:
-      raise ValueError(f"the {name!r} vocabulary has {feature.vocabulary.vocab_size} ids but the model's "
-                       f"vocab_size is {cfg.vocab_size}; use a model config with vocab_size >= "
-                       f"{feature.vocabulary.vocab_size}")
+      raise ValueError(
+        f"the {name!r} vocabulary has {feature.vocabulary.vocab_size} ids but the model's "
+        f"vocab_size is {cfg.vocab_size}; use a model config with vocab_size >= "
+        f"{feature.vocabulary.vocab_size}"
+      )
 
 
 def _restore_for_eval(model_dir: storage.Path, prog: programs.Program, step: int | None):
@@ -444,8 +496,14 @@ def _restore_for_eval(model_dir: storage.Path, prog: programs.Program, step: int
   return prog.state.replace(params=params, step=0)
 
 
-def evaluate_checkpoint(run: Run, *, checkpoint_step: int | None = None, infer: bool | None = None,
-                        infer_split: str = "validation", beam_size: int = 1) -> dict[str, Any]:
+def evaluate_checkpoint(
+  run: Run,
+  *,
+  checkpoint_step: int | None = None,
+  infer: bool | None = None,
+  infer_split: str = "validation",
+  beam_size: int = 1,
+) -> dict[str, Any]:
   """Restore a checkpoint of `run` (the latest, or `checkpoint_step`); evaluate loss/accuracy on the validation
   split (metrics.jsonl rows) and, with `infer` (default: when the task has metrics), decode `infer_split` of
   `Schedule.infer_eval_task` (None: the task trained on) with the seqio Evaluator, in the trained task's
@@ -463,8 +521,19 @@ def evaluate_checkpoint(run: Run, *, checkpoint_step: int | None = None, infer: 
       infer_of = get_task(infer_name)
       infer = any(t.metric_fns for t in (infer_of.tasks if isinstance(infer_of, seqio.Mixture) else [infer_of]))
     if infer:
-      results.update(validation.infer_eval(prog, state.params, run, infer_name, int(state.step), log,
-                                           split=infer_split, beam_size=beam_size, progress=log.info))
+      results.update(
+        validation.infer_eval(
+          prog,
+          state.params,
+          run,
+          infer_name,
+          int(state.step),
+          log,
+          split=infer_split,
+          beam_size=beam_size,
+          progress=log.info,
+        )
+      )
     return results
   finally:
     log.close()

@@ -8,6 +8,7 @@ batch in every attention layer's backward. Here those sums are pairwise halvings
 which the halvings' extra passes would only slow, so this is the `cpu` implementation of
 `T5Config.attention_impl` (kernels/__init__.py), not the reference. docs/benchmarks.md has what it gains.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -36,9 +37,13 @@ def _sum_by_halving(x, axis: int):
     n = x.shape[axis]
     half = jax.lax.slice_in_dim(x, 0, n // 2, axis=axis) + jax.lax.slice_in_dim(x, n // 2, 2 * (n // 2), axis=axis)
     if n % 2:
-      half = jnp.concatenate([jax.lax.slice_in_dim(half, 0, 1, axis=axis) +
-                              jax.lax.slice_in_dim(x, n - 1, n, axis=axis),
-                              jax.lax.slice_in_dim(half, 1, n // 2, axis=axis)], axis=axis)
+      half = jnp.concatenate(
+        [
+          jax.lax.slice_in_dim(half, 0, 1, axis=axis) + jax.lax.slice_in_dim(x, n - 1, n, axis=axis),
+          jax.lax.slice_in_dim(half, 1, n // 2, axis=axis),
+        ],
+        axis=axis,
+      )
     x = half
   return x
 

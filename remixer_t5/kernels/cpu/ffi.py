@@ -7,6 +7,7 @@ and, for flags that tune the code to this CPU (`-march=native`), by the CPU's mo
 cache shared between machines never hands one a library built for another. It is written under a temporary
 name and renamed: a failed or interrupted build leaves nothing behind.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -52,16 +53,32 @@ def host_cpu() -> str:
   return "\n".join(dict.fromkeys(keep)) or platform.machine()
 
 
-def build(source: Path, folder: str, flags: Sequence[str] = ("-O2",), environ: MutableMapping[str, str] | None = None,
-          log: Callable[[str], None] | None = None, out_dir: Path | None = None, what: str = "CPU") -> Path:
+def build(
+  source: Path,
+  folder: str,
+  flags: Sequence[str] = ("-O2",),
+  environ: MutableMapping[str, str] | None = None,
+  log: Callable[[str], None] | None = None,
+  out_dir: Path | None = None,
+  what: str = "CPU",
+) -> Path:
   """`source`'s shared library, compiled into the cache folder `folder` (or out_dir) unless there already;
   Unavailable with the compiler's last lines when it fails. `what` starts the log line."""
   env = os.environ if environ is None else environ
   cxx = compiler(env, source)
   text = source.read_bytes() + b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
   native = any("native" in f for f in flags)
-  key = hashlib.sha256(b"\0".join([text, " ".join(flags).encode(), jaxlib.__version__.encode(), cxx.encode(),
-                                   host_cpu().encode() if native else b""])).hexdigest()[:16]
+  key = hashlib.sha256(
+    b"\0".join(
+      [
+        text,
+        " ".join(flags).encode(),
+        jaxlib.__version__.encode(),
+        cxx.encode(),
+        host_cpu().encode() if native else b"",
+      ]
+    )
+  ).hexdigest()[:16]
   out_dir = Path(out_dir) if out_dir is not None else cache_dir(folder, env)
   target = out_dir / f"{source.stem}-{key}.so"
   if target.exists():
@@ -69,8 +86,19 @@ def build(source: Path, folder: str, flags: Sequence[str] = ("-O2",), environ: M
   out_dir.mkdir(parents=True, exist_ok=True)
   fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=out_dir)
   os.close(fd)
-  cmd = [cxx, *flags, "-std=c++17", "-shared", "-fPIC", "-w", f"-I{source.parent}", f"-I{jax.ffi.include_dir()}",
-         str(source), "-o", tmp]
+  cmd = [
+    cxx,
+    *flags,
+    "-std=c++17",
+    "-shared",
+    "-fPIC",
+    "-w",
+    f"-I{source.parent}",
+    f"-I{jax.ffi.include_dir()}",
+    str(source),
+    "-o",
+    tmp,
+  ]
   if log:
     log(f"{what}: building {source.name} with {cxx} (once; cached in {out_dir})")
   try:
@@ -86,8 +114,9 @@ def build(source: Path, folder: str, flags: Sequence[str] = ("-O2",), environ: M
   return target
 
 
-def register_once(state: dict, build: Callable[[], Path], targets: Mapping[str, str],
-                  on_failure: Callable[[str], None]) -> bool:
+def register_once(
+  state: dict, build: Callable[[], Path], targets: Mapping[str, str], on_failure: Callable[[str], None]
+) -> bool:
   """Loads the library `build()` returns and registers its handlers as CPU custom calls (target name -> the
   library's symbol), once per process; `state` remembers the outcome ("registered", or "failed": why). A failed
   build is tried once: `on_failure(why)` runs then (it may raise), and later calls return False at once."""

@@ -24,6 +24,7 @@ values (tests/test_cpu_hypermixing.py). The segmented kernel reads every segment
 row's queries; XLA's form looks only at ids up to min(query length, key length), which is every id when
 seqio numbers a row's examples 1, 2, ... (an id above the key length would have no keys there).
 """
+
 from __future__ import annotations
 
 import platform
@@ -56,8 +57,7 @@ def flags() -> tuple[str, ...]:
   return ("-O3", "-march=native", "-fopenmp-simd", "-fno-trapping-math", *extra)
 
 
-def build(environ: MutableMapping[str, str] | None = None, log: Callable[[str], None] | None = None,
-          out_dir=None):
+def build(environ: MutableMapping[str, str] | None = None, log: Callable[[str], None] | None = None, out_dir=None):
   return ffi.build(SOURCE, "cpu_hypermixing", flags(), environ, log, out_dir, what="HyperMixing")
 
 
@@ -66,10 +66,17 @@ UNUSABLE = "the C++ loops take float32 operands on one device, in a process that
 
 def usable(dtype) -> bool:
   """Whether HyperMixing of `dtype` can run through the kernels in this process (building them if needed)."""
-  targets = {FORWARD: "RemixerHyperMixingCausal", BACKWARD: "RemixerHyperMixingCausalGrad",
-             SEGMENTED: "RemixerHyperMixingSegmented", SEGMENTED_GRAD: "RemixerHyperMixingSegmentedGrad"}
-  return (jnp.dtype(dtype) == jnp.float32 and jax.device_count() == 1
-          and ffi.register_once(_state, build, targets, lambda why: None))
+  targets = {
+    FORWARD: "RemixerHyperMixingCausal",
+    BACKWARD: "RemixerHyperMixingCausalGrad",
+    SEGMENTED: "RemixerHyperMixingSegmented",
+    SEGMENTED_GRAD: "RemixerHyperMixingSegmentedGrad",
+  }
+  return (
+    jnp.dtype(dtype) == jnp.float32
+    and jax.device_count() == 1
+    and ffi.register_once(_state, build, targets, lambda why: None)
+  )
 
 
 def describe() -> str | None:
@@ -83,8 +90,9 @@ def _call(names: tuple[str, str], args: tuple, shapes: tuple, **attrs):
   """The custom calls `names` (forward, gradient) on args (w1, x, w2, mask, then the int32 ids) as a custom_vjp.
   The forward returns `shapes`: the output, then what the gradient reads between the operands and the cotangent."""
   forward = jax.ffi.ffi_call(names[0], shapes, vmap_method="sequential")
-  backward = jax.ffi.ffi_call(names[1], tuple(jax.ShapeDtypeStruct(a.shape, jnp.float32) for a in args[:3]),
-                              vmap_method="sequential")
+  backward = jax.ffi.ffi_call(
+    names[1], tuple(jax.ShapeDtypeStruct(a.shape, jnp.float32) for a in args[:3]), vmap_method="sequential"
+  )
 
   @jax.custom_vjp
   def kernel(*args):
@@ -124,6 +132,8 @@ def segmented(w1, x, w2, mask, q_segment_ids, kv_segment_ids, *, reference: Call
   if not usable(w1.dtype):
     return kernels.hand_back(reference, UNUSABLE, w1, x, w2, mask, q_segment_ids, kv_segment_ids)
   shapes = (jax.ShapeDtypeStruct((w2.shape[0], w2.shape[1], x.shape[-1]), jnp.float32),)
-  args = (tuple(a.astype(jnp.float32) for a in (w1, x, w2, mask))
-          + (jnp.asarray(q_segment_ids, jnp.int32), jnp.asarray(kv_segment_ids, jnp.int32)))
+  args = tuple(a.astype(jnp.float32) for a in (w1, x, w2, mask)) + (
+    jnp.asarray(q_segment_ids, jnp.int32),
+    jnp.asarray(kv_segment_ids, jnp.int32),
+  )
   return _call((SEGMENTED, SEGMENTED_GRAD), args, shapes, length_normalize=np.int64(length_normalize))

@@ -17,6 +17,7 @@ element once per position that reads it. The custom call is used in a process wi
 cannot be partitioned over a mesh) and where the C++ builds; else the unrolled hash alone is used.
 `tests/test_cpu_threefry.py` checks Random123's known answers and the masks against JAX's.
 """
+
 from __future__ import annotations
 
 import math
@@ -63,8 +64,12 @@ def keep_mask(key, keep_prob: float, shape: tuple[int, ...], *, reference: Calla
   if size < UNROLL_MIN:  # small masks: JAX's own draw is as fast
     return reference(key)
   if size >= 1 << 32 or not jax.config.jax_threefry_partitionable:
-    return kernels.hand_back(reference, "the unrolled hash takes masks under 2^32 elements with jax's "
-                             "partitionable threefry (jax_threefry_partitionable)", key)
+    return kernels.hand_back(
+      reference,
+      "the unrolled hash takes masks under 2^32 elements with jax's "
+      "partitionable threefry (jax_threefry_partitionable)",
+      key,
+    )
   data = jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
   # JAX's counters: each element's row-major index as a 64-bit number, in two uint32 words (high ones 0 here).
   counts = jax.lax.broadcasted_iota(jnp.uint32, shape, 0)
@@ -83,15 +88,20 @@ def materialize(mask):
   (module docstring); untouched in a process with several JAX devices or where the custom call cannot build."""
   if jax.device_count() != 1 or not _register():
     return mask
-  call = jax.ffi.ffi_call(MATERIALIZE, jax.ShapeDtypeStruct(mask.shape, mask.dtype),
-                          input_output_aliases={0: 0}, vmap_method="broadcast_all")
+  call = jax.ffi.ffi_call(
+    MATERIALIZE, jax.ShapeDtypeStruct(mask.shape, mask.dtype), input_output_aliases={0: 0}, vmap_method="broadcast_all"
+  )
   return call(mask)
 
 
 def _register() -> bool:
   """Builds and registers the custom call once per process; False if that fails (the mask is then fused)."""
-  return ffi.register_once(_state, lambda: ffi.build(SOURCE, "cpu_threefry", ("-O2",), what="random bits"),
-                           {MATERIALIZE: "RemixerMaterialize"}, lambda why: None)
+  return ffi.register_once(
+    _state,
+    lambda: ffi.build(SOURCE, "cpu_threefry", ("-O2",), what="random bits"),
+    {MATERIALIZE: "RemixerMaterialize"},
+    lambda why: None,
+  )
 
 
 def describe() -> str:

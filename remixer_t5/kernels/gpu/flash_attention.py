@@ -63,6 +63,7 @@ port of it adds a bias but returns no gradient for it; cuDNN's fused attention
 dense mask or as packed offsets (refused unless a Hopper GPU is visible, so not deviceless), draws its own
 dropout, and needs the cuDNN library when the program is traced (not in the gpu-compile extra).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -88,6 +89,7 @@ BIAS_PROGRAMS = 1024  # the bias gradient's grid: ~8 programs per SM of an H100/
 @dataclasses.dataclass(frozen=True)
 class Tiling:
   """A kernel's tile: query and key block lengths (powers of two >= 16), Triton's warps and pipeline stages."""
+
   block_q: int = 64
   block_k: int = 64
   num_warps: int = 4
@@ -110,6 +112,7 @@ def tilings(device_kind: str | None = None) -> tuple[Tiling, Tiling]:
 @dataclasses.dataclass(frozen=True)
 class _Static:
   """What every kernel body is specialised on."""
+
   block_q: int
   block_k: int
   keep_scale: float
@@ -155,8 +158,9 @@ def _split_at_diagonal(body, lo, diagonal, hi, carry, *, masked_first: bool):
   return jax.lax.fori_loop(diagonal, hi, second, carry)
 
 
-def _forward_kernel(q_ref, k_ref, v_ref, rel_ref, qseg_ref, kvseg_ref, drop_ref, o_ref, lse_ref, *, st: _Static,
-                    causal: bool):
+def _forward_kernel(
+  q_ref, k_ref, v_ref, rel_ref, qseg_ref, kvseg_ref, drop_ref, o_ref, lse_ref, *, st: _Static, causal: bool
+):
   bq, bk = st.block_q, st.block_k
   qb = pl.program_id(1)
   num_k_blocks = k_ref.shape[0] // bk
@@ -176,6 +180,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, rel_ref, qseg_ref, kvseg_ref, drop_ref,
       p = _dropped(p, _read(drop_ref, (slice(None), ks)), st.keep_scale)
       pv = plt.dot(p.astype(st.weights_dtype).astype(st.pv_dtype), v_ref[ks, :].astype(st.pv_dtype))
       return acc * rescale[:, None] + pv, m_new, l
+
     return step
 
   init = (jnp.zeros((bq, q_ref.shape[-1]), f32), jnp.full((bq,), NEG_INF, f32), jnp.zeros((bq,), f32))
@@ -188,8 +193,23 @@ def _forward_kernel(q_ref, k_ref, v_ref, rel_ref, qseg_ref, kvseg_ref, drop_ref,
   lse_ref[...] = m + jnp.log2(l)
 
 
-def _dkv_kernel(q_ref, k_ref, v_ref, rel_ref, qseg_ref, kvseg_ref, drop_ref, do_ref, lse_ref, delta_ref,
-                dk_ref, dv_ref, *, st: _Static, causal: bool):
+def _dkv_kernel(
+  q_ref,
+  k_ref,
+  v_ref,
+  rel_ref,
+  qseg_ref,
+  kvseg_ref,
+  drop_ref,
+  do_ref,
+  lse_ref,
+  delta_ref,
+  dk_ref,
+  dv_ref,
+  *,
+  st: _Static,
+  causal: bool,
+):
   bq, bk = st.block_q, st.block_k
   kb = pl.program_id(1)
   num_q_blocks = q_ref.shape[0] // bq
@@ -205,25 +225,40 @@ def _dkv_kernel(q_ref, k_ref, v_ref, rel_ref, qseg_ref, kvseg_ref, drop_ref, do_
       s = _scaled_logits(q, k, rel_ref, _read(qseg_ref, qs), kv_seg, rows, cols, st, masked)
       p = jnp.exp2(s - lse_ref[qs][:, None])
       keep = _read(drop_ref, (qs, slice(None)))
-      dv = dv + plt.dot(_dropped(p, keep, st.keep_scale).astype(st.weights_dtype).astype(st.pv_dtype), do,
-                        trans_a=True)
+      dv = dv + plt.dot(_dropped(p, keep, st.keep_scale).astype(st.weights_dtype).astype(st.pv_dtype), do, trans_a=True)
       ds = _logits_gradient(p, plt.dot(do, v, trans_b=True), delta_ref[qs], keep, st.keep_scale)
       return dk + plt.dot(ds.astype(q.dtype), q, trans_a=True), dv
+
     return step
 
   zero = jnp.zeros((bk, k_ref.shape[-1]), f32)
   if causal:  # query blocks before the block's first key see none of it; those after its last key see all
     lo = jax.lax.div(kb * bk, bq)
-    dk, dv = _split_at_diagonal(body, lo, jax.lax.div(kb * bk + bk - 1 + bq - 1, bq), num_q_blocks, (zero, zero),
-                                masked_first=True)
+    dk, dv = _split_at_diagonal(
+      body, lo, jax.lax.div(kb * bk + bk - 1 + bq - 1, bq), num_q_blocks, (zero, zero), masked_first=True
+    )
   else:
     dk, dv = jax.lax.fori_loop(0, num_q_blocks, body(False), (zero, zero))
   dk_ref[...] = dk.astype(dk_ref.dtype)
   dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, rel_ref, qseg_ref, kvseg_ref, drop_ref, do_ref, lse_ref, delta_ref, dq_ref,
-               *, st: _Static, causal: bool):
+def _dq_kernel(
+  q_ref,
+  k_ref,
+  v_ref,
+  rel_ref,
+  qseg_ref,
+  kvseg_ref,
+  drop_ref,
+  do_ref,
+  lse_ref,
+  delta_ref,
+  dq_ref,
+  *,
+  st: _Static,
+  causal: bool,
+):
   bq, bk = st.block_q, st.block_k
   qb = pl.program_id(1)
   num_k_blocks = k_ref.shape[0] // bk
@@ -239,9 +274,9 @@ def _dq_kernel(q_ref, k_ref, v_ref, rel_ref, qseg_ref, kvseg_ref, drop_ref, do_r
       s = _scaled_logits(q, k, rel_ref, q_seg, _read(kvseg_ref, ks), rows, cols, st, masked)
       p = jnp.exp2(s - lse[:, None])
       keep = _read(drop_ref, (slice(None), ks))
-      ds = _logits_gradient(p, plt.dot(do, v_ref[ks, :].astype(st.pv_dtype), trans_b=True), delta, keep,
-                            st.keep_scale)
+      ds = _logits_gradient(p, plt.dot(do, v_ref[ks, :].astype(st.pv_dtype), trans_b=True), delta, keep, st.keep_scale)
       return dq + plt.dot(ds.astype(k.dtype), k)
+
     return step
 
   zero = jnp.zeros((bq, q_ref.shape[-1]), f32)
@@ -253,8 +288,24 @@ def _dq_kernel(q_ref, k_ref, v_ref, rel_ref, qseg_ref, kvseg_ref, drop_ref, do_r
   dq_ref[...] = dq.astype(dq_ref.dtype)
 
 
-def _dbias_kernel(q_ref, k_ref, v_ref, rel_ref, qseg_ref, kvseg_ref, drop_ref, do_ref, lse_ref, delta_ref,
-                  db_ref, *, st: _Static, causal: bool, batch: int, rows_per_program: int):
+def _dbias_kernel(
+  q_ref,
+  k_ref,
+  v_ref,
+  rel_ref,
+  qseg_ref,
+  kvseg_ref,
+  drop_ref,
+  do_ref,
+  lse_ref,
+  delta_ref,
+  db_ref,
+  *,
+  st: _Static,
+  causal: bool,
+  batch: int,
+  rows_per_program: int,
+):
   bq, bk = st.block_q, st.block_k
   qb, kb, group = pl.program_id(0), pl.program_id(1), pl.program_id(3)
   rows = qb * bq + jnp.arange(bq)
@@ -263,12 +314,13 @@ def _dbias_kernel(q_ref, k_ref, v_ref, rel_ref, qseg_ref, kvseg_ref, drop_ref, d
   def body(masked):
     def step(r, total):  # dS of batch row r for this (query block, key block, head), added to the sum
       do = do_ref[r].astype(st.pv_dtype)
-      s = _scaled_logits(q_ref[r], k_ref[r], rel_ref, _read(qseg_ref, r), _read(kvseg_ref, r), rows, cols, st,
-                         masked)
+      s = _scaled_logits(q_ref[r], k_ref[r], rel_ref, _read(qseg_ref, r), _read(kvseg_ref, r), rows, cols, st, masked)
       p = jnp.exp2(s - lse_ref[r][:, None])
-      ds = _logits_gradient(p, plt.dot(do, v_ref[r].astype(st.pv_dtype), trans_b=True), delta_ref[r],
-                            _read(drop_ref, r), st.keep_scale)
+      ds = _logits_gradient(
+        p, plt.dot(do, v_ref[r].astype(st.pv_dtype), trans_b=True), delta_ref[r], _read(drop_ref, r), st.keep_scale
+      )
       return total + ds
+
     return step
 
   lo = group * rows_per_program
@@ -278,14 +330,16 @@ def _dbias_kernel(q_ref, k_ref, v_ref, rel_ref, qseg_ref, kvseg_ref, drop_ref, d
     # Above the diagonal every logit is masked and dS is 0 (no rows walked); below it nothing is masked.
     above, below = kb * bk > qb * bq + bq - 1, kb * bk + bk - 1 <= qb * bq
     hi = jnp.where(above, lo, hi)
-    total = jax.lax.cond(below, lambda: jax.lax.fori_loop(lo, hi, body(False), zero),
-                         lambda: jax.lax.fori_loop(lo, hi, body(True), zero))
+    total = jax.lax.cond(
+      below, lambda: jax.lax.fori_loop(lo, hi, body(False), zero), lambda: jax.lax.fori_loop(lo, hi, body(True), zero)
+    )
   else:
     total = jax.lax.fori_loop(lo, hi, body(False), zero)
   db_ref[...] = total
 
 
 # --- pallas_calls --------------------------------------------------------------------------------------------
+
 
 def _next_power_of_2(n: int) -> int:
   return 1 << max(n - 1, 0).bit_length()
@@ -306,30 +360,60 @@ def bias_groups(batch: int, tiles: int, programs: int = BIAS_PROGRAMS) -> tuple[
 class _Calls:
   """The four pallas_calls for padded shapes: batch b, lengths nq, nk (whole blocks), heads h, head dim d."""
 
-  def __init__(self, b, nq, nk, h, d, *, tiling: tuple[Tiling, Tiling], has_rel, has_seg, has_drop, causal,
-               keep_scale, weights_dtype, pv_dtype, interpret):
+  def __init__(
+    self,
+    b,
+    nq,
+    nk,
+    h,
+    d,
+    *,
+    tiling: tuple[Tiling, Tiling],
+    has_rel,
+    has_seg,
+    has_drop,
+    causal,
+    keep_scale,
+    weights_dtype,
+    pv_dtype,
+    interpret,
+  ):
     self.shape = (b, nq, nk, h, d)
     self.has = dict(rel=has_rel, seg=has_seg, drop=has_drop)
     self.causal, self.interpret = causal, interpret
     self.tiling = dict(zip(("forward", "backward"), tiling))
-    self.static = {k: _Static(_block(t.block_q, nq), _block(t.block_k, nk), keep_scale, weights_dtype, pv_dtype,
-                              nq - 1) for k, t in self.tiling.items()}
+    self.static = {
+      k: _Static(_block(t.block_q, nq), _block(t.block_k, nk), keep_scale, weights_dtype, pv_dtype, nq - 1)
+      for k, t in self.tiling.items()
+    }
 
   def _call(self, kernel, direction, name, grid, in_specs, out_specs, out_shape, args, **static):
     t = self.tiling[direction]
     return pl.pallas_call(
-        functools.partial(kernel, st=self.static[direction], causal=self.causal, **static), grid=grid,
-        in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
-        compiler_params=plt.CompilerParams(num_warps=t.num_warps, num_stages=t.num_stages),
-        interpret=self.interpret, name=name)(*args)
+      functools.partial(kernel, st=self.static[direction], causal=self.causal, **static),
+      grid=grid,
+      in_specs=in_specs,
+      out_specs=out_specs,
+      out_shape=out_shape,
+      compiler_params=plt.CompilerParams(num_warps=t.num_warps, num_stages=t.num_stages),
+      interpret=self.interpret,
+      name=name,
+    )(*args)
 
   def _specs(self, q, k, rel, qseg, kvseg, drop):
     """The BlockSpecs of (q, k, v, rel, q_seg, kv_seg, dropout mask), each given as (block shape, index map);
     None where the bias, the segment ids or the mask is absent."""
     has = self.has
     opt = lambda present, spec: pl.BlockSpec(*spec) if present else None
-    return [pl.BlockSpec(*q), pl.BlockSpec(*k), pl.BlockSpec(*k), opt(has["rel"], rel), opt(has["seg"], qseg),
-            opt(has["seg"], kvseg), opt(has["drop"], drop)]
+    return [
+      pl.BlockSpec(*q),
+      pl.BlockSpec(*k),
+      pl.BlockSpec(*k),
+      opt(has["rel"], rel),
+      opt(has["seg"], qseg),
+      opt(has["seg"], kvseg),
+      opt(has["drop"], drop),
+    ]
 
   def _rel(self, head):
     """The head's whole offset vector [h, nq + nk]: (block shape, index map)."""
@@ -342,31 +426,46 @@ class _Calls:
     b, nq, nk, h, d = self.shape
     bq = self.static["backward"].block_q
     in_specs = self._specs(
-        ((None, bq, None, d), lambda r, i, hh: (r, i, hh, 0)),
-        ((None, nk, None, d), lambda r, i, hh: (r, 0, hh, 0)),
-        self._rel(2),
-        ((None, bq), lambda r, i, hh: (r, i)),
-        ((None, nk), lambda r, i, hh: (r, 0)),
-        ((None, None, bq, nk), lambda r, i, hh: (r, hh, i, 0)))
-    return (in_specs, pl.BlockSpec((None, bq, None, d), lambda r, i, hh: (r, i, hh, 0)),
-            pl.BlockSpec((None, None, bq), lambda r, i, hh: (r, hh, i)))
+      ((None, bq, None, d), lambda r, i, hh: (r, i, hh, 0)),
+      ((None, nk, None, d), lambda r, i, hh: (r, 0, hh, 0)),
+      self._rel(2),
+      ((None, bq), lambda r, i, hh: (r, i)),
+      ((None, nk), lambda r, i, hh: (r, 0)),
+      ((None, None, bq, nk), lambda r, i, hh: (r, hh, i, 0)),
+    )
+    return (
+      in_specs,
+      pl.BlockSpec((None, bq, None, d), lambda r, i, hh: (r, i, hh, 0)),
+      pl.BlockSpec((None, None, bq), lambda r, i, hh: (r, hh, i)),
+    )
 
   def forward(self, q, k, v, rel, qseg, kvseg, drop, out_dtype):
     b, nq, nk, h, d = self.shape
     bq = self.static["forward"].block_q
     in_specs = self._specs(
-        ((None, bq, None, d), lambda r, i, hh: (r, i, hh, 0)),
-        ((None, nk, None, d), lambda r, i, hh: (r, 0, hh, 0)),
-        self._rel(2),
-        ((None, bq), lambda r, i, hh: (r, i)),
-        ((None, nk), lambda r, i, hh: (r, 0)),
-        ((None, None, bq, nk), lambda r, i, hh: (r, hh, i, 0)))
-    out_specs = [pl.BlockSpec((None, bq, None, d), lambda r, i, hh: (r, i, hh, 0)),
-                 pl.BlockSpec((None, None, bq), lambda r, i, hh: (r, hh, i))]
+      ((None, bq, None, d), lambda r, i, hh: (r, i, hh, 0)),
+      ((None, nk, None, d), lambda r, i, hh: (r, 0, hh, 0)),
+      self._rel(2),
+      ((None, bq), lambda r, i, hh: (r, i)),
+      ((None, nk), lambda r, i, hh: (r, 0)),
+      ((None, None, bq, nk), lambda r, i, hh: (r, hh, i, 0)),
+    )
+    out_specs = [
+      pl.BlockSpec((None, bq, None, d), lambda r, i, hh: (r, i, hh, 0)),
+      pl.BlockSpec((None, None, bq), lambda r, i, hh: (r, hh, i)),
+    ]
     out_shape = [jax.ShapeDtypeStruct((b, nq, h, d), out_dtype), jax.ShapeDtypeStruct((b, h, nq), f32)]
     # The batch is the grid's fastest axis: programs running together read the same head's K/V columns' bias.
-    return self._call(_forward_kernel, "forward", "flash_attention_fwd", (b, nq // bq, h), in_specs, out_specs,
-                      out_shape, (q, k, v, rel, qseg, kvseg, drop))
+    return self._call(
+      _forward_kernel,
+      "forward",
+      "flash_attention_fwd",
+      (b, nq // bq, h),
+      in_specs,
+      out_specs,
+      out_shape,
+      (q, k, v, rel, qseg, kvseg, drop),
+    )
 
   def dkv(self, *args):
     b, nq, nk, h, d = self.shape
@@ -374,24 +473,36 @@ class _Calls:
     rows = ((None, nq, None, d), lambda r, j, hh: (r, 0, hh, 0))
     keys = ((None, bk, None, d), lambda r, j, hh: (r, j, hh, 0))
     in_specs = self._specs(
-        rows, keys, self._rel(2),
-        ((None, nq), lambda r, j, hh: (r, 0)),
-        ((None, bk), lambda r, j, hh: (r, j)),
-        ((None, None, nq, bk), lambda r, j, hh: (r, hh, 0, j)))
+      rows,
+      keys,
+      self._rel(2),
+      ((None, nq), lambda r, j, hh: (r, 0)),
+      ((None, bk), lambda r, j, hh: (r, j)),
+      ((None, None, nq, bk), lambda r, j, hh: (r, hh, 0, j)),
+    )
     stats = pl.BlockSpec((None, None, nq), lambda r, j, hh: (r, hh, 0))
     in_specs += [pl.BlockSpec(*rows), stats, stats]
     out_specs = [pl.BlockSpec(*keys), pl.BlockSpec(*keys)]
     k, v = args[1:3]
     out_shape = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
-    return self._call(_dkv_kernel, "backward", "flash_attention_dkv", (b, nk // bk, h), in_specs, out_specs,
-                      out_shape, args)
+    return self._call(
+      _dkv_kernel, "backward", "flash_attention_dkv", (b, nk // bk, h), in_specs, out_specs, out_shape, args
+    )
 
   def dq(self, *args):
     b, nq, nk, h, d = self.shape
     in_specs, rows, stats = self._by_query_block()
     q = args[0]
-    return self._call(_dq_kernel, "backward", "flash_attention_dq", (b, nq // self.static["backward"].block_q, h),
-                      in_specs + [rows, stats, stats], rows, jax.ShapeDtypeStruct(q.shape, q.dtype), args)
+    return self._call(
+      _dq_kernel,
+      "backward",
+      "flash_attention_dq",
+      (b, nq // self.static["backward"].block_q, h),
+      in_specs + [rows, stats, stats],
+      rows,
+      jax.ShapeDtypeStruct(q.shape, q.dtype),
+      args,
+    )
 
   def dbias(self, *args):
     """The bias gradient's tiles summed over each group of batch rows: [groups, h, nq, nk] float32."""
@@ -401,24 +512,47 @@ class _Calls:
     groups, rows_per_program = bias_groups(b, (nq // bq) * (nk // bk) * h)
     rows = ((b, bq, None, d), lambda i, j, hh, g: (0, i, hh, 0))
     in_specs = self._specs(
-        rows,
-        ((b, bk, None, d), lambda i, j, hh, g: (0, j, hh, 0)),
-        self._rel(2),
-        ((b, bq), lambda i, j, hh, g: (0, i)),
-        ((b, bk), lambda i, j, hh, g: (0, j)),
-        ((b, None, bq, bk), lambda i, j, hh, g: (0, hh, i, j)))
+      rows,
+      ((b, bk, None, d), lambda i, j, hh, g: (0, j, hh, 0)),
+      self._rel(2),
+      ((b, bq), lambda i, j, hh, g: (0, i)),
+      ((b, bk), lambda i, j, hh, g: (0, j)),
+      ((b, None, bq, bk), lambda i, j, hh, g: (0, hh, i, j)),
+    )
     stats = pl.BlockSpec((b, None, bq), lambda i, j, hh, g: (0, hh, i))
     in_specs += [pl.BlockSpec(*rows), stats, stats]
     out_spec = pl.BlockSpec((None, None, bq, bk), lambda i, j, hh, g: (g, hh, i, j))
     out_shape = jax.ShapeDtypeStruct((groups, h, nq, nk), f32)
     # Query blocks vary fastest: programs running together share a key block's tiles.
-    return self._call(_dbias_kernel, "backward", "flash_attention_dbias", (nq // bq, nk // bk, h, groups),
-                      in_specs, out_spec, out_shape, args, batch=b, rows_per_program=rows_per_program)
+    return self._call(
+      _dbias_kernel,
+      "backward",
+      "flash_attention_dbias",
+      (nq // bq, nk // bk, h, groups),
+      in_specs,
+      out_spec,
+      out_shape,
+      args,
+      batch=b,
+      rows_per_program=rows_per_program,
+    )
 
 
-def attention(query, key, value, *, bias: RelativeBias | None = None, q_segment_ids=None, kv_segment_ids=None,
-              causal: bool = False, dropout_mask=None, dropout_rate: float = 0.0, dtype=jnp.float32,
-              interpret: bool = False, tiling: tuple[Tiling, Tiling] | Tiling | None = None):
+def attention(
+  query,
+  key,
+  value,
+  *,
+  bias: RelativeBias | None = None,
+  q_segment_ids=None,
+  kv_segment_ids=None,
+  causal: bool = False,
+  dropout_mask=None,
+  dropout_rate: float = 0.0,
+  dtype=jnp.float32,
+  interpret: bool = False,
+  tiling: tuple[Tiling, Tiling] | Tiling | None = None,
+):
   """The model's attention operation (`mixers.attention.dot_product_attention`) through the kernels, with a custom
   gradient for query, key, value and the bias's values.
 
@@ -438,18 +572,35 @@ def attention(query, key, value, *, bias: RelativeBias | None = None, q_segment_
     raise ValueError(f"flash attention: dropout_rate {dropout_rate} must be in [0, 1)")
   tiling = tilings() if tiling is None else (tiling, tiling) if isinstance(tiling, Tiling) else tuple(tiling)
   block = lambda side, n: max(_block(getattr(t, side), n) for t in tiling)  # a multiple of each kernel's
-  pq, pk, pd = -(-nq // block("block_q", nq)) * block("block_q", nq), \
-      -(-nk // block("block_k", nk)) * block("block_k", nk), max(MIN_BLOCK, _next_power_of_2(d))
+  pq, pk, pd = (
+    -(-nq // block("block_q", nq)) * block("block_q", nq),
+    -(-nk // block("block_k", nk)) * block("block_k", nk),
+    max(MIN_BLOCK, _next_power_of_2(d)),
+  )
   # Segment ids are compared only when given, or when padding to whole blocks adds keys to mask.
   has_seg = q_segment_ids is not None or kv_segment_ids is not None or pk != nk
-  seg = lambda ids, n: None if not has_seg else (
-      jnp.ones((b, n), jnp.int32) if ids is None else jnp.asarray(ids, jnp.int32))
+  seg = lambda ids, n: (
+    None if not has_seg else (jnp.ones((b, n), jnp.int32) if ids is None else jnp.asarray(ids, jnp.int32))
+  )
   q_seg, kv_seg = seg(q_segment_ids, nq), seg(kv_segment_ids, nk)
   drop = None if dropout_mask is None else jnp.asarray(dropout_mask, jnp.bool_)
   dtype = jnp.dtype(dtype)
-  calls = _Calls(b, pq, pk, h, pd, tiling=tiling, has_rel=bias is not None, has_seg=has_seg,
-                 has_drop=drop is not None, causal=causal, keep_scale=1.0 / (1.0 - dropout_rate),
-                 weights_dtype=dtype, pv_dtype=jnp.promote_types(dtype, value.dtype), interpret=interpret)
+  calls = _Calls(
+    b,
+    pq,
+    pk,
+    h,
+    pd,
+    tiling=tiling,
+    has_rel=bias is not None,
+    has_seg=has_seg,
+    has_drop=drop is not None,
+    causal=causal,
+    keep_scale=1.0 / (1.0 - dropout_rate),
+    weights_dtype=dtype,
+    pv_dtype=jnp.promote_types(dtype, value.dtype),
+    interpret=interpret,
+  )
 
   def padded(q, k, v, rel, q_seg, kv_seg, drop):
     """Whole blocks and a power-of-two head dimension: zeros, segment id 0 (masked), mask False; the offset
@@ -481,7 +632,7 @@ def attention(query, key, value, *, bias: RelativeBias | None = None, q_segment_
     drel = None
     if args[3] is not None:  # the groups' tiles summed, then each offset's diagonal: [h, pq + pk - 1]
       sums = RelativeBias(jnp.zeros((h, pq + pk - 1), f32), pq).offset_sums(calls.dbias(*bwd).sum(0))
-      drel = sums[:, pq - nq:pq + nk - 1]
+      drel = sums[:, pq - nq : pq + nk - 1]
     cut = lambda x, n: x[:, :n, :, :d]
     return cut(dq, nq), cut(dk, nk), cut(dv, nk), drel, None, None, None
 
@@ -490,19 +641,50 @@ def attention(query, key, value, *, bias: RelativeBias | None = None, q_segment_
   return run(query, key, value, rel, q_seg, kv_seg, drop)
 
 
-def seam(query, key, value, bias, q_segment_ids, kv_segment_ids, keep, *, reference, causal: bool,
-         dropout_rate: float, dtype, float32_logits: bool = True):
+def seam(
+  query,
+  key,
+  value,
+  bias,
+  q_segment_ids,
+  kv_segment_ids,
+  keep,
+  *,
+  reference,
+  causal: bool,
+  dropout_rate: float,
+  dtype,
+  float32_logits: bool = True,
+):
   """The `pallas_gpu` implementation of the model's attention operation (`T5Config.attention_impl`; the
   reference is `mixers.attention.dot_product_attention`, whose positional arguments these are), each device's
   batch rows through the kernels under a mesh. Logits are float32 in the kernels whatever `float32_logits`. A
   dense bias (not T5's per-offset one) goes to the reference."""
   del float32_logits
   if bias is not None and not isinstance(bias, RelativeBias):
-    return kernels.hand_back(reference, "the kernel takes T5's relative bias (kernels.bias.RelativeBias), not a "
-                             "dense bias", query, key, value, bias, q_segment_ids, kv_segment_ids, keep)
+    return kernels.hand_back(
+      reference,
+      "the kernel takes T5's relative bias (kernels.bias.RelativeBias), not a dense bias",
+      query,
+      key,
+      value,
+      bias,
+      q_segment_ids,
+      kv_segment_ids,
+      keep,
+    )
   q_len = query.shape[1]
   run = lambda q, k, v, rel, qs, ks, m: attention(
-      q, k, v, bias=None if rel is None else RelativeBias(rel[0], q_len), q_segment_ids=qs, kv_segment_ids=ks,
-      causal=causal, dropout_mask=m, dropout_rate=dropout_rate, dtype=dtype)
+    q,
+    k,
+    v,
+    bias=None if rel is None else RelativeBias(rel[0], q_len),
+    q_segment_ids=qs,
+    kv_segment_ids=ks,
+    causal=causal,
+    dropout_mask=m,
+    dropout_rate=dropout_rate,
+    dtype=dtype,
+  )
   rel = None if bias is None else bias.values[None]  # shared by the batch: one copy per shard
   return sharding.per_batch_shard(run, (3,))(query, key, value, rel, q_segment_ids, kv_segment_ids, keep)

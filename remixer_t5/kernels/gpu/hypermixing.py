@@ -28,6 +28,7 @@ deterministic): d'/16 x batch x length x d floats (`remixer-t5 compile --topolog
 d'-blocks per program would cut them, which needs a GPU to tune).
 Under a mesh the kernel runs per batch shard (`sharding.per_batch_shard`): XLA does not partition a custom call.
 """
+
 from __future__ import annotations
 
 import functools
@@ -131,20 +132,45 @@ def _calls(shape, block_h: int, block_d: int, num_warps: tuple[int, int], interp
   parts_d = pl.BlockSpec((None, None, n, block_h), lambda r, k, c: (c, r, 0, k))  # and over d-blocks
   params = lambda warps: dict(compiler_params=plt.CompilerParams(num_warps=warps, num_stages=1))
   forward = pl.pallas_call(
-      functools.partial(_forward_kernel, n=n), grid=grid, in_specs=[over_h, over_d, over_h, per_key, per_key],
-      out_specs=parts_h, out_shape=jax.ShapeDtypeStruct((h // block_h, b, n, d), f32),
-      interpret=interpret, name="hypermixing_causal", **params(num_warps[0]))
+    functools.partial(_forward_kernel, n=n),
+    grid=grid,
+    in_specs=[over_h, over_d, over_h, per_key, per_key],
+    out_specs=parts_h,
+    out_shape=jax.ShapeDtypeStruct((h // block_h, b, n, d), f32),
+    interpret=interpret,
+    name="hypermixing_causal",
+    **params(num_warps[0]),
+  )
   backward = pl.pallas_call(
-      functools.partial(_backward_kernel, n=n), grid=grid, in_specs=[over_h, over_d, over_h] + [per_key] * 3 + [over_d],
-      out_specs=[parts_d, parts_h, parts_d],
-      out_shape=[jax.ShapeDtypeStruct((d // block_d, b, n, h), f32), jax.ShapeDtypeStruct((h // block_h, b, n, d), f32),
-                 jax.ShapeDtypeStruct((d // block_d, b, n, h), f32)],
-      interpret=interpret, name="hypermixing_causal_grad", **params(num_warps[1]))
+    functools.partial(_backward_kernel, n=n),
+    grid=grid,
+    in_specs=[over_h, over_d, over_h] + [per_key] * 3 + [over_d],
+    out_specs=[parts_d, parts_h, parts_d],
+    out_shape=[
+      jax.ShapeDtypeStruct((d // block_d, b, n, h), f32),
+      jax.ShapeDtypeStruct((h // block_h, b, n, d), f32),
+      jax.ShapeDtypeStruct((d // block_d, b, n, h), f32),
+    ],
+    interpret=interpret,
+    name="hypermixing_causal_grad",
+    **params(num_warps[1]),
+  )
   return forward, backward
 
 
-def kernel(w1, x, w2, mask, segment_ids, length_normalize: bool, *, block_h: int = BLOCK_H,
-           block_d: int = BLOCK_D, num_warps: tuple[int, int] = (WARPS, WARPS), interpret: bool = False):
+def kernel(
+  w1,
+  x,
+  w2,
+  mask,
+  segment_ids,
+  length_normalize: bool,
+  *,
+  block_h: int = BLOCK_H,
+  block_d: int = BLOCK_D,
+  num_warps: tuple[int, int] = (WARPS, WARPS),
+  interpret: bool = False,
+):
   """The causal form through the kernels (with their gradient), for any platform Pallas lowers to: a GPU, or
   `interpret=True` anywhere (tests). w1, w2 [b, n, d'], x [b, n, d], mask [b, n] (real keys; w1 already
   masked), segment_ids [b, n]; returns float32 [b, n, d]. W1, X, W2 are padded to whole tiles, the partial sums
@@ -167,8 +193,14 @@ def kernel(w1, x, w2, mask, segment_ids, length_normalize: bool, *, block_h: int
   def run_bwd(residuals, g):
     w1, x, w2, seg, scale, start = residuals
     dw1, dx, dw2 = backward(*pad(w1, x, w2), seg, scale, start, pad_axis(g.astype(f32), 2, dp))
-    return (dw1.sum(0)[:, :, :h].astype(w1.dtype), dx.sum(0)[:, :, :d].astype(x.dtype),
-            dw2.sum(0)[:, :, :h].astype(w2.dtype), None, jnp.zeros_like(scale), None)
+    return (
+      dw1.sum(0)[:, :, :h].astype(w1.dtype),
+      dx.sum(0)[:, :, :d].astype(x.dtype),
+      dw2.sum(0)[:, :, :h].astype(w2.dtype),
+      None,
+      jnp.zeros_like(scale),
+      None,
+    )
 
   run.defvjp(run_fwd, run_bwd)
   return run(w1, x, w2, seg, scale, start)

@@ -20,6 +20,7 @@ Not supported: a dropout mask (the kernel draws no dropout and takes none: finet
 keeps the XLA form), and a bias without a head axis. Numerics: float32 logits and statistics; masked logits
 are replaced by -0.7 * float32 max where the reference adds -1e10 (identical on rows with an allowed key).
 """
+
 from __future__ import annotations
 
 import re
@@ -35,17 +36,31 @@ FIRST_BFLOAT16_GENERATION = 4  # v2 and v3: Mosaic takes no bfloat16 matmul oper
 BLOCK = 128  # JAX's default blocks; its backward needs key blocks of at least 128 (its MIN_BLOCK_SIZE)
 
 
-def attention(query, key, value, *, bias=None, q_segment_ids=None, kv_segment_ids=None, causal: bool = False,
-              dropout_mask=None, dropout_rate: float = 0.0, dtype=jnp.float32, operand_dtype=None,
-              block: int = BLOCK):
+def attention(
+  query,
+  key,
+  value,
+  *,
+  bias=None,
+  q_segment_ids=None,
+  kv_segment_ids=None,
+  causal: bool = False,
+  dropout_mask=None,
+  dropout_rate: float = 0.0,
+  dtype=jnp.float32,
+  operand_dtype=None,
+  block: int = BLOCK,
+):
   """The model's attention operation (`mixers.attention.dot_product_attention`) through JAX's TPU flash
   attention (differentiable in query, key, value and bias). query [b, q, h, d]; key, value [b, k, h, d]; bias
   None, a `RelativeBias` or a [1|b, h, q, k] array; segment ids [b, q], [b, k] (0 = padding); returns [b, q, h, d] in `dtype`. operand_dtype: what query, key
   and value are cast to for the kernel (None: as given); v2 and v3 need float32, their Mosaic compiler takes no
   bfloat16 matmul operands."""
   if dropout_mask is not None or dropout_rate:
-    raise NotImplementedError("TPU flash attention takes no dropout mask (JAX's Pallas TPU kernel has no "
-                              "dropout): use the XLA attention when attention dropout is on")
+    raise NotImplementedError(
+      "TPU flash attention takes no dropout mask (JAX's Pallas TPU kernel has no "
+      "dropout): use the XLA attention when attention dropout is on"
+    )
   if isinstance(bias, RelativeBias):  # JAX's kernel reads a dense [b, h, q, k] bias
     bias = bias.dense()
   b, nq, h, d = query.shape
@@ -59,12 +74,29 @@ def attention(query, key, value, *, bias=None, q_segment_ids=None, kv_segment_id
   ab = None
   if bias is not None:
     ab = jnp.broadcast_to(pad_axis(pad_axis(bias, 2, pq), 3, pk), (b, h, pq, pk))
-  sizes = tpu.BlockSizes(block_q=block, block_k_major=block, block_k=block, block_b=1, block_q_major_dkv=block,
-                         block_k_major_dkv=block, block_k_dkv=block, block_q_dkv=block, block_k_major_dq=block,
-                         block_k_dq=block, block_q_dq=block)
-  out = tpu.flash_attention(heads_first(query, pq), heads_first(key, pk), heads_first(value, pk), ab,
-                            tpu.SegmentIds(q=pad_axis(q_seg, 1, pq), kv=pad_axis(kv_seg, 1, pk)), causal=causal,
-                            sm_scale=1.0, block_sizes=sizes)
+  sizes = tpu.BlockSizes(
+    block_q=block,
+    block_k_major=block,
+    block_k=block,
+    block_b=1,
+    block_q_major_dkv=block,
+    block_k_major_dkv=block,
+    block_k_dkv=block,
+    block_q_dkv=block,
+    block_k_major_dq=block,
+    block_k_dq=block,
+    block_q_dq=block,
+  )
+  out = tpu.flash_attention(
+    heads_first(query, pq),
+    heads_first(key, pk),
+    heads_first(value, pk),
+    ab,
+    tpu.SegmentIds(q=pad_axis(q_seg, 1, pq), kv=pad_axis(kv_seg, 1, pk)),
+    causal=causal,
+    sm_scale=1.0,
+    block_sizes=sizes,
+  )
   return jnp.swapaxes(out, 1, 2)[:, :nq].astype(dtype)
 
 
@@ -74,8 +106,21 @@ def generation(device_kind: str) -> int | None:
   return int(m.group(1)) if m else None
 
 
-def seam(query, key, value, bias, q_segment_ids, kv_segment_ids, keep, *, reference, causal: bool,
-         dropout_rate: float, dtype, float32_logits: bool = True):
+def seam(
+  query,
+  key,
+  value,
+  bias,
+  q_segment_ids,
+  kv_segment_ids,
+  keep,
+  *,
+  reference,
+  causal: bool,
+  dropout_rate: float,
+  dtype,
+  float32_logits: bool = True,
+):
   """The `pallas_tpu` implementation of the model's attention operation (`T5Config.attention_impl`): the kernel
   on TPU v4 and later, where Mosaic takes the model's bfloat16 operands; the reference (XLA's form) on v2 and
   v3, where the kernel would need float32 operands, with attention dropout (the kernel takes no mask), and where
@@ -84,11 +129,15 @@ def seam(query, key, value, bias, q_segment_ids, kv_segment_ids, keep, *, refere
   device = kernels.target_device()
   gen = generation(device.device_kind) if device.platform == "tpu" else None
   if keep is not None or gen is None or gen < FIRST_BFLOAT16_GENERATION:
-    why = ("the kernel takes no attention dropout" if keep is not None else
-           f"the kernel runs on TPU v{FIRST_BFLOAT16_GENERATION} and later, not on {device.device_kind}")
+    why = (
+      "the kernel takes no attention dropout"
+      if keep is not None
+      else f"the kernel runs on TPU v{FIRST_BFLOAT16_GENERATION} and later, not on {device.device_kind}"
+    )
     return kernels.hand_back(reference, why, query, key, value, bias, q_segment_ids, kv_segment_ids, keep)
-  run = lambda q, k, v, b, qs, ks: attention(q, k, v, bias=b, q_segment_ids=qs, kv_segment_ids=ks, causal=causal,
-                                             dtype=dtype)
+  run = lambda q, k, v, b, qs, ks: attention(
+    q, k, v, bias=b, q_segment_ids=qs, kv_segment_ids=ks, causal=causal, dtype=dtype
+  )
   bias = bias.dense() if isinstance(bias, RelativeBias) else bias
   shared = (3,) if bias is not None and bias.shape[0] == 1 else ()
   return sharding.per_batch_shard(run, shared)(query, key, value, bias, q_segment_ids, kv_segment_ids)

@@ -4,6 +4,7 @@ T5: no biases, no 1/sqrt(d) on the logits (it lives in the query initializer, as
 checkpoints, which never scale, compute the same thing), relative position biases shared per stack in
 self-attention only, softmax in float32.
 """
+
 from __future__ import annotations
 
 import functools
@@ -24,11 +25,12 @@ Array = jax.Array
 
 class Attention(nn.Module):
   """Self- or cross-attention; `relative_positions` adds the stack's T5 position bias (self-attention)."""
+
   KIND = "attention"  # slot naming in network.py (t5x parameter names)
   config: object
   relative_positions: bool = True
   num_heads: int = 0  # 0: config.num_heads
-  head_dim: int = 0   # 0: config.head_dim
+  head_dim: int = 0  # 0: config.head_dim
 
   @nn.compact
   def __call__(self, inputs_q: Array, inputs_kv: Array, ctx: base.MixerContext, *, deterministic: bool = True) -> Array:
@@ -37,8 +39,16 @@ class Attention(nn.Module):
     inner = heads * depth
     kernel_init = nn.initializers.variance_scaling(1.0, "fan_in", "normal")
     query_init = lambda *a: kernel_init(*a) / math.sqrt(depth)
-    dense = {name: layers.Dense(inner, ("embed", "joined_kv"), kernel_init=query_init if name == "query" else
-                                kernel_init, dtype=cfg.dtype, name=name) for name in ("query", "key", "value")}
+    dense = {
+      name: layers.Dense(
+        inner,
+        ("embed", "joined_kv"),
+        kernel_init=query_init if name == "query" else kernel_init,
+        dtype=cfg.dtype,
+        name=name,
+      )
+      for name in ("query", "key", "value")
+    }
     split = lambda x: x.reshape(x.shape[:-1] + (heads, depth))
     constrain = lambda t: layers.with_sharding_constraint(t, ("batch", "length", "heads", "kv"))
     fused = {}
@@ -68,9 +78,15 @@ class Attention(nn.Module):
       keep = None
       if not deterministic and cfg.dropout_rate > 0:
         keep = layers.Dropout(cfg.dropout_rate, impl=cfg.dropout_impl).keep(
-            (query.shape[0], heads, query.shape[1], key.shape[1]))
-      fn = attention_operation(cfg.attention_impl, causal=ctx.causal, dropout_rate=cfg.dropout_rate, dtype=cfg.dtype,
-                               float32_logits=cfg.float32_attention_logits)
+          (query.shape[0], heads, query.shape[1], key.shape[1])
+        )
+      fn = attention_operation(
+        cfg.attention_impl,
+        causal=ctx.causal,
+        dropout_rate=cfg.dropout_rate,
+        dtype=cfg.dtype,
+        float32_logits=cfg.float32_attention_logits,
+      )
       out = fn(query, key, value, relpos, *segment_ids(ctx), keep)
     else:
       if ctx.decode:
@@ -85,16 +101,18 @@ class Attention(nn.Module):
         query = _beams_to_queries(query, beams)
         bias = _beams_to_queries(jnp.swapaxes(bias, 1, 2), beams).swapaxes(1, 2)  # [b*k, h|1, q, kv]
       spec = f"bqhd,{kv_spec}->bhqk"
-      logits = (layers.accumulating_einsum(spec, query, key) if cfg.float32_attention_logits
-                else jnp.einsum(spec, query, key))
+      logits = (
+        layers.accumulating_einsum(spec, query, key) if cfg.float32_attention_logits else jnp.einsum(spec, query, key)
+      )
       logits = logits + bias.astype(logits.dtype)
       weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(cfg.dtype)
       out = jnp.swapaxes(jnp.einsum(f"bhqk,{kv_spec}->bhqd", weights, value), 1, 2)
       if beams > 1:
         out = out.reshape((-1, out.shape[1] // beams) + out.shape[2:])  # back to [b * k, q, h, d]
     out = out.reshape(inputs_q.shape[:-1] + (inner,))
-    return layers.Dense(inputs_q.shape[-1], ("joined_kv", "embed"), kernel_init=kernel_init, dtype=cfg.dtype,
-                        name="out")(out)
+    return layers.Dense(
+      inputs_q.shape[-1], ("joined_kv", "embed"), kernel_init=kernel_init, dtype=cfg.dtype, name="out"
+    )(out)
 
   def _decode_step(self, key: Array, value: Array, ctx: base.MixerContext, use_relpos: bool):
     """Autoregressive cache of keys/values, stored [batch, heads, max_len, head_dim] (HF's layout).
@@ -149,10 +167,21 @@ def _beams_to_queries(x: Array, beams: int) -> Array:
   return x.reshape((x.shape[0] // beams, beams * x.shape[1]) + x.shape[2:])
 
 
-def dot_product_attention(query: Array, key: Array, value: Array, bias: Array | None, q_segment_ids: Array,
-                          kv_segment_ids: Array, keep: Array | None, *, causal: bool, dropout_rate: float,
-                          dtype, float32_logits: bool = True, add: Callable[[Array, Array], Array] = jnp.add
-                          ) -> Array:
+def dot_product_attention(
+  query: Array,
+  key: Array,
+  value: Array,
+  bias: Array | None,
+  q_segment_ids: Array,
+  kv_segment_ids: Array,
+  keep: Array | None,
+  *,
+  causal: bool,
+  dropout_rate: float,
+  dtype,
+  float32_logits: bool = True,
+  add: Callable[[Array, Array], Array] = jnp.add,
+) -> Array:
   """softmax(q k^T + bias + mask) v with T5's conventions, in plain JAX: the reference (`xla`) implementation of
   the attention operation, which every kernel of it is tested against (kernels/__init__.py).
 
@@ -162,8 +191,11 @@ def dot_product_attention(query: Array, key: Array, value: Array, bias: Array | 
   [b, h, q, k] (rate `dropout_rate`). No 1/sqrt(d) (T5 keeps it in the query initializer); logits and softmax in
   float32 (`float32_logits`). `add` adds the biases (the `cpu` implementation passes one with a CPU-shaped
   gradient: kernels/cpu/attention.py). Returns [b, q, h, d] in `dtype`."""
-  mask = (q_segment_ids[:, :, None] == kv_segment_ids[:, None, :]) & (q_segment_ids[:, :, None] > 0) \
-      & (kv_segment_ids[:, None, :] > 0)
+  mask = (
+    (q_segment_ids[:, :, None] == kv_segment_ids[:, None, :])
+    & (q_segment_ids[:, :, None] > 0)
+    & (kv_segment_ids[:, None, :] > 0)
+  )
   if causal:
     mask &= jnp.arange(key.shape[1])[None, None, :] <= jnp.arange(query.shape[1])[None, :, None]
   bias_all = layers.mask_to_bias(mask[:, None].astype(jnp.float32), jnp.float32)
@@ -171,8 +203,11 @@ def dot_product_attention(query: Array, key: Array, value: Array, bias: Array | 
     bias = bias.dense()
   if bias is not None:  # [b, 1, q, k] + [1, h, q, k]: the position bias's gradient sums over the batch
     bias_all = add(bias_all, bias.astype(bias_all.dtype))
-  logits = (layers.accumulating_einsum("bqhd,bkhd->bhqk", query, key) if float32_logits
-            else jnp.einsum("bqhd,bkhd->bhqk", query, key))
+  logits = (
+    layers.accumulating_einsum("bqhd,bkhd->bhqk", query, key)
+    if float32_logits
+    else jnp.einsum("bqhd,bkhd->bhqk", query, key)
+  )
   logits = add(logits, bias_all.astype(logits.dtype))
   weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(dtype)
   if keep is not None:

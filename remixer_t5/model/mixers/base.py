@@ -11,6 +11,7 @@ module constructed as `factory(config=T5Config, name=...)`; its own hyperparamet
 collection: the first call (cache absent) carries the full `max_decode_length` and only creates the cache (its output is
 discarded), like t5x's attention. What depends on the encoder output only is computed once (`static_cache`).
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -30,14 +31,15 @@ class MixerContext:
 
   Masks are 1.0 at real tokens and 0.0 at padding. Positions restart at 0 in each packed segment; segment ids
   are None when nothing is packed (otherwise 0 marks padding)."""
-  q_mask: Array                      # [batch, q_len]
-  kv_mask: Array                     # [batch, kv_len]
-  q_positions: Array                 # [batch or 1, q_len] int32
-  kv_positions: Array                # [batch or 1, kv_len] int32
-  q_segment_ids: Array | None = None     # [batch, q_len] int32
-  kv_segment_ids: Array | None = None    # [batch, kv_len] int32
-  causal: bool = struct.field(pytree_node=False, default=False)   # query i sees keys j <= i only
-  decode: bool = struct.field(pytree_node=False, default=False)   # one new position per call, with a cache
+
+  q_mask: Array  # [batch, q_len]
+  kv_mask: Array  # [batch, kv_len]
+  q_positions: Array  # [batch or 1, q_len] int32
+  kv_positions: Array  # [batch or 1, kv_len] int32
+  q_segment_ids: Array | None = None  # [batch, q_len] int32
+  kv_segment_ids: Array | None = None  # [batch, kv_len] int32
+  causal: bool = struct.field(pytree_node=False, default=False)  # query i sees keys j <= i only
+  decode: bool = struct.field(pytree_node=False, default=False)  # one new position per call, with a cache
   max_decode_length: int | None = struct.field(pytree_node=False, default=None)
   # Cross-mixing while decoding: inputs_kv (the encoder output) is the same at every step, so a mixer may
   # compute what depends on it once, with `static_cache`. `decode` stays False for cross-mixing.
@@ -68,10 +70,12 @@ def pairwise_mask(ctx: MixerContext) -> Array:
 def check_length(length: int, max_length: int, what: str) -> None:
   """Fixed-length mixers refuse longer sequences with an error that names both numbers."""
   if length > max_length:
-    raise ValueError(f"{what} mixes at most {max_length} positions but got a sequence of length {length}; "
-                     f"the model configs take max_length from TASK_FEATURE_LENGTHS (load the run's gin file after "
-                     f"the model's, or pass --gin.TASK_FEATURE_LENGTHS), and an INIT_CHECKPOINT made at other "
-                     f"lengths is fitted on load (remixer_t5/model/fixed_length.py)")
+    raise ValueError(
+      f"{what} mixes at most {max_length} positions but got a sequence of length {length}; "
+      f"the model configs take max_length from TASK_FEATURE_LENGTHS (load the run's gin file after "
+      f"the model's, or pass --gin.TASK_FEATURE_LENGTHS), and an INIT_CHECKPOINT made at other "
+      f"lengths is fitted on load (remixer_t5/model/fixed_length.py)"
+    )
 
 
 def slice_gather(table: Array, pos: Array) -> Array:
@@ -80,7 +84,7 @@ def slice_gather(table: Array, pos: Array) -> Array:
 
   Two gathers of whole rows / columns (and their scatter-add transposes) instead of one gather of single
   elements, which TPUs serialise."""
-  rows = jnp.take(table, pos, axis=0, mode="clip")                               # [b, len, L]
+  rows = jnp.take(table, pos, axis=0, mode="clip")  # [b, len, L]
   columns = lambda r, p: jnp.take(r, p, axis=1, mode="clip")
   return jax.vmap(columns)(rows, jnp.broadcast_to(pos, rows.shape[:2]))
 

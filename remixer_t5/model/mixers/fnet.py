@@ -10,6 +10,7 @@ its examples alone. With F = C - iS (cosine and sine parts),
 
 so everything stays real. DFT-by-matmul is also how FNet runs on TPUs for short sequences (paper §3.3).
 """
+
 from __future__ import annotations
 
 import math
@@ -34,14 +35,17 @@ class FourierMixing(nn.Module):
 
   No parameters. Computed in float32 (the unnormalised DFT sums n * emb terms) and returned in cfg.dtype.
   FNet has no causal form, so decoder self-mixing is refused with a ValueError."""
+
   config: T5Config
 
   @nn.compact
   def __call__(self, inputs_q: Array, inputs_kv: Array, ctx: base.MixerContext, *, deterministic: bool = True) -> Array:
     del inputs_kv, deterministic  # a self-mixer without dropout
     if ctx.causal or ctx.decode:
-      raise ValueError("FourierMixing (FNet) has no causal form: a DFT over the sequence mixes every "
-                       "position with every other; use it for encoder self-mixing only")
+      raise ValueError(
+        "FourierMixing (FNet) has no causal form: a DFT over the sequence mixes every "
+        "position with every other; use it for encoder self-mixing only"
+      )
     x = inputs_q.astype(jnp.float32)
     d = x.shape[-1]
     hid = jnp.arange(d)
@@ -53,11 +57,11 @@ class FourierMixing(nn.Module):
     if ctx.q_segment_ids is not None:
       group &= ctx.q_segment_ids[:, :, None] == ctx.q_segment_ids[:, None, :]
     n = x.shape[1]
-    size = jnp.maximum(group.sum(-1), 1)                               # [b, len]: tokens in k's group
+    size = jnp.maximum(group.sum(-1), 1)  # [b, len]: tokens in k's group
     before = group & (jnp.arange(n)[None, :] < jnp.arange(n)[:, None])[None]
-    rank = before.sum(-1)                                              # [b, len]: k's index in it
+    rank = before.sum(-1)  # [b, len]: k's index in it
     cos_s, sin_s = _dft_parts(rank[:, :, None] * rank[:, None, :], size[:, :, None])
     cos_s, sin_s = cos_s * group, sin_s * group
 
-    y = (jnp.einsum("bkj,bjd->bkd", cos_s, x @ cos_h) - jnp.einsum("bkj,bjd->bkd", sin_s, x @ sin_h))
+    y = jnp.einsum("bkj,bjd->bkd", cos_s, x @ cos_h) - jnp.einsum("bkj,bjd->bkd", sin_s, x @ sin_h)
     return y.astype(self.config.dtype)

@@ -22,6 +22,7 @@ one weight per offset, 2L - 1 of them. The paper's experiments are all bidirecti
 decoder only ever reads W's lower triangle, so there the Toeplitz form keeps only the L offsets i - j >= 0
 (our reading; the paper has no decoder). `spatial_matrix` is the one place W is built from its parameters.
 """
+
 from __future__ import annotations
 
 import math
@@ -44,14 +45,14 @@ def spatial_matrix(spatial: str, n: int, params: dict[str, Array], causal: bool 
   for i >= j and future[j - i - 1] for i < j, so `past` [L] holds offsets 0..L-1 and `future` [L-1] offsets
   1..L-1 ahead (2L - 1 weights). `params` holds 'kernel', or 'past' and 'future'. `causal` zeroes the upper
   triangle (a decoder never reads it; a causal Toeplitz block has no `future`)."""
-  d = jnp.arange(n)[:, None] - jnp.arange(n)[None, :]                      # i - j
+  d = jnp.arange(n)[:, None] - jnp.arange(n)[None, :]  # i - j
   if spatial == "full":
     w = params["kernel"][:n, :n]
   elif spatial == "toeplitz":
     past, future = params["past"], params.get("future")
     if future is None and not causal:
       raise ValueError("a bidirectional Toeplitz W needs its `future` offsets")
-    ahead = future[:n - 1] if future is not None else jnp.zeros((n - 1,), past.dtype)
+    ahead = future[: n - 1] if future is not None else jnp.zeros((n - 1,), past.dtype)
     w = _toeplitz(past[:n], ahead)
   else:
     raise ValueError(f"GatedMlpBlock.spatial must be 'full' or 'toeplitz', got {spatial!r}")
@@ -69,7 +70,7 @@ def _toeplitz(behind: Array, ahead: Array) -> Array:
   if n == 1:
     return behind.reshape(1, 1)
   v = jnp.concatenate([behind[:1], ahead, behind[:0:-1]])
-  return jnp.tile(v, n)[:n * (2 * n - 2)].reshape(n, 2 * n - 2)[:, :n]
+  return jnp.tile(v, n)[: n * (2 * n - 2)].reshape(n, 2 * n - 2)[:, :n]
 
 
 class GatedMlpBlock(nn.Module):
@@ -100,6 +101,7 @@ class GatedMlpBlock(nn.Module):
   ('mlp','embed'); aMLP adds tiny_attn_qkv [d, 3a] ('embed','kv') and tiny_attn_out [a, h/2] ('kv','mlp'). Per layer:
   1.5·d·h + h + L + (L² | 2L-1 | L), plus 3·d·a + a·h/2 for aMLP. U and V are bias-free as in Eq. 1; the activation is
   the exact (erf) GELU; dropout (cfg.dropout_rate) acts on s(Z), like T5's MLP hidden dropout."""
+
   config: Any  # remixer_t5.model.config.T5Config
   max_length: int = 512
   hidden_dim: int = 0
@@ -111,8 +113,10 @@ class GatedMlpBlock(nn.Module):
   def __call__(self, inputs_q: Array, inputs_kv: Array, ctx: base.MixerContext, *, deterministic: bool = True) -> Array:
     cfg = self.config
     if inputs_kv is not inputs_q:
-      raise ValueError("GatedMlpBlock (gMLP/aMLP) only mixes a sequence with itself; it cannot be a cross "
-                       "mixer (use attention for the encoder-decoder slot)")
+      raise ValueError(
+        "GatedMlpBlock (gMLP/aMLP) only mixes a sequence with itself; it cannot be a cross "
+        "mixer (use attention for the encoder-decoder slot)"
+      )
     if self.spatial not in ("full", "toeplitz"):
       raise ValueError(f"GatedMlpBlock.spatial must be 'full' or 'toeplitz', got {self.spatial!r}")
     hidden = self.hidden_dim or cfg.mlp_dim
@@ -128,8 +132,9 @@ class GatedMlpBlock(nn.Module):
 
     causal = ctx.causal or ctx.decode
     spatial = self._spatial_params(causal)
-    b = layers.param_with_axes("spatial_bias", nn.initializers.ones, (self.max_length,), jnp.float32,
-                               axes=("mix_length",))
+    b = layers.param_with_axes(
+      "spatial_bias", nn.initializers.ones, (self.max_length,), jnp.float32, axes=("mix_length",)
+    )
     attn = self.tiny_attention_dim > 0
     k = v = None
     if attn:
@@ -151,11 +156,11 @@ class GatedMlpBlock(nn.Module):
       n = x.shape[1]
       z2 = (z2 * ctx.q_mask[..., None].astype(z2.dtype)).astype(cfg.dtype)  # padded rows carry nothing into W
       if ctx.packed:
-        visible = base.pairwise_mask(ctx)[:, 0] > 0                         # [batch, q, k]
+        visible = base.pairwise_mask(ctx)[:, 0] > 0  # [batch, q, k]
         pos = ctx.q_positions
         bias = b[pos]
         if self.spatial == "full":
-          weights = base.slice_gather(spatial["kernel"], pos)                # [batch, q, k]
+          weights = base.slice_gather(spatial["kernel"], pos)  # [batch, q, k]
         else:
           weights = spatial_matrix(self.spatial, n, spatial, causal)[None]
         weights = jnp.where(visible, weights, 0.0).astype(cfg.dtype)
@@ -185,15 +190,19 @@ class GatedMlpBlock(nn.Module):
     limit = self.spatial_init_scale / L
     near_zero = lambda key, shape, dtype: jax.random.uniform(key, shape, dtype, -limit, limit)
     if self.spatial == "full":
-      return {"kernel": layers.param_with_axes("spatial_kernel", near_zero, (L, L), jnp.float32,
-                                               axes=("mix_length", "mix_source"))}
+      return {
+        "kernel": layers.param_with_axes(
+          "spatial_kernel", near_zero, (L, L), jnp.float32, axes=("mix_length", "mix_source")
+        )
+      }
     out = {"past": layers.param_with_axes("spatial_past", near_zero, (L,), jnp.float32, axes=("mix_length",))}
     if not causal:
       out["future"] = layers.param_with_axes("spatial_future", near_zero, (L - 1,), jnp.float32, axes=("mix_length",))
     return out
 
-  def _tiny_attention(self, q: Array, k: Array, v: Array, ctx: base.MixerContext, causal: bool,
-                      decode_visible: Array | None, out_dim: int) -> Array:
+  def _tiny_attention(
+    self, q: Array, k: Array, v: Array, ctx: base.MixerContext, causal: bool, decode_visible: Array | None, out_dim: int
+  ) -> Array:
     """§4.3's single-head attention, softmax(q kᵀ / sqrt(a)) v, projected to h/2; logits and softmax in float32.
 
     A whole sequence (or packed segments): the attention operation of kernels/ in the implementation
@@ -201,8 +210,9 @@ class GatedMlpBlock(nn.Module):
     written so far): its one query row against the cache, here."""
     cfg = self.config
     if decode_visible is None:
-      fn = attention.attention_operation(cfg.attention_impl, causal=causal, dropout_rate=0.0, dtype=cfg.dtype,
-                                         float32_logits=True)
+      fn = attention.attention_operation(
+        cfg.attention_impl, causal=causal, dropout_rate=0.0, dtype=cfg.dtype, float32_logits=True
+      )
       scaled = (q.astype(jnp.float32) / math.sqrt(self.tiny_attention_dim)).astype(q.dtype)
       out = fn(scaled[:, :, None], k[:, :, None], v[:, :, None], None, *attention.segment_ids(ctx), None)[:, :, 0]
     else:
@@ -233,9 +243,9 @@ class GatedMlpBlock(nn.Module):
     index.value = i + 1
     length = z2.shape[1]
     if self.spatial == "full":
-      row = jax.lax.dynamic_slice(spatial["kernel"], (i, zero), (1, length))[None]   # [1, 1, cache_len]
+      row = jax.lax.dynamic_slice(spatial["kernel"], (i, zero), (1, length))[None]  # [1, 1, cache_len]
     else:  # W[i, j] = past[i - j]; slots j > i are masked below
       row = spatial["past"][jnp.clip(i - jnp.arange(length), 0, self.max_length - 1)][None, None]
-    bias = jax.lax.dynamic_slice(b, (i,), (1,))[None]                       # [1, 1]
+    bias = jax.lax.dynamic_slice(b, (i,), (1,))[None]  # [1, 1]
     visible = (jnp.arange(length) <= i)[None, None, :]
     return row, bias, visible, z2, k, v

@@ -22,6 +22,7 @@ contiguous segments, as seqio packs them); the non-causal form (self or cross) c
 id, `segment_block` ids at a time, skipping blocks above the batch's largest id, so its cost grows with the number of
 packed examples per row, not with the length squared.
 """
+
 from __future__ import annotations
 
 import jax
@@ -47,6 +48,7 @@ def gelu(x: Array) -> Array:
 class HyperNetwork(nn.Module):
   """MLP^{W_i}: R^d -> R^{d'} with one GELU hidden layer, applied to each token alone (§2.3; Algorithm 1's
   MLP([d, d, d']))."""
+
   hidden_dim: int
   out_dim: int
   use_bias: bool = True
@@ -110,6 +112,7 @@ class HyperMixing(nn.Module):
   ('mlp',), `wo` [e, d'] ('mlp','mix_hidden'), `wo_bias` [d'] ('mix_hidden',), under `hypernetwork_in` (h_1)
   and, untied, `hypernetwork_out` (h_2); `layer_norm` scale and bias [d] ('embed',). Per layer:
   T·(d·e + e·d' + e + d') + 2d with T = 1 tied, 2 untied (biases and LayerNorm only when enabled)."""
+
   config: T5Config
   hidden_dim: int = 0
   hyper_hidden_dim: int = 0
@@ -134,8 +137,10 @@ class HyperMixing(nn.Module):
     if (ctx.q_segment_ids is None) != (ctx.kv_segment_ids is None):
       raise ValueError("HyperMixing needs segment ids on both the query and the key side, or on neither")
     if ctx.causal and not ctx.decode and inputs_q.shape[1] != inputs_kv.shape[1]:
-      raise ValueError("causal HyperMixing mixes a sequence with itself; got query length "
-                       f"{inputs_q.shape[1]} and key length {inputs_kv.shape[1]}")
+      raise ValueError(
+        "causal HyperMixing mixes a sequence with itself; got query length "
+        f"{inputs_q.shape[1]} and key length {inputs_kv.shape[1]}"
+      )
     dtype = cfg.dtype
     hidden = self.hidden_dim or cfg.mlp_dim
     net = lambda name: HyperNetwork(self.hyper_hidden_dim or cfg.emb_dim, hidden, self.use_bias, dtype, name=name)
@@ -168,9 +173,11 @@ class HyperMixing(nn.Module):
     if not self.query_positions:
       return w1, h_out(self._add_positions(inputs_q, None))
     if self.position_features != "none" and q_positions.shape[-1] != inputs_q.shape[1]:
-      raise ValueError(f"HyperMixing got {q_positions.shape[-1]} query positions for {inputs_q.shape[1]} "
-                       "queries (a decode step in the cross slot?); set HyperMixing.query_positions=False "
-                       "for cross-mixing")
+      raise ValueError(
+        f"HyperMixing got {q_positions.shape[-1]} query positions for {inputs_q.shape[1]} "
+        "queries (a decode step in the cross slot?); set HyperMixing.query_positions=False "
+        "for cross-mixing"
+      )
     return w1, h_out(self._add_positions(inputs_q, q_positions))
 
   def _add_positions(self, x: Array, positions: Array | None) -> Array:
@@ -302,8 +309,9 @@ class HyperMixing(nn.Module):
       return jnp.zeros(inputs_q.shape, self.config.dtype)
     if length != 1:
       raise ValueError(f"decode step expects one position at a time, got length {length}")
-    hidden_sum.value = hidden_sum.value + jnp.einsum("bjh,bjd->bhd", w1, inputs_kv.astype(self.config.dtype),
-                                                     preferred_element_type=f32)
+    hidden_sum.value = hidden_sum.value + jnp.einsum(
+      "bjh,bjd->bhd", w1, inputs_kv.astype(self.config.dtype), preferred_element_type=f32
+    )
     index.value = index.value + 1
     count = index.value.astype(f32) if self.length_normalize else None  # every decoded position is real
     return jnp.einsum("bih,bhd->bid", w2, activate(hidden_sum.value, count, self.config.dtype))

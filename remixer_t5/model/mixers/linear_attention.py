@@ -14,6 +14,7 @@ same-segment mask, which is exact for any segment layout at the cost of ordinary
 restarts the state where the segment id changes, which is exact for packed rows whose segments are contiguous
 runs (as seqio's packing makes them).
 """
+
 from __future__ import annotations
 
 import jax
@@ -37,6 +38,7 @@ class LinearAttention(nn.Module):
 
   Parameters as in T5 attention: query/key/value kernels (embed, joined_kv) and out (joined_kv, embed), no
   biases. The feature maps, sums and normaliser are float32; `eps` keeps rows without any real key finite."""
+
   config: T5Config
   # Positions per step of the causal scan. A chunk costs a [chunk, chunk] masked product per head, nothing for
   # these sizes, and 128 keeps T5's 114 decoder positions in one chunk: no loop in the step (XLA's cost model,

@@ -14,6 +14,7 @@ slid over the sequence (shared by all positions and channels) and read at the cu
 That keeps the MLP-over-positions form, is causal by construction, needs only the last w inputs to decode,
 and (being position-relative) works for any length and for packed rows.
 """
+
 from __future__ import annotations
 
 import jax
@@ -48,10 +49,11 @@ class TokenMixingMlp(nn.Module):
   small by default. Decoding keeps the last w inputs in the cache.
 
   Both forms drop out hidden units with cfg.dropout_rate, as T5's MlpBlock does (MLP-Mixer itself has none)."""
+
   config: T5Config
-  max_length: int = 512               # L (encoder form only; the windowed form works for any length)
-  hidden_dim: int | None = None       # None: 512 in the encoder form, 2 * window in the windowed form
-  window: int | None = None           # w: None for the encoder form, else the causal window of the decoder
+  max_length: int = 512  # L (encoder form only; the windowed form works for any length)
+  hidden_dim: int | None = None  # None: 512 in the encoder form, 2 * window in the windowed form
+  window: int | None = None  # w: None for the encoder form, else the causal window of the decoder
 
   @property
   def packable(self) -> bool:
@@ -63,8 +65,10 @@ class TokenMixingMlp(nn.Module):
     del inputs_kv  # a self-mixer: MLP-Mixer has no cross form
     if self.window is None:
       if ctx.causal or ctx.decode:
-        raise ValueError("TokenMixingMlp without `window` mixes all positions and has no causal form; set "
-                         "TokenMixingMlp.window for decoder self-mixing (Mixer_EncDec)")
+        raise ValueError(
+          "TokenMixingMlp without `window` mixes all positions and has no causal form; set "
+          "TokenMixingMlp.window for decoder self-mixing (Mixer_EncDec)"
+        )
       return self._global(inputs_q, ctx, deterministic)
     if self.window < 1:
       raise ValueError(f"TokenMixingMlp.window must be positive, got {self.window}")
@@ -76,8 +80,10 @@ class TokenMixingMlp(nn.Module):
     cfg, n = self.config, x.shape[1]
     base.check_length(n, self.max_length, "TokenMixingMlp")
     if ctx.packed:
-      raise ValueError("TokenMixingMlp (MLP-Mixer encoder token mixing) cannot mix packed sequences exactly: "
-                       "its hidden units pool each segment through a nonlinearity; train with pack=False")
+      raise ValueError(
+        "TokenMixingMlp (MLP-Mixer encoder token mixing) cannot mix packed sequences exactly: "
+        "its hidden units pool each segment through a nonlinearity; train with pack=False"
+      )
     L, hid = self.max_length, self.hidden_dim or 512
     w1 = layers.param_with_axes("w1", _kernel_init, (L, hid), jnp.float32, axes=("mix_length", "mix_hidden"))
     b1 = layers.param_with_axes("b1", nn.initializers.zeros, (hid,), jnp.float32, axes=("mix_hidden",))
@@ -101,7 +107,7 @@ class TokenMixingMlp(nn.Module):
     b1 = layers.param_with_axes("b1", nn.initializers.zeros, (hid,), jnp.float32, axes=("mix_hidden",))
     # Only the current token's output row of W2 is ever read, so only that row exists. Its bias would be one
     # constant added to every channel, which the residual stream does not need.
-    w2 = layers.param_with_axes("w2", nn.initializers.normal(hid ** -0.5), (hid,), jnp.float32, axes=("mix_hidden",))
+    w2 = layers.param_with_axes("w2", nn.initializers.normal(hid**-0.5), (hid,), jnp.float32, axes=("mix_hidden",))
     h = jnp.einsum("bdno,ok->bdnk", windows.astype(dt), w1.astype(dt)) + b1.astype(dt)
     h = layers.Dropout(self.config.dropout_rate, impl=self.config.dropout_impl)(_gelu(h), deterministic=deterministic)
     return jnp.swapaxes(jnp.einsum("bdnk,k->bdn", h, w2.astype(dt)), 1, 2)
@@ -113,17 +119,19 @@ class TokenMixingMlp(nn.Module):
     # before 0). Slices rather than a gather: the gather's gradient is a scatter over a transposed copy on
     # XLA:CPU, a slice's is a pad that fuses into the sum.
     padded = jnp.pad(jnp.swapaxes(x, 1, 2), ((0, 0), (0, 0), (w - 1, 0)))
-    shifted = [padded[:, :, w - 1 - o:w - 1 - o + n] for o in range(w)]
+    shifted = [padded[:, :, w - 1 - o : w - 1 - o + n] for o in range(w)]
     if segment_ids is not None:
       seg = jnp.pad(segment_ids, ((0, 0), (w - 1, 0)), constant_values=-1)
-      shifted = [s * (seg[:, w - 1 - o:w - 1 - o + n] == segment_ids)[:, None].astype(x.dtype)
-                 for o, s in enumerate(shifted)]
+      shifted = [
+        s * (seg[:, w - 1 - o : w - 1 - o + n] == segment_ids)[:, None].astype(x.dtype) for o, s in enumerate(shifted)
+      ]
     return self._window_mlp(jnp.stack(shifted, axis=-1), deterministic)
 
   def _decode(self, x: Array, deterministic: bool) -> Array:
     initialized = self.has_variable("cache", "window")
-    cached = self.variable("cache", "window", jnp.zeros, (x.shape[0], self.window, x.shape[2]),
-                           jnp.dtype(self.config.dtype))
+    cached = self.variable(
+      "cache", "window", jnp.zeros, (x.shape[0], self.window, x.shape[2]), jnp.dtype(self.config.dtype)
+    )
     if not initialized:  # the first call only creates the cache; its output is discarded
       return self._windowed(x, jnp.ones(x.shape[:2], x.dtype), None, deterministic)
     if x.shape[1] != 1:

@@ -9,6 +9,7 @@ the token mixer; this block replaces T5.1.1's gated MLP.
 
 The block is wrapped by the stack's pre-norm and residual (ψ in §2.1.2's "Remixer Stack").
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -72,6 +73,7 @@ class RemixerBlock(nn.Module):
   remix (H) [L, L] ('mix_length','mix_source'); alpha: () for 'learned_scalar', [w] ('mlp',) for
   'learned_vector', alpha_gate kernel [d, w] ('embed','mlp') for 'gated', nothing for a fixed float or when
   not compositional. Per layer: 3·d·w + L² + {1, w, d·w, 0}, with w = d_ff ('mlp') or d ('model')."""
+
   config: Any  # remixer_t5.model.config.T5Config
   width: str = "mlp"
   alpha: str | float = "learned_scalar"
@@ -89,12 +91,17 @@ class RemixerBlock(nn.Module):
     dense = lambda features, axes, name: layers.Dense(features, axes, dtype=cfg.dtype, name=name)
 
     # GELU with the tanh approximation, as T5.1.1's gated MLP that this block replaces.
-    xp = (jax.nn.gelu(dense(width, ("embed", "mlp"), "wi_0")(x), approximate=True)
-          * dense(width, ("embed", "mlp"), "wi_1")(x))
+    xp = jax.nn.gelu(dense(width, ("embed", "mlp"), "wi_0")(x), approximate=True) * dense(
+      width, ("embed", "mlp"), "wi_1"
+    )(x)
     xp = layers.with_sharding_constraint(xp, ("batch", "length", "mlp"))
-    h = layers.param_with_axes("remix", nn.initializers.normal(self.remix_init_stddev),
-                               (self.max_length, self.max_length), jnp.float32,
-                               axes=("mix_length", "mix_source"))
+    h = layers.param_with_axes(
+      "remix",
+      nn.initializers.normal(self.remix_init_stddev),
+      (self.max_length, self.max_length),
+      jnp.float32,
+      axes=("mix_length", "mix_source"),
+    )
 
     if ctx.decode and self.has_variable("cache", "cached_glu"):
       weights, values = self._decode_step(h, xp)
@@ -113,7 +120,8 @@ class RemixerBlock(nn.Module):
     else:
       xc = xs
     drop = lambda y: layers.Dropout(cfg.dropout_rate, broadcast_dims=(-2,), impl=cfg.dropout_impl)(
-        y, deterministic=deterministic)
+      y, deterministic=deterministic
+    )
     if self.width == "model":
       return dense(x.shape[-1], ("mlp", "embed"), "wo")(drop(xc)) + xp
     return dense(x.shape[-1], ("mlp", "embed"), "wo")(drop(xc + xp))
@@ -133,7 +141,7 @@ class RemixerBlock(nn.Module):
     causal = jnp.tril(jnp.ones((length, length), bool)) if ctx.causal else None
     dropping = self.remix_dropout > 0 and not deterministic
     if ctx.q_segment_ids is None and pos.shape[0] == 1 and not dropping:
-      p = _row_exp(base.slice_gather(h, pos)[0], causal).astype(cfg.dtype)                # [L, L]
+      p = _row_exp(base.slice_gather(h, pos)[0], causal).astype(cfg.dtype)  # [L, L]
       m = key_mask.astype(cfg.dtype)
       numer = jnp.einsum("qk,bkw->bqw", p, xp.astype(cfg.dtype) * m[:, :, None])
       denom = jnp.einsum("qk,bk->bq", p.astype(jnp.float32), m.astype(jnp.float32))
@@ -146,7 +154,7 @@ class RemixerBlock(nn.Module):
       mask &= causal
     # Gathered in float32, cast after: the gathers' transposes (scatter-adds of every example's [L, L]
     # cotangent into one for H) then sum in float32 under bfloat16 activations, not in bfloat16.
-    p = jnp.where(mask, base.slice_gather(_row_exp(h), pos).astype(cfg.dtype), 0)             # [b, L, L]
+    p = jnp.where(mask, base.slice_gather(_row_exp(h), pos).astype(cfg.dtype), 0)  # [b, L, L]
     denom = jnp.sum(p.astype(jnp.float32), axis=-1)
     # Dropping entries before normalising equals dropping them after: the denominators stay undropped.
     p = layers.Dropout(self.remix_dropout, impl=cfg.dropout_impl)(p, deterministic=deterministic)
@@ -179,10 +187,13 @@ class RemixerBlock(nn.Module):
     if mode == "learned_scalar":
       return jax.nn.sigmoid(layers.param_with_axes("alpha", nn.initializers.zeros, (), jnp.float32, axes=()))
     if mode == "learned_vector":
-      return jax.nn.sigmoid(layers.param_with_axes("alpha", nn.initializers.zeros, (width,), jnp.float32,
-                                                   axes=("mlp",)))
+      return jax.nn.sigmoid(
+        layers.param_with_axes("alpha", nn.initializers.zeros, (width,), jnp.float32, axes=("mlp",))
+      )
     if mode == "gated":
       gate = layers.Dense(width, ("embed", "mlp"), dtype=self.config.dtype, name="alpha_gate")(x)
       return jax.nn.sigmoid(gate.astype(jnp.float32))
-    raise ValueError(f"RemixerBlock.alpha must be a float in [0, 1] or one of 'learned_scalar', "
-                     f"'learned_vector', 'gated'; got {mode!r}")
+    raise ValueError(
+      f"RemixerBlock.alpha must be a float in [0, 1] or one of 'learned_scalar', "
+      f"'learned_vector', 'gated'; got {mode!r}"
+    )
