@@ -22,9 +22,10 @@ from remixer_t5 import storage
 from remixer_t5.gin_names import MACROS, MOVED
 
 
-def _moved_hint(message: str) -> str:
+def _moved_hint(message: str, binding: str = "") -> str:
   """For an import of a module that moved when the package was divided, or a binding of a run setting on the
-  trainer's functions (now run_config's), the line to write instead (gin_names.MOVED)."""
+  trainer's functions (now run_config's; in a file, or on the command line, where the run files no longer import
+  the trainer), the line to write instead (gin_names.MOVED)."""
   m = re.search(r"No module named '(remixer_t5\.\w+)'", message)
   if m and m.group(1) in MOVED:
     old, (head, _, tail) = m.group(1), MOVED[m.group(1)].rpartition(".")
@@ -36,6 +37,7 @@ def _moved_hint(message: str) -> str:
     r"'(\w+)'",
     message,
   )
+  m = m or re.match(r"\s*trainer\.(?:train|evaluate_checkpoint)\.(\w+)\s*=", binding)
   if not m or f"trainer.{m.group(1)}" not in MOVED:
     return ""
   where = MOVED[f"trainer.{m.group(1)}"]
@@ -347,7 +349,7 @@ def _parse(files, bindings, search_paths, macro_defaults) -> None:
       ) from e
     except (ValueError, KeyError, ImportError, NameError, AttributeError) as e:
       what = _unknown_name(str(e), imports) or str(e).splitlines()[0].rstrip(".")
-      raise GinError(f"bad gin binding --gin.{b}: {what}{_moved_hint(str(e))}") from e
+      raise GinError(f"bad gin binding --gin.{b}: {what}{_moved_hint(str(e), b)}") from e
   try:
     gin.finalize()
   except ValueError as e:
