@@ -1,5 +1,6 @@
 """The CLI's info numbers, t5x-style flags, and clear errors for bad input."""
 
+import importlib
 import json
 import subprocess
 import sys
@@ -301,3 +302,18 @@ def test_a_command_imports_only_its_own_module():
   )
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
   assert out.strip() == "[]"
+
+
+def test_every_command_builds_its_parser_and_says_what_it_takes():
+  """Each entry of the table names a module with add_arguments and main; --help shows the gin flags exactly
+  where the command takes them."""
+  from remixer_t5.commands import COMMANDS
+
+  entries = [([name], c) for name, c in COMMANDS.items() if not isinstance(c, dict)]
+  entries += [([group, name], c) for group, t in COMMANDS.items() if isinstance(t, dict) for name, c in t.items()]
+  assert len(entries) == 20
+  for words, command in entries:
+    p, found, rest = cli.parser(words)
+    assert found is command and rest == [] and p.prog == " ".join(["remixer-t5", *words])
+    assert ("--gin_file=F" in p.format_help()) is command.gin, words
+    assert callable(importlib.import_module(command.module).main), words
