@@ -38,3 +38,19 @@ def test_train_and_eval_still_require_model_dir(capsys, command):
 def test_macro_defaults_bind_only_macros_the_files_define():
   gin_utils.parse_gin(["models/t5_1_1/tiny.gin"], [], macro_defaults={"MODEL_DIR": "None"})
   assert gin_utils.macro("MODEL_DIR", default="absent") == "absent"  # not invented where no file defines it
+
+
+@pytest.mark.parametrize("given", ["gs://bucket/run", "runs/here", None])
+def test_a_runs_folder_is_made_a_path_once_in_the_run_config(given):
+  """run_config.Run.model_dir is the run-path type (etils.epath: local or gs://) as soon as the run is built, so
+  nothing downstream converts it again; an unset MODEL_DIR stays None."""
+  from etils import epath
+
+  from remixer_t5.training import run_config
+
+  gin_utils.parse_gin(["models/t5_1_1/tiny.gin", "runs/cogs.gin"], [f"MODEL_DIR={given!r}"])
+  model_dir = run_config.from_gin().model_dir
+  if given is None:
+    assert model_dir is None
+  else:
+    assert isinstance(model_dir, epath.Path) and model_dir.as_posix().endswith(given)
