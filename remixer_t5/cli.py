@@ -23,8 +23,7 @@ except ValueError as _e:  # reported by main() like any bad input
   _PINNED, _PIN_ERROR = None, _e
 
 from remixer_t5 import storage  # noqa: E402 - after quiet.configure()
-from remixer_t5.commands import COMMANDS, GROUPS, Command, errors  # noqa: E402
-from remixer_t5.commands.common import GIN_FLAGS  # noqa: E402
+from remixer_t5.commands import COMMANDS, GIN_FLAGS, GROUPS, Command, errors  # noqa: E402
 from remixer_t5.gin_utils import split_flags  # noqa: E402
 
 

@@ -38,6 +38,7 @@ from flax import linen as nn
 
 from remixer_t5 import runtime
 from remixer_t5.bench.train import time_calls
+from remixer_t5.commands import common
 from remixer_t5.model import layers
 from remixer_t5.model.config import T5Config
 from remixer_t5.model.mixers import attention, base, fnet, gmlp, hypermixer, linear_attention, mlp_mixer, remixer
@@ -276,7 +277,7 @@ def main(args: argparse.Namespace) -> int:
     config=config,
     batch=args.batch,
     repeats=args.repeats,
-    log=lambda m: print(m, file=sys.stderr, flush=True),
+    log=common.stderr,
   )
   print("\n".join(json.dumps(row) for row in rows) if args.json else format_table(rows), flush=True)
   path = plot_bench(rows, Path(args.out) / "mixing_bench.png")

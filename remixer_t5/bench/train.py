@@ -440,7 +440,7 @@ def add_comparison_arguments(p: argparse.ArgumentParser, steps: int, what: str) 
   p.add_argument(
     "--against",
     metavar="COMMIT",
-    help="time this tree against COMMIT on this machine, each in fresh "
+    help="time this tree against COMMIT on the same host, each in fresh "
     "processes of its own tree's code, the two alternating --rounds times (medians, here / base)",
   )
   p.add_argument(

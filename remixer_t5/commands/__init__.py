@@ -1,12 +1,20 @@
 """The `remixer-t5` commands, one module each. A command module has `add_arguments(parser)`, which adds the
-flags that command reads and no other, and `main(args) -> int`; `remixer_t5/cli.py` names it in its table of
-commands and imports it only when it is the command given, so what it imports is loaded by that command alone.
-`common.py` holds what several commands share: the gin flags, the run they configure, checkpoint arguments.
-The `bench` and `repro` groups' subcommands follow the same contract in bench/ and repro/. `COMMANDS` below is
-the one list of them; this module imports none of them.
+flags that command reads and no other, and `main(args) -> int`; `COMMANDS` below names it, and
+`remixer_t5/cli.py` imports it only when it is the command given, so what it imports is loaded by that command
+alone. `common.py` holds what several commands share: parsing the gin flags, the run they configure, checkpoint
+arguments. The `bench` and `repro` groups' subcommands follow the same contract in bench/ and repro/. This module
+imports none of them.
 """
 
 from typing import NamedTuple
+
+# The gin flags of the commands that take them (`Command.gin`), as every such --help ends.
+GIN_FLAGS = """gin flags (t5x's; any number, anywhere on the line):
+  --gin_file=F          repeatable; looked up as given, then in --gin_search_paths, then in the package's gin/
+                        (a model, e.g. models/t5_1_1/small.gin, then a run, e.g. runs/pretrain.gin)
+  --gin.NAME=VALUE      a binding applied after the files (`--gin.MODEL_DIR="'/tmp/run'"`, `--gin.BATCH_SIZE=8`)
+  --gin_search_paths=A,B
+"""
 
 
 class Command(NamedTuple):

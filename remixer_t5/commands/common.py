@@ -15,12 +15,6 @@ from remixer_t5 import storage
 from remixer_t5.gin_utils import GinError, gin_dir, macro, parse_gin
 from remixer_t5.training import distributed, run_config
 
-GIN_FLAGS = """gin flags (t5x's; any number, anywhere on the line):
-  --gin_file=F          repeatable; looked up as given, then in --gin_search_paths, then in the package's gin/
-                        (a model, e.g. models/t5_1_1/small.gin, then a run, e.g. runs/pretrain.gin)
-  --gin.NAME=VALUE      a binding applied after the files (`--gin.MODEL_DIR="'/tmp/run'"`, `--gin.BATCH_SIZE=8`)
-  --gin_search_paths=A,B
-"""
 CUSTOM_GIN = "runs/custom.gin"  # MIXTURE_OR_TASK_NAME = @custom.register(); tasks/custom.py
 
 

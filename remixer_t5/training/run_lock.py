@@ -113,7 +113,7 @@ class _LocalFile:
 
 
 class _BucketFile:
-  """The lock object through the GCS JSON API's preconditions (gcsfs's client and session)."""
+  """The lock object through the GCS JSON API's preconditions (gcsfs's client)."""
 
   def __init__(self, path):
     import gcsfs
